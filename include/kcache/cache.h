@@ -1,0 +1,133 @@
+// kcache/cache.h — the Cache facade that JIT compilers embed.
+//
+// A Cache holds tiers in order, fastest first (memory, disk, then any the
+// caller adds). get() walks them; a hit in a slower tier is promoted into the
+// faster ones. get_or_compile() runs the caller's compile function at most
+// once per key at a time in this process (single-flight): N threads that miss
+// one key wait for one compile and all get its result; a failed compile is
+// reported to every waiter and nothing is stored.
+//
+// The cache never makes a compile fail. Any cache fault (corrupt entry, full
+// disk, read-only folder, dead remote) becomes a miss, a counter, and one log
+// line; the only error get_or_compile() returns is the compile's own.
+//
+// Configuration comes from Options, then the environment overrides it
+// (Options::from_env): KCACHE_DIR, KCACHE_DISABLE, KCACHE_READONLY,
+// KCACHE_MAX_SIZE, KCACHE_RECOMPILE, KCACHE_STATS, KCACHE_LOG, KCACHE_ENGINE.
+//
+// Thread-safety: all methods may be called concurrently.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "kcache/entry.h"
+#include "kcache/key.h"
+#include "kcache/status.h"
+#include "kcache/tier.h"
+
+namespace kcache {
+
+struct Options {
+  // Disk folder. Empty: $XDG_CACHE_HOME/kcache, else $HOME/.cache/kcache.
+  std::string dir;
+  // "lmdb" (default where built) or "files".
+  std::string engine;
+  // Disk tier limits and durability (see DiskTierOptions for defaults).
+  DiskTierOptions disk;
+  // Memory tier size; 0 means 256 MiB. memory_tier=false leaves it out.
+  bool memory_tier = true;
+  uint64_t memory_bytes = 0;
+  bool disk_tier = true;
+  // Nothing is looked up or stored; every get_or_compile compiles.
+  bool disabled = false;
+  // Look up, never store.
+  bool read_only = false;
+  // Skip lookups, compile, and overwrite what is stored.
+  bool recompile = false;
+  // Print statistics to stderr when the Cache is destroyed.
+  bool print_stats = false;
+  // Compression for new entries in the disk tier.
+  Compression compression = Compression::none;
+  // Producer string stored in each entry's metadata.
+  std::string producer;
+  // Log level (default warn) and destination (empty: stderr).
+  LogLevel log_level = LogLevel::warn;
+  std::string log_file;
+
+  // Applies KCACHE_* variables on top of `base`. Unparsable values are
+  // ignored with one warning each.
+  static Options from_env(Options base);
+  static Options from_env() { return from_env(Options()); }
+  // The default folder for this user (see `dir`).
+  static std::string default_dir();
+};
+
+// Where a get_or_compile result came from.
+enum class Source : uint8_t { compiled = 0, memory = 1, disk = 2, remote = 3, other = 4, waited = 5 };
+std::string_view source_name(Source s) noexcept;
+
+struct CacheStats {
+  struct PerTier {
+    std::string name;
+    TierStats stats;
+  };
+  std::vector<PerTier> tiers;  // fastest first
+  uint64_t hits = 0;           // lookups answered by any tier
+  uint64_t misses = 0;         // lookups no tier answered
+  uint64_t compiles = 0;       // compile functions run
+  uint64_t compile_failures = 0;
+  uint64_t waits = 0;          // get_or_compile calls that waited for another thread
+  uint64_t faults = 0;         // cache faults turned into misses
+  uint64_t compile_us = 0;     // time spent in compile functions
+  std::string to_string() const;  // human table
+  std::string to_json() const;
+};
+
+using CompileFn = std::function<Expected<std::vector<Artifact>>()>;
+
+class Cache {
+ public:
+  // Never fails: a disk folder that cannot be used leaves the disk tier out
+  // (said once in the log).
+  static std::unique_ptr<Cache> open(const Options& options);
+  // Only the given tiers, fastest first (for tests and custom set-ups).
+  static std::unique_ptr<Cache> with_tiers(std::vector<std::shared_ptr<Tier>> tiers,
+                                           const Options& options = {});
+  ~Cache();
+  Cache(const Cache&) = delete;
+  Cache& operator=(const Cache&) = delete;
+
+  std::optional<Entry> get(const Key& key, Source* source = nullptr);
+  // Stores into every writable tier. Faults are counted and logged; never
+  // returned as errors (the result says whether any tier took it).
+  bool put(const Entry& entry);
+  // Builds the entry (with metadata and manifest) and puts it.
+  std::optional<Entry> put(const KeyInfo& key, std::vector<Artifact> artifacts,
+                           uint64_t compile_cost_us = 0);
+
+  // The artifacts for `key`: from a tier, or from `compile` (run at most once
+  // at a time per key in this process) and then stored.
+  Expected<Entry> get_or_compile(const KeyInfo& key, const CompileFn& compile,
+                                 Source* source = nullptr);
+  Expected<Entry> get_or_compile(const Key& key, const CompileFn& compile,
+                                 Source* source = nullptr);
+
+  // Adds a slower tier after the existing ones (e.g. a remote tier).
+  void add_tier(std::shared_ptr<Tier> tier);
+  const std::vector<std::shared_ptr<Tier>>& tiers() const noexcept;
+  CacheStats stats() const;
+  void flush();
+  const Options& options() const noexcept;
+
+ private:
+  struct Impl;
+  explicit Cache(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace kcache

@@ -1,0 +1,125 @@
+// kcache/key.h — cache keys and how they are built.
+//
+// A Key is a 128-bit digest. It is made by a KeyBuilder from a namespace and
+// named, typed components (the IR, the compiler's identity, the target, every
+// option). Encoding is canonical: each component is hashed on its own with
+// its type and name, components are ordered by name, maps are sorted by key,
+// so the key depends only on what was added, never on the order of add()
+// calls, addresses, the environment or the process.
+//
+// The list (component name, type, component digest) is the key's Manifest.
+// It is stored beside each entry so that "why did this miss?" can be answered
+// by comparing manifests (kcache explain).
+//
+// What a KeyBuilder cannot know: it hashes exactly the bytes it is given. Do
+// not add pointers, PIDs, times or absolute paths; hash a file's *contents*
+// with add_file(), not its path.
+//
+// Thread-safety: KeyBuilder is not thread-safe; Key and Manifest are values.
+#pragma once
+
+#include <array>
+#include <compare>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kcache/status.h"
+
+namespace kcache {
+
+// 128-bit digest, stored big-endian-as-printed (bytes[0] is the first hex pair).
+struct Digest {
+  std::array<uint8_t, 16> bytes{};
+
+  std::string hex() const;                 // 32 lowercase hex characters
+  static std::optional<Digest> from_hex(std::string_view hex);
+  auto operator<=>(const Digest&) const = default;
+  bool operator==(const Digest&) const = default;
+};
+
+using Key = Digest;
+
+// Digest of arbitrary bytes (XXH3-128). Fast: it is what keys are made of.
+Digest hash_bytes(std::string_view data) noexcept;
+
+enum class ComponentType : uint8_t {
+  bytes = 1,
+  string = 2,
+  u64 = 3,
+  i64 = 4,
+  boolean = 5,
+  map = 6,     // string -> string, sorted by key
+  list = 7,    // ordered list of strings
+  file = 8,    // contents of a file (the path is not hashed)
+  digest = 9,  // a digest computed elsewhere (e.g. a previous stage's output)
+};
+std::string_view component_type_name(ComponentType t) noexcept;
+
+struct ManifestItem {
+  std::string name;
+  ComponentType type;
+  Digest digest;
+  bool operator==(const ManifestItem&) const = default;
+};
+
+// The namespace and each component's digest, sorted by name.
+struct Manifest {
+  std::string ns;
+  std::vector<ManifestItem> items;
+  bool operator==(const Manifest&) const = default;
+
+  // The key this manifest hashes to.
+  Key key() const noexcept;
+};
+
+struct KeyInfo {
+  Key key;
+  Manifest manifest;
+};
+
+class KeyBuilder {
+ public:
+  // `ns` names the client and its schema version, e.g. "mytriton/3".
+  explicit KeyBuilder(std::string_view ns);
+
+  KeyBuilder& add_bytes(std::string_view name, std::string_view data);
+  KeyBuilder& add_string(std::string_view name, std::string_view value);
+  KeyBuilder& add_u64(std::string_view name, uint64_t value);
+  KeyBuilder& add_i64(std::string_view name, int64_t value);
+  KeyBuilder& add_bool(std::string_view name, bool value);
+  KeyBuilder& add_map(std::string_view name, const std::map<std::string, std::string>& value);
+  KeyBuilder& add_list(std::string_view name, const std::vector<std::string>& value);
+  KeyBuilder& add_digest(std::string_view name, const Digest& value);
+  // Hashes the file's contents. An unreadable file makes finish() fail.
+  KeyBuilder& add_file(std::string_view name, const std::string& path);
+
+  // Fails (invalid_argument) when a name was added twice or is empty, or
+  // (io_error) when add_file could not read its file.
+  Expected<KeyInfo> finish() const;
+
+ private:
+  void push(std::string_view name, ComponentType type, const Digest& d);
+  std::string ns_;
+  std::vector<ManifestItem> items_;
+  Status error_;
+};
+
+// Names of manifest components that differ between `a` and `b` (added,
+// removed or changed), for explaining a miss. A namespace change is reported
+// as the pseudo-component "<namespace>".
+std::vector<std::string> manifest_diff(const Manifest& a, const Manifest& b);
+
+}  // namespace kcache
+
+template <>
+struct std::hash<kcache::Digest> {
+  size_t operator()(const kcache::Digest& d) const noexcept {
+    uint64_t v;
+    __builtin_memcpy(&v, d.bytes.data(), sizeof v);
+    return static_cast<size_t>(v);
+  }
+};

@@ -1,0 +1,156 @@
+// kcache/tier.h — one level of storage: key -> entry.
+//
+// A Tier is a small interface over a store of entries: memory (sharded LRU),
+// disk (LMDB or file-per-entry), remote, or a read-only wrapper over another
+// tier. The Cache facade orders tiers fastest first.
+//
+// Contract, for every tier (checked by tests/tier_conformance_test.cc):
+//  * get() returns an entry only if it verifies and its header key equals
+//    the requested key; a corrupt stored entry is counted, removed (when the
+//    tier is writable) and reported as Errc::corrupt, never handed out.
+//  * put() publishes all artifacts of an entry as one unit; a reader sees
+//    either nothing or the whole entry. Putting a key again replaces it.
+//  * a fault (I/O error, full disk) is an error Status, never a crash.
+//
+// Public methods check arguments and call the private do_* hooks (the
+// non-virtual interface pattern), so checks live in one place.
+//
+// Thread-safety: every Tier implementation is safe for concurrent use by
+// many threads; the disk tiers also by many processes.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "kcache/entry.h"
+#include "kcache/key.h"
+#include "kcache/status.h"
+
+namespace kcache {
+
+struct TierStats {
+  uint64_t hits = 0;
+  uint64_t misses = 0;
+  uint64_t puts = 0;
+  uint64_t evictions = 0;
+  uint64_t corrupt = 0;    // entries that failed verification
+  uint64_t errors = 0;     // other faults (I/O, full disk, ...)
+  uint64_t rejected = 0;   // writes refused (read-only, too large)
+  uint64_t entries = 0;    // entries now stored
+  uint64_t bytes = 0;      // encoded bytes now stored
+};
+
+// {"hits":..,"misses":..,...} with every TierStats field.
+std::string tier_stats_json(const TierStats& s);
+
+struct ListItem {
+  Key key;
+  uint64_t size = 0;          // encoded bytes
+  uint64_t last_use_ms = 0;   // recency record (0 when unknown)
+};
+
+struct VerifyReport {
+  uint64_t checked = 0;
+  std::vector<std::pair<Key, std::string>> bad;  // key, reason
+  uint64_t removed = 0;
+};
+
+class Tier {
+ public:
+  virtual ~Tier() = default;
+
+  // Short name for stats and logs: "memory", "lmdb", "files", "redis", ...
+  virtual std::string_view name() const noexcept = 0;
+  virtual bool writable() const noexcept { return true; }
+
+  // nullopt: a miss. Error: a fault (the caller treats it as a miss).
+  Expected<std::optional<Entry>> get(const Key& key) { return do_get(key); }
+  // REQUIRES: entry was built (non-empty encoded bytes).
+  Status put(const Entry& entry);
+  // Removing a key that is absent is ok.
+  Status remove(const Key& key) { return do_remove(key); }
+  TierStats stats() { return do_stats(); }
+
+  // Every stored entry (order unspecified). Returning false stops the walk.
+  virtual Status list(const std::function<bool(const ListItem&)>& fn);
+  // Checks every entry; with fix, removes those that fail.
+  virtual Expected<VerifyReport> verify(bool fix);
+  // Evicts least recently used entries until bytes <= max_bytes.
+  virtual Expected<uint64_t> trim(uint64_t max_bytes);
+  virtual Status clear();
+  // Pushes buffered recency/statistics records to the store.
+  virtual Status flush() { return Status(); }
+
+ protected:
+  virtual Expected<std::optional<Entry>> do_get(const Key& key) = 0;
+  virtual Status do_put(const Entry& entry) = 0;
+  virtual Status do_remove(const Key& key) = 0;
+  virtual TierStats do_stats() = 0;
+};
+
+// ---- Factories -----------------------------------------------------------
+
+struct MemoryTierOptions {
+  // Bytes of encoded entries held; 0 means 256 MiB. Default 256 MiB.
+  uint64_t max_bytes = 0;
+  // Number of independently locked shards; 0 means 16.
+  unsigned shards = 0;
+  // Largest single entry held; 0 means one shard's budget.
+  uint64_t max_entry_bytes = 0;
+};
+std::shared_ptr<Tier> make_memory_tier(const MemoryTierOptions& options = {});
+
+enum class Durability : uint8_t {
+  // fsync data on commit but not the meta page: a machine crash may lose
+  // the last commits, never integrity. Process crashes lose nothing. Default.
+  normal = 0,
+  // fsync everything on every commit.
+  full = 1,
+  // no fsync: fastest; process crashes lose nothing, a machine crash may
+  // lose recent commits (entries are checksummed, so never wrong bytes).
+  none = 2,
+};
+
+struct DiskTierOptions {
+  // Size limit of stored entries in bytes; 0 means the default, 4 GiB.
+  uint64_t max_bytes = 0;
+  // Entry-count limit; 0 means the default, 200,000.
+  uint64_t max_entries = 0;
+  // Eviction goes down to this fraction of the limits; 0 means 0.8.
+  double low_water = 0;
+  // Largest single entry accepted; 0 means max_bytes / 8.
+  uint64_t max_entry_bytes = 0;
+  Durability durability = Durability::normal;
+  // Hits are recorded in memory and written in batches of this many
+  // (or at flush/close); 0 means 256.
+  unsigned recency_batch = 0;
+  // Temp files older than this are collected (files engine); 0 means 1 hour.
+  uint64_t stale_temp_ms = 0;
+};
+
+// Effective limits after applying the documented defaults.
+uint64_t effective_max_bytes(const DiskTierOptions& o) noexcept;
+uint64_t effective_max_entries(const DiskTierOptions& o) noexcept;
+
+// LMDB engine: one memory-mapped file in `dir`. Recommended. Must not live on
+// a network file system (LMDB's locks rely on shared memory).
+Expected<std::shared_ptr<Tier>> open_lmdb_tier(const std::string& dir,
+                                               const DiskTierOptions& options = {});
+// File-per-entry engine: sharded folders under `dir`, publish by rename,
+// content verified on read. For NFS-style shared folders.
+Expected<std::shared_ptr<Tier>> open_files_tier(const std::string& dir,
+                                                const DiskTierOptions& options = {});
+// Read-only view: get passes through; put/remove/clear/trim are refused
+// (counted as rejected) and never touch the inner tier; a corrupt entry is
+// skipped, never deleted.
+std::shared_ptr<Tier> make_read_only(std::shared_ptr<Tier> inner);
+
+// Features compiled in, e.g. {"lmdb", "zstd", "llvm"}.
+std::vector<std::string> features();
+const char* version_string() noexcept;
+
+}  // namespace kcache

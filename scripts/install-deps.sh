@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Installs the Debian packages kcache builds and tests with, if any are
+# missing. Runs apt-get update at most once. Needs root (or sudo) only when
+# something is missing.
+set -euo pipefail
+
+pkgs=(build-essential cmake pkg-config g++ libgtest-dev libbenchmark-dev
+      liblmdb-dev lmdb-utils libzstd-dev libxxhash-dev libhiredis-dev libssl-dev
+      redis-server llvm-14-dev zlib1g-dev libtinfo-dev libedit-dev libxml2-dev libcurl4-openssl-dev
+      pocl-opencl-icd ocl-icd-opencl-dev opencl-headers clinfo)
+
+missing=()
+for p in "${pkgs[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+echo "kcache: installing missing packages: ${missing[*]}" >&2
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then
+  if command -v sudo >/dev/null 2>&1; then SUDO="sudo"; else
+    echo "kcache: not root and no sudo; install these packages first: ${missing[*]}" >&2
+    exit 1
+  fi
+fi
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

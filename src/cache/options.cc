@@ -1,0 +1,79 @@
+// Options from the environment.
+#include <pwd.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+
+#include "kcache/cache.h"
+#include "util/util.h"
+
+namespace kcache {
+
+static bool env_flag(const std::string& v, bool* out) {
+  if (v.empty()) return false;
+  if (v == "1" || v == "true" || v == "yes" || v == "on") {
+    *out = true;
+    return true;
+  }
+  if (v == "0" || v == "false" || v == "no" || v == "off") {
+    *out = false;
+    return true;
+  }
+  KCACHE_LOG(LogLevel::warn, "ignoring unparsable boolean '%s'", v.c_str());
+  return false;
+}
+
+std::string Options::default_dir() {
+  std::string xdg = util::getenv_str("XDG_CACHE_HOME");
+  if (!xdg.empty() && xdg[0] == '/') return xdg + "/kcache";
+  std::string home = util::getenv_str("HOME");
+  if (home.empty()) {
+    if (struct passwd* pw = ::getpwuid(::getuid()); pw && pw->pw_dir) home = pw->pw_dir;
+  }
+  if (home.empty()) return std::string();
+  return home + "/.cache/kcache";
+}
+
+static std::optional<LogLevel> parse_level(const std::string& s) {
+  if (s == "off" || s == "0") return LogLevel::off;
+  if (s == "error") return LogLevel::error;
+  if (s == "warn" || s == "warning") return LogLevel::warn;
+  if (s == "info" || s == "1") return LogLevel::info;
+  if (s == "debug" || s == "2") return LogLevel::debug;
+  return std::nullopt;
+}
+
+Options Options::from_env(Options o) {
+  std::string v;
+  // KCACHE_LOG=level[:file] first, so the rest can warn where asked.
+  if (!(v = util::getenv_str("KCACHE_LOG")).empty()) {
+    std::string level = v, file;
+    if (auto c = v.find(':'); c != std::string::npos) {
+      level = v.substr(0, c);
+      file = v.substr(c + 1);
+    }
+    if (auto l = parse_level(level)) {
+      o.log_level = *l;
+      o.log_file = file;
+    } else {
+      KCACHE_LOG(LogLevel::warn, "ignoring KCACHE_LOG='%s' (want off|error|warn|info|debug[:file])", v.c_str());
+    }
+  }
+  if (!(v = util::getenv_str("KCACHE_DIR")).empty()) o.dir = v;
+  env_flag(util::getenv_str("KCACHE_DISABLE"), &o.disabled);
+  env_flag(util::getenv_str("KCACHE_READONLY"), &o.read_only);
+  env_flag(util::getenv_str("KCACHE_RECOMPILE"), &o.recompile);
+  env_flag(util::getenv_str("KCACHE_STATS"), &o.print_stats);
+  if (!(v = util::getenv_str("KCACHE_MAX_SIZE")).empty()) {
+    if (auto s = util::parse_size(v); s && *s > 0) o.disk.max_bytes = *s;
+    else KCACHE_LOG(LogLevel::warn, "ignoring KCACHE_MAX_SIZE='%s' (want e.g. 2G, 500M)", v.c_str());
+  }
+  if (!(v = util::getenv_str("KCACHE_ENGINE")).empty()) {
+    if (v == "lmdb" || v == "files") o.engine = v;
+    else KCACHE_LOG(LogLevel::warn, "ignoring KCACHE_ENGINE='%s' (want lmdb|files)", v.c_str());
+  }
+  return o;
+}
+
+}  // namespace kcache

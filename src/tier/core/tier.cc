@@ -1,0 +1,143 @@
+// Tier base behaviour (argument checks, generic list/verify/trim) and the
+// read-only wrapper.
+#include <atomic>
+#include <cstdio>
+
+#include "kcache/tier.h"
+#include "util/util.h"
+
+namespace kcache {
+
+Status Tier::put(const Entry& entry) {
+  if (entry.encoded().size() < kEntryHeaderSize)
+    return Status(Errc::invalid_argument, "put of an entry that was not built");
+  return do_put(entry);
+}
+
+Status Tier::list(const std::function<bool(const ListItem&)>&) {
+  return Status(Errc::unavailable, std::string(name()) + " tier cannot list its entries");
+}
+
+Expected<VerifyReport> Tier::verify(bool fix) {
+  // Generic: list, then get each key (get verifies).
+  VerifyReport rep;
+  std::vector<Key> keys;
+  KCACHE_RETURN_IF_ERROR(list([&](const ListItem& it) {
+    keys.push_back(it.key);
+    return true;
+  }));
+  for (const auto& k : keys) {
+    ++rep.checked;
+    auto r = get(k);
+    if (!r && r.error().code() == Errc::corrupt) {
+      rep.bad.emplace_back(k, r.error().message());
+      if (fix && remove(k).is_ok()) ++rep.removed;
+    }
+  }
+  return rep;
+}
+
+Expected<uint64_t> Tier::trim(uint64_t) {
+  return Status(Errc::unavailable, std::string(name()) + " tier cannot trim");
+}
+
+Status Tier::clear() {
+  std::vector<Key> keys;
+  KCACHE_RETURN_IF_ERROR(list([&](const ListItem& it) {
+    keys.push_back(it.key);
+    return true;
+  }));
+  for (const auto& k : keys) KCACHE_RETURN_IF_ERROR(remove(k));
+  return Status();
+}
+
+namespace {
+
+class ReadOnlyTier final : public Tier {
+ public:
+  explicit ReadOnlyTier(std::shared_ptr<Tier> inner) : inner_(std::move(inner)) {
+    name_ = std::string(inner_->name()) + "(ro)";
+  }
+  std::string_view name() const noexcept override { return name_; }
+  bool writable() const noexcept override { return false; }
+  Status list(const std::function<bool(const ListItem&)>& fn) override { return inner_->list(fn); }
+  Expected<VerifyReport> verify(bool fix) override {
+    if (fix) return refuse("verify --fix");
+    return inner_->verify(false);
+  }
+  Expected<uint64_t> trim(uint64_t) override { return refuse("trim"); }
+  Status clear() override { return refuse("clear"); }
+  Status flush() override { return Status(); }
+
+ protected:
+  Expected<std::optional<Entry>> do_get(const Key& key) override { return inner_->get(key); }
+  Status do_put(const Entry&) override { return refuse("put"); }
+  Status do_remove(const Key&) override { return refuse("remove"); }
+  TierStats do_stats() override {
+    TierStats s = inner_->stats();
+    s.rejected += rejected_.load(std::memory_order_relaxed);
+    return s;
+  }
+
+ private:
+  Status refuse(const char* what) {
+    rejected_.fetch_add(1, std::memory_order_relaxed);
+    return Status(Errc::read_only, std::string(what) + " refused: tier is read-only");
+  }
+  std::shared_ptr<Tier> inner_;
+  std::string name_;
+  std::atomic<uint64_t> rejected_{0};
+};
+
+}  // namespace
+
+std::shared_ptr<Tier> make_read_only(std::shared_ptr<Tier> inner) {
+  return std::make_shared<ReadOnlyTier>(std::move(inner));
+}
+
+uint64_t effective_max_bytes(const DiskTierOptions& o) noexcept {
+  return o.max_bytes ? o.max_bytes : (uint64_t(4) << 30);
+}
+uint64_t effective_max_entries(const DiskTierOptions& o) noexcept {
+  return o.max_entries ? o.max_entries : 200000;
+}
+
+std::vector<std::string> features() {
+  std::vector<std::string> f;
+#if KCACHE_HAVE_LMDB
+  f.push_back("lmdb");
+#endif
+  f.push_back("files");
+#if KCACHE_HAVE_ZSTD
+  f.push_back("zstd");
+#endif
+#if KCACHE_HAVE_REDIS
+  f.push_back("redis");
+#endif
+#if KCACHE_HAVE_LLVM
+  f.push_back("llvm");
+#endif
+#if KCACHE_HAVE_NVRTC
+  f.push_back("nvrtc");
+#endif
+#if KCACHE_HAVE_OPENCL
+  f.push_back("opencl");
+#endif
+  return f;
+}
+
+const char* version_string() noexcept { return KCACHE_VERSION_STRING; }
+
+std::string tier_stats_json(const TierStats& s) {
+  char buf[512];
+  std::snprintf(buf, sizeof buf,
+                "{\"hits\":%llu,\"misses\":%llu,\"puts\":%llu,\"evictions\":%llu,\"corrupt\":%llu,"
+                "\"errors\":%llu,\"rejected\":%llu,\"entries\":%llu,\"bytes\":%llu}",
+                (unsigned long long)s.hits, (unsigned long long)s.misses, (unsigned long long)s.puts,
+                (unsigned long long)s.evictions, (unsigned long long)s.corrupt, (unsigned long long)s.errors,
+                (unsigned long long)s.rejected, (unsigned long long)s.entries, (unsigned long long)s.bytes);
+  return buf;
+}
+
+
+}  // namespace kcache

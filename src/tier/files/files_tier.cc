@@ -1,0 +1,461 @@
+// File-per-entry disk engine, for folders that LMDB must not use (NFS).
+//
+// Layout under the tier's folder:
+//   XX/<32 hex>.kce   one encoded entry per file; XX = first key byte (256
+//                     shards keep folders small)
+//   tmp/              files being written; published by rename(2), which is
+//                     atomic on POSIX file systems including NFS
+//   stats             8 little-endian u64 counters (hits, misses, puts,
+//                     evictions, corrupt, errors, entries, bytes), updated
+//                     under flock(2)
+//   evict.lease       held by the one process evicting; a lease older than
+//                     60 s is taken over
+//
+// A reader opens the final path, so it sees a whole old entry, a whole new
+// entry or nothing; every read is verified (header, key, checksum). Recency
+// is each file's mtime, which this engine sets itself (utimensat) in batches,
+// never atime. Totals in `stats` may drift when processes die between a
+// rename and the counter update; eviction and verify --fix recompute them.
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "entry/buffer.h"
+#include "kcache/tier.h"
+#include "util/util.h"
+
+namespace kcache {
+namespace {
+
+enum Counter { c_hits, c_misses, c_puts, c_evictions, c_corrupt, c_errors, c_entries, c_bytes, c_count };
+constexpr uint64_t kLeaseStaleMs = 60'000;
+
+class FilesTier final : public Tier {
+ public:
+  FilesTier(std::string dir, const DiskTierOptions& o) : dir_(std::move(dir)) {
+    max_bytes_ = effective_max_bytes(o);
+    max_entries_ = effective_max_entries(o);
+    low_water_ = o.low_water > 0 && o.low_water < 1 ? o.low_water : 0.8;
+    max_entry_ = o.max_entry_bytes ? o.max_entry_bytes : std::max<uint64_t>(max_bytes_ / 8, 1);
+    batch_ = o.recency_batch ? o.recency_batch : 256;
+    stale_temp_ms_ = o.stale_temp_ms ? o.stale_temp_ms : 3600'000;
+  }
+  ~FilesTier() override { (void)flush(); }
+
+  Status init() {
+    KCACHE_RETURN_IF_ERROR(util::make_dirs(dir_ + "/tmp"));
+    int fd = ::open((dir_ + "/stats").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (fd < 0) return util::errno_status(errno, "open " + dir_ + "/stats");
+    ::close(fd);
+    return Status();
+  }
+
+  std::string_view name() const noexcept override { return "files"; }
+
+  Status flush() override {
+    std::unordered_map<Key, uint64_t> touched;
+    int64_t d[c_count] = {};
+    {
+      std::lock_guard lk(mu_);
+      touched.swap(touched_);
+      for (int i = 0; i < c_count; ++i) {
+        d[i] = pending_[i];
+        pending_[i] = 0;
+      }
+    }
+    for (const auto& [k, ms] : touched) {
+      struct timespec ts[2];
+      ts[0].tv_nsec = UTIME_OMIT;
+      ts[1].tv_sec = static_cast<time_t>(ms / 1000);
+      ts[1].tv_nsec = static_cast<long>((ms % 1000) * 1000000);
+      ::utimensat(AT_FDCWD, path_of(k).c_str(), ts, 0);  // gone meanwhile: fine
+    }
+    return add_counters(d);
+  }
+
+  Status list(const std::function<bool(const ListItem&)>& fn) override {
+    bool go = true;
+    return scan([&](const Key& k, const std::string&, const struct stat& st) {
+      if (!go) return;
+      go = fn(ListItem{k, static_cast<uint64_t>(st.st_size),
+                       static_cast<uint64_t>(st.st_mtim.tv_sec) * 1000 + st.st_mtim.tv_nsec / 1000000});
+    });
+  }
+
+  Expected<VerifyReport> verify(bool fix) override {
+    (void)flush();
+    VerifyReport rep;
+    std::vector<std::pair<Key, std::string>> paths;
+    KCACHE_RETURN_IF_ERROR(scan([&](const Key& k, const std::string& p, const struct stat&) { paths.emplace_back(k, p); }));
+    for (const auto& [k, p] : paths) {
+      ++rep.checked;
+      auto e = read_entry(k, p);
+      if (!e && e.error().code() == Errc::not_found) continue;
+      if (!e) {
+        rep.bad.emplace_back(k, e.error().message());
+        if (fix && ::unlink(p.c_str()) == 0) ++rep.removed;
+      }
+    }
+    if (fix) {
+      int64_t d[c_count] = {};
+      d[c_corrupt] = static_cast<int64_t>(rep.removed);
+      (void)add_counters(d);
+      KCACHE_RETURN_IF_ERROR(recount());
+    }
+    return rep;
+  }
+
+  Expected<uint64_t> trim(uint64_t max_bytes) override {
+    (void)flush();
+    return evict(max_bytes, max_entries_);
+  }
+
+  Status clear() override {
+    {
+      std::lock_guard lk(mu_);
+      touched_.clear();
+    }
+    std::vector<std::string> paths;
+    KCACHE_RETURN_IF_ERROR(scan([&](const Key&, const std::string& p, const struct stat&) { paths.push_back(p); }));
+    for (const auto& p : paths)
+      if (::unlink(p.c_str()) != 0 && errno != ENOENT) return util::errno_status(errno, "unlink " + p);
+    return recount();
+  }
+
+ protected:
+  Expected<std::optional<Entry>> do_get(const Key& key) override {
+    std::string p = path_of(key);
+    auto e = read_entry(key, p);
+    if (!e) {
+      if (e.error().code() == Errc::not_found) {
+        count(c_misses);
+        return std::optional<Entry>();
+      }
+      if (e.error().code() == Errc::corrupt) {
+        count(c_corrupt);
+        remove_if_same(p);
+        return Status(Errc::corrupt, "files entry " + key.hex() + ": " + e.error().message());
+      }
+      count(c_errors);
+      return e.error();
+    }
+    bool flush_now;
+    {
+      std::lock_guard lk(mu_);
+      ++pending_[c_hits];
+      touched_[key] = util::now_unix_ms();
+      flush_now = touched_.size() >= batch_;
+    }
+    if (flush_now) (void)flush();
+    return std::optional<Entry>(std::move(e).value());
+  }
+
+  Status do_put(const Entry& entry) override {
+    std::string_view enc = entry.encoded();
+    if (enc.size() > max_entry_) {
+      count(c_errors);
+      return Status(Errc::too_large, "entry of " + util::format_size(enc.size()) + " exceeds the largest entry stored");
+    }
+    std::string final_path = path_of(entry.key());
+    std::string shard = final_path.substr(0, final_path.rfind('/'));
+    if (::mkdir(shard.c_str(), 0700) != 0 && errno != EEXIST) {
+      Status st = util::errno_status(errno, "mkdir " + shard);
+      count(c_errors);
+      return st;
+    }
+    std::string tmp = dir_ + "/tmp/" + entry.key().hex();
+    struct stat old;
+    bool replaced = ::stat(final_path.c_str(), &old) == 0;
+    Status st = util::write_file_atomic_via(tmp, final_path, enc);
+    if (!st.is_ok()) {
+      count(c_errors);
+      return st;
+    }
+    int64_t d[c_count] = {};
+    d[c_puts] = 1;
+    d[c_entries] = replaced ? 0 : 1;
+    d[c_bytes] = static_cast<int64_t>(enc.size()) - (replaced ? static_cast<int64_t>(old.st_size) : 0);
+    uint64_t totals[c_count];
+    {
+      std::lock_guard lk(mu_);
+      for (int i = 0; i < c_count; ++i) {
+        d[i] += pending_[i];
+        pending_[i] = 0;
+      }
+    }
+    if (add_counters(d, totals).is_ok() && (totals[c_bytes] > max_bytes_ || totals[c_entries] > max_entries_)) {
+      auto r = evict(static_cast<uint64_t>(max_bytes_ * low_water_), static_cast<uint64_t>(max_entries_ * low_water_));
+      if (!r) KCACHE_LOG(LogLevel::warn, "files eviction: %s", r.error().to_string().c_str());
+    }
+    return Status();
+  }
+
+  Status do_remove(const Key& key) override {
+    std::string p = path_of(key);
+    struct stat st;
+    if (::stat(p.c_str(), &st) != 0) return Status();
+    if (::unlink(p.c_str()) != 0) {
+      if (errno == ENOENT) return Status();
+      return util::errno_status(errno, "unlink " + p);
+    }
+    int64_t d[c_count] = {};
+    d[c_entries] = -1;
+    d[c_bytes] = -static_cast<int64_t>(st.st_size);
+    return add_counters(d);
+  }
+
+  TierStats do_stats() override {
+    uint64_t v[c_count] = {};
+    (void)read_counters(v);
+    {
+      std::lock_guard lk(mu_);
+      for (int i = 0; i < c_count; ++i) v[i] += pending_[i];
+    }
+    TierStats s;
+    s.hits = v[c_hits];
+    s.misses = v[c_misses];
+    s.puts = v[c_puts];
+    s.evictions = v[c_evictions];
+    s.corrupt = v[c_corrupt];
+    s.errors = v[c_errors];
+    s.entries = v[c_entries];
+    s.bytes = v[c_bytes];
+    return s;
+  }
+
+ private:
+  std::string path_of(const Key& k) const {
+    std::string h = k.hex();
+    return dir_ + "/" + h.substr(0, 2) + "/" + h + ".kce";
+  }
+
+  void count(int c) {
+    std::lock_guard lk(mu_);
+    ++pending_[c];
+  }
+
+  Expected<Entry> read_entry(const Key& key, const std::string& p) {
+    int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return util::errno_status(errno, "open " + p);
+    struct stat st;
+    if (::fstat(fd, &st) != 0) {
+      int e = errno;
+      ::close(fd);
+      return util::errno_status(e, "stat " + p);
+    }
+    uint64_t size = static_cast<uint64_t>(st.st_size);
+    if (size < kEntryHeaderSize || size > kMaxEntrySize + kEntryHeaderSize) {
+      ::close(fd);
+      return Status(Errc::corrupt, "file size " + std::to_string(size) + " is impossible");
+    }
+    auto buf = std::make_shared<AlignedBuffer>(size);
+    size_t got = 0;
+    while (got < size) {
+      ssize_t n = ::pread(fd, buf->data() + got, size - got, static_cast<off_t>(got));
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) {
+        int e = errno;
+        ::close(fd);
+        return util::errno_status(e, "read " + p);
+      }
+      if (n == 0) break;
+      got += static_cast<size_t>(n);
+    }
+    ::close(fd);
+    if (got != size) return Status(Errc::corrupt, "file shrank while read");
+    return Entry::decode(std::move(buf), &key);
+  }
+
+  // Unlinks p only if it is still the file we found bad (a writer may have
+  // just published a good one in its place).
+  void remove_if_same(const std::string& p) {
+    int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return;
+    char hdr[kEntryHeaderSize];
+    ssize_t n = ::pread(fd, hdr, sizeof hdr, 0);
+    struct stat a, b;
+    bool same = ::fstat(fd, &a) == 0 && ::stat(p.c_str(), &b) == 0 && a.st_ino == b.st_ino;
+    ::close(fd);
+    (void)n;
+    if (!same) return;
+    if (::unlink(p.c_str()) == 0) {
+      int64_t d[c_count] = {};
+      d[c_entries] = -1;
+      d[c_bytes] = -static_cast<int64_t>(a.st_size);
+      (void)add_counters(d);
+    }
+  }
+
+  Status read_counters(uint64_t* v) {
+    int fd = ::open((dir_ + "/stats").c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return util::errno_status(errno, "open stats");
+    char b[8 * c_count] = {};
+    ssize_t n = ::pread(fd, b, sizeof b, 0);
+    ::close(fd);
+    for (int i = 0; i < c_count; ++i) v[i] = n == static_cast<ssize_t>(sizeof b) ? util::get_u64(b + 8 * i) : 0;
+    return Status();
+  }
+
+  // Adds deltas to the stored counters (clamped at 0) under flock; returns
+  // the new totals in `out` when given. set_abs replaces entries/bytes.
+  Status add_counters(const int64_t* d, uint64_t* out = nullptr, const uint64_t* set_abs = nullptr) {
+    if (!out && !set_abs && std::all_of(d, d + c_count, [](int64_t x) { return x == 0; })) return Status();
+    std::string p = dir_ + "/stats";
+    int fd = ::open(p.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (fd < 0) return util::errno_status(errno, "open " + p);
+    while (::flock(fd, LOCK_EX) != 0 && errno == EINTR) {
+    }
+    char b[8 * c_count] = {};
+    ssize_t n = ::pread(fd, b, sizeof b, 0);
+    uint64_t v[c_count];
+    for (int i = 0; i < c_count; ++i) {
+      uint64_t cur = n == static_cast<ssize_t>(sizeof b) ? util::get_u64(b + 8 * i) : 0;
+      int64_t delta = d ? d[i] : 0;
+      v[i] = delta < 0 && static_cast<uint64_t>(-delta) > cur ? 0 : cur + delta;
+    }
+    if (set_abs) {
+      v[c_entries] = set_abs[0];
+      v[c_bytes] = set_abs[1];
+    }
+    std::string w;
+    for (int i = 0; i < c_count; ++i) util::put_u64(w, v[i]);
+    ssize_t wn = ::pwrite(fd, w.data(), w.size(), 0);
+    int e = errno;
+    ::flock(fd, LOCK_UN);
+    ::close(fd);
+    if (wn != static_cast<ssize_t>(w.size())) return util::errno_status(e, "write " + p);
+    if (out) std::memcpy(out, v, sizeof v);
+    return Status();
+  }
+
+  // Calls fn for every entry file; also collects stale temp files.
+  Status scan(const std::function<void(const Key&, const std::string&, const struct stat&)>& fn) {
+    for (int s = 0; s < 256; ++s) {
+      char sh[3];
+      std::snprintf(sh, sizeof sh, "%02x", s);
+      std::string d = dir_ + "/" + sh;
+      DIR* dp = ::opendir(d.c_str());
+      if (!dp) continue;
+      while (struct dirent* de = ::readdir(dp)) {
+        std::string_view n = de->d_name;
+        if (n.size() != 36 || !n.ends_with(".kce")) continue;
+        auto k = Digest::from_hex(n.substr(0, 32));
+        if (!k) continue;
+        std::string p = d + "/" + std::string(n);
+        struct stat st;
+        if (::stat(p.c_str(), &st) != 0) continue;
+        fn(*k, p, st);
+      }
+      ::closedir(dp);
+    }
+    collect_temps();
+    return Status();
+  }
+
+  void collect_temps() {
+    std::string d = dir_ + "/tmp";
+    DIR* dp = ::opendir(d.c_str());
+    if (!dp) return;
+    uint64_t now = util::now_unix_ms();
+    while (struct dirent* de = ::readdir(dp)) {
+      if (de->d_name[0] == '.') continue;
+      std::string p = d + "/" + de->d_name;
+      struct stat st;
+      if (::stat(p.c_str(), &st) != 0) continue;
+      uint64_t mt = static_cast<uint64_t>(st.st_mtim.tv_sec) * 1000;
+      if (mt + stale_temp_ms_ < now) ::unlink(p.c_str());
+    }
+    ::closedir(dp);
+  }
+
+  Status recount() {
+    uint64_t n = 0, bytes = 0;
+    KCACHE_RETURN_IF_ERROR(scan([&](const Key&, const std::string&, const struct stat& st) {
+      ++n;
+      bytes += static_cast<uint64_t>(st.st_size);
+    }));
+    uint64_t abs[2] = {n, bytes};
+    return add_counters(nullptr, nullptr, abs);
+  }
+
+  // One evictor at a time: the lease file is created exclusively; a lease
+  // whose holder died is taken over once it is older than kLeaseStaleMs.
+  bool take_lease() {
+    std::string p = dir_ + "/evict.lease";
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      int fd = ::open(p.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+      if (fd >= 0) {
+        ::close(fd);
+        return true;
+      }
+      struct stat st;
+      if (errno != EEXIST || ::stat(p.c_str(), &st) != 0) return false;
+      uint64_t mt = static_cast<uint64_t>(st.st_mtim.tv_sec) * 1000;
+      if (mt + kLeaseStaleMs > util::now_unix_ms()) return false;
+      ::unlink(p.c_str());
+    }
+    return false;
+  }
+
+  Expected<uint64_t> evict(uint64_t target_bytes, uint64_t target_entries) {
+    if (!take_lease()) return uint64_t(0);  // someone else is evicting
+    struct Item {
+      uint64_t mtime_ns, size;
+      std::string path;
+    };
+    std::vector<Item> items;
+    uint64_t bytes = 0;
+    Status st = scan([&](const Key&, const std::string& p, const struct stat& s) {
+      items.push_back({static_cast<uint64_t>(s.st_mtim.tv_sec) * 1000000000ull + s.st_mtim.tv_nsec,
+                       static_cast<uint64_t>(s.st_size), p});
+      bytes += static_cast<uint64_t>(s.st_size);
+    });
+    uint64_t removed = 0, n = items.size();
+    if (st.is_ok()) {
+      std::sort(items.begin(), items.end(), [](const Item& a, const Item& b) { return a.mtime_ns < b.mtime_ns; });
+      for (const auto& it : items) {
+        if (bytes <= target_bytes && n <= target_entries) break;
+        if (::unlink(it.path.c_str()) == 0) {
+          bytes -= it.size;
+          --n;
+          ++removed;
+        }
+      }
+      int64_t d[c_count] = {};
+      d[c_evictions] = static_cast<int64_t>(removed);
+      uint64_t abs[2] = {n, bytes};
+      st = add_counters(d, nullptr, abs);
+    }
+    ::unlink((dir_ + "/evict.lease").c_str());
+    if (!st.is_ok()) return st;
+    return removed;
+  }
+
+  std::string dir_;
+  uint64_t max_bytes_, max_entries_, max_entry_, stale_temp_ms_;
+  double low_water_;
+  unsigned batch_;
+  std::mutex mu_;
+  std::unordered_map<Key, uint64_t> touched_;  // GUARDED_BY(mu_)
+  int64_t pending_[c_count] = {};              // GUARDED_BY(mu_)
+};
+
+}  // namespace
+
+Expected<std::shared_ptr<Tier>> open_files_tier(const std::string& dir, const DiskTierOptions& options) {
+  auto t = std::make_shared<FilesTier>(dir, options);
+  KCACHE_RETURN_IF_ERROR(t->init());
+  return std::shared_ptr<Tier>(std::move(t));
+}
+
+}  // namespace kcache

@@ -1,0 +1,735 @@
+// LMDB disk engine.
+//
+// One environment (data.mdb + lock.mdb) per folder, opened once per process
+// (LMDB forbids opening an environment twice in one process, so handles are
+// shared through a registry keyed by device and inode).
+//
+// Named databases:
+//   entries : key[16] -> encoded entry (docs/format.md)
+//   meta    : key[16] -> u64 last_use_ms | u64 size
+//   lru     : u64be last_use_ms | key[16] -> "" (recency index, oldest first)
+//   stats   : counter name -> u64 (hits, misses, puts, evictions, corrupt,
+//             errors, entries, bytes)
+//
+// Invariants, true after every committed write transaction:
+//   * a key is in `entries` iff it is in `meta`, and then `lru` holds exactly
+//     one record (meta.last_use_ms, key);
+//   * stats.entries / stats.bytes equal the count and summed sizes of
+//     `entries` (verify --fix recomputes them if they ever drift).
+// An entry, its metadata and its counters change in one transaction, so a
+// SIGKILL at any instant leaves either the old or the new state.
+//
+// Reads are zero-copy: a hit returns an Entry whose bytes point into the map
+// and which pins its read transaction until the last copy is dropped.
+// Hits are recorded in memory; a background thread writes recency and
+// counters in batches, so the hit path never takes the write lock.
+#include <lmdb.h>
+#include <stdio.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "kcache/tier.h"
+#include "tier/lmdb/lmdb_env.h"
+#include "util/util.h"
+
+namespace kcache {
+
+namespace {
+
+Status mdb_status(int rc, std::string_view what) {
+  Errc c = Errc::io_error;
+  if (rc == MDB_MAP_FULL) c = Errc::no_space;
+  else if (rc == MDB_CORRUPTED || rc == MDB_PAGE_NOTFOUND || rc == MDB_INVALID || rc == MDB_VERSION_MISMATCH)
+    c = Errc::corrupt;
+  else if (rc == EACCES || rc == EROFS) c = Errc::read_only;
+  else if (rc == ENOSPC || rc == EDQUOT) c = Errc::no_space;
+  return Status(c, std::string("lmdb ") + std::string(what) + ": " + mdb_strerror(rc));
+}
+
+MDB_val val(const void* p, size_t n) { return MDB_val{n, const_cast<void*>(p)}; }
+MDB_val val(const Key& k) { return val(k.bytes.data(), 16); }
+
+void lru_key(char out[24], uint64_t ms, const Key& k) {
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>(ms >> (8 * (7 - i)));
+  std::memcpy(out + 8, k.bytes.data(), 16);
+}
+
+const char* const kCounterNames[] = {"hits", "misses", "puts", "evictions", "corrupt", "errors", "entries", "bytes"};
+enum Counter { c_hits, c_misses, c_puts, c_evictions, c_corrupt, c_errors, c_entries, c_bytes, c_count };
+
+}  // namespace
+
+// ---- the shared environment --------------------------------------------
+
+LmdbEnv::~LmdbEnv() {
+  for (MDB_txn* t : idle_) mdb_txn_abort(t);
+  if (env_) mdb_env_close(env_);
+}
+
+Expected<std::shared_ptr<LmdbEnv>> LmdbEnv::open(const std::string& dir, uint64_t map_size, bool sync_data,
+                                                 bool sync_meta) {
+  KCACHE_RETURN_IF_ERROR(util::make_dirs(dir));
+  struct stat st;
+  if (::stat(dir.c_str(), &st) != 0) return util::errno_status(errno, "stat " + dir);
+
+  static std::mutex reg_mu;
+  static std::map<std::pair<dev_t, ino_t>, std::weak_ptr<LmdbEnv>> registry;
+  std::lock_guard lk(reg_mu);
+  auto id = std::make_pair(st.st_dev, st.st_ino);
+  if (auto it = registry.find(id); it != registry.end()) {
+    if (auto sp = it->second.lock(); sp && sp->pid_ == ::getpid()) return sp;
+  }
+
+  auto env = std::shared_ptr<LmdbEnv>(new LmdbEnv());
+  env->pid_ = ::getpid();
+  env->dir_ = dir;
+  int rc = mdb_env_create(&env->env_);
+  if (rc) return mdb_status(rc, "env_create");
+  mdb_env_set_maxdbs(env->env_, 8);
+  mdb_env_set_maxreaders(env->env_, 1022);
+  mdb_env_set_mapsize(env->env_, map_size);
+  unsigned flags = MDB_NOTLS | MDB_NORDAHEAD;
+  if (!sync_data) flags |= MDB_NOSYNC;
+  else if (!sync_meta) flags |= MDB_NOMETASYNC;
+  rc = mdb_env_open(env->env_, dir.c_str(), flags, 0600);
+  if (rc) return mdb_status(rc, "open " + dir);
+  int dead = 0;
+  mdb_reader_check(env->env_, &dead);
+
+  // A data file shorter than the pages LMDB believes in would fault on
+  // access (SIGBUS through the map): treat it as a corrupt store.
+  MDB_envinfo info;
+  MDB_stat mst;
+  mdb_env_info(env->env_, &info);
+  mdb_env_stat(env->env_, &mst);
+  struct stat fst;
+  std::string data = dir + "/data.mdb";
+  if (::stat(data.c_str(), &fst) == 0 &&
+      static_cast<uint64_t>(fst.st_size) < (info.me_last_pgno + 1) * static_cast<uint64_t>(mst.ms_psize))
+    return Status(Errc::corrupt, "lmdb data file " + data + " is truncated");
+
+  MDB_txn* txn;
+  rc = mdb_txn_begin(env->env_, nullptr, 0, &txn);
+  if (rc) return mdb_status(rc, "begin");
+  const char* names[] = {"entries", "meta", "lru", "stats", "leases"};
+  MDB_dbi* dbis[] = {&env->entries, &env->meta, &env->lru, &env->stats, &env->leases};
+  for (int i = 0; i < 5; ++i) {
+    rc = mdb_dbi_open(txn, names[i], MDB_CREATE, dbis[i]);
+    if (rc) {
+      mdb_txn_abort(txn);
+      return mdb_status(rc, std::string("open db ") + names[i]);
+    }
+  }
+  rc = mdb_txn_commit(txn);
+  if (rc) return mdb_status(rc, "commit");
+  registry[id] = env;
+  return env;
+}
+
+Expected<MDB_txn*> LmdbEnv::begin_read() {
+  MDB_txn* t = nullptr;
+  {
+    std::lock_guard lk(mu_);
+    if (!idle_.empty()) {
+      t = idle_.back();
+      idle_.pop_back();
+    }
+  }
+  int rc;
+  if (t) {
+    rc = mdb_txn_renew(t);
+    if (rc == 0) return t;
+    mdb_txn_abort(t);
+  }
+  rc = mdb_txn_begin(env_, nullptr, MDB_RDONLY, &t);
+  if (rc == MDB_MAP_RESIZED) {
+    mdb_env_set_mapsize(env_, 0);
+    rc = mdb_txn_begin(env_, nullptr, MDB_RDONLY, &t);
+  } else if (rc == MDB_READERS_FULL) {
+    int dead = 0;
+    mdb_reader_check(env_, &dead);
+    rc = mdb_txn_begin(env_, nullptr, MDB_RDONLY, &t);
+  }
+  if (rc) return mdb_status(rc, "begin read");
+  return t;
+}
+
+void LmdbEnv::end_read(MDB_txn* t) {
+  mdb_txn_reset(t);
+  std::lock_guard lk(mu_);
+  if (idle_.size() < 64) {
+    idle_.push_back(t);
+    return;
+  }
+  mdb_txn_abort(t);
+}
+
+Expected<MDB_txn*> LmdbEnv::begin_write() {
+  MDB_txn* t = nullptr;
+  int rc = mdb_txn_begin(env_, nullptr, 0, &t);
+  if (rc == MDB_MAP_RESIZED) {
+    mdb_env_set_mapsize(env_, 0);
+    rc = mdb_txn_begin(env_, nullptr, 0, &t);
+  }
+  if (rc) return mdb_status(rc, "begin write");
+  return t;
+}
+
+namespace {
+
+// Bytes of a hit: they live in the map, pinned by the read transaction.
+class PinnedBuffer final : public Buffer {
+ public:
+  PinnedBuffer(std::shared_ptr<LmdbEnv> env, MDB_txn* txn, std::string_view bytes)
+      : env_(std::move(env)), txn_(txn), bytes_(bytes) {}
+  ~PinnedBuffer() override { env_->end_read(txn_); }
+  std::string_view bytes() const noexcept override { return bytes_; }
+  bool pinned() const noexcept override { return true; }
+
+ private:
+  std::shared_ptr<LmdbEnv> env_;
+  MDB_txn* txn_;
+  std::string_view bytes_;
+};
+
+class LmdbTier final : public Tier {
+ public:
+  LmdbTier(std::shared_ptr<LmdbEnv> env, const DiskTierOptions& o) : env_(std::move(env)), opt_(o) {
+    max_bytes_ = effective_max_bytes(o);
+    max_entries_ = effective_max_entries(o);
+    low_water_ = o.low_water > 0 && o.low_water < 1 ? o.low_water : 0.8;
+    max_entry_ = o.max_entry_bytes ? o.max_entry_bytes : std::max<uint64_t>(max_bytes_ / 8, 1);
+    batch_ = o.recency_batch ? o.recency_batch : 256;
+    flusher_ = std::thread([this] { flusher_loop(); });
+  }
+  ~LmdbTier() override {
+    {
+      std::lock_guard lk(pend_mu_);
+      stop_ = true;
+    }
+    pend_cv_.notify_all();
+    flusher_.join();
+    (void)flush();
+  }
+
+  std::string_view name() const noexcept override { return "lmdb"; }
+
+  Status flush() override {
+    std::unordered_map<Key, uint64_t> touched;
+    uint64_t counts[c_count] = {};
+    {
+      std::lock_guard lk(pend_mu_);
+      touched.swap(touched_);
+      for (int i = 0; i < c_count; ++i) {
+        counts[i] = pending_[i];
+        pending_[i] = 0;
+      }
+    }
+    if (touched.empty() && std::all_of(counts, counts + c_count, [](uint64_t v) { return v == 0; }))
+      return Status();
+    KCACHE_TRY(MDB_txn * txn, env_->begin_write());
+    int rc = 0;
+    for (const auto& [k, ms] : touched) {
+      rc = touch_locked(txn, k, ms);
+      if (rc) break;
+    }
+    if (!rc) rc = add_counters(txn, counts);
+    if (rc) {
+      mdb_txn_abort(txn);
+      return mdb_status(rc, "flush");
+    }
+    rc = mdb_txn_commit(txn);
+    return rc ? mdb_status(rc, "commit flush") : Status();
+  }
+
+  Status list(const std::function<bool(const ListItem&)>& fn) override {
+    KCACHE_TRY(MDB_txn * txn, env_->begin_read());
+    MDB_cursor* cur;
+    int rc = mdb_cursor_open(txn, env_->meta, &cur);
+    if (rc) {
+      env_->end_read(txn);
+      return mdb_status(rc, "cursor");
+    }
+    MDB_val k, v;
+    std::vector<ListItem> items;
+    for (rc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); rc == 0; rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
+      if (k.mv_size != 16 || v.mv_size != 16) continue;
+      ListItem it;
+      std::memcpy(it.key.bytes.data(), k.mv_data, 16);
+      it.last_use_ms = util::get_u64(static_cast<const char*>(v.mv_data));
+      it.size = util::get_u64(static_cast<const char*>(v.mv_data) + 8);
+      items.push_back(it);
+    }
+    mdb_cursor_close(cur);
+    env_->end_read(txn);
+    if (rc != MDB_NOTFOUND) return mdb_status(rc, "list");
+    for (const auto& it : items)
+      if (!fn(it)) break;
+    return Status();
+  }
+
+  Expected<VerifyReport> verify(bool fix) override {
+    (void)flush();
+    VerifyReport rep;
+    uint64_t entries = 0, bytes = 0;
+    {
+      KCACHE_TRY(MDB_txn * txn, env_->begin_read());
+      MDB_cursor* cur;
+      int rc = mdb_cursor_open(txn, env_->entries, &cur);
+      if (rc) {
+        env_->end_read(txn);
+        return mdb_status(rc, "cursor");
+      }
+      MDB_val k, v;
+      for (rc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); rc == 0; rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
+        ++rep.checked;
+        Key key{};
+        if (k.mv_size == 16) std::memcpy(key.bytes.data(), k.mv_data, 16);
+        std::string_view enc(static_cast<const char*>(v.mv_data), v.mv_size);
+        Status st = k.mv_size == 16 ? Entry::check(enc, &key) : Status(Errc::corrupt, "bad key length");
+        if (st.is_ok()) {
+          auto d = Entry::decode(make_heap_buffer(std::string(enc)), &key);
+          if (!d) st = d.error();
+        }
+        if (!st.is_ok()) {
+          rep.bad.emplace_back(key, st.message());
+        } else {
+          ++entries;
+          bytes += v.mv_size;
+        }
+      }
+      mdb_cursor_close(cur);
+      env_->end_read(txn);
+      if (rc != MDB_NOTFOUND) return mdb_status(rc, "verify walk");
+    }
+    if (fix) {
+      for (const auto& [k, why] : rep.bad)
+        if (remove_entry(k, /*count_corrupt=*/true).is_ok()) ++rep.removed;
+      KCACHE_RETURN_IF_ERROR(repair_totals());
+    }
+    return rep;
+  }
+
+  Expected<uint64_t> trim(uint64_t max_bytes) override {
+    (void)flush();
+    return evict(max_bytes, max_entries_);
+  }
+
+  Status clear() override {
+    {
+      std::lock_guard lk(pend_mu_);
+      touched_.clear();
+    }
+    KCACHE_TRY(MDB_txn * txn, env_->begin_write());
+    int rc = 0;
+    for (MDB_dbi d : {env_->entries, env_->meta, env_->lru})
+      if (!rc) rc = mdb_drop(txn, d, 0);
+    if (!rc) {
+      uint64_t zero = 0;
+      for (int c : {c_entries, c_bytes})
+        if (!rc) rc = put_counter(txn, c, zero);
+    }
+    if (rc) {
+      mdb_txn_abort(txn);
+      return mdb_status(rc, "clear");
+    }
+    rc = mdb_txn_commit(txn);
+    return rc ? mdb_status(rc, "commit clear") : Status();
+  }
+
+ protected:
+  Expected<std::optional<Entry>> do_get(const Key& key) override {
+    KCACHE_TRY(MDB_txn * txn, env_->begin_read());
+    MDB_val k = val(key), v;
+    int rc = mdb_get(txn, env_->entries, &k, &v);
+    if (rc == MDB_NOTFOUND) {
+      env_->end_read(txn);
+      count(c_misses);
+      return std::optional<Entry>();
+    }
+    if (rc) {
+      env_->end_read(txn);
+      count(c_errors);
+      return mdb_status(rc, "get");
+    }
+    auto buf = std::make_shared<PinnedBuffer>(env_, txn, std::string_view(static_cast<const char*>(v.mv_data), v.mv_size));
+    auto e = Entry::decode(std::move(buf), &key);
+    if (!e) {
+      count(c_corrupt);
+      (void)remove_entry(key, false);
+      return Status(Errc::corrupt, "lmdb entry " + key.hex() + ": " + e.error().message());
+    }
+    note_hit(key);
+    return std::optional<Entry>(std::move(e).value());
+  }
+
+  Status do_put(const Entry& entry) override {
+    std::string_view enc = entry.encoded();
+    if (enc.size() > max_entry_) {
+      count(c_errors);
+      return Status(Errc::too_large, "entry of " + util::format_size(enc.size()) + " exceeds the largest entry stored (" +
+                                         util::format_size(max_entry_) + ")");
+    }
+    Status st = put_once(entry.key(), enc);
+    if (st.code() == Errc::no_space) {
+      // The map is full: make room and try once more.
+      (void)evict(static_cast<uint64_t>(max_bytes_ * low_water_ * 0.5), max_entries_);
+      st = put_once(entry.key(), enc);
+    }
+    if (!st.is_ok()) {
+      count(c_errors);
+      return st;
+    }
+    maybe_evict();
+    return Status();
+  }
+
+  Status do_remove(const Key& key) override { return remove_entry(key, false); }
+
+  TierStats do_stats() override {
+    TierStats s;
+    uint64_t v[c_count] = {};
+    auto txn = env_->begin_read();
+    if (txn) {
+      for (int i = 0; i < c_count; ++i) v[i] = get_counter(*txn, i);
+      env_->end_read(*txn);
+    }
+    {
+      std::lock_guard lk(pend_mu_);
+      for (int i = 0; i < c_count; ++i) v[i] += pending_[i];
+    }
+    s.hits = v[c_hits];
+    s.misses = v[c_misses];
+    s.puts = v[c_puts];
+    s.evictions = v[c_evictions];
+    s.corrupt = v[c_corrupt];
+    s.errors = v[c_errors];
+    s.entries = v[c_entries];
+    s.bytes = v[c_bytes];
+    return s;
+  }
+
+ private:
+  void count(int c, uint64_t n = 1) {
+    std::lock_guard lk(pend_mu_);
+    pending_[c] += n;
+  }
+
+  void note_hit(const Key& key) {
+    bool wake;
+    {
+      std::lock_guard lk(pend_mu_);
+      touched_[key] = util::now_unix_ms();
+      ++pending_[c_hits];
+      wake = touched_.size() >= batch_ || pending_[c_hits] + pending_[c_misses] >= 16 * batch_;
+    }
+    if (wake) pend_cv_.notify_one();
+  }
+
+  void flusher_loop() {
+    std::unique_lock lk(pend_mu_);
+    while (!stop_) {
+      pend_cv_.wait_for(lk, std::chrono::seconds(5));
+      if (stop_) break;
+      bool due = touched_.size() >= batch_ || pending_[c_hits] + pending_[c_misses] >= 16 * batch_;
+      if (!due) continue;
+      lk.unlock();
+      Status st = flush();
+      if (!st.is_ok()) KCACHE_LOG(LogLevel::debug, "lmdb recency flush: %s", st.to_string().c_str());
+      lk.lock();
+    }
+  }
+
+  static uint64_t get_counter(MDB_txn* txn, MDB_dbi dbi, int c) {
+    MDB_val k = val(kCounterNames[c], std::strlen(kCounterNames[c])), v;
+    if (mdb_get(txn, dbi, &k, &v) != 0 || v.mv_size != 8) return 0;
+    return util::get_u64(static_cast<const char*>(v.mv_data));
+  }
+  uint64_t get_counter(MDB_txn* txn, int c) { return get_counter(txn, env_->stats, c); }
+  int put_counter(MDB_txn* txn, int c, uint64_t value) {
+    std::string b;
+    util::put_u64(b, value);
+    MDB_val k = val(kCounterNames[c], std::strlen(kCounterNames[c])), v = val(b.data(), 8);
+    return mdb_put(txn, env_->stats, &k, &v, 0);
+  }
+  int add_counter(MDB_txn* txn, int c, int64_t delta) {
+    if (delta == 0) return 0;
+    uint64_t cur = get_counter(txn, c);
+    uint64_t next = delta < 0 && static_cast<uint64_t>(-delta) > cur ? 0 : cur + delta;
+    return put_counter(txn, c, next);
+  }
+  int add_counters(MDB_txn* txn, const uint64_t* counts) {
+    for (int i = 0; i < c_count; ++i) {
+      int rc = add_counter(txn, i, static_cast<int64_t>(counts[i]));
+      if (rc) return rc;
+    }
+    return 0;
+  }
+
+  // Moves k's recency record to `ms`. REQUIRES: write txn.
+  int touch_locked(MDB_txn* txn, const Key& key, uint64_t ms) {
+    MDB_val k = val(key), v;
+    int rc = mdb_get(txn, env_->meta, &k, &v);
+    if (rc == MDB_NOTFOUND) return 0;  // evicted meanwhile
+    if (rc) return rc;
+    if (v.mv_size != 16) return 0;
+    uint64_t old_ms = util::get_u64(static_cast<const char*>(v.mv_data));
+    uint64_t size = util::get_u64(static_cast<const char*>(v.mv_data) + 8);
+    if (old_ms >= ms) return 0;
+    char lk[24];
+    lru_key(lk, old_ms, key);
+    MDB_val lkv = val(lk, 24);
+    rc = mdb_del(txn, env_->lru, &lkv, nullptr);
+    if (rc && rc != MDB_NOTFOUND) return rc;
+    return set_meta(txn, key, ms, size);
+  }
+
+  int set_meta(MDB_txn* txn, const Key& key, uint64_t ms, uint64_t size) {
+    std::string m;
+    util::put_u64(m, ms);
+    util::put_u64(m, size);
+    MDB_val k = val(key), mv = val(m.data(), 16);
+    int rc = mdb_put(txn, env_->meta, &k, &mv, 0);
+    if (rc) return rc;
+    char lk[24];
+    lru_key(lk, ms, key);
+    MDB_val lkv = val(lk, 24), empty = val("", 0);
+    return mdb_put(txn, env_->lru, &lkv, &empty, 0);
+  }
+
+  // Deletes key's entry, meta and lru records and updates totals.
+  // REQUIRES: write txn. Sets *size to the removed size (0 if absent).
+  int delete_locked(MDB_txn* txn, const Key& key, uint64_t* removed_size) {
+    *removed_size = 0;
+    MDB_val k = val(key), v;
+    int rc = mdb_get(txn, env_->meta, &k, &v);
+    if (rc == 0 && v.mv_size == 16) {
+      uint64_t ms = util::get_u64(static_cast<const char*>(v.mv_data));
+      char lk[24];
+      lru_key(lk, ms, key);
+      MDB_val lkv = val(lk, 24);
+      rc = mdb_del(txn, env_->lru, &lkv, nullptr);
+      if (rc && rc != MDB_NOTFOUND) return rc;
+    }
+    rc = mdb_del(txn, env_->meta, &k, nullptr);
+    if (rc && rc != MDB_NOTFOUND) return rc;
+    rc = mdb_get(txn, env_->entries, &k, &v);
+    if (rc == MDB_NOTFOUND) return 0;
+    if (rc) return rc;
+    *removed_size = v.mv_size;
+    rc = mdb_del(txn, env_->entries, &k, nullptr);
+    if (rc) return rc;
+    rc = add_counter(txn, c_entries, -1);
+    if (!rc) rc = add_counter(txn, c_bytes, -static_cast<int64_t>(*removed_size));
+    return rc;
+  }
+
+  Status remove_entry(const Key& key, bool count_corrupt) {
+    KCACHE_TRY(MDB_txn * txn, env_->begin_write());
+    uint64_t size;
+    int rc = delete_locked(txn, key, &size);
+    if (!rc && count_corrupt) rc = add_counter(txn, c_corrupt, 1);
+    if (rc) {
+      mdb_txn_abort(txn);
+      return mdb_status(rc, "remove");
+    }
+    rc = mdb_txn_commit(txn);
+    return rc ? mdb_status(rc, "commit remove") : Status();
+  }
+
+  Status put_once(const Key& key, std::string_view enc) {
+    // Pending recency and counters ride along with the put's transaction.
+    std::unordered_map<Key, uint64_t> touched;
+    uint64_t counts[c_count] = {};
+    {
+      std::lock_guard lk(pend_mu_);
+      touched.swap(touched_);
+      for (int i = 0; i < c_count; ++i) {
+        counts[i] = pending_[i];
+        pending_[i] = 0;
+      }
+    }
+    auto restore = [&] {
+      std::lock_guard lk(pend_mu_);
+      for (auto& [k, ms] : touched) touched_.emplace(k, ms);
+      for (int i = 0; i < c_count; ++i) pending_[i] += counts[i];
+    };
+    auto txn_or = env_->begin_write();
+    if (!txn_or) {
+      restore();
+      return txn_or.error();
+    }
+    MDB_txn* txn = *txn_or;
+    uint64_t old_size = 0;
+    int rc = delete_locked(txn, key, &old_size);
+    MDB_val k = val(key), v;
+    v.mv_size = enc.size();
+    v.mv_data = nullptr;
+    if (!rc) rc = mdb_put(txn, env_->entries, &k, &v, MDB_RESERVE);
+    if (!rc) {
+      std::memcpy(v.mv_data, enc.data(), enc.size());
+      rc = set_meta(txn, key, util::now_unix_ms(), enc.size());
+    }
+    if (!rc) rc = add_counter(txn, c_entries, 1);
+    if (!rc) rc = add_counter(txn, c_bytes, static_cast<int64_t>(enc.size()));
+    if (!rc) rc = add_counter(txn, c_puts, 1);
+    for (const auto& [tk, ms] : touched)
+      if (!rc) rc = touch_locked(txn, tk, ms);
+    if (!rc) rc = add_counters(txn, counts);
+    if (rc) {
+      mdb_txn_abort(txn);
+      restore();
+      return mdb_status(rc, "put");
+    }
+    rc = mdb_txn_commit(txn);
+    if (rc) {
+      restore();
+      return mdb_status(rc, "commit put");
+    }
+    return Status();
+  }
+
+  void maybe_evict() {
+    auto s = do_stats();
+    if (s.bytes <= max_bytes_ && s.entries <= max_entries_) return;
+    auto r = evict(static_cast<uint64_t>(max_bytes_ * low_water_), static_cast<uint64_t>(max_entries_ * low_water_));
+    if (!r) KCACHE_LOG(LogLevel::warn, "lmdb eviction failed: %s", r.error().to_string().c_str());
+  }
+
+  // Removes oldest entries until bytes <= target_bytes and entries <=
+  // target_entries, in transactions of at most 512 deletions so that other
+  // writers are never blocked for long. The write lock makes each batch
+  // exclusive, and each batch re-reads the totals, so concurrent evictors
+  // never remove more than needed.
+  Expected<uint64_t> evict(uint64_t target_bytes, uint64_t target_entries) {
+    uint64_t total = 0;
+    for (;;) {
+      KCACHE_TRY(MDB_txn * txn, env_->begin_write());
+      uint64_t bytes = get_counter(txn, c_bytes), entries = get_counter(txn, c_entries);
+      if (bytes <= target_bytes && entries <= target_entries) {
+        mdb_txn_abort(txn);
+        return total;
+      }
+      MDB_cursor* cur;
+      int rc = mdb_cursor_open(txn, env_->lru, &cur);
+      std::vector<Key> victims;
+      MDB_val k, v;
+      uint64_t b = bytes, e = entries;
+      for (rc = rc ? rc : mdb_cursor_get(cur, &k, &v, MDB_FIRST); rc == 0 && victims.size() < 512 &&
+                                                                  (b > target_bytes || e > target_entries);
+           rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
+        if (k.mv_size != 24) continue;
+        Key key;
+        std::memcpy(key.bytes.data(), static_cast<const char*>(k.mv_data) + 8, 16);
+        victims.push_back(key);
+        MDB_val mk = val(key), mv;
+        if (mdb_get(txn, env_->meta, &mk, &mv) == 0 && mv.mv_size == 16)
+          b -= std::min(b, util::get_u64(static_cast<const char*>(mv.mv_data) + 8));
+        if (e) --e;
+      }
+      mdb_cursor_close(cur);
+      if (victims.empty()) {
+        // Totals say over the limit but nothing is indexed: repair them.
+        mdb_txn_abort(txn);
+        KCACHE_RETURN_IF_ERROR(repair_totals());
+        return total;
+      }
+      rc = 0;
+      for (const auto& key : victims) {
+        uint64_t sz;
+        rc = delete_locked(txn, key, &sz);
+        if (rc) break;
+      }
+      if (!rc) rc = add_counter(txn, c_evictions, static_cast<int64_t>(victims.size()));
+      if (rc) {
+        mdb_txn_abort(txn);
+        return mdb_status(rc, "evict");
+      }
+      rc = mdb_txn_commit(txn);
+      if (rc) return mdb_status(rc, "commit evict");
+      total += victims.size();
+    }
+  }
+
+  // Recomputes entries/bytes from the entries database, and rebuilds the
+  // meta/lru records of entries that lack them.
+  Status repair_totals() {
+    KCACHE_TRY(MDB_txn * txn, env_->begin_write());
+    MDB_cursor* cur;
+    int rc = mdb_cursor_open(txn, env_->entries, &cur);
+    uint64_t n = 0, bytes = 0;
+    std::vector<std::pair<Key, uint64_t>> missing;
+    MDB_val k, v;
+    for (rc = rc ? rc : mdb_cursor_get(cur, &k, &v, MDB_FIRST); rc == 0; rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
+      ++n;
+      bytes += v.mv_size;
+      if (k.mv_size != 16) continue;
+      MDB_val mv;
+      if (mdb_get(txn, env_->meta, &k, &mv) != 0) {
+        Key key;
+        std::memcpy(key.bytes.data(), k.mv_data, 16);
+        missing.emplace_back(key, v.mv_size);
+      }
+    }
+    mdb_cursor_close(cur);
+    rc = rc == MDB_NOTFOUND ? 0 : rc;
+    uint64_t now = util::now_unix_ms();
+    for (const auto& [key, size] : missing)
+      if (!rc) rc = set_meta(txn, key, now, size);
+    if (!rc) rc = put_counter(txn, c_entries, n);
+    if (!rc) rc = put_counter(txn, c_bytes, bytes);
+    if (rc) {
+      mdb_txn_abort(txn);
+      return mdb_status(rc, "repair");
+    }
+    rc = mdb_txn_commit(txn);
+    return rc ? mdb_status(rc, "commit repair") : Status();
+  }
+
+  std::shared_ptr<LmdbEnv> env_;
+  DiskTierOptions opt_;
+  uint64_t max_bytes_, max_entries_, max_entry_;
+  double low_water_;
+  unsigned batch_;
+
+  std::mutex pend_mu_;
+  std::condition_variable pend_cv_;
+  std::unordered_map<Key, uint64_t> touched_;  // GUARDED_BY(pend_mu_): key -> last hit ms
+  uint64_t pending_[c_count] = {};              // GUARDED_BY(pend_mu_): counter deltas not yet stored
+  bool stop_ = false;                           // GUARDED_BY(pend_mu_)
+  std::thread flusher_;
+};
+
+}  // namespace
+
+Expected<std::shared_ptr<Tier>> open_lmdb_tier(const std::string& dir, const DiskTierOptions& options) {
+  uint64_t max = effective_max_bytes(options);
+  // The map must hold the entries plus B-tree overhead and pages kept for
+  // old readers; the file is sparse, so a generous map costs nothing.
+  uint64_t map_size = std::max<uint64_t>(2 * max + (uint64_t(64) << 20), uint64_t(256) << 20);
+  map_size = (map_size + 4095) & ~uint64_t(4095);
+  bool sync_data = options.durability != Durability::none;
+  bool sync_meta = options.durability == Durability::full;
+  auto env = LmdbEnv::open(dir, map_size, sync_data, sync_meta);
+  if (!env && env.error().code() == Errc::corrupt) {
+    // A store LMDB cannot open safely is moved aside, never deleted, and a
+    // fresh one takes its place: the cache keeps working.
+    std::string aside = dir + ".corrupt-" + std::to_string(util::now_unix_ms());
+    KCACHE_LOG(LogLevel::warn, "%s; moved aside to %s", env.error().to_string().c_str(), aside.c_str());
+    if (::rename(dir.c_str(), aside.c_str()) == 0) env = LmdbEnv::open(dir, map_size, sync_data, sync_meta);
+  }
+  if (!env) return env.error();
+  return std::shared_ptr<Tier>(std::make_shared<LmdbTier>(std::move(env).value(), options));
+}
+
+}  // namespace kcache

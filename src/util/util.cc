@@ -1,0 +1,282 @@
+#include "util/util.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdarg>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <random>
+
+namespace kcache {
+
+std::string_view errc_name(Errc e) noexcept {
+  switch (e) {
+    case Errc::ok: return "ok";
+    case Errc::not_found: return "not found";
+    case Errc::invalid_argument: return "invalid argument";
+    case Errc::corrupt: return "corrupt";
+    case Errc::io_error: return "I/O error";
+    case Errc::no_space: return "no space";
+    case Errc::read_only: return "read-only";
+    case Errc::unavailable: return "unavailable";
+    case Errc::timeout: return "timeout";
+    case Errc::too_large: return "too large";
+    case Errc::compile_failed: return "compile failed";
+    case Errc::internal: return "internal error";
+  }
+  return "unknown";
+}
+
+std::string Status::to_string() const {
+  if (is_ok()) return "ok";
+  std::string s(errc_name(code_));
+  if (!message_.empty()) {
+    s += ": ";
+    s += message_;
+  }
+  return s;
+}
+
+namespace util {
+namespace {
+std::atomic<int> g_level{static_cast<int>(LogLevel::warn)};
+std::mutex g_log_mu;
+FILE* g_log_file = nullptr;  // GUARDED_BY(g_log_mu); null means stderr
+}  // namespace
+
+void set_log(LogLevel level, const std::string& file) {
+  g_level.store(static_cast<int>(level));
+  std::lock_guard lk(g_log_mu);
+  if (g_log_file) {
+    std::fclose(g_log_file);
+    g_log_file = nullptr;
+  }
+  if (!file.empty()) g_log_file = std::fopen(file.c_str(), "ae");
+}
+
+LogLevel log_level() noexcept { return static_cast<LogLevel>(g_level.load(std::memory_order_relaxed)); }
+
+void log(LogLevel level, const char* fmt, ...) {
+  static const char* names[] = {"off", "error", "warning", "info", "debug"};
+  char buf[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  std::vsnprintf(buf, sizeof buf, fmt, ap);
+  va_end(ap);
+  std::lock_guard lk(g_log_mu);
+  std::fprintf(g_log_file ? g_log_file : stderr, "kcache: %s: %s\n",
+               names[static_cast<int>(level)], buf);
+  if (g_log_file) std::fflush(g_log_file);
+}
+
+uint64_t now_unix_ms() noexcept {
+  using namespace std::chrono;
+  return duration_cast<milliseconds>(system_clock::now().time_since_epoch()).count();
+}
+uint64_t now_mono_us() noexcept {
+  using namespace std::chrono;
+  return duration_cast<microseconds>(steady_clock::now().time_since_epoch()).count();
+}
+
+std::optional<uint64_t> parse_size(std::string_view s) noexcept {
+  while (!s.empty() && s.front() == ' ') s.remove_prefix(1);
+  while (!s.empty() && s.back() == ' ') s.remove_suffix(1);
+  if (s.empty()) return std::nullopt;
+  size_t i = 0;
+  while (i < s.size() && (std::isdigit(static_cast<unsigned char>(s[i])) || s[i] == '.')) ++i;
+  if (i == 0) return std::nullopt;
+  std::string num(s.substr(0, i));
+  char* end = nullptr;
+  double v = std::strtod(num.c_str(), &end);
+  if (end != num.c_str() + num.size() || !std::isfinite(v) || v < 0) return std::nullopt;
+  std::string_view unit = s.substr(i);
+  while (!unit.empty() && unit.front() == ' ') unit.remove_prefix(1);
+  double mult = 1;
+  if (!unit.empty()) {
+    char u = static_cast<char>(std::toupper(static_cast<unsigned char>(unit[0])));
+    std::string_view rest = unit.substr(1);
+    switch (u) {
+      case 'B': mult = 1; if (!rest.empty()) return std::nullopt; rest = {}; break;
+      case 'K': mult = 1024.0; break;
+      case 'M': mult = 1024.0 * 1024; break;
+      case 'G': mult = 1024.0 * 1024 * 1024; break;
+      case 'T': mult = 1024.0 * 1024 * 1024 * 1024; break;
+      default: return std::nullopt;
+    }
+    if (!(rest.empty() || rest == "B" || rest == "b" || rest == "iB" || rest == "ib" || rest == "IB"))
+      return std::nullopt;
+  }
+  double r = v * mult;
+  if (r > 1.8e19) return std::nullopt;
+  return static_cast<uint64_t>(r);
+}
+
+std::string format_size(uint64_t b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(b);
+  int u = 0;
+  while (v >= 1024 && u < 4) {
+    v /= 1024;
+    ++u;
+  }
+  char buf[32];
+  if (u == 0)
+    std::snprintf(buf, sizeof buf, "%llu B", static_cast<unsigned long long>(b));
+  else
+    std::snprintf(buf, sizeof buf, "%.1f %s", v, units[u]);
+  return buf;
+}
+
+Status errno_status(int err, std::string_view what) {
+  Errc c = Errc::io_error;
+  if (err == ENOSPC || err == EDQUOT || err == EFBIG) c = Errc::no_space;
+  else if (err == EROFS || err == EACCES || err == EPERM) c = Errc::read_only;
+  else if (err == ENOENT) c = Errc::not_found;
+  return Status(c, std::string(what) + ": " + std::strerror(err));
+}
+
+Status make_dirs(const std::string& path, unsigned mode) {
+  if (path.empty()) return Status(Errc::invalid_argument, "empty folder name");
+  std::string cur;
+  size_t pos = 0;
+  while (pos != std::string::npos) {
+    pos = path.find('/', pos + 1);
+    cur = path.substr(0, pos);
+    if (cur.empty()) continue;
+    if (::mkdir(cur.c_str(), mode) != 0 && errno != EEXIST) return errno_status(errno, "mkdir " + cur);
+  }
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) return errno_status(errno, "stat " + path);
+  if (!S_ISDIR(st.st_mode)) return Status(Errc::io_error, path + " is not a folder");
+  return Status();
+}
+
+Expected<std::string> read_file(const std::string& path, uint64_t max_bytes) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return errno_status(errno, "open " + path);
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    int e = errno;
+    ::close(fd);
+    return errno_status(e, "stat " + path);
+  }
+  if (static_cast<uint64_t>(st.st_size) > max_bytes) {
+    ::close(fd);
+    return Status(Errc::too_large, path);
+  }
+  std::string out;
+  out.resize(static_cast<size_t>(st.st_size));
+  size_t got = 0;
+  while (got < out.size()) {
+    ssize_t n = ::read(fd, out.data() + got, out.size() - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      int e = errno;
+      ::close(fd);
+      return errno_status(e, "read " + path);
+    }
+    if (n == 0) break;
+    got += static_cast<size_t>(n);
+  }
+  out.resize(got);
+  // A file that grew while read (e.g. /proc): read the rest.
+  char buf[65536];
+  for (;;) {
+    ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    out.append(buf, static_cast<size_t>(n));
+    if (out.size() > max_bytes) {
+      ::close(fd);
+      return Status(Errc::too_large, path);
+    }
+  }
+  ::close(fd);
+  return out;
+}
+
+static std::string random_suffix() {
+  static thread_local std::mt19937_64 rng(std::random_device{}() ^ (uint64_t(::getpid()) << 32) ^
+                                          now_mono_us());
+  char buf[24];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(rng()));
+  return buf;
+}
+
+Status write_file_atomic(const std::string& path, std::string_view data, bool sync) {
+  return write_file_atomic_via(path + ".tmp", path, data, sync);
+}
+
+Status write_file_atomic_via(const std::string& tmp_prefix, const std::string& path, std::string_view data,
+                             bool sync) {
+  std::string tmp = tmp_prefix + "." + random_suffix();
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0) return errno_status(errno, "create " + tmp);
+  size_t off = 0;
+  while (off < data.size()) {
+    ssize_t n = ::write(fd, data.data() + off, data.size() - off);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      int e = errno;
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      return errno_status(e, "write " + tmp);
+    }
+    off += static_cast<size_t>(n);
+  }
+  if (sync && ::fdatasync(fd) != 0) {
+    int e = errno;
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    return errno_status(e, "fsync " + tmp);
+  }
+  if (::close(fd) != 0) {
+    int e = errno;
+    ::unlink(tmp.c_str());
+    return errno_status(e, "close " + tmp);
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    int e = errno;
+    ::unlink(tmp.c_str());
+    return errno_status(e, "rename " + tmp);
+  }
+  return Status();
+}
+
+std::string getenv_str(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? std::string(v) : std::string();
+}
+
+std::string json_escape(std::string_view s) {
+  std::string out;
+  out.reserve(s.size() + 2);
+  for (char c : s) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      case '\t': out += "\\t"; break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) {
+          char b[8];
+          std::snprintf(b, sizeof b, "\\u%04x", c);
+          out += b;
+        } else {
+          out += c;
+        }
+    }
+  }
+  return out;
+}
+
+}  // namespace util
+}  // namespace kcache

@@ -1,0 +1,72 @@
+// Private helpers shared by every component: logging, time, sizes, files.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "kcache/status.h"
+
+namespace kcache::util {
+
+// ---- logging: one line per event, "kcache: <level>: <message>" ----------
+void set_log(LogLevel level, const std::string& file);
+LogLevel log_level() noexcept;
+void log(LogLevel level, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
+#define KCACHE_LOG(level, ...)                                           \
+  do {                                                                   \
+    if (::kcache::util::log_level() >= (level)) ::kcache::util::log((level), __VA_ARGS__); \
+  } while (0)
+
+// ---- time ----------------------------------------------------------------
+uint64_t now_unix_ms() noexcept;
+uint64_t now_mono_us() noexcept;
+
+// ---- sizes: "4G", "512M", "100k", "1.5GiB", "1234" ------------------------
+std::optional<uint64_t> parse_size(std::string_view s) noexcept;
+std::string format_size(uint64_t bytes);
+
+// ---- errno -> Status -------------------------------------------------------
+Status errno_status(int err, std::string_view what);
+
+// ---- files ---------------------------------------------------------------
+// mkdir -p with `mode` for the folders it creates.
+Status make_dirs(const std::string& path, unsigned mode = 0700);
+Expected<std::string> read_file(const std::string& path, uint64_t max_bytes = UINT64_MAX);
+// Writes to a temp file beside `path`, fsyncs when `sync`, renames into place.
+Status write_file_atomic(const std::string& path, std::string_view data, bool sync = false);
+// Writes `data` to a fresh temp file named `tmp_prefix`.<random>, then
+// renames it to `path` (which may be in another folder of the same file
+// system). The temp file is removed on any failure.
+Status write_file_atomic_via(const std::string& tmp_prefix, const std::string& path, std::string_view data,
+                             bool sync = false);
+std::string getenv_str(const char* name);
+
+// Little-endian fixed-width encoding.
+inline void put_u32(std::string& out, uint32_t v) {
+  char b[4];
+  for (int i = 0; i < 4; ++i) b[i] = static_cast<char>(v >> (8 * i));
+  out.append(b, 4);
+}
+inline void put_u64(std::string& out, uint64_t v) {
+  char b[8];
+  for (int i = 0; i < 8; ++i) b[i] = static_cast<char>(v >> (8 * i));
+  out.append(b, 8);
+}
+inline uint32_t get_u32(const char* p) {
+  uint32_t v = 0;
+  for (int i = 3; i >= 0; --i) v = (v << 8) | static_cast<uint8_t>(p[i]);
+  return v;
+}
+inline uint64_t get_u64(const char* p) {
+  uint64_t v = 0;
+  for (int i = 7; i >= 0; --i) v = (v << 8) | static_cast<uint8_t>(p[i]);
+  return v;
+}
+
+// JSON string escaping (for --json output and stats).
+std::string json_escape(std::string_view s);
+
+}  // namespace kcache::util

@@ -1,0 +1,73 @@
+// Helpers shared by the tests.
+#pragma once
+
+#include <gtest/gtest.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <random>
+#include <string>
+
+#include "kcache/cache.h"
+#include "kcache/entry.h"
+#include "kcache/key.h"
+
+namespace kcache::test {
+
+// A fresh folder under the test temp dir, removed at destruction.
+class TempDir {
+ public:
+  TempDir() {
+    std::string tmpl = ::testing::TempDir() + "kcache-test-XXXXXX";
+    char* p = ::mkdtemp(tmpl.data());
+    if (p) path_ = p;
+  }
+  ~TempDir() {
+    if (!path_.empty() && std::getenv("KCACHE_KEEP_TEST_DIRS") == nullptr) {
+      std::string cmd = "chmod -R u+w '" + path_ + "' 2>/dev/null; rm -rf '" + path_ + "'";
+      (void)::system(cmd.c_str());
+    }
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+inline Key key_of(uint64_t i) {
+  return KeyBuilder("test").add_u64("i", i).finish()->key;
+}
+
+// Deterministic bytes for key i (so any process can check them).
+inline std::string bytes_for(uint64_t i, size_t n) {
+  std::string s(n, '\0');
+  uint64_t x = i * 0x9e3779b97f4a7c15ull + 1;
+  for (size_t j = 0; j < n; ++j) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    s[j] = static_cast<char>(x);
+  }
+  return s;
+}
+
+inline Entry make_entry(uint64_t i, size_t n = 1000, Compression c = Compression::none) {
+  EntryBuilder b(key_of(i));
+  b.add("obj", bytes_for(i, n)).add("sig", "kernel_" + std::to_string(i));
+  EntryMeta m;
+  m.created_unix_ms = 1700000000000ull;
+  m.compile_cost_us = 1234;
+  m.producer = "test";
+  b.meta(m).compression(c);
+  auto e = b.build();
+  EXPECT_TRUE(e.has_value());
+  return *e;
+}
+
+inline bool entry_ok(const Entry& e, uint64_t i, size_t n = 1000) {
+  auto o = e.artifact("obj");
+  auto s = e.artifact("sig");
+  return e.key() == key_of(i) && o && *o == bytes_for(i, n) && s && *s == "kernel_" + std::to_string(i);
+}
+
+}  // namespace kcache::test
