@@ -7,15 +7,18 @@
 //                     atomic on POSIX file systems including NFS
 //   stats             8 little-endian u64 counters (hits, misses, puts,
 //                     evictions, corrupt, errors, entries, bytes), updated
-//                     under flock(2)
+//                     under flock(2); that lock also covers every rename
+//                     into place and every unlink of an entry, so entries/
+//                     bytes stay exact with many writers
 //   evict.lease       held by the one process evicting; a lease older than
 //                     60 s is taken over
 //
 // A reader opens the final path, so it sees a whole old entry, a whole new
 // entry or nothing; every read is verified (header, key, checksum). Recency
 // is each file's mtime, which this engine sets itself (utimensat) in batches,
-// never atime. Totals in `stats` may drift when processes die between a
-// rename and the counter update; eviction and verify --fix recompute them.
+// never atime. Totals in `stats` drift only when a process dies between a
+// rename and the counter update (a few instructions); verify --fix and
+// clear recompute them.
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/file.h>
@@ -40,6 +43,47 @@ namespace {
 enum Counter { c_hits, c_misses, c_puts, c_evictions, c_corrupt, c_errors, c_entries, c_bytes, c_count };
 constexpr uint64_t kLeaseStaleMs = 60'000;
 
+void sub(uint64_t& v, uint64_t n) { v = n > v ? 0 : v - n; }
+
+// A temp-file name no other process or thread can pick: the pid and a
+// per-process sequence number are part of it (a random generator copied
+// into forked children would repeat itself there).
+std::string temp_name(const std::string& prefix) {
+  static std::atomic<uint64_t> seq{0};
+  char b[64];
+  std::snprintf(b, sizeof b, ".%d.%llu.%llx", static_cast<int>(::getpid()),
+                static_cast<unsigned long long>(seq.fetch_add(1, std::memory_order_relaxed)),
+                static_cast<unsigned long long>(util::now_mono_us()));
+  return prefix + b;
+}
+
+// Writes data to a fresh temp file (synced when `sync`); on failure nothing
+// is left behind.
+Status write_temp(const std::string& prefix, std::string_view data, bool sync, std::string* out) {
+  std::string tmp = temp_name(prefix);
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0) return util::errno_status(errno, "create " + tmp);
+  size_t off = 0;
+  int err = 0;
+  while (off < data.size()) {
+    ssize_t n = ::write(fd, data.data() + off, data.size() - off);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      err = n < 0 ? errno : ENOSPC;
+      break;
+    }
+    off += static_cast<size_t>(n);
+  }
+  if (!err && sync && ::fdatasync(fd) != 0) err = errno;
+  if (::close(fd) != 0 && !err) err = errno;
+  if (err) {
+    ::unlink(tmp.c_str());
+    return util::errno_status(err, "write " + tmp);
+  }
+  *out = std::move(tmp);
+  return Status();
+}
+
 class FilesTier final : public Tier {
  public:
   FilesTier(std::string dir, const DiskTierOptions& o) : dir_(std::move(dir)) {
@@ -49,6 +93,7 @@ class FilesTier final : public Tier {
     max_entry_ = o.max_entry_bytes ? o.max_entry_bytes : std::max<uint64_t>(max_bytes_ / 8, 1);
     batch_ = o.recency_batch ? o.recency_batch : 256;
     stale_temp_ms_ = o.stale_temp_ms ? o.stale_temp_ms : 3600'000;
+    sync_ = o.durability != Durability::none;
   }
   ~FilesTier() override { (void)flush(); }
 
@@ -173,27 +218,38 @@ class FilesTier final : public Tier {
       count(c_errors);
       return st;
     }
-    std::string tmp = dir_ + "/tmp/" + entry.key().hex();
-    struct stat old;
-    bool replaced = ::stat(final_path.c_str(), &old) == 0;
-    Status st = util::write_file_atomic_via(tmp, final_path, enc);
+    // The temp file is written outside the lock; the rename and the counter
+    // update happen under the counters' lock, so two processes replacing one
+    // key cannot both count it as new.
+    std::string tmp_prefix = dir_ + "/tmp/" + entry.key().hex();
+    std::string tmp;
+    Status st = write_temp(tmp_prefix, enc, sync_, &tmp);
     if (!st.is_ok()) {
       count(c_errors);
       return st;
     }
-    int64_t d[c_count] = {};
-    d[c_puts] = 1;
-    d[c_entries] = replaced ? 0 : 1;
-    d[c_bytes] = static_cast<int64_t>(enc.size()) - (replaced ? static_cast<int64_t>(old.st_size) : 0);
     uint64_t totals[c_count];
-    {
-      std::lock_guard lk(mu_);
-      for (int i = 0; i < c_count; ++i) {
-        d[i] += pending_[i];
-        pending_[i] = 0;
-      }
+    st = with_counters(
+        [&](uint64_t* v) {
+          struct stat old;
+          bool replaced = ::stat(final_path.c_str(), &old) == 0;
+          if (::rename(tmp.c_str(), final_path.c_str()) != 0) return util::errno_status(errno, "rename " + tmp);
+          v[c_puts] += 1;
+          if (replaced) {
+            sub(v[c_bytes], static_cast<uint64_t>(old.st_size));
+          } else {
+            v[c_entries] += 1;
+          }
+          v[c_bytes] += enc.size();
+          return Status();
+        },
+        totals);
+    if (!st.is_ok()) {
+      ::unlink(tmp.c_str());
+      count(c_errors);
+      return st;
     }
-    if (add_counters(d, totals).is_ok() && (totals[c_bytes] > max_bytes_ || totals[c_entries] > max_entries_)) {
+    if (totals[c_bytes] > max_bytes_ || totals[c_entries] > max_entries_) {
       auto r = evict(static_cast<uint64_t>(max_bytes_ * low_water_), static_cast<uint64_t>(max_entries_ * low_water_));
       if (!r) KCACHE_LOG(LogLevel::warn, "files eviction: %s", r.error().to_string().c_str());
     }
@@ -202,16 +258,19 @@ class FilesTier final : public Tier {
 
   Status do_remove(const Key& key) override {
     std::string p = path_of(key);
-    struct stat st;
-    if (::stat(p.c_str(), &st) != 0) return Status();
-    if (::unlink(p.c_str()) != 0) {
-      if (errno == ENOENT) return Status();
-      return util::errno_status(errno, "unlink " + p);
-    }
-    int64_t d[c_count] = {};
-    d[c_entries] = -1;
-    d[c_bytes] = -static_cast<int64_t>(st.st_size);
-    return add_counters(d);
+    struct stat pre;
+    if (::stat(p.c_str(), &pre) != 0) return Status();
+    return with_counters([&](uint64_t* v) {
+      struct stat st;
+      if (::stat(p.c_str(), &st) != 0) return Status();
+      if (::unlink(p.c_str()) != 0) {
+        if (errno == ENOENT) return Status();
+        return util::errno_status(errno, "unlink " + p);
+      }
+      sub(v[c_entries], 1);
+      sub(v[c_bytes], static_cast<uint64_t>(st.st_size));
+      return Status();
+    });
   }
 
   TierStats do_stats() override {
@@ -281,19 +340,19 @@ class FilesTier final : public Tier {
   void remove_if_same(const std::string& p) {
     int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) return;
-    char hdr[kEntryHeaderSize];
-    ssize_t n = ::pread(fd, hdr, sizeof hdr, 0);
-    struct stat a, b;
-    bool same = ::fstat(fd, &a) == 0 && ::stat(p.c_str(), &b) == 0 && a.st_ino == b.st_ino;
+    struct stat a;
+    bool ok = ::fstat(fd, &a) == 0;
     ::close(fd);
-    (void)n;
-    if (!same) return;
-    if (::unlink(p.c_str()) == 0) {
-      int64_t d[c_count] = {};
-      d[c_entries] = -1;
-      d[c_bytes] = -static_cast<int64_t>(a.st_size);
-      (void)add_counters(d);
-    }
+    if (!ok) return;
+    (void)with_counters([&](uint64_t* v) {
+      struct stat b;
+      if (::stat(p.c_str(), &b) != 0 || a.st_ino != b.st_ino || a.st_dev != b.st_dev) return Status();
+      if (::unlink(p.c_str()) == 0) {
+        sub(v[c_entries], 1);
+        sub(v[c_bytes], static_cast<uint64_t>(a.st_size));
+      }
+      return Status();
+    });
   }
 
   Status read_counters(uint64_t* v) {
@@ -306,36 +365,79 @@ class FilesTier final : public Tier {
     return Status();
   }
 
-  // Adds deltas to the stored counters (clamped at 0) under flock; returns
-  // the new totals in `out` when given. set_abs replaces entries/bytes.
-  Status add_counters(const int64_t* d, uint64_t* out = nullptr, const uint64_t* set_abs = nullptr) {
-    if (!out && !set_abs && std::all_of(d, d + c_count, [](int64_t x) { return x == 0; })) return Status();
+  // Runs fn on the stored counters under an exclusive flock of `stats`,
+  // after adding this process's pending deltas, and stores the result. Every
+  // change of the set of published files that the counters describe (rename
+  // into place, unlink) happens inside fn, so the counters stay exact across
+  // processes; only a process killed inside fn can make them drift (verify
+  // --fix recounts). Returns the new totals in `out` when given.
+  template <class F>
+  Status with_counters(F&& fn, uint64_t* out = nullptr) {
+    int64_t d[c_count];
+    {
+      std::lock_guard lk(mu_);
+      for (int i = 0; i < c_count; ++i) {
+        d[i] = pending_[i];
+        pending_[i] = 0;
+      }
+    }
+    auto restore = [&] {
+      std::lock_guard lk(mu_);
+      for (int i = 0; i < c_count; ++i) pending_[i] += d[i];
+    };
     std::string p = dir_ + "/stats";
     int fd = ::open(p.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-    if (fd < 0) return util::errno_status(errno, "open " + p);
+    if (fd < 0) {
+      Status st = util::errno_status(errno, "open " + p);
+      restore();
+      return st;
+    }
     while (::flock(fd, LOCK_EX) != 0 && errno == EINTR) {
     }
     char b[8 * c_count] = {};
     ssize_t n = ::pread(fd, b, sizeof b, 0);
     uint64_t v[c_count];
     for (int i = 0; i < c_count; ++i) {
-      uint64_t cur = n == static_cast<ssize_t>(sizeof b) ? util::get_u64(b + 8 * i) : 0;
-      int64_t delta = d ? d[i] : 0;
-      v[i] = delta < 0 && static_cast<uint64_t>(-delta) > cur ? 0 : cur + delta;
+      v[i] = n == static_cast<ssize_t>(sizeof b) ? util::get_u64(b + 8 * i) : 0;
+      if (d[i] < 0) {
+        sub(v[i], static_cast<uint64_t>(-d[i]));
+      } else {
+        v[i] += static_cast<uint64_t>(d[i]);
+      }
     }
-    if (set_abs) {
-      v[c_entries] = set_abs[0];
-      v[c_bytes] = set_abs[1];
-    }
+    Status st = fn(v);
     std::string w;
     for (int i = 0; i < c_count; ++i) util::put_u64(w, v[i]);
     ssize_t wn = ::pwrite(fd, w.data(), w.size(), 0);
     int e = errno;
     ::flock(fd, LOCK_UN);
     ::close(fd);
-    if (wn != static_cast<ssize_t>(w.size())) return util::errno_status(e, "write " + p);
+    if (wn != static_cast<ssize_t>(w.size())) {
+      if (st.is_ok()) st = util::errno_status(wn < 0 ? e : ENOSPC, "write " + p);
+      if (!st.is_ok()) return st;
+    }
     if (out) std::memcpy(out, v, sizeof v);
-    return Status();
+    return st;
+  }
+
+  // Adds deltas to the stored counters (clamped at 0).
+  Status add_counters(const int64_t* d) {
+    bool any = std::any_of(d, d + c_count, [](int64_t x) { return x != 0; });
+    {
+      std::lock_guard lk(mu_);
+      any = any || std::any_of(pending_, pending_ + c_count, [](int64_t x) { return x != 0; });
+    }
+    if (!any) return Status();
+    return with_counters([&](uint64_t* v) {
+      for (int i = 0; i < c_count; ++i) {
+        if (d[i] < 0) {
+          sub(v[i], static_cast<uint64_t>(-d[i]));
+        } else {
+          v[i] += static_cast<uint64_t>(d[i]);
+        }
+      }
+      return Status();
+    });
   }
 
   // Calls fn for every entry file; also collects stale temp files.
@@ -378,14 +480,19 @@ class FilesTier final : public Tier {
     ::closedir(dp);
   }
 
+  // Sets entries/bytes from a walk of the store, under the counters' lock so
+  // that no publish or unlink lands between the walk and the store.
   Status recount() {
-    uint64_t n = 0, bytes = 0;
-    KCACHE_RETURN_IF_ERROR(scan([&](const Key&, const std::string&, const struct stat& st) {
-      ++n;
-      bytes += static_cast<uint64_t>(st.st_size);
-    }));
-    uint64_t abs[2] = {n, bytes};
-    return add_counters(nullptr, nullptr, abs);
+    return with_counters([&](uint64_t* v) {
+      uint64_t n = 0, bytes = 0;
+      KCACHE_RETURN_IF_ERROR(scan([&](const Key&, const std::string&, const struct stat& st) {
+        ++n;
+        bytes += static_cast<uint64_t>(st.st_size);
+      }));
+      v[c_entries] = n;
+      v[c_bytes] = bytes;
+      return Status();
+    });
   }
 
   // One evictor at a time: the lease file is created exclusively; a lease
@@ -407,34 +514,39 @@ class FilesTier final : public Tier {
     return false;
   }
 
+  // The walk that orders files by recency runs without the counters' lock;
+  // the unlinks run under it, each one skipping a file that was replaced or
+  // used since the walk, so totals stay exact while others put.
   Expected<uint64_t> evict(uint64_t target_bytes, uint64_t target_entries) {
     if (!take_lease()) return uint64_t(0);  // someone else is evicting
     struct Item {
-      uint64_t mtime_ns, size;
+      uint64_t mtime_ns;
+      ino_t ino;
       std::string path;
     };
     std::vector<Item> items;
-    uint64_t bytes = 0;
     Status st = scan([&](const Key&, const std::string& p, const struct stat& s) {
-      items.push_back({static_cast<uint64_t>(s.st_mtim.tv_sec) * 1000000000ull + s.st_mtim.tv_nsec,
-                       static_cast<uint64_t>(s.st_size), p});
-      bytes += static_cast<uint64_t>(s.st_size);
+      items.push_back({static_cast<uint64_t>(s.st_mtim.tv_sec) * 1000000000ull + s.st_mtim.tv_nsec, s.st_ino, p});
     });
-    uint64_t removed = 0, n = items.size();
+    uint64_t removed = 0;
     if (st.is_ok()) {
       std::sort(items.begin(), items.end(), [](const Item& a, const Item& b) { return a.mtime_ns < b.mtime_ns; });
-      for (const auto& it : items) {
-        if (bytes <= target_bytes && n <= target_entries) break;
-        if (::unlink(it.path.c_str()) == 0) {
-          bytes -= it.size;
-          --n;
-          ++removed;
+      st = with_counters([&](uint64_t* v) {
+        for (const auto& it : items) {
+          if (v[c_bytes] <= target_bytes && v[c_entries] <= target_entries) break;
+          struct stat cur;
+          if (::stat(it.path.c_str(), &cur) != 0 || cur.st_ino != it.ino ||
+              static_cast<uint64_t>(cur.st_mtim.tv_sec) * 1000000000ull + cur.st_mtim.tv_nsec != it.mtime_ns)
+            continue;
+          if (::unlink(it.path.c_str()) == 0) {
+            sub(v[c_entries], 1);
+            sub(v[c_bytes], static_cast<uint64_t>(cur.st_size));
+            ++removed;
+          }
         }
-      }
-      int64_t d[c_count] = {};
-      d[c_evictions] = static_cast<int64_t>(removed);
-      uint64_t abs[2] = {n, bytes};
-      st = add_counters(d, nullptr, abs);
+        v[c_evictions] += removed;
+        return Status();
+      });
     }
     ::unlink((dir_ + "/evict.lease").c_str());
     if (!st.is_ok()) return st;
@@ -445,6 +557,7 @@ class FilesTier final : public Tier {
   uint64_t max_bytes_, max_entries_, max_entry_, stale_temp_ms_;
   double low_water_;
   unsigned batch_;
+  bool sync_;
   std::mutex mu_;
   std::unordered_map<Key, uint64_t> touched_;  // GUARDED_BY(mu_)
   int64_t pending_[c_count] = {};              // GUARDED_BY(mu_)

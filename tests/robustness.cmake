@@ -1,0 +1,3 @@
+# Disk-tier robustness: many processes, SIGKILL, corruption, full and
+# read-only file systems, eviction under contention, put cost.
+kcache_test(disk_multiprocess_test SOURCES disk_multiprocess_test.cc LABELS concurrency TIMEOUT 120)
