@@ -1,3 +1,4 @@
 # Disk-tier robustness: many processes, SIGKILL, corruption, full and
 # read-only file systems, eviction under contention, put cost.
 kcache_test(disk_multiprocess_test SOURCES disk_multiprocess_test.cc LABELS concurrency TIMEOUT 120)
+kcache_test(disk_sigkill_test SOURCES disk_sigkill_test.cc LABELS concurrency TIMEOUT 180)
