@@ -1,0 +1,280 @@
+// kcache-demo: a kernel JIT (kernels.h) on LLVM ORC at -O2 with a kcache.
+//
+//   kcache-demo                      cold run then warm run, each in its own
+//                                    process, on a fresh temporary folder
+//   kcache-demo --dir DIR            one run on DIR (cold if DIR is empty)
+//   kcache-demo --dir DIR --both     cold then warm on DIR (must be empty)
+//   --kernels N (default 240)  --engine lmdb|files  --copy (no zero-copy)
+//   --json                           one JSON object on stdout
+//
+// A run: open the cache, build an LLJIT whose compiler is kcache's
+// CachingCompiler, generate N kernels, lower each to its own module, look
+// every kernel up (which compiles or loads it) -- that is "ready" -- then run
+// each kernel on data and compare with the interpreter.
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <llvm/ExecutionEngine/Orc/LLJIT.h>
+#include <llvm/ExecutionEngine/Orc/ThreadSafeModule.h>
+#include <llvm/IR/LLVMContext.h>
+#include <llvm/IR/Module.h>
+#include <llvm/Support/TargetSelect.h>
+
+#include "kcache/cache.h"
+#include "kcache/llvm.h"
+#include "kernels.h"
+
+namespace {
+
+struct Args {
+  std::string dir;
+  std::string engine;
+  unsigned kernels = 240;
+  bool json = false;
+  bool both = false;
+  bool zero_copy = true;
+};
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+[[noreturn]] void die(const std::string& msg) {
+  std::fprintf(stderr, "kcache-demo: %s\n", msg.c_str());
+  std::exit(1);
+}
+
+constexpr int64_t kElems = 1024;
+
+// Values agree if bit-equal, or both NaN, or within 1e-12 relative: the JIT
+// and the interpreter do the same operations in the same order.
+bool close(double x, double y) {
+  if (x == y || (std::isnan(x) && std::isnan(y))) return true;
+  return std::fabs(x - y) <= 1e-12 * std::fmax(std::fabs(x), std::fabs(y));
+}
+
+// One run in this process; prints its JSON object or a summary line.
+int run_once(const Args& a) {
+  double t0 = now_s();
+  kcache::Options o;
+  o.dir = a.dir;
+  o.engine = a.engine;
+  o.producer = "kcache-demo";
+  o = kcache::Options::from_env(o);
+  o.dir = a.dir;  // the demo's folder wins over KCACHE_DIR
+  auto cache = kcache::Cache::open(o);
+
+  auto counters = std::make_shared<kcache::llvm::CompileCounters>();
+  kcache::llvm::JitOptions jo;
+  jo.opt_level = 2;
+  jo.counters = counters;
+  jo.zero_copy = a.zero_copy;
+  jo.key_extra = {{"client", "kcache-demo/1"}};
+  auto jit = kcache::llvm::make_cached_lljit(*cache, jo);
+  if (!jit) die("LLJIT: " + llvm::toString(jit.takeError()));
+  double t_setup = now_s();
+
+  std::vector<kjit::Kernel> ks;
+  ks.reserve(a.kernels);
+  for (unsigned i = 0; i < a.kernels; ++i) {
+    ks.push_back(kjit::generate(i));
+    auto ctx = std::make_unique<llvm::LLVMContext>();
+    auto m = kjit::lower(ks.back(), *ctx);
+    if (auto err = (*jit)->addIRModule(llvm::orc::ThreadSafeModule(std::move(m), std::move(ctx))))
+      die("addIRModule: " + llvm::toString(std::move(err)));
+  }
+  double t_ir = now_s();
+  std::vector<kjit::KernelFn> fns(a.kernels);
+  for (unsigned i = 0; i < a.kernels; ++i) {
+    auto sym = (*jit)->lookup(ks[i].name);
+    if (!sym) die("lookup " + ks[i].name + ": " + llvm::toString(sym.takeError()));
+    fns[i] = reinterpret_cast<kjit::KernelFn>(sym->getAddress());
+  }
+  double t_ready = now_s();
+
+  // Run and check every kernel.
+  std::vector<double> in_a(kElems), in_b(kElems), in_c(kElems), got(kElems), want(kElems);
+  for (int64_t i = 0; i < kElems; ++i) {
+    in_a[i] = std::sin(0.37 * i) * 2.0;
+    in_b[i] = std::cos(0.11 * i) * 1.5;
+    in_c[i] = (i % 17) / 8.0 - 1.0;
+  }
+  unsigned mismatched = 0;
+  for (unsigned i = 0; i < a.kernels; ++i) {
+    int64_t n_out = ks[i].reduce == kjit::Reduce::none ? kElems : 1;
+    fns[i](in_a.data(), in_b.data(), in_c.data(), got.data(), kElems);
+    kjit::evaluate(ks[i], in_a.data(), in_b.data(), in_c.data(), want.data(), kElems);
+    bool ok = true;
+    for (int64_t j = 0; j < n_out; ++j) ok &= close(got[j], want[j]);
+    if (!ok) {
+      if (mismatched++ < 3) std::fprintf(stderr, "kcache-demo: mismatch in %s\n", ks[i].to_string().c_str());
+    }
+  }
+
+  const auto& C = *counters;
+  double key_s = C.key_ns.load() / 1e9;
+  double cache_s = C.lookup_ns.load() / 1e9;
+  double compile_s = C.compile_ns.load() / 1e9;
+  // Materialisation is key + cache + compile + link; what is left after
+  // the compiler's own measured parts is ORC linking the objects in.
+  double link_s = (t_ready - t_ir) - key_s - cache_s - compile_s;
+  cache->flush();
+  kcache::CacheStats st = cache->stats();
+  bool warm = C.codegen_runs.load() == 0;
+
+  if (a.json) {
+    std::printf(
+        "{\"run\":\"%s\",\"kernels\":%u,\"ready_s\":%.6f,\"setup_s\":%.6f,\"frontend_s\":%.6f,"
+        "\"materialize_s\":%.6f,\"key_s\":%.6f,\"cache_s\":%.6f,\"compile_s\":%.6f,\"link_s\":%.6f,"
+        "\"cache_share_of_link\":%.4f,\"results_match\":%s,\"mismatched\":%u,\"jit\":%s,\"cache\":%s}\n",
+        warm ? "warm" : "cold", a.kernels, t_ready - t0, t_setup - t0, t_ir - t_setup, t_ready - t_ir, key_s,
+        cache_s, compile_s, link_s, link_s > 0 ? cache_s / link_s : 0.0, mismatched ? "false" : "true",
+        mismatched, C.to_json().c_str(), st.to_json().c_str());
+  } else {
+    std::printf("%s run: %u kernels ready in %.3f s (%llu compiled, %llu from the cache), results %s\n",
+                warm ? "warm" : "cold", a.kernels, t_ready - t0, (unsigned long long)C.codegen_runs.load(),
+                (unsigned long long)C.hits.load(), mismatched ? "DIFFER" : "match the interpreter");
+    std::printf("%s", st.to_string().c_str());
+  }
+  return mismatched ? 2 : 0;
+}
+
+// ---- both runs, each in a child process ----------------------------------------
+
+std::string run_child(const Args& a, const char* self) {
+  std::vector<std::string> argv = {self, "--dir", a.dir, "--kernels", std::to_string(a.kernels), "--json"};
+  if (!a.engine.empty()) argv.insert(argv.end(), {"--engine", a.engine});
+  if (!a.zero_copy) argv.push_back("--copy");
+  int fd[2];
+  if (::pipe(fd) != 0) die("pipe failed");
+  pid_t pid = ::fork();
+  if (pid < 0) die("fork failed");
+  if (pid == 0) {
+    ::dup2(fd[1], 1);
+    ::close(fd[0]);
+    ::close(fd[1]);
+    std::vector<char*> cargv;
+    for (auto& s : argv) cargv.push_back(s.data());
+    cargv.push_back(nullptr);
+    ::execv(self, cargv.data());
+    _exit(127);
+  }
+  ::close(fd[1]);
+  std::string out;
+  char buf[4096];
+  ssize_t n;
+  while ((n = ::read(fd[0], buf, sizeof buf)) > 0) out.append(buf, static_cast<size_t>(n));
+  ::close(fd[0]);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  if (!WIFEXITED(status) || (WEXITSTATUS(status) != 0 && WEXITSTATUS(status) != 2))
+    die("child run failed");
+  while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
+  return out;
+}
+
+double num(const std::string& json, const std::string& field) {
+  auto p = json.find("\"" + field + "\":");
+  if (p == std::string::npos) die("child output lacks " + field);
+  return std::strtod(json.c_str() + p + field.size() + 3, nullptr);
+}
+
+// The balanced {...} that follows "field": in json.
+std::string object(const std::string& json, const std::string& field) {
+  auto p = json.find("\"" + field + "\":{");
+  if (p == std::string::npos) return "{}";
+  size_t s = p + field.size() + 3, depth = 0;
+  for (size_t i = s; i < json.size(); ++i) {
+    if (json[i] == '{') ++depth;
+    if (json[i] == '}' && --depth == 0) return json.substr(s, i - s + 1);
+  }
+  return "{}";
+}
+
+int run_both(Args a, const char* self, bool temp) {
+  std::string cold = run_child(a, self);
+  std::string warm = run_child(a, self);
+  bool match = cold.find("\"results_match\":true") != std::string::npos &&
+               warm.find("\"results_match\":true") != std::string::npos;
+  double cold_s = num(cold, "ready_s"), warm_s = num(warm, "ready_s");
+  double speedup = warm_s > 0 ? cold_s / warm_s : 0;
+  if (a.json) {
+    std::printf("{\"kernels\":%u,\"cold_s\":%.6f,\"warm_s\":%.6f,\"speedup\":%.2f,\"results_match\":%s,"
+                "\"warm_cache_s\":%.6f,\"warm_link_s\":%.6f,\"warm_cache_share_of_link\":%.4f,"
+                "\"cache\":%s,\"cold\":%s,\"warm\":%s}\n",
+                a.kernels, cold_s, warm_s, speedup, match ? "true" : "false", num(warm, "cache_s"),
+                num(warm, "link_s"), num(warm, "cache_share_of_link"), object(warm, "cache").c_str(),
+                cold.c_str(), warm.c_str());
+  } else {
+    std::printf("kcache-demo: %u kernels, LLVM ORC at -O2, cache in %s%s\n", a.kernels, a.dir.c_str(),
+                temp ? " (temporary)" : "");
+    std::printf("  cold run (empty cache, new process): %4.0f compiled, ready in %8.3f s\n",
+                num(cold, "codegen_runs"), cold_s);
+    std::printf("  warm run (same folder, new process): %4.0f loaded,   ready in %8.3f s\n", num(warm, "hits"),
+                warm_s);
+    std::printf("  speedup: %.1fx    results match the interpreter in both runs: %s\n", speedup,
+                match ? "yes" : "NO");
+    std::printf("  warm run: key %.1f ms, cache lookup+read %.1f ms, linking %.1f ms (cache = %.1f%% of linking)\n",
+                num(warm, "key_s") * 1e3, num(warm, "cache_s") * 1e3, num(warm, "link_s") * 1e3,
+                100 * num(warm, "cache_share_of_link"));
+    std::string cs = object(warm, "cache");
+    std::printf("  cache statistics after the warm run: %.0f hits, %.0f misses, %.0f compiles, %.0f faults\n",
+                num(cs, "hits"), num(cs, "misses"), num(cs, "compiles"), num(cs, "faults"));
+    std::printf("  per tier: %s\n", cs.substr(cs.find("\"tiers\":") + 8, cs.size() - cs.find("\"tiers\":") - 9).c_str());
+  }
+  return match ? 0 : 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    std::string s = argv[i];
+    auto val = [&]() -> std::string {
+      if (i + 1 >= argc) die("missing value after " + s);
+      return argv[++i];
+    };
+    if (s == "--dir") a.dir = val();
+    else if (s == "--kernels") a.kernels = static_cast<unsigned>(std::stoul(val()));
+    else if (s == "--engine") a.engine = val();
+    else if (s == "--json") a.json = true;
+    else if (s == "--both") a.both = true;
+    else if (s == "--copy") a.zero_copy = false;
+    else if (s == "-h" || s == "--help") {
+      std::printf("usage: kcache-demo [--dir DIR [--both]] [--kernels N] [--engine lmdb|files] [--copy] [--json]\n");
+      return 0;
+    } else {
+      die("unknown argument " + s);
+    }
+  }
+  if (a.kernels == 0) die("--kernels must be at least 1");
+  char self[4096];
+  ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
+  if (n <= 0) die("cannot find own executable");
+  self[n] = '\0';
+
+  if (a.dir.empty()) {
+    std::string tmpl = (std::getenv("TMPDIR") ? std::string(std::getenv("TMPDIR")) : std::string("/tmp")) +
+                       "/kcache-demo-XXXXXX";
+    if (!::mkdtemp(tmpl.data())) die("mkdtemp failed");
+    a.dir = tmpl;
+    int rc = run_both(a, self, true);
+    std::string rm = "rm -rf '" + tmpl + "'";
+    (void)::system(rm.c_str());
+    return rc;
+  }
+  if (a.both) return run_both(a, self, false);
+
+  llvm::InitializeNativeTarget();
+  llvm::InitializeNativeTargetAsmPrinter();
+  return run_once(a);
+}

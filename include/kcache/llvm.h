@@ -1,0 +1,214 @@
+// kcache/llvm.h — cached LLVM code generation for MCJIT and ORC.
+//
+// Three ways in, from the least to the most work done for you:
+//
+//  * kcache::llvm::ObjectCache is an `llvm::ObjectCache`. Give it to MCJIT
+//    (ExecutionEngine::setObjectCache) or to ORC's SimpleCompiler /
+//    ConcurrentIRCompiler. getObject() only computes the key, looks it up and
+//    hands out the stored bytes; notifyObjectCompiled() stores what the JIT
+//    compiled. It cannot make concurrent compiles of one module wait for each
+//    other (the interface has no "compile failed" callback to release them).
+//
+//  * kcache::llvm::CachingCompiler is an ORC IRCompileLayer::IRCompiler that
+//    runs the IR optimisation pipeline *and* code generation only on a miss,
+//    through Cache::get_or_compile, so N threads compiling one module run
+//    codegen once (single-flight), and a hit skips the optimiser too.
+//
+//  * make_cached_lljit() builds an ORC LLJIT whose compile layer is a
+//    CachingCompiler: the one call most JITs need.
+//
+// The key (object_key) covers the module's bitcode, the LLVM version and the
+// build id of the LLVM library actually loaded, the target triple, CPU,
+// features, codegen optimisation level, code model, relocation model, the
+// TargetOptions that change code (float ABI, FP fusion, fast-math flags,
+// sections, TLS), the IR optimisation level run inside the compile, and any
+// components the client adds. Components are named, so `kcache explain` can
+// say which one changed.
+//
+// Normalised (not part of the key): the module identifier and the source
+// file name. They change no instruction; a hit may carry another module's
+// STT_FILE symbol name, which nothing at run time reads.
+// Caveat — not normalised: symbol names. A front end that names functions or
+// private globals from a process-wide counter (`kernel_17`, `.str.3`) makes
+// equal code hash differently. Exported names must stay (the JIT looks them
+// up); name kernels by their content or a stable id, and leave private
+// globals unnamed (LLVM numbers them by position).
+//
+// A cache fault never fails a compile: a corrupt or unreadable entry, or a
+// stored object that does not parse as an object file for this target, is a
+// miss (counted in CompileCounters::bad_objects and logged once per event)
+// and the module is compiled as if the cache were empty.
+//
+// Thread-safety: ObjectCache and CachingCompiler may be called from many
+// compile threads at once. A Module is used by one thread at a time.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+
+#include "kcache/cache.h"
+#include "kcache/key.h"
+#include "kcache/status.h"
+
+#include <llvm/ExecutionEngine/ObjectCache.h>
+#include <llvm/ExecutionEngine/Orc/IRCompileLayer.h>
+#include <llvm/ExecutionEngine/Orc/JITTargetMachineBuilder.h>
+#include <llvm/ExecutionEngine/Orc/LLJIT.h>
+#include <llvm/Support/Error.h>
+#include <llvm/Support/MemoryBuffer.h>
+#include <llvm/Target/TargetMachine.h>
+
+namespace kcache::llvm {
+
+// Everything about the target that decides the object code.
+struct TargetDesc {
+  std::string triple;
+  std::string cpu;
+  std::string features;
+  unsigned codegen_opt_level = 2;  // llvm::CodeGenOpt::Level
+  std::string code_model;          // "small", "kernel", "medium", "large", "tiny"
+  std::string reloc_model;         // "static", "pic", "dynamic-no-pic", ...
+  std::map<std::string, std::string> target_options;
+
+  static TargetDesc of(const ::llvm::TargetMachine& tm);
+};
+
+struct KeyOptions {
+  // The IR optimisation level run on the module inside the compile
+  // (CachingCompiler); -1 when the module arrives already optimised.
+  int ir_opt_level = -1;
+  // Components the client adds: its own version, flags that shaped the IR.
+  std::map<std::string, std::string> extra;
+};
+
+// Namespace of every key made here; bump the suffix when the key's meaning
+// changes so old entries stop matching.
+inline constexpr const char* kKeyNamespace = "kcache-llvm-obj/1";
+
+// "14.0.6 c660b6b6..." — the LLVM version and the GNU build id of the
+// library (or executable) that holds LLVM's code, read once per process.
+const std::string& llvm_identity();
+
+// The key of `m`'s object code for `target`. The module identifier and the
+// source file name are set aside while the bitcode is hashed and restored
+// before returning, hence the non-const module.
+// REQUIRES: no other thread uses `m` during the call.
+kcache::Expected<KeyInfo> object_key(::llvm::Module& m, const TargetDesc& target,
+                                     const KeyOptions& options = {});
+
+// What the integration did; every field only grows. Times in nanoseconds.
+struct CompileCounters {
+  std::atomic<uint64_t> lookups{0};      // modules asked for
+  std::atomic<uint64_t> hits{0};         // answered from the cache
+  std::atomic<uint64_t> misses{0};       // compiled here (or waited for a compile)
+  std::atomic<uint64_t> codegen_runs{0}; // optimiser + code generator runs
+  std::atomic<uint64_t> bad_objects{0};  // stored objects rejected (then recompiled)
+  std::atomic<uint64_t> key_ns{0};       // bitcode + hashing
+  std::atomic<uint64_t> lookup_ns{0};    // cache lookup + read (+ store on a miss)
+  std::atomic<uint64_t> compile_ns{0};   // optimiser + code generator
+  std::string to_json() const;
+};
+
+struct ObjectCacheOptions {
+  KeyOptions key;
+  // Hand out views into the entry's bytes instead of copies when they are
+  // 8-byte aligned. Default true.
+  bool zero_copy = true;
+  // Set when the consumer frees each object buffer right after linking it
+  // (ORC's object layers do). MCJIT keeps every buffer for its lifetime, so
+  // by default bytes pinned by an LMDB read transaction are copied.
+  bool short_lived_buffers = false;
+  // Counters to update; null means the ObjectCache's own.
+  std::shared_ptr<CompileCounters> counters;
+};
+
+class ObjectCache final : public ::llvm::ObjectCache {
+ public:
+  // `cache` must outlive this object.
+  ObjectCache(Cache& cache, TargetDesc target, ObjectCacheOptions options = {});
+  ~ObjectCache() override;
+
+  std::unique_ptr<::llvm::MemoryBuffer> getObject(const ::llvm::Module* m) override;
+  void notifyObjectCompiled(const ::llvm::Module* m, ::llvm::MemoryBufferRef obj) override;
+
+  const CompileCounters& counters() const noexcept { return *counters_; }
+
+ private:
+  struct Pending {
+    KeyInfo key;
+    uint64_t start_us = 0;
+  };
+  Cache& cache_;
+  TargetDesc target_;
+  ObjectCacheOptions opt_;
+  std::shared_ptr<CompileCounters> counters_;
+  std::mutex mu_;
+  // Keys of modules that missed, until the JIT reports their object. The
+  // code generator changes the module in between, so the key cannot be
+  // recomputed at notify time.
+  std::unordered_map<const ::llvm::Module*, Pending> pending_;  // GUARDED_BY(mu_)
+};
+
+struct CompilerOptions {
+  // IR pipeline level (0-3) run before codegen on a miss; -1: none.
+  int ir_opt_level = 2;
+  std::map<std::string, std::string> key_extra;
+  bool zero_copy = true;
+  std::shared_ptr<CompileCounters> counters;
+};
+
+// An IRCompiler for ORC's IRCompileLayer: key, get_or_compile (optimise +
+// codegen on a miss), hand the object to the linking layer.
+class CachingCompiler final : public ::llvm::orc::IRCompileLayer::IRCompiler {
+ public:
+  // `cache` must outlive the compiler.
+  static ::llvm::Expected<std::unique_ptr<CachingCompiler>> create(
+      Cache& cache, ::llvm::orc::JITTargetMachineBuilder jtmb, CompilerOptions options = {});
+
+  ::llvm::Expected<std::unique_ptr<::llvm::MemoryBuffer>> operator()(::llvm::Module& m) override;
+
+  const TargetDesc& target() const noexcept { return target_; }
+  const CompileCounters& counters() const noexcept { return *counters_; }
+
+ private:
+  CachingCompiler(Cache& cache, ::llvm::orc::JITTargetMachineBuilder jtmb, TargetDesc target,
+                  ::llvm::orc::IRSymbolMapper::ManglingOptions mo, CompilerOptions options);
+  // Optimises and compiles `m` (changing it). Thread-safe: a TargetMachine per call.
+  kcache::Expected<std::string> compile(::llvm::Module& m);
+
+  Cache& cache_;
+  ::llvm::orc::JITTargetMachineBuilder jtmb_;
+  TargetDesc target_;
+  CompilerOptions opt_;
+  std::shared_ptr<CompileCounters> counters_;
+};
+
+struct JitOptions {
+  // IR optimisation and codegen level, 0-3.
+  unsigned opt_level = 2;
+  // Empty: the host's CPU / features.
+  std::string cpu;
+  std::string features;
+  // Extra key components (the client's version, options that shaped the IR).
+  std::map<std::string, std::string> key_extra;
+  // ORC compile threads; 0 compiles on the thread that looks a symbol up.
+  unsigned compile_threads = 0;
+  // Resolve undefined symbols (libm's tanh, ...) from the host process.
+  bool process_symbols = true;
+  bool zero_copy = true;
+  // Counters the compiler updates (it keeps a reference).
+  std::shared_ptr<CompileCounters> counters;
+};
+
+// An ORC LLJIT whose IR compile layer is a CachingCompiler over `cache`.
+// REQUIRES: the native target was initialised (InitializeNativeTarget,
+// InitializeNativeTargetAsmPrinter); `cache` outlives the LLJIT.
+::llvm::Expected<std::unique_ptr<::llvm::orc::LLJIT>> make_cached_lljit(Cache& cache,
+                                                                        JitOptions options = {});
+
+}  // namespace kcache::llvm

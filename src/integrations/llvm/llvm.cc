@@ -1,0 +1,502 @@
+// LLVM integration: keys for object code, an llvm::ObjectCache, a caching
+// ORC IRCompiler and the one-call LLJIT set-up (see include/kcache/llvm.h).
+//
+// The hit path is: bitcode of the unoptimised module -> key -> Cache lookup
+// -> check the bytes parse as an object file for our architecture -> a
+// MemoryBuffer over the entry's bytes (the buffer owns a copy of the Entry,
+// which keeps the tier's bytes alive until the linking layer drops it).
+#include "kcache/llvm.h"
+
+#include <dlfcn.h>
+#include <elf.h>
+#include <link.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+
+#include <llvm-c/Core.h>
+#include <llvm/Bitcode/BitcodeWriter.h>
+#include <llvm/Config/llvm-config.h>
+#include <llvm/ExecutionEngine/Orc/CompileUtils.h>
+#include <llvm/ExecutionEngine/Orc/ExecutionUtils.h>
+#include <llvm/IR/LegacyPassManager.h>
+#include <llvm/IR/Module.h>
+#include <llvm/MC/SubtargetFeature.h>
+#include <llvm/Object/ObjectFile.h>
+#include <llvm/Passes/PassBuilder.h>
+#include <llvm/Support/raw_ostream.h>
+
+#include "util/util.h"
+
+namespace kcache::llvm {
+
+namespace {
+
+uint64_t now_ns() {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                   std::chrono::steady_clock::now().time_since_epoch())
+                                   .count());
+}
+
+const char* code_model_name(::llvm::CodeModel::Model m) {
+  switch (m) {
+    case ::llvm::CodeModel::Tiny: return "tiny";
+    case ::llvm::CodeModel::Small: return "small";
+    case ::llvm::CodeModel::Kernel: return "kernel";
+    case ::llvm::CodeModel::Medium: return "medium";
+    case ::llvm::CodeModel::Large: return "large";
+  }
+  return "?";
+}
+
+const char* reloc_model_name(::llvm::Reloc::Model m) {
+  switch (m) {
+    case ::llvm::Reloc::Static: return "static";
+    case ::llvm::Reloc::PIC_: return "pic";
+    case ::llvm::Reloc::DynamicNoPIC: return "dynamic-no-pic";
+    case ::llvm::Reloc::ROPI: return "ropi";
+    case ::llvm::Reloc::RWPI: return "rwpi";
+    case ::llvm::Reloc::ROPI_RWPI: return "ropi-rwpi";
+  }
+  return "?";
+}
+
+// GNU build id of the loaded object whose code holds `addr`, as hex; empty
+// when it has none.
+std::string build_id_at(const void* addr) {
+  struct Ctx {
+    uintptr_t addr;
+    std::string id;
+  } ctx{reinterpret_cast<uintptr_t>(addr), {}};
+  dl_iterate_phdr(
+      [](dl_phdr_info* info, size_t, void* p) -> int {
+        auto* c = static_cast<Ctx*>(p);
+        bool holds = false;
+        for (int i = 0; i < info->dlpi_phnum; ++i) {
+          const auto& ph = info->dlpi_phdr[i];
+          uintptr_t lo = info->dlpi_addr + ph.p_vaddr;
+          if (ph.p_type == PT_LOAD && c->addr >= lo && c->addr < lo + ph.p_memsz) holds = true;
+        }
+        if (!holds) return 0;
+        for (int i = 0; i < info->dlpi_phnum; ++i) {
+          const auto& ph = info->dlpi_phdr[i];
+          if (ph.p_type != PT_NOTE) continue;
+          const char* p0 = reinterpret_cast<const char*>(info->dlpi_addr + ph.p_vaddr);
+          const char* end = p0 + ph.p_memsz;
+          while (p0 + sizeof(ElfW(Nhdr)) <= end) {
+            ElfW(Nhdr) n;
+            std::memcpy(&n, p0, sizeof n);
+            const char* name = p0 + sizeof n;
+            const char* desc = name + ((n.n_namesz + 3) & ~3u);
+            const char* next = desc + ((n.n_descsz + 3) & ~3u);
+            if (next > end) break;
+            if (n.n_type == NT_GNU_BUILD_ID && n.n_namesz == 4 && std::memcmp(name, "GNU", 4) == 0) {
+              static const char* hex = "0123456789abcdef";
+              for (unsigned k = 0; k < n.n_descsz; ++k) {
+                auto b = static_cast<uint8_t>(desc[k]);
+                c->id.push_back(hex[b >> 4]);
+                c->id.push_back(hex[b & 15]);
+              }
+              return 1;
+            }
+            p0 = next;
+          }
+        }
+        return 1;
+      },
+      &ctx);
+  return ctx.id;
+}
+
+// An object file in a cache entry's bytes. Holding the Entry keeps the
+// tier's memory (heap, or an LMDB read transaction) alive while ORC links.
+class EntryObjectBuffer final : public ::llvm::MemoryBuffer {
+ public:
+  EntryObjectBuffer(Entry entry, std::string_view bytes) : entry_(std::move(entry)) {
+    init(bytes.data(), bytes.data() + bytes.size(), /*RequiresNullTerminator=*/false);
+    id_ = "kcache:" + entry_.key().hex();
+  }
+  BufferKind getBufferKind() const override { return MemoryBuffer_Malloc; }
+  ::llvm::StringRef getBufferIdentifier() const override { return id_; }
+
+ private:
+  Entry entry_;
+  std::string id_;
+};
+
+// The stored object as a MemoryBuffer, or null when it is not an object file
+// for `arch` (a bad entry: the caller recompiles).
+std::unique_ptr<::llvm::MemoryBuffer> object_buffer(const Entry& e, ::llvm::Triple::ArchType arch,
+                                                    bool zero_copy, std::string* why) {
+  auto obj = e.artifact("obj");
+  if (!obj) {
+    *why = "entry has no 'obj' artifact";
+    return nullptr;
+  }
+  auto parsed = ::llvm::object::ObjectFile::createObjectFile(
+      ::llvm::MemoryBufferRef(::llvm::StringRef(obj->data(), obj->size()), "kcache"));
+  if (!parsed) {
+    *why = ::llvm::toString(parsed.takeError());
+    return nullptr;
+  }
+  if ((*parsed)->getArch() != arch) {
+    *why = "object is for another architecture";
+    return nullptr;
+  }
+  bool aligned = (reinterpret_cast<uintptr_t>(obj->data()) & 7) == 0;
+  if (zero_copy && aligned) return std::make_unique<EntryObjectBuffer>(e, *obj);
+  return ::llvm::MemoryBuffer::getMemBufferCopy(::llvm::StringRef(obj->data(), obj->size()),
+                                                "kcache:" + e.key().hex());
+}
+
+::llvm::Error make_error(const std::string& msg) {
+  return ::llvm::make_error<::llvm::StringError>(msg, ::llvm::inconvertibleErrorCode());
+}
+
+}  // namespace
+
+// ---- keys ------------------------------------------------------------------
+
+TargetDesc TargetDesc::of(const ::llvm::TargetMachine& tm) {
+  TargetDesc d;
+  d.triple = tm.getTargetTriple().str();
+  d.cpu = tm.getTargetCPU().str();
+  d.features = tm.getTargetFeatureString().str();
+  d.codegen_opt_level = static_cast<unsigned>(tm.getOptLevel());
+  d.code_model = code_model_name(tm.getCodeModel());
+  d.reloc_model = reloc_model_name(tm.getRelocationModel());
+  const ::llvm::TargetOptions& o = tm.Options;
+  auto b = [](bool v) { return std::string(v ? "1" : "0"); };
+  d.target_options = {
+      {"unsafe_fp_math", b(o.UnsafeFPMath)},
+      {"no_infs_fp_math", b(o.NoInfsFPMath)},
+      {"no_nans_fp_math", b(o.NoNaNsFPMath)},
+      {"no_trapping_fp_math", b(o.NoTrappingFPMath)},
+      {"no_signed_zeros_fp_math", b(o.NoSignedZerosFPMath)},
+      {"approx_func_fp_math", b(o.ApproxFuncFPMath)},
+      {"fp_op_fusion", std::to_string(static_cast<int>(o.AllowFPOpFusion))},
+      {"float_abi", std::to_string(static_cast<int>(o.FloatABIType))},
+      {"function_sections", b(o.FunctionSections)},
+      {"data_sections", b(o.DataSections)},
+      {"emulated_tls", b(o.EmulatedTLS)},
+      {"exception_model", std::to_string(static_cast<int>(o.ExceptionModel))},
+      {"thread_model", std::to_string(static_cast<int>(o.ThreadModel))},
+      {"guaranteed_tail_call_opt", b(o.GuaranteedTailCallOpt)},
+  };
+  return d;
+}
+
+const std::string& llvm_identity() {
+  static const std::string id = [] {
+    // Taken through the GOT (the project builds PIC), so this is the
+    // address inside whichever object holds LLVM: libLLVM or the executable.
+    std::string bid = build_id_at(reinterpret_cast<const void*>(&LLVMContextCreate));
+    return std::string(LLVM_VERSION_STRING) + " " + (bid.empty() ? "no-build-id" : bid);
+  }();
+  return id;
+}
+
+kcache::Expected<KeyInfo> object_key(::llvm::Module& m, const TargetDesc& t, const KeyOptions& options) {
+  // Set aside what does not change the code (see the header), hash, restore.
+  std::string module_id = m.getModuleIdentifier();
+  std::string source_file = m.getSourceFileName();
+  m.setModuleIdentifier("");
+  m.setSourceFileName("");
+  ::llvm::SmallVector<char, 0> bc;
+  {
+    // Module and string table only: the symbol table that
+    // WriteBitcodeToFile adds is derived from the module and costs time.
+    ::llvm::BitcodeWriter w(bc);
+    w.writeModule(m);
+    w.writeStrtab();
+  }
+  m.setModuleIdentifier(module_id);
+  m.setSourceFileName(source_file);
+
+  KeyBuilder kb(kKeyNamespace);
+  kb.add_bytes("ir", std::string_view(bc.data(), bc.size()))
+      .add_string("llvm", llvm_identity())
+      .add_string("triple", t.triple)
+      .add_string("module_triple", m.getTargetTriple())
+      .add_string("cpu", t.cpu)
+      .add_string("features", t.features)
+      .add_u64("codegen_opt_level", t.codegen_opt_level)
+      .add_i64("ir_opt_level", options.ir_opt_level)
+      .add_string("code_model", t.code_model)
+      .add_string("reloc_model", t.reloc_model)
+      .add_map("target_options", t.target_options);
+  if (!options.extra.empty()) kb.add_map("extra", options.extra);
+  return kb.finish();
+}
+
+std::string CompileCounters::to_json() const {
+  char buf[512];
+  std::snprintf(buf, sizeof buf,
+                "{\"lookups\":%llu,\"hits\":%llu,\"misses\":%llu,\"codegen_runs\":%llu,\"bad_objects\":%llu,"
+                "\"key_s\":%.6f,\"lookup_s\":%.6f,\"compile_s\":%.6f}",
+                (unsigned long long)lookups.load(), (unsigned long long)hits.load(),
+                (unsigned long long)misses.load(), (unsigned long long)codegen_runs.load(),
+                (unsigned long long)bad_objects.load(), key_ns.load() / 1e9, lookup_ns.load() / 1e9,
+                compile_ns.load() / 1e9);
+  return buf;
+}
+
+// ---- ObjectCache -------------------------------------------------------------
+
+ObjectCache::ObjectCache(Cache& cache, TargetDesc target, ObjectCacheOptions options)
+    : cache_(cache), target_(std::move(target)), opt_(std::move(options)) {
+  counters_ = opt_.counters ? opt_.counters : std::make_shared<CompileCounters>();
+}
+
+ObjectCache::~ObjectCache() = default;
+
+std::unique_ptr<::llvm::MemoryBuffer> ObjectCache::getObject(const ::llvm::Module* cm) {
+  if (!cm) return nullptr;
+  CompileCounters& C = *counters_;
+  C.lookups.fetch_add(1, std::memory_order_relaxed);
+  uint64_t t0 = now_ns();
+  // The JIT owns the module and is compiling it on this thread; the key
+  // function renames and restores two fields (see object_key).
+  auto key = object_key(const_cast<::llvm::Module&>(*cm), target_, opt_.key);
+  uint64_t t1 = now_ns();
+  C.key_ns.fetch_add(t1 - t0, std::memory_order_relaxed);
+  if (!key) {
+    KCACHE_LOG(LogLevel::warn, "llvm: no key for module: %s (compiling uncached)", key.error().to_string().c_str());
+    C.misses.fetch_add(1, std::memory_order_relaxed);
+    return nullptr;
+  }
+  std::unique_ptr<::llvm::MemoryBuffer> buf;
+  if (auto e = cache_.get(key->key)) {
+    std::string why;
+    bool zero_copy = opt_.zero_copy && (!e->pinned() || opt_.short_lived_buffers);
+    buf = object_buffer(*e, ::llvm::Triple(target_.triple).getArch(), zero_copy, &why);
+    if (!buf) {
+      C.bad_objects.fetch_add(1, std::memory_order_relaxed);
+      KCACHE_LOG(LogLevel::warn, "llvm: stored object %s rejected: %s (recompiling)", key->key.hex().c_str(),
+                 why.c_str());
+    }
+  }
+  C.lookup_ns.fetch_add(now_ns() - t1, std::memory_order_relaxed);
+  if (buf) {
+    C.hits.fetch_add(1, std::memory_order_relaxed);
+    return buf;
+  }
+  C.misses.fetch_add(1, std::memory_order_relaxed);
+  std::lock_guard lk(mu_);
+  pending_[cm] = Pending{std::move(key).value(), util::now_mono_us()};
+  return nullptr;
+}
+
+void ObjectCache::notifyObjectCompiled(const ::llvm::Module* cm, ::llvm::MemoryBufferRef obj) {
+  if (!cm) return;
+  CompileCounters& C = *counters_;
+  C.codegen_runs.fetch_add(1, std::memory_order_relaxed);
+  Pending p;
+  bool found = false;
+  {
+    std::lock_guard lk(mu_);
+    auto it = pending_.find(cm);
+    if (it != pending_.end()) {
+      p = std::move(it->second);
+      pending_.erase(it);
+      found = true;
+    }
+  }
+  if (!found) {
+    // The JIT compiled without asking first. Code generation has changed
+    // the module since, so its key now is not the key of its input: storing
+    // under it could never hit and only wastes space.
+    KCACHE_LOG(LogLevel::info, "llvm: object for a module never looked up; not stored");
+    return;
+  }
+  uint64_t t0 = now_ns();
+  uint64_t cost = util::now_mono_us() - p.start_us;
+  std::vector<Artifact> arts;
+  arts.push_back({"obj", std::string(obj.getBufferStart(), obj.getBufferSize())});
+  cache_.put(p.key, std::move(arts), cost);
+  C.lookup_ns.fetch_add(now_ns() - t0, std::memory_order_relaxed);
+}
+
+// ---- CachingCompiler -----------------------------------------------------------
+
+CachingCompiler::CachingCompiler(Cache& cache, ::llvm::orc::JITTargetMachineBuilder jtmb, TargetDesc target,
+                                 ::llvm::orc::IRSymbolMapper::ManglingOptions mo, CompilerOptions options)
+    : IRCompiler(std::move(mo)),
+      cache_(cache),
+      jtmb_(std::move(jtmb)),
+      target_(std::move(target)),
+      opt_(std::move(options)) {
+  counters_ = opt_.counters ? opt_.counters : std::make_shared<CompileCounters>();
+}
+
+::llvm::Expected<std::unique_ptr<CachingCompiler>> CachingCompiler::create(
+    Cache& cache, ::llvm::orc::JITTargetMachineBuilder jtmb, CompilerOptions options) {
+  // One TargetMachine up front gives the exact target description (the
+  // builder does not expose its codegen level); compiles make their own.
+  auto tm = jtmb.createTargetMachine();
+  if (!tm) return tm.takeError();
+  TargetDesc desc = TargetDesc::of(**tm);
+  auto mo = ::llvm::orc::irManglingOptionsFromTargetOptions((*tm)->Options);
+  return std::unique_ptr<CachingCompiler>(
+      new CachingCompiler(cache, std::move(jtmb), std::move(desc), std::move(mo), std::move(options)));
+}
+
+kcache::Expected<std::string> CachingCompiler::compile(::llvm::Module& m) {
+  auto tm = jtmb_.createTargetMachine();
+  if (!tm) return Status(Errc::compile_failed, ::llvm::toString(tm.takeError()));
+  if (m.getDataLayout().isDefault()) m.setDataLayout((*tm)->createDataLayout());
+  if (opt_.ir_opt_level >= 0) {
+    ::llvm::PassBuilder pb(tm->get());
+    ::llvm::LoopAnalysisManager lam;
+    ::llvm::FunctionAnalysisManager fam;
+    ::llvm::CGSCCAnalysisManager cgam;
+    ::llvm::ModuleAnalysisManager mam;
+    pb.registerModuleAnalyses(mam);
+    pb.registerCGSCCAnalyses(cgam);
+    pb.registerFunctionAnalyses(fam);
+    pb.registerLoopAnalyses(lam);
+    pb.crossRegisterProxies(lam, fam, cgam, mam);
+    ::llvm::OptimizationLevel level = ::llvm::OptimizationLevel::O0;
+    switch (opt_.ir_opt_level) {
+      case 0: level = ::llvm::OptimizationLevel::O0; break;
+      case 1: level = ::llvm::OptimizationLevel::O1; break;
+      case 2: level = ::llvm::OptimizationLevel::O2; break;
+      default: level = ::llvm::OptimizationLevel::O3; break;
+    }
+    ::llvm::ModulePassManager mpm = level == ::llvm::OptimizationLevel::O0
+                                        ? pb.buildO0DefaultPipeline(level)
+                                        : pb.buildPerModuleDefaultPipeline(level);
+    mpm.run(m, mam);
+  }
+  ::llvm::SmallVector<char, 0> out;
+  {
+    ::llvm::raw_svector_ostream os(out);
+    ::llvm::legacy::PassManager pm;
+    ::llvm::MCContext* ctx = nullptr;
+    if ((*tm)->addPassesToEmitMC(pm, ctx, os))
+      return Status(Errc::compile_failed, "target cannot emit machine code");
+    pm.run(m);
+  }
+  counters_->codegen_runs.fetch_add(1, std::memory_order_relaxed);
+  return std::string(out.data(), out.size());
+}
+
+::llvm::Expected<std::unique_ptr<::llvm::MemoryBuffer>> CachingCompiler::operator()(::llvm::Module& m) {
+  CompileCounters& C = *counters_;
+  C.lookups.fetch_add(1, std::memory_order_relaxed);
+  uint64_t t0 = now_ns();
+  KeyOptions ko;
+  ko.ir_opt_level = opt_.ir_opt_level;
+  ko.extra = opt_.key_extra;
+  auto key = object_key(m, target_, ko);
+  uint64_t t1 = now_ns();
+  C.key_ns.fetch_add(t1 - t0, std::memory_order_relaxed);
+
+  auto compile_here = [&]() -> ::llvm::Expected<std::unique_ptr<::llvm::MemoryBuffer>> {
+    uint64_t c0 = now_ns();
+    auto obj = compile(m);
+    C.compile_ns.fetch_add(now_ns() - c0, std::memory_order_relaxed);
+    if (!obj) return make_error(obj.error().to_string());
+    return ::llvm::MemoryBuffer::getMemBufferCopy(*obj, m.getModuleIdentifier() + "-jitted");
+  };
+  if (!key) {
+    KCACHE_LOG(LogLevel::warn, "llvm: no key for module: %s (compiling uncached)", key.error().to_string().c_str());
+    C.misses.fetch_add(1, std::memory_order_relaxed);
+    return compile_here();
+  }
+
+  uint64_t compile_ns = 0;
+  bool compiled_here = false;
+  Source src = Source::compiled;
+  auto entry = cache_.get_or_compile(
+      *key,
+      [&]() -> kcache::Expected<std::vector<Artifact>> {
+        uint64_t c0 = now_ns();
+        compiled_here = true;
+        auto obj = compile(m);
+        compile_ns = now_ns() - c0;
+        if (!obj) return obj.error();
+        std::vector<Artifact> arts;
+        arts.push_back({"obj", std::move(obj).value()});
+        return arts;
+      },
+      &src);
+  // The only error get_or_compile returns is the compile's own.
+  if (!entry) {
+    C.compile_ns.fetch_add(compile_ns, std::memory_order_relaxed);
+    return make_error(entry.error().to_string());
+  }
+  std::string why;
+  auto buf = object_buffer(*entry, ::llvm::Triple(target_.triple).getArch(), opt_.zero_copy, &why);
+  uint64_t t2 = now_ns();
+  C.compile_ns.fetch_add(compile_ns, std::memory_order_relaxed);
+  C.lookup_ns.fetch_add(t2 - t1 - compile_ns, std::memory_order_relaxed);
+  if (buf) {
+    (src == Source::compiled || src == Source::waited ? C.misses : C.hits).fetch_add(1, std::memory_order_relaxed);
+    return buf;
+  }
+  if (compiled_here) return make_error("code generator produced no usable object: " + why);
+  // A stored object we cannot use: never the caller's problem. The module
+  // is still unoptimised (another thread compiled, or it came from a tier),
+  // so compile it and replace the bad entry.
+  C.bad_objects.fetch_add(1, std::memory_order_relaxed);
+  C.misses.fetch_add(1, std::memory_order_relaxed);
+  KCACHE_LOG(LogLevel::warn, "llvm: stored object %s rejected: %s (recompiling)", key->key.hex().c_str(),
+             why.c_str());
+  uint64_t c0 = now_ns();
+  auto obj = compile(m);
+  uint64_t dt = now_ns() - c0;
+  C.compile_ns.fetch_add(dt, std::memory_order_relaxed);
+  if (!obj) return make_error(obj.error().to_string());
+  std::vector<Artifact> arts;
+  arts.push_back({"obj", *obj});
+  cache_.put(*key, std::move(arts), dt / 1000);
+  return ::llvm::MemoryBuffer::getMemBufferCopy(*obj, "kcache:" + key->key.hex());
+}
+
+// ---- LLJIT -----------------------------------------------------------------------
+
+::llvm::Expected<std::unique_ptr<::llvm::orc::LLJIT>> make_cached_lljit(Cache& cache, JitOptions options) {
+  auto jtmb = ::llvm::orc::JITTargetMachineBuilder::detectHost();
+  if (!jtmb) return jtmb.takeError();
+  if (!options.cpu.empty()) jtmb->setCPU(options.cpu);
+  if (!options.features.empty()) jtmb->getFeatures() = ::llvm::SubtargetFeatures(options.features);
+  ::llvm::CodeGenOpt::Level cg = ::llvm::CodeGenOpt::Default;
+  switch (options.opt_level) {
+    case 0: cg = ::llvm::CodeGenOpt::None; break;
+    case 1: cg = ::llvm::CodeGenOpt::Less; break;
+    case 2: cg = ::llvm::CodeGenOpt::Default; break;
+    default: cg = ::llvm::CodeGenOpt::Aggressive; break;
+  }
+  jtmb->setCodeGenOptLevel(cg);
+
+  CompilerOptions co;
+  co.ir_opt_level = static_cast<int>(std::min(options.opt_level, 3u));
+  co.key_extra = options.key_extra;
+  co.zero_copy = options.zero_copy;
+  co.counters = options.counters;
+
+  ::llvm::orc::LLJITBuilder b;
+  b.setJITTargetMachineBuilder(std::move(*jtmb));
+  Cache* c = &cache;
+  b.setCompileFunctionCreator(
+      [c, co](::llvm::orc::JITTargetMachineBuilder j)
+          -> ::llvm::Expected<std::unique_ptr<::llvm::orc::IRCompileLayer::IRCompiler>> {
+        auto cc = CachingCompiler::create(*c, std::move(j), co);
+        if (!cc) return cc.takeError();
+        return std::unique_ptr<::llvm::orc::IRCompileLayer::IRCompiler>(std::move(*cc));
+      });
+  if (options.compile_threads) b.setNumCompileThreads(options.compile_threads);
+  auto jit = b.create();
+  if (!jit) return jit.takeError();
+  if (options.process_symbols) {
+    auto gen = ::llvm::orc::DynamicLibrarySearchGenerator::GetForCurrentProcess(
+        (*jit)->getDataLayout().getGlobalPrefix());
+    if (!gen) return gen.takeError();
+    (*jit)->getMainJITDylib().addGenerator(std::move(*gen));
+  }
+  return jit;
+}
+
+}  // namespace kcache::llvm
