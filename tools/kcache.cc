@@ -866,7 +866,7 @@ int cmd_trim(Ctx& c) {
     return c.out("{\"evicted\":" + u64s(evicted) + ",\"entries\":" + u64s(t.entries) + ",\"bytes\":" + u64s(t.bytes) +
                  ",\"max_bytes\":" + u64s(limit) + "}\n");
   return c.out("evicted " + u64s(evicted) + " entr" + (evicted == 1 ? "y" : "ies") + "; now " +
-               util::format_size(t.bytes) + " in " + u64s(t.entries) + " entries (limit " + util::format_size(limit) +
+               util::format_size(t.bytes) + " in " + u64s(t.entries) + (t.entries == 1 ? " entry" : " entries") + " (limit " + util::format_size(limit) +
                ")\n");
 }
 
