@@ -1,0 +1,368 @@
+// NVRTC integration: real NVRTC compiles of a realistic kernel corpus, cold
+// then warm, through a real memory + LMDB cache. The corpus is compiled cold
+// once for the whole suite (NVRTC is the slow part); each test then checks
+// one property against those results.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <memory>
+#include <thread>
+
+#include "gpu_kernels.h"
+#include "kcache/cache.h"
+#include "kcache/nvrtc.h"
+#include "test_util.h"
+
+namespace kcache {
+namespace {
+
+using gpu_kernels::CudaKernel;
+using test::TempDir;
+
+Options disk_options(const std::string& dir, bool memory = true) {
+  Options o;
+  o.dir = dir;
+  o.memory_tier = memory;
+  o.log_level = LogLevel::error;
+  return o;
+}
+
+class NvrtcCorpus : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new TempDir();
+    cache_ = Cache::open(disk_options(dir_->path())).release();
+    compiler_ = new nvrtc::Compiler(*cache_);
+    kernels_ = new std::vector<CudaKernel>(gpu_kernels::cuda_kernels());
+    cold_ = new std::vector<nvrtc::Result>();
+    for (const auto& k : *kernels_) {
+      auto r = compiler_->compile(k.program);
+      ASSERT_TRUE(r.has_value()) << k.name << ": " << r.error().to_string();
+      cold_->push_back(std::move(r).value());
+    }
+  }
+  static void TearDownTestSuite() {
+    delete cold_;
+    delete kernels_;
+    delete compiler_;
+    delete cache_;
+    delete dir_;
+  }
+  static TempDir* dir_;
+  static Cache* cache_;
+  static nvrtc::Compiler* compiler_;
+  static std::vector<CudaKernel>* kernels_;
+  static std::vector<nvrtc::Result>* cold_;
+};
+TempDir* NvrtcCorpus::dir_ = nullptr;
+Cache* NvrtcCorpus::cache_ = nullptr;
+nvrtc::Compiler* NvrtcCorpus::compiler_ = nullptr;
+std::vector<CudaKernel>* NvrtcCorpus::kernels_ = nullptr;
+std::vector<nvrtc::Result>* NvrtcCorpus::cold_ = nullptr;
+
+TEST_F(NvrtcCorpus, CorpusHasTwentyKernelsAllCompiledCold) {
+  ASSERT_GE(kernels_->size(), 20u);
+  ASSERT_EQ(cold_->size(), kernels_->size());
+  for (size_t i = 0; i < cold_->size(); ++i)
+    EXPECT_EQ((*cold_)[i].source, Source::compiled) << (*kernels_)[i].name;
+}
+
+TEST_F(NvrtcCorpus, ColdOutputsAreRealPtxAndCubin) {
+  for (size_t i = 0; i < cold_->size(); ++i) {
+    const auto& r = (*cold_)[i];
+    const auto& k = (*kernels_)[i];
+    ASSERT_FALSE(r.ptx.empty()) << k.name;
+    EXPECT_NE(r.ptx.find(".version"), std::string_view::npos) << k.name;
+    EXPECT_NE(r.ptx.find(".target sm_80"), std::string_view::npos) << k.name;
+    ASSERT_GE(r.cubin.size(), 64u) << k.name;
+    EXPECT_EQ(r.cubin.substr(0, 4), std::string_view("\x7f" "ELF", 4)) << k.name;
+    EXPECT_TRUE(r.ltoir.empty()) << k.name;
+    for (const auto& ep : k.entry_points)
+      EXPECT_NE(r.ptx.find(".entry " + ep + "("), std::string_view::npos) << k.name << " lacks " << ep;
+  }
+}
+
+TEST_F(NvrtcCorpus, NameExpressionsAreLoweredAndPresentInPtx) {
+  size_t checked = 0;
+  for (size_t i = 0; i < cold_->size(); ++i) {
+    const auto& r = (*cold_)[i];
+    const auto& k = (*kernels_)[i];
+    ASSERT_EQ(r.lowered_names.size(), k.program.name_expressions.size()) << k.name;
+    for (const auto& e : k.program.name_expressions) {
+      auto low = r.lowered(e);
+      ASSERT_TRUE(low.has_value()) << e;
+      EXPECT_TRUE(low->starts_with("_Z")) << e << " -> " << *low;
+      EXPECT_NE(r.ptx.find(".entry " + std::string(*low) + "("), std::string_view::npos) << e;
+      ++checked;
+    }
+  }
+  EXPECT_GE(checked, 10u);
+  // Distinct instantiations lower to distinct symbols.
+  const auto& red = (*cold_)[2];
+  EXPECT_NE(*red.lowered("reduce_sum<float, 256>"), *red.lowered("reduce_sum<double, 128>"));
+}
+
+TEST_F(NvrtcCorpus, WarmFromMemoryGivesIdenticalBytes) {
+  uint64_t compiles = cache_->stats().compiles;
+  for (size_t i = 0; i < kernels_->size(); ++i) {
+    auto r = compiler_->compile((*kernels_)[i].program);
+    ASSERT_TRUE(r.has_value());
+    EXPECT_EQ(r->source, Source::memory) << (*kernels_)[i].name;
+    EXPECT_EQ(r->key, (*cold_)[i].key);
+    EXPECT_EQ(r->ptx, (*cold_)[i].ptx);
+    EXPECT_EQ(r->cubin, (*cold_)[i].cubin);
+    EXPECT_EQ(r->lowered_names, (*cold_)[i].lowered_names);
+  }
+  EXPECT_EQ(cache_->stats().compiles, compiles);
+}
+
+TEST_F(NvrtcCorpus, WarmFromDiskInAFreshCacheGivesIdenticalBytes) {
+  cache_->flush();
+  auto disk_only = Cache::open(disk_options(dir_->path(), /*memory=*/false));
+  nvrtc::Compiler c(*disk_only);
+  for (size_t i = 0; i < kernels_->size(); ++i) {
+    auto r = c.compile((*kernels_)[i].program);
+    ASSERT_TRUE(r.has_value());
+    EXPECT_EQ(r->source, Source::disk) << (*kernels_)[i].name;
+    EXPECT_EQ(r->ptx, (*cold_)[i].ptx);
+    EXPECT_EQ(r->cubin, (*cold_)[i].cubin);
+    EXPECT_EQ(r->lowered_names, (*cold_)[i].lowered_names);
+  }
+  EXPECT_EQ(disk_only->stats().compiles, 0u);
+}
+
+TEST_F(NvrtcCorpus, CachedBytesEqualAnUncachedCompile) {
+  // NVRTC is deterministic; a hit must hand out what a compile would make.
+  for (size_t i : {size_t(0), size_t(4)}) {
+    auto arts = nvrtc::compile_uncached((*kernels_)[i].program);
+    ASSERT_TRUE(arts.has_value());
+    for (const auto& a : *arts) {
+      if (a.name == "ptx") EXPECT_EQ(a.data, (*cold_)[i].ptx);
+      if (a.name == "cubin") EXPECT_EQ(a.data, (*cold_)[i].cubin);
+    }
+  }
+}
+
+TEST_F(NvrtcCorpus, ArchChangeIsAMissAndTheManifestSaysWhy) {
+  nvrtc::Program p = (*kernels_)[0].program;
+  p.options[0] = "-arch=sm_86";
+  auto r = compiler_->compile(p);
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->source, Source::compiled);
+  EXPECT_NE(r->key, (*cold_)[0].key);
+  EXPECT_NE(r->ptx.find(".target sm_86"), std::string_view::npos);
+  auto a = compiler_->key((*kernels_)[0].program), b = compiler_->key(p);
+  EXPECT_EQ(manifest_diff(a->manifest, b->manifest), std::vector<std::string>{"options"});
+}
+
+TEST_F(NvrtcCorpus, VirtualArchGivesPtxOnlyAndDltoGivesLtoIr) {
+  nvrtc::Program p = (*kernels_)[1].program;
+  p.options[0] = "-arch=compute_80";
+  auto v = compiler_->compile(p);
+  ASSERT_TRUE(v.has_value());
+  EXPECT_FALSE(v->ptx.empty());
+  EXPECT_TRUE(v->cubin.empty());
+  p.options[0] = "-arch=sm_80";
+  p.options.push_back("-dlto");
+  auto l = compiler_->compile(p);
+  ASSERT_TRUE(l.has_value());
+  EXPECT_EQ(l->source, Source::compiled);
+  EXPECT_GT(l->ltoir.size(), 100u);
+  EXPECT_TRUE(l->ptx.empty());
+  EXPECT_TRUE(l->cubin.empty());
+  auto again = compiler_->compile(p);
+  ASSERT_TRUE(again.has_value());
+  EXPECT_EQ(again->source, Source::memory);
+  EXPECT_EQ(again->ltoir, l->ltoir);
+  EXPECT_NE(compiler_->key(p)->key, v->key);
+}
+
+TEST_F(NvrtcCorpus, HeaderChangeIsAMiss) {
+  // reduce_sum includes kc_common.cuh; change the warp width there.
+  nvrtc::Program p = (*kernels_)[2].program;
+  std::string h = gpu_kernels::kCommonHeader;
+  h.replace(h.find("#define KC_WARP 32"), 18, "#define KC_WARP 16");
+  p.headers[0].contents = h;
+  auto r = compiler_->compile(p);
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->source, Source::compiled);
+  EXPECT_NE(r->ptx, (*cold_)[2].ptx);
+  auto a = compiler_->key((*kernels_)[2].program), b = compiler_->key(p);
+  EXPECT_EQ(manifest_diff(a->manifest, b->manifest), std::vector<std::string>{"headers"});
+  // Renaming an unused header is also a change of input, hence a miss.
+  nvrtc::Program q = (*kernels_)[2].program;
+  q.headers.push_back({"unused.cuh", "// nothing"});
+  EXPECT_NE(compiler_->key(q)->key, a->key);
+}
+
+TEST_F(NvrtcCorpus, MacroOptionOrderOnlyMattersWhenAMacroRepeats) {
+  nvrtc::Program p = (*kernels_)[17].program;  // stencil_1d reads RADIUS
+  ASSERT_EQ((*kernels_)[17].name, "stencil_1d");
+  nvrtc::Program a = p, b = p;
+  a.options.push_back("-DEXTRA_A=1");
+  a.options.push_back("--define-macro=EXTRA_B=2");
+  b.options.insert(b.options.begin(), "-DEXTRA_B=2");
+  b.options.push_back("-DEXTRA_A=1");
+  EXPECT_EQ(compiler_->key(a)->key, compiler_->key(b)->key);
+  nvrtc::Program c = p, d = p;
+  c.options.push_back("-URADIUS");
+  d.options.insert(d.options.begin() + 2, "-URADIUS");  // before -DRADIUS=4
+  EXPECT_NE(compiler_->key(c)->key, compiler_->key(d)->key);
+  // And the two really compile differently: RADIUS 4 vs the default 3.
+  auto rc = compiler_->compile(c), rd = compiler_->compile(d);
+  ASSERT_TRUE(rc.has_value());
+  ASSERT_TRUE(rd.has_value());
+  EXPECT_NE(rc->ptx, rd->ptx);
+  // A changed define value is a miss.
+  nvrtc::Program e = p;
+  e.options.back() = "-DRADIUS=5";
+  auto re = compiler_->compile(e);
+  ASSERT_TRUE(re.has_value());
+  EXPECT_EQ(re->source, Source::compiled);
+  EXPECT_NE(re->ptx, (*cold_)[17].ptx);
+}
+
+TEST_F(NvrtcCorpus, CanonicalOptionsAreDocumentedShape) {
+  auto c = nvrtc::canonical_options({"-arch=sm_80", "-DB=1", "--use_fast_math", "--define-macro=A", "-I/x"});
+  EXPECT_EQ(c.options, (std::vector<std::string>{"-arch=sm_80", "--use_fast_math", "-I/x"}));
+  EXPECT_EQ(c.macros, (std::vector<std::string>{"-DA", "-DB=1"}));
+  EXPECT_TRUE(c.macros_sorted);
+  auto d = nvrtc::canonical_options({"-DA=1", "-UA"});
+  EXPECT_EQ(d.macros, (std::vector<std::string>{"-DA=1", "-UA"}));
+  EXPECT_FALSE(d.macros_sorted);
+  auto o = nvrtc::outputs_for({"--gpu-architecture=sm_90", "-arch=compute_90"});
+  EXPECT_FALSE(o.cubin);  // the last -arch wins
+  EXPECT_TRUE(nvrtc::outputs_for({"--gpu-architecture=sm_90"}).cubin);
+  EXPECT_TRUE(nvrtc::outputs_for({"--dlink-time-opt"}).ltoir);
+}
+
+TEST_F(NvrtcCorpus, CompileErrorReturnsTheFullLogAndIsNotStored) {
+  nvrtc::Program bad;
+  bad.name = "broken_kernel.cu";
+  bad.source = "#include \"kc_common.cuh\"\nextern \"C\" __global__ void k(float* x) { x[0] = not_declared_here(x); }\n";
+  bad.headers = {{"kc_common.cuh", gpu_kernels::kCommonHeader}};
+  bad.options = {"-arch=sm_80"};
+  uint64_t compiles = cache_->stats().compiles;
+  auto r = compiler_->compile(bad);
+  ASSERT_FALSE(r.has_value());
+  EXPECT_EQ(r.error().code(), Errc::compile_failed);
+  const std::string& m = r.error().message();
+  EXPECT_NE(m.find("NVRTC_ERROR_COMPILATION"), std::string::npos) << m;
+  EXPECT_NE(m.find("broken_kernel.cu(2): error"), std::string::npos) << m;
+  EXPECT_NE(m.find("not_declared_here"), std::string::npos) << m;
+  EXPECT_NE(m.find("1 error detected"), std::string::npos) << m;
+  // Not cached: the same program compiles (and fails) again.
+  auto r2 = compiler_->compile(bad);
+  ASSERT_FALSE(r2.has_value());
+  EXPECT_EQ(cache_->stats().compiles, compiles + 2);
+  EXPECT_FALSE(cache_->get(compiler_->key(bad)->key).has_value());
+}
+
+TEST_F(NvrtcCorpus, FixedHeaderIsPickedUpImmediately) {
+  nvrtc::Program p;
+  p.name = "uses_header.cu";
+  p.source = "#include \"scale.cuh\"\nextern \"C\" __global__ void scale(float* x) { x[threadIdx.x] *= SCALE; }\n";
+  p.options = {"-arch=sm_80"};
+  p.headers = {{"scale.cuh", "#define SCALE (2.0f  // missing parenthesis\n"}};
+  auto bad = compiler_->compile(p);
+  ASSERT_FALSE(bad.has_value());
+  EXPECT_NE(bad.error().message().find("error"), std::string::npos);
+  p.headers[0].contents = "#define SCALE (2.0f)\n";
+  auto good = compiler_->compile(p);
+  ASSERT_TRUE(good.has_value()) << good.error().to_string();
+  EXPECT_NE(good->ptx.find(".entry scale("), std::string_view::npos);
+}
+
+TEST_F(NvrtcCorpus, RememberedFailuresSkipNvrtcForTheSameInputs) {
+  nvrtc::CompilerOptions co;
+  co.remember_failures = true;
+  nvrtc::Compiler c(*cache_, co);
+  nvrtc::Program bad;
+  bad.source = "extern \"C\" __global__ void k() { syntax error here }\n";
+  uint64_t compiles = cache_->stats().compiles;
+  auto r1 = c.compile(bad), r2 = c.compile(bad);
+  ASSERT_FALSE(r1.has_value());
+  ASSERT_FALSE(r2.has_value());
+  EXPECT_EQ(r2.error().message(), r1.error().message());
+  EXPECT_EQ(cache_->stats().compiles, compiles + 1);
+  bad.source = "extern \"C\" __global__ void k() { }\n";
+  EXPECT_TRUE(c.compile(bad).has_value());
+}
+
+TEST_F(NvrtcCorpus, IdentityNamesTheLoadedLibraryAndIsStableAcrossCompilers) {
+  const auto& id = compiler_->identity();
+  EXPECT_GE(id.major, 11);
+  EXPECT_NE(id.library_path.find("libnvrtc"), std::string::npos) << id.library_path;
+  EXPECT_NE(id.library_digest, Digest{});
+  nvrtc::Compiler other(*cache_);
+  EXPECT_EQ(other.identity().library_digest, id.library_digest);
+  // Without the library digest the key differs (the component changes).
+  nvrtc::CompilerOptions co;
+  co.hash_library = false;
+  nvrtc::Compiler version_only(*cache_, co);
+  EXPECT_NE(version_only.key((*kernels_)[0].program)->key, (*cold_)[0].key);
+  auto a = compiler_->key((*kernels_)[0].program), b = version_only.key((*kernels_)[0].program);
+  EXPECT_EQ(manifest_diff(a->manifest, b->manifest), std::vector<std::string>{"nvrtc.library"});
+}
+
+TEST_F(NvrtcCorpus, HeaderOrderDoesNotChangeTheKeyButDuplicatesAreRefused) {
+  nvrtc::Program p = (*kernels_)[0].program;
+  p.headers = {{"a.cuh", "int a;"}, {"b.cuh", "int b;"}};
+  nvrtc::Program q = p;
+  std::swap(q.headers[0], q.headers[1]);
+  EXPECT_EQ(compiler_->key(p)->key, compiler_->key(q)->key);
+  q.headers.push_back({"a.cuh", "int c;"});
+  auto r = compiler_->compile(q);
+  ASSERT_FALSE(r.has_value());
+  EXPECT_EQ(r.error().code(), Errc::invalid_argument);
+}
+
+TEST_F(NvrtcCorpus, ConcurrentCompilesOfANewProgramRunNvrtcOnce) {
+  nvrtc::Program p = (*kernels_)[5].program;
+  p.options.push_back("-DCONCURRENT_VARIANT=1");
+  uint64_t compiles = cache_->stats().compiles;
+  std::vector<std::thread> ts;
+  std::atomic<int> ok{0};
+  std::string first_ptx;
+  std::vector<std::string> ptxs(6);
+  for (int i = 0; i < 6; ++i)
+    ts.emplace_back([&, i] {
+      auto r = compiler_->compile(p);
+      if (r.has_value()) {
+        ptxs[i] = std::string(r->ptx);
+        ++ok;
+      }
+    });
+  for (auto& t : ts) t.join();
+  EXPECT_EQ(ok.load(), 6);
+  EXPECT_EQ(cache_->stats().compiles, compiles + 1);
+  for (const auto& s : ptxs) EXPECT_EQ(s, ptxs[0]);
+}
+
+TEST_F(NvrtcCorpus, AnEntryMissingTheLoweredNamesIsRecompiledAndReplaced) {
+  nvrtc::Program p = (*kernels_)[2].program;
+  p.options.push_back("-DREPLACE_TEST=1");
+  auto ki = compiler_->key(p);
+  ASSERT_TRUE(ki.has_value());
+  ASSERT_TRUE(cache_->put(*ki, {{"ptx", "// not what was asked for"}}).has_value());
+  auto r = compiler_->compile(p);
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->source, Source::compiled);
+  EXPECT_EQ(r->lowered_names.size(), 3u);
+  auto again = compiler_->compile(p);
+  ASSERT_TRUE(again.has_value());
+  EXPECT_NE(again->source, Source::compiled);
+  EXPECT_EQ(again->ptx, r->ptx);
+}
+
+TEST_F(NvrtcCorpus, ExtraKeyComponentsChangeTheKey) {
+  nvrtc::Program p = (*kernels_)[0].program;
+  p.extra_key["disk_header_digest"] = "abc";
+  auto a = compiler_->key(p);
+  p.extra_key["disk_header_digest"] = "abd";
+  auto b = compiler_->key(p);
+  EXPECT_EQ(manifest_diff(a->manifest, b->manifest), std::vector<std::string>{"extra.disk_header_digest"});
+}
+
+}  // namespace
+}  // namespace kcache
