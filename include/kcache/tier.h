@@ -42,6 +42,8 @@ struct TierStats {
   uint64_t rejected = 0;   // writes refused (read-only, too large)
   uint64_t entries = 0;    // entries now stored
   uint64_t bytes = 0;      // encoded bytes now stored
+  uint64_t skipped = 0;    // calls not made: remote switched off (circuit breaker open)
+  uint64_t dropped = 0;    // queued writes dropped (write queue full)
 };
 
 // {"hits":..,"misses":..,...} with every TierStats field.

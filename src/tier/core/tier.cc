@@ -132,10 +132,11 @@ std::string tier_stats_json(const TierStats& s) {
   char buf[512];
   std::snprintf(buf, sizeof buf,
                 "{\"hits\":%llu,\"misses\":%llu,\"puts\":%llu,\"evictions\":%llu,\"corrupt\":%llu,"
-                "\"errors\":%llu,\"rejected\":%llu,\"entries\":%llu,\"bytes\":%llu}",
+                "\"errors\":%llu,\"rejected\":%llu,\"entries\":%llu,\"bytes\":%llu,\"skipped\":%llu,\"dropped\":%llu}",
                 (unsigned long long)s.hits, (unsigned long long)s.misses, (unsigned long long)s.puts,
                 (unsigned long long)s.evictions, (unsigned long long)s.corrupt, (unsigned long long)s.errors,
-                (unsigned long long)s.rejected, (unsigned long long)s.entries, (unsigned long long)s.bytes);
+                (unsigned long long)s.rejected, (unsigned long long)s.entries, (unsigned long long)s.bytes,
+                (unsigned long long)s.skipped, (unsigned long long)s.dropped);
   return buf;
 }
 
