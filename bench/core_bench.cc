@@ -1,0 +1,589 @@
+// Core benchmarks: hit and put latency of each tier, key hashing throughput,
+// and what compression costs on a hit, each next to a baseline measured in
+// the same process on the same bytes:
+//   hit/memcpy/...           copying the artifact from memory (the physical
+//                            limit of handing out bytes)
+//   hit/llvm_localcache/...  the same hit through llvm::localCache, the
+//                            file-per-entry cache ThinLTO uses
+// scripts/bench.sh turns the medians into ratios (docs/benchmarks.md).
+//
+// Every hit touches the artifact's first and last byte (or, in the "read"
+// runs, every byte) through benchmark::DoNotOptimize, and after each run one
+// hit is compared byte for byte with what was stored, so a benchmark cannot
+// pass on a wrong or empty answer. The kcache disk tiers also verify the entry's checksum (all bytes)
+// on every get; llvm::localCache verifies nothing.
+//
+// Names: <what>/<tier>/<same|vary|read>/<artifact bytes>. "same" repeats
+// one key; "vary" cycles through a set of keys whose artifacts total about
+// 64 MiB (at least 4, at most 256 keys), so larger sizes leave the CPU
+// caches; "read" repeats one key and the caller reads every byte of the
+// artifact, as a loader would (localCache maps large files lazily, so
+// touching two bytes of its hit reads two pages, not the artifact).
+#include <benchmark/benchmark.h>
+#include <link.h>
+#include <stdlib.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kcache/cache.h"
+#include "kcache/entry.h"
+#include "kcache/key.h"
+#include "kcache/tier.h"
+
+#if KCACHE_BENCH_HAVE_LLVM
+#include "llvm_file_cache.h"
+#endif
+
+namespace {
+
+using kcache::Entry;
+using kcache::Key;
+
+constexpr int64_t kSizes[] = {1 << 10, 16 << 10, 256 << 10, 4 << 20};
+constexpr size_t kVaryBytes = size_t(64) << 20;
+
+// ---- data ----------------------------------------------------------------
+
+// Incompressible, distinct per seed (splitmix64).
+std::string random_bytes(size_t n, uint64_t seed) {
+  std::string s(n, '\0');
+  uint64_t x = seed * 0x9e3779b97f4a7c15ull + 1;
+  for (size_t i = 0; i < n; i += 8) {
+    uint64_t z = (x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    std::memcpy(s.data() + i, &z, std::min<size_t>(8, n - i));
+  }
+  return s;
+}
+
+// A key made the way a JIT client makes one: namespace, IR digest, target,
+// options, so the stored manifest has a realistic size.
+kcache::KeyInfo make_key(std::string_view ns, uint64_t id, uint64_t size) {
+  std::string ir = "module-" + std::to_string(id) + "-" + std::to_string(size);
+  auto k = kcache::KeyBuilder(ns)
+               .add_bytes("ir", ir)
+               .add_string("target", "x86_64-unknown-linux-gnu")
+               .add_string("cpu", "znver4")
+               .add_u64("opt_level", 3)
+               .finish();
+  return *k;
+}
+
+Entry make_entry(const kcache::KeyInfo& k, const std::string& name, std::string data, kcache::Compression c) {
+  kcache::EntryMeta m;
+  m.created_unix_ms = 1700000000000;
+  m.compile_cost_us = 250000;
+  m.producer = "kcache-bench";
+  auto e = kcache::EntryBuilder(k.key).add(name, std::move(data)).meta(m).manifest(k.manifest).compression(c).build();
+  if (!e) {
+    std::fprintf(stderr, "building a bench entry failed: %s\n", e.error().to_string().c_str());
+    std::abort();
+  }
+  return std::move(e).value();
+}
+
+struct DataSet {
+  size_t size = 0;
+  std::vector<Key> keys;
+  std::vector<std::string> hex;        // the llvm::localCache key of each
+  std::vector<std::string> artifacts;  // what each entry holds under "obj"
+  std::vector<Entry> entries;
+};
+
+const DataSet& data_for(size_t size) {
+  static std::map<size_t, DataSet> sets;
+  auto it = sets.find(size);
+  if (it != sets.end()) return it->second;
+  DataSet& d = sets[size];
+  d.size = size;
+  size_t n = std::clamp<size_t>(kVaryBytes / size, 4, 256);
+  for (size_t i = 0; i < n; ++i) {
+    auto k = make_key("kcache-bench/1", i, size);
+    d.keys.push_back(k.key);
+    d.hex.push_back(k.key.hex());
+    d.artifacts.push_back(random_bytes(size, size * 1000003 + i));
+    d.entries.push_back(make_entry(k, "obj", d.artifacts.back(), kcache::Compression::none));
+  }
+  return d;
+}
+
+// ---- stores --------------------------------------------------------------
+
+std::string root_dir() {
+  static std::string root = [] {
+    std::string base = getenv("KCACHE_BENCH_DIR") ? getenv("KCACHE_BENCH_DIR")
+                       : getenv("TMPDIR")         ? getenv("TMPDIR")
+                                                  : "/tmp";
+    std::string tmpl = base + "/kcache-bench-XXXXXX";
+    if (!mkdtemp(tmpl.data())) {
+      std::perror("mkdtemp");
+      std::abort();
+    }
+    std::atexit([] {
+      std::error_code ec;
+      std::filesystem::remove_all(root_dir(), ec);
+    });
+    return tmpl;
+  }();
+  return root;
+}
+
+std::shared_ptr<kcache::Tier> open_or_die(kcache::Expected<std::shared_ptr<kcache::Tier>> t, const char* what) {
+  if (!t) {
+    std::fprintf(stderr, "opening the %s tier failed: %s\n", what, t.error().to_string().c_str());
+    std::abort();
+  }
+  return *t;
+}
+
+kcache::DiskTierOptions disk_options(kcache::Durability d) {
+  kcache::DiskTierOptions o;
+  o.max_bytes = uint64_t(8) << 30;  // nothing the benchmarks store is evicted
+  o.durability = d;
+  return o;
+}
+
+// One instance of each store for the whole run: a warm process.
+struct Stores {
+  std::shared_ptr<kcache::Tier> memory, lmdb, lmdb_nosync, files;
+  std::unique_ptr<kcache::Cache> cache_lmdb;  // the facade over the LMDB tier alone
+#if KCACHE_BENCH_HAVE_LLVM
+  std::unique_ptr<kcache_bench::LlvmFileCache> llvm;
+#endif
+  std::map<std::pair<const void*, size_t>, bool> filled;
+
+  Stores() {
+    kcache::MemoryTierOptions mo;
+    mo.max_bytes = uint64_t(2) << 30;
+    memory = kcache::make_memory_tier(mo);
+    lmdb = open_or_die(kcache::open_lmdb_tier(root_dir() + "/lmdb", disk_options(kcache::Durability::normal)), "lmdb");
+    lmdb_nosync =
+        open_or_die(kcache::open_lmdb_tier(root_dir() + "/lmdb-nosync", disk_options(kcache::Durability::none)), "lmdb");
+    files = open_or_die(kcache::open_files_tier(root_dir() + "/files", disk_options(kcache::Durability::normal)), "files");
+    cache_lmdb = kcache::Cache::with_tiers({lmdb});
+#if KCACHE_BENCH_HAVE_LLVM
+    std::string err;
+    llvm = kcache_bench::LlvmFileCache::open(root_dir() + "/llvm", &err);
+    if (!llvm) {
+      std::fprintf(stderr, "llvm::localCache: %s\n", err.c_str());
+      std::abort();
+    }
+#endif
+  }
+
+  // Stores every entry of `d` in `t` once.
+  void fill(kcache::Tier& t, const DataSet& d) {
+    auto id = std::make_pair(static_cast<const void*>(&t), d.size);
+    if (filled[id]) return;
+    for (const auto& e : d.entries) {
+      auto st = t.put(e);
+      if (!st.is_ok()) {
+        std::fprintf(stderr, "filling %s failed: %s\n", std::string(t.name()).c_str(), st.to_string().c_str());
+        std::abort();
+      }
+    }
+    (void)t.flush();
+    filled[id] = true;
+  }
+#if KCACHE_BENCH_HAVE_LLVM
+  void fill_llvm(const DataSet& d) {
+    auto id = std::make_pair(static_cast<const void*>(llvm.get()), d.size);
+    if (filled[id]) return;
+    for (size_t i = 0; i < d.keys.size(); ++i)
+      if (!llvm->put(d.hex[i], d.artifacts[i])) std::abort();
+    filled[id] = true;
+  }
+#endif
+};
+
+std::unique_ptr<Stores> g_stores;
+
+Stores& stores() {
+  if (!g_stores) g_stores = std::make_unique<Stores>();
+  return *g_stores;
+}
+
+// ---- hits ----------------------------------------------------------------
+
+inline void touch(std::string_view v) {
+  benchmark::DoNotOptimize(v[0]);
+  benchmark::DoNotOptimize(v[v.size() - 1]);
+}
+
+// What a loader does with a hit: read every byte (here, XOR of 8-byte words).
+inline void consume(std::string_view v) {
+  uint64_t acc = 0;
+  for (size_t i = 0; i + 8 <= v.size(); i += 8) {
+    uint64_t w;
+    std::memcpy(&w, v.data() + i, 8);
+    acc ^= w;
+  }
+  benchmark::DoNotOptimize(acc);
+}
+
+// same: one key, first and last byte touched; vary: keys cycle, first and
+// last byte touched; read: one key, every byte read by the caller.
+enum class Pattern { same, vary, read };
+
+inline void use(Pattern p, std::string_view v) {
+  if (p == Pattern::read) consume(v);
+  else touch(v);
+}
+
+// Runs `hit(i)` (which must look key i up and touch its bytes) in the
+// timed loop, then checks one answer in full.
+template <class Hit, class Fetch>
+void run_hit(benchmark::State& state, const DataSet& d, Pattern p, Hit hit, Fetch fetch) {
+  const size_t n = p == Pattern::vary ? d.keys.size() : 1;
+  size_t i = 0;
+  for (auto _ : state) {
+    if (!hit(i)) {
+      state.SkipWithError("unexpected miss");
+      return;
+    }
+    if (++i == n) i = 0;
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(d.size));
+  state.counters["keys"] = static_cast<double>(n);
+  size_t last = n - 1;
+  if (!fetch(last, [&](std::string_view got) { return got == d.artifacts[last]; }))
+    state.SkipWithError("a hit returned wrong bytes");
+}
+
+// A hit through a kcache tier (or the Cache facade): get, find the
+// artifact, touch it, drop the entry (which ends an LMDB read).
+template <class Get>
+void kcache_hit(benchmark::State& state, const DataSet& d, Pattern p, Get get) {
+  auto hit = [&](size_t i) {
+    std::optional<Entry> e = get(d.keys[i]);
+    if (!e) return false;
+    auto a = e->artifact("obj");
+    if (!a || a->empty()) return false;
+    use(p, *a);
+    return true;
+  };
+  auto fetch = [&](size_t i, auto check) {
+    std::optional<Entry> e = get(d.keys[i]);
+    return e && e->artifact("obj") && check(*e->artifact("obj"));
+  };
+  run_hit(state, d, p, hit, fetch);
+}
+
+std::optional<Entry> tier_get(kcache::Tier& t, const Key& k) {
+  auto r = t.get(k);
+  if (!r || !r->has_value()) return std::nullopt;
+  return std::move(**r);
+}
+
+void BM_HitMemcpy(benchmark::State& state, Pattern p) {
+  const DataSet& d = data_for(static_cast<size_t>(state.range(0)));
+  std::unique_ptr<char, decltype(&std::free)> dst(static_cast<char*>(std::aligned_alloc(64, d.size)), &std::free);
+  auto hit = [&](size_t i) {
+    std::memcpy(dst.get(), d.artifacts[i].data(), d.size);
+    use(p, std::string_view(dst.get(), d.size));
+    return true;
+  };
+  auto fetch = [&](size_t i, auto check) {
+    std::memcpy(dst.get(), d.artifacts[i].data(), d.size);
+    return check(std::string_view(dst.get(), d.size));
+  };
+  run_hit(state, d, p, hit, fetch);
+}
+
+void BM_HitTier(benchmark::State& state, std::shared_ptr<kcache::Tier> Stores::*which, Pattern p) {
+  const DataSet& d = data_for(static_cast<size_t>(state.range(0)));
+  kcache::Tier& t = *(stores().*which);
+  stores().fill(t, d);
+  kcache_hit(state, d, p, [&](const Key& k) { return tier_get(t, k); });
+}
+
+void BM_HitCache(benchmark::State& state, Pattern p) {
+  const DataSet& d = data_for(static_cast<size_t>(state.range(0)));
+  stores().fill(*stores().lmdb, d);
+  kcache::Cache& c = *stores().cache_lmdb;
+  kcache_hit(state, d, p, [&](const Key& k) { return c.get(k); });
+}
+
+#if KCACHE_BENCH_HAVE_LLVM
+void BM_HitLlvm(benchmark::State& state, Pattern p) {
+  const DataSet& d = data_for(static_cast<size_t>(state.range(0)));
+  stores().fill_llvm(d);
+  auto& c = *stores().llvm;
+  auto hit = [&](size_t i) {
+    bool ok;
+    std::string_view v = c.get(d.hex[i], &ok);
+    if (!ok || v.size() != d.size) return false;
+    use(p, v);
+    c.release();
+    return true;
+  };
+  auto fetch = [&](size_t i, auto check) {
+    bool ok;
+    std::string_view v = c.get(d.hex[i], &ok);
+    bool good = ok && check(v);
+    c.release();
+    return good;
+  };
+  run_hit(state, d, p, hit, fetch);
+}
+#endif
+
+// ---- puts ----------------------------------------------------------------
+
+// Puts cycle through the data set's keys, so each replaces an entry already
+// stored (the files and LMDB stores do not grow during the run).
+void BM_PutTier(benchmark::State& state, std::shared_ptr<kcache::Tier> Stores::*which) {
+  const DataSet& d = data_for(static_cast<size_t>(state.range(0)));
+  kcache::Tier& t = *(stores().*which);
+  size_t i = 0;
+  for (auto _ : state) {
+    auto st = t.put(d.entries[i]);
+    if (!st.is_ok()) {
+      state.SkipWithError(st.to_string().c_str());
+      return;
+    }
+    if (++i == d.entries.size()) i = 0;
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(d.size));
+}
+
+#if KCACHE_BENCH_HAVE_LLVM
+// localCache never replaces an entry, so each put uses a fresh key; the
+// files are removed outside the timed region every 64 puts.
+void BM_PutLlvm(benchmark::State& state) {
+  const DataSet& d = data_for(static_cast<size_t>(state.range(0)));
+  auto& c = *stores().llvm;
+  std::string dir = root_dir() + "/llvm";
+  static uint64_t serial = 0;
+  std::vector<std::string> written;
+  auto cleanup = [&] {
+    for (const auto& k : written) std::filesystem::remove(dir + "/llvmcache-" + k);
+    written.clear();
+  };
+  size_t i = 0;
+  for (auto _ : state) {
+    std::string key = "put-" + std::to_string(++serial);
+    if (!c.put(key, d.artifacts[i])) {
+      state.SkipWithError("llvm::localCache put failed");
+      return;
+    }
+    written.push_back(std::move(key));
+    if (++i == d.artifacts.size()) i = 0;
+    if (written.size() == 64) {
+      state.PauseTiming();
+      cleanup();
+      state.ResumeTiming();
+    }
+  }
+  cleanup();
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(d.size));
+}
+#endif
+
+// ---- key hashing -----------------------------------------------------------
+
+void BM_HashKeyBuilder(benchmark::State& state) {
+  std::string in = random_bytes(static_cast<size_t>(state.range(0)), 7);
+  for (auto _ : state) {
+    auto k = kcache::KeyBuilder("kcache-bench/1").add_bytes("ir", in).finish();
+    benchmark::DoNotOptimize(k);
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * state.range(0));
+}
+
+void BM_HashBytes(benchmark::State& state) {
+  std::string in = random_bytes(static_cast<size_t>(state.range(0)), 7);
+  for (auto _ : state) {
+    auto k = kcache::hash_bytes(in);
+    benchmark::DoNotOptimize(k);
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * state.range(0));
+}
+
+void BM_HashMemcpy(benchmark::State& state) {
+  std::string in = random_bytes(static_cast<size_t>(state.range(0)), 7);
+  std::string out(in.size(), '\0');
+  for (auto _ : state) {
+    std::memcpy(out.data(), in.data(), in.size());
+    benchmark::DoNotOptimize(out.data());
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * state.range(0));
+}
+
+// ---- compression -------------------------------------------------------------
+
+#ifndef KCACHE_BENCH_PTX
+#define KCACHE_BENCH_PTX ""
+#endif
+
+std::string read_all(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+}
+
+// PTX text produced by LLVM's NVPTX backend (see bench/core.cmake);
+// KCACHE_BENCH_PTX in the environment overrides the file.
+const std::string& ptx_sample() {
+  static std::string s = [] {
+    const char* p = getenv("KCACHE_BENCH_PTX");
+    return read_all(p && *p ? p : KCACHE_BENCH_PTX);
+  }();
+  return s;
+}
+
+// Machine code: the loaded libc's file, found through the dynamic loader.
+const std::string& elf_sample() {
+  static std::string s = [] {
+    std::string path;
+    dl_iterate_phdr(
+        [](struct dl_phdr_info* info, size_t, void* out) {
+          if (info->dlpi_name && std::strstr(info->dlpi_name, "/libc.so")) {
+            *static_cast<std::string*>(out) = info->dlpi_name;
+            return 1;
+          }
+          return 0;
+        },
+        &path);
+    return path.empty() ? std::string() : read_all(path);
+  }();
+  return s;
+}
+
+// `size` bytes of the sample from an eighth of the way in (past ELF headers,
+// into code; into function bodies of the PTX).
+std::string slice(const std::string& sample, size_t size) {
+  if (sample.size() < size + sample.size() / 8) return std::string();
+  return sample.substr(sample.size() / 8, size);
+}
+
+const std::string& sample_of(int which) { return which == 0 ? ptx_sample() : elf_sample(); }
+
+void BM_CompressHit(benchmark::State& state, int which, kcache::Compression c) {
+  size_t size = static_cast<size_t>(state.range(0));
+  std::string bytes = slice(sample_of(which), size);
+  if (bytes.empty()) {
+    state.SkipWithError("sample artifact not available");
+    return;
+  }
+  auto k = make_key("kcache-bench/compress", uint64_t(which) * 16 + static_cast<uint64_t>(c), size);
+  Entry e = make_entry(k, "obj", bytes, c);
+  kcache::Tier& t = *stores().lmdb;
+  if (!t.put(e).is_ok()) {
+    state.SkipWithError("put failed");
+    return;
+  }
+  for (auto _ : state) {
+    std::optional<Entry> got = tier_get(t, k.key);
+    if (!got || !got->artifact("obj")) {
+      state.SkipWithError("unexpected miss");
+      return;
+    }
+    touch(*got->artifact("obj"));
+  }
+  auto got = tier_get(t, k.key);
+  if (!got || got->artifact("obj") != std::optional<std::string_view>(bytes)) state.SkipWithError("wrong bytes");
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(size));
+  state.counters["ratio"] = static_cast<double>(e.payload_size()) / static_cast<double>(e.encoded().size());
+  state.counters["stored_bytes"] = static_cast<double>(e.encoded().size());
+  state.counters["compressed"] = e.compressed() ? 1 : 0;
+}
+
+// What building (and compressing) the entry costs a put.
+void BM_CompressBuild(benchmark::State& state, int which, kcache::Compression c) {
+  size_t size = static_cast<size_t>(state.range(0));
+  std::string bytes = slice(sample_of(which), size);
+  if (bytes.empty()) {
+    state.SkipWithError("sample artifact not available");
+    return;
+  }
+  auto k = make_key("kcache-bench/compress", 99, size);
+  for (auto _ : state) {
+    Entry e = make_entry(k, "obj", bytes, c);
+    benchmark::DoNotOptimize(e.encoded().data());
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(size));
+}
+
+// ---- registration ------------------------------------------------------------
+
+void register_all() {
+  using S = Stores;
+  struct TierCase {
+    const char* name;
+    std::shared_ptr<kcache::Tier> S::*which;
+  };
+  const TierCase hit_tiers[] = {{"memory", &S::memory}, {"lmdb", &S::lmdb}, {"files", &S::files}};
+  for (auto [pattern, p] : {std::pair{"same", Pattern::same}, std::pair{"vary", Pattern::vary},
+                            std::pair{"read", Pattern::read}}) {
+    auto add = [](benchmark::internal::Benchmark* b) {
+      for (int64_t s : kSizes) b->Arg(s);
+    };
+    add(benchmark::RegisterBenchmark((std::string("hit/memcpy/") + pattern).c_str(), BM_HitMemcpy, p));
+    for (const auto& t : hit_tiers)
+      add(benchmark::RegisterBenchmark((std::string("hit/") + t.name + "/" + pattern).c_str(), BM_HitTier, t.which,
+                                       p));
+    add(benchmark::RegisterBenchmark((std::string("hit/cache_lmdb/") + pattern).c_str(), BM_HitCache, p));
+#if KCACHE_BENCH_HAVE_LLVM
+    add(benchmark::RegisterBenchmark((std::string("hit/llvm_localcache/") + pattern).c_str(), BM_HitLlvm, p));
+#endif
+  }
+
+  const TierCase put_tiers[] = {
+      {"memory", &S::memory}, {"lmdb", &S::lmdb}, {"lmdb_nosync", &S::lmdb_nosync}, {"files", &S::files}};
+  for (const auto& t : put_tiers) {
+    auto* b = benchmark::RegisterBenchmark((std::string("put/") + t.name).c_str(), BM_PutTier, t.which);
+    for (int64_t s : kSizes) b->Arg(s);
+  }
+#if KCACHE_BENCH_HAVE_LLVM
+  {
+    auto* b = benchmark::RegisterBenchmark("put/llvm_localcache", BM_PutLlvm);
+    for (int64_t s : kSizes) b->Arg(s);
+  }
+#endif
+
+  using Fn = void (*)(benchmark::State&);
+  const std::pair<const char*, Fn> hashes[] = {
+      {"hash/key_builder", BM_HashKeyBuilder}, {"hash/hash_bytes", BM_HashBytes}, {"hash/memcpy", BM_HashMemcpy}};
+  for (auto [name, fn] : hashes) benchmark::RegisterBenchmark(name, fn)->Arg(16 << 10)->Arg(1 << 20);
+
+  const char* kinds[] = {"ptx", "elf"};
+  for (int which = 0; which < 2; ++which) {
+    for (auto [mode, c] : {std::pair{"none", kcache::Compression::none},
+                           std::pair{"automatic", kcache::Compression::automatic}}) {
+      std::string base = std::string("compress/") + kinds[which] + "/" + mode;
+      benchmark::RegisterBenchmark((base + "/hit").c_str(), BM_CompressHit, which, c)
+          ->Arg(16 << 10)
+          ->Arg(256 << 10)
+          ->Arg(768 << 10);
+      benchmark::RegisterBenchmark((base + "/build").c_str(), BM_CompressBuild, which, c)
+          ->Arg(16 << 10)
+          ->Arg(256 << 10)
+          ->Arg(768 << 10);
+    }
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  register_all();
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  // Close the stores (and their background threads) before atexit removes
+  // their folders.
+  g_stores.reset();
+  return 0;
+}
