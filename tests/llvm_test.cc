@@ -1,0 +1,563 @@
+// The LLVM integration against real LLVM 14: ORC (make_cached_lljit,
+// CachingCompiler, ConcurrentIRCompiler + ObjectCache) and MCJIT, on real
+// disk tiers.
+#include <sys/stat.h>
+
+#include <dirent.h>
+
+#include <cstdio>
+#include <fstream>
+#include <latch>
+#include <thread>
+
+#include <llvm/AsmParser/Parser.h>
+#include <llvm/ExecutionEngine/ExecutionEngine.h>
+#include <llvm/ExecutionEngine/MCJIT.h>
+#include <llvm/ExecutionEngine/Orc/CompileUtils.h>
+#include <llvm/ExecutionEngine/Orc/LLJIT.h>
+#include <llvm/ExecutionEngine/Orc/ThreadSafeModule.h>
+#include <llvm/IR/LLVMContext.h>
+#include <llvm/IR/Module.h>
+#include <llvm/Object/ObjectFile.h>
+#include <llvm/Support/SourceMgr.h>
+#include <llvm/Support/TargetSelect.h>
+
+#include "kcache/llvm.h"
+#include "test_util.h"
+
+namespace kl = kcache::llvm;
+using kcache::test::TempDir;
+
+namespace {
+
+struct LlvmInit {
+  LlvmInit() {
+    llvm::InitializeNativeTarget();
+    llvm::InitializeNativeTargetAsmPrinter();
+    llvm::InitializeNativeTargetAsmParser();
+  }
+};
+const LlvmInit kInit;
+
+// A loop that is worth optimising: acc = acc * 31 + i for i in [0, x).
+std::string ir_text(const std::string& fn, uint64_t start, const std::string& extra = "") {
+  return extra + "define i64 @" + fn + "(i64 %x) {\n"
+         "entry:\n  br label %loop\n"
+         "loop:\n"
+         "  %i = phi i64 [0, %entry], [%i1, %loop]\n"
+         "  %acc = phi i64 [" + std::to_string(start) + ", %entry], [%acc1, %loop]\n"
+         "  %m = mul i64 %acc, 31\n"
+         "  %acc1 = add i64 %m, %i\n"
+         "  %i1 = add i64 %i, 1\n"
+         "  %c = icmp slt i64 %i1, %x\n"
+         "  br i1 %c, label %loop, label %exit\n"
+         "exit:\n  ret i64 %acc1\n}\n";
+}
+
+uint64_t reference(uint64_t start, int64_t x) {
+  uint64_t acc = start;
+  int64_t i = 0;
+  do {
+    acc = acc * 31 + static_cast<uint64_t>(i);
+    ++i;
+  } while (i < x);
+  return acc;
+}
+
+std::unique_ptr<llvm::Module> parse(const std::string& text, llvm::LLVMContext& ctx,
+                                    const std::string& id = "m") {
+  llvm::SMDiagnostic err;
+  auto m = llvm::parseAssemblyString(text, err, ctx);
+  EXPECT_TRUE(m) << err.getMessage().str();
+  if (m) {
+    m->setModuleIdentifier(id);
+    m->setSourceFileName(id + ".src");
+  }
+  return m;
+}
+
+llvm::orc::ThreadSafeModule tsm(const std::string& text, const std::string& id = "m") {
+  auto ctx = std::make_unique<llvm::LLVMContext>();
+  auto m = parse(text, *ctx, id);
+  return llvm::orc::ThreadSafeModule(std::move(m), std::move(ctx));
+}
+
+std::unique_ptr<kcache::Cache> open_cache(const std::string& dir, const std::string& engine) {
+  kcache::Options o;
+  o.dir = dir;
+  o.engine = engine;
+  return kcache::Cache::open(o);
+}
+
+std::unique_ptr<llvm::TargetMachine> make_tm(const std::string& triple, const std::string& cpu,
+                                             const std::string& features,
+                                             llvm::CodeGenOpt::Level level = llvm::CodeGenOpt::Default) {
+  llvm::orc::JITTargetMachineBuilder b{llvm::Triple(triple)};
+  b.setCPU(cpu);
+  b.getFeatures() = llvm::SubtargetFeatures(features);
+  b.setCodeGenOptLevel(level);
+  auto tm = b.createTargetMachine();
+  EXPECT_TRUE(bool(tm)) << (tm ? "" : llvm::toString(tm.takeError()));
+  return tm ? std::move(*tm) : nullptr;
+}
+
+const std::string kTriple = "x86_64-pc-linux-gnu";
+
+using Fn = uint64_t (*)(int64_t);
+
+// Adds `count` modules f0..f{count-1} to a cached LLJIT, runs each, returns
+// the results (empty on failure).
+std::vector<uint64_t> run_jit(kcache::Cache& cache, int count, std::shared_ptr<kl::CompileCounters> counters,
+                              unsigned opt_level = 2) {
+  kl::JitOptions jo;
+  jo.counters = counters;
+  jo.opt_level = opt_level;
+  auto jit = kl::make_cached_lljit(cache, jo);
+  EXPECT_TRUE(bool(jit)) << (jit ? "" : llvm::toString(jit.takeError()));
+  if (!jit) return {};
+  std::vector<uint64_t> out;
+  for (int i = 0; i < count; ++i) {
+    std::string name = "f" + std::to_string(i);
+    EXPECT_FALSE((*jit)->addIRModule(tsm(ir_text(name, 1000 + i), name)));
+  }
+  for (int i = 0; i < count; ++i) {
+    auto sym = (*jit)->lookup("f" + std::to_string(i));
+    EXPECT_TRUE(bool(sym)) << (sym ? "" : llvm::toString(sym.takeError()));
+    if (!sym) return {};
+    out.push_back(reinterpret_cast<Fn>(sym->getAddress())(100 + i));
+  }
+  return out;
+}
+
+std::vector<std::string> kce_files(const std::string& dir) {
+  std::vector<std::string> out;
+  DIR* d = ::opendir(dir.c_str());
+  if (!d) return out;
+  while (auto* e = ::readdir(d)) {
+    std::string n = e->d_name;
+    if (n == "." || n == "..") continue;
+    std::string p = dir + "/" + n;
+    struct stat st;
+    if (::stat(p.c_str(), &st) != 0) continue;
+    if (S_ISDIR(st.st_mode)) {
+      for (auto& f : kce_files(p)) out.push_back(f);
+    } else if (n.size() > 4 && n.ends_with(".kce")) {
+      out.push_back(p);
+    }
+  }
+  ::closedir(d);
+  return out;
+}
+
+}  // namespace
+
+// ---- cold and warm runs --------------------------------------------------------
+
+class LlvmEngines : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(LlvmEngines, WarmRunExecutesCachedObjectsWithColdResults) {
+  TempDir dir;
+  const int n = 6;
+  std::vector<uint64_t> want;
+  for (int i = 0; i < n; ++i) want.push_back(reference(1000 + i, 100 + i));
+
+  auto cold_counters = std::make_shared<kl::CompileCounters>();
+  std::vector<uint64_t> cold;
+  {
+    auto cache = open_cache(dir.path(), GetParam());
+    cold = run_jit(*cache, n, cold_counters);
+  }
+  EXPECT_EQ(cold, want);
+  EXPECT_EQ(cold_counters->codegen_runs.load(), uint64_t(n));
+  EXPECT_EQ(cold_counters->hits.load(), 0u);
+
+  // A new Cache on the same folder: empty memory tier, everything from disk.
+  auto warm_counters = std::make_shared<kl::CompileCounters>();
+  auto cache = open_cache(dir.path(), GetParam());
+  std::vector<uint64_t> warm = run_jit(*cache, n, warm_counters);
+  EXPECT_EQ(warm, cold);
+  EXPECT_EQ(warm_counters->codegen_runs.load(), 0u);
+  EXPECT_EQ(warm_counters->hits.load(), uint64_t(n));
+  kcache::CacheStats st = cache->stats();
+  EXPECT_EQ(st.compiles, 0u);
+  EXPECT_EQ(st.hits, uint64_t(n));
+}
+
+TEST_P(LlvmEngines, CorruptStoredObjectIsAMissAndARecompile) {
+  TempDir dir;
+  {
+    auto cache = open_cache(dir.path(), GetParam());
+    auto c = std::make_shared<kl::CompileCounters>();
+    ASSERT_EQ(run_jit(*cache, 1, c), std::vector<uint64_t>{reference(1000, 100)});
+  }
+  // Flip bytes in the middle of the stored entry (inside the object code).
+  std::vector<std::string> files;
+  if (GetParam() == "files") {
+    files = kce_files(dir.path() + "/files");
+  } else {
+    files = {dir.path() + "/lmdb/data.mdb"};
+  }
+  ASSERT_FALSE(files.empty());
+  bool flipped = false;
+  for (const auto& f : files) {
+    std::fstream io(f, std::ios::in | std::ios::out | std::ios::binary);
+    ASSERT_TRUE(io.good()) << f;
+    std::string bytes((std::istreambuf_iterator<char>(io)), std::istreambuf_iterator<char>());
+    // The ELF magic of the stored object: corrupt the object right there.
+    size_t p = bytes.find("\x7f" "ELF");
+    if (p == std::string::npos) continue;
+    for (size_t k = p + 64; k < p + 96 && k < bytes.size(); ++k) bytes[k] = static_cast<char>(bytes[k] ^ 0x5a);
+    io.seekp(0);
+    io.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    flipped = true;
+  }
+  ASSERT_TRUE(flipped);
+
+  auto c2 = std::make_shared<kl::CompileCounters>();
+  {
+    auto cache = open_cache(dir.path(), GetParam());
+    EXPECT_EQ(run_jit(*cache, 1, c2), std::vector<uint64_t>{reference(1000, 100)});
+    EXPECT_EQ(c2->codegen_runs.load(), 1u);
+    kcache::CacheStats st = cache->stats();
+    uint64_t corrupt = 0;
+    for (auto& t : st.tiers) corrupt += t.stats.corrupt;
+    EXPECT_GE(corrupt + st.faults, 1u);
+  }
+  // The recompiled object replaced the bad entry.
+  auto c3 = std::make_shared<kl::CompileCounters>();
+  auto cache = open_cache(dir.path(), GetParam());
+  EXPECT_EQ(run_jit(*cache, 1, c3), std::vector<uint64_t>{reference(1000, 100)});
+  EXPECT_EQ(c3->codegen_runs.load(), 0u);
+  EXPECT_EQ(c3->hits.load(), 1u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Engines, LlvmEngines,
+                         ::testing::Values(std::string("files")
+#if KCACHE_HAVE_LMDB
+                                               ,
+                                           std::string("lmdb")
+#endif
+                                               ));
+
+// ---- entries whose checksum is fine but whose object is not ----------------
+
+TEST(LlvmCompiler, GarbageObjectWithValidChecksumIsRecompiled) {
+  TempDir dir;
+  auto cache = open_cache(dir.path(), "files");
+  auto counters = std::make_shared<kl::CompileCounters>();
+  kl::CompilerOptions co;
+  co.counters = counters;
+  auto compiler = kl::CachingCompiler::create(*cache, *llvm::orc::JITTargetMachineBuilder::detectHost(), co);
+  ASSERT_TRUE(bool(compiler));
+
+  llvm::LLVMContext ctx;
+  auto m = parse(ir_text("g", 7), ctx);
+  kl::KeyOptions ko;
+  ko.ir_opt_level = co.ir_opt_level;
+  auto key = kl::object_key(*m, (*compiler)->target(), ko);
+  ASSERT_TRUE(key.has_value());
+  ASSERT_TRUE(cache->put(*key, {{"obj", "this is not an object file"}}).has_value());
+
+  auto obj = (**compiler)(*m);
+  ASSERT_TRUE(bool(obj)) << llvm::toString(obj.takeError());
+  EXPECT_TRUE(bool(llvm::object::ObjectFile::createObjectFile((*obj)->getMemBufferRef())));
+  EXPECT_EQ(counters->bad_objects.load(), 1u);
+  EXPECT_EQ(counters->codegen_runs.load(), 1u);
+  // Replaced by the good object.
+  auto e = cache->get(key->key);
+  ASSERT_TRUE(e.has_value());
+  EXPECT_EQ(*e->artifact("obj"), (*obj)->getBuffer().str());
+}
+
+// ---- single-flight -------------------------------------------------------------
+
+TEST(LlvmCompiler, EightThreadsCompilingOneModuleRunCodegenOnce) {
+  TempDir dir;
+  auto cache = open_cache(dir.path(), "files");
+  auto counters = std::make_shared<kl::CompileCounters>();
+  kl::CompilerOptions co;
+  co.counters = counters;
+  auto compiler = kl::CachingCompiler::create(*cache, *llvm::orc::JITTargetMachineBuilder::detectHost(), co);
+  ASSERT_TRUE(bool(compiler));
+
+  // A module big enough that codegen takes a while, so the threads overlap.
+  std::string text;
+  for (int i = 0; i < 60; ++i) text += ir_text("h" + std::to_string(i), i);
+  const int kThreads = 8;
+  std::vector<std::string> objs(kThreads);
+  std::vector<std::string> errors(kThreads);
+  std::latch start(kThreads);
+  std::vector<std::thread> ts;
+  for (int t = 0; t < kThreads; ++t) {
+    ts.emplace_back([&, t] {
+      llvm::LLVMContext ctx;
+      auto m = parse(text, ctx, "thread" + std::to_string(t));
+      start.arrive_and_wait();
+      auto obj = (**compiler)(*m);
+      if (!obj) {
+        errors[t] = llvm::toString(obj.takeError());
+        return;
+      }
+      objs[t] = (*obj)->getBuffer().str();
+    });
+  }
+  for (auto& th : ts) th.join();
+  for (int t = 0; t < kThreads; ++t) {
+    EXPECT_EQ(errors[t], "");
+    EXPECT_FALSE(objs[t].empty());
+    EXPECT_EQ(objs[t], objs[0]);
+  }
+  EXPECT_EQ(counters->codegen_runs.load(), 1u);
+  EXPECT_EQ(cache->stats().compiles, 1u);
+  EXPECT_EQ(counters->lookups.load(), uint64_t(kThreads));
+}
+
+// ---- bytes ------------------------------------------------------------------------
+
+TEST(LlvmCompiler, CachedObjectBytesEqualFreshlyCompiledOnes) {
+  TempDir dir;
+  auto jtmb = *llvm::orc::JITTargetMachineBuilder::detectHost();
+  auto cache = open_cache(dir.path(), "files");
+  auto compiler = kl::CachingCompiler::create(*cache, jtmb);
+  ASSERT_TRUE(bool(compiler));
+  kcache::Options off;
+  off.disabled = true;
+  auto no_cache = kcache::Cache::open(off);
+  auto fresh_compiler = kl::CachingCompiler::create(*no_cache, jtmb);
+  ASSERT_TRUE(bool(fresh_compiler));
+
+  llvm::LLVMContext ctx;
+  auto m1 = parse(ir_text("b", 5), ctx);
+  auto key = kl::object_key(*m1, (*compiler)->target(), kl::KeyOptions{2, {}});
+  ASSERT_TRUE(key.has_value());
+  auto cold = (**compiler)(*m1);
+  ASSERT_TRUE(bool(cold));
+  auto m2 = parse(ir_text("b", 5), ctx);
+  auto fresh = (**fresh_compiler)(*m2);
+  ASSERT_TRUE(bool(fresh));
+  auto stored = cache->get(key->key);
+  ASSERT_TRUE(stored.has_value());
+  EXPECT_EQ(*stored->artifact("obj"), (*fresh)->getBuffer().str());
+  EXPECT_EQ((*cold)->getBuffer().str(), (*fresh)->getBuffer().str());
+  // And a hit hands out the same bytes.
+  auto m3 = parse(ir_text("b", 5), ctx);
+  auto warm = (**compiler)(*m3);
+  ASSERT_TRUE(bool(warm));
+  EXPECT_EQ((*warm)->getBuffer().str(), (*fresh)->getBuffer().str());
+  EXPECT_EQ((*compiler)->counters().hits.load(), 1u);
+}
+
+TEST(LlvmObjectCache, StoresExactlyWhatSimpleCompilerProduces) {
+  TempDir dir;
+  auto cache = open_cache(dir.path(), "files");
+  auto tm = make_tm(kTriple, "x86-64", "");
+  kl::ObjectCache oc(*cache, kl::TargetDesc::of(*tm));
+  llvm::LLVMContext ctx;
+  auto m1 = parse(ir_text("s", 3), ctx);
+  llvm::orc::SimpleCompiler with_cache(*tm, &oc);
+  auto obj1 = with_cache(*m1);
+  ASSERT_TRUE(bool(obj1));
+  auto m2 = parse(ir_text("s", 3), ctx);
+  llvm::orc::SimpleCompiler plain(*tm);
+  auto obj2 = plain(*m2);
+  ASSERT_TRUE(bool(obj2));
+  EXPECT_EQ((*obj1)->getBuffer().str(), (*obj2)->getBuffer().str());
+  auto m3 = parse(ir_text("s", 3), ctx);
+  auto hit = oc.getObject(m3.get());
+  ASSERT_TRUE(hit != nullptr);
+  EXPECT_EQ(hit->getBuffer().str(), (*obj2)->getBuffer().str());
+  EXPECT_EQ(oc.counters().codegen_runs.load(), 1u);
+  EXPECT_EQ(oc.counters().hits.load(), 1u);
+}
+
+// ---- what is in the key ------------------------------------------------------------
+
+TEST(LlvmKey, ChangingIrOptLevelCpuFeaturesOrTripleIsAMiss) {
+  TempDir dir;
+  auto cache = open_cache(dir.path(), "files");
+  llvm::LLVMContext ctx;
+  auto base_tm = make_tm(kTriple, "x86-64", "+sse2");
+  kl::TargetDesc base = kl::TargetDesc::of(*base_tm);
+  {
+    // Store the base module's object.
+    kl::ObjectCache oc(*cache, base);
+    auto m = parse(ir_text("k", 1), ctx);
+    llvm::orc::SimpleCompiler sc(*base_tm, &oc);
+    ASSERT_TRUE(bool(sc(*m)));
+    auto again = parse(ir_text("k", 1), ctx);
+    EXPECT_TRUE(oc.getObject(again.get()) != nullptr);
+  }
+  auto base_key = kl::object_key(*parse(ir_text("k", 1), ctx), base);
+  ASSERT_TRUE(base_key.has_value());
+
+  struct Variant {
+    std::string what;
+    std::unique_ptr<llvm::TargetMachine> tm;
+    std::string ir;
+    std::string component;
+  };
+  std::vector<Variant> vs;
+  vs.push_back({"ir", make_tm(kTriple, "x86-64", "+sse2"), ir_text("k", 2), "ir"});
+  vs.push_back({"opt level", make_tm(kTriple, "x86-64", "+sse2", llvm::CodeGenOpt::Less), ir_text("k", 1),
+                "codegen_opt_level"});
+  vs.push_back({"cpu", make_tm(kTriple, "skylake", "+sse2"), ir_text("k", 1), "cpu"});
+  vs.push_back({"features", make_tm(kTriple, "x86-64", "+sse2,+avx2"), ir_text("k", 1), "features"});
+  vs.push_back({"triple", make_tm("i686-pc-linux-gnu", "x86-64", "+sse2"), ir_text("k", 1), "triple"});
+  for (auto& v : vs) {
+    ASSERT_TRUE(v.tm) << v.what;
+    kl::TargetDesc d = kl::TargetDesc::of(*v.tm);
+    auto m = parse(v.ir, ctx);
+    kl::ObjectCache oc(*cache, d);
+    EXPECT_TRUE(oc.getObject(m.get()) == nullptr) << v.what << " should miss";
+    EXPECT_EQ(oc.counters().misses.load(), 1u) << v.what;
+    auto k = kl::object_key(*m, d);
+    ASSERT_TRUE(k.has_value());
+    EXPECT_NE(k->key, base_key->key) << v.what;
+    auto diff = kcache::manifest_diff(base_key->manifest, k->manifest);
+    EXPECT_NE(std::find(diff.begin(), diff.end(), v.component), diff.end()) << v.what;
+  }
+  // The IR optimisation level run inside the compile is in the key too.
+  auto m = parse(ir_text("k", 1), ctx);
+  auto o2 = kl::object_key(*m, base, kl::KeyOptions{2, {}});
+  auto o3 = kl::object_key(*m, base, kl::KeyOptions{3, {}});
+  ASSERT_TRUE(o2.has_value() && o3.has_value());
+  EXPECT_NE(o2->key, o3->key);
+  EXPECT_EQ(kcache::manifest_diff(o2->manifest, o3->manifest), std::vector<std::string>{"ir_opt_level"});
+}
+
+TEST(LlvmKey, LljitOptLevelChangeRecompiles) {
+  TempDir dir;
+  auto cache = open_cache(dir.path(), "files");
+  auto c2 = std::make_shared<kl::CompileCounters>();
+  auto c1 = std::make_shared<kl::CompileCounters>();
+  EXPECT_EQ(run_jit(*cache, 1, c2, 2), std::vector<uint64_t>{reference(1000, 100)});
+  EXPECT_EQ(run_jit(*cache, 1, c1, 1), std::vector<uint64_t>{reference(1000, 100)});
+  EXPECT_EQ(c2->codegen_runs.load(), 1u);
+  EXPECT_EQ(c1->codegen_runs.load(), 1u);
+}
+
+// ---- normalisation -------------------------------------------------------------------
+
+TEST(LlvmKey, ModuleIdentifierAndSourceFileNameAreNotInTheKey) {
+  llvm::LLVMContext ctx;
+  auto tm = make_tm(kTriple, "x86-64", "");
+  kl::TargetDesc d = kl::TargetDesc::of(*tm);
+  auto a = parse(ir_text("n", 1), ctx, "/home/alice/jit/a.ll");
+  auto b = parse(ir_text("n", 1), ctx, "module-42");
+  auto ka = kl::object_key(*a, d);
+  auto kb = kl::object_key(*b, d);
+  ASSERT_TRUE(ka.has_value() && kb.has_value());
+  EXPECT_EQ(ka->key, kb->key);
+  // Both are restored for the caller.
+  EXPECT_EQ(a->getModuleIdentifier(), "/home/alice/jit/a.ll");
+  EXPECT_EQ(a->getSourceFileName(), "/home/alice/jit/a.ll.src");
+
+  // Through the JIT: the second module is a hit and runs correctly.
+  TempDir dir;
+  auto cache = open_cache(dir.path(), "files");
+  auto counters = std::make_shared<kl::CompileCounters>();
+  kl::JitOptions jo;
+  jo.counters = counters;
+  for (const char* id : {"first.ll", "second-module"}) {
+    auto jit = kl::make_cached_lljit(*cache, jo);
+    ASSERT_TRUE(bool(jit));
+    ASSERT_FALSE((*jit)->addIRModule(tsm(ir_text("n", 1), id)));
+    auto sym = (*jit)->lookup("n");
+    ASSERT_TRUE(bool(sym));
+    EXPECT_EQ(reinterpret_cast<Fn>(sym->getAddress())(50), reference(1, 50));
+  }
+  EXPECT_EQ(counters->codegen_runs.load(), 1u);
+  EXPECT_EQ(counters->hits.load(), 1u);
+}
+
+TEST(LlvmKey, CounterGeneratedNamesAreInTheKeyAsDocumented) {
+  llvm::LLVMContext ctx;
+  auto tm = make_tm(kTriple, "x86-64", "");
+  kl::TargetDesc d = kl::TargetDesc::of(*tm);
+  // Exported names are the interface: kernel_1 and kernel_2 are different
+  // objects even with equal bodies.
+  auto k1 = kl::object_key(*parse(ir_text("kernel_1", 1), ctx), d);
+  auto k2 = kl::object_key(*parse(ir_text("kernel_2", 1), ctx), d);
+  ASSERT_TRUE(k1.has_value() && k2.has_value());
+  EXPECT_NE(k1->key, k2->key);
+  EXPECT_EQ(kcache::manifest_diff(k1->manifest, k2->manifest), std::vector<std::string>{"ir"});
+  // Private globals named by a counter also differ; unnamed ones (numbered
+  // by position) are the documented way to get equal keys.
+  auto p1 = kl::object_key(*parse(ir_text("p", 1, "@.str.1 = private constant [2 x i8] c\"a\\00\"\n"), ctx), d);
+  auto p7 = kl::object_key(*parse(ir_text("p", 1, "@.str.7 = private constant [2 x i8] c\"a\\00\"\n"), ctx), d);
+  auto u1 = kl::object_key(*parse(ir_text("p", 1, "@0 = private constant [2 x i8] c\"a\\00\"\n"), ctx, "x"), d);
+  auto u2 = kl::object_key(*parse(ir_text("p", 1, "@0 = private constant [2 x i8] c\"a\\00\"\n"), ctx, "y"), d);
+  ASSERT_TRUE(p1.has_value() && p7.has_value() && u1.has_value() && u2.has_value());
+  EXPECT_NE(p1->key, p7->key);
+  EXPECT_EQ(u1->key, u2->key);
+}
+
+TEST(LlvmKey, ManifestNamesEveryComponent) {
+  llvm::LLVMContext ctx;
+  auto tm = make_tm(kTriple, "x86-64", "");
+  auto k = kl::object_key(*parse(ir_text("z", 1), ctx), kl::TargetDesc::of(*tm), kl::KeyOptions{2, {{"client", "t/1"}}});
+  ASSERT_TRUE(k.has_value());
+  std::vector<std::string> names;
+  for (auto& it : k->manifest.items) names.push_back(it.name);
+  std::vector<std::string> want = {"code_model", "codegen_opt_level", "cpu", "extra", "features", "ir",
+                                   "ir_opt_level", "llvm", "module_triple", "reloc_model", "target_options",
+                                   "triple"};
+  EXPECT_EQ(names, want);
+  EXPECT_EQ(k->manifest.ns, kl::kKeyNamespace);
+  EXPECT_TRUE(kl::llvm_identity().starts_with("14."));
+  EXPECT_EQ(kl::llvm_identity().find("no-build-id"), std::string::npos) << kl::llvm_identity();
+}
+
+// ---- other JIT front doors ---------------------------------------------------------------
+
+TEST(LlvmObjectCache, OrcConcurrentIRCompilerUsesIt) {
+  TempDir dir;
+  auto cache = open_cache(dir.path(), "lmdb");
+  auto jtmb = *llvm::orc::JITTargetMachineBuilder::detectHost();
+  auto tm = jtmb.createTargetMachine();
+  ASSERT_TRUE(bool(tm));
+  kl::ObjectCacheOptions oo;
+  oo.short_lived_buffers = true;
+  kl::ObjectCache oc(*cache, kl::TargetDesc::of(**tm), oo);
+  for (int round = 0; round < 2; ++round) {
+    llvm::orc::LLJITBuilder b;
+    b.setJITTargetMachineBuilder(jtmb);
+    b.setCompileFunctionCreator([&](llvm::orc::JITTargetMachineBuilder j)
+                                    -> llvm::Expected<std::unique_ptr<llvm::orc::IRCompileLayer::IRCompiler>> {
+      return std::make_unique<llvm::orc::ConcurrentIRCompiler>(std::move(j), &oc);
+    });
+    auto jit = b.create();
+    ASSERT_TRUE(bool(jit));
+    ASSERT_FALSE((*jit)->addIRModule(tsm(ir_text("c", 9))));
+    auto sym = (*jit)->lookup("c");
+    ASSERT_TRUE(bool(sym));
+    EXPECT_EQ(reinterpret_cast<Fn>(sym->getAddress())(20), reference(9, 20));
+  }
+  EXPECT_EQ(oc.counters().codegen_runs.load(), 1u);
+  EXPECT_EQ(oc.counters().hits.load(), 1u);
+}
+
+TEST(LlvmObjectCache, McjitUsesIt) {
+  TempDir dir;
+  auto cache = open_cache(dir.path(), "lmdb");
+  std::shared_ptr<kl::ObjectCache> oc;
+  for (int round = 0; round < 2; ++round) {
+    llvm::LLVMContext ctx;
+    auto m = parse(ir_text("mc", 4), ctx);
+    std::string err;
+    std::unique_ptr<llvm::ExecutionEngine> ee(llvm::EngineBuilder(std::move(m))
+                                                  .setErrorStr(&err)
+                                                  .setEngineKind(llvm::EngineKind::JIT)
+                                                  .create());
+    ASSERT_TRUE(ee) << err;
+    // MCJIT keeps object buffers for its lifetime: the default copies
+    // bytes pinned by an LMDB read.
+    if (!oc) oc = std::make_shared<kl::ObjectCache>(*cache, kl::TargetDesc::of(*ee->getTargetMachine()));
+    ee->setObjectCache(oc.get());
+    auto addr = ee->getFunctionAddress("mc");
+    ASSERT_NE(addr, 0u);
+    EXPECT_EQ(reinterpret_cast<Fn>(addr)(30), reference(4, 30));
+  }
+  EXPECT_EQ(oc->counters().codegen_runs.load(), 1u);
+  EXPECT_EQ(oc->counters().hits.load(), 1u);
+}
