@@ -1,0 +1,195 @@
+/* kcache/kcache.h — the C ABI, for hosts that are not C++ (Julia, Python,
+ * Rust, plain C JITs).
+ *
+ * A plain C99 header over the C++ library. Every object is an opaque handle
+ * that the caller frees with its own *_free / kcache_close function. No C++
+ * exception ever crosses this boundary: each function returns an int code
+ * (enum kcache_code; 0 is success) and, on failure, leaves a one-line message
+ * for the calling thread in kcache_last_error().
+ *
+ * The cache keeps its promise here too: a cache fault (corrupt entry, full
+ * disk, read-only folder) is a miss plus a counter, never an error returned
+ * from kcache_get_or_compile(); the only failures it returns are the compile
+ * callback's own (KCACHE_COMPILE_FAILED) and bad arguments.
+ *
+ * Thread-safety: a kcache_cache may be used from many threads at once
+ * (kcache_get_or_compile() compiles a key once at a time across them). A
+ * kcache_entry is immutable and may be read from any thread. Options, key
+ * builders and artifact sinks are not thread-safe: use one per thread.
+ *
+ * Memory: entries returned by kcache_get / kcache_get_or_compile own their
+ * bytes (they do not pin the disk store, so they may be held for long);
+ * pointers into an entry stay valid until kcache_entry_free(). Strings the
+ * library returns are freed with kcache_free().
+ */
+#ifndef KCACHE_KCACHE_H_
+#define KCACHE_KCACHE_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(_WIN32)
+#define KCACHE_EXPORT __declspec(dllexport)
+#else
+#define KCACHE_EXPORT __attribute__((visibility("default")))
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Result codes. The values equal kcache::Errc's and never change. */
+enum kcache_code {
+  KCACHE_OK = 0,
+  KCACHE_NOT_FOUND = 1,        /* a miss, or no such artifact */
+  KCACHE_INVALID_ARGUMENT = 2, /* a documented precondition was broken */
+  KCACHE_CORRUPT = 3,
+  KCACHE_IO_ERROR = 4,
+  KCACHE_NO_SPACE = 5,
+  KCACHE_READ_ONLY = 6,
+  KCACHE_UNAVAILABLE = 7,
+  KCACHE_TIMEOUT = 8,
+  KCACHE_TOO_LARGE = 9,
+  KCACHE_COMPILE_FAILED = 10, /* the compile callback returned non-zero */
+  KCACHE_INTERNAL = 11,       /* a bug in kcache, or out of memory */
+};
+
+/* Where a kcache_get_or_compile() result came from (kcache::Source). */
+enum kcache_source {
+  KCACHE_SOURCE_COMPILED = 0,
+  KCACHE_SOURCE_MEMORY = 1,
+  KCACHE_SOURCE_DISK = 2,
+  KCACHE_SOURCE_REMOTE = 3,
+  KCACHE_SOURCE_OTHER = 4,
+  KCACHE_SOURCE_WAITED = 5, /* another thread compiled it meanwhile */
+};
+
+/* A 128-bit key (kcache::Key), bytes[0] first when printed as hex. */
+typedef struct kcache_key {
+  uint8_t bytes[16];
+} kcache_key;
+
+typedef struct kcache_options kcache_options;
+typedef struct kcache_cache kcache_cache;
+typedef struct kcache_entry kcache_entry;
+typedef struct kcache_key_builder kcache_key_builder;
+typedef struct kcache_artifacts kcache_artifacts;
+
+/* An artifact handed to kcache_put(): `size` bytes at `data`, named `name`. */
+typedef struct kcache_artifact {
+  const char* name;
+  const void* data;
+  size_t size;
+} kcache_artifact;
+
+/* ---- errors and versions -------------------------------------------------- */
+
+/* "ok", "not found", ... ; "unknown" for other values. Static storage. */
+KCACHE_EXPORT const char* kcache_code_name(int code);
+/* The message of the last failed call on this thread ("" when none). Valid
+ * until the next kcache call on this thread. */
+KCACHE_EXPORT const char* kcache_last_error(void);
+/* "0.1.0". Static storage. */
+KCACHE_EXPORT const char* kcache_version(void);
+/* Features built in, space-separated ("lmdb files zstd ..."). Static. */
+KCACHE_EXPORT const char* kcache_features(void);
+/* Frees a string this library returned (kcache_stats_json). NULL is fine. */
+KCACHE_EXPORT void kcache_free(void* p);
+
+/* ---- options ---------------------------------------------------------------- */
+
+/* Default options (see kcache::Options); NULL when out of memory. */
+KCACHE_EXPORT kcache_options* kcache_options_new(void);
+KCACHE_EXPORT void kcache_options_free(kcache_options* o);
+/* Sets one option by name. Names and values:
+ *   "dir"          cache folder                       (default: per user)
+ *   "engine"       "lmdb" or "files"
+ *   "max_size"     disk size limit, e.g. "2G"         (default 4G)
+ *   "memory_size"  memory tier size, e.g. "256M"; "0" leaves the tier out
+ *   "disk"         "0" leaves the disk tier out
+ *   "read_only"    "1": look up, never store
+ *   "disabled"     "1": no lookups, every call compiles
+ *   "producer"     free text stored in each entry's metadata
+ *   "compression"  "none", "zstd" or "auto"
+ *   "env"          "0": ignore KCACHE_* variables     (default: they apply)
+ * KCACHE_INVALID_ARGUMENT for an unknown name or unparsable value. */
+KCACHE_EXPORT int kcache_options_set(kcache_options* o, const char* name, const char* value);
+
+/* ---- keys --------------------------------------------------------------------- */
+
+/* Builds a key from a namespace and named components (kcache::KeyBuilder).
+ * NULL when out of memory. */
+KCACHE_EXPORT kcache_key_builder* kcache_key_builder_new(const char* ns);
+KCACHE_EXPORT void kcache_key_builder_free(kcache_key_builder* b);
+KCACHE_EXPORT int kcache_key_add_bytes(kcache_key_builder* b, const char* name, const void* data, size_t size);
+KCACHE_EXPORT int kcache_key_add_string(kcache_key_builder* b, const char* name, const char* value);
+KCACHE_EXPORT int kcache_key_add_u64(kcache_key_builder* b, const char* name, uint64_t value);
+KCACHE_EXPORT int kcache_key_add_i64(kcache_key_builder* b, const char* name, int64_t value);
+KCACHE_EXPORT int kcache_key_add_bool(kcache_key_builder* b, const char* name, int value);
+KCACHE_EXPORT int kcache_key_add_digest(kcache_key_builder* b, const char* name, const kcache_key* value);
+/* Hashes the file's contents (not its path). */
+KCACHE_EXPORT int kcache_key_add_file(kcache_key_builder* b, const char* name, const char* path);
+/* The key; KCACHE_INVALID_ARGUMENT on a repeated or empty component name,
+ * KCACHE_IO_ERROR / KCACHE_NOT_FOUND when an added file could not be read. */
+KCACHE_EXPORT int kcache_key_builder_finish(const kcache_key_builder* b, kcache_key* out);
+/* Digest of arbitrary bytes (e.g. a previous stage's output). */
+KCACHE_EXPORT void kcache_hash_bytes(const void* data, size_t size, kcache_key* out);
+/* 32 lowercase hex digits and a NUL into out[33]. */
+KCACHE_EXPORT void kcache_key_to_hex(const kcache_key* key, char out[33]);
+KCACHE_EXPORT int kcache_key_from_hex(const char* hex, kcache_key* out);
+
+/* ---- the cache ------------------------------------------------------------------ */
+
+/* Opens a cache (kcache::Cache::open). `options` may be NULL (defaults plus
+ * KCACHE_* variables). Never fails for a cache folder that cannot be used:
+ * the cache then runs without a disk tier. */
+KCACHE_EXPORT int kcache_open(const kcache_options* options, kcache_cache** out);
+/* Flushes and closes. NULL is fine. */
+KCACHE_EXPORT void kcache_close(kcache_cache* c);
+
+/* KCACHE_OK and *out set on a hit; KCACHE_NOT_FOUND and *out = NULL on a
+ * miss (a cache fault is a miss). */
+KCACHE_EXPORT int kcache_get(kcache_cache* c, const kcache_key* key, kcache_entry** out);
+/* Stores an entry made of `n` artifacts. KCACHE_OK when some tier took it,
+ * KCACHE_UNAVAILABLE when none did (faults are counted, never fatal),
+ * KCACHE_INVALID_ARGUMENT for duplicate or empty artifact names. */
+KCACHE_EXPORT int kcache_put(kcache_cache* c, const kcache_key* key, const kcache_artifact* artifacts, size_t n);
+
+/* The compile callback: adds the artifacts it produced with
+ * kcache_artifacts_add() and returns 0, or returns non-zero for a failed
+ * compile (reported as KCACHE_COMPILE_FAILED; nothing is stored). */
+typedef int (*kcache_compile_fn)(void* user_data, kcache_artifacts* out);
+/* Copies `size` bytes at `data` as artifact `name` of the entry being built. */
+KCACHE_EXPORT int kcache_artifacts_add(kcache_artifacts* a, const char* name, const void* data, size_t size);
+
+/* The entry for `key`: from a tier, or from `compile` (run at most once at a
+ * time per key in this process) and then stored. `source` may be NULL. */
+KCACHE_EXPORT int kcache_get_or_compile(kcache_cache* c, const kcache_key* key, kcache_compile_fn compile,
+                                        void* user_data, kcache_entry** out, int* source);
+/* The same, keyed by a builder: the entry also records the key's manifest,
+ * so `kcache explain` can say why a later lookup missed. */
+KCACHE_EXPORT int kcache_get_or_compile_built(kcache_cache* c, const kcache_key_builder* key,
+                                              kcache_compile_fn compile, void* user_data, kcache_entry** out,
+                                              int* source);
+
+/* Statistics as JSON (kcache::CacheStats::to_json); free with kcache_free.
+ * NULL when out of memory. */
+KCACHE_EXPORT char* kcache_stats_json(kcache_cache* c);
+
+/* ---- entries --------------------------------------------------------------------- */
+
+KCACHE_EXPORT void kcache_entry_free(kcache_entry* e);
+KCACHE_EXPORT void kcache_entry_key(const kcache_entry* e, kcache_key* out);
+/* The artifact's bytes; KCACHE_NOT_FOUND if the entry has none by that name.
+ * The pointer is valid until kcache_entry_free(e). */
+KCACHE_EXPORT int kcache_entry_artifact(const kcache_entry* e, const char* name, const void** data, size_t* size);
+KCACHE_EXPORT size_t kcache_entry_artifact_count(const kcache_entry* e);
+/* The i-th artifact (0 <= i < count); `name` is NUL-terminated. */
+KCACHE_EXPORT int kcache_entry_artifact_at(const kcache_entry* e, size_t i, const char** name, const void** data,
+                                           size_t* size);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* KCACHE_KCACHE_H_ */

@@ -1,0 +1,411 @@
+// The C ABI over the C++ library (include/kcache/kcache.h).
+//
+// Every exported function runs its body inside guard(), which turns any C++
+// exception (std::bad_alloc, or one thrown by a misbehaving callback) into
+// KCACHE_INTERNAL plus a message, so nothing propagates into C frames.
+// Handles are plain heap structs around the C++ values.
+#include "kcache/kcache.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <new>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "kcache/cache.h"
+#include "kcache/entry.h"
+#include "kcache/key.h"
+#include "kcache/status.h"
+#include "kcache/tier.h"
+#include "util/util.h"
+
+using kcache::Errc;
+
+struct kcache_options {
+  kcache::Options opt;
+  bool env = true;
+};
+
+struct kcache_cache {
+  std::unique_ptr<kcache::Cache> cache;
+};
+
+struct kcache_entry {
+  kcache::Entry e;
+};
+
+struct kcache_key_builder {
+  explicit kcache_key_builder(const char* ns) : b(ns) {}
+  kcache::KeyBuilder b;
+};
+
+struct kcache_artifacts {
+  std::vector<kcache::Artifact> items;
+};
+
+namespace {
+
+static_assert(static_cast<int>(Errc::internal) == KCACHE_INTERNAL, "C codes mirror kcache::Errc");
+static_assert(static_cast<int>(Errc::compile_failed) == KCACHE_COMPILE_FAILED, "C codes mirror kcache::Errc");
+static_assert(static_cast<int>(kcache::Source::waited) == KCACHE_SOURCE_WAITED, "C sources mirror kcache::Source");
+static_assert(sizeof(kcache_key) == sizeof(kcache::Key), "kcache_key is a Key's 16 bytes");
+
+thread_local std::string t_last_error;
+
+// Never throws: a message that cannot be stored (out of memory) is dropped.
+int set_error(int code, std::string_view msg) noexcept {
+  try {
+    t_last_error.assign(msg);
+  } catch (...) {
+    t_last_error.clear();
+  }
+  return code;
+}
+int set_error(const kcache::Status& st) { return set_error(static_cast<int>(st.code()), st.to_string()); }
+int set_error(int code, const std::string& msg) noexcept { return set_error(code, std::string_view(msg)); }
+int set_error(int code, const char* msg) noexcept { return set_error(code, std::string_view(msg)); }
+
+template <class F>
+int guard(F&& f) noexcept {
+  try {
+    t_last_error.clear();
+    return f();
+  } catch (const std::bad_alloc&) {
+    return set_error(KCACHE_INTERNAL, "out of memory");
+  } catch (const std::exception& e) {
+    return set_error(KCACHE_INTERNAL, std::string("internal error: ") + e.what());
+  } catch (...) {
+    return set_error(KCACHE_INTERNAL, "internal error: unknown exception");
+  }
+}
+
+kcache::Key to_key(const kcache_key* k) {
+  kcache::Key out;
+  std::memcpy(out.bytes.data(), k->bytes, 16);
+  return out;
+}
+void from_key(const kcache::Key& k, kcache_key* out) { std::memcpy(out->bytes, k.bytes.data(), 16); }
+
+bool flag(const char* v, bool* out) {
+  std::string s(v);
+  if (s == "1" || s == "true" || s == "yes" || s == "on") *out = true;
+  else if (s == "0" || s == "false" || s == "no" || s == "off") *out = false;
+  else return false;
+  return true;
+}
+
+// Entries handed to C may be held for long: never let them pin an LMDB read
+// snapshot (each pin holds one of a bounded number of reader slots).
+kcache_entry* wrap(kcache::Entry e) {
+  auto* out = new kcache_entry;
+  out->e = e.pinned() ? e.detach() : std::move(e);
+  return out;
+}
+
+kcache::CompileFn compile_fn(kcache_compile_fn fn, void* user) {
+  return [fn, user]() -> kcache::Expected<std::vector<kcache::Artifact>> {
+    kcache_artifacts arts;
+    int rc;
+    try {
+      rc = fn(user, &arts);
+    } catch (...) {
+      return kcache::Status(Errc::compile_failed, "compile callback threw an exception");
+    }
+    if (rc != 0) return kcache::Status(Errc::compile_failed, "compile callback returned " + std::to_string(rc));
+    return std::move(arts.items);
+  };
+}
+
+int finish_get_or_compile(kcache::Expected<kcache::Entry> r, kcache::Source src, kcache_entry** out, int* source) {
+  if (!r) return set_error(r.error());
+  if (source) *source = static_cast<int>(src);
+  *out = wrap(std::move(r).value());
+  return KCACHE_OK;
+}
+
+}  // namespace
+
+extern "C" {
+
+const char* kcache_code_name(int code) {
+  if (code < 0 || code > KCACHE_INTERNAL) return "unknown";
+  // errc_name returns views of string literals, so .data() is NUL-terminated.
+  return kcache::errc_name(static_cast<Errc>(code)).data();
+}
+
+const char* kcache_last_error(void) { return t_last_error.c_str(); }
+
+const char* kcache_version(void) { return kcache::version_string(); }
+
+const char* kcache_features(void) {
+  static const std::string s = [] {
+    std::string out;
+    for (const auto& f : kcache::features()) out += (out.empty() ? "" : " ") + f;
+    return out;
+  }();
+  return s.c_str();
+}
+
+void kcache_free(void* p) { std::free(p); }
+
+kcache_options* kcache_options_new(void) { return new (std::nothrow) kcache_options; }
+void kcache_options_free(kcache_options* o) { delete o; }
+
+int kcache_options_set(kcache_options* o, const char* name, const char* value) {
+  return guard([&] {
+    if (!o || !name || !value) return set_error(KCACHE_INVALID_ARGUMENT, "kcache_options_set: NULL argument");
+    std::string n(name), v(value);
+    kcache::Options& opt = o->opt;
+    bool b = false;
+    auto bad = [&] { return set_error(KCACHE_INVALID_ARGUMENT, "option " + n + ": bad value '" + v + "'"); };
+    if (n == "dir") {
+      opt.dir = v;
+    } else if (n == "engine") {
+      if (v != "lmdb" && v != "files") return bad();
+      opt.engine = v;
+    } else if (n == "max_size") {
+      auto s = kcache::util::parse_size(v);
+      if (!s || *s == 0) return bad();
+      opt.disk.max_bytes = *s;
+    } else if (n == "memory_size") {
+      auto s = kcache::util::parse_size(v);
+      if (!s) return bad();
+      opt.memory_tier = *s != 0;
+      opt.memory_bytes = *s;
+    } else if (n == "disk") {
+      if (!flag(value, &b)) return bad();
+      opt.disk_tier = b;
+    } else if (n == "read_only") {
+      if (!flag(value, &b)) return bad();
+      opt.read_only = b;
+    } else if (n == "disabled") {
+      if (!flag(value, &b)) return bad();
+      opt.disabled = b;
+    } else if (n == "producer") {
+      opt.producer = v;
+    } else if (n == "compression") {
+      if (v == "none") opt.compression = kcache::Compression::none;
+      else if (v == "zstd") opt.compression = kcache::Compression::zstd;
+      else if (v == "auto") opt.compression = kcache::Compression::automatic;
+      else return bad();
+    } else if (n == "env") {
+      if (!flag(value, &b)) return bad();
+      o->env = b;
+    } else {
+      return set_error(KCACHE_INVALID_ARGUMENT, "unknown option '" + n + "'");
+    }
+    return static_cast<int>(KCACHE_OK);
+  });
+}
+
+kcache_key_builder* kcache_key_builder_new(const char* ns) {
+  if (!ns) return nullptr;
+  try {
+    return new kcache_key_builder(ns);
+  } catch (...) {
+    return nullptr;
+  }
+}
+void kcache_key_builder_free(kcache_key_builder* b) { delete b; }
+
+#define KCACHE_BUILDER_ADD(expr)                                                              \
+  return guard([&] {                                                                          \
+    if (!b || !name) return set_error(KCACHE_INVALID_ARGUMENT, "key builder: NULL argument"); \
+    expr;                                                                                     \
+    return static_cast<int>(KCACHE_OK);                                                       \
+  })
+
+int kcache_key_add_bytes(kcache_key_builder* b, const char* name, const void* data, size_t size) {
+  if (size && !data) return set_error(KCACHE_INVALID_ARGUMENT, "kcache_key_add_bytes: NULL data");
+  KCACHE_BUILDER_ADD(b->b.add_bytes(name, std::string_view(static_cast<const char*>(data), size)));
+}
+int kcache_key_add_string(kcache_key_builder* b, const char* name, const char* value) {
+  if (!value) return set_error(KCACHE_INVALID_ARGUMENT, "kcache_key_add_string: NULL value");
+  KCACHE_BUILDER_ADD(b->b.add_string(name, value));
+}
+int kcache_key_add_u64(kcache_key_builder* b, const char* name, uint64_t value) {
+  KCACHE_BUILDER_ADD(b->b.add_u64(name, value));
+}
+int kcache_key_add_i64(kcache_key_builder* b, const char* name, int64_t value) {
+  KCACHE_BUILDER_ADD(b->b.add_i64(name, value));
+}
+int kcache_key_add_bool(kcache_key_builder* b, const char* name, int value) {
+  KCACHE_BUILDER_ADD(b->b.add_bool(name, value != 0));
+}
+int kcache_key_add_digest(kcache_key_builder* b, const char* name, const kcache_key* value) {
+  if (!value) return set_error(KCACHE_INVALID_ARGUMENT, "kcache_key_add_digest: NULL value");
+  KCACHE_BUILDER_ADD(b->b.add_digest(name, to_key(value)));
+}
+int kcache_key_add_file(kcache_key_builder* b, const char* name, const char* path) {
+  if (!path) return set_error(KCACHE_INVALID_ARGUMENT, "kcache_key_add_file: NULL path");
+  KCACHE_BUILDER_ADD(b->b.add_file(name, path));
+}
+
+int kcache_key_builder_finish(const kcache_key_builder* b, kcache_key* out) {
+  return guard([&] {
+    if (!b || !out) return set_error(KCACHE_INVALID_ARGUMENT, "kcache_key_builder_finish: NULL argument");
+    auto info = b->b.finish();
+    if (!info) return set_error(info.error());
+    from_key(info->key, out);
+    return static_cast<int>(KCACHE_OK);
+  });
+}
+
+void kcache_hash_bytes(const void* data, size_t size, kcache_key* out) {
+  if (!out) return;
+  from_key(kcache::hash_bytes(std::string_view(static_cast<const char*>(data), data ? size : 0)), out);
+}
+
+void kcache_key_to_hex(const kcache_key* key, char out[33]) {
+  static const char digits[] = "0123456789abcdef";
+  for (int i = 0; i < 16; ++i) {
+    out[2 * i] = digits[key->bytes[i] >> 4];
+    out[2 * i + 1] = digits[key->bytes[i] & 15];
+  }
+  out[32] = '\0';
+}
+
+int kcache_key_from_hex(const char* hex, kcache_key* out) {
+  if (!hex || !out) return set_error(KCACHE_INVALID_ARGUMENT, "kcache_key_from_hex: NULL argument");
+  auto d = kcache::Digest::from_hex(hex);
+  if (!d) return set_error(KCACHE_INVALID_ARGUMENT, "not a 32-digit hex key");
+  from_key(*d, out);
+  return KCACHE_OK;
+}
+
+int kcache_open(const kcache_options* options, kcache_cache** out) {
+  return guard([&] {
+    if (!out) return set_error(KCACHE_INVALID_ARGUMENT, "kcache_open: NULL out");
+    *out = nullptr;
+    kcache::Options opt = options ? options->opt : kcache::Options();
+    if (!options || options->env) opt = kcache::Options::from_env(opt);
+    auto c = std::make_unique<kcache_cache>();
+    c->cache = kcache::Cache::open(opt);
+    *out = c.release();
+    return static_cast<int>(KCACHE_OK);
+  });
+}
+
+void kcache_close(kcache_cache* c) {
+  // The Cache destructor flushes; it does not throw, but keep C frames safe.
+  try {
+    delete c;
+  } catch (...) {
+  }
+}
+
+int kcache_get(kcache_cache* c, const kcache_key* key, kcache_entry** out) {
+  return guard([&] {
+    if (!c || !key || !out) return set_error(KCACHE_INVALID_ARGUMENT, "kcache_get: NULL argument");
+    *out = nullptr;
+    auto e = c->cache->get(to_key(key));
+    if (!e) return set_error(KCACHE_NOT_FOUND, "no entry for key " + to_key(key).hex());
+    *out = wrap(std::move(*e));
+    return static_cast<int>(KCACHE_OK);
+  });
+}
+
+int kcache_put(kcache_cache* c, const kcache_key* key, const kcache_artifact* artifacts, size_t n) {
+  return guard([&] {
+    if (!c || !key || (n && !artifacts)) return set_error(KCACHE_INVALID_ARGUMENT, "kcache_put: NULL argument");
+    kcache::EntryBuilder b(to_key(key));
+    for (size_t i = 0; i < n; ++i) {
+      const kcache_artifact& a = artifacts[i];
+      if (!a.name || (a.size && !a.data))
+        return set_error(KCACHE_INVALID_ARGUMENT, "kcache_put: artifact " + std::to_string(i) + " has a NULL pointer");
+      b.add(a.name, std::string(static_cast<const char*>(a.data), a.size));
+    }
+    const kcache::Options& opt = c->cache->options();
+    kcache::EntryMeta m;
+    m.created_unix_ms = kcache::util::now_unix_ms();
+    m.producer = opt.producer;
+    b.meta(std::move(m)).compression(opt.compression);
+    auto e = b.build();
+    if (!e) return set_error(e.error());
+    if (!c->cache->put(*e)) return set_error(KCACHE_UNAVAILABLE, "no tier stored the entry (see the log)");
+    return static_cast<int>(KCACHE_OK);
+  });
+}
+
+int kcache_artifacts_add(kcache_artifacts* a, const char* name, const void* data, size_t size) {
+  return guard([&] {
+    if (!a || !name || (size && !data)) return set_error(KCACHE_INVALID_ARGUMENT, "kcache_artifacts_add: NULL argument");
+    a->items.push_back({name, std::string(static_cast<const char*>(data), size)});
+    return static_cast<int>(KCACHE_OK);
+  });
+}
+
+int kcache_get_or_compile(kcache_cache* c, const kcache_key* key, kcache_compile_fn compile, void* user_data,
+                          kcache_entry** out, int* source) {
+  return guard([&] {
+    if (!c || !key || !compile || !out) return set_error(KCACHE_INVALID_ARGUMENT, "kcache_get_or_compile: NULL argument");
+    *out = nullptr;
+    kcache::Source src = kcache::Source::compiled;
+    auto r = c->cache->get_or_compile(to_key(key), compile_fn(compile, user_data), &src);
+    return finish_get_or_compile(std::move(r), src, out, source);
+  });
+}
+
+int kcache_get_or_compile_built(kcache_cache* c, const kcache_key_builder* key, kcache_compile_fn compile,
+                                void* user_data, kcache_entry** out, int* source) {
+  return guard([&] {
+    if (!c || !key || !compile || !out)
+      return set_error(KCACHE_INVALID_ARGUMENT, "kcache_get_or_compile_built: NULL argument");
+    *out = nullptr;
+    auto info = key->b.finish();
+    if (!info) return set_error(info.error());
+    kcache::Source src = kcache::Source::compiled;
+    auto r = c->cache->get_or_compile(*info, compile_fn(compile, user_data), &src);
+    return finish_get_or_compile(std::move(r), src, out, source);
+  });
+}
+
+char* kcache_stats_json(kcache_cache* c) {
+  if (!c) return nullptr;
+  try {
+    std::string s = c->cache->stats().to_json();
+    char* out = static_cast<char*>(std::malloc(s.size() + 1));
+    if (out) std::memcpy(out, s.c_str(), s.size() + 1);
+    return out;
+  } catch (...) {
+    return nullptr;
+  }
+}
+
+void kcache_entry_free(kcache_entry* e) { delete e; }
+
+void kcache_entry_key(const kcache_entry* e, kcache_key* out) {
+  if (e && out) from_key(e->e.key(), out);
+}
+
+int kcache_entry_artifact(const kcache_entry* e, const char* name, const void** data, size_t* size) {
+  return guard([&] {
+    if (!e || !name || !data || !size) return set_error(KCACHE_INVALID_ARGUMENT, "kcache_entry_artifact: NULL argument");
+    auto a = e->e.artifact(name);
+    if (!a) {
+      *data = nullptr;
+      *size = 0;
+      return set_error(KCACHE_NOT_FOUND, std::string("no artifact '") + name + "'");
+    }
+    *data = a->data();
+    *size = a->size();
+    return static_cast<int>(KCACHE_OK);
+  });
+}
+
+size_t kcache_entry_artifact_count(const kcache_entry* e) { return e ? e->e.artifacts().size() : 0; }
+
+int kcache_entry_artifact_at(const kcache_entry* e, size_t i, const char** name, const void** data, size_t* size) {
+  if (!e || !name || !data || !size) return set_error(KCACHE_INVALID_ARGUMENT, "kcache_entry_artifact_at: NULL argument");
+  if (i >= e->e.artifacts().size()) return set_error(KCACHE_NOT_FOUND, "artifact index out of range");
+  const auto& a = e->e.artifacts()[i];
+  *name = a.name.c_str();
+  *data = a.data.data();
+  *size = a.data.size();
+  return KCACHE_OK;
+}
+
+}  // extern "C"

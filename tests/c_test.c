@@ -1,0 +1,340 @@
+/* The C ABI, used from plain C: keys, put/get, get_or_compile with a C
+ * callback (once per key across threads, persisted across reopen), failed
+ * compiles, errors as codes, on both disk engines. */
+#define _POSIX_C_SOURCE 200809L
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "kcache/kcache.h"
+
+static int failures = 0;
+
+#define CHECK(cond)                                                        \
+  do {                                                                     \
+    if (!(cond)) {                                                         \
+      fprintf(stderr, "%s:%d: CHECK failed: %s (last error: %s)\n", __FILE__, \
+              __LINE__, #cond, kcache_last_error());                       \
+      ++failures;                                                          \
+    }                                                                      \
+  } while (0)
+
+#define CHECK_EQ_INT(a, b)                                                          \
+  do {                                                                              \
+    long long a_ = (long long)(a), b_ = (long long)(b);                             \
+    if (a_ != b_) {                                                                 \
+      fprintf(stderr, "%s:%d: %s == %lld, want %s == %lld (last error: %s)\n",      \
+              __FILE__, __LINE__, #a, a_, #b, b_, kcache_last_error());             \
+      ++failures;                                                                   \
+    }                                                                               \
+  } while (0)
+
+/* A compile callback: the artifacts of "kernel" number `n`. */
+struct job {
+  int n;
+  int fail;          /* non-zero: report a failed compile */
+  int sleep_ms;      /* widen the window for concurrent callers */
+  pthread_mutex_t mu;
+  int calls;         /* GUARDED_BY(mu) */
+};
+
+static void make_obj(int n, unsigned char* buf, size_t size) {
+  size_t i;
+  for (i = 0; i < size; ++i) buf[i] = (unsigned char)((i * 31u + (unsigned)n) & 0xff); /* includes NULs */
+}
+
+static int compile(void* user, kcache_artifacts* out) {
+  struct job* j = (struct job*)user;
+  unsigned char obj[3000];
+  char sig[32];
+  pthread_mutex_lock(&j->mu);
+  ++j->calls;
+  pthread_mutex_unlock(&j->mu);
+  if (j->sleep_ms) {
+    struct timespec ts;
+    ts.tv_sec = 0;
+    ts.tv_nsec = (long)j->sleep_ms * 1000000L;
+    nanosleep(&ts, NULL);
+  }
+  if (j->fail) return j->fail;
+  make_obj(j->n, obj, sizeof obj);
+  snprintf(sig, sizeof sig, "kernel_%d", j->n);
+  if (kcache_artifacts_add(out, "obj", obj, sizeof obj) != KCACHE_OK) return 1;
+  if (kcache_artifacts_add(out, "sig", sig, strlen(sig)) != KCACHE_OK) return 1;
+  return 0;
+}
+
+static void job_init(struct job* j, int n) {
+  memset(j, 0, sizeof *j);
+  j->n = n;
+  pthread_mutex_init(&j->mu, NULL);
+}
+
+static int entry_is(const kcache_entry* e, int n) {
+  unsigned char want[3000];
+  char sig[32];
+  const void* data;
+  size_t size;
+  make_obj(n, want, sizeof want);
+  snprintf(sig, sizeof sig, "kernel_%d", n);
+  if (kcache_entry_artifact(e, "obj", &data, &size) != KCACHE_OK) return 0;
+  if (size != sizeof want || memcmp(data, want, size) != 0) return 0;
+  if (kcache_entry_artifact(e, "sig", &data, &size) != KCACHE_OK) return 0;
+  return size == strlen(sig) && memcmp(data, sig, size) == 0;
+}
+
+static kcache_key key_for(int n) {
+  kcache_key k;
+  kcache_key_builder* b = kcache_key_builder_new("c_test/1");
+  CHECK(b != NULL);
+  CHECK_EQ_INT(kcache_key_add_u64(b, "n", (uint64_t)n), KCACHE_OK);
+  CHECK_EQ_INT(kcache_key_add_string(b, "target", "x86_64"), KCACHE_OK);
+  CHECK_EQ_INT(kcache_key_builder_finish(b, &k), KCACHE_OK);
+  kcache_key_builder_free(b);
+  return k;
+}
+
+static kcache_cache* open_cache(const char* dir, const char* engine) {
+  kcache_cache* c = NULL;
+  kcache_options* o = kcache_options_new();
+  CHECK(o != NULL);
+  CHECK_EQ_INT(kcache_options_set(o, "env", "0"), KCACHE_OK);
+  CHECK_EQ_INT(kcache_options_set(o, "dir", dir), KCACHE_OK);
+  CHECK_EQ_INT(kcache_options_set(o, "engine", engine), KCACHE_OK);
+  CHECK_EQ_INT(kcache_options_set(o, "producer", "c_test"), KCACHE_OK);
+  CHECK_EQ_INT(kcache_open(o, &c), KCACHE_OK);
+  kcache_options_free(o);
+  CHECK(c != NULL);
+  return c;
+}
+
+static void test_keys(void) {
+  kcache_key a, b, c, back;
+  char hex[33];
+  kcache_key_builder* kb;
+  /* Order of add calls does not matter; values do. */
+  kcache_key_builder* x = kcache_key_builder_new("ns/1");
+  kcache_key_builder* y = kcache_key_builder_new("ns/1");
+  CHECK_EQ_INT(kcache_key_add_bytes(x, "ir", "\0ir", 3), KCACHE_OK);
+  CHECK_EQ_INT(kcache_key_add_bool(x, "fast", 1), KCACHE_OK);
+  CHECK_EQ_INT(kcache_key_add_i64(x, "opt", -3), KCACHE_OK);
+  CHECK_EQ_INT(kcache_key_add_i64(y, "opt", -3), KCACHE_OK);
+  CHECK_EQ_INT(kcache_key_add_bool(y, "fast", 1), KCACHE_OK);
+  CHECK_EQ_INT(kcache_key_add_bytes(y, "ir", "\0ir", 3), KCACHE_OK);
+  CHECK_EQ_INT(kcache_key_builder_finish(x, &a), KCACHE_OK);
+  CHECK_EQ_INT(kcache_key_builder_finish(y, &b), KCACHE_OK);
+  CHECK(memcmp(&a, &b, sizeof a) == 0);
+  CHECK_EQ_INT(kcache_key_add_digest(y, "prev", &a), KCACHE_OK);
+  CHECK_EQ_INT(kcache_key_builder_finish(y, &c), KCACHE_OK);
+  CHECK(memcmp(&a, &c, sizeof a) != 0);
+  kcache_key_builder_free(x);
+  kcache_key_builder_free(y);
+
+  kcache_key_to_hex(&a, hex);
+  CHECK_EQ_INT(strlen(hex), 32);
+  CHECK_EQ_INT(kcache_key_from_hex(hex, &back), KCACHE_OK);
+  CHECK(memcmp(&a, &back, sizeof a) == 0);
+  CHECK_EQ_INT(kcache_key_from_hex("not hex", &back), KCACHE_INVALID_ARGUMENT);
+  CHECK(strlen(kcache_last_error()) > 0);
+
+  /* A component name used twice is refused at finish. */
+  kb = kcache_key_builder_new("ns/1");
+  CHECK_EQ_INT(kcache_key_add_u64(kb, "n", 1), KCACHE_OK);
+  CHECK_EQ_INT(kcache_key_add_u64(kb, "n", 2), KCACHE_OK);
+  CHECK_EQ_INT(kcache_key_builder_finish(kb, &a), KCACHE_INVALID_ARGUMENT);
+  kcache_key_builder_free(kb);
+
+  /* hash_bytes is the key of nothing but those bytes: deterministic. */
+  kcache_hash_bytes("abc", 3, &a);
+  kcache_hash_bytes("abc", 3, &b);
+  kcache_hash_bytes("abd", 3, &c);
+  CHECK(memcmp(&a, &b, sizeof a) == 0);
+  CHECK(memcmp(&a, &c, sizeof a) != 0);
+}
+
+static void test_errors_and_version(void) {
+  kcache_options* o = kcache_options_new();
+  CHECK(strlen(kcache_version()) > 0);
+  CHECK(strstr(kcache_features(), "files") != NULL);
+  CHECK(strcmp(kcache_code_name(KCACHE_OK), "ok") == 0);
+  CHECK(strcmp(kcache_code_name(KCACHE_CORRUPT), "corrupt") == 0);
+  CHECK(strcmp(kcache_code_name(99), "unknown") == 0);
+  CHECK_EQ_INT(kcache_options_set(o, "colour", "blue"), KCACHE_INVALID_ARGUMENT);
+  CHECK(strstr(kcache_last_error(), "colour") != NULL);
+  CHECK_EQ_INT(kcache_options_set(o, "engine", "bdb"), KCACHE_INVALID_ARGUMENT);
+  CHECK_EQ_INT(kcache_options_set(o, "max_size", "lots"), KCACHE_INVALID_ARGUMENT);
+  CHECK_EQ_INT(kcache_options_set(o, "max_size", "64M"), KCACHE_OK);
+  CHECK_EQ_INT(kcache_options_set(o, "read_only", "maybe"), KCACHE_INVALID_ARGUMENT);
+  CHECK_EQ_INT(kcache_options_set(NULL, "dir", "/tmp"), KCACHE_INVALID_ARGUMENT);
+  kcache_options_free(o);
+  CHECK_EQ_INT(kcache_open(NULL, NULL), KCACHE_INVALID_ARGUMENT);
+  CHECK_EQ_INT(kcache_get(NULL, NULL, NULL), KCACHE_INVALID_ARGUMENT);
+  kcache_close(NULL);
+  kcache_free(NULL);
+}
+
+struct thread_arg {
+  kcache_cache* c;
+  kcache_key key;
+  struct job* job;
+  int ok;
+};
+
+static void* racer(void* p) {
+  struct thread_arg* a = (struct thread_arg*)p;
+  kcache_entry* e = NULL;
+  a->ok = kcache_get_or_compile(a->c, &a->key, compile, a->job, &e, NULL) == KCACHE_OK && entry_is(e, a->job->n);
+  kcache_entry_free(e);
+  return NULL;
+}
+
+static void test_engine(const char* root, const char* engine) {
+  char dir[512];
+  kcache_cache* c;
+  kcache_entry* e = NULL;
+  kcache_key k1 = key_for(1), k2 = key_for(2), k3 = key_for(3), k4 = key_for(4), got;
+  struct job j1, j2, jfail, jrace;
+  int source = -1, i;
+  char* stats;
+  const char *name;
+  const void* data;
+  size_t size;
+  kcache_artifact arts[2];
+  pthread_t th[8];
+  struct thread_arg ta[8];
+
+  snprintf(dir, sizeof dir, "%s/%s", root, engine);
+  c = open_cache(dir, engine);
+  job_init(&j1, 1);
+  job_init(&j2, 2);
+  job_init(&jfail, 3);
+  jfail.fail = 7;
+  job_init(&jrace, 4);
+  jrace.sleep_ms = 50;
+
+  /* A miss. */
+  CHECK_EQ_INT(kcache_get(c, &k1, &e), KCACHE_NOT_FOUND);
+  CHECK(e == NULL);
+
+  /* Compile once; the second call is a memory hit. */
+  CHECK_EQ_INT(kcache_get_or_compile(c, &k1, compile, &j1, &e, &source), KCACHE_OK);
+  CHECK_EQ_INT(source, KCACHE_SOURCE_COMPILED);
+  CHECK(e != NULL && entry_is(e, 1));
+  kcache_entry_key(e, &got);
+  CHECK(memcmp(&got, &k1, sizeof got) == 0);
+  kcache_entry_free(e);
+  CHECK_EQ_INT(kcache_get_or_compile(c, &k1, compile, &j1, &e, &source), KCACHE_OK);
+  CHECK_EQ_INT(source, KCACHE_SOURCE_MEMORY);
+  CHECK(entry_is(e, 1));
+  CHECK_EQ_INT(kcache_entry_artifact_count(e), 2);
+  CHECK_EQ_INT(kcache_entry_artifact(e, "ptx", &data, &size), KCACHE_NOT_FOUND);
+  CHECK(data == NULL && size == 0);
+  CHECK_EQ_INT(kcache_entry_artifact_at(e, 5, &name, &data, &size), KCACHE_NOT_FOUND);
+  kcache_entry_free(e);
+  CHECK_EQ_INT(j1.calls, 1);
+
+  /* A failed compile is reported and stores nothing. */
+  CHECK_EQ_INT(kcache_get_or_compile(c, &k3, compile, &jfail, &e, &source), KCACHE_COMPILE_FAILED);
+  CHECK(e == NULL);
+  CHECK(strstr(kcache_last_error(), "7") != NULL);
+  CHECK_EQ_INT(kcache_get(c, &k3, &e), KCACHE_NOT_FOUND);
+
+  /* put, then get with artifacts enumerated in order. */
+  arts[0].name = "ptx";
+  arts[0].data = "\0ptx";
+  arts[0].size = 4;
+  arts[1].name = "meta";
+  arts[1].data = "";
+  arts[1].size = 0;
+  CHECK_EQ_INT(kcache_put(c, &k2, arts, 2), KCACHE_OK);
+  CHECK_EQ_INT(kcache_get(c, &k2, &e), KCACHE_OK);
+  CHECK_EQ_INT(kcache_entry_artifact_count(e), 2);
+  for (i = 0; i < 2 && e; ++i) {
+    const void* d2;
+    size_t s2;
+    CHECK_EQ_INT(kcache_entry_artifact_at(e, (size_t)i, &name, &data, &size), KCACHE_OK);
+    CHECK_EQ_INT(kcache_entry_artifact(e, name, &d2, &s2), KCACHE_OK);
+    CHECK(d2 == data && s2 == size);
+  }
+  CHECK_EQ_INT(kcache_entry_artifact(e, "ptx", &data, &size), KCACHE_OK);
+  CHECK(size == 4 && memcmp(data, "\0ptx", 4) == 0);
+  kcache_entry_free(e);
+  arts[1].name = "ptx";
+  CHECK_EQ_INT(kcache_put(c, &k3, arts, 2), KCACHE_INVALID_ARGUMENT); /* duplicate name */
+
+  /* Eight threads, one key: one compile, everyone gets it. */
+  for (i = 0; i < 8; ++i) {
+    ta[i].c = c;
+    ta[i].key = k4;
+    ta[i].job = &jrace;
+    ta[i].ok = 0;
+    CHECK_EQ_INT(pthread_create(&th[i], NULL, racer, &ta[i]), 0);
+  }
+  for (i = 0; i < 8; ++i) {
+    pthread_join(th[i], NULL);
+    CHECK(ta[i].ok);
+  }
+  CHECK_EQ_INT(jrace.calls, 1);
+
+  stats = kcache_stats_json(c);
+  CHECK(stats != NULL);
+  if (stats) {
+    CHECK(strstr(stats, "\"compiles\":3") != NULL); /* k1, the failed k3, k4 */
+    CHECK(strstr(stats, "\"compile_failures\":1") != NULL);
+    CHECK(strstr(stats, engine) != NULL);
+  }
+  kcache_free(stats);
+  kcache_close(c);
+
+  /* Reopened (a new process would see the same): a disk hit, no compile. */
+  c = open_cache(dir, engine);
+  CHECK_EQ_INT(kcache_get_or_compile(c, &k1, compile, &j1, &e, &source), KCACHE_OK);
+  CHECK_EQ_INT(source, KCACHE_SOURCE_DISK);
+  CHECK(entry_is(e, 1));
+  CHECK_EQ_INT(j1.calls, 1);
+  kcache_entry_free(e);
+
+  /* A builder-keyed compile stores under the builder's key. */
+  {
+    kcache_key_builder* b = kcache_key_builder_new("c_test/1");
+    kcache_key bk;
+    kcache_key_add_u64(b, "n", 2);
+    kcache_key_add_string(b, "target", "x86_64");
+    kcache_key_add_string(b, "opt", "-O3");
+    CHECK_EQ_INT(kcache_key_builder_finish(b, &bk), KCACHE_OK);
+    CHECK_EQ_INT(kcache_get_or_compile_built(c, b, compile, &j2, &e, &source), KCACHE_OK);
+    CHECK_EQ_INT(source, KCACHE_SOURCE_COMPILED);
+    kcache_entry_key(e, &got);
+    CHECK(memcmp(&got, &bk, sizeof got) == 0);
+    CHECK(entry_is(e, 2));
+    kcache_entry_free(e);
+    CHECK_EQ_INT(kcache_get(c, &bk, &e), KCACHE_OK);
+    kcache_entry_free(e);
+    kcache_key_builder_free(b);
+  }
+  kcache_close(c);
+}
+
+int main(void) {
+  char root[] = "/tmp/kcache-c-test-XXXXXX";
+  char cmd[600];
+  if (!mkdtemp(root)) {
+    perror("mkdtemp");
+    return 2;
+  }
+  test_keys();
+  test_errors_and_version();
+  if (strstr(kcache_features(), "lmdb")) test_engine(root, "lmdb");
+  test_engine(root, "files");
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);
+  if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", root);
+  if (failures) {
+    fprintf(stderr, "c_test: %d check(s) failed\n", failures);
+    return 1;
+  }
+  printf("c_test: all checks passed\n");
+  return 0;
+}
