@@ -455,6 +455,42 @@ TEST_P(CliTest, ExplainNamesTheComponentThatDiffers) {
   expect_failure(run({"explain", "--manifest", file("bad.json")}), 2, "JSON");
 }
 
+// The tool and the library share one store: what a JIT stored through
+// Cache is what the tool shows and explains, and the other way round.
+TEST_P(CliTest, ReadsWhatTheLibraryStoredAndViceVersa) {
+  Options o;
+  o.dir = dir();
+  o.engine = engine();
+  o.memory_tier = false;
+  o.producer = "cli_test jit";
+  KeyInfo info = kernel_key("-O2");
+  std::string obj = binary_payload(11, 7000);
+  {
+    auto cache = Cache::open(o);
+    auto e = cache->get_or_compile(info, [&]() -> Expected<std::vector<Artifact>> {
+      return std::vector<Artifact>{{"obj", obj}, {"sig", "saxpy"}};
+    });
+    ASSERT_TRUE(e.has_value());
+  }
+  Result r = run({"get", "--key", info.key.hex(), "--artifact", "obj"});
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.out, obj);
+  r = run({"show", "--key", info.key.hex(), "--json"});
+  EXPECT_NE(r.out.find("\"producer\":\"cli_test jit\""), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\"namespace\":\"clitest/1\""), std::string::npos) << r.out;
+  r = run({"explain", "--manifest", write_text_manifest(file("o3.txt"), kernel_key("-O3"))});
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.out.find("nearest " + info.key.hex() + ": 1 of 4 components differ"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("  opt "), std::string::npos) << r.out;
+
+  put(key_of(21), "stored by the tool");
+  auto cache = Cache::open(o);
+  auto e = cache->get(key_of(21));
+  ASSERT_TRUE(e.has_value());
+  EXPECT_EQ(e->artifact("obj").value_or(""), "stored by the tool");
+  EXPECT_EQ(e->meta().producer, "kcache-cli");
+}
+
 TEST_P(CliTest, KcacheDirAndEngineComeFromTheEnvironment) {
   std::string d = file("envcache");
   std::string in = file("in.txt");
