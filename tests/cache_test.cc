@@ -131,7 +131,7 @@ TEST(Cache, RecompileOverwrites) {
   TempDir d;
   KeyInfo k = *KeyBuilder("t").add_string("src", "x").finish();
   std::atomic<int> calls{0};
-  Cache::open(opts(d.path()))->get_or_compile(k, artifact_fn(&calls, "old"));
+  (void)Cache::open(opts(d.path()))->get_or_compile(k, artifact_fn(&calls, "old"));
   Options o = opts(d.path());
   o.recompile = true;
   auto e = Cache::open(o)->get_or_compile(k, artifact_fn(&calls, "new"));
@@ -146,7 +146,7 @@ TEST(Cache, ReadOnlyLooksUpButNeverStores) {
   KeyInfo a = *KeyBuilder("t").add_string("src", "a").finish();
   KeyInfo b = *KeyBuilder("t").add_string("src", "b").finish();
   std::atomic<int> calls{0};
-  Cache::open(opts(d.path()))->get_or_compile(a, artifact_fn(&calls, "A"));
+  (void)Cache::open(opts(d.path()))->get_or_compile(a, artifact_fn(&calls, "A"));
   Options o = opts(d.path());
   o.read_only = true;
   o.memory_tier = false;
@@ -233,7 +233,7 @@ TEST(Cache, FilesEngineWorksThroughTheFacade) {
   o.memory_tier = false;
   KeyInfo k = *KeyBuilder("t").add_string("src", "x").finish();
   std::atomic<int> calls{0};
-  Cache::open(o)->get_or_compile(k, artifact_fn(&calls, "F"));
+  (void)Cache::open(o)->get_or_compile(k, artifact_fn(&calls, "F"));
   Source s;
   auto e = Cache::open(o)->get_or_compile(k, artifact_fn(&calls, "F"), &s);
   EXPECT_EQ(s, Source::disk);

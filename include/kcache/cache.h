@@ -13,7 +13,8 @@
 //
 // Configuration comes from Options, then the environment overrides it
 // (Options::from_env): KCACHE_DIR, KCACHE_DISABLE, KCACHE_READONLY,
-// KCACHE_MAX_SIZE, KCACHE_RECOMPILE, KCACHE_STATS, KCACHE_LOG, KCACHE_ENGINE.
+// KCACHE_MAX_SIZE, KCACHE_RECOMPILE, KCACHE_STATS, KCACHE_LOG, KCACHE_ENGINE,
+// KCACHE_REMOTE, KCACHE_REMOTE_SECRET_FILE.
 //
 // Thread-safety: all methods may be called concurrently.
 #pragma once
@@ -27,6 +28,7 @@
 
 #include "kcache/entry.h"
 #include "kcache/key.h"
+#include "kcache/lease.h"
 #include "kcache/status.h"
 #include "kcache/tier.h"
 
@@ -55,6 +57,27 @@ struct Options {
   Compression compression = Compression::none;
   // Producer string stored in each entry's metadata.
   std::string producer;
+  // Cross-process single-flight through the disk tier's leases: when
+  // processes miss one key at once, one compiles, the others wait for its
+  // entry. Off: every process compiles its own misses.
+  bool process_single_flight = true;
+  // Lease time-to-live; a holder renews every ttl/3 while it compiles, so
+  // this bounds how long a hung-but-alive holder's lease outlives it, not
+  // how long a compile may take. 0 means 10,000 ms.
+  uint64_t lease_ttl_ms = 0;
+  // Longest one process waits for another's compile before compiling the
+  // key itself. 0 means 300,000 ms.
+  uint64_t wait_bound_ms = 0;
+  // Shared remote tier, slowest and last: "redis://host:port[/db]" or
+  // "redis+cluster://host:port[,host:port...]" (see kcache/redis.h for the
+  // URL and its options). Empty (the default): none. A remote that cannot be
+  // set up is left out, said once in the log. KCACHE_REMOTE.
+  std::string remote_url;
+  // File holding the HMAC-SHA256 secret that signs remote values (trailing
+  // newlines dropped). Empty (the default): values are not signed. When set
+  // but unreadable, the remote tier is left out rather than used unsigned.
+  // KCACHE_REMOTE_SECRET_FILE.
+  std::string remote_secret_file;
   // Log level (default warn) and destination (empty: stderr).
   LogLevel log_level = LogLevel::warn;
   std::string log_file;
@@ -84,11 +107,29 @@ struct CacheStats {
   uint64_t waits = 0;          // get_or_compile calls that waited for another thread
   uint64_t faults = 0;         // cache faults turned into misses
   uint64_t compile_us = 0;     // time spent in compile functions
+  uint64_t lease_waits = 0;    // misses that waited for another process's compile
+  uint64_t lease_timeouts = 0; // waits that reached wait_bound_ms and compiled
+  uint64_t lease_takeovers = 0;  // leases taken from dead or expired holders
   std::string to_string() const;  // human table
   std::string to_json() const;
 };
 
 using CompileFn = std::function<Expected<std::vector<Artifact>>()>;
+
+// One request of a batch.
+struct BatchItem {
+  KeyInfo key;
+  CompileFn compile;
+};
+
+struct BatchOptions {
+  // Worker threads compiling misses; 0 means $KCACHE_JOBS, else the number
+  // of CPUs.
+  unsigned threads = 0;
+  // Called (from worker threads, one call at a time) after each item is
+  // resolved: items done so far, total, the item's index and source.
+  std::function<void(size_t done, size_t total, size_t index, Source source)> progress;
+};
 
 class Cache {
  public:
@@ -116,6 +157,18 @@ class Cache {
                                  Source* source = nullptr);
   Expected<Entry> get_or_compile(const Key& key, const CompileFn& compile,
                                  Source* source = nullptr);
+
+  // Looks up every key in one pass, then compiles the misses on a pool of
+  // worker threads, single-flighted across threads and processes: a key
+  // another process is compiling is set aside and awaited after the rest.
+  // Results are in request order; a compile error stays in its slot.
+  std::vector<Expected<Entry>> get_or_compile_batch(const std::vector<BatchItem>& items,
+                                                    const BatchOptions& options = {},
+                                                    std::vector<Source>* sources = nullptr);
+
+  // Uses `leases` for cross-process single-flight (Cache::open sets up the
+  // disk tier's own; nullptr turns it off).
+  void set_leases(std::shared_ptr<Leases> leases);
 
   // Adds a slower tier after the existing ones (e.g. a remote tier).
   void add_tier(std::shared_ptr<Tier> tier);

@@ -11,13 +11,21 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <thread>
 #include <cstdio>
 #include <future>
 #include <mutex>
 #include <unordered_map>
 
+#include "cache/impl.h"
 #include "util/util.h"
+#if KCACHE_HAVE_REDIS
+#include "kcache/redis.h"
+#endif
 
 namespace kcache {
 
@@ -33,106 +41,10 @@ std::string_view source_name(Source s) noexcept {
   return "?";
 }
 
-static Source source_of(const Tier& t) {
-  std::string_view n = t.name();
-  if (n.starts_with("memory")) return Source::memory;
-  if (n.starts_with("lmdb") || n.starts_with("files")) return Source::disk;
-  if (n.starts_with("redis")) return Source::remote;
-  return Source::other;
-}
-
-struct Cache::Impl {
-  Options opt;
-  std::vector<std::shared_ptr<Tier>> tiers;
-  // Per tier: writes switched off for this process after a full disk or a
-  // read-only folder (said once in the log).
-  std::vector<std::unique_ptr<std::atomic<bool>>> no_writes;
-
-  struct Flight {
-    std::shared_future<Expected<Entry>> result;
-  };
-  std::mutex flights_mu;
-  std::unordered_map<Key, std::shared_ptr<Flight>> flights;  // GUARDED_BY(flights_mu)
-
-  std::atomic<uint64_t> hits{0}, misses{0}, compiles{0}, compile_failures{0}, waits{0}, faults{0}, compile_us{0};
-
-  void add(std::shared_ptr<Tier> t) {
-    tiers.push_back(std::move(t));
-    no_writes.push_back(std::make_unique<std::atomic<bool>>(false));
-  }
-
-  void fault(const Tier& t, const char* op, const Status& st) {
-    faults.fetch_add(1, std::memory_order_relaxed);
-    KCACHE_LOG(LogLevel::warn, "%.*s %s: %s (treated as a miss)", static_cast<int>(t.name().size()),
-               t.name().data(), op, st.to_string().c_str());
-  }
-
-  bool put_into(size_t i, const Entry& e) {
-    Tier& t = *tiers[i];
-    if (!t.writable() || no_writes[i]->load(std::memory_order_relaxed)) return false;
-    Status st = t.put(e);
-    if (st.is_ok()) return true;
-    if (st.code() == Errc::no_space || st.code() == Errc::read_only) {
-      if (!no_writes[i]->exchange(true)) {
-        faults.fetch_add(1, std::memory_order_relaxed);
-        KCACHE_LOG(LogLevel::warn, "%.*s put: %s; writes to this tier are off for this process",
-                   static_cast<int>(t.name().size()), t.name().data(), st.to_string().c_str());
-      }
-      return false;
-    }
-    if (st.code() == Errc::too_large) {
-      KCACHE_LOG(LogLevel::info, "%.*s put: %s", static_cast<int>(t.name().size()), t.name().data(),
-                 st.to_string().c_str());
-      return false;
-    }
-    fault(t, "put", st);
-    return false;
-  }
-
-  std::optional<Entry> lookup(const Key& key, Source* src) {
-    for (size_t i = 0; i < tiers.size(); ++i) {
-      auto r = tiers[i]->get(key);
-      if (!r) {
-        fault(*tiers[i], "get", r.error());
-        continue;
-      }
-      if (!r->has_value()) continue;
-      Entry e = std::move(**r);
-      if (i > 0) {
-        // Faster tiers outlive a pinned read: give them heap bytes.
-        Entry promoted = e.pinned() ? e.detach() : e;
-        for (size_t j = 0; j < i; ++j) put_into(j, promoted);
-      }
-      hits.fetch_add(1, std::memory_order_relaxed);
-      if (src) *src = source_of(*tiers[i]);
-      return e;
-    }
-    misses.fetch_add(1, std::memory_order_relaxed);
-    return std::nullopt;
-  }
-
-  bool store(const Entry& e) {
-    if (opt.read_only) return false;
-    bool any = false;
-    for (size_t i = 0; i < tiers.size(); ++i) any |= put_into(i, e);
-    return any;
-  }
-
-  Expected<Entry> build(const KeyInfo& key, std::vector<Artifact> arts, uint64_t cost_us) {
-    EntryBuilder b(key.key);
-    for (auto& a : arts) b.add(std::move(a));
-    EntryMeta m;
-    m.created_unix_ms = util::now_unix_ms();
-    m.compile_cost_us = cost_us;
-    m.producer = opt.producer;
-    b.meta(std::move(m)).manifest(key.manifest).compression(opt.compression);
-    return b.build();
-  }
-};
-
 Cache::Cache(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 Cache::~Cache() {
+  impl_->stop_heartbeat();
   flush();
   if (impl_->opt.print_stats) std::fprintf(stderr, "%s", stats().to_string().c_str());
 }
@@ -148,6 +60,7 @@ std::unique_ptr<Cache> Cache::open(const Options& options) {
   util::set_log(options.log_level, options.log_file);
   std::vector<std::shared_ptr<Tier>> tiers;
   if (options.disabled) return with_tiers({}, options);
+  std::shared_ptr<Leases> leases;
   if (options.memory_tier) {
     MemoryTierOptions mo;
     mo.max_bytes = options.memory_bytes;
@@ -174,13 +87,36 @@ std::unique_ptr<Cache> Cache::open(const Options& options) {
       }
     }
     if (disk) {
+      if (options.process_single_flight && !options.read_only) {
+        auto l = engine == "files" ? open_file_leases(dir + "/files")
+#if KCACHE_HAVE_LMDB
+                                   : open_lmdb_leases(dir + "/lmdb");
+#else
+                                   : open_file_leases(dir + "/files");
+#endif
+        if (l) leases = std::move(l).value();
+        else KCACHE_LOG(LogLevel::warn, "no cross-process single-flight: %s", l.error().to_string().c_str());
+      }
       tiers.push_back(std::move(disk).value());
     } else {
       KCACHE_LOG(LogLevel::warn, "running without a disk tier: %s", disk.error().to_string().c_str());
     }
   }
-  return with_tiers(std::move(tiers), options);
+  if (!options.remote_url.empty()) {
+#if KCACHE_HAVE_REDIS
+    auto remote = make_remote_tier(options.remote_url, options.remote_secret_file);
+    if (remote) tiers.push_back(std::move(remote).value());
+    else KCACHE_LOG(LogLevel::warn, "running without the remote tier: %s", remote.error().to_string().c_str());
+#else
+    KCACHE_LOG(LogLevel::warn, "running without the remote tier: built without Redis support");
+#endif
+  }
+  auto c = with_tiers(std::move(tiers), options);
+  c->impl_->leases = std::move(leases);
+  return c;
 }
+
+void Cache::set_leases(std::shared_ptr<Leases> leases) { impl_->leases = std::move(leases); }
 
 std::optional<Entry> Cache::get(const Key& key, Source* source) {
   if (impl_->opt.disabled) return std::nullopt;
@@ -209,69 +145,127 @@ Expected<Entry> Cache::get_or_compile(const Key& key, const CompileFn& compile, 
 }
 
 Expected<Entry> Cache::get_or_compile(const KeyInfo& key, const CompileFn& compile, Source* source) {
-  Impl& I = *impl_;
+  Impl::Outcome o;
+  return impl_->resolve(key, compile, source, true, &o);
+}
+
+// The compile path. With wait_for_others false, a key whose lease another
+// process holds is answered with outcome busy (and an unavailable status)
+// instead of waiting, so a batch can do other work first.
+Expected<Entry> Cache::Impl::resolve(const KeyInfo& key, const CompileFn& compile, Source* source,
+                                     bool wait_for_others, Outcome* outcome) {
+  *outcome = Outcome::done;
   auto run_compile = [&]() -> Expected<Entry> {
     uint64_t t0 = util::now_mono_us();
-    I.compiles.fetch_add(1, std::memory_order_relaxed);
+    compiles.fetch_add(1, std::memory_order_relaxed);
     auto arts = compile();
     uint64_t dt = util::now_mono_us() - t0;
-    I.compile_us.fetch_add(dt, std::memory_order_relaxed);
+    compile_us.fetch_add(dt, std::memory_order_relaxed);
     if (!arts) {
-      I.compile_failures.fetch_add(1, std::memory_order_relaxed);
+      compile_failures.fetch_add(1, std::memory_order_relaxed);
       return std::move(arts).error();
     }
-    auto e = I.build(key, std::move(arts).value(), dt);
+    auto e = build(key, std::move(arts).value(), dt);
     if (!e) {
-      I.compile_failures.fetch_add(1, std::memory_order_relaxed);
+      compile_failures.fetch_add(1, std::memory_order_relaxed);
       return std::move(e).error();
     }
     return e;
   };
   if (source) *source = Source::compiled;
-  if (I.opt.disabled) return run_compile();
-  if (!I.opt.recompile) {
-    if (auto hit = I.lookup(key.key, source)) return std::move(*hit);
+  if (opt.disabled) return run_compile();
+  if (!opt.recompile) {
+    if (auto hit = lookup(key.key, source)) return std::move(*hit);
   }
 
   std::promise<Expected<Entry>> promise;
-  std::shared_ptr<Impl::Flight> flight;
+  std::shared_ptr<Flight> flight;
   {
-    std::lock_guard lk(I.flights_mu);
-    auto it = I.flights.find(key.key);
-    if (it != I.flights.end()) {
+    std::lock_guard lk(flights_mu);
+    auto it = flights.find(key.key);
+    if (it != flights.end()) {
       flight = it->second;
     } else {
-      auto f = std::make_shared<Impl::Flight>();
+      auto f = std::make_shared<Flight>();
       f->result = promise.get_future().share();
-      I.flights.emplace(key.key, f);
+      flights.emplace(key.key, f);
     }
   }
   if (flight) {
-    I.waits.fetch_add(1, std::memory_order_relaxed);
+    waits.fetch_add(1, std::memory_order_relaxed);
     if (source) *source = Source::waited;
-    return flight->result.get();
+    Expected<Entry> r = flight->result.get();
+    if (flight->busy.load() && wait_for_others) return resolve(key, compile, source, true, outcome);
+    if (flight->busy.load()) *outcome = Outcome::busy;
+    return r;
   }
 
+  bool leased = false;
   auto finish = [&](Expected<Entry> r) {
+    if (leased) unhold(key.key);  // after the store, so waiters find the entry
     promise.set_value(r);
-    std::lock_guard lk(I.flights_mu);
-    I.flights.erase(key.key);
+    std::lock_guard lk(flights_mu);
+    flights.erase(key.key);
     return r;
   };
   // Another thread may have stored it between our lookup and our flight.
-  if (!I.opt.recompile) {
-    if (auto hit = I.lookup(key.key, source)) return finish(std::move(*hit));
+  if (!opt.recompile) {
+    if (auto hit = lookup(key.key, source)) return finish(std::move(*hit));
   }
+
+  // Another process may be compiling it: wait for its entry, bounded.
+  if (leases && !opt.read_only) {
+    uint64_t start = util::now_mono_us(), sleep_us = 1000;
+    bool counted = false;
+    for (;;) {
+      LeaseResult lr = leases->acquire(key.key, ttl_ms());
+      if (lr == LeaseResult::acquired) {
+        leased = true;
+        hold(key.key);
+        // The previous holder may have stored it just before releasing.
+        if (!opt.recompile) {
+          if (auto hit = lookup(key.key, source)) return finish(std::move(*hit));
+        }
+        break;
+      }
+      if (lr == LeaseResult::error) break;  // compile without coordination
+      if (!wait_for_others) {
+        *outcome = Outcome::busy;
+        {
+          std::lock_guard lk(flights_mu);
+          flights.at(key.key)->busy.store(true);
+        }
+        return finish(Status(Errc::unavailable, "another process is compiling this key"));
+      }
+      if (!counted) {
+        lease_waits.fetch_add(1, std::memory_order_relaxed);
+        counted = true;
+      }
+      if (util::now_mono_us() - start >= bound_ms() * 1000) {
+        lease_timeouts.fetch_add(1, std::memory_order_relaxed);
+        KCACHE_LOG(LogLevel::info, "waited %llu ms for another process to compile %s; compiling here",
+                   static_cast<unsigned long long>(bound_ms()), key.key.hex().c_str());
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(sleep_us));
+      sleep_us = std::min<uint64_t>(sleep_us * 3 / 2, 50000);
+      if (auto hit = lookup(key.key, source)) {
+        if (source && *source != Source::memory) *source = Source::waited;
+        return finish(std::move(*hit));
+      }
+    }
+  }
+
   Expected<Entry> r = Status(Errc::internal, "unset");
   try {
     r = run_compile();
   } catch (...) {
-    finish(Status(Errc::compile_failed, "compile function threw an exception"));
+    (void)finish(Status(Errc::compile_failed, "compile function threw an exception"));
     throw;
   }
   if (r) {
     if (source) *source = Source::compiled;
-    I.store(*r);
+    store(*r);
   }
   return finish(std::move(r));
 }
@@ -300,6 +294,9 @@ CacheStats Cache::stats() const {
   s.waits = impl_->waits.load();
   s.faults = impl_->faults.load();
   s.compile_us = impl_->compile_us.load();
+  s.lease_waits = impl_->lease_waits.load();
+  s.lease_timeouts = impl_->lease_timeouts.load();
+  s.lease_takeovers = impl_->leases ? impl_->leases->takeovers() : 0;
   return s;
 }
 
@@ -325,13 +322,15 @@ std::string CacheStats::to_string() const {
 
 std::string CacheStats::to_json() const {
   std::string out = "{";
-  char buf[256];
+  char buf[640];
   std::snprintf(buf, sizeof buf,
                 "\"hits\":%llu,\"misses\":%llu,\"compiles\":%llu,\"compile_failures\":%llu,\"waits\":%llu,"
-                "\"faults\":%llu,\"compile_us\":%llu,\"tiers\":[",
+                "\"faults\":%llu,\"compile_us\":%llu,\"lease_waits\":%llu,\"lease_timeouts\":%llu,"
+                "\"lease_takeovers\":%llu,\"tiers\":[",
                 (unsigned long long)hits, (unsigned long long)misses, (unsigned long long)compiles,
                 (unsigned long long)compile_failures, (unsigned long long)waits, (unsigned long long)faults,
-                (unsigned long long)compile_us);
+                (unsigned long long)compile_us, (unsigned long long)lease_waits,
+                (unsigned long long)lease_timeouts, (unsigned long long)lease_takeovers);
   out += buf;
   for (size_t i = 0; i < tiers.size(); ++i) {
     if (i) out += ",";

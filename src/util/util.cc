@@ -202,11 +202,23 @@ Expected<std::string> read_file(const std::string& path, uint64_t max_bytes) {
   return out;
 }
 
+uint64_t random_u64() {
+  // Re-seeded after fork(): a child must not repeat its parent's sequence
+  // (lease tokens and temp names would collide across processes).
+  static thread_local std::mt19937_64 rng;
+  static thread_local pid_t seeded_for = 0;
+  pid_t pid = ::getpid();
+  if (seeded_for != pid) {
+    std::random_device rd;
+    rng.seed((uint64_t(rd()) << 32) ^ rd() ^ (uint64_t(pid) << 16) ^ now_mono_us());
+    seeded_for = pid;
+  }
+  return rng();
+}
+
 static std::string random_suffix() {
-  static thread_local std::mt19937_64 rng(std::random_device{}() ^ (uint64_t(::getpid()) << 32) ^
-                                          now_mono_us());
   char buf[24];
-  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(rng()));
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(random_u64()));
   return buf;
 }
 

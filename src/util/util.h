@@ -24,6 +24,9 @@ void log(LogLevel level, const char* fmt, ...) __attribute__((format(printf, 2, 
 uint64_t now_unix_ms() noexcept;
 uint64_t now_mono_us() noexcept;
 
+// A random number, safe across fork() (reseeded in a new process).
+uint64_t random_u64();
+
 // ---- sizes: "4G", "512M", "100k", "1.5GiB", "1234" ------------------------
 std::optional<uint64_t> parse_size(std::string_view s) noexcept;
 std::string format_size(uint64_t bytes);

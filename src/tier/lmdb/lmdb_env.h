@@ -5,6 +5,7 @@
 #include <lmdb.h>
 #include <sys/types.h>
 
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -13,6 +14,8 @@
 #include "kcache/status.h"
 
 namespace kcache {
+
+inline constexpr int kMaxPinned = 64;
 
 class LmdbEnv {
  public:
@@ -30,6 +33,9 @@ class LmdbEnv {
   MDB_env* env() const noexcept { return env_; }
   const std::string& dir() const noexcept { return dir_; }
   MDB_dbi entries = 0, meta = 0, lru = 0, stats = 0, leases = 0;
+  // Hits handed out that still pin their read transaction (one reader slot
+  // each); past kMaxPinned, hits are copied out instead.
+  std::atomic<int> pinned{0};
 
  private:
   LmdbEnv() = default;

@@ -1,0 +1,57 @@
+// kcache/lease.h — leases for cross-process single-flight.
+//
+// When several processes miss one key at once, one of them should compile it
+// and the others wait and read its entry. A Leases object arbitrates: the
+// first acquire() of a key wins; later ones answer `busy` while the holder is
+// alive and its lease unexpired. A lease is stale, and taken over by the next
+// acquire(), once it expires or its holder process is known to be dead (same
+// host, PID gone or reused). Holders renew() while they compile, so a short
+// TTL detects dead holders quickly without limiting compile time. Nothing a
+// crash leaves behind ever needs manual clean-up.
+//
+// Implementations: in the LMDB store (a `leases` database, updated in write
+// transactions), and as lease files for the file-per-entry engine (created
+// with O_EXCL, taken over by rename; no flock, which NFS does not honour
+// reliably). A Redis lease (SET NX PX) extends this across machines.
+//
+// Thread-safety: safe for concurrent use. Each Leases object has its own
+// holder token, so two objects in one process do not share leases.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "kcache/key.h"
+#include "kcache/status.h"
+
+namespace kcache {
+
+enum class LeaseResult : uint8_t {
+  acquired = 0,  // this object now holds the lease
+  busy = 1,      // a live holder has it
+  error = 2,     // the store failed; callers compile without coordination
+};
+
+class Leases {
+ public:
+  virtual ~Leases() = default;
+  virtual std::string_view name() const noexcept = 0;
+  // Takes the lease for ttl_ms unless a live holder has it. Re-acquiring a
+  // lease this object already holds renews it.
+  virtual LeaseResult acquire(const Key& key, uint64_t ttl_ms) = 0;
+  // Extends a lease this object holds; false if it was lost or never held.
+  virtual bool renew(const Key& key, uint64_t ttl_ms) = 0;
+  // Gives the lease up (no-op unless held by this object).
+  virtual void release(const Key& key) = 0;
+  // How many stale leases this object took over (dead or expired holders).
+  virtual uint64_t takeovers() const noexcept = 0;
+};
+
+// Leases stored in the LMDB environment at `dir` (the LMDB tier's folder).
+Expected<std::shared_ptr<Leases>> open_lmdb_leases(const std::string& dir);
+// Lease files under `dir`/leases (the files tier's folder).
+Expected<std::shared_ptr<Leases>> open_file_leases(const std::string& dir);
+
+}  // namespace kcache

@@ -1,0 +1,102 @@
+#include "lease/holder.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "util/util.h"
+
+namespace kcache::lease {
+
+namespace {
+
+// Field 22 of /proc/PID/stat: start time in clock ticks since boot. Zero if
+// unreadable. Together with the PID it identifies one process instance.
+// *state gets field 3 ('Z' for a zombie: dead, though kill(pid, 0) works).
+uint64_t start_ticks_of(uint32_t pid, char* state = nullptr) {
+  auto s = util::read_file("/proc/" + std::to_string(pid) + "/stat", 1 << 16);
+  if (!s) return 0;
+  // The command name (field 2) may contain spaces and ')': skip past the last ')'.
+  size_t p = s->rfind(')');
+  if (p == std::string::npos) return 0;
+  if (state && p + 2 < s->size()) *state = (*s)[p + 2];
+  int field = 2;
+  size_t i = p + 1;
+  while (i < s->size() && field < 22) {
+    while (i < s->size() && (*s)[i] == ' ') ++i;
+    ++field;
+    if (field == 22) return std::strtoull(s->c_str() + i, nullptr, 10);
+    while (i < s->size() && (*s)[i] != ' ') ++i;
+  }
+  return 0;
+}
+
+const Digest& host_id() {
+  static const Digest id = [] {
+    std::string boot;
+    if (auto b = util::read_file("/proc/sys/kernel/random/boot_id", 4096)) boot = *b;
+    char name[256] = {};
+    ::gethostname(name, sizeof name - 1);
+    return hash_bytes(boot + "|" + name);
+  }();
+  return id;
+}
+
+}  // namespace
+
+std::string encode(const Holder& h) {
+  std::string s;
+  util::put_u64(s, h.token);
+  util::put_u32(s, h.pid);
+  util::put_u32(s, 0);
+  util::put_u64(s, h.start_ticks);
+  util::put_u64(s, h.expiry_ms);
+  s.append(reinterpret_cast<const char*>(h.host.bytes.data()), 16);
+  return s;
+}
+
+bool decode(std::string_view s, Holder* h) {
+  if (s.size() != kHolderSize) return false;
+  h->token = util::get_u64(s.data());
+  h->pid = util::get_u32(s.data() + 8);
+  h->start_ticks = util::get_u64(s.data() + 16);
+  h->expiry_ms = util::get_u64(s.data() + 24);
+  std::memcpy(h->host.bytes.data(), s.data() + 32, 16);
+  return true;
+}
+
+uint64_t new_token() {
+  uint64_t t;
+  do t = util::random_u64();
+  while (t == 0);
+  return t;
+}
+
+Holder self(uint64_t token, uint64_t ttl_ms) {
+  static const uint64_t my_ticks = start_ticks_of(static_cast<uint32_t>(::getpid()));
+  static const uint32_t my_pid = static_cast<uint32_t>(::getpid());
+  Holder h;
+  h.token = token;
+  // After fork() the statics above describe the parent: recompute.
+  uint32_t pid = static_cast<uint32_t>(::getpid());
+  h.pid = pid;
+  h.start_ticks = pid == my_pid ? my_ticks : start_ticks_of(pid);
+  h.expiry_ms = util::now_unix_ms() + ttl_ms;
+  h.host = host_id();
+  return h;
+}
+
+bool alive(const Holder& h, uint64_t now_ms) {
+  if (h.expiry_ms <= now_ms) return false;
+  if (h.host != host_id()) return true;  // another machine: only the TTL tells
+  if (::kill(static_cast<pid_t>(h.pid), 0) != 0 && errno == ESRCH) return false;
+  char state = '?';
+  uint64_t ticks = start_ticks_of(h.pid, &state);
+  if (state == 'Z' || state == 'X') return false;
+  if (ticks != 0 && h.start_ticks != 0 && ticks != h.start_ticks) return false;  // PID reused
+  return true;
+}
+
+}  // namespace kcache::lease

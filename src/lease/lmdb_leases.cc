@@ -1,0 +1,107 @@
+// Leases in the LMDB store: key[16] -> holder record (lease/holder.h), in
+// the `leases` database of the same environment as the entries. A waiter
+// checks in a read transaction (no write lock) and only takes the write
+// lock to acquire a lease that is free or stale.
+#include <lmdb.h>
+
+#include <atomic>
+#include <cstring>
+
+#include "kcache/lease.h"
+#include "lease/holder.h"
+#include "tier/lmdb/lmdb_env.h"
+#include "util/util.h"
+
+namespace kcache {
+namespace {
+
+class LmdbLeases final : public Leases {
+ public:
+  explicit LmdbLeases(std::shared_ptr<LmdbEnv> env) : env_(std::move(env)), token_(lease::new_token()) {}
+  std::string_view name() const noexcept override { return "lmdb"; }
+  uint64_t takeovers() const noexcept override { return takeovers_.load(); }
+
+  LeaseResult acquire(const Key& key, uint64_t ttl_ms) override {
+    // Cheap check first: most calls from waiters find a live holder.
+    {
+      auto txn = env_->begin_read();
+      if (!txn) return LeaseResult::error;
+      lease::Holder h;
+      bool held = read(*txn, key, &h) && h.token != token_ && lease::alive(h, util::now_unix_ms());
+      env_->end_read(*txn);
+      if (held) return LeaseResult::busy;
+    }
+    auto txn = env_->begin_write();
+    if (!txn) return LeaseResult::error;
+    lease::Holder h;
+    bool had = read(*txn, key, &h);
+    if (had && h.token != token_ && lease::alive(h, util::now_unix_ms())) {
+      mdb_txn_abort(*txn);
+      return LeaseResult::busy;
+    }
+    bool takeover = had && h.token != token_;
+    if (!write(*txn, key, lease::self(token_, ttl_ms)) || mdb_txn_commit(*txn) != 0) {
+      return LeaseResult::error;
+    }
+    if (takeover) takeovers_.fetch_add(1);
+    return LeaseResult::acquired;
+  }
+
+  bool renew(const Key& key, uint64_t ttl_ms) override {
+    auto txn = env_->begin_write();
+    if (!txn) return false;
+    lease::Holder h;
+    if (!read(*txn, key, &h) || h.token != token_) {
+      mdb_txn_abort(*txn);
+      return false;
+    }
+    if (!write(*txn, key, lease::self(token_, ttl_ms))) return false;
+    return mdb_txn_commit(*txn) == 0;
+  }
+
+  void release(const Key& key) override {
+    auto txn = env_->begin_write();
+    if (!txn) return;
+    lease::Holder h;
+    if (read(*txn, key, &h) && h.token == token_) {
+      MDB_val k{16, const_cast<uint8_t*>(key.bytes.data())};
+      mdb_del(*txn, env_->leases, &k, nullptr);
+      mdb_txn_commit(*txn);
+      return;
+    }
+    mdb_txn_abort(*txn);
+  }
+
+ private:
+  bool read(MDB_txn* txn, const Key& key, lease::Holder* h) {
+    MDB_val k{16, const_cast<uint8_t*>(key.bytes.data())}, v;
+    if (mdb_get(txn, env_->leases, &k, &v) != 0) return false;
+    return lease::decode(std::string_view(static_cast<const char*>(v.mv_data), v.mv_size), h);
+  }
+  // REQUIRES: write txn; aborts it on failure.
+  bool write(MDB_txn* txn, const Key& key, const lease::Holder& h) {
+    std::string rec = lease::encode(h);
+    MDB_val k{16, const_cast<uint8_t*>(key.bytes.data())}, v{rec.size(), rec.data()};
+    if (mdb_put(txn, env_->leases, &k, &v, 0) != 0) {
+      mdb_txn_abort(txn);
+      return false;
+    }
+    return true;
+  }
+
+  std::shared_ptr<LmdbEnv> env_;
+  const uint64_t token_;
+  std::atomic<uint64_t> takeovers_{0};
+};
+
+}  // namespace
+
+Expected<std::shared_ptr<Leases>> open_lmdb_leases(const std::string& dir) {
+  // Same parameters as the tier's defaults; an environment the tier already
+  // opened in this process is shared, whatever its parameters.
+  auto env = LmdbEnv::open(dir, uint64_t(256) << 20, true, false);
+  if (!env) return env.error();
+  return std::shared_ptr<Leases>(std::make_shared<LmdbLeases>(std::move(env).value()));
+}
+
+}  // namespace kcache

@@ -1,0 +1,340 @@
+// Cross-process single-flight: leases in the LMDB store and lease files.
+#include <gtest/gtest.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "kcache/cache.h"
+#include "kcache/lease.h"
+#include "test_util.h"
+#include "util/util.h"
+
+using namespace kcache;
+using namespace kcache::test;
+
+namespace {
+
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+constexpr bool kSanitized = true;
+#else
+constexpr bool kSanitized = false;
+#endif
+
+Options opts(const std::string& dir, const std::string& engine) {
+  Options o;
+  o.dir = dir;
+  o.engine = engine;
+  o.log_level = LogLevel::error;
+  return o;
+}
+
+// A deterministic CPU-bound "compile": a few ms of hashing.
+std::string compile_bytes(uint64_t i, int rounds) {
+  std::string s = bytes_for(i, 4096);
+  for (int r = 0; r < rounds; ++r) {
+    Digest d = hash_bytes(s);
+    std::memcpy(s.data() + (r % 4000), d.bytes.data(), 16);
+  }
+  return s;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Runs fn in a child process; returns its pid. The child exits with fn's result.
+template <class F>
+pid_t spawn(F fn) {
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    int rc = fn();
+    std::fflush(nullptr);
+    ::_exit(rc);
+  }
+  return pid;
+}
+
+int wait_exit(pid_t pid) {
+  int st = 0;
+  ::waitpid(pid, &st, 0);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+std::shared_ptr<Leases> open_leases(const std::string& engine, const std::string& dir) {
+#if KCACHE_HAVE_LMDB
+  if (engine == "lmdb") return *open_lmdb_leases(dir);
+#endif
+  return *open_file_leases(dir);
+}
+
+std::vector<std::string> engines() {
+#if KCACHE_HAVE_LMDB
+  return {"lmdb", "files"};
+#else
+  return {"files"};
+#endif
+}
+
+class SingleFlight : public ::testing::TestWithParam<std::string> {
+ protected:
+  TempDir dir_;
+};
+
+}  // namespace
+
+TEST_P(SingleFlight, LeaseBasics) {
+  auto a = open_leases(GetParam(), dir_.path());
+  auto b = open_leases(GetParam(), dir_.path());
+  Key k = key_of(1);
+  EXPECT_EQ(a->acquire(k, 60000), LeaseResult::acquired);
+  EXPECT_EQ(b->acquire(k, 60000), LeaseResult::busy);
+  EXPECT_EQ(a->acquire(k, 60000), LeaseResult::acquired);  // re-acquire = renew
+  EXPECT_TRUE(a->renew(k, 60000));
+  EXPECT_FALSE(b->renew(k, 60000));
+  b->release(k);  // not b's: no effect
+  EXPECT_EQ(b->acquire(k, 60000), LeaseResult::busy);
+  a->release(k);
+  EXPECT_EQ(b->acquire(k, 60000), LeaseResult::acquired);
+  EXPECT_EQ(b->takeovers(), 0u);
+}
+
+TEST_P(SingleFlight, ExpiredLeaseIsTakenOver) {
+  auto a = open_leases(GetParam(), dir_.path());
+  auto b = open_leases(GetParam(), dir_.path());
+  Key k = key_of(2);
+  EXPECT_EQ(a->acquire(k, 150), LeaseResult::acquired);
+  EXPECT_EQ(b->acquire(k, 60000), LeaseResult::busy);
+  std::this_thread::sleep_for(std::chrono::milliseconds(250));
+  EXPECT_EQ(b->acquire(k, 60000), LeaseResult::acquired);
+  EXPECT_EQ(b->takeovers(), 1u);
+  EXPECT_FALSE(a->renew(k, 60000));  // a lost it
+}
+
+TEST_P(SingleFlight, DeadHolderIsTakenOverAtOnce) {
+  Key k = key_of(3);
+  pid_t pid = spawn([&] {
+    auto l = open_leases(GetParam(), dir_.path());
+    return l->acquire(k, 600000) == LeaseResult::acquired ? 0 : 1;  // exits holding it
+  });
+  ASSERT_EQ(wait_exit(pid), 0);
+  auto b = open_leases(GetParam(), dir_.path());
+  EXPECT_EQ(b->acquire(k, 60000), LeaseResult::acquired);
+  EXPECT_EQ(b->takeovers(), 1u);
+}
+
+TEST(FileLeases, PartialLeaseFileFromACrashIsCollected) {
+  TempDir d;
+  auto l = *open_file_leases(d.path());
+  Key k = key_of(4);
+  std::string p = d.path() + "/leases/" + k.hex() + ".lease";
+  ASSERT_TRUE(util::write_file_atomic(p, "").is_ok());  // creator died before writing
+  EXPECT_EQ(l->acquire(k, 60000), LeaseResult::busy);    // young: maybe being written
+  struct timespec old[2] = {{0, UTIME_OMIT}, {static_cast<time_t>(util::now_unix_ms() / 1000 - 10), 0}};
+  ASSERT_EQ(::utimensat(AT_FDCWD, p.c_str(), old, 0), 0);
+  EXPECT_EQ(l->acquire(k, 60000), LeaseResult::acquired);
+}
+
+// 8 processes x 200 shared keys on an empty cache: exactly 200 compiles.
+TEST_P(SingleFlight, EightProcessesCompileEachKeyOnce) {
+  const int procs = 8, keys = kSanitized ? 60 : 200;
+  int pipefd[2];
+  ASSERT_EQ(::pipe(pipefd), 0);
+  std::vector<pid_t> pids;
+  for (int p = 0; p < procs; ++p) {
+    pids.push_back(spawn([&, p] {
+      ::close(pipefd[0]);
+      auto c = Cache::open(opts(dir_.path(), GetParam()));
+      std::vector<BatchItem> items;
+      for (int j = 0; j < keys; ++j) {
+        uint64_t i = static_cast<uint64_t>((j + p * keys / procs) % keys);
+        items.push_back({*KeyBuilder("sf").add_u64("i", i).finish(), [i]() -> Expected<std::vector<Artifact>> {
+                           return std::vector<Artifact>{{"obj", compile_bytes(i, 300)}};
+                         }});
+      }
+      BatchOptions bo;
+      bo.threads = 2;
+      auto res = c->get_or_compile_batch(items, bo);
+      int bad = 0;
+      for (int j = 0; j < keys; ++j) {
+        uint64_t i = static_cast<uint64_t>((j + p * keys / procs) % keys);
+        if (!res[j] || *res[j]->artifact("obj") != compile_bytes(i, 300)) ++bad;
+      }
+      uint64_t compiles = c->stats().compiles;
+      (void)!::write(pipefd[1], &compiles, sizeof compiles);
+      return bad == 0 ? 0 : 1;
+    }));
+  }
+  ::close(pipefd[1]);
+  for (pid_t pid : pids) EXPECT_EQ(wait_exit(pid), 0);
+  uint64_t total = 0, v;
+  while (::read(pipefd[0], &v, sizeof v) == sizeof v) total += v;
+  ::close(pipefd[0]);
+  EXPECT_EQ(total, static_cast<uint64_t>(keys)) << "compiles summed over processes";
+  auto c = Cache::open(opts(dir_.path(), GetParam()));
+  auto s = c->tiers().back()->stats();
+  EXPECT_EQ(s.puts, static_cast<uint64_t>(keys)) << "puts counted by the store";
+  EXPECT_EQ(s.entries, static_cast<uint64_t>(keys));
+}
+
+// The holder is SIGKILLed mid-compile: the waiter takes over promptly.
+TEST_P(SingleFlight, HolderKilledMidCompileIsTakenOver) {
+  KeyInfo k = *KeyBuilder("sf").add_string("what", "killed").finish();
+  int ready[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  pid_t holder = spawn([&] {
+    auto c = Cache::open(opts(dir_.path(), GetParam()));
+    (void)c->get_or_compile(k, [&]() -> Expected<std::vector<Artifact>> {
+      char x = 1;
+      (void)!::write(ready[1], &x, 1);
+      std::this_thread::sleep_for(std::chrono::seconds(120));
+      return std::vector<Artifact>{{"obj", "holder"}};
+    });
+    return 0;
+  });
+  char x;
+  ASSERT_EQ(::read(ready[0], &x, 1), 1);
+  int result[2];
+  ASSERT_EQ(::pipe(result), 0);
+  auto t0 = std::chrono::steady_clock::now();
+  pid_t waiter = spawn([&] {
+    auto c = Cache::open(opts(dir_.path(), GetParam()));
+    auto e = c->get_or_compile(k, []() -> Expected<std::vector<Artifact>> {
+      return std::vector<Artifact>{{"obj", "waiter"}};
+    });
+    auto s = c->stats();
+    uint64_t out[3] = {s.lease_waits, s.compiles, s.lease_takeovers};
+    (void)!::write(result[1], out, sizeof out);
+    return e && *e->artifact("obj") == "waiter" ? 0 : 1;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  ::kill(holder, SIGKILL);
+  EXPECT_EQ(wait_exit(waiter), 0);
+  double waited = seconds_since(t0);
+  wait_exit(holder);
+  uint64_t out[3] = {};
+  ASSERT_EQ(::read(result[0], out, sizeof out), static_cast<ssize_t>(sizeof out));
+  EXPECT_EQ(out[0], 1u) << "the waiter waited";
+  EXPECT_EQ(out[1], 1u) << "then compiled once";
+  EXPECT_EQ(out[2], 1u) << "taking over the dead holder's lease";
+  // The death is noticed by the next poll (at most 50 ms apart), far below
+  // the lease TTL (10 s) and the wait bound (300 s).
+  EXPECT_LT(waited, 5.0);
+}
+
+// A waiter whose bound runs out compiles on its own; the live holder is
+// left alone.
+TEST_P(SingleFlight, WaiterWithShortBoundCompilesItself) {
+  KeyInfo k = *KeyBuilder("sf").add_string("what", "slow").finish();
+  int ready[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  pid_t holder = spawn([&] {
+    auto c = Cache::open(opts(dir_.path(), GetParam()));
+    auto e = c->get_or_compile(k, [&]() -> Expected<std::vector<Artifact>> {
+      char x = 1;
+      (void)!::write(ready[1], &x, 1);
+      std::this_thread::sleep_for(std::chrono::seconds(3));
+      return std::vector<Artifact>{{"obj", "same"}};
+    });
+    return e ? 0 : 1;
+  });
+  char x;
+  ASSERT_EQ(::read(ready[0], &x, 1), 1);
+  Options o = opts(dir_.path(), GetParam());
+  o.wait_bound_ms = 200;
+  auto c = Cache::open(o);
+  auto t0 = std::chrono::steady_clock::now();
+  auto e = c->get_or_compile(k, []() -> Expected<std::vector<Artifact>> {
+    return std::vector<Artifact>{{"obj", "same"}};
+  });
+  double took = seconds_since(t0);
+  ASSERT_TRUE(e.has_value());
+  EXPECT_EQ(c->stats().lease_timeouts, 1u);
+  EXPECT_EQ(c->stats().compiles, 1u);
+  EXPECT_LT(took, 2.5);
+  EXPECT_EQ(wait_exit(holder), 0);
+}
+
+// A crash while holding a lease leaves nothing that blocks the next run.
+TEST_P(SingleFlight, CrashWhileHoldingBlocksNothing) {
+  KeyInfo k = *KeyBuilder("sf").add_string("what", "crash").finish();
+  pid_t holder = spawn([&] {
+    auto c = Cache::open(opts(dir_.path(), GetParam()));
+    (void)c->get_or_compile(k, []() -> Expected<std::vector<Artifact>> {
+      ::raise(SIGKILL);
+      return std::vector<Artifact>{};
+    });
+    return 0;
+  });
+  EXPECT_EQ(wait_exit(holder), 128 + SIGKILL);
+  auto c = Cache::open(opts(dir_.path(), GetParam()));
+  auto e = c->get_or_compile(k, []() -> Expected<std::vector<Artifact>> {
+    return std::vector<Artifact>{{"obj", "next"}};
+  });
+  ASSERT_TRUE(e.has_value());
+  EXPECT_EQ(c->stats().lease_waits, 0u);
+  EXPECT_EQ(c->stats().lease_takeovers, 1u);
+}
+
+TEST_P(SingleFlight, OffMeansEveryProcessCompiles) {
+  KeyInfo k = *KeyBuilder("sf").add_string("what", "off").finish();
+  int result[2];
+  ASSERT_EQ(::pipe(result), 0);
+  std::vector<pid_t> pids;
+  for (int p = 0; p < 3; ++p)
+    pids.push_back(spawn([&] {
+      Options o = opts(dir_.path(), GetParam());
+      o.process_single_flight = false;
+      auto c = Cache::open(o);
+      auto e = c->get_or_compile(k, []() -> Expected<std::vector<Artifact>> {
+        std::this_thread::sleep_for(std::chrono::milliseconds(500));
+        return std::vector<Artifact>{{"obj", "x"}};
+      });
+      uint64_t n = c->stats().compiles;
+      (void)!::write(result[1], &n, sizeof n);
+      return e ? 0 : 1;
+    }));
+  for (pid_t pid : pids) EXPECT_EQ(wait_exit(pid), 0);
+  ::close(result[1]);
+  uint64_t total = 0, v;
+  while (::read(result[0], &v, sizeof v) == sizeof v) total += v;
+  EXPECT_EQ(total, 3u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Engines, SingleFlight, ::testing::ValuesIn(engines()),
+                         [](const auto& info) { return info.param; });
+
+// Regression: children forked from a process that had already drawn a
+// random number inherited its generator, so every child got the same lease
+// token and each believed it held every lease.
+TEST(SingleFlightRegression, ForkedChildrenGetDistinctTokens) {
+  TempDir d;
+  auto parent = *open_file_leases(d.path());  // draws a token in the parent
+  Key k = key_of(99);
+  int result[2];
+  ASSERT_EQ(::pipe(result), 0);
+  int go[2];
+  ASSERT_EQ(::pipe(go), 0);
+  std::vector<pid_t> pids;
+  for (int p = 0; p < 4; ++p)
+    pids.push_back(spawn([&] {
+      auto l = *open_file_leases(d.path());
+      char x;
+      (void)!::read(go[0], &x, 1);
+      int got = l->acquire(k, 60000) == LeaseResult::acquired ? 1 : 0;
+      (void)!::write(result[1], &got, sizeof got);
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));  // hold while others try
+      return 0;
+    }));
+  for (int p = 0; p < 4; ++p) (void)!::write(go[1], "x", 1);
+  for (pid_t pid : pids) wait_exit(pid);
+  ::close(result[1]);
+  int total = 0, v;
+  while (::read(result[0], &v, sizeof v) == sizeof v) total += v;
+  EXPECT_EQ(total, 1);
+}
