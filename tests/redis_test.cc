@@ -3,6 +3,7 @@
 // killed, server paused, full write queue), leases, pipelined multi-get.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <thread>
@@ -451,4 +452,93 @@ TEST(Redis, GetManyPipelines) {
     EXPECT_TRUE(entry_ok(*got[i], i, 500));
   }
   for (size_t i = 300; i < keys.size(); ++i) EXPECT_FALSE(got[i].has_value());
+}
+
+// ---- two machines: separate processes with separate local folders ---------
+
+namespace {
+
+// Runs this test binary as another "machine": only RedisChild.Run, with the
+// given extra environment. Returns its exit status.
+pid_t spawn_child(const std::vector<std::string>& env) {
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    for (const auto& kv : env) ::putenv(const_cast<char*>(kv.c_str()));
+    ::execl(KCACHE_TEST_BIN, KCACHE_TEST_BIN, "--gtest_filter=RedisChild.Run", static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  return pid;
+}
+
+int wait_child(pid_t pid) {
+  int st = 0;
+  if (::waitpid(pid, &st, 0) != pid) return -1;
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+std::string slurp(const std::string& path) {
+  FILE* f = std::fopen(path.c_str(), "rb");
+  if (!f) return std::string();
+  std::string s;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) s.append(buf, n);
+  std::fclose(f);
+  return s;
+}
+
+size_t count_lines(const std::string& s) { return static_cast<size_t>(std::count(s.begin(), s.end(), '\n')); }
+
+}  // namespace
+
+// The child side: a whole Cache configured from the environment only
+// (KCACHE_DIR, KCACHE_REMOTE, KCACHE_REMOTE_SECRET_FILE), as a JIT would be.
+TEST(RedisChild, Run) {
+  const char* out = std::getenv("KCACHE_CHILD_OUT");
+  if (!out) GTEST_SKIP() << "runs only as the child process of Redis.TwoMachines*";
+  const std::string log = std::getenv("KCACHE_CHILD_COMPILES");
+  const int compile_ms = std::atoi(std::getenv("KCACHE_CHILD_COMPILE_MS"));
+  auto cache = Cache::open(Options::from_env());
+  ASSERT_EQ(cache->tiers().size(), 3u);
+  EXPECT_EQ(cache->tiers().back()->name(), "redis");
+  KeyInfo k = *KeyBuilder("two-machines").add_string("src", std::getenv("KCACHE_CHILD_KEY")).finish();
+  Source src;
+  auto e = cache->get_or_compile(k, [&]() -> Expected<std::vector<Artifact>> {
+    std::this_thread::sleep_for(Ms(compile_ms));
+    FILE* f = std::fopen(log.c_str(), "a");
+    std::fprintf(f, "%d\n", static_cast<int>(::getpid()));
+    std::fclose(f);
+    return std::vector<Artifact>{{"obj", "built once for everyone"}};
+  }, &src);
+  ASSERT_TRUE(e.has_value());
+  FILE* f = std::fopen(out, "w");
+  std::fprintf(f, "%s %s", std::string(source_name(src)).c_str(), std::string(*e->artifact("obj")).c_str());
+  std::fclose(f);
+}
+
+TEST(Redis, TwoMachinesOneCompilesTheOtherHits) {
+  TempDir d, a, b;
+  START_REDIS(srv, d);
+  std::string secret = d.path() + "/secret";
+  FILE* f = std::fopen(secret.c_str(), "w");
+  std::fprintf(f, "shared-team-secret\n");
+  std::fclose(f);
+  std::string compiles = d.path() + "/compiles";
+  auto env = [&](const TempDir& dir, const std::string& out) {
+    return std::vector<std::string>{"KCACHE_DIR=" + dir.path(), "KCACHE_REMOTE=" + srv.url(),
+                                    "KCACHE_REMOTE_SECRET_FILE=" + secret, "KCACHE_LOG=error",
+                                    "KCACHE_CHILD_OUT=" + out, "KCACHE_CHILD_COMPILES=" + compiles,
+                                    "KCACHE_CHILD_COMPILE_MS=50", "KCACHE_CHILD_KEY=kernel-1"};
+  };
+  ASSERT_EQ(wait_child(spawn_child(env(a, d.path() + "/out-a"))), 0);
+  EXPECT_EQ(slurp(d.path() + "/out-a"), "compiled built once for everyone");
+  ASSERT_EQ(wait_child(spawn_child(env(b, d.path() + "/out-b"))), 0);
+  EXPECT_EQ(slurp(d.path() + "/out-b"), "remote built once for everyone");
+  EXPECT_EQ(count_lines(slurp(compiles)), 1u);
+  // The value on the server is signed.
+  RedisClient c("127.0.0.1", srv.port());
+  auto k = KeyBuilder("two-machines").add_string("src", "kernel-1").finish()->key;
+  std::string v = c.str({"GET", entry_redis_key(k)});
+  ASSERT_GE(v.size(), 40u);
+  EXPECT_EQ(v[5], 1);
 }
