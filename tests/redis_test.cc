@@ -535,6 +535,27 @@ TEST(Redis, TwoMachinesOneCompilesTheOtherHits) {
   ASSERT_EQ(wait_child(spawn_child(env(b, d.path() + "/out-b"))), 0);
   EXPECT_EQ(slurp(d.path() + "/out-b"), "remote built once for everyone");
   EXPECT_EQ(count_lines(slurp(compiles)), 1u);
+
+  // Both machines miss a new key at once: one compiles, the other waits on
+  // the Redis lease and takes the entry from the server.
+  auto envk = [&](const TempDir& dir, const std::string& out) {
+    auto e = env(dir, out);
+    e[6] = "KCACHE_CHILD_COMPILE_MS=1500";
+    e[7] = "KCACHE_CHILD_KEY=kernel-2";
+    return e;
+  };
+  TempDir a2, b2;
+  pid_t pa = spawn_child(envk(a2, d.path() + "/out-a2"));
+  pid_t pb = spawn_child(envk(b2, d.path() + "/out-b2"));
+  ASSERT_EQ(wait_child(pa), 0);
+  ASSERT_EQ(wait_child(pb), 0);
+  std::string oa = slurp(d.path() + "/out-a2"), ob = slurp(d.path() + "/out-b2");
+  EXPECT_EQ(count_lines(slurp(compiles)), 2u) << "kernel-2 was compiled on both machines";
+  EXPECT_TRUE((oa.starts_with("compiled ") && ob.starts_with("waited ")) ||
+              (ob.starts_with("compiled ") && oa.starts_with("waited ")))
+      << oa << " / " << ob;
+  EXPECT_TRUE(oa.ends_with(" built once for everyone") && ob.ends_with(" built once for everyone"));
+
   // The value on the server is signed.
   RedisClient c("127.0.0.1", srv.port());
   auto k = KeyBuilder("two-machines").add_string("src", "kernel-1").finish()->key;

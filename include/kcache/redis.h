@@ -46,6 +46,7 @@
 
 #include "kcache/entry.h"
 #include "kcache/key.h"
+#include "kcache/lease.h"
 #include "kcache/status.h"
 #include "kcache/tier.h"
 
@@ -128,6 +129,16 @@ uint16_t redis_key_slot(std::string_view key) noexcept;
 // Fails (invalid_argument) only on a malformed URL or option; an unreachable
 // server is not an error (the tier retries, behind its breaker).
 Expected<std::shared_ptr<Tier>> make_redis_tier(const std::string& url, const RedisTierOptions& options = {});
+
+// Leases for cross-machine single-flight (what Cache::open uses when a
+// remote tier is configured): a lease is held when both `local` (the disk
+// tier's leases, for processes of this machine; may be null) and the Redis
+// lease of `redis` are taken, so processes queue on their machine and
+// machines queue in Redis. When Redis cannot be asked, `local` alone decides.
+// Releases are queued behind the tier's pending writes, so a waiter on
+// another machine finds the entry before the lease goes.
+// REQUIRES: redis was made by make_redis_tier.
+std::shared_ptr<Leases> make_redis_leases(std::shared_ptr<Tier> redis, std::shared_ptr<Leases> local);
 
 // The remote tier `url` with the secret read from `secret_file` (if not
 // empty; trailing newlines are dropped). Fails when the URL is malformed or

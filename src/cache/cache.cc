@@ -105,8 +105,13 @@ std::unique_ptr<Cache> Cache::open(const Options& options) {
   if (!options.remote_url.empty()) {
 #if KCACHE_HAVE_REDIS
     auto remote = make_remote_tier(options.remote_url, options.remote_secret_file);
-    if (remote) tiers.push_back(std::move(remote).value());
-    else KCACHE_LOG(LogLevel::warn, "running without the remote tier: %s", remote.error().to_string().c_str());
+    if (remote) {
+      // Machines sharing the remote also share single-flight through it.
+      if (options.process_single_flight && !options.read_only) leases = make_redis_leases(*remote, std::move(leases));
+      tiers.push_back(std::move(remote).value());
+    } else {
+      KCACHE_LOG(LogLevel::warn, "running without the remote tier: %s", remote.error().to_string().c_str());
+    }
 #else
     KCACHE_LOG(LogLevel::warn, "running without the remote tier: built without Redis support");
 #endif

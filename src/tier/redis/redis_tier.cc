@@ -936,7 +936,43 @@ class RedisTierImpl final : public RedisTier {
   std::thread writer_;
 };
 
+class RedisLeases final : public Leases {
+ public:
+  RedisLeases(std::shared_ptr<RedisTier> redis, std::shared_ptr<Leases> local)
+      : redis_(std::move(redis)), local_(std::move(local)) {}
+  std::string_view name() const noexcept override { return "redis"; }
+
+  LeaseResult acquire(const Key& key, uint64_t ttl_ms) override {
+    LeaseResult l = local_ ? local_->acquire(key, ttl_ms) : LeaseResult::acquired;
+    if (l == LeaseResult::busy) return l;  // a process of this machine has it
+    auto r = redis_->acquire_lease(key, ttl_ms);
+    if (!r) return local_ ? l : LeaseResult::error;
+    if (*r) return LeaseResult::acquired;
+    if (local_ && l == LeaseResult::acquired) local_->release(key);
+    return LeaseResult::busy;  // another machine has it
+  }
+  bool renew(const Key& key, uint64_t ttl_ms) override {
+    bool remote = redis_->renew_lease(key, ttl_ms);
+    return local_ ? local_->renew(key, ttl_ms) : remote;
+  }
+  void release(const Key& key) override {
+    redis_->release_lease(key);
+    if (local_) local_->release(key);
+  }
+  uint64_t takeovers() const noexcept override { return local_ ? local_->takeovers() : 0; }
+
+ private:
+  std::shared_ptr<RedisTier> redis_;
+  std::shared_ptr<Leases> local_;
+};
+
 }  // namespace
+
+std::shared_ptr<Leases> make_redis_leases(std::shared_ptr<Tier> redis, std::shared_ptr<Leases> local) {
+  auto r = std::dynamic_pointer_cast<RedisTier>(std::move(redis));
+  if (!r) return local;
+  return std::make_shared<RedisLeases>(std::move(r), std::move(local));
+}
 
 Expected<std::shared_ptr<Tier>> make_redis_tier(const std::string& url, const RedisTierOptions& options) {
   KCACHE_TRY(ParsedUrl p, parse_url(url, options));
