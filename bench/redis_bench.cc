@@ -133,15 +133,15 @@ BENCHMARK(BM_RemoteHit)
     ->ArgNames({"bytes", "mac"})
     ->UseRealTime();
 
-// Args: entry bytes, keys per batch. HMAC on (the recommended set-up).
+// Args: entry bytes, keys per batch, MAC on (1) or off (0).
 void BM_GetMany(benchmark::State& state) {
   if (!world().error.empty()) return state.SkipWithError(world().error.c_str());
   size_t size = static_cast<size_t>(state.range(0));
   size_t batch = static_cast<size_t>(state.range(1));
-  auto tier = make_tier(true);
+  auto tier = make_tier(state.range(2) != 0);
   std::vector<Key> keys;
   for (size_t i = 0; i < batch; ++i) {
-    keys.push_back(key_of(1000000 + i, size));
+    keys.push_back(key_of(1000000 + i, size * 2 + static_cast<size_t>(state.range(2))));
     if (!tier->put(entry_of(keys.back(), size)).is_ok()) return state.SkipWithError("put failed");
   }
   if (!tier->flush().is_ok()) return state.SkipWithError("flush failed");
@@ -169,10 +169,11 @@ void BM_GetMany(benchmark::State& state) {
   state.counters["x_sequential"] = rate / seq_rate;
 }
 BENCHMARK(BM_GetMany)
-    ->Args({1 << 10, 256})
-    ->Args({16 << 10, 256})
-    ->Args({16 << 10, 1024})
-    ->ArgNames({"bytes", "batch"})
+    ->Args({1 << 10, 256, 1})
+    ->Args({16 << 10, 256, 0})
+    ->Args({16 << 10, 256, 1})
+    ->Args({16 << 10, 1024, 1})
+    ->ArgNames({"bytes", "batch", "mac"})
     ->UseRealTime();
 
 }  // namespace
