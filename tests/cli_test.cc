@@ -448,6 +448,12 @@ TEST_P(CliTest, ExplainNamesTheComponentThatDiffers) {
   EXPECT_EQ(r.rc, 1);
   EXPECT_NE(r.out.find("no stored entry has namespace \"elsewhere/2\""), std::string::npos) << r.out;
 
+  // Entries stored without a manifest (key_of(99)) are not candidates, and
+  // an empty manifest file is bad usage.
+  EXPECT_NE(r.out.find("(stored namespaces: \"clitest/1\" x2)"), std::string::npos) << r.out;
+  spit(file("empty.txt"), "# nothing\n");
+  expect_failure(run({"explain", "--manifest", file("empty.txt")}), 2, "no component");
+
   // A malformed manifest is bad usage.
   spit(file("bad.txt"), "opt string nothex\n");
   expect_failure(run({"explain", "--manifest", file("bad.txt")}), 2, "digest");

@@ -919,6 +919,8 @@ int cmd_explain(Ctx& c) {
     auto m = read_manifest(*mf);
     if (!m) return m.error().code() == Errc::invalid_argument ? usage_error("explain", m.error().message()) : c.fail(m.error());
     want = std::move(m).value();
+    if (want->ns.empty() && want->items.empty())
+      return usage_error("explain", *mf + " holds no namespace and no component");
   }
   std::optional<Key> key;
   if (c.args.has("--key")) {
@@ -976,6 +978,7 @@ int cmd_explain(Ctx& c) {
       continue;
     }
     Manifest m = (**e).manifest();
+    if (m.ns.empty() && m.items.empty()) continue;  // stored without a manifest: nothing to compare
     if (m.ns != want->ns) {
       ++other_ns[m.ns];
       continue;
