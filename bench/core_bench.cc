@@ -119,8 +119,10 @@ const DataSet& data_for(size_t size) {
 
 // ---- stores --------------------------------------------------------------
 
-std::string root_dir() {
-  static std::string root = [] {
+// Never destroyed: the atexit handler that removes the folder runs after
+// function-local statics constructed later would have been destroyed.
+const std::string& root_dir() {
+  static const std::string* root = [] {
     std::string base = getenv("KCACHE_BENCH_DIR") ? getenv("KCACHE_BENCH_DIR")
                        : getenv("TMPDIR")         ? getenv("TMPDIR")
                                                   : "/tmp";
@@ -133,9 +135,9 @@ std::string root_dir() {
       std::error_code ec;
       std::filesystem::remove_all(root_dir(), ec);
     });
-    return tmpl;
+    return new std::string(tmpl);
   }();
-  return root;
+  return *root;
 }
 
 std::shared_ptr<kcache::Tier> open_or_die(kcache::Expected<std::shared_ptr<kcache::Tier>> t, const char* what) {
