@@ -522,13 +522,31 @@ class FilesTier final : public Tier {
     struct Item {
       uint64_t mtime_ns;
       ino_t ino;
+      uint64_t size;
       std::string path;
     };
     std::vector<Item> items;
     Status st = scan([&](const Key&, const std::string& p, const struct stat& s) {
-      items.push_back({static_cast<uint64_t>(s.st_mtim.tv_sec) * 1000000000ull + s.st_mtim.tv_nsec, s.st_ino, p});
+      items.push_back({static_cast<uint64_t>(s.st_mtim.tv_sec) * 1000000000ull + s.st_mtim.tv_nsec, s.st_ino,
+                       static_cast<uint64_t>(s.st_size), p});
     });
     uint64_t removed = 0;
+    if (st.is_ok()) {
+      // Totals far beyond what the walk found (a damaged `stats` file, or one
+      // written by a process killed mid-update) would make this loop delete
+      // every entry; recount them first. Puts racing with the walk cannot
+      // add more than a few entries, far below this margin.
+      uint64_t walked_bytes = 0;
+      for (const auto& it : items) walked_bytes += it.size;
+      uint64_t cur[c_count];
+      if (read_counters(cur).is_ok() &&
+          (cur[c_entries] > 2 * items.size() + 1024 || cur[c_bytes] > walked_bytes + max_bytes_ / 2)) {
+        KCACHE_LOG(LogLevel::warn, "files tier %s: stored totals (%llu entries, %llu bytes) disagree with the store; "
+                   "recounting", dir_.c_str(), static_cast<unsigned long long>(cur[c_entries]),
+                   static_cast<unsigned long long>(cur[c_bytes]));
+        st = recount();
+      }
+    }
     if (st.is_ok()) {
       std::sort(items.begin(), items.end(), [](const Item& a, const Item& b) { return a.mtime_ns < b.mtime_ns; });
       st = with_counters([&](uint64_t* v) {

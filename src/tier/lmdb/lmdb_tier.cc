@@ -24,7 +24,10 @@
 // Hits are recorded in memory; a background thread writes recency and
 // counters in batches, so the hit path never takes the write lock.
 #include <lmdb.h>
+#include <fcntl.h>
 #include <stdio.h>
+#include <sys/file.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -39,6 +42,7 @@
 #include <vector>
 
 #include "kcache/tier.h"
+#include "entry/buffer.h"
 #include "tier/lmdb/lmdb_env.h"
 #include "util/util.h"
 
@@ -66,6 +70,256 @@ void lru_key(char out[24], uint64_t ms, const Key& k) {
 
 const char* const kCounterNames[] = {"hits", "misses", "puts", "evictions", "corrupt", "errors", "entries", "bytes"};
 enum Counter { c_hits, c_misses, c_puts, c_evictions, c_corrupt, c_errors, c_entries, c_bytes, c_count };
+
+// ---- structural check of the data file ----------------------------------
+//
+// LMDB keeps no page checksums and trusts every page number and offset it
+// reads: a flipped bit in a B-tree page can send mdb_get outside the map
+// (SIGSEGV/SIGBUS). Before any transaction walks the tree, a process checks
+// once, after opening, that the file is shaped as LMDB wrote it: both meta
+// pages sane, and for the free list, the main database and every named
+// database, each reachable page in bounds, numbered as its offset, of the
+// right type and depth, reached once, with node offsets and sizes inside the
+// page, overflow runs inside the file, and free-listed pages not in use.
+// Entry bytes are not read here (their checksums are verified on every get);
+// the cost is one pass over the B-tree pages, a small part of the file.
+//
+// The layout constants below are LMDB 0.9's on-disk format (lmdb.h/mdb.c:
+// MDB_page, MDB_node, MDB_meta, MDB_db), which is stable across 0.9.x.
+constexpr uint32_t kMdbMagic = 0xBEEFC0DE;
+constexpr uint32_t kMdbVersion = 1;
+constexpr size_t kPageHdr = 16;   // pgno u64 | pad u16 | flags u16 | lower u16 | upper u16 (or pages u32)
+constexpr size_t kNodeHdr = 8;    // lo u16 | hi u16 | flags u16 | ksize u16
+constexpr size_t kDbRecord = 48;  // pad u32 | flags u16 | depth u16 | 4 x u64 | root u64
+constexpr uint16_t kPBranch = 0x01, kPLeaf = 0x02, kPOverflow = 0x04;
+constexpr uint16_t kFBigData = 0x01, kFSubData = 0x02;
+constexpr uint64_t kNoRoot = ~uint64_t(0);
+
+uint16_t rd16(const unsigned char* p) { return static_cast<uint16_t>(p[0] | (p[1] << 8)); }
+uint32_t rd32(const unsigned char* p) { return rd16(p) | (static_cast<uint32_t>(rd16(p + 2)) << 16); }
+uint64_t rd64(const unsigned char* p) { return rd32(p) | (static_cast<uint64_t>(rd32(p + 4)) << 32); }
+
+struct MetaInfo {
+  uint32_t psize = 0;
+  uint64_t last_pg = 0, txnid = 0;
+  uint64_t free_root = kNoRoot, main_root = kNoRoot;
+  uint16_t free_depth = 0, main_depth = 0;
+};
+
+// Parses the meta record that starts kPageHdr bytes into a meta page.
+bool parse_meta(const unsigned char* m, MetaInfo* out) {
+  if (rd32(m) != kMdbMagic || rd32(m + 4) != kMdbVersion) return false;
+  const unsigned char* free_db = m + 24;
+  const unsigned char* main_db = free_db + kDbRecord;
+  out->psize = rd32(free_db);
+  out->free_depth = rd16(free_db + 6);
+  out->free_root = rd64(free_db + 40);
+  out->main_depth = rd16(main_db + 6);
+  out->main_root = rd64(main_db + 40);
+  out->last_pg = rd64(main_db + kDbRecord);
+  out->txnid = rd64(main_db + kDbRecord + 8);
+  return true;
+}
+
+// Before LMDB maps the file: both metas readable and sane, and the pages the
+// newer one claims are present (LMDB would otherwise map past the end of
+// the file, or size its map from a corrupt field).
+Status check_metas_before_open(const std::string& data_path) {
+  int fd = ::open(data_path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return Status();  // a new store
+  struct stat st;
+  Status res;
+  if (::fstat(fd, &st) == 0 && st.st_size > 0) {
+    unsigned char b0[kPageHdr + 160], b1[kPageHdr + 160];
+    MetaInfo m0, m1;
+    bool ok = ::pread(fd, b0, sizeof b0, 0) == static_cast<ssize_t>(sizeof b0) && parse_meta(b0 + kPageHdr, &m0);
+    uint32_t ps = ok ? m0.psize : 0;
+    ok = ok && ps >= 512 && ps <= 65536 && (ps & (ps - 1)) == 0 &&
+         ::pread(fd, b1, sizeof b1, ps) == static_cast<ssize_t>(sizeof b1) && parse_meta(b1 + kPageHdr, &m1) &&
+         m1.psize == ps && rd16(b0 + 10) == 0x08 && rd16(b1 + 10) == 0x08;
+    if (!ok) {
+      res = Status(Errc::corrupt, "lmdb meta pages of " + data_path + " are damaged");
+    } else {
+      const MetaInfo& m = m0.txnid >= m1.txnid ? m0 : m1;
+      if (m.last_pg < 1 || m.last_pg > (uint64_t(1) << 40) ||
+          (m.last_pg + 1) * ps > static_cast<uint64_t>(st.st_size))
+        res = Status(Errc::corrupt, "lmdb data file " + data_path + " is truncated or its meta page is damaged");
+    }
+  }
+  ::close(fd);
+  return res;
+}
+
+class TreeChecker {
+ public:
+  TreeChecker(const unsigned char* map, uint32_t psize, uint64_t npages)
+      : map_(map), psize_(psize), npages_(npages), used_(npages, 0) {}
+
+  // Checks the database rooted at `root` (`depth` levels deep, from its
+  // record). Named-database records are collected when allow_subdb; free-list
+  // records are read when free_list.
+  bool tree(uint64_t root, uint16_t depth, bool allow_subdb, bool free_list) {
+    if (root == kNoRoot) return true;
+    if (depth == 0 || depth > 32) return fail("bad tree depth");
+    std::vector<std::pair<uint64_t, uint16_t>> todo{{root, 1}};
+    while (!todo.empty()) {
+      auto [pg, level] = todo.back();
+      todo.pop_back();
+      const unsigned char* p = page(pg);
+      if (!p) return false;
+      uint16_t flags = rd16(p + 10), lower = rd16(p + 12), upper = rd16(p + 14);
+      bool leaf = flags == kPLeaf;
+      if (!leaf && flags != kPBranch) return fail("page of unexpected type");
+      if (leaf != (level == depth)) return fail("tree depth mismatch");
+      if (lower < kPageHdr + 2 || (lower - kPageHdr) % 2 != 0 || lower > upper || upper > psize_)
+        return fail("page bounds damaged");
+      unsigned n = (lower - kPageHdr) / 2;
+      for (unsigned i = 0; i < n; ++i) {
+        uint16_t off = rd16(p + kPageHdr + 2 * i);
+        if (off < upper || off % 2 != 0 || off + kNodeHdr > psize_) return fail("node offset damaged");
+        const unsigned char* node = p + off;
+        uint16_t nflags = rd16(node + 4), ksize = rd16(node + 6);
+        if (off + kNodeHdr + ksize > psize_) return fail("key size damaged");
+        if (!leaf) {
+          uint64_t child = rd16(node) | (uint64_t(rd16(node + 2)) << 16) | (uint64_t(nflags) << 32);
+          todo.emplace_back(child, static_cast<uint16_t>(level + 1));
+          continue;
+        }
+        uint64_t dsize = rd16(node) | (uint64_t(rd16(node + 2)) << 16);
+        const unsigned char* data = node + kNodeHdr + ksize;
+        if (nflags & ~(kFBigData | kFSubData)) return fail("node flags damaged");
+        if (nflags & kFBigData) {
+          if (nflags & kFSubData) return fail("node flags damaged");
+          if (off + kNodeHdr + ksize + 8 > psize_) return fail("overflow reference damaged");
+          uint64_t ov = rd64(data);
+          if (!overflow(ov, dsize)) return false;
+          if (free_list && !free_ids(map_ + ov * psize_ + kPageHdr, dsize)) return false;
+          continue;
+        }
+        if (off + kNodeHdr + ksize + dsize > psize_) return fail("data size damaged");
+        if (nflags & kFSubData) {
+          if (!allow_subdb || dsize != kDbRecord) return fail("named database record damaged");
+          subdbs_.emplace_back(rd64(data + 40), rd16(data + 6));
+        } else if (free_list && !free_ids(data, dsize)) {
+          return false;
+        }
+      }
+      if (n == 0) return fail("empty page in a tree");
+    }
+    return true;
+  }
+
+  // Named databases found while checking the main database.
+  const std::vector<std::pair<uint64_t, uint16_t>>& subdbs() const { return subdbs_; }
+
+  // Free-listed pages must not be part of any tree.
+  bool free_pages_unused() {
+    for (uint64_t pg : free_)
+      if (used_[pg]) return fail("a page is both free and in use");
+    return true;
+  }
+
+  const std::string& why() const { return why_; }
+
+ private:
+  bool fail(const char* why) {
+    why_ = why;
+    return false;
+  }
+
+  const unsigned char* page(uint64_t pg) {
+    if (pg < 2 || pg >= npages_) return fail("page number out of range"), nullptr;
+    if (used_[pg]) return fail("page reached twice"), nullptr;
+    used_[pg] = 1;
+    const unsigned char* p = map_ + pg * psize_;
+    if (rd64(p) != pg) return fail("page number mismatch"), nullptr;
+    return p;
+  }
+
+  bool overflow(uint64_t pg, uint64_t dsize) {
+    const unsigned char* p = page(pg);
+    if (!p) return false;
+    if (rd16(p + 10) != kPOverflow) return fail("overflow page of unexpected type");
+    uint64_t pages = rd32(p + 12);
+    if (pages == 0 || pg + pages > npages_ || pages * psize_ < dsize + kPageHdr) return fail("overflow run damaged");
+    for (uint64_t i = 1; i < pages; ++i) {
+      if (used_[pg + i]) return fail("overflow page reached twice");
+      used_[pg + i] = 1;
+    }
+    return true;
+  }
+
+  // A free-list record: u64 count, then that many page numbers.
+  bool free_ids(const unsigned char* d, uint64_t dsize) {
+    if (dsize < 8 || dsize % 8 != 0 || rd64(d) != dsize / 8 - 1) return fail("free list record damaged");
+    for (uint64_t i = 1; i < dsize / 8; ++i) {
+      uint64_t pg = rd64(d + 8 * i);
+      if (pg < 2 || pg >= npages_) return fail("free page out of range");
+      free_.push_back(pg);
+    }
+    return true;
+  }
+
+  const unsigned char* map_;
+  uint32_t psize_;
+  uint64_t npages_;
+  std::vector<uint8_t> used_;
+  std::vector<uint64_t> free_;
+  std::vector<std::pair<uint64_t, uint16_t>> subdbs_;
+  std::string why_;
+};
+
+// After mdb_env_open, before the first transaction that reads the tree.
+// Reads through a private read-only map of the file (LMDB does not expose
+// its own), bounded by the file's size, while a read transaction keeps the
+// checked snapshot's pages from being reused by writers.
+Status check_tree(MDB_env* env, const std::string& data_path) {
+  MDB_txn* txn;
+  int rc = mdb_txn_begin(env, nullptr, MDB_RDONLY, &txn);
+  if (rc) return mdb_status(rc, "begin check");
+  uint64_t txnid = mdb_txn_id(txn);
+  MDB_stat mst;
+  mdb_env_stat(env, &mst);
+  uint32_t ps = mst.ms_psize;
+  Status res;
+  int fd = ::open(data_path.c_str(), O_RDONLY | O_CLOEXEC);
+  struct stat fst;
+  if (fd < 0 || ::fstat(fd, &fst) != 0) {
+    res = util::errno_status(errno, "open " + data_path);
+    if (fd >= 0) ::close(fd);
+    mdb_txn_abort(txn);
+    return res;
+  }
+  uint64_t fsize = static_cast<uint64_t>(fst.st_size);
+  void* mp = fsize >= 2ull * ps ? ::mmap(nullptr, fsize, PROT_READ, MAP_SHARED, fd, 0) : MAP_FAILED;
+  ::close(fd);
+  MetaInfo m0, m1;
+  if (mp == MAP_FAILED) {
+    res = fsize >= 2ull * ps ? util::errno_status(errno, "map " + data_path)
+                             : Status(Errc::corrupt, "lmdb data file " + data_path + " is truncated");
+  } else if (const auto* map = static_cast<const unsigned char*>(mp);
+             !parse_meta(map + kPageHdr, &m0) || !parse_meta(map + ps + kPageHdr, &m1)) {
+    res = Status(Errc::corrupt, "lmdb meta pages of " + data_path + " are damaged");
+  } else {
+    const MetaInfo* m = m0.txnid == txnid ? &m0 : m1.txnid == txnid ? &m1 : nullptr;
+    uint64_t npages = m ? m->last_pg + 1 : 0;
+    if (!m || npages * ps > fsize) {
+      res = Status(Errc::corrupt, "lmdb meta page of " + data_path + " is damaged");
+    } else {
+      TreeChecker c(map, ps, npages);
+      bool ok = c.tree(m->free_root, m->free_depth, false, true) && c.tree(m->main_root, m->main_depth, true, false);
+      for (size_t i = 0; ok && i < c.subdbs().size(); ++i) {
+        auto [root, depth] = c.subdbs()[i];
+        ok = c.tree(root, depth, false, false);
+      }
+      ok = ok && c.free_pages_unused();
+      if (!ok) res = Status(Errc::corrupt, "lmdb store " + data_path + " is damaged: " + c.why());
+    }
+  }
+  if (mp != MAP_FAILED) ::munmap(mp, fsize);
+  mdb_txn_abort(txn);
+  return res;
+}
 
 }  // namespace
 
@@ -98,6 +352,8 @@ Expected<std::shared_ptr<LmdbEnv>> LmdbEnv::open(const std::string& dir, uint64_
   mdb_env_set_maxdbs(env->env_, 8);
   mdb_env_set_maxreaders(env->env_, 1022);
   mdb_env_set_mapsize(env->env_, map_size);
+  std::string data = dir + "/data.mdb";
+  KCACHE_RETURN_IF_ERROR(check_metas_before_open(data));
   unsigned flags = MDB_NOTLS | MDB_NORDAHEAD;
   if (!sync_data) flags |= MDB_NOSYNC;
   else if (!sync_meta) flags |= MDB_NOMETASYNC;
@@ -113,10 +369,10 @@ Expected<std::shared_ptr<LmdbEnv>> LmdbEnv::open(const std::string& dir, uint64_
   mdb_env_info(env->env_, &info);
   mdb_env_stat(env->env_, &mst);
   struct stat fst;
-  std::string data = dir + "/data.mdb";
   if (::stat(data.c_str(), &fst) == 0 &&
       static_cast<uint64_t>(fst.st_size) < (info.me_last_pgno + 1) * static_cast<uint64_t>(mst.ms_psize))
     return Status(Errc::corrupt, "lmdb data file " + data + " is truncated");
+  KCACHE_RETURN_IF_ERROR(check_tree(env->env_, data));
 
   MDB_txn* txn;
   rc = mdb_txn_begin(env->env_, nullptr, 0, &txn);
@@ -167,7 +423,7 @@ Expected<MDB_txn*> LmdbEnv::begin_read() {
 void LmdbEnv::end_read(MDB_txn* t) {
   mdb_txn_reset(t);
   std::lock_guard lk(mu_);
-  if (idle_.size() < 64) {
+  if (idle_.size() < 16) {
     idle_.push_back(t);
     return;
   }
@@ -191,8 +447,13 @@ namespace {
 class PinnedBuffer final : public Buffer {
  public:
   PinnedBuffer(std::shared_ptr<LmdbEnv> env, MDB_txn* txn, std::string_view bytes)
-      : env_(std::move(env)), txn_(txn), bytes_(bytes) {}
-  ~PinnedBuffer() override { env_->end_read(txn_); }
+      : env_(std::move(env)), txn_(txn), bytes_(bytes) {
+    env_->pinned.fetch_add(1, std::memory_order_relaxed);
+  }
+  ~PinnedBuffer() override {
+    env_->pinned.fetch_sub(1, std::memory_order_relaxed);
+    env_->end_read(txn_);
+  }
   std::string_view bytes() const noexcept override { return bytes_; }
   bool pinned() const noexcept override { return true; }
 
@@ -223,6 +484,9 @@ class LmdbTier final : public Tier {
   }
 
   std::string_view name() const noexcept override { return "lmdb"; }
+
+  // Counts a damaged store found (and moved aside) when opening.
+  void note_corrupt() { count(c_corrupt); }
 
   Status flush() override {
     std::unordered_map<Key, uint64_t> touched;
@@ -362,7 +626,18 @@ class LmdbTier final : public Tier {
       count(c_errors);
       return mdb_status(rc, "get");
     }
-    auto buf = std::make_shared<PinnedBuffer>(env_, txn, std::string_view(static_cast<const char*>(v.mv_data), v.mv_size));
+    std::string_view bytes(static_cast<const char*>(v.mv_data), v.mv_size);
+    std::shared_ptr<const Buffer> buf;
+    if (env_->pinned.load(std::memory_order_relaxed) < kMaxPinned) {
+      buf = std::make_shared<PinnedBuffer>(env_, txn, bytes);
+    } else {
+      // Each pinned hit holds a reader slot; a caller that keeps many
+      // entries alive gets copies instead of exhausting the reader table.
+      auto copy = std::make_shared<AlignedBuffer>(bytes.size());
+      std::memcpy(copy->data(), bytes.data(), bytes.size());
+      env_->end_read(txn);
+      buf = std::move(copy);
+    }
     auto e = Entry::decode(std::move(buf), &key);
     if (!e) {
       count(c_corrupt);
@@ -721,15 +996,34 @@ Expected<std::shared_ptr<Tier>> open_lmdb_tier(const std::string& dir, const Dis
   bool sync_data = options.durability != Durability::none;
   bool sync_meta = options.durability == Durability::full;
   auto env = LmdbEnv::open(dir, map_size, sync_data, sync_meta);
+  bool quarantined = false;
   if (!env && env.error().code() == Errc::corrupt) {
-    // A store LMDB cannot open safely is moved aside, never deleted, and a
-    // fresh one takes its place: the cache keeps working.
-    std::string aside = dir + ".corrupt-" + std::to_string(util::now_unix_ms());
-    KCACHE_LOG(LogLevel::warn, "%s; moved aside to %s", env.error().to_string().c_str(), aside.c_str());
-    if (::rename(dir.c_str(), aside.c_str()) == 0) env = LmdbEnv::open(dir, map_size, sync_data, sync_meta);
+    // A store LMDB cannot use safely is moved aside, never deleted, and a
+    // fresh one takes its place: the cache keeps working. Processes that
+    // find it damaged at once take turns under a lock beside the folder, and
+    // each looks again first, so a fresh store another one just made is
+    // used, not moved aside in its turn.
+    std::string lock_path = dir + ".quarantine-lock";
+    int lfd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (lfd >= 0) {
+      while (::flock(lfd, LOCK_EX) != 0 && errno == EINTR) {
+      }
+      env = LmdbEnv::open(dir, map_size, sync_data, sync_meta);
+    }
+    if (!env && env.error().code() == Errc::corrupt) {
+      std::string aside = dir + ".corrupt-" + std::to_string(util::now_unix_ms()) + "-" + std::to_string(::getpid());
+      KCACHE_LOG(LogLevel::warn, "%s; moved aside to %s", env.error().to_string().c_str(), aside.c_str());
+      if (::rename(dir.c_str(), aside.c_str()) == 0) {
+        env = LmdbEnv::open(dir, map_size, sync_data, sync_meta);
+        quarantined = env.has_value();
+      }
+    }
+    if (lfd >= 0) ::close(lfd);
   }
   if (!env) return env.error();
-  return std::shared_ptr<Tier>(std::make_shared<LmdbTier>(std::move(env).value(), options));
+  auto tier = std::make_shared<LmdbTier>(std::move(env).value(), options);
+  if (quarantined) tier->note_corrupt();  // the store's own counters show it
+  return std::shared_ptr<Tier>(std::move(tier));
 }
 
 }  // namespace kcache
