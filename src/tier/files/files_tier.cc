@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "entry/buffer.h"
+#include "tier/files/files_probe.h"
 #include "kcache/tier.h"
 #include "util/util.h"
 
@@ -42,6 +43,9 @@ namespace {
 
 enum Counter { c_hits, c_misses, c_puts, c_evictions, c_corrupt, c_errors, c_entries, c_bytes, c_count };
 constexpr uint64_t kLeaseStaleMs = 60'000;
+
+// Entry files this process's walks have visited so far (files_probe.h).
+std::atomic<uint64_t> g_files_visited{0};
 
 void sub(uint64_t& v, uint64_t n) { v = n > v ? 0 : v - n; }
 
@@ -102,6 +106,9 @@ class FilesTier final : public Tier {
     int fd = ::open((dir_ + "/stats").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
     if (fd < 0) return util::errno_status(errno, "open " + dir_ + "/stats");
     ::close(fd);
+    // Temp files of writers that died are collected at open too, not only
+    // by walks, so a store that never fills does not keep them forever.
+    collect_temps();
     return Status();
   }
 
@@ -224,6 +231,12 @@ class FilesTier final : public Tier {
     std::string tmp_prefix = dir_ + "/tmp/" + entry.key().hex();
     std::string tmp;
     Status st = write_temp(tmp_prefix, enc, sync_, &tmp);
+    if (st.code() == Errc::not_found) {
+      // tmp/ was removed (a cleaner, a user): make it again rather than fail
+      // every later write.
+      (void)util::make_dirs(dir_ + "/tmp");
+      st = write_temp(tmp_prefix, enc, sync_, &tmp);
+    }
     if (!st.is_ok()) {
       count(c_errors);
       return st;
@@ -249,9 +262,19 @@ class FilesTier final : public Tier {
       count(c_errors);
       return st;
     }
-    if (totals[c_bytes] > max_bytes_ || totals[c_entries] > max_entries_) {
-      auto r = evict(static_cast<uint64_t>(max_bytes_ * low_water_), static_cast<uint64_t>(max_entries_ * low_water_));
-      if (!r) KCACHE_LOG(LogLevel::warn, "files eviction: %s", r.error().to_string().c_str());
+    // A put that finds another process evicting leaves the work to it; the
+    // evictor looks at the totals again after giving up its lease, so a put
+    // counted after its last pass is not left over the limit.
+    for (int pass = 0; pass < 4 && (totals[c_bytes] > max_bytes_ || totals[c_entries] > max_entries_); ++pass) {
+      bool busy = false;
+      auto r = evict(static_cast<uint64_t>(max_bytes_ * low_water_), static_cast<uint64_t>(max_entries_ * low_water_),
+                     &busy);
+      if (!r) {
+        KCACHE_LOG(LogLevel::warn, "files eviction: %s", r.error().to_string().c_str());
+        break;
+      }
+      if (busy) break;  // another process holds the lease
+      if (!read_counters(totals).is_ok()) break;
     }
     return Status();
   }
@@ -456,6 +479,7 @@ class FilesTier final : public Tier {
         std::string p = d + "/" + std::string(n);
         struct stat st;
         if (::stat(p.c_str(), &st) != 0) continue;
+        g_files_visited.fetch_add(1, std::memory_order_relaxed);
         fn(*k, p, st);
       }
       ::closedir(dp);
@@ -517,8 +541,12 @@ class FilesTier final : public Tier {
   // The walk that orders files by recency runs without the counters' lock;
   // the unlinks run under it, each one skipping a file that was replaced or
   // used since the walk, so totals stay exact while others put.
-  Expected<uint64_t> evict(uint64_t target_bytes, uint64_t target_entries) {
-    if (!take_lease()) return uint64_t(0);  // someone else is evicting
+  // Sets *busy when another process holds the lease (and does nothing).
+  Expected<uint64_t> evict(uint64_t target_bytes, uint64_t target_entries, bool* busy = nullptr) {
+    if (!take_lease()) {
+      if (busy) *busy = true;
+      return uint64_t(0);
+    }
     struct Item {
       uint64_t mtime_ns;
       ino_t ino;
@@ -582,6 +610,8 @@ class FilesTier final : public Tier {
 };
 
 }  // namespace
+
+uint64_t files_entries_visited() noexcept { return g_files_visited.load(std::memory_order_relaxed); }
 
 Expected<std::shared_ptr<Tier>> open_files_tier(const std::string& dir, const DiskTierOptions& options) {
   auto t = std::make_shared<FilesTier>(dir, options);

@@ -17,6 +17,10 @@ namespace kcache {
 
 inline constexpr int kMaxPinned = 64;
 
+// Records this process's eviction and repair walks have visited so far:
+// lets tests check that a put touches only its own records, not the store.
+uint64_t lmdb_records_visited() noexcept;
+
 class LmdbEnv {
  public:
   // Returns the process's open handle for `dir` if there is one, else opens.
