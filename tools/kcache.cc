@@ -12,6 +12,7 @@
 // as an empty store. A corrupt entry is reported, never fatal.
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -32,6 +33,7 @@
 #include "kcache/cache.h"
 #include "kcache/entry.h"
 #include "kcache/key.h"
+#include "kcache/lease.h"
 #include "kcache/status.h"
 #include "kcache/tier.h"
 #include "util/util.h"
@@ -68,6 +70,12 @@ const char kUsage[] =
     "                                  else compare FILE with the stored manifests of the\n"
     "                                  same namespace, name the components that differ\n"
     "                                  from the nearest one, and exit 1\n"
+    "  run --key HEX --artifact NAME=PATH... -- COMMAND [ARGS...]\n"
+    "                                  on a hit, write the stored artifacts to their\n"
+    "                                  paths and do not run COMMAND; on a miss, run it\n"
+    "                                  once across processes (others wait for it), then\n"
+    "                                  store the files it left at those paths. Exit:\n"
+    "                                  COMMAND's own status when it ran, else 0\n"
     "  help, --help                    this text\n"
     "  version, --version [--json]     version and features built in\n"
     "\n"
@@ -458,7 +466,10 @@ struct FlagSpec {
 struct Args {
   std::string command;
   std::map<std::string, std::string> flags;  // "--key" -> value ("" for switches)
+  std::vector<std::pair<std::string, std::string>> all_flags;  // every occurrence, in order
   std::vector<std::string> positional;
+  std::vector<std::string> after_dashes;  // words after "--"
+  bool saw_dashes = false;
   bool has(const char* f) const { return flags.count(f) != 0; }
   const std::string* get(const char* f) const {
     auto it = flags.find(f);
@@ -1049,6 +1060,100 @@ int cmd_explain(Ctx& c) {
   return kExitMiss;
 }
 
+// ---- run -------------------------------------------------------------------
+
+// Runs argv with the tool's stdin/stdout/stderr; returns its exit status
+// (128 + signal when killed), or -1 with errno set when it could not start.
+int run_child(const std::vector<std::string>& argv) {
+  std::vector<char*> av;
+  for (const auto& a : argv) av.push_back(const_cast<char*>(a.c_str()));
+  av.push_back(nullptr);
+  pid_t pid = ::fork();
+  if (pid < 0) return -1;
+  if (pid == 0) {
+    ::execvp(av[0], av.data());
+    std::fprintf(stderr, "kcache: run: cannot execute '%s': %s\n", av[0], std::strerror(errno));
+    ::_exit(127);
+  }
+  int st = 0;
+  while (::waitpid(pid, &st, 0) < 0 && errno == EINTR) {
+  }
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+// kcache run --key HEX --artifact NAME=PATH... -- COMMAND...
+// A hit writes the stored artifacts to their paths and runs nothing; a miss
+// runs COMMAND once across processes (the others wait for its entry), then
+// stores the files it left at those paths.
+int cmd_run(Ctx& c) {
+  auto key = key_flag(c);
+  if (!key) return kExitUsage;
+  std::vector<std::pair<std::string, std::string>> files;
+  for (const auto& [flag, v] : c.args.all_flags) {
+    if (flag != "--artifact") continue;
+    size_t eq = v.find('=');
+    if (eq == std::string::npos || eq == 0 || eq + 1 == v.size())
+      return usage_error("run", "--artifact '" + v + "' is not NAME=PATH");
+    files.emplace_back(v.substr(0, eq), v.substr(eq + 1));
+  }
+  if (files.empty()) return usage_error("run", "name at least one --artifact NAME=PATH");
+  if (!c.args.saw_dashes || c.args.after_dashes.empty()) return usage_error("run", "give the command after '--'");
+  if (int rc = open_store(c, /*create=*/true)) return rc;
+
+  Options o = Options::from_env();
+  o.memory_tier = false;
+  o.log_level = std::min(o.log_level, LogLevel::warn);
+  auto cache = Cache::with_tiers({c.store.tier}, o);
+  if (o.process_single_flight && !o.read_only) {
+    auto l = c.store.engine == "files" ? open_file_leases(c.store.path)
+#if KCACHE_HAVE_LMDB
+                                       : open_lmdb_leases(c.store.path);
+#else
+                                       : open_file_leases(c.store.path);
+#endif
+    if (l) cache->set_leases(std::move(l).value());
+  }
+
+  int command_status = -2;  // -2: COMMAND did not run here
+  auto compile = [&]() -> Expected<std::vector<Artifact>> {
+    command_status = run_child(c.args.after_dashes);
+    if (command_status == -1) return util::errno_status(errno, "run " + c.args.after_dashes[0]);
+    if (command_status != 0)
+      return Status(Errc::compile_failed, "command exited with status " + std::to_string(command_status));
+    std::vector<Artifact> arts;
+    for (const auto& [name, path] : files) {
+      auto data = util::read_file(path);
+      if (!data) return Status(Errc::not_found, "artifact '" + name + "': " + data.error().message());
+      arts.push_back({name, std::move(data).value()});
+    }
+    return arts;
+  };
+  Source src = Source::compiled;
+  auto e = cache->get_or_compile(*key, compile, &src);
+  if (command_status != -2) {  // COMMAND ran here: its status is ours
+    if (command_status == -1) return c.fail(kExitError, e.error().message());
+    if (command_status == 0 && !e)
+      std::fprintf(stderr, "kcache: run: not stored: %s\n", e.error().message().c_str());
+    return command_status;
+  }
+  if (!e) return c.fail(e.error());
+  // A hit, or another process's result: write the artifacts out. An entry
+  // lacking one of them cannot stand for this command: run it.
+  for (const auto& [name, path] : files)
+    if (!e->artifact(name)) {
+      int st = run_child(c.args.after_dashes);
+      if (st == 0) {
+        if (auto arts = compile(); arts) cache->put(KeyInfo{*key, {}}, std::move(arts).value());
+      }
+      return st < 0 ? c.fail(kExitError, "cannot run " + c.args.after_dashes[0]) : st;
+    }
+  for (const auto& [name, path] : files) {
+    Status st = write_output(path, *e->artifact(name));
+    if (!st.is_ok()) return c.fail(kExitError, "artifact '" + name + "': " + st.message());
+  }
+  return kExitOk;
+}
+
 // ---- dispatch ----------------------------------------------------------------
 
 struct Command {
@@ -1071,6 +1176,7 @@ const std::vector<Command>& commands() {
       {"trim", cmd_trim, true, {{"--max-size", true}}},
       {"clear", cmd_clear, true, {}},
       {"explain", cmd_explain, true, {{"--key", true}, {"--manifest", true}}},
+      {"run", cmd_run, false, {{"--key", true}, {"--artifact", true}}},
   };
   return cmds;
 }
@@ -1120,12 +1226,17 @@ int run(int argc, char** argv) {
   for (size_t i = 0; i < args.size(); ++i) {
     if (i == cmd_at) continue;
     std::string a = args[i];
-    if (only_positional || a.empty() || a[0] != '-' || a == "-") {
+    if (only_positional) {
+      ctx.args.after_dashes.push_back(a);
+      continue;
+    }
+    if (a.empty() || a[0] != '-' || a == "-") {
       ctx.args.positional.push_back(a);
       continue;
     }
     if (a == "--") {
       only_positional = true;
+      ctx.args.saw_dashes = true;
       continue;
     }
     if (a == "--version" && cmd->run == cmd_version) continue;
@@ -1151,9 +1262,16 @@ int run(int argc, char** argv) {
     if (!spec->takes_value && value) return usage_error(name, "option " + a + " takes no value");
     std::string key = a == "--output" ? "-o" : a;
     ctx.args.flags[key] = value.value_or("");
+    ctx.args.all_flags.emplace_back(key, value.value_or(""));
+  }
+  if (cmd->run == cmd_put) {  // put takes NAME=PATH words, "--" included
+    for (auto& w : ctx.args.after_dashes) ctx.args.positional.push_back(std::move(w));
+    ctx.args.after_dashes.clear();
   }
   if (!ctx.args.positional.empty() && cmd->run != cmd_put)
     return usage_error(name, "unexpected argument '" + ctx.args.positional.front() + "'");
+  if (!ctx.args.after_dashes.empty() && cmd->run != cmd_run)
+    return usage_error(name, "unexpected argument '" + ctx.args.after_dashes.front() + "'");
   return cmd->run(ctx);
 }
 
