@@ -1,0 +1,264 @@
+// GPU-kernel integrations, each against a baseline measured in the same run.
+//
+// NVRTC: per kernel of the 25-kernel corpus, an uncached NVRTC compile
+// ("cold") versus a kcache hit from the memory tier and from the LMDB tier
+// ("warm"). The warm benchmarks report `x_vs_cold`, cold time / warm time.
+//
+// OpenCL on the installed platform (PoCL): the time a fresh process takes to
+// build the 8-program kernel set and run each kernel once, with
+//   none   PoCL's kernel cache off (POCL_KERNEL_CACHE=0),
+//   pocl   PoCL's own kernel cache (POCL_KERNEL_CACHE=1, POCL_CACHE_DIR temp),
+//   kcache kcache's ProgramCache (POCL_KERNEL_CACHE=0),
+//   kcache+pocl  both (PoCL's cache keeps the per-kernel machine code that
+//          PoCL 3.1 generates at first launch and does not put in the
+//          program binary),
+// all warm (each cache filled by an untimed first process). PoCL reads its
+// variables when the platform starts, so every sample is a child process;
+// the benchmark uses the time the child measured from platform start to the
+// last result (process start-up is the same in all three). `kcache` reports
+// `x_vs_none` and `x_vs_pocl`; `build_ms` is the part spent building
+// programs, `first_run_ms` the rest (kernel creation and first launches).
+//
+// Usage: kcache_bench_gpu [--benchmark_filter=nvrtc|opencl] [google benchmark flags]
+#include <benchmark/benchmark.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "kcache/cache.h"
+#include "util/util.h"
+
+#if KCACHE_HAVE_NVRTC
+#include "gpu_kernels.h"
+#include "kcache/nvrtc.h"
+#endif
+#if KCACHE_HAVE_OPENCL
+#include "kcache/opencl.h"
+#include "opencl_kernels.h"
+#endif
+
+namespace {
+
+std::string g_self;
+std::string g_tmp;
+
+std::string make_temp_dir(const char* tag) {
+  std::string t = std::string("/tmp/kcache-bench-gpu-") + tag + "-XXXXXX";
+  char* p = ::mkdtemp(t.data());
+  return p ? p : "";
+}
+
+kcache::Options cache_options(const std::string& dir, bool memory) {
+  kcache::Options o;
+  o.dir = dir;
+  o.memory_tier = memory;
+  o.log_level = kcache::LogLevel::error;
+  return o;
+}
+
+#if KCACHE_HAVE_NVRTC
+std::map<std::string, double> g_cold_ns;  // kernel -> uncached compile time
+
+struct NvrtcState {
+  std::string dir;
+  std::unique_ptr<kcache::Cache> mem_cache, disk_cache;
+  std::unique_ptr<kcache::nvrtc::Compiler> mem, disk;
+  std::vector<kcache::gpu_kernels::CudaKernel> kernels = kcache::gpu_kernels::cuda_kernels();
+};
+NvrtcState* g_nv = nullptr;
+
+NvrtcState& nv() {
+  if (!g_nv) {
+    g_nv = new NvrtcState();
+    g_nv->dir = g_tmp + "/nvrtc";
+    g_nv->mem_cache = kcache::Cache::open(cache_options(g_nv->dir, true));
+    g_nv->mem = std::make_unique<kcache::nvrtc::Compiler>(*g_nv->mem_cache);
+    for (const auto& k : g_nv->kernels) (void)g_nv->mem->compile(k.program);  // fills both tiers
+    g_nv->mem_cache->flush();
+    g_nv->disk_cache = kcache::Cache::open(cache_options(g_nv->dir, false));
+    g_nv->disk = std::make_unique<kcache::nvrtc::Compiler>(*g_nv->disk_cache);
+  }
+  return *g_nv;
+}
+
+void BM_NvrtcCold(benchmark::State& state, size_t i) {
+  const auto& k = nv().kernels[i];
+  double total = 0;
+  for (auto _ : state) {
+    auto t0 = std::chrono::steady_clock::now();
+    auto r = kcache::nvrtc::compile_uncached(k.program);
+    total += std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count();
+    if (!r) state.SkipWithError(r.error().to_string().c_str());
+  }
+  g_cold_ns[k.name] = total / static_cast<double>(state.iterations());
+}
+
+void BM_NvrtcWarm(benchmark::State& state, size_t i, bool memory) {
+  auto& s = nv();
+  const auto& k = s.kernels[i];
+  auto& c = memory ? *s.mem : *s.disk;
+  size_t bytes = 0;
+  auto t0 = std::chrono::steady_clock::now();
+  for (auto _ : state) {
+    auto r = c.compile(k.program);
+    if (!r || r->source == kcache::Source::compiled) {
+      state.SkipWithError("expected a hit");
+      break;
+    }
+    bytes = r->ptx.size() + r->cubin.size();
+    benchmark::DoNotOptimize(r->cubin.data());
+  }
+  double warm_ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count() /
+                   static_cast<double>(std::max<benchmark::IterationCount>(1, state.iterations()));
+  state.counters["bytes"] = static_cast<double>(bytes);
+  // Both sides are wall-clock times of this run.
+  if (auto it = g_cold_ns.find(k.name); it != g_cold_ns.end()) state.counters["x_vs_cold"] = it->second / warm_ns;
+}
+#endif
+
+#if KCACHE_HAVE_OPENCL
+// ---- child: one fresh-process pass over the OpenCL kernel set ----------
+int opencl_child(const std::string& mode, const std::string& dir) {
+  auto t0 = std::chrono::steady_clock::now();
+  cl_platform_id platform;
+  cl_uint n = 0;
+  if (clGetPlatformIDs(1, &platform, &n) != CL_SUCCESS || n == 0) return 3;
+  cl_device_id dev;
+  if (clGetDeviceIDs(platform, CL_DEVICE_TYPE_ALL, 1, &dev, &n) != CL_SUCCESS || n == 0) return 3;
+  cl_int e;
+  kcache::cl_kernels::Env env;
+  env.ctx = clCreateContext(nullptr, 1, &dev, nullptr, nullptr, &e);
+  env.queue = clCreateCommandQueue(env.ctx, dev, 0, &e);
+  std::unique_ptr<kcache::Cache> cache;
+  std::unique_ptr<kcache::opencl::ProgramCache> pc;
+  if (mode.starts_with("kcache")) {
+    cache = kcache::Cache::open(cache_options(dir, true));
+    pc = std::make_unique<kcache::opencl::ProgramCache>(*cache);
+  }
+  double build_ms = 0;
+  int rc = 0;
+  for (const auto& k : kcache::cl_kernels::cl_kernel_set()) {
+    auto b0 = std::chrono::steady_clock::now();
+    cl_program prog = nullptr;
+    if (pc) {
+      auto r = pc->build(env.ctx, dev, k.program);
+      if (r) prog = r->program;
+    } else {
+      (void)kcache::opencl::build_from_source(env.ctx, dev, k.program, &prog, nullptr);
+    }
+    build_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - b0).count();
+    if (!prog) return 4;
+    double err = k.run(env, prog);
+    if (err < 0 || err > 1e-2) {
+      std::fprintf(stderr, "%s: wrong result (error %g)\n", k.name.c_str(), err);
+      rc = 5;
+    }
+    clReleaseProgram(prog);
+  }
+  double total_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  if (cache) cache->flush();
+  std::printf("%.3f %.3f\n", total_ms, build_ms);
+  clReleaseCommandQueue(env.queue);
+  clReleaseContext(env.ctx);
+  return rc;
+}
+
+struct ChildTimes {
+  double total_ms = -1, build_ms = -1;
+};
+
+ChildTimes run_child(const std::string& mode) {
+  std::string dir = g_tmp + "/opencl-" + mode;
+  std::string env = std::string("POCL_KERNEL_CACHE=") + (mode.ends_with("pocl") ? "1" : "0") + " POCL_CACHE_DIR='" + dir +
+                    "/pocl' ";
+  std::string cmd = env + "'" + g_self + "' --opencl-child " + mode + " '" + dir + "'";
+  ChildTimes t;
+  FILE* f = ::popen(cmd.c_str(), "r");
+  if (!f) return t;
+  if (std::fscanf(f, "%lf %lf", &t.total_ms, &t.build_ms) != 2) t.total_ms = -1;
+  if (::pclose(f) != 0) t.total_ms = -1;
+  return t;
+}
+
+std::map<std::string, double> g_cl_ms;
+
+void BM_OpenclWarmProcess(benchmark::State& state, const std::string& mode) {
+  ChildTimes warm = run_child(mode);  // fills this mode's cache; not timed
+  if (warm.total_ms < 0) {
+    state.SkipWithError("OpenCL child failed (no platform?)");
+    return;
+  }
+  double sum = 0, build = 0;
+  for (auto _ : state) {
+    ChildTimes t = run_child(mode);
+    if (t.total_ms < 0) {
+      state.SkipWithError("OpenCL child failed");
+      break;
+    }
+    state.SetIterationTime(t.total_ms / 1e3);
+    sum += t.total_ms;
+    build += t.build_ms;
+  }
+  double iters = static_cast<double>(state.iterations());
+  g_cl_ms[mode] = sum / iters;
+  state.counters["build_ms"] = build / iters;
+  state.counters["first_run_ms"] = (sum - build) / iters;
+  if (mode.starts_with("kcache")) {
+    if (g_cl_ms.count("none")) state.counters["x_vs_none"] = g_cl_ms["none"] / g_cl_ms[mode];
+    if (g_cl_ms.count("pocl")) state.counters["x_vs_pocl"] = g_cl_ms["pocl"] / g_cl_ms[mode];
+  }
+}
+#endif
+
+}  // namespace
+
+int main(int argc, char** argv) {
+#if KCACHE_HAVE_OPENCL
+  if (argc == 4 && std::strcmp(argv[1], "--opencl-child") == 0) return opencl_child(argv[2], argv[3]);
+#endif
+  g_self = argv[0];
+  if (g_self.find('/') == std::string::npos) g_self = "./" + g_self;
+  g_tmp = make_temp_dir("run");
+  if (g_tmp.empty()) return 1;
+
+#if KCACHE_HAVE_NVRTC
+  {
+    auto kernels = kcache::gpu_kernels::cuda_kernels();
+    for (size_t i = 0; i < kernels.size(); ++i) {
+      const std::string& n = kernels[i].name;
+      benchmark::RegisterBenchmark(("nvrtc/cold/" + n).c_str(), BM_NvrtcCold, i)
+          ->Iterations(3)
+          ->Unit(benchmark::kMillisecond);
+      benchmark::RegisterBenchmark(("nvrtc/warm_memory/" + n).c_str(), BM_NvrtcWarm, i, true)
+          ->Unit(benchmark::kMicrosecond);
+      benchmark::RegisterBenchmark(("nvrtc/warm_lmdb/" + n).c_str(), BM_NvrtcWarm, i, false)
+          ->Unit(benchmark::kMicrosecond);
+    }
+  }
+#endif
+#if KCACHE_HAVE_OPENCL
+  for (const char* mode : {"none", "pocl", "kcache", "kcache+pocl"})
+    benchmark::RegisterBenchmark((std::string("opencl/warm_process/") + mode).c_str(), BM_OpenclWarmProcess,
+                                 std::string(mode))
+        ->UseManualTime()
+        ->Iterations(3)
+        ->Unit(benchmark::kMillisecond);
+#endif
+
+  benchmark::Initialize(&argc, argv);
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+#if KCACHE_HAVE_NVRTC
+  delete g_nv;
+#endif
+  std::string rm = "rm -rf '" + g_tmp + "'";
+  (void)::system(rm.c_str());
+  return 0;
+}
