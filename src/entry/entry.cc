@@ -15,7 +15,7 @@
 // before any payload byte is read; every later read is bounds-checked
 // against the verified lengths, so corrupt input cannot make us read out of
 // bounds or allocate more than the header allows.
-#include <xxhash.h>
+#include "util/fast_xxhash.h"
 
 #include <algorithm>
 #include <cstring>

@@ -11,7 +11,7 @@
 //                per item sorted by name: u64 len(name), name, u8 type, 16 bytes)
 #include "kcache/key.h"
 
-#include <xxhash.h>
+#include "util/fast_xxhash.h"
 
 #include <algorithm>
 #include <cstring>
