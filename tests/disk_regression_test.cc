@@ -2,6 +2,7 @@
 // each named after what broke.
 #include <gtest/gtest.h>
 #include <fcntl.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 
 #include <cstring>
@@ -85,6 +86,26 @@ TEST(DiskRegression, LmdbBranchPointingOutsideTheFileIsQuarantinedNotACrash) {
   for (const auto& e : fs::directory_iterator(dir.path()))
     aside |= e.path().filename().string().find("lmdb.corrupt-") == 0;
   EXPECT_TRUE(aside) << "the damaged store was not moved aside";
+}
+
+// LMDB reports a short page write on a full file system as EIO, so the
+// Cache saw an I/O error on every put instead of turning writes off once.
+TEST(DiskRegression, LmdbFullFileSystemIsNoSpaceNotIoError) {
+  TempDir dir;
+  std::string mnt = dir.path() + "/small";
+  ASSERT_EQ(::mkdir(mnt.c_str(), 0700), 0);
+  if (::mount("tmpfs", mnt.c_str(), "tmpfs", 0, "size=1m") != 0)
+    GTEST_SKIP() << "cannot mount a tmpfs here (" << strerror(errno) << "); disk_full_fs_test covers the fault";
+  Status last;
+  {
+    DiskTierOptions o;
+    o.durability = Durability::none;
+    auto t = open_lmdb_tier(mnt + "/lmdb", o);
+    ASSERT_TRUE(t.has_value()) << t.error().to_string();
+    for (uint64_t i = 0; i < 200 && last.is_ok(); ++i) last = (*t)->put(make_entry(i, 20000));
+  }
+  ::umount2(mnt.c_str(), MNT_DETACH);
+  EXPECT_EQ(last.code(), Errc::no_space) << last.to_string();
 }
 #endif
 

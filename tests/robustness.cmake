@@ -7,3 +7,4 @@ kcache_test(disk_regression_test SOURCES disk_regression_test.cc LABELS concurre
 kcache_test(disk_eviction_multiprocess_test SOURCES disk_eviction_multiprocess_test.cc LABELS concurrency TIMEOUT 120)
 kcache_test(disk_put_cost_test SOURCES disk_put_cost_test.cc TIMEOUT 120)
 kcache_test(files_stray_temp_test SOURCES files_stray_temp_test.cc TIMEOUT 120)
+kcache_test(disk_full_fs_test SOURCES disk_full_fs_test.cc TIMEOUT 120)

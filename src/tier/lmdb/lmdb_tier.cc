@@ -29,6 +29,7 @@
 #include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -666,6 +667,11 @@ class LmdbTier final : public Tier {
       (void)evict(static_cast<uint64_t>(max_bytes_ * low_water_ * 0.5), max_entries_);
       st = put_once(entry.key(), enc);
     }
+    if (st.code() == Errc::io_error && disk_nearly_full(enc.size())) {
+      // LMDB reports a short write of a page (a full file system) as EIO;
+      // say what it is, so the caller turns writes off instead of retrying.
+      st = Status(Errc::no_space, st.message() + " (the file system is full)");
+    }
     if (!st.is_ok()) {
       count(c_errors);
       return st;
@@ -700,6 +706,15 @@ class LmdbTier final : public Tier {
   }
 
  private:
+  // Free space (for unprivileged users) below what one commit of `need`
+  // bytes may write, with room for the B-tree pages that change with it.
+  bool disk_nearly_full(uint64_t need) {
+    struct statvfs v;
+    if (::statvfs(env_->dir().c_str(), &v) != 0) return false;
+    uint64_t free_bytes = static_cast<uint64_t>(v.f_bavail) * v.f_frsize;
+    return free_bytes < need + (uint64_t(1) << 20) || v.f_favail == 0;
+  }
+
   void count(int c, uint64_t n = 1) {
     std::lock_guard lk(pend_mu_);
     pending_[c] += n;
