@@ -111,6 +111,11 @@ struct CompileCounters {
   std::atomic<uint64_t> key_ns{0};       // bitcode + hashing
   std::atomic<uint64_t> lookup_ns{0};    // cache lookup + read (+ store on a miss)
   std::atomic<uint64_t> compile_ns{0};   // optimiser + code generator
+  // The same three in CPU time of the compiling thread (CLOCK_THREAD_CPUTIME_ID):
+  // unlike wall time, not inflated when other processes take the cores.
+  std::atomic<uint64_t> key_cpu_ns{0};
+  std::atomic<uint64_t> lookup_cpu_ns{0};
+  std::atomic<uint64_t> compile_cpu_ns{0};
   std::string to_json() const;
 };
 
@@ -145,6 +150,7 @@ class ObjectCache final : public ::llvm::ObjectCache {
   };
   Cache& cache_;
   TargetDesc target_;
+  ::llvm::Triple::ArchType arch_;
   ObjectCacheOptions opt_;
   std::shared_ptr<CompileCounters> counters_;
   std::mutex mu_;
@@ -184,6 +190,7 @@ class CachingCompiler final : public ::llvm::orc::IRCompileLayer::IRCompiler {
   Cache& cache_;
   ::llvm::orc::JITTargetMachineBuilder jtmb_;
   TargetDesc target_;
+  ::llvm::Triple::ArchType arch_;
   CompilerOptions opt_;
   std::shared_ptr<CompileCounters> counters_;
 };

@@ -11,6 +11,8 @@
 #include <elf.h>
 #include <link.h>
 
+#include <time.h>
+
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -37,6 +39,12 @@ uint64_t now_ns() {
   return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
                                    std::chrono::steady_clock::now().time_since_epoch())
                                    .count());
+}
+
+uint64_t cpu_ns() {
+  timespec ts;
+  ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
 }
 
 const char* code_model_name(::llvm::CodeModel::Model m) {
@@ -115,19 +123,22 @@ class EntryObjectBuffer final : public ::llvm::MemoryBuffer {
  public:
   EntryObjectBuffer(Entry entry, std::string_view bytes) : entry_(std::move(entry)) {
     init(bytes.data(), bytes.data() + bytes.size(), /*RequiresNullTerminator=*/false);
-    id_ = "kcache:" + entry_.key().hex();
   }
   BufferKind getBufferKind() const override { return MemoryBuffer_Malloc; }
-  ::llvm::StringRef getBufferIdentifier() const override { return id_; }
+  // Made on demand: the hit path should not pay for a name nobody reads.
+  ::llvm::StringRef getBufferIdentifier() const override {
+    if (id_.empty()) id_ = "kcache:" + entry_.key().hex();
+    return id_;
+  }
 
  private:
   Entry entry_;
-  std::string id_;
+  mutable std::string id_;
 };
 
 // The stored object as a MemoryBuffer, or null when it is not an object file
 // for `arch` (a bad entry: the caller recompiles).
-std::unique_ptr<::llvm::MemoryBuffer> object_buffer(const Entry& e, ::llvm::Triple::ArchType arch,
+std::unique_ptr<::llvm::MemoryBuffer> object_buffer(Entry&& e, ::llvm::Triple::ArchType arch,
                                                     bool zero_copy, std::string* why) {
   auto obj = e.artifact("obj");
   if (!obj) {
@@ -145,7 +156,7 @@ std::unique_ptr<::llvm::MemoryBuffer> object_buffer(const Entry& e, ::llvm::Trip
     return nullptr;
   }
   bool aligned = (reinterpret_cast<uintptr_t>(obj->data()) & 7) == 0;
-  if (zero_copy && aligned) return std::make_unique<EntryObjectBuffer>(e, *obj);
+  if (zero_copy && aligned) return std::make_unique<EntryObjectBuffer>(std::move(e), *obj);
   return ::llvm::MemoryBuffer::getMemBufferCopy(::llvm::StringRef(obj->data(), obj->size()),
                                                 "kcache:" + e.key().hex());
 }
@@ -234,11 +245,13 @@ std::string CompileCounters::to_json() const {
   char buf[512];
   std::snprintf(buf, sizeof buf,
                 "{\"lookups\":%llu,\"hits\":%llu,\"misses\":%llu,\"codegen_runs\":%llu,\"bad_objects\":%llu,"
-                "\"key_s\":%.6f,\"lookup_s\":%.6f,\"compile_s\":%.6f}",
+                "\"key_s\":%.6f,\"lookup_s\":%.6f,\"compile_s\":%.6f,\"key_cpu_s\":%.6f,\"lookup_cpu_s\":%.6f,"
+                "\"compile_cpu_s\":%.6f}",
                 (unsigned long long)lookups.load(), (unsigned long long)hits.load(),
                 (unsigned long long)misses.load(), (unsigned long long)codegen_runs.load(),
                 (unsigned long long)bad_objects.load(), key_ns.load() / 1e9, lookup_ns.load() / 1e9,
-                compile_ns.load() / 1e9);
+                compile_ns.load() / 1e9, key_cpu_ns.load() / 1e9, lookup_cpu_ns.load() / 1e9,
+                compile_cpu_ns.load() / 1e9);
   return buf;
 }
 
@@ -246,6 +259,7 @@ std::string CompileCounters::to_json() const {
 
 ObjectCache::ObjectCache(Cache& cache, TargetDesc target, ObjectCacheOptions options)
     : cache_(cache), target_(std::move(target)), opt_(std::move(options)) {
+  arch_ = ::llvm::Triple(target_.triple).getArch();
   counters_ = opt_.counters ? opt_.counters : std::make_shared<CompileCounters>();
 }
 
@@ -255,12 +269,13 @@ std::unique_ptr<::llvm::MemoryBuffer> ObjectCache::getObject(const ::llvm::Modul
   if (!cm) return nullptr;
   CompileCounters& C = *counters_;
   C.lookups.fetch_add(1, std::memory_order_relaxed);
-  uint64_t t0 = now_ns();
+  uint64_t t0 = now_ns(), u0 = cpu_ns();
   // The JIT owns the module and is compiling it on this thread; the key
   // function renames and restores two fields (see object_key).
   auto key = object_key(const_cast<::llvm::Module&>(*cm), target_, opt_.key);
-  uint64_t t1 = now_ns();
+  uint64_t t1 = now_ns(), u1 = cpu_ns();
   C.key_ns.fetch_add(t1 - t0, std::memory_order_relaxed);
+  C.key_cpu_ns.fetch_add(u1 - u0, std::memory_order_relaxed);
   if (!key) {
     KCACHE_LOG(LogLevel::warn, "llvm: no key for module: %s (compiling uncached)", key.error().to_string().c_str());
     C.misses.fetch_add(1, std::memory_order_relaxed);
@@ -270,7 +285,7 @@ std::unique_ptr<::llvm::MemoryBuffer> ObjectCache::getObject(const ::llvm::Modul
   if (auto e = cache_.get(key->key)) {
     std::string why;
     bool zero_copy = opt_.zero_copy && (!e->pinned() || opt_.short_lived_buffers);
-    buf = object_buffer(*e, ::llvm::Triple(target_.triple).getArch(), zero_copy, &why);
+    buf = object_buffer(std::move(*e), arch_, zero_copy, &why);
     if (!buf) {
       C.bad_objects.fetch_add(1, std::memory_order_relaxed);
       KCACHE_LOG(LogLevel::warn, "llvm: stored object %s rejected: %s (recompiling)", key->key.hex().c_str(),
@@ -278,6 +293,7 @@ std::unique_ptr<::llvm::MemoryBuffer> ObjectCache::getObject(const ::llvm::Modul
     }
   }
   C.lookup_ns.fetch_add(now_ns() - t1, std::memory_order_relaxed);
+  C.lookup_cpu_ns.fetch_add(cpu_ns() - u1, std::memory_order_relaxed);
   if (buf) {
     C.hits.fetch_add(1, std::memory_order_relaxed);
     return buf;
@@ -310,12 +326,13 @@ void ObjectCache::notifyObjectCompiled(const ::llvm::Module* cm, ::llvm::MemoryB
     KCACHE_LOG(LogLevel::info, "llvm: object for a module never looked up; not stored");
     return;
   }
-  uint64_t t0 = now_ns();
+  uint64_t t0 = now_ns(), u0 = cpu_ns();
   uint64_t cost = util::now_mono_us() - p.start_us;
   std::vector<Artifact> arts;
   arts.push_back({"obj", std::string(obj.getBufferStart(), obj.getBufferSize())});
   cache_.put(p.key, std::move(arts), cost);
   C.lookup_ns.fetch_add(now_ns() - t0, std::memory_order_relaxed);
+  C.lookup_cpu_ns.fetch_add(cpu_ns() - u0, std::memory_order_relaxed);
 }
 
 // ---- CachingCompiler -----------------------------------------------------------
@@ -327,6 +344,7 @@ CachingCompiler::CachingCompiler(Cache& cache, ::llvm::orc::JITTargetMachineBuil
       jtmb_(std::move(jtmb)),
       target_(std::move(target)),
       opt_(std::move(options)) {
+  arch_ = ::llvm::Triple(target_.triple).getArch();
   counters_ = opt_.counters ? opt_.counters : std::make_shared<CompileCounters>();
 }
 
@@ -385,18 +403,20 @@ kcache::Expected<std::string> CachingCompiler::compile(::llvm::Module& m) {
 ::llvm::Expected<std::unique_ptr<::llvm::MemoryBuffer>> CachingCompiler::operator()(::llvm::Module& m) {
   CompileCounters& C = *counters_;
   C.lookups.fetch_add(1, std::memory_order_relaxed);
-  uint64_t t0 = now_ns();
+  uint64_t t0 = now_ns(), u0 = cpu_ns();
   KeyOptions ko;
   ko.ir_opt_level = opt_.ir_opt_level;
   ko.extra = opt_.key_extra;
   auto key = object_key(m, target_, ko);
-  uint64_t t1 = now_ns();
+  uint64_t t1 = now_ns(), u1 = cpu_ns();
   C.key_ns.fetch_add(t1 - t0, std::memory_order_relaxed);
+  C.key_cpu_ns.fetch_add(u1 - u0, std::memory_order_relaxed);
 
   auto compile_here = [&]() -> ::llvm::Expected<std::unique_ptr<::llvm::MemoryBuffer>> {
-    uint64_t c0 = now_ns();
+    uint64_t c0 = now_ns(), v0 = cpu_ns();
     auto obj = compile(m);
     C.compile_ns.fetch_add(now_ns() - c0, std::memory_order_relaxed);
+    C.compile_cpu_ns.fetch_add(cpu_ns() - v0, std::memory_order_relaxed);
     if (!obj) return make_error(obj.error().to_string());
     return ::llvm::MemoryBuffer::getMemBufferCopy(*obj, m.getModuleIdentifier() + "-jitted");
   };
@@ -406,16 +426,17 @@ kcache::Expected<std::string> CachingCompiler::compile(::llvm::Module& m) {
     return compile_here();
   }
 
-  uint64_t compile_ns = 0;
+  uint64_t compile_ns = 0, compile_cpu = 0;
   bool compiled_here = false;
   Source src = Source::compiled;
   auto entry = cache_.get_or_compile(
       *key,
       [&]() -> kcache::Expected<std::vector<Artifact>> {
-        uint64_t c0 = now_ns();
+        uint64_t c0 = now_ns(), v0 = cpu_ns();
         compiled_here = true;
         auto obj = compile(m);
         compile_ns = now_ns() - c0;
+        compile_cpu = cpu_ns() - v0;
         if (!obj) return obj.error();
         std::vector<Artifact> arts;
         arts.push_back({"obj", std::move(obj).value()});
@@ -425,13 +446,16 @@ kcache::Expected<std::string> CachingCompiler::compile(::llvm::Module& m) {
   // The only error get_or_compile returns is the compile's own.
   if (!entry) {
     C.compile_ns.fetch_add(compile_ns, std::memory_order_relaxed);
+    C.compile_cpu_ns.fetch_add(compile_cpu, std::memory_order_relaxed);
     return make_error(entry.error().to_string());
   }
   std::string why;
-  auto buf = object_buffer(*entry, ::llvm::Triple(target_.triple).getArch(), opt_.zero_copy, &why);
-  uint64_t t2 = now_ns();
+  auto buf = object_buffer(std::move(*entry), arch_, opt_.zero_copy, &why);
+  uint64_t t2 = now_ns(), u2 = cpu_ns();
   C.compile_ns.fetch_add(compile_ns, std::memory_order_relaxed);
+  C.compile_cpu_ns.fetch_add(compile_cpu, std::memory_order_relaxed);
   C.lookup_ns.fetch_add(t2 - t1 - compile_ns, std::memory_order_relaxed);
+  C.lookup_cpu_ns.fetch_add(u2 - u1 - compile_cpu, std::memory_order_relaxed);
   if (buf) {
     (src == Source::compiled || src == Source::waited ? C.misses : C.hits).fetch_add(1, std::memory_order_relaxed);
     return buf;
@@ -444,10 +468,11 @@ kcache::Expected<std::string> CachingCompiler::compile(::llvm::Module& m) {
   C.misses.fetch_add(1, std::memory_order_relaxed);
   KCACHE_LOG(LogLevel::warn, "llvm: stored object %s rejected: %s (recompiling)", key->key.hex().c_str(),
              why.c_str());
-  uint64_t c0 = now_ns();
+  uint64_t c0 = now_ns(), v0 = cpu_ns();
   auto obj = compile(m);
   uint64_t dt = now_ns() - c0;
   C.compile_ns.fetch_add(dt, std::memory_order_relaxed);
+  C.compile_cpu_ns.fetch_add(cpu_ns() - v0, std::memory_order_relaxed);
   if (!obj) return make_error(obj.error().to_string());
   std::vector<Artifact> arts;
   arts.push_back({"obj", *obj});

@@ -1,0 +1,267 @@
+// LLVM JIT: cold versus warm, per kernel, for the demo's kernel language
+// (examples/jit) on ORC LLJIT at -O2.
+//
+//   BM_JitCold       lower -> key -> O2 + codegen -> link, cache disabled
+//   BM_JitWarm/zc    lower -> key -> lookup + read -> link, from the disk
+//                    tier of a fresh Cache (zc=1 zero-copy, zc=0 copies)
+//   BM_JitLinkOnly   link the same objects with no cache at all: the
+//                    baseline the cache's share of a warm load is held to
+//
+// After the runs it prints the ratios: warm/cold speedup, and the cache's
+// lookup+read time (measured inside the compiler) over link-only time.
+#include <benchmark/benchmark.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include <cstdio>
+#include <map>
+#include <string>
+
+#include <llvm/ExecutionEngine/Orc/LLJIT.h>
+#include <llvm/ExecutionEngine/Orc/ThreadSafeModule.h>
+#include <llvm/IR/LLVMContext.h>
+#include <llvm/IR/Module.h>
+#include <llvm/Object/ObjectFile.h>
+#include <llvm/Support/TargetSelect.h>
+
+#include "kcache/cache.h"
+#include "kcache/llvm.h"
+#include "kernels.h"
+
+namespace {
+
+constexpr unsigned kBatch = 32;  // kernels per iteration
+
+std::string bench_dir() {
+  const char* d = std::getenv("KCACHE_BENCH_DIR");
+  if (!d) d = std::getenv("TMPDIR");
+  std::string tmpl = std::string(d ? d : "/tmp") + "/kcache-llvm-bench-XXXXXX";
+  if (!::mkdtemp(tmpl.data())) std::abort();
+  return tmpl;
+}
+
+struct World {
+  std::string dir = bench_dir();
+  std::vector<kjit::Kernel> kernels;
+  std::vector<std::string> objects;  // compiled once, for the link-only baseline
+  std::vector<kcache::Key> keys;     // the keys make_cached_lljit uses
+  World() {
+    llvm::InitializeNativeTarget();
+    llvm::InitializeNativeTargetAsmPrinter();
+    for (unsigned i = 0; i < kBatch; ++i) kernels.push_back(kjit::generate(i));
+    // Fill the disk tier and keep the objects.
+    kcache::Options o;
+    o.dir = dir;
+    auto cache = kcache::Cache::open(o);
+    auto jit = kcache::llvm::make_cached_lljit(*cache);
+    if (!jit) std::abort();
+    for (auto& k : kernels) add(**jit, k);
+    for (auto& k : kernels) {
+      if (!(*jit)->lookup(k.name)) std::abort();
+    }
+    auto compiler = kcache::llvm::CachingCompiler::create(*cache, *llvm::orc::JITTargetMachineBuilder::detectHost());
+    for (auto& k : kernels) {
+      llvm::LLVMContext ctx;
+      auto m = kjit::lower(k, ctx);
+      keys.push_back(kcache::llvm::object_key(*m, (*compiler)->target(), kcache::llvm::KeyOptions{2, {}})->key);
+      auto obj = (**compiler)(*m);
+      if (!obj) std::abort();
+      objects.push_back((*obj)->getBuffer().str());
+    }
+  }
+  ~World() {
+    std::string rm = "rm -rf '" + dir + "'";
+    (void)::system(rm.c_str());
+  }
+  static void add(llvm::orc::LLJIT& jit, const kjit::Kernel& k) {
+    auto ctx = std::make_unique<llvm::LLVMContext>();
+    auto m = kjit::lower(k, *ctx);
+    if (jit.addIRModule(llvm::orc::ThreadSafeModule(std::move(m), std::move(ctx)))) std::abort();
+  }
+};
+
+World& world() {
+  static World w;
+  return w;
+}
+
+// Per-kernel means of the last run of each benchmark, for the ratios.
+std::map<std::string, double> g_us;
+
+double cpu_s() {
+  timespec ts;
+  ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + ts.tv_nsec * 1e-9;
+}
+
+void lookup_all(llvm::orc::LLJIT& jit) {
+  for (auto& k : world().kernels) {
+    auto s = jit.lookup(k.name);
+    if (!s) std::abort();
+    benchmark::DoNotOptimize(s->getAddress());
+  }
+}
+
+void BM_JitCold(benchmark::State& state) {
+  World& w = world();
+  kcache::Options off;
+  off.disabled = true;
+  auto cache = kcache::Cache::open(off);
+  double total_s = 0;
+  for (auto _ : state) {
+    state.PauseTiming();
+    auto jit = kcache::llvm::make_cached_lljit(*cache);
+    if (!jit) std::abort();
+    state.ResumeTiming();
+    auto t0 = std::chrono::steady_clock::now();
+    for (auto& k : w.kernels) World::add(**jit, k);
+    lookup_all(**jit);
+    total_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    state.PauseTiming();
+    jit->reset();
+    state.ResumeTiming();
+  }
+  double n = double(state.iterations()) * kBatch;
+  state.SetItemsProcessed(static_cast<int64_t>(n));
+  state.counters["us_per_kernel"] = total_s / n * 1e6;
+  g_us["cold"] = total_s / n * 1e6;
+}
+BENCHMARK(BM_JitCold)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+void BM_JitWarm(benchmark::State& state) {
+  World& w = world();
+  kcache::Options o;
+  o.dir = w.dir;
+  o.memory_tier = false;  // as kcache-demo: ORC asks for each key once per process
+  auto counters = std::make_shared<kcache::llvm::CompileCounters>();
+  double total_s = 0;
+  for (auto _ : state) {
+    state.PauseTiming();
+    // A fresh Cache: its memory tier is empty, so every hit reads the disk tier.
+    auto cache = kcache::Cache::open(o);
+    kcache::llvm::JitOptions jo;
+    jo.counters = counters;
+    jo.zero_copy = state.range(0) != 0;
+    auto jit = kcache::llvm::make_cached_lljit(*cache, jo);
+    if (!jit) std::abort();
+    state.ResumeTiming();
+    auto t0 = std::chrono::steady_clock::now();
+    for (auto& k : w.kernels) World::add(**jit, k);
+    lookup_all(**jit);
+    total_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    state.PauseTiming();
+    jit->reset();
+    cache.reset();
+    state.ResumeTiming();
+  }
+  if (counters->codegen_runs.load() != 0) state.SkipWithError("warm run compiled");
+  double n = double(state.iterations()) * kBatch;
+  state.SetItemsProcessed(static_cast<int64_t>(n));
+  double key_us = counters->key_ns.load() / n / 1e3;
+  double cache_us = counters->lookup_ns.load() / n / 1e3;
+  double cache_cpu_us = counters->lookup_cpu_ns.load() / n / 1e3;
+  double key_cpu_us = counters->key_cpu_ns.load() / n / 1e3;
+  state.counters["cache_cpu_us"] = cache_cpu_us;
+  state.counters["key_cpu_us"] = key_cpu_us;
+  state.counters["us_per_kernel"] = total_s / n * 1e6;
+  state.counters["key_us"] = key_us;
+  state.counters["cache_us"] = cache_us;
+  std::string tag = state.range(0) ? "warm_zc" : "warm_copy";
+  g_us[tag] = total_s / n * 1e6;
+  g_us[tag + "_key"] = key_us;
+  g_us[tag + "_cache"] = cache_us;
+  g_us[tag + "_cache_cpu"] = cache_cpu_us;
+  g_us[tag + "_key_cpu"] = key_cpu_us;
+}
+BENCHMARK(BM_JitWarm)->ArgName("zc")->Arg(1)->Arg(0)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// The cache's part of a warm load on its own: a fresh Cache, then for each
+// kernel the disk-tier lookup and the object-file check the compiler does.
+// Arg: 1 with the default memory tier (hits are promoted into it), 0 without.
+void BM_LookupRead(benchmark::State& state) {
+  World& w = world();
+  kcache::Options o;
+  o.dir = w.dir;
+  o.memory_tier = state.range(0) != 0;
+  for (auto _ : state) {
+    state.PauseTiming();
+    auto cache = kcache::Cache::open(o);
+    state.ResumeTiming();
+    for (auto& k : w.keys) {
+      auto e = cache->get(k);
+      if (!e) std::abort();
+      auto obj = e->artifact("obj");
+      auto parsed = llvm::object::ObjectFile::createObjectFile(
+          llvm::MemoryBufferRef(llvm::StringRef(obj->data(), obj->size()), "k"));
+      if (!parsed) std::abort();
+      benchmark::DoNotOptimize(parsed->get());
+    }
+    state.PauseTiming();
+    cache.reset();
+    state.ResumeTiming();
+  }
+  state.SetItemsProcessed(static_cast<int64_t>(state.iterations() * kBatch));
+}
+BENCHMARK(BM_LookupRead)->ArgName("memory_tier")->Arg(1)->Arg(0);
+
+void BM_JitLinkOnly(benchmark::State& state) {
+  World& w = world();
+  double total_s = 0, total_cpu = 0;
+  for (auto _ : state) {
+    state.PauseTiming();
+    auto jit = llvm::orc::LLJITBuilder().create();
+    if (!jit) std::abort();
+    auto gen = llvm::orc::DynamicLibrarySearchGenerator::GetForCurrentProcess(
+        (*jit)->getDataLayout().getGlobalPrefix());
+    (*jit)->getMainJITDylib().addGenerator(std::move(*gen));
+    state.ResumeTiming();
+    auto t0 = std::chrono::steady_clock::now();
+    double c0 = cpu_s();
+    for (auto& o : w.objects) {
+      if ((*jit)->addObjectFile(llvm::MemoryBuffer::getMemBufferCopy(o))) std::abort();
+    }
+    lookup_all(**jit);
+    total_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    total_cpu += cpu_s() - c0;
+    state.PauseTiming();
+    jit->reset();
+    state.ResumeTiming();
+  }
+  double n = double(state.iterations()) * kBatch;
+  state.SetItemsProcessed(static_cast<int64_t>(n));
+  state.counters["us_per_kernel"] = total_s / n * 1e6;
+  state.counters["cpu_us_per_kernel"] = total_cpu / n * 1e6;
+  g_us["link"] = total_s / n * 1e6;
+  g_us["link_cpu"] = total_cpu / n * 1e6;
+}
+BENCHMARK(BM_JitLinkOnly)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  if (g_us.count("cold") && g_us.count("warm_zc")) {
+    std::printf("ratio: warm (zero-copy) is %.1fx faster than cold per kernel (%.1f us vs %.1f us)\n",
+                g_us["cold"] / g_us["warm_zc"], g_us["warm_zc"], g_us["cold"]);
+  }
+  if (g_us.count("warm_zc") && g_us.count("warm_copy")) {
+    std::printf("ratio: cache lookup+read per kernel, zero-copy %.2f us vs copy %.2f us\n", g_us["warm_zc_cache"],
+                g_us["warm_copy_cache"]);
+  }
+  if (g_us.count("link") && g_us.count("warm_zc")) {
+    std::printf("ratio: cache lookup+read is %.1f%% of link-only time (%.2f us vs %.1f us per kernel); "
+                "with key hashing %.1f%%\n",
+                100 * g_us["warm_zc_cache"] / g_us["link"], g_us["warm_zc_cache"], g_us["link"],
+                100 * (g_us["warm_zc_cache"] + g_us["warm_zc_key"]) / g_us["link"]);
+  }
+  if (g_us.count("link_cpu") && g_us.count("warm_zc")) {
+    std::printf("ratio: in CPU time, cache lookup+read is %.1f%% of link-only time (%.2f us vs %.1f us per kernel); "
+                "with key hashing %.1f%%\n",
+                100 * g_us["warm_zc_cache_cpu"] / g_us["link_cpu"], g_us["warm_zc_cache_cpu"], g_us["link_cpu"],
+                100 * (g_us["warm_zc_cache_cpu"] + g_us["warm_zc_key_cpu"]) / g_us["link_cpu"]);
+  }
+  return 0;
+}
