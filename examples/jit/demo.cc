@@ -95,11 +95,12 @@ int run_once(const Args& a) {
 
   std::vector<kjit::Kernel> ks;
   ks.reserve(a.kernels);
+  // One context for all modules: compiles run on this thread, one at a time.
+  llvm::orc::ThreadSafeContext tsc(std::make_unique<llvm::LLVMContext>());
   for (unsigned i = 0; i < a.kernels; ++i) {
     ks.push_back(kjit::generate(i));
-    auto ctx = std::make_unique<llvm::LLVMContext>();
-    auto m = kjit::lower(ks.back(), *ctx);
-    if (auto err = (*jit)->addIRModule(llvm::orc::ThreadSafeModule(std::move(m), std::move(ctx))))
+    auto m = kjit::lower(ks.back(), *tsc.getContext());
+    if (auto err = (*jit)->addIRModule(llvm::orc::ThreadSafeModule(std::move(m), tsc)))
       die("addIRModule: " + llvm::toString(std::move(err)));
   }
   double t_ir = now_s(), cpu_ir = cpu_s();
