@@ -25,7 +25,7 @@ class LmdbEnv {
  public:
   // Returns the process's open handle for `dir` if there is one, else opens.
   static Expected<std::shared_ptr<LmdbEnv>> open(const std::string& dir, uint64_t map_size, bool sync_data,
-                                                 bool sync_meta);
+                                                 bool sync_meta, bool check_structure = true);
   ~LmdbEnv();
 
   // Read transactions come from a pool of reset handles (MDB_NOTLS), so a
