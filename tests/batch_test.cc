@@ -98,3 +98,38 @@ TEST(Batch, UsesSeveralWorkers) {
   EXPECT_GE(peak.load(), 2);
   EXPECT_LE(peak.load(), 4);
 }
+
+// Regression: an exception thrown by a compile function inside a batch
+// escaped a worker thread and terminated the process.
+TEST(BatchRegression, ThrowingCompileReachesTheCallerNotTerminate) {
+  auto c = Cache::with_tiers({make_memory_tier()});
+  std::vector<BatchItem> items;
+  std::atomic<int> ran{0};
+  for (int i = 0; i < 12; ++i)
+    items.push_back({*KeyBuilder("throw").add_u64("i", i).finish(), [&, i]() -> Expected<std::vector<Artifact>> {
+                       ++ran;
+                       if (i == 5) throw std::runtime_error("boom in batch");
+                       std::this_thread::sleep_for(std::chrono::milliseconds(5));
+                       return std::vector<Artifact>{{"obj", "x"}};
+                     }});
+  BatchOptions bo;
+  bo.threads = 3;
+  try {
+    (void)c->get_or_compile_batch(items, bo);
+    FAIL() << "expected the compile function's exception";
+  } catch (const std::runtime_error& e) {
+    EXPECT_STREQ(e.what(), "boom in batch");
+  }
+  // The key that threw was not left with a dead flight: it compiles again.
+  std::atomic<int> calls{0};
+  auto again = c->get_or_compile(items[5].key, value_fn(&calls, "fine"));
+  ASSERT_TRUE(again.has_value());
+  EXPECT_EQ(*again->artifact("obj"), "fine");
+  // A throwing progress callback is rethrown the same way.
+  BatchOptions bad;
+  bad.threads = 2;
+  bad.progress = [](size_t, size_t, size_t, Source) { throw std::logic_error("progress"); };
+  std::vector<BatchItem> fresh;
+  for (int i = 100; i < 104; ++i) fresh.push_back({*KeyBuilder("throw").add_u64("i", i).finish(), value_fn(&calls, "y")});
+  EXPECT_THROW((void)c->get_or_compile_batch(fresh, bad), std::logic_error);
+}

@@ -116,3 +116,14 @@ INSTANTIATE_TEST_SUITE_P(Engines, Run,
                          ::testing::Values("files"),
 #endif
                          [](const auto& info) { return info.param; });
+
+// Regression: when the stored entry lacked one of the requested artifacts,
+// `kcache run` ran COMMAND twice.
+TEST_P(Run, EntryLackingAnArtifactRunsTheCommandOnce) {
+  std::string in = d_.path() + "/a.in";
+  ASSERT_TRUE(kcache::util::write_file_atomic(in, "only-a").is_ok());
+  ASSERT_EQ(sh(cli(std::string("put --key ") + kKey + " a='" + in + "' >/dev/null")), 0);
+  ASSERT_EQ(sh(cli(std::string("run --key ") + kKey + " " + arts() + " " + compiler())), 0);
+  EXPECT_EQ(lines(d_.path() + "/count"), 1);
+  EXPECT_EQ(slurp(d_.path() + "/out.o"), "obj-bytes");
+}

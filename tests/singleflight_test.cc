@@ -338,3 +338,78 @@ TEST(SingleFlightRegression, ForkedChildrenGetDistinctTokens) {
   while (::read(result[0], &v, sizeof v) == sizeof v) total += v;
   EXPECT_EQ(total, 1);
 }
+
+// Regression: a lease taken over from a stale holder could end up held by
+// two processes: a contender that judged the stale file renamed away the
+// fresh lease another contender had just created in its place.
+TEST(SingleFlightRegression, StaleFileLeaseTakeoverHasOneWinner) {
+  TempDir d;
+  const int rounds = kSanitized ? 100 : 600, contenders = 6;
+  int doubles = 0;
+  for (int r = 0; r < rounds; ++r) {
+    Key k = key_of(1000 + r);
+    auto old = *open_file_leases(d.path());
+    ASSERT_EQ(old->acquire(k, 1), LeaseResult::acquired);  // expires at once
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    std::vector<std::shared_ptr<Leases>> ls;
+    for (int c = 0; c < contenders; ++c) ls.push_back(*open_file_leases(d.path()));
+    std::atomic<int> winners{0}, go{0};
+    std::vector<std::thread> th;
+    for (int c = 0; c < contenders; ++c)
+      th.emplace_back([&, c] {
+        while (!go.load()) {
+        }
+        if (ls[c]->acquire(k, 60000) == LeaseResult::acquired) ++winners;
+      });
+    go = 1;
+    for (auto& t : th) t.join();
+    if (winners.load() > 1) ++doubles;
+  }
+  EXPECT_EQ(doubles, 0) << "rounds with two holders of one lease";
+}
+
+// Regression: a forked child counted as the holder of its parent's lease
+// (same Leases object, same token).
+TEST_P(SingleFlight, ForkedChildDoesNotInheritLeases) {
+  auto l = open_leases(GetParam(), dir_.path());
+  Key k = key_of(77);
+  ASSERT_EQ(l->acquire(k, 60000), LeaseResult::acquired);
+  pid_t pid = spawn([&] {
+    if (GetParam() == "lmdb") return 0;  // an LMDB handle may not be used after fork at all
+    return l->acquire(k, 60000) == LeaseResult::busy ? 0 : 1;
+  });
+  EXPECT_EQ(wait_exit(pid), 0);
+}
+
+// Regression: while waiting for another process's compile, every poll was
+// a counted lookup (hundreds of misses for one request).
+TEST_P(SingleFlight, WaitingCountsOneMiss) {
+  KeyInfo k = *KeyBuilder("sf").add_string("what", "miss-count").finish();
+  int ready[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  pid_t holder = spawn([&] {
+    auto c = Cache::open(opts(dir_.path(), GetParam()));
+    auto e = c->get_or_compile(k, [&]() -> Expected<std::vector<Artifact>> {
+      char x = 1;
+      (void)!::write(ready[1], &x, 1);
+      std::this_thread::sleep_for(std::chrono::milliseconds(800));
+      return std::vector<Artifact>{{"obj", "held"}};
+    });
+    return e ? 0 : 1;
+  });
+  char x;
+  ASSERT_EQ(::read(ready[0], &x, 1), 1);
+  auto c = Cache::open(opts(dir_.path(), GetParam()));
+  Source s;
+  auto e = c->get_or_compile(k, []() -> Expected<std::vector<Artifact>> {
+    return std::vector<Artifact>{{"obj", "waiter"}};
+  }, &s);
+  ASSERT_TRUE(e.has_value());
+  EXPECT_EQ(*e->artifact("obj"), "held");
+  EXPECT_EQ(s, Source::waited);
+  auto st = c->stats();
+  EXPECT_EQ(st.compiles, 0u);
+  EXPECT_EQ(st.lease_waits, 1u);
+  EXPECT_LE(st.misses, 2u);  // the first lookup and the re-check in the flight
+  EXPECT_EQ(wait_exit(holder), 0);
+}

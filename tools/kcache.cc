@@ -664,32 +664,7 @@ int cmd_put(Ctx& c) {
 // the usual 0666 & ~umask permissions (it is the user's output, not cache
 // data).
 Status write_output(const std::string& path, std::string_view data) {
-  std::string tmp = path + ".kcache-tmp." + std::to_string(::getpid());
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
-  if (fd < 0) return util::errno_status(errno, "create " + tmp);
-  size_t off = 0;
-  while (off < data.size()) {
-    ssize_t n = ::write(fd, data.data() + off, data.size() - off);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      int e = errno;
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      return util::errno_status(e, "write " + tmp);
-    }
-    off += static_cast<size_t>(n);
-  }
-  if (::close(fd) != 0) {
-    int e = errno;
-    ::unlink(tmp.c_str());
-    return util::errno_status(e, "close " + tmp);
-  }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    int e = errno;
-    ::unlink(tmp.c_str());
-    return util::errno_status(e, "rename to " + path);
-  }
-  return Status();
+  return util::write_file_atomic_via(path + ".kcache-tmp", path, data, /*sync=*/false, 0666);
 }
 
 int cmd_get(Ctx& c) {
@@ -1105,13 +1080,7 @@ int cmd_run(Ctx& c) {
   o.log_level = std::min(o.log_level, LogLevel::warn);
   auto cache = Cache::with_tiers({c.store.tier}, o);
   if (o.process_single_flight && !o.read_only) {
-    auto l = c.store.engine == "files" ? open_file_leases(c.store.path)
-#if KCACHE_HAVE_LMDB
-                                       : open_lmdb_leases(c.store.path);
-#else
-                                       : open_file_leases(c.store.path);
-#endif
-    if (l) cache->set_leases(std::move(l).value());
+    if (auto l = open_leases(c.store.engine, c.store.path)) cache->set_leases(std::move(l).value());
   }
 
   int command_status = -2;  // -2: COMMAND did not run here
@@ -1141,11 +1110,10 @@ int cmd_run(Ctx& c) {
   // lacking one of them cannot stand for this command: run it.
   for (const auto& [name, path] : files)
     if (!e->artifact(name)) {
-      int st = run_child(c.args.after_dashes);
-      if (st == 0) {
-        if (auto arts = compile(); arts) cache->put(KeyInfo{*key, {}}, std::move(arts).value());
-      }
-      return st < 0 ? c.fail(kExitError, "cannot run " + c.args.after_dashes[0]) : st;
+      auto arts = compile();  // runs COMMAND once and reads its outputs
+      if (command_status == -1) return c.fail(kExitError, arts.error().message());
+      if (arts) cache->put(KeyInfo{*key, {}}, std::move(arts).value());
+      return command_status;
     }
   for (const auto& [name, path] : files) {
     Status st = write_output(path, *e->artifact(name));

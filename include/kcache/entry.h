@@ -76,6 +76,9 @@ class Entry {
   // The encoded form, as stored by tiers.
   std::string_view encoded() const noexcept { return buffer_ ? buffer_->bytes() : std::string_view(); }
   bool compressed() const noexcept { return compressed_; }
+  // Bytes this Entry keeps alive: the encoded form plus, for a compressed
+  // entry, its decompressed payload.
+  uint64_t memory_size() const noexcept { return encoded().size() + (raw_ ? raw_->size() : 0); }
   bool pinned() const noexcept { return buffer_ && buffer_->pinned(); }
 
   // Verifies and parses encoded bytes. When `expected` is given the key in

@@ -52,6 +52,7 @@ enum kcache_code {
   KCACHE_TOO_LARGE = 9,
   KCACHE_COMPILE_FAILED = 10, /* the compile callback returned non-zero */
   KCACHE_INTERNAL = 11,       /* a bug in kcache, or out of memory */
+  KCACHE_STALE_FORMAT = 12,   /* stored by another entry format version */
 };
 
 /* Where a kcache_get_or_compile() result came from (kcache::Source). */

@@ -53,5 +53,8 @@ class Leases {
 Expected<std::shared_ptr<Leases>> open_lmdb_leases(const std::string& dir);
 // Lease files under `dir`/leases (the files tier's folder).
 Expected<std::shared_ptr<Leases>> open_file_leases(const std::string& dir);
+// The leases that go with a disk engine ("lmdb" or "files") whose tier
+// lives in `dir`.
+Expected<std::shared_ptr<Leases>> open_leases(std::string_view engine, const std::string& dir);
 
 }  // namespace kcache

@@ -29,6 +29,8 @@ enum class Errc {
   too_large,         // larger than a configured bound
   compile_failed,    // the user's compile function reported failure
   internal,          // a bug in kcache
+  stale_format,      // stored by a build with another entry format version:
+                     // a miss, neither corrupt nor removed
 };
 
 std::string_view errc_name(Errc e) noexcept;

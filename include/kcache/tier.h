@@ -6,8 +6,10 @@
 //
 // Contract, for every tier (checked by tests/tier_conformance_test.cc):
 //  * get() returns an entry only if it verifies and its header key equals
-//    the requested key; a corrupt stored entry is counted, removed (when the
-//    tier is writable) and reported as Errc::corrupt, never handed out.
+//    the requested key; a corrupt stored entry is counted, removed (unless
+//    repair is off) and reported as Errc::corrupt, never handed out. An
+//    entry of another format version is a plain miss (Errc::stale_format
+//    is never returned from get), neither counted corrupt nor removed.
 //  * put() publishes all artifacts of an entry as one unit; a reader sees
 //    either nothing or the whole entry. Putting a key again replaces it.
 //  * a fault (I/O error, full disk) is an error Status, never a crash.
@@ -68,6 +70,10 @@ class Tier {
   // Short name for stats and logs: "memory", "lmdb", "files", "redis", ...
   virtual std::string_view name() const noexcept = 0;
   virtual bool writable() const noexcept { return true; }
+  // Whether get() may remove an entry it finds corrupt (default on). The
+  // read-only wrapper turns it off on the tier it wraps: a shipped or
+  // shared read-only store is never written, not even to drop bad entries.
+  virtual void set_repair(bool on) noexcept {}
 
   // nullopt: a miss. Error: a fault (the caller treats it as a miss).
   Expected<std::optional<Entry>> get(const Key& key) { return do_get(key); }

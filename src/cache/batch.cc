@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <deque>
+#include <exception>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -51,12 +52,17 @@ std::vector<Expected<Entry>> Cache::get_or_compile_batch(const std::vector<Batch
   threads = static_cast<unsigned>(std::min<size_t>(threads, std::max<size_t>(todo.size(), 1)));
 
   std::deque<size_t> deferred;
+  // An exception from a compile function or the progress callback stops
+  // the pool and is rethrown in the caller's thread once every worker has
+  // been joined (an exception escaping a worker thread would terminate).
+  std::exception_ptr failure;
   auto worker = [&] {
     for (;;) {
       size_t i;
       bool wait;
       {
         std::lock_guard lk(mu);
+        if (failure) return;
         if (!todo.empty()) {
           i = todo.front();
           todo.pop_front();
@@ -69,23 +75,32 @@ std::vector<Expected<Entry>> Cache::get_or_compile_batch(const std::vector<Batch
           return;
         }
       }
-      Impl::Outcome o;
-      Source s = Source::compiled;
-      auto r = impl_->resolve(items[i].key, items[i].compile, &s, wait, &o);
-      std::lock_guard lk(mu);
-      if (o == Impl::Outcome::busy) {
-        deferred.push_back(i);
-        continue;
+      try {
+        Impl::Outcome o;
+        Source s = Source::compiled;
+        auto r = impl_->resolve(items[i].key, items[i].compile, &s, wait, &o);
+        std::lock_guard lk(mu);
+        if (o == Impl::Outcome::busy) {
+          deferred.push_back(i);
+          continue;
+        }
+        src[i] = s;
+        out[i].emplace(std::move(r));
+        report(i);
+      } catch (...) {
+        std::lock_guard lk(mu);
+        if (!failure) failure = std::current_exception();
+        return;
       }
-      src[i] = s;
-      out[i].emplace(std::move(r));
-      report(i);
     }
   };
-  std::vector<std::thread> pool;
-  for (unsigned t = 1; t < threads; ++t) pool.emplace_back(worker);
-  worker();
-  for (auto& t : pool) t.join();
+  {
+    std::vector<std::thread> pool;
+    for (unsigned t = 1; t < threads; ++t) pool.emplace_back(worker);
+    worker();
+    for (auto& t : pool) t.join();
+  }
+  if (failure) std::rethrow_exception(failure);
 
   std::vector<Expected<Entry>> results;
   results.reserve(n);

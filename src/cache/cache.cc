@@ -52,7 +52,10 @@ Cache::~Cache() {
 std::unique_ptr<Cache> Cache::with_tiers(std::vector<std::shared_ptr<Tier>> tiers, const Options& options) {
   auto impl = std::make_unique<Impl>();
   impl->opt = options;
-  for (auto& t : tiers) impl->add(options.read_only && t->writable() ? make_read_only(t) : t);
+  // Read-only covers the shared stores; the process's own memory tier still
+  // takes promotions, or every hit would be a disk read and a copy.
+  for (auto& t : tiers)
+    impl->add(options.read_only && t->writable() && source_of(*t) != Source::memory ? make_read_only(t) : t);
   return std::unique_ptr<Cache>(new Cache(std::move(impl)));
 }
 
@@ -88,12 +91,7 @@ std::unique_ptr<Cache> Cache::open(const Options& options) {
     }
     if (disk) {
       if (options.process_single_flight && !options.read_only) {
-        auto l = engine == "files" ? open_file_leases(dir + "/files")
-#if KCACHE_HAVE_LMDB
-                                   : open_lmdb_leases(dir + "/lmdb");
-#else
-                                   : open_file_leases(dir + "/files");
-#endif
+        auto l = open_leases(engine, dir + "/" + engine);
         if (l) leases = std::move(l).value();
         else KCACHE_LOG(LogLevel::warn, "no cross-process single-flight: %s", l.error().to_string().c_str());
       }
@@ -183,8 +181,8 @@ Expected<Entry> Cache::Impl::resolve(const KeyInfo& key, const CompileFn& compil
     if (auto hit = lookup(key.key, source)) return std::move(*hit);
   }
 
-  std::promise<Expected<Entry>> promise;
   std::shared_ptr<Flight> flight;
+  std::promise<Expected<Entry>> promise;
   {
     std::lock_guard lk(flights_mu);
     auto it = flights.find(key.key);
@@ -205,46 +203,68 @@ Expected<Entry> Cache::Impl::resolve(const KeyInfo& key, const CompileFn& compil
     return r;
   }
 
-  bool leased = false;
-  auto finish = [&](Expected<Entry> r) {
-    if (leased) unhold(key.key);  // after the store, so waiters find the entry
-    promise.set_value(r);
-    std::lock_guard lk(flights_mu);
-    flights.erase(key.key);
+  // Leading the flight. Whatever happens below (a result, an error, an
+  // exception from the compile function or from a tier), the guard hands a
+  // result to every waiting thread, unregisters the flight and gives the
+  // lease up, after the entry is stored so that other processes find it.
+  struct FlightGuard {
+    Impl& impl;
+    const Key& key;
+    std::promise<Expected<Entry>>& promise;
+    bool leased = false;
+    bool done = false;
+    void finish(const Expected<Entry>& r, bool busy) {
+      if (done) return;
+      done = true;
+      if (leased) impl.unhold(key);
+      std::lock_guard lk(impl.flights_mu);
+      auto it = impl.flights.find(key);
+      if (busy && it != impl.flights.end()) it->second->busy.store(true);
+      promise.set_value(r);
+      if (it != impl.flights.end()) impl.flights.erase(it);
+    }
+    ~FlightGuard() {
+      if (!done) finish(Status(Errc::compile_failed, "compile function threw an exception"), false);
+    }
+  } guard{*this, key.key, promise};
+  auto finish = [&](Expected<Entry> r, bool busy = false) {
+    guard.finish(r, busy);
     return r;
   };
+
   // Another thread may have stored it between our lookup and our flight.
   if (!opt.recompile) {
     if (auto hit = lookup(key.key, source)) return finish(std::move(*hit));
   }
 
-  // Another process may be compiling it: wait for its entry, bounded.
+  // Another process may be compiling it. Waiting polls the lease only (no
+  // lookups, so a long wait is not hundreds of counted misses): its holder
+  // stores the entry before giving the lease up, so once the lease is ours,
+  // one lookup finds the entry, or shows that the holder failed or died.
   if (leases && !opt.read_only) {
     uint64_t start = util::now_mono_us(), sleep_us = 1000;
-    bool counted = false;
+    bool waited = false;
     for (;;) {
       LeaseResult lr = leases->acquire(key.key, ttl_ms());
       if (lr == LeaseResult::acquired) {
-        leased = true;
+        guard.leased = true;
         hold(key.key);
-        // The previous holder may have stored it just before releasing.
         if (!opt.recompile) {
-          if (auto hit = lookup(key.key, source)) return finish(std::move(*hit));
+          if (auto hit = lookup(key.key, source)) {
+            if (waited && source && *source != Source::memory) *source = Source::waited;
+            return finish(std::move(*hit));
+          }
         }
         break;
       }
       if (lr == LeaseResult::error) break;  // compile without coordination
       if (!wait_for_others) {
         *outcome = Outcome::busy;
-        {
-          std::lock_guard lk(flights_mu);
-          flights.at(key.key)->busy.store(true);
-        }
-        return finish(Status(Errc::unavailable, "another process is compiling this key"));
+        return finish(Status(Errc::unavailable, "another process is compiling this key"), true);
       }
-      if (!counted) {
+      if (!waited) {
         lease_waits.fetch_add(1, std::memory_order_relaxed);
-        counted = true;
+        waited = true;
       }
       if (util::now_mono_us() - start >= bound_ms() * 1000) {
         lease_timeouts.fetch_add(1, std::memory_order_relaxed);
@@ -254,20 +274,10 @@ Expected<Entry> Cache::Impl::resolve(const KeyInfo& key, const CompileFn& compil
       }
       std::this_thread::sleep_for(std::chrono::microseconds(sleep_us));
       sleep_us = std::min<uint64_t>(sleep_us * 3 / 2, 50000);
-      if (auto hit = lookup(key.key, source)) {
-        if (source && *source != Source::memory) *source = Source::waited;
-        return finish(std::move(*hit));
-      }
     }
   }
 
-  Expected<Entry> r = Status(Errc::internal, "unset");
-  try {
-    r = run_compile();
-  } catch (...) {
-    (void)finish(Status(Errc::compile_failed, "compile function threw an exception"));
-    throw;
-  }
+  Expected<Entry> r = run_compile();
   if (r) {
     if (source) *source = Source::compiled;
     store(*r);
@@ -276,7 +286,8 @@ Expected<Entry> Cache::Impl::resolve(const KeyInfo& key, const CompileFn& compil
 }
 
 void Cache::add_tier(std::shared_ptr<Tier> tier) {
-  impl_->add(impl_->opt.read_only && tier->writable() ? make_read_only(std::move(tier)) : std::move(tier));
+  bool wrap = impl_->opt.read_only && tier->writable() && source_of(*tier) != Source::memory;
+  impl_->add(wrap ? make_read_only(std::move(tier)) : std::move(tier));
 }
 
 const std::vector<std::shared_ptr<Tier>>& Cache::tiers() const noexcept { return impl_->tiers; }

@@ -53,15 +53,31 @@ struct Cache::Impl {
   uint64_t ttl_ms() const { return opt.lease_ttl_ms ? opt.lease_ttl_ms : 10000; }
   uint64_t bound_ms() const { return opt.wait_bound_ms ? opt.wait_bound_ms : 300000; }
 
+  // The fork generation this Cache was made in (util::fork_generation). A
+  // Cache used in a child of a fork() must not join the parent's heartbeat
+  // thread, which does not exist there.
+  uint64_t fork_gen = util::fork_generation();
+
+  // REQUIRES: hb_mu held. In a forked child, the inherited std::thread
+  // names a thread of the parent: leak the object instead of joining it.
+  void forget_inherited_heartbeat() {
+    if (fork_gen == util::fork_generation()) return;
+    if (hb.joinable()) new std::thread(std::move(hb));  // never joined, never freed
+    hb_stop = false;
+    held.clear();
+    fork_gen = util::fork_generation();
+  }
+
   void hold(const Key& k) {
     std::lock_guard lk(hb_mu);
+    forget_inherited_heartbeat();
     ++held[k];
     if (!hb.joinable()) hb = std::thread([this] { heartbeat(); });
   }
   void unhold(const Key& k) {
     {
       std::lock_guard lk(hb_mu);
-      if (--held[k] == 0) held.erase(k);
+      if (auto it = held.find(k); it != held.end() && --it->second == 0) held.erase(it);
     }
     leases->release(k);
   }
@@ -73,13 +89,17 @@ struct Cache::Impl {
       std::vector<Key> keys;
       for (const auto& [k, n] : held) keys.push_back(k);
       lk.unlock();
-      for (const auto& k : keys) leases->renew(k, ttl_ms());
+      for (const auto& k : keys)
+        if (!leases->renew(k, ttl_ms()))
+          KCACHE_LOG(LogLevel::info, "lease on %s was lost (taken over); compiling on regardless",
+                     k.hex().c_str());
       lk.lock();
     }
   }
   void stop_heartbeat() {
     {
       std::lock_guard lk(hb_mu);
+      forget_inherited_heartbeat();
       hb_stop = true;
     }
     hb_cv.notify_all();

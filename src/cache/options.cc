@@ -12,12 +12,8 @@ namespace kcache {
 
 static bool env_flag(const std::string& v, bool* out) {
   if (v.empty()) return false;
-  if (v == "1" || v == "true" || v == "yes" || v == "on") {
-    *out = true;
-    return true;
-  }
-  if (v == "0" || v == "false" || v == "no" || v == "off") {
-    *out = false;
+  if (auto b = util::parse_bool(v)) {
+    *out = *b;
     return true;
   }
   KCACHE_LOG(LogLevel::warn, "ignoring unparsable boolean '%s'", v.c_str());

@@ -50,6 +50,7 @@ namespace {
 
 static_assert(static_cast<int>(Errc::internal) == KCACHE_INTERNAL, "C codes mirror kcache::Errc");
 static_assert(static_cast<int>(Errc::compile_failed) == KCACHE_COMPILE_FAILED, "C codes mirror kcache::Errc");
+static_assert(static_cast<int>(Errc::stale_format) == KCACHE_STALE_FORMAT, "C codes mirror kcache::Errc");
 static_assert(static_cast<int>(kcache::Source::waited) == KCACHE_SOURCE_WAITED, "C sources mirror kcache::Source");
 static_assert(sizeof(kcache_key) == sizeof(kcache::Key), "kcache_key is a Key's 16 bytes");
 
@@ -90,11 +91,9 @@ kcache::Key to_key(const kcache_key* k) {
 void from_key(const kcache::Key& k, kcache_key* out) { std::memcpy(out->bytes, k.bytes.data(), 16); }
 
 bool flag(const char* v, bool* out) {
-  std::string s(v);
-  if (s == "1" || s == "true" || s == "yes" || s == "on") *out = true;
-  else if (s == "0" || s == "false" || s == "no" || s == "off") *out = false;
-  else return false;
-  return true;
+  auto b = kcache::util::parse_bool(v);
+  if (b) *out = *b;
+  return b.has_value();
 }
 
 // Entries handed to C may be held for long: never let them pin an LMDB read
@@ -131,7 +130,7 @@ int finish_get_or_compile(kcache::Expected<kcache::Entry> r, kcache::Source src,
 extern "C" {
 
 const char* kcache_code_name(int code) {
-  if (code < 0 || code > KCACHE_INTERNAL) return "unknown";
+  if (code < 0 || code > KCACHE_STALE_FORMAT) return "unknown";
   // errc_name returns views of string literals, so .data() is NUL-terminated.
   return kcache::errc_name(static_cast<Errc>(code)).data();
 }

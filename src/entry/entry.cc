@@ -124,8 +124,8 @@ Expected<Header> verify_header(std::string_view enc, const Key* expected) {
   h.stored_len = util::get_u64(p + 32);
   h.raw_len = util::get_u64(p + 40);
   if (h.version != kEntryFormatVersion)
-    return corrupt("format version " + std::to_string(h.version) + " (this build reads " +
-                   std::to_string(kEntryFormatVersion) + ")");
+    return Status(Errc::stale_format, "format version " + std::to_string(h.version) + " (this build reads " +
+                                          std::to_string(kEntryFormatVersion) + ")");
   if (h.flags & ~kFlagZstd) return corrupt("unknown flags");
   if (h.stored_len != enc.size() - kEntryHeaderSize) return corrupt("length mismatch");
   if (h.raw_len > kMaxEntrySize) return corrupt("entry too large");

@@ -2,8 +2,9 @@
 // holds a holder record (lease/holder.h).
 //
 //  * acquire: create the file with O_EXCL and write the record. If it
-//    exists and is stale, rename it to a unique name and try once more; of
-//    several processes taking over at once only one rename succeeds.
+//    exists and is stale, take over under <hex>.lease.takeover (created
+//    with O_EXCL; one taker at a time, collected after 10 s if its taker
+//    died): judge again, remove the stale file, create a fresh one.
 //  * a file whose record is unreadable (its creator died between create and
 //    write) counts as stale once its mtime is older than kPartialGraceMs.
 //  * renew: rewrite through a temp file and rename, if the record is ours.
@@ -23,57 +24,69 @@ namespace kcache {
 namespace {
 
 constexpr uint64_t kPartialGraceMs = 2000;
+// A takeover marker older than this was left by a process that died taking over.
+constexpr uint64_t kTakeoverStaleMs = 10000;
 
 class FileLeases final : public Leases {
  public:
-  explicit FileLeases(std::string dir) : dir_(std::move(dir)), token_(lease::new_token()) {}
+  explicit FileLeases(std::string dir) : dir_(std::move(dir)) {}
   std::string_view name() const noexcept override { return "files"; }
   uint64_t takeovers() const noexcept override { return takeovers_.load(); }
 
   LeaseResult acquire(const Key& key, uint64_t ttl_ms) override {
+    const uint64_t me = token_.get();
     std::string p = path(key);
-    for (int attempt = 0; attempt < 2; ++attempt) {
-      int fd = ::open(p.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-      if (fd >= 0) {
-        std::string rec = lease::encode(lease::self(token_, ttl_ms));
-        bool ok = ::write(fd, rec.data(), rec.size()) == static_cast<ssize_t>(rec.size());
-        ::close(fd);
-        if (!ok) {
-          ::unlink(p.c_str());
-          return LeaseResult::error;
-        }
-        if (attempt > 0) takeovers_.fetch_add(1);
-        return LeaseResult::acquired;
-      }
-      if (errno != EEXIST) return LeaseResult::error;
-      lease::Holder h;
-      int st = read(p, &h);
-      if (st == 1 && h.token == token_) return renew(key, ttl_ms) ? LeaseResult::acquired : LeaseResult::error;
-      if (st == 1 && lease::alive(h, util::now_unix_ms())) return LeaseResult::busy;
-      if (st == 0) return LeaseResult::busy;  // being written right now
-      // Stale (st == 1, dead/expired; or st == 2, partial and old): move
-      // it aside; only one contender's rename can succeed.
-      std::string aside = p + ".stale." + std::to_string(lease::new_token());
-      if (::rename(p.c_str(), aside.c_str()) != 0) {
-        if (errno == ENOENT) continue;  // someone else took it over
-        return LeaseResult::error;
-      }
-      ::unlink(aside.c_str());
+    LeaseResult r = create(p, me, ttl_ms);
+    if (r != LeaseResult::busy) return r;
+    lease::Holder h;
+    ino_t judged = 0;
+    int st = read(p, &h, &judged);
+    if (st == 1 && h.token == me) return renew(key, ttl_ms) ? LeaseResult::acquired : LeaseResult::error;
+    if (st == 1 && lease::alive(h, util::now_unix_ms())) return LeaseResult::busy;
+    if (st == 0) return LeaseResult::busy;       // being written right now
+    if (st == 3) return create(p, me, ttl_ms);  // just released
+
+    // Stale: a dead or expired holder, or a partial record that is old.
+    // Taking over is serialised by a second file created with O_EXCL; under
+    // it the lease is judged again, removed and created anew. A contender
+    // that finds the lease gone meanwhile may create it first: then it, not
+    // we, holds it. Either way one process holds the lease.
+    std::string tk = p + ".takeover";
+    int tfd = ::open(tk.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (tfd < 0) {
+      struct stat ts;
+      if (errno == EEXIST && ::stat(tk.c_str(), &ts) == 0 &&
+          static_cast<uint64_t>(ts.st_mtim.tv_sec) * 1000 + kTakeoverStaleMs < util::now_unix_ms())
+        ::unlink(tk.c_str());  // its taker died mid-takeover
+      return errno == EEXIST ? LeaseResult::busy : LeaseResult::error;
     }
-    return LeaseResult::busy;
+    ::close(tfd);
+    ino_t now_ino = 0;
+    st = read(p, &h, &now_ino);
+    bool stale = st == 3 || (now_ino == judged && (st == 2 || (st == 1 && h.token != me &&
+                                                                !lease::alive(h, util::now_unix_ms()))));
+    if (stale && st != 3) ::unlink(p.c_str());
+    r = stale ? create(p, me, ttl_ms) : LeaseResult::busy;
+    ::unlink(tk.c_str());
+    if (r == LeaseResult::acquired && st != 3) takeovers_.fetch_add(1);
+    return r;
   }
 
   bool renew(const Key& key, uint64_t ttl_ms) override {
+    const uint64_t me = token_.get();
     std::string p = path(key);
     lease::Holder h;
-    if (read(p, &h) != 1 || h.token != token_) return false;
-    return util::write_file_atomic(p, lease::encode(lease::self(token_, ttl_ms))).is_ok();
+    ino_t ino;
+    if (read(p, &h, &ino) != 1 || h.token != me) return false;
+    return util::write_file_atomic(p, lease::encode(lease::self(me, ttl_ms))).is_ok();
   }
 
   void release(const Key& key) override {
+    const uint64_t me = token_.get();
     std::string p = path(key);
     lease::Holder h;
-    if (read(p, &h) == 1 && h.token == token_) ::unlink(p.c_str());
+    ino_t ino;
+    if (read(p, &h, &ino) == 1 && h.token == me) ::unlink(p.c_str());
   }
 
   Status init() { return util::make_dirs(dir_ + "/leases"); }
@@ -81,19 +94,39 @@ class FileLeases final : public Leases {
  private:
   std::string path(const Key& k) const { return dir_ + "/leases/" + k.hex() + ".lease"; }
 
-  // 1: record read; 0: unreadable but young (being written); 2: unreadable
-  // and old, or vanished (stale); -1 never.
-  int read(const std::string& p, lease::Holder* h) {
-    auto s = util::read_file(p, 4096);
-    if (s && lease::decode(*s, h)) return 1;
+  // Creates the lease file exclusively: acquired, busy (it exists) or error.
+  LeaseResult create(const std::string& p, uint64_t me, uint64_t ttl_ms) {
+    int fd = ::open(p.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0) return errno == EEXIST ? LeaseResult::busy : LeaseResult::error;
+    std::string rec = lease::encode(lease::self(me, ttl_ms));
+    bool ok = ::write(fd, rec.data(), rec.size()) == static_cast<ssize_t>(rec.size());
+    ::close(fd);
+    if (!ok) {
+      ::unlink(p.c_str());
+      return LeaseResult::error;
+    }
+    return LeaseResult::acquired;
+  }
+
+  // Reads the lease file through one descriptor, so that the record and the
+  // inode (*ino) belong to the same file. 1: record read; 0: unreadable but
+  // young (being written); 2: unreadable and old (stale); 3: no such file.
+  int read(const std::string& p, lease::Holder* h, ino_t* ino) {
+    int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return 3;
     struct stat st;
-    if (::stat(p.c_str(), &st) != 0) return 2;
+    char buf[lease::kHolderSize + 1];
+    ssize_t n = ::fstat(fd, &st) == 0 ? ::pread(fd, buf, sizeof buf, 0) : -1;
+    ::close(fd);
+    if (n < 0) return 3;
+    *ino = st.st_ino;
+    if (lease::decode(std::string_view(buf, static_cast<size_t>(n)), h)) return 1;
     uint64_t mt = static_cast<uint64_t>(st.st_mtim.tv_sec) * 1000 + st.st_mtim.tv_nsec / 1000000;
     return mt + kPartialGraceMs < util::now_unix_ms() ? 2 : 0;
   }
 
   std::string dir_;
-  const uint64_t token_;
+  lease::Token token_;
   std::atomic<uint64_t> takeovers_{0};
 };
 
@@ -103,6 +136,14 @@ Expected<std::shared_ptr<Leases>> open_file_leases(const std::string& dir) {
   auto l = std::make_shared<FileLeases>(dir);
   KCACHE_RETURN_IF_ERROR(l->init());
   return std::shared_ptr<Leases>(std::move(l));
+}
+
+Expected<std::shared_ptr<Leases>> open_leases(std::string_view engine, const std::string& dir) {
+#if KCACHE_HAVE_LMDB
+  if (engine == "lmdb") return open_lmdb_leases(dir);
+#endif
+  if (engine == "files") return open_file_leases(dir);
+  return Status(Errc::invalid_argument, "no leases for engine '" + std::string(engine) + "'");
 }
 
 }  // namespace kcache

@@ -11,7 +11,10 @@
 #include <string>
 #include <string_view>
 
+#include <mutex>
+
 #include "kcache/key.h"
+#include "util/util.h"
 
 namespace kcache::lease {
 
@@ -28,9 +31,29 @@ inline constexpr size_t kHolderSize = 48;
 std::string encode(const Holder& h);
 bool decode(std::string_view s, Holder* out);
 
-// This process, with a fresh random token, expiring ttl_ms from now.
+// This process, with the given token, expiring ttl_ms from now.
 Holder self(uint64_t token, uint64_t ttl_ms);
 uint64_t new_token();
+
+// A Leases object's holder token. A child of fork() gets a fresh one: it is
+// another process and must not count as the holder of its parent's leases.
+class Token {
+ public:
+  uint64_t get() {
+    std::lock_guard lk(mu_);
+    uint64_t g = util::fork_generation();
+    if (token_ == 0 || g != gen_) {
+      token_ = new_token();
+      gen_ = g;
+    }
+    return token_;
+  }
+
+ private:
+  std::mutex mu_;
+  uint64_t token_ = 0;  // GUARDED_BY(mu_)
+  uint64_t gen_ = 0;    // GUARDED_BY(mu_)
+};
 
 // True when the lease must not be taken over: unexpired and, if the holder
 // is on this host, its process still running.

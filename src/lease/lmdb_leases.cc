@@ -17,17 +17,18 @@ namespace {
 
 class LmdbLeases final : public Leases {
  public:
-  explicit LmdbLeases(std::shared_ptr<LmdbEnv> env) : env_(std::move(env)), token_(lease::new_token()) {}
+  explicit LmdbLeases(std::shared_ptr<LmdbEnv> env) : env_(std::move(env)) {}
   std::string_view name() const noexcept override { return "lmdb"; }
   uint64_t takeovers() const noexcept override { return takeovers_.load(); }
 
   LeaseResult acquire(const Key& key, uint64_t ttl_ms) override {
+    const uint64_t me = token_.get();
     // Cheap check first: most calls from waiters find a live holder.
     {
       auto txn = env_->begin_read();
       if (!txn) return LeaseResult::error;
       lease::Holder h;
-      bool held = read(*txn, key, &h) && h.token != token_ && lease::alive(h, util::now_unix_ms());
+      bool held = read(*txn, key, &h) && h.token != me && lease::alive(h, util::now_unix_ms());
       env_->end_read(*txn);
       if (held) return LeaseResult::busy;
     }
@@ -35,12 +36,12 @@ class LmdbLeases final : public Leases {
     if (!txn) return LeaseResult::error;
     lease::Holder h;
     bool had = read(*txn, key, &h);
-    if (had && h.token != token_ && lease::alive(h, util::now_unix_ms())) {
+    if (had && h.token != me && lease::alive(h, util::now_unix_ms())) {
       mdb_txn_abort(*txn);
       return LeaseResult::busy;
     }
-    bool takeover = had && h.token != token_;
-    if (!write(*txn, key, lease::self(token_, ttl_ms)) || mdb_txn_commit(*txn) != 0) {
+    bool takeover = had && h.token != me;
+    if (!write(*txn, key, lease::self(me, ttl_ms)) || mdb_txn_commit(*txn) != 0) {
       return LeaseResult::error;
     }
     if (takeover) takeovers_.fetch_add(1);
@@ -48,22 +49,24 @@ class LmdbLeases final : public Leases {
   }
 
   bool renew(const Key& key, uint64_t ttl_ms) override {
+    const uint64_t me = token_.get();
     auto txn = env_->begin_write();
     if (!txn) return false;
     lease::Holder h;
-    if (!read(*txn, key, &h) || h.token != token_) {
+    if (!read(*txn, key, &h) || h.token != me) {
       mdb_txn_abort(*txn);
       return false;
     }
-    if (!write(*txn, key, lease::self(token_, ttl_ms))) return false;
+    if (!write(*txn, key, lease::self(me, ttl_ms))) return false;
     return mdb_txn_commit(*txn) == 0;
   }
 
   void release(const Key& key) override {
+    const uint64_t me = token_.get();
     auto txn = env_->begin_write();
     if (!txn) return;
     lease::Holder h;
-    if (read(*txn, key, &h) && h.token == token_) {
+    if (read(*txn, key, &h) && h.token == me) {
       MDB_val k{16, const_cast<uint8_t*>(key.bytes.data())};
       mdb_del(*txn, env_->leases, &k, nullptr);
       mdb_txn_commit(*txn);
@@ -90,7 +93,7 @@ class LmdbLeases final : public Leases {
   }
 
   std::shared_ptr<LmdbEnv> env_;
-  const uint64_t token_;
+  lease::Token token_;
   std::atomic<uint64_t> takeovers_{0};
 };
 

@@ -1,6 +1,7 @@
 #include "util/util.h"
 
 #include <fcntl.h>
+#include <pthread.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -30,6 +31,7 @@ std::string_view errc_name(Errc e) noexcept {
     case Errc::too_large: return "too large";
     case Errc::compile_failed: return "compile failed";
     case Errc::internal: return "internal error";
+    case Errc::stale_format: return "other format version";
   }
   return "unknown";
 }
@@ -202,6 +204,18 @@ Expected<std::string> read_file(const std::string& path, uint64_t max_bytes) {
   return out;
 }
 
+namespace {
+std::atomic<uint64_t> g_fork_generation{0};
+void on_fork_child() { g_fork_generation.fetch_add(1, std::memory_order_relaxed); }
+// Registered once, before main (static initialisation of this library).
+const int g_fork_handler = ::pthread_atfork(nullptr, nullptr, on_fork_child);
+}  // namespace
+
+uint64_t fork_generation() noexcept {
+  (void)g_fork_handler;
+  return g_fork_generation.load(std::memory_order_relaxed);
+}
+
 uint64_t random_u64() {
   // Re-seeded after fork(): a child must not repeat its parent's sequence
   // (lease tokens and temp names would collide across processes).
@@ -226,10 +240,16 @@ Status write_file_atomic(const std::string& path, std::string_view data, bool sy
   return write_file_atomic_via(path + ".tmp", path, data, sync);
 }
 
+std::optional<bool> parse_bool(std::string_view v) noexcept {
+  if (v == "1" || v == "true" || v == "yes" || v == "on") return true;
+  if (v == "0" || v == "false" || v == "no" || v == "off") return false;
+  return std::nullopt;
+}
+
 Status write_file_atomic_via(const std::string& tmp_prefix, const std::string& path, std::string_view data,
-                             bool sync) {
+                             bool sync, unsigned mode) {
   std::string tmp = tmp_prefix + "." + random_suffix();
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode);
   if (fd < 0) return errno_status(errno, "create " + tmp);
   size_t off = 0;
   while (off < data.size()) {

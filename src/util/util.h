@@ -24,6 +24,11 @@ void log(LogLevel level, const char* fmt, ...) __attribute__((format(printf, 2, 
 uint64_t now_unix_ms() noexcept;
 uint64_t now_mono_us() noexcept;
 
+// Incremented in every child process fork() creates (pthread_atfork), so
+// objects can tell cheaply that they were created before a fork and must not
+// touch state they share with the parent (LMDB handles, threads, leases).
+uint64_t fork_generation() noexcept;
+
 // A random number, safe across fork() (reseeded in a new process).
 uint64_t random_u64();
 
@@ -43,8 +48,11 @@ Status write_file_atomic(const std::string& path, std::string_view data, bool sy
 // Writes `data` to a fresh temp file named `tmp_prefix`.<random>, then
 // renames it to `path` (which may be in another folder of the same file
 // system). The temp file is removed on any failure.
+// `mode` is the new file's permission bits (before the umask).
 Status write_file_atomic_via(const std::string& tmp_prefix, const std::string& path, std::string_view data,
-                             bool sync = false);
+                             bool sync = false, unsigned mode = 0600);
+// "1", "true", "yes", "on" / "0", "false", "no", "off"; nullopt otherwise.
+std::optional<bool> parse_bool(std::string_view s) noexcept;
 std::string getenv_str(const char* name);
 
 // Little-endian fixed-width encoding.

@@ -57,6 +57,7 @@ class ReadOnlyTier final : public Tier {
  public:
   explicit ReadOnlyTier(std::shared_ptr<Tier> inner) : inner_(std::move(inner)) {
     name_ = std::string(inner_->name()) + "(ro)";
+    inner_->set_repair(false);
   }
   std::string_view name() const noexcept override { return name_; }
   bool writable() const noexcept override { return false; }

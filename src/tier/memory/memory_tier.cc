@@ -1,9 +1,12 @@
 // Memory tier: a sharded LRU bounded by encoded bytes.
 //
+// Sizes are Entry::memory_size(): a compressed entry costs its encoded and
+// its decompressed bytes.
+//
 // Invariants (per shard, under its mutex):
 //  * `lru` holds every stored key exactly once, most recently used at front;
 //  * `map[k].it` points at k's node in `lru`;
-//  * `bytes` is the sum of encoded sizes of the entries in `map`, and is at
+//  * `bytes` is the sum of memory sizes of the entries in `map`, and is at
 //    most the shard's budget after every put returns.
 // An entry larger than one shard's budget is not stored (counted rejected).
 #include <algorithm>
@@ -34,7 +37,7 @@ class MemoryTier final : public Tier {
       std::vector<ListItem> items;
       {
         std::lock_guard lk(sh.mu);
-        for (const auto& [k, v] : sh.map) items.push_back(ListItem{k, v.entry.encoded().size(), 0});
+        for (const auto& [k, v] : sh.map) items.push_back(ListItem{k, v.entry.memory_size(), 0});
       }
       for (const auto& it : items)
         if (!fn(it)) return Status();
@@ -75,7 +78,7 @@ class MemoryTier final : public Tier {
 
   Status do_put(const Entry& entry) override {
     Entry e = entry.pinned() ? entry.detach() : entry;
-    uint64_t size = e.encoded().size();
+    uint64_t size = e.memory_size();
     Shard& sh = shard(e.key());
     std::lock_guard lk(sh.mu);
     if (size > max_entry_) {
@@ -84,7 +87,7 @@ class MemoryTier final : public Tier {
     }
     auto it = sh.map.find(e.key());
     if (it != sh.map.end()) {
-      sh.bytes -= it->second.entry.encoded().size();
+      sh.bytes -= it->second.entry.memory_size();
       sh.lru.erase(it->second.it);
       sh.map.erase(it);
     }
@@ -101,7 +104,7 @@ class MemoryTier final : public Tier {
     std::lock_guard lk(sh.mu);
     auto it = sh.map.find(key);
     if (it != sh.map.end()) {
-      sh.bytes -= it->second.entry.encoded().size();
+      sh.bytes -= it->second.entry.memory_size();
       sh.lru.erase(it->second.it);
       sh.map.erase(it);
     }
@@ -142,7 +145,7 @@ class MemoryTier final : public Tier {
     uint64_t n = 0;
     while (sh.bytes > budget && !sh.lru.empty()) {
       auto it = sh.map.find(sh.lru.back());
-      sh.bytes -= it->second.entry.encoded().size();
+      sh.bytes -= it->second.entry.memory_size();
       sh.map.erase(it);
       sh.lru.pop_back();
       ++n;
