@@ -94,7 +94,9 @@ TEST_P(DiskSigkill, KilledWriterLeavesNoTornEntryAndLosesNothingCommitted) {
     }
     ::close(p[1]);
     // Kills land from before the store is open to well inside large puts.
-    ::usleep(static_cast<useconds_t>(rng() % 12000));
+    // Sanitized builds start and write about ten times slower: give the
+    // writer ten times as long, or it is killed before its first commit.
+    ::usleep(static_cast<useconds_t>(rng() % static_cast<uint64_t>(trials(12000, 120000))));
     ::kill(pid, SIGKILL);
     int ws = 0;
     ASSERT_EQ(::waitpid(pid, &ws, 0), pid);
