@@ -60,7 +60,13 @@ TEST(Entry, EveryBitFlipAndTruncationIsDetected) {
       bad[i] = static_cast<char>(bad[i] ^ (1 << bit));
       auto d = Entry::decode(make_heap_buffer(bad), &k);
       ASSERT_FALSE(d.has_value()) << "flip at " << i;
-      EXPECT_EQ(d.error().code(), Errc::corrupt);
+      // The version field (bytes 8..11) cannot be checked against a
+      // checksum whose algorithm is the version's to choose: a flip there
+      // reads as another format version, which is a plain miss.
+      if (i >= 8 && i < 12)
+        EXPECT_EQ(d.error().code(), Errc::stale_format);
+      else
+        EXPECT_EQ(d.error().code(), Errc::corrupt);
     }
   }
   for (size_t n = 0; n < enc.size(); ++n) {

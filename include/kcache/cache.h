@@ -16,7 +16,13 @@
 // KCACHE_MAX_SIZE, KCACHE_RECOMPILE, KCACHE_STATS, KCACHE_LOG, KCACHE_ENGINE,
 // KCACHE_REMOTE, KCACHE_REMOTE_SECRET_FILE.
 //
-// Thread-safety: all methods may be called concurrently.
+// Thread-safety: all methods may be called concurrently. set_leases and
+// add_tier belong to set-up, before the Cache is shared between threads.
+//
+// fork(): a Cache belongs to the process that opened it. A child of fork()
+// opens its own; one it inherited answers every lookup with a miss (the
+// disk store refuses handles opened before the fork), compiles still
+// succeed, and destroying it is safe.
 #pragma once
 
 #include <cstdint>
@@ -53,7 +59,8 @@ struct Options {
   bool recompile = false;
   // Print statistics to stderr when the Cache is destroyed.
   bool print_stats = false;
-  // Compression for new entries in the disk tier.
+  // Compression of the entries this Cache builds (they go to every tier;
+  // the memory tier counts their decompressed bytes too). Default none.
   Compression compression = Compression::none;
   // Producer string stored in each entry's metadata.
   std::string producer;

@@ -180,8 +180,15 @@ Expected<Entry> Entry::decode(std::shared_ptr<const Buffer> buf, const Key* expe
     // frame's own claim before we allocate it.
     unsigned long long claimed = ZSTD_getFrameContentSize(raw.data(), raw.size());
     if (claimed != h.raw_len) return corrupt("zstd frame size disagrees with header");
-    auto out = std::make_shared<std::string>();
-    out->resize(h.raw_len);
+    // raw_len is at most 4 GiB; memory may still run out. No exception
+    // leaves the core: that is a miss like any other fault.
+    std::shared_ptr<std::string> out;
+    try {
+      out = std::make_shared<std::string>();
+      out->resize(h.raw_len);
+    } catch (const std::bad_alloc&) {
+      return Status(Errc::too_large, "no memory to decompress " + std::to_string(h.raw_len) + " bytes");
+    }
     size_t n = ZSTD_decompress(out->data(), out->size(), raw.data(), raw.size());
     if (ZSTD_isError(n) || n != h.raw_len) return corrupt("zstd payload does not decode");
     e.raw_ = std::move(out);
