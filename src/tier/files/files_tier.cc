@@ -102,10 +102,22 @@ class FilesTier final : public Tier {
   ~FilesTier() override { (void)flush(); }
 
   Status init() {
-    KCACHE_RETURN_IF_ERROR(util::make_dirs(dir_ + "/tmp"));
-    int fd = ::open((dir_ + "/stats").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-    if (fd < 0) return util::errno_status(errno, "open " + dir_ + "/stats");
-    ::close(fd);
+    Status st = util::make_dirs(dir_ + "/tmp");
+    if (st.is_ok()) {
+      int fd = ::open((dir_ + "/stats").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+      if (fd < 0) st = util::errno_status(errno, "open " + dir_ + "/stats");
+      else ::close(fd);
+    }
+    if (!st.is_ok()) {
+      // A store this process may only read (a read-only mount, a shipped
+      // folder of another user) still serves lookups; its writes fail as
+      // read_only, which the Cache takes as "stop writing here".
+      if (st.code() == Errc::read_only && ::access(dir_.c_str(), R_OK | X_OK) == 0) {
+        KCACHE_LOG(LogLevel::info, "files store %s is read-only here (%s)", dir_.c_str(), st.to_string().c_str());
+        return Status();
+      }
+      return st;
+    }
     // Temp files of writers that died are collected at open too, not only
     // by walks, so a store that never fills does not keep them forever.
     collect_temps();
@@ -114,7 +126,14 @@ class FilesTier final : public Tier {
 
   std::string_view name() const noexcept override { return "files"; }
 
+  // Off (the read-only wrapper): the tier makes no write of its own to the
+  // store: a corrupt entry is reported and counted in this process only,
+  // never removed; recency (mtimes) and counters are never written; stale
+  // temp files are left for a writer to collect.
+  void set_repair(bool on) noexcept override { repair_.store(on, std::memory_order_relaxed); }
+
   Status flush() override {
+    if (!repair_.load(std::memory_order_relaxed)) return Status();
     std::unordered_map<Key, uint64_t> touched;
     int64_t d[c_count] = {};
     {
@@ -149,15 +168,25 @@ class FilesTier final : public Tier {
     VerifyReport rep;
     std::vector<std::pair<Key, std::string>> paths;
     KCACHE_RETURN_IF_ERROR(scan([&](const Key& k, const std::string& p, const struct stat&) { paths.emplace_back(k, p); }));
+    uint64_t other_format = 0;
     for (const auto& [k, p] : paths) {
       ++rep.checked;
       auto e = read_entry(k, p);
       if (!e && e.error().code() == Errc::not_found) continue;
+      if (!e && e.error().code() == Errc::stale_format) {
+        // Written by a build with another entry format, which may still
+        // share the store (a rolling upgrade): unusable here, not damaged.
+        ++other_format;
+        continue;
+      }
       if (!e) {
         rep.bad.emplace_back(k, e.error().message());
         if (fix && ::unlink(p.c_str()) == 0) ++rep.removed;
       }
     }
+    if (other_format)
+      KCACHE_LOG(LogLevel::info, "files verify %s: %llu entries of another format version left in place",
+                 dir_.c_str(), static_cast<unsigned long long>(other_format));
     if (fix) {
       int64_t d[c_count] = {};
       d[c_corrupt] = static_cast<int64_t>(rep.removed);
@@ -189,24 +218,28 @@ class FilesTier final : public Tier {
     std::string p = path_of(key);
     auto e = read_entry(key, p);
     if (!e) {
-      if (e.error().code() == Errc::not_found) {
+      // Another build's entry is a miss, left for the build that reads it.
+      if (e.error().code() == Errc::not_found || e.error().code() == Errc::stale_format) {
         count(c_misses);
         return std::optional<Entry>();
       }
       if (e.error().code() == Errc::corrupt) {
+        // Counted in this process; stored (with the removal) only when
+        // repair is on. A read-only store is never written.
         count(c_corrupt);
-        remove_if_same(p);
+        if (repair_.load(std::memory_order_relaxed)) remove_if_same(p);
         return Status(Errc::corrupt, "files entry " + key.hex() + ": " + e.error().message());
       }
       count(c_errors);
       return e.error();
     }
     bool flush_now;
+    bool writes = repair_.load(std::memory_order_relaxed);
     {
       std::lock_guard lk(mu_);
       ++pending_[c_hits];
-      touched_[key] = util::now_unix_ms();
-      flush_now = touched_.size() >= batch_;
+      if (writes) touched_[key] = util::now_unix_ms();
+      flush_now = writes && touched_.size() >= batch_;
     }
     if (flush_now) (void)flush();
     return std::optional<Entry>(std::move(e).value());
@@ -489,6 +522,7 @@ class FilesTier final : public Tier {
   }
 
   void collect_temps() {
+    if (!repair_.load(std::memory_order_relaxed)) return;
     std::string d = dir_ + "/tmp";
     DIR* dp = ::opendir(d.c_str());
     if (!dp) return;
@@ -566,7 +600,7 @@ class FilesTier final : public Tier {
       // add more than a few entries, far below this margin.
       uint64_t walked_bytes = 0;
       for (const auto& it : items) walked_bytes += it.size;
-      uint64_t cur[c_count];
+      uint64_t cur[c_count] = {};
       if (read_counters(cur).is_ok() &&
           (cur[c_entries] > 2 * items.size() + 1024 || cur[c_bytes] > walked_bytes + max_bytes_ / 2)) {
         KCACHE_LOG(LogLevel::warn, "files tier %s: stored totals (%llu entries, %llu bytes) disagree with the store; "
@@ -604,6 +638,7 @@ class FilesTier final : public Tier {
   double low_water_;
   unsigned batch_;
   bool sync_;
+  std::atomic<bool> repair_{true};
   std::mutex mu_;
   std::unordered_map<Key, uint64_t> touched_;  // GUARDED_BY(mu_)
   int64_t pending_[c_count] = {};              // GUARDED_BY(mu_)

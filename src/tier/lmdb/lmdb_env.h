@@ -6,6 +6,7 @@
 #include <sys/types.h>
 
 #include <atomic>
+#include <cstdint>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -21,6 +22,20 @@ inline constexpr int kMaxPinned = 64;
 // lets tests check that a put touches only its own records, not the store.
 uint64_t lmdb_records_visited() noexcept;
 
+// The map size every opener of a store uses for a given size limit:
+// max(64 GiB, 2 x max_bytes + 64 MiB), rounded up to the page size. It
+// depends on nothing else, so processes with the default limits (and the
+// leases, which pass the default) all map the same size and none ever grows
+// the file past another's map. The file is sparse and LMDB maps it
+// read-only, so a large map costs address space only.
+uint64_t lmdb_map_size(uint64_t max_bytes) noexcept;
+
+// Thread-safety: safe for concurrent use by the threads of the process that
+// opened it. In a child of fork() it is inert: LMDB forbids using an
+// environment across fork(), so every call fails with Errc::unavailable and
+// nothing it holds (pooled or pinned read transactions, the environment)
+// is released there, since releasing a reader slot in the child would free
+// it for the parent, whose pinned pages could then be reused.
 class LmdbEnv {
  public:
   // Returns the process's open handle for `dir` if there is one, else opens.
@@ -30,12 +45,21 @@ class LmdbEnv {
 
   // Read transactions come from a pool of reset handles (MDB_NOTLS), so a
   // hit costs a renew rather than a reader-table registration.
+  // Errc::unavailable when the map must grow (another process wrote past
+  // it) or when called in a child of fork().
   Expected<MDB_txn*> begin_read();
   void end_read(MDB_txn* txn);
   Expected<MDB_txn*> begin_write();
 
+  // True in a process forked after this environment was opened: nothing
+  // may touch LMDB (or the mutexes of objects using it) there.
+  bool inherited() const noexcept;
+  // The error every use of an inherited environment returns (logged once).
+  Status inherited_error();
+
   MDB_env* env() const noexcept { return env_; }
   const std::string& dir() const noexcept { return dir_; }
+  uint64_t map_size() const noexcept { return map_size_; }
   MDB_dbi entries = 0, meta = 0, lru = 0, stats = 0, leases = 0;
   // Hits handed out that still pin their read transaction (one reader slot
   // each); past kMaxPinned, hits are copied out instead.
@@ -43,9 +67,14 @@ class LmdbEnv {
 
  private:
   LmdbEnv() = default;
+  Status resized_error();
+
   MDB_env* env_ = nullptr;
-  pid_t pid_ = 0;
+  uint64_t fork_gen_ = 0;  // util::fork_generation() when opened
+  uint64_t map_size_ = 0;
   std::string dir_;
+  std::atomic<bool> resized_logged_{false};
+  std::atomic<uint64_t> fork_logged_gen_{0};  // generation last warned about
   std::mutex mu_;
   std::vector<MDB_txn*> idle_;  // GUARDED_BY(mu_)
 };

@@ -24,6 +24,7 @@
 // Hits are recorded in memory; a background thread writes recency and
 // counters in batches, so the hit path never takes the write lock.
 #include <lmdb.h>
+#include <dirent.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <sys/file.h>
@@ -35,6 +36,7 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -334,9 +336,86 @@ Status check_tree(MDB_env* env, const std::string& data_path) {
 
 uint64_t lmdb_records_visited() noexcept { return g_records_visited.load(std::memory_order_relaxed); }
 
+uint64_t lmdb_map_size(uint64_t max_bytes) noexcept {
+  constexpr uint64_t kFloor = uint64_t(64) << 30, kSlack = uint64_t(64) << 20;
+  constexpr uint64_t kCeiling = uint64_t(1) << 46;  // 64 TiB: within any 64-bit address space
+  uint64_t want = max_bytes > (kCeiling - kSlack) / 2 ? kCeiling : 2 * max_bytes + kSlack;
+  want = std::max(want, kFloor);
+  long ps = ::sysconf(_SC_PAGESIZE);
+  uint64_t page = ps > 0 ? static_cast<uint64_t>(ps) : 4096;
+  return (want + page - 1) / page * page;
+}
+
+namespace {
+
+// LMDB 0.9.24 opens data.mdb without close-on-exec (its lock file and the
+// second data-file handle have it): a program the process execs would keep
+// the store open. Sets FD_CLOEXEC on every descriptor of this process that
+// refers to the store's files. Another thread exec'ing between
+// mdb_env_open and this scan can still pass one on: LMDB offers no hook to
+// open with O_CLOEXEC.
+void set_cloexec_on_store_fds(MDB_env* env, const std::string& dir) {
+  auto mark = [](int fd) {
+    int fl = ::fcntl(fd, F_GETFD);
+    if (fl >= 0 && !(fl & FD_CLOEXEC)) (void)::fcntl(fd, F_SETFD, fl | FD_CLOEXEC);
+  };
+  mdb_filehandle_t fd;
+  if (mdb_env_get_fd(env, &fd) == 0 && fd >= 0) mark(fd);
+  struct stat data_st, lock_st;
+  bool have_data = ::stat((dir + "/data.mdb").c_str(), &data_st) == 0;
+  bool have_lock = ::stat((dir + "/lock.mdb").c_str(), &lock_st) == 0;
+  DIR* d = ::opendir("/proc/self/fd");
+  if (!d) return;
+  int self = ::dirfd(d);
+  while (struct dirent* de = ::readdir(d)) {
+    if (de->d_name[0] < '0' || de->d_name[0] > '9') continue;
+    int n = std::atoi(de->d_name);
+    struct stat st;
+    if (n == self || ::fstat(n, &st) != 0) continue;
+    bool ours = (have_data && st.st_dev == data_st.st_dev && st.st_ino == data_st.st_ino) ||
+                (have_lock && st.st_dev == lock_st.st_dev && st.st_ino == lock_st.st_ino);
+    if (ours) mark(n);
+  }
+  ::closedir(d);
+}
+
+}  // namespace
+
 LmdbEnv::~LmdbEnv() {
+  if (inherited()) {
+    // A child of fork(): aborting a pooled transaction would free the
+    // parent's reader slot, and closing the environment would close the
+    // lock file and with it this process's fcntl lock on it, held for a
+    // fresh environment the child may have opened on the same store
+    // (LMDB's "first opener resets the lock file" check relies on it).
+    // Leave it all; exit or exec releases the memory and descriptors.
+    return;
+  }
   for (MDB_txn* t : idle_) mdb_txn_abort(t);
   if (env_) mdb_env_close(env_);
+}
+
+bool LmdbEnv::inherited() const noexcept { return fork_gen_ != util::fork_generation(); }
+
+Status LmdbEnv::inherited_error() {
+  uint64_t gen = util::fork_generation();
+  if (fork_logged_gen_.exchange(gen, std::memory_order_relaxed) != gen)
+    KCACHE_LOG(LogLevel::warn, "lmdb store %s was opened before fork(); open a new Cache in the child to use it",
+               dir_.c_str());
+  return Status(Errc::unavailable, "lmdb store " + dir_ + " opened before fork(); open a new Cache in the child");
+}
+
+Status LmdbEnv::resized_error() {
+  // Re-mapping (mdb_env_set_mapsize) would move the map under the hits this
+  // process still holds; the handle keeps its map, and the store is a miss
+  // here until the process opens it again.
+  if (!resized_logged_.exchange(true, std::memory_order_relaxed))
+    KCACHE_LOG(LogLevel::warn,
+               "lmdb store %s: the store's map was grown by a process with a larger size limit; reopen to use it",
+               dir_.c_str());
+  return Status(Errc::unavailable, "lmdb store " + dir_ +
+                                       ": the store's map was grown by a process with a larger size limit; reopen "
+                                       "to use it");
 }
 
 Expected<std::shared_ptr<LmdbEnv>> LmdbEnv::open(const std::string& dir, uint64_t map_size, bool sync_data,
@@ -350,11 +429,19 @@ Expected<std::shared_ptr<LmdbEnv>> LmdbEnv::open(const std::string& dir, uint64_
   std::lock_guard lk(reg_mu);
   auto id = std::make_pair(st.st_dev, st.st_ino);
   if (auto it = registry.find(id); it != registry.end()) {
-    if (auto sp = it->second.lock(); sp && sp->pid_ == ::getpid()) return sp;
+    // A handle inherited through fork() is never shared: this process
+    // opens its own.
+    if (auto sp = it->second.lock(); sp && !sp->inherited()) {
+      if (sp->map_size_ < map_size)
+        KCACHE_LOG(LogLevel::info, "lmdb store %s is already open in this process with a %s map; %s asked for",
+                   dir.c_str(), util::format_size(sp->map_size_).c_str(), util::format_size(map_size).c_str());
+      return sp;
+    }
   }
 
   auto env = std::shared_ptr<LmdbEnv>(new LmdbEnv());
-  env->pid_ = ::getpid();
+  env->fork_gen_ = util::fork_generation();
+  env->map_size_ = map_size;
   env->dir_ = dir;
   int rc = mdb_env_create(&env->env_);
   if (rc) return mdb_status(rc, "env_create");
@@ -368,6 +455,7 @@ Expected<std::shared_ptr<LmdbEnv>> LmdbEnv::open(const std::string& dir, uint64_
   else if (!sync_meta) flags |= MDB_NOMETASYNC;
   rc = mdb_env_open(env->env_, dir.c_str(), flags, 0600);
   if (rc) return mdb_status(rc, "open " + dir);
+  set_cloexec_on_store_fds(env->env_, dir);
   int dead = 0;
   mdb_reader_check(env->env_, &dead);
 
@@ -402,6 +490,7 @@ Expected<std::shared_ptr<LmdbEnv>> LmdbEnv::open(const std::string& dir, uint64_
 }
 
 Expected<MDB_txn*> LmdbEnv::begin_read() {
+  if (inherited()) return inherited_error();
   MDB_txn* t = nullptr;
   {
     std::lock_guard lk(mu_);
@@ -415,21 +504,23 @@ Expected<MDB_txn*> LmdbEnv::begin_read() {
     rc = mdb_txn_renew(t);
     if (rc == 0) return t;
     mdb_txn_abort(t);
+    if (rc == MDB_MAP_RESIZED) return resized_error();
   }
   rc = mdb_txn_begin(env_, nullptr, MDB_RDONLY, &t);
-  if (rc == MDB_MAP_RESIZED) {
-    mdb_env_set_mapsize(env_, 0);
-    rc = mdb_txn_begin(env_, nullptr, MDB_RDONLY, &t);
-  } else if (rc == MDB_READERS_FULL) {
+  if (rc == MDB_READERS_FULL) {
     int dead = 0;
     mdb_reader_check(env_, &dead);
     rc = mdb_txn_begin(env_, nullptr, MDB_RDONLY, &t);
   }
+  if (rc == MDB_MAP_RESIZED) return resized_error();
   if (rc) return mdb_status(rc, "begin read");
   return t;
 }
 
 void LmdbEnv::end_read(MDB_txn* t) {
+  // In a child of fork() the transaction's reader slot is the parent's:
+  // resetting it would unpin the parent's snapshot. Leak the handle.
+  if (inherited()) return;
   mdb_txn_reset(t);
   std::lock_guard lk(mu_);
   if (idle_.size() < 16) {
@@ -440,12 +531,10 @@ void LmdbEnv::end_read(MDB_txn* t) {
 }
 
 Expected<MDB_txn*> LmdbEnv::begin_write() {
+  if (inherited()) return inherited_error();
   MDB_txn* t = nullptr;
   int rc = mdb_txn_begin(env_, nullptr, 0, &t);
-  if (rc == MDB_MAP_RESIZED) {
-    mdb_env_set_mapsize(env_, 0);
-    rc = mdb_txn_begin(env_, nullptr, 0, &t);
-  }
+  if (rc == MDB_MAP_RESIZED) return resized_error();
   if (rc) return mdb_status(rc, "begin write");
   return t;
 }
@@ -483,21 +572,39 @@ class LmdbTier final : public Tier {
     flusher_ = std::thread([this] { flusher_loop(); });
   }
   ~LmdbTier() override {
+    if (env_->inherited()) {
+      // A child of fork(): the flusher thread does not exist here, so its
+      // handle must not be joined (that would wait forever), and the
+      // condition variable it was waiting on must not be destroyed (glibc
+      // waits for that waiter too). Both are leaked, and nothing is
+      // flushed: the store belongs to the parent.
+      new std::thread(std::move(flusher_));  // never joined, never freed
+      (void)pend_cv_.release();
+      return;
+    }
     {
       std::lock_guard lk(pend_mu_);
       stop_ = true;
     }
-    pend_cv_.notify_all();
+    pend_cv_->notify_all();
     flusher_.join();
     (void)flush();
   }
 
   std::string_view name() const noexcept override { return "lmdb"; }
 
+  // Off (the read-only wrapper): the tier makes no write of its own to the
+  // store: a corrupt entry is reported and counted in this process only,
+  // never removed, and recency and counters are never flushed.
+  void set_repair(bool on) noexcept override { repair_.store(on, std::memory_order_relaxed); }
+
   // Counts a damaged store found (and moved aside) when opening.
   void note_corrupt() { count(c_corrupt); }
 
   Status flush() override {
+    // Nothing to write in a child of fork() (it counts nothing there), nor
+    // when repair is off (nothing is ever written then).
+    if (env_->inherited() || !repair_.load(std::memory_order_relaxed)) return Status();
     std::unordered_map<Key, uint64_t> touched;
     uint64_t counts[c_count] = {};
     {
@@ -526,6 +633,7 @@ class LmdbTier final : public Tier {
   }
 
   Status list(const std::function<bool(const ListItem&)>& fn) override {
+    if (env_->inherited()) return env_->inherited_error();
     KCACHE_TRY(MDB_txn * txn, env_->begin_read());
     MDB_cursor* cur;
     int rc = mdb_cursor_open(txn, env_->meta, &cur);
@@ -552,9 +660,10 @@ class LmdbTier final : public Tier {
   }
 
   Expected<VerifyReport> verify(bool fix) override {
+    if (env_->inherited()) return env_->inherited_error();
     (void)flush();
     VerifyReport rep;
-    uint64_t entries = 0, bytes = 0;
+    uint64_t entries = 0, bytes = 0, other_format = 0;
     {
       KCACHE_TRY(MDB_txn * txn, env_->begin_read());
       MDB_cursor* cur;
@@ -574,7 +683,11 @@ class LmdbTier final : public Tier {
           auto d = Entry::decode(make_heap_buffer(std::string(enc)), &key);
           if (!d) st = d.error();
         }
-        if (!st.is_ok()) {
+        if (st.code() == Errc::stale_format) {
+          // Written by a build with another entry format, which may still
+          // share the store (a rolling upgrade): unusable here, not damaged.
+          ++other_format;
+        } else if (!st.is_ok()) {
           rep.bad.emplace_back(key, st.message());
         } else {
           ++entries;
@@ -585,6 +698,9 @@ class LmdbTier final : public Tier {
       env_->end_read(txn);
       if (rc != MDB_NOTFOUND) return mdb_status(rc, "verify walk");
     }
+    if (other_format)
+      KCACHE_LOG(LogLevel::info, "lmdb verify %s: %llu entries of another format version left in place",
+                 env_->dir().c_str(), static_cast<unsigned long long>(other_format));
     if (fix) {
       for (const auto& [k, why] : rep.bad)
         if (remove_entry(k, /*count_corrupt=*/true).is_ok()) ++rep.removed;
@@ -594,11 +710,13 @@ class LmdbTier final : public Tier {
   }
 
   Expected<uint64_t> trim(uint64_t max_bytes) override {
+    if (env_->inherited()) return env_->inherited_error();
     (void)flush();
     return evict(max_bytes, max_entries_);
   }
 
   Status clear() override {
+    if (env_->inherited()) return env_->inherited_error();
     {
       std::lock_guard lk(pend_mu_);
       touched_.clear();
@@ -622,6 +740,9 @@ class LmdbTier final : public Tier {
 
  protected:
   Expected<std::optional<Entry>> do_get(const Key& key) override {
+    // In a child of fork() this returns before any lock or counter is
+    // touched: a thread of the parent may have held them at the fork.
+    if (env_->inherited()) return env_->inherited_error();
     KCACHE_TRY(MDB_txn * txn, env_->begin_read());
     MDB_val k = val(key), v;
     int rc = mdb_get(txn, env_->entries, &k, &v);
@@ -648,9 +769,16 @@ class LmdbTier final : public Tier {
       buf = std::move(copy);
     }
     auto e = Entry::decode(std::move(buf), &key);
+    if (!e && e.error().code() == Errc::stale_format) {
+      // Another build's entry: a miss, left for the build that reads it.
+      count(c_misses);
+      return std::optional<Entry>();
+    }
     if (!e) {
+      // Counted in this process; stored (with the removal) only when
+      // repair is on. A read-only store is never written.
       count(c_corrupt);
-      (void)remove_entry(key, false);
+      if (repair_.load(std::memory_order_relaxed)) (void)remove_entry(key, false);
       return Status(Errc::corrupt, "lmdb entry " + key.hex() + ": " + e.error().message());
     }
     note_hit(key);
@@ -658,6 +786,7 @@ class LmdbTier final : public Tier {
   }
 
   Status do_put(const Entry& entry) override {
+    if (env_->inherited()) return env_->inherited_error();
     std::string_view enc = entry.encoded();
     if (enc.size() > max_entry_) {
       count(c_errors);
@@ -683,10 +812,14 @@ class LmdbTier final : public Tier {
     return Status();
   }
 
-  Status do_remove(const Key& key) override { return remove_entry(key, false); }
+  Status do_remove(const Key& key) override {
+    if (env_->inherited()) return env_->inherited_error();
+    return remove_entry(key, false);
+  }
 
   TierStats do_stats() override {
     TierStats s;
+    if (env_->inherited()) return s;  // the store's counters are the parent's
     uint64_t v[c_count] = {};
     auto txn = env_->begin_read();
     if (txn) {
@@ -725,19 +858,20 @@ class LmdbTier final : public Tier {
 
   void note_hit(const Key& key) {
     bool wake;
+    bool writes = repair_.load(std::memory_order_relaxed);
     {
       std::lock_guard lk(pend_mu_);
-      touched_[key] = util::now_unix_ms();
+      if (writes) touched_[key] = util::now_unix_ms();
       ++pending_[c_hits];
-      wake = touched_.size() >= batch_ || pending_[c_hits] + pending_[c_misses] >= 16 * batch_;
+      wake = writes && (touched_.size() >= batch_ || pending_[c_hits] + pending_[c_misses] >= 16 * batch_);
     }
-    if (wake) pend_cv_.notify_one();
+    if (wake) pend_cv_->notify_one();
   }
 
   void flusher_loop() {
     std::unique_lock lk(pend_mu_);
     while (!stop_) {
-      pend_cv_.wait_for(lk, std::chrono::seconds(5));
+      pend_cv_->wait_for(lk, std::chrono::seconds(5));
       if (stop_) break;
       bool due = touched_.size() >= batch_ || pending_[c_hits] + pending_[c_misses] >= 16 * batch_;
       if (!due) continue;
@@ -1002,8 +1136,11 @@ class LmdbTier final : public Tier {
   double low_water_;
   unsigned batch_;
 
+  std::atomic<bool> repair_{true};
+
   std::mutex pend_mu_;
-  std::condition_variable pend_cv_;
+  // On the heap so that a child of fork() can leak it (see ~LmdbTier).
+  std::unique_ptr<std::condition_variable> pend_cv_ = std::make_unique<std::condition_variable>();
   std::unordered_map<Key, uint64_t> touched_;  // GUARDED_BY(pend_mu_): key -> last hit ms
   uint64_t pending_[c_count] = {};              // GUARDED_BY(pend_mu_): counter deltas not yet stored
   bool stop_ = false;                           // GUARDED_BY(pend_mu_)
@@ -1013,11 +1150,10 @@ class LmdbTier final : public Tier {
 }  // namespace
 
 Expected<std::shared_ptr<Tier>> open_lmdb_tier(const std::string& dir, const DiskTierOptions& options) {
-  uint64_t max = effective_max_bytes(options);
-  // The map must hold the entries plus B-tree overhead and pages kept for
-  // old readers; the file is sparse, so a generous map costs nothing.
-  uint64_t map_size = std::max<uint64_t>(2 * max + (uint64_t(64) << 20), uint64_t(256) << 20);
-  map_size = (map_size + 4095) & ~uint64_t(4095);
+  // The map holds the entries plus B-tree overhead and pages kept for old
+  // readers, and is the same in every process with the same or a smaller
+  // limit, so none of them ever needs to re-map (lmdb_env.h).
+  uint64_t map_size = lmdb_map_size(effective_max_bytes(options));
   bool sync_data = options.durability != Durability::none;
   bool sync_meta = options.durability == Durability::full;
   auto env = LmdbEnv::open(dir, map_size, sync_data, sync_meta, options.check_on_open);
