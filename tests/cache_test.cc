@@ -1,5 +1,7 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -239,4 +241,69 @@ TEST(Cache, FilesEngineWorksThroughTheFacade) {
   EXPECT_EQ(s, Source::disk);
   EXPECT_EQ(calls.load(), 1);
   EXPECT_EQ(Cache::open(o)->tiers()[0]->name(), "files");
+}
+
+// Regression: KCACHE_READONLY wrapped the in-process memory tier too, so
+// every hit was read from disk and copied again.
+TEST(CacheRegression, ReadOnlyStillPromotesIntoMemory) {
+  TempDir d;
+  KeyInfo k = *KeyBuilder("t").add_string("src", "ro-mem").finish();
+  std::atomic<int> calls{0};
+  (void)Cache::open(opts(d.path()))->get_or_compile(k, artifact_fn(&calls, "A"));
+  Options o = opts(d.path());
+  o.read_only = true;
+  auto c = Cache::open(o);
+  Source s;
+  ASSERT_TRUE(c->get(k.key, &s).has_value());
+  EXPECT_EQ(s, Source::disk);
+  ASSERT_TRUE(c->get(k.key, &s).has_value());
+  EXPECT_EQ(s, Source::memory);
+  EXPECT_EQ(c->tiers()[0]->name(), "memory");
+  EXPECT_FALSE(c->tiers()[1]->writable());
+}
+
+// Regression: the memory tier counted only the compressed bytes of a
+// compressed entry, so its budget did not bound its memory.
+TEST(CacheRegression, MemoryTierCountsDecompressedBytes) {
+  MemoryTierOptions mo;
+  mo.max_bytes = 1 << 20;
+  mo.shards = 1;
+  auto mem = make_memory_tier(mo);
+  std::string text;
+  for (int i = 0; i < 40000; ++i) text += "ld.global.f32 %f" + std::to_string(i % 9) + ";\n";
+  for (uint64_t i = 0; i < 20; ++i) {
+    auto e = EntryBuilder(key_of(i)).add("ptx", text).compression(Compression::automatic).build();
+    ASSERT_TRUE(e.has_value());
+#if KCACHE_HAVE_ZSTD
+    ASSERT_TRUE(e->compressed());
+#endif
+    EXPECT_GE(e->memory_size(), text.size());
+    (void)mem->put(*e);
+  }
+  EXPECT_LE(mem->stats().bytes, mo.max_bytes);
+  EXPECT_LE(mem->stats().entries, (mo.max_bytes / text.size()) + 1);
+}
+
+// Regression: a Cache used in a child of fork() joined the parent's
+// heartbeat thread, which does not exist there, and hung in ~Cache.
+TEST(CacheRegression, ForkedChildCanDestroyItsInheritedCache) {
+  TempDir d;
+  auto c = Cache::open(opts(d.path()));
+  KeyInfo k = *KeyBuilder("t").add_string("src", "fork").finish();
+  std::atomic<int> calls{0};
+  ASSERT_TRUE(c->get_or_compile(k, artifact_fn(&calls, "P")).has_value());  // starts the heartbeat
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    ::alarm(20);
+    std::atomic<int> n{0};
+    KeyInfo k2 = *KeyBuilder("t").add_string("src", "fork-child").finish();
+    auto e = c->get_or_compile(k2, artifact_fn(&n, "C"));  // a lease in the child
+    c.reset();                                             // must not hang
+    ::_exit(e && *e->artifact("obj") == "C" ? 0 : 1);
+  }
+  int st = 0;
+  ::waitpid(pid, &st, 0);
+  ASSERT_TRUE(WIFEXITED(st)) << "child killed by signal " << (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
+  EXPECT_EQ(WEXITSTATUS(st), 0);
+  EXPECT_TRUE(c->get_or_compile(k, artifact_fn(&calls, "P")).has_value());
 }

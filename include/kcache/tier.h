@@ -70,9 +70,12 @@ class Tier {
   // Short name for stats and logs: "memory", "lmdb", "files", "redis", ...
   virtual std::string_view name() const noexcept = 0;
   virtual bool writable() const noexcept { return true; }
-  // Whether get() may remove an entry it finds corrupt (default on). The
-  // read-only wrapper turns it off on the tier it wraps: a shipped or
-  // shared read-only store is never written, not even to drop bad entries.
+  // Whether the tier may write to its store on its own (default on):
+  // remove corrupt entries it finds, store recency and counters, collect
+  // stale temp files. Off: nothing is written, and corrupt entries are
+  // counted in this process only. The read-only wrapper turns it off on the
+  // tier it wraps: a shipped or shared read-only store is never written.
+  // Explicit put/remove/clear/trim calls on the inner tier still write.
   virtual void set_repair(bool on) noexcept {}
 
   // nullopt: a miss. Error: a fault (the caller treats it as a miss).

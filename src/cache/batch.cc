@@ -78,7 +78,7 @@ std::vector<Expected<Entry>> Cache::get_or_compile_batch(const std::vector<Batch
       try {
         Impl::Outcome o;
         Source s = Source::compiled;
-        auto r = impl_->resolve(items[i].key, items[i].compile, &s, wait, &o);
+        auto r = impl_->resolve(items[i].key, items[i].compile, &s, wait, &o, /*count_miss=*/false);
         std::lock_guard lk(mu);
         if (o == Impl::Outcome::busy) {
           deferred.push_back(i);

@@ -156,7 +156,7 @@ Expected<Entry> Cache::get_or_compile(const KeyInfo& key, const CompileFn& compi
 // process holds is answered with outcome busy (and an unavailable status)
 // instead of waiting, so a batch can do other work first.
 Expected<Entry> Cache::Impl::resolve(const KeyInfo& key, const CompileFn& compile, Source* source,
-                                     bool wait_for_others, Outcome* outcome) {
+                                     bool wait_for_others, Outcome* outcome, bool count_miss) {
   *outcome = Outcome::done;
   auto run_compile = [&]() -> Expected<Entry> {
     uint64_t t0 = util::now_mono_us();
@@ -178,7 +178,7 @@ Expected<Entry> Cache::Impl::resolve(const KeyInfo& key, const CompileFn& compil
   if (source) *source = Source::compiled;
   if (opt.disabled) return run_compile();
   if (!opt.recompile) {
-    if (auto hit = lookup(key.key, source)) return std::move(*hit);
+    if (auto hit = lookup(key.key, source, count_miss)) return std::move(*hit);
   }
 
   std::shared_ptr<Flight> flight;
@@ -198,7 +198,7 @@ Expected<Entry> Cache::Impl::resolve(const KeyInfo& key, const CompileFn& compil
     waits.fetch_add(1, std::memory_order_relaxed);
     if (source) *source = Source::waited;
     Expected<Entry> r = flight->result.get();
-    if (flight->busy.load() && wait_for_others) return resolve(key, compile, source, true, outcome);
+    if (flight->busy.load() && wait_for_others) return resolve(key, compile, source, true, outcome, false);
     if (flight->busy.load()) *outcome = Outcome::busy;
     return r;
   }
@@ -234,7 +234,7 @@ Expected<Entry> Cache::Impl::resolve(const KeyInfo& key, const CompileFn& compil
 
   // Another thread may have stored it between our lookup and our flight.
   if (!opt.recompile) {
-    if (auto hit = lookup(key.key, source)) return finish(std::move(*hit));
+    if (auto hit = lookup(key.key, source, false)) return finish(std::move(*hit));
   }
 
   // Another process may be compiling it. Waiting polls the lease only (no
@@ -250,7 +250,7 @@ Expected<Entry> Cache::Impl::resolve(const KeyInfo& key, const CompileFn& compil
         guard.leased = true;
         hold(key.key);
         if (!opt.recompile) {
-          if (auto hit = lookup(key.key, source)) {
+          if (auto hit = lookup(key.key, source, false)) {
             if (waited && source && *source != Source::memory) *source = Source::waited;
             return finish(std::move(*hit));
           }

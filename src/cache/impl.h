@@ -8,6 +8,8 @@
 #include <condition_variable>
 #include <future>
 #include <mutex>
+#include <optional>
+#include <set>
 #include <thread>
 #include <unordered_map>
 
@@ -42,49 +44,58 @@ struct Cache::Impl {
   std::atomic<uint64_t> lease_waits{0}, lease_timeouts{0};
 
   // Cross-process single-flight. Held leases are renewed by a heartbeat
-  // thread every ttl/3 while their compiles run.
+  // thread every ttl/3 while their compiles run. The heartbeat's mutex and
+  // condition variable live on the heap so that a forked child can abandon
+  // the ones it inherited (a parent thread may have been waiting on them).
   std::shared_ptr<Leases> leases;
-  std::mutex hb_mu;
-  std::condition_variable hb_cv;
-  std::unordered_map<Key, int> held;  // GUARDED_BY(hb_mu): key -> holders in this process
-  bool hb_stop = false;               // GUARDED_BY(hb_mu)
+  std::unique_ptr<std::mutex> hb_mu = std::make_unique<std::mutex>();
+  std::unique_ptr<std::condition_variable> hb_cv = std::make_unique<std::condition_variable>();
+  std::unordered_map<Key, int> held;  // GUARDED_BY(*hb_mu): key -> holders in this process
+  bool hb_stop = false;               // GUARDED_BY(*hb_mu)
   std::thread hb;
 
   uint64_t ttl_ms() const { return opt.lease_ttl_ms ? opt.lease_ttl_ms : 10000; }
   uint64_t bound_ms() const { return opt.wait_bound_ms ? opt.wait_bound_ms : 300000; }
 
-  // The fork generation this Cache was made in (util::fork_generation). A
-  // Cache used in a child of a fork() must not join the parent's heartbeat
-  // thread, which does not exist there.
-  uint64_t fork_gen = util::fork_generation();
+  // The fork generation this Cache's heartbeat state belongs to
+  // (util::fork_generation).
+  std::atomic<uint64_t> fork_gen{util::fork_generation()};
 
-  // REQUIRES: hb_mu held. In a forked child, the inherited std::thread
-  // names a thread of the parent: leak the object instead of joining it.
+  // In a child of fork(), the inherited heartbeat thread does not exist and
+  // its mutex or condition variable may be in a state no thread of the child
+  // will ever change: leak all three (never joined, unlocked or destroyed)
+  // and start afresh. The first thread of the child to get here does it;
+  // a child is expected to begin using an inherited Cache from one thread.
   void forget_inherited_heartbeat() {
-    if (fork_gen == util::fork_generation()) return;
-    if (hb.joinable()) new std::thread(std::move(hb));  // never joined, never freed
+    uint64_t now = util::fork_generation(), was = fork_gen.load();
+    if (was == now || !fork_gen.compare_exchange_strong(was, now)) return;
+    if (hb.joinable()) new std::thread(std::move(hb));
+    (void)hb_mu.release();
+    (void)hb_cv.release();
+    hb_mu = std::make_unique<std::mutex>();
+    hb_cv = std::make_unique<std::condition_variable>();
     hb_stop = false;
     held.clear();
-    fork_gen = util::fork_generation();
   }
 
   void hold(const Key& k) {
-    std::lock_guard lk(hb_mu);
     forget_inherited_heartbeat();
+    std::lock_guard lk(*hb_mu);
     ++held[k];
     if (!hb.joinable()) hb = std::thread([this] { heartbeat(); });
   }
   void unhold(const Key& k) {
+    forget_inherited_heartbeat();
     {
-      std::lock_guard lk(hb_mu);
+      std::lock_guard lk(*hb_mu);
       if (auto it = held.find(k); it != held.end() && --it->second == 0) held.erase(it);
     }
     leases->release(k);
   }
   void heartbeat() {
-    std::unique_lock lk(hb_mu);
+    std::unique_lock lk(*hb_mu);
     while (!hb_stop) {
-      hb_cv.wait_for(lk, std::chrono::milliseconds(std::max<uint64_t>(ttl_ms() / 3, 1)));
+      hb_cv->wait_for(lk, std::chrono::milliseconds(std::max<uint64_t>(ttl_ms() / 3, 1)));
       if (hb_stop) break;
       std::vector<Key> keys;
       for (const auto& [k, n] : held) keys.push_back(k);
@@ -97,18 +108,19 @@ struct Cache::Impl {
     }
   }
   void stop_heartbeat() {
+    forget_inherited_heartbeat();
     {
-      std::lock_guard lk(hb_mu);
-      forget_inherited_heartbeat();
+      std::lock_guard lk(*hb_mu);
       hb_stop = true;
     }
-    hb_cv.notify_all();
+    hb_cv->notify_all();
     if (hb.joinable()) hb.join();
   }
 
   enum class Outcome { done, busy };
+  // count_miss=false: the caller already counted this request's miss.
   Expected<Entry> resolve(const KeyInfo& key, const CompileFn& compile, Source* source, bool wait_for_others,
-                          Outcome* outcome);
+                          Outcome* outcome, bool count_miss = true);
 
   void add(std::shared_ptr<Tier> t) {
     tiers.push_back(std::move(t));
@@ -117,9 +129,17 @@ struct Cache::Impl {
 
   void fault(const Tier& t, const char* op, const Status& st) {
     faults.fetch_add(1, std::memory_order_relaxed);
+    // A tier that is switched off (breaker open, handle from before a
+    // fork) says so once, not on every call.
+    if (st.code() == Errc::unavailable) {
+      std::lock_guard lk(said_mu);
+      if (!said_unavailable.insert(&t).second) return;
+    }
     KCACHE_LOG(LogLevel::warn, "%.*s %s: %s (treated as a miss)", static_cast<int>(t.name().size()),
                t.name().data(), op, st.to_string().c_str());
   }
+  std::mutex said_mu;
+  std::set<const Tier*> said_unavailable;  // GUARDED_BY(said_mu)
 
   bool put_into(size_t i, const Entry& e) {
     Tier& t = *tiers[i];
@@ -143,7 +163,11 @@ struct Cache::Impl {
     return false;
   }
 
-  std::optional<Entry> lookup(const Key& key, Source* src) {
+  // count=false: a re-check of a key whose miss was already counted; no
+  // miss is counted here or in the tiers.
+  std::optional<Entry> lookup(const Key& key, Source* src, bool count = true) {
+    std::optional<util::QuietMisses> quiet;
+    if (!count) quiet.emplace();
     for (size_t i = 0; i < tiers.size(); ++i) {
       auto r = tiers[i]->get(key);
       if (!r) {
@@ -162,7 +186,7 @@ struct Cache::Impl {
       if (src) *src = source_of(*tiers[i]);
       return e;
     }
-    misses.fetch_add(1, std::memory_order_relaxed);
+    if (count) misses.fetch_add(1, std::memory_order_relaxed);
     return std::nullopt;
   }
 

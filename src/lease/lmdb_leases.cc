@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "kcache/lease.h"
+#include "kcache/tier.h"
 #include "lease/holder.h"
 #include "tier/lmdb/lmdb_env.h"
 #include "util/util.h"
@@ -100,9 +101,9 @@ class LmdbLeases final : public Leases {
 }  // namespace
 
 Expected<std::shared_ptr<Leases>> open_lmdb_leases(const std::string& dir) {
-  // Same parameters as the tier's defaults; an environment the tier already
-  // opened in this process is shared, whatever its parameters.
-  auto env = LmdbEnv::open(dir, uint64_t(256) << 20, true, false);
+  // The map size every store uses (lmdb_env.h); an environment the tier
+  // already opened in this process is shared.
+  auto env = LmdbEnv::open(dir, lmdb_map_size(effective_max_bytes(DiskTierOptions{})), true, false);
   if (!env) return env.error();
   return std::shared_ptr<Leases>(std::make_shared<LmdbLeases>(std::move(env).value()));
 }

@@ -220,7 +220,7 @@ class FilesTier final : public Tier {
     if (!e) {
       // Another build's entry is a miss, left for the build that reads it.
       if (e.error().code() == Errc::not_found || e.error().code() == Errc::stale_format) {
-        count(c_misses);
+        if (!util::misses_quiet()) count(c_misses);
         return std::optional<Entry>();
       }
       if (e.error().code() == Errc::corrupt) {

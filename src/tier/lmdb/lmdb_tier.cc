@@ -748,7 +748,7 @@ class LmdbTier final : public Tier {
     int rc = mdb_get(txn, env_->entries, &k, &v);
     if (rc == MDB_NOTFOUND) {
       env_->end_read(txn);
-      count(c_misses);
+      if (!util::misses_quiet()) count(c_misses);
       return std::optional<Entry>();
     }
     if (rc) {
@@ -771,7 +771,7 @@ class LmdbTier final : public Tier {
     auto e = Entry::decode(std::move(buf), &key);
     if (!e && e.error().code() == Errc::stale_format) {
       // Another build's entry: a miss, left for the build that reads it.
-      count(c_misses);
+      if (!util::misses_quiet()) count(c_misses);
       return std::optional<Entry>();
     }
     if (!e) {

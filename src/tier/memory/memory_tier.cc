@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "kcache/tier.h"
+#include "util/util.h"
 
 namespace kcache {
 namespace {
@@ -68,7 +69,7 @@ class MemoryTier final : public Tier {
     std::lock_guard lk(sh.mu);
     auto it = sh.map.find(key);
     if (it == sh.map.end()) {
-      ++sh.misses;
+      if (!util::misses_quiet()) ++sh.misses;
       return std::optional<Entry>();
     }
     sh.lru.splice(sh.lru.begin(), sh.lru, it->second.it);

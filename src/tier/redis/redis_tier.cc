@@ -462,7 +462,7 @@ class RedisTierImpl final : public RedisTier {
     auto r = fetch(key);
     if (!r) return std::move(r).error();
     if (r->has_value()) hits_++;
-    else misses_++;
+    else if (!util::misses_quiet()) misses_++;
     return r;
   }
 
