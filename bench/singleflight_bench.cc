@@ -32,7 +32,7 @@ double thread_cpu_s() {
 // A deterministic CPU-bound compile of about 10 ms.
 std::string compile(uint64_t i) {
   std::string s(8192, static_cast<char>(i));
-  for (int r = 0; r < 20000; ++r) {
+  for (int r = 0; r < 80000; ++r) {
     Digest d = hash_bytes(s);
     std::memcpy(s.data() + (r * 16) % 8000, d.bytes.data(), 16);
   }
