@@ -19,13 +19,7 @@ namespace {
 using cl_kernels::ClKernel;
 using test::TempDir;
 
-Options disk_options(const std::string& dir, bool memory = true) {
-  Options o;
-  o.dir = dir;
-  o.memory_tier = memory;
-  o.log_level = LogLevel::error;
-  return o;
-}
+using test::disk_options;
 
 class OpenclTest : public ::testing::Test {
  protected:

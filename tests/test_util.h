@@ -34,6 +34,15 @@ class TempDir {
   std::string path_;
 };
 
+// Options for a cache in `dir` that logs only errors.
+inline Options disk_options(const std::string& dir, bool memory = true) {
+  Options o;
+  o.dir = dir;
+  o.memory_tier = memory;
+  o.log_level = LogLevel::error;
+  return o;
+}
+
 inline Key key_of(uint64_t i) {
   return KeyBuilder("test").add_u64("i", i).finish()->key;
 }
