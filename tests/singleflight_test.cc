@@ -66,11 +66,33 @@ int wait_exit(pid_t pid) {
   return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 
-std::shared_ptr<Leases> open_leases(const std::string& engine, const std::string& dir) {
-#if KCACHE_HAVE_LMDB
-  if (engine == "lmdb") return *open_lmdb_leases(dir);
-#endif
-  return *open_file_leases(dir);
+// Starts a process that leads the compile of `k` in a cache in `dir`: its
+// compile function signals, sleeps `ms`, and returns `value`. Returns once
+// the compile has begun (the holder has the lease).
+pid_t spawn_holder(const std::string& dir, const std::string& engine, const KeyInfo& k, int ms,
+                   const std::string& value) {
+  int ready[2];
+  if (::pipe(ready) != 0) return -1;
+  pid_t pid = spawn([&] {
+    auto c = Cache::open(opts(dir, engine));
+    auto e = c->get_or_compile(k, [&]() -> Expected<std::vector<Artifact>> {
+      char x = 1;
+      (void)!::write(ready[1], &x, 1);
+      std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+      return std::vector<Artifact>{{"obj", value}};
+    });
+    return e ? 0 : 1;
+  });
+  char x;
+  bool started = ::read(ready[0], &x, 1) == 1;
+  ::close(ready[0]);
+  ::close(ready[1]);
+  return started ? pid : -1;
+}
+
+// The library's leases for an engine's folder (kcache::open_leases).
+std::shared_ptr<Leases> leases_for(const std::string& engine, const std::string& dir) {
+  return *open_leases(engine, dir);
 }
 
 std::vector<std::string> engines() {
@@ -89,8 +111,8 @@ class SingleFlight : public ::testing::TestWithParam<std::string> {
 }  // namespace
 
 TEST_P(SingleFlight, LeaseBasics) {
-  auto a = open_leases(GetParam(), dir_.path());
-  auto b = open_leases(GetParam(), dir_.path());
+  auto a = leases_for(GetParam(), dir_.path());
+  auto b = leases_for(GetParam(), dir_.path());
   Key k = key_of(1);
   EXPECT_EQ(a->acquire(k, 60000), LeaseResult::acquired);
   EXPECT_EQ(b->acquire(k, 60000), LeaseResult::busy);
@@ -105,8 +127,8 @@ TEST_P(SingleFlight, LeaseBasics) {
 }
 
 TEST_P(SingleFlight, ExpiredLeaseIsTakenOver) {
-  auto a = open_leases(GetParam(), dir_.path());
-  auto b = open_leases(GetParam(), dir_.path());
+  auto a = leases_for(GetParam(), dir_.path());
+  auto b = leases_for(GetParam(), dir_.path());
   Key k = key_of(2);
   EXPECT_EQ(a->acquire(k, 150), LeaseResult::acquired);
   EXPECT_EQ(b->acquire(k, 60000), LeaseResult::busy);
@@ -119,11 +141,11 @@ TEST_P(SingleFlight, ExpiredLeaseIsTakenOver) {
 TEST_P(SingleFlight, DeadHolderIsTakenOverAtOnce) {
   Key k = key_of(3);
   pid_t pid = spawn([&] {
-    auto l = open_leases(GetParam(), dir_.path());
+    auto l = leases_for(GetParam(), dir_.path());
     return l->acquire(k, 600000) == LeaseResult::acquired ? 0 : 1;  // exits holding it
   });
   ASSERT_EQ(wait_exit(pid), 0);
-  auto b = open_leases(GetParam(), dir_.path());
+  auto b = leases_for(GetParam(), dir_.path());
   EXPECT_EQ(b->acquire(k, 60000), LeaseResult::acquired);
   EXPECT_EQ(b->takeovers(), 1u);
 }
@@ -185,20 +207,8 @@ TEST_P(SingleFlight, EightProcessesCompileEachKeyOnce) {
 // The holder is SIGKILLed mid-compile: the waiter takes over promptly.
 TEST_P(SingleFlight, HolderKilledMidCompileIsTakenOver) {
   KeyInfo k = *KeyBuilder("sf").add_string("what", "killed").finish();
-  int ready[2];
-  ASSERT_EQ(::pipe(ready), 0);
-  pid_t holder = spawn([&] {
-    auto c = Cache::open(opts(dir_.path(), GetParam()));
-    (void)c->get_or_compile(k, [&]() -> Expected<std::vector<Artifact>> {
-      char x = 1;
-      (void)!::write(ready[1], &x, 1);
-      std::this_thread::sleep_for(std::chrono::seconds(120));
-      return std::vector<Artifact>{{"obj", "holder"}};
-    });
-    return 0;
-  });
-  char x;
-  ASSERT_EQ(::read(ready[0], &x, 1), 1);
+  pid_t holder = spawn_holder(dir_.path(), GetParam(), k, 120000, "holder");
+  ASSERT_GT(holder, 0);
   int result[2];
   ASSERT_EQ(::pipe(result), 0);
   auto t0 = std::chrono::steady_clock::now();
@@ -231,20 +241,8 @@ TEST_P(SingleFlight, HolderKilledMidCompileIsTakenOver) {
 // left alone.
 TEST_P(SingleFlight, WaiterWithShortBoundCompilesItself) {
   KeyInfo k = *KeyBuilder("sf").add_string("what", "slow").finish();
-  int ready[2];
-  ASSERT_EQ(::pipe(ready), 0);
-  pid_t holder = spawn([&] {
-    auto c = Cache::open(opts(dir_.path(), GetParam()));
-    auto e = c->get_or_compile(k, [&]() -> Expected<std::vector<Artifact>> {
-      char x = 1;
-      (void)!::write(ready[1], &x, 1);
-      std::this_thread::sleep_for(std::chrono::seconds(3));
-      return std::vector<Artifact>{{"obj", "same"}};
-    });
-    return e ? 0 : 1;
-  });
-  char x;
-  ASSERT_EQ(::read(ready[0], &x, 1), 1);
+  pid_t holder = spawn_holder(dir_.path(), GetParam(), k, 3000, "same");
+  ASSERT_GT(holder, 0);
   Options o = opts(dir_.path(), GetParam());
   o.wait_bound_ms = 200;
   auto c = Cache::open(o);
@@ -371,7 +369,7 @@ TEST(SingleFlightRegression, StaleFileLeaseTakeoverHasOneWinner) {
 // Regression: a forked child counted as the holder of its parent's lease
 // (same Leases object, same token).
 TEST_P(SingleFlight, ForkedChildDoesNotInheritLeases) {
-  auto l = open_leases(GetParam(), dir_.path());
+  auto l = leases_for(GetParam(), dir_.path());
   Key k = key_of(77);
   ASSERT_EQ(l->acquire(k, 60000), LeaseResult::acquired);
   pid_t pid = spawn([&] {
@@ -385,20 +383,8 @@ TEST_P(SingleFlight, ForkedChildDoesNotInheritLeases) {
 // a counted lookup (hundreds of misses for one request).
 TEST_P(SingleFlight, WaitingCountsOneMiss) {
   KeyInfo k = *KeyBuilder("sf").add_string("what", "miss-count").finish();
-  int ready[2];
-  ASSERT_EQ(::pipe(ready), 0);
-  pid_t holder = spawn([&] {
-    auto c = Cache::open(opts(dir_.path(), GetParam()));
-    auto e = c->get_or_compile(k, [&]() -> Expected<std::vector<Artifact>> {
-      char x = 1;
-      (void)!::write(ready[1], &x, 1);
-      std::this_thread::sleep_for(std::chrono::milliseconds(800));
-      return std::vector<Artifact>{{"obj", "held"}};
-    });
-    return e ? 0 : 1;
-  });
-  char x;
-  ASSERT_EQ(::read(ready[0], &x, 1), 1);
+  pid_t holder = spawn_holder(dir_.path(), GetParam(), k, 800, "held");
+  ASSERT_GT(holder, 0);
   auto c = Cache::open(opts(dir_.path(), GetParam()));
   Source s;
   auto e = c->get_or_compile(k, []() -> Expected<std::vector<Artifact>> {
