@@ -231,7 +231,7 @@ TEST(Cache, DefaultFolderIsCreatedPrivate) {
 TEST(Cache, FilesEngineWorksThroughTheFacade) {
   TempDir d;
   Options o = opts(d.path());
-  o.engine = "files";
+  o.engine = Engine::files;
   o.memory_tier = false;
   KeyInfo k = *KeyBuilder("t").add_string("src", "x").finish();
   std::atomic<int> calls{0};

@@ -466,7 +466,7 @@ TEST_P(CliTest, ExplainNamesTheComponentThatDiffers) {
 TEST_P(CliTest, ReadsWhatTheLibraryStoredAndViceVersa) {
   Options o;
   o.dir = dir();
-  o.engine = engine();
+  o.engine = parse_engine(engine());
   o.memory_tier = false;
   o.producer = "cli_test jit";
   KeyInfo info = kernel_key("-O2");

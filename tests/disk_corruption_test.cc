@@ -50,7 +50,7 @@ struct Outcome {
 
 // For the files engine: whether the entry file of `k` exists and its header
 // no longer says format version 1 (bytes 8..11).
-bool version_field_changed(const Engine& eng, const std::string& dir, const Key& k) {
+bool version_field_changed(const DiskEngine& eng, const std::string& dir, const Key& k) {
   if (eng.name != "files") return false;
   std::string h = k.hex();
   auto data = kcache::util::read_file(dir + "/" + h.substr(0, 2) + "/" + h + ".kce", 1 << 30);
@@ -59,7 +59,7 @@ bool version_field_changed(const Engine& eng, const std::string& dir, const Key&
 }
 
 // The child: read every key, then check the store still takes writes.
-Outcome read_all(const Engine& eng, const std::string& dir) {
+Outcome read_all(const DiskEngine& eng, const std::string& dir) {
   Outcome o;
   auto t = eng.open(dir, options());
   if (!t) {
@@ -141,7 +141,7 @@ class ShmDir {
   TempDir fallback_;
 };
 
-class DiskCorruption : public ::testing::TestWithParam<Engine> {
+class DiskCorruption : public ::testing::TestWithParam<DiskEngine> {
  protected:
   void SetUp() override {
     tpl_ = dir_.path() + "/template";
@@ -198,7 +198,7 @@ struct Tally {
   std::vector<std::string> crash_notes;
 };
 
-void run_trial(const Engine& eng, const std::string& dir, const std::string& what, Tally& t) {
+void run_trial(const DiskEngine& eng, const std::string& dir, const std::string& what, Tally& t) {
   int p[2];
   ASSERT_EQ(::pipe(p), 0);
   int ws = run_child([&] {
@@ -242,7 +242,7 @@ void report(const char* engine, const char* cls, const Tally& t) {
 }  // namespace
 
 TEST_P(DiskCorruption, DamagedStoreGivesRightBytesOrMissNeverWrongOrCrash) {
-  const Engine& eng = GetParam();
+  const DiskEngine& eng = GetParam();
   std::mt19937_64 rng(777);
   const int n = trials(eng.name == "lmdb" ? 600 : 400, 60);
   std::map<std::string, Tally> tally;
@@ -334,4 +334,4 @@ TEST_P(DiskCorruption, DamagedStoreGivesRightBytesOrMissNeverWrongOrCrash) {
   if (eng.name == "files") EXPECT_EQ(all.silent_miss, 0u);
 }
 
-INSTANTIATE_TEST_SUITE_P(Engines, DiskCorruption, ::testing::ValuesIn(disk_engines()), engine_name);
+INSTANTIATE_TEST_SUITE_P(Engines, DiskCorruption, ::testing::ValuesIn(disk_engines()), disk_engine_name);

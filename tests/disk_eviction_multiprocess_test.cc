@@ -22,7 +22,7 @@ DiskTierOptions options() {
 
 size_t size_for(uint64_t k) { return 20000 + (k * 7919) % 40000; }
 
-class DiskEvictionMultiProcess : public ::testing::TestWithParam<Engine> {
+class DiskEvictionMultiProcess : public ::testing::TestWithParam<DiskEngine> {
  protected:
   TempDir dir_;
 };
@@ -30,7 +30,7 @@ class DiskEvictionMultiProcess : public ::testing::TestWithParam<Engine> {
 }  // namespace
 
 TEST_P(DiskEvictionMultiProcess, ConcurrentPutsPastTheLimitStayWithinItAndCountersAgree) {
-  const Engine& eng = GetParam();
+  const DiskEngine& eng = GetParam();
   std::string dir = dir_.path() + "/store";
   const int per_proc = trials(150, 40);
   std::vector<pid_t> pids;
@@ -79,4 +79,4 @@ TEST_P(DiskEvictionMultiProcess, ConcurrentPutsPastTheLimitStayWithinItAndCounte
   EXPECT_TRUE(v->bad.empty());
 }
 
-INSTANTIATE_TEST_SUITE_P(Engines, DiskEvictionMultiProcess, ::testing::ValuesIn(disk_engines()), engine_name);
+INSTANTIATE_TEST_SUITE_P(Engines, DiskEvictionMultiProcess, ::testing::ValuesIn(disk_engines()), disk_engine_name);

@@ -57,7 +57,7 @@ class FaultyTier final : public Tier {
   std::string_view name() const noexcept override { return inner_->name(); }
 
  protected:
-  Expected<std::optional<Entry>> do_get(const Key& k) override { return inner_->get(k); }
+  Expected<std::optional<Entry>> do_get(const Key& k, MissCount c) override { return inner_->get(k, c); }
   Status do_put(const Entry& e) override {
     if (left_-- > 0) return inner_->put(e);
     return Status(code_, "injected fault");
@@ -88,12 +88,12 @@ int count_lines(const std::string& file, const std::string& needle) {
   return n;
 }
 
-class DiskFullFs : public ::testing::TestWithParam<Engine> {
+class DiskFullFs : public ::testing::TestWithParam<DiskEngine> {
  protected:
   Options options(const std::string& dir) {
     Options o;
     o.dir = dir;
-    o.engine = GetParam().name;
+    o.engine = parse_engine(GetParam().name);
     o.memory_tier = false;  // every lookup goes to the disk tier
     o.disk.max_bytes = 64 << 20;  // the file system fills long before the limit
     o.disk.durability = Durability::none;
@@ -212,4 +212,4 @@ TEST_P(DiskFullFs, ReadOnlyFolderStillCompiles) {
   cache.reset();
 }
 
-INSTANTIATE_TEST_SUITE_P(Engines, DiskFullFs, ::testing::ValuesIn(disk_engines()), engine_name);
+INSTANTIATE_TEST_SUITE_P(Engines, DiskFullFs, ::testing::ValuesIn(disk_engines()), disk_engine_name);

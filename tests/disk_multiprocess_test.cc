@@ -20,14 +20,14 @@ size_t size_for(uint64_t k) {
   return 100 + (k * 7919) % 40000;
 }
 
-class DiskMultiProcess : public ::testing::TestWithParam<Engine> {
+class DiskMultiProcess : public ::testing::TestWithParam<DiskEngine> {
  protected:
   TempDir dir_;
 };
 
 // Child body: puts and gets in a random order; returns 0 when every read was
 // a miss or the right bytes, 1 on wrong bytes, 2 on a fault.
-int child(const Engine& eng, const std::string& dir, int id, int rounds) {
+int child(const DiskEngine& eng, const std::string& dir, int id, int rounds) {
   auto t = eng.open(dir, {});
   if (!t) {
     fprintf(stderr, "child %d: open: %s\n", id, t.error().to_string().c_str());
@@ -69,7 +69,7 @@ int child(const Engine& eng, const std::string& dir, int id, int rounds) {
 }  // namespace
 
 TEST_P(DiskMultiProcess, SameKeysFromEightProcesses) {
-  const Engine& eng = GetParam();
+  const DiskEngine& eng = GetParam();
   std::string dir = dir_.path() + "/store";
   const int rounds = trials(6, 2);
   std::vector<pid_t> pids;
@@ -109,4 +109,4 @@ TEST_P(DiskMultiProcess, SameKeysFromEightProcesses) {
   EXPECT_TRUE(v->bad.empty()) << v->bad.front().second;
 }
 
-INSTANTIATE_TEST_SUITE_P(Engines, DiskMultiProcess, ::testing::ValuesIn(disk_engines()), engine_name);
+INSTANTIATE_TEST_SUITE_P(Engines, DiskMultiProcess, ::testing::ValuesIn(disk_engines()), disk_engine_name);

@@ -26,7 +26,7 @@ uint64_t visited(const std::string& engine) {
   return files_entries_visited();
 }
 
-class DiskPutCost : public ::testing::TestWithParam<Engine> {
+class DiskPutCost : public ::testing::TestWithParam<DiskEngine> {
  protected:
   void SetUp() override {
     // 20,000 small files cost seconds to create on a busy disk and
@@ -45,7 +45,7 @@ class DiskPutCost : public ::testing::TestWithParam<Engine> {
 }  // namespace
 
 TEST_P(DiskPutCost, PutDoesNotScanTheStore) {
-  const Engine& eng = GetParam();
+  const DiskEngine& eng = GetParam();
   DiskTierOptions o;
   o.max_entries = kStored;
   o.durability = Durability::none;
@@ -89,4 +89,4 @@ TEST_P(DiskPutCost, PutDoesNotScanTheStore) {
   EXPECT_LE(total / kNew, 6u) << "records walked per put, amortised";
 }
 
-INSTANTIATE_TEST_SUITE_P(Engines, DiskPutCost, ::testing::ValuesIn(disk_engines()), engine_name);
+INSTANTIATE_TEST_SUITE_P(Engines, DiskPutCost, ::testing::ValuesIn(disk_engines()), disk_engine_name);

@@ -42,7 +42,7 @@ DiskTierOptions options(bool sync) {
 }
 
 // The child: put entries until killed, reporting each committed one.
-[[noreturn]] void writer(const Engine& eng, const std::string& dir, bool sync, uint64_t base, uint64_t seed,
+[[noreturn]] void writer(const DiskEngine& eng, const std::string& dir, bool sync, uint64_t base, uint64_t seed,
                          int fd) {
   auto t = eng.open(dir, options(sync));
   if (!t) _exit(3);
@@ -59,7 +59,7 @@ DiskTierOptions options(bool sync) {
   }
 }
 
-class DiskSigkill : public ::testing::TestWithParam<Engine> {
+class DiskSigkill : public ::testing::TestWithParam<DiskEngine> {
  protected:
   TempDir dir_;
 };
@@ -67,7 +67,7 @@ class DiskSigkill : public ::testing::TestWithParam<Engine> {
 }  // namespace
 
 TEST_P(DiskSigkill, KilledWriterLeavesNoTornEntryAndLosesNothingCommitted) {
-  const Engine& eng = GetParam();
+  const DiskEngine& eng = GetParam();
   const int kTrials = trials(400, 40);
   const int kWindow = 40;  // trials that share one store before it is started afresh
   std::mt19937_64 rng(20240601);
@@ -153,4 +153,4 @@ TEST_P(DiskSigkill, KilledWriterLeavesNoTornEntryAndLosesNothingCommitted) {
   EXPECT_GT(total_committed, static_cast<uint64_t>(kTrials));
 }
 
-INSTANTIATE_TEST_SUITE_P(Engines, DiskSigkill, ::testing::ValuesIn(disk_engines()), engine_name);
+INSTANTIATE_TEST_SUITE_P(Engines, DiskSigkill, ::testing::ValuesIn(disk_engines()), disk_engine_name);

@@ -85,7 +85,7 @@ llvm::orc::ThreadSafeModule tsm(const std::string& text, const std::string& id =
 std::unique_ptr<kcache::Cache> open_cache(const std::string& dir, const std::string& engine) {
   kcache::Options o;
   o.dir = dir;
-  o.engine = engine;
+  o.engine = kcache::parse_engine(engine);
   return kcache::Cache::open(o);
 }
 

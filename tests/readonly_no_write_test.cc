@@ -107,12 +107,12 @@ std::string join(const std::vector<std::string>& v) {
   return s;
 }
 
-class ReadOnlyNoWrite : public ::testing::TestWithParam<Engine> {};
+class ReadOnlyNoWrite : public ::testing::TestWithParam<DiskEngine> {};
 
 }  // namespace
 
 TEST_P(ReadOnlyNoWrite, CorruptEntryIsReportedNotRemovedAndNothingIsWritten) {
-  const Engine& eng = GetParam();
+  const DiskEngine& eng = GetParam();
   TempDir td;
   std::string dir = td.path() + "/store";
   {
@@ -215,4 +215,4 @@ TEST(ReadOnlyNoWriteMount, FilesTierOnAReadOnlyMount) {
   EXPECT_EQ(count_entries(**w), 2u);
 }
 
-INSTANTIATE_TEST_SUITE_P(Engines, ReadOnlyNoWrite, ::testing::ValuesIn(disk_engines()), engine_name);
+INSTANTIATE_TEST_SUITE_P(Engines, ReadOnlyNoWrite, ::testing::ValuesIn(disk_engines()), disk_engine_name);

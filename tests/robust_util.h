@@ -33,14 +33,14 @@ namespace kcache::test {
 // Trial counts shrink under sanitizers, where every step is 5-20x slower.
 inline int trials(int normal, int sanitized) { return KCACHE_TEST_SANITIZED ? sanitized : normal; }
 
-struct Engine {
+struct DiskEngine {
   std::string name;
   std::function<Expected<std::shared_ptr<Tier>>(const std::string&, const DiskTierOptions&)> open;
 };
-inline void PrintTo(const Engine& e, std::ostream* os) { *os << e.name; }
+inline void PrintTo(const DiskEngine& e, std::ostream* os) { *os << e.name; }
 
-inline std::vector<Engine> disk_engines() {
-  std::vector<Engine> v;
+inline std::vector<DiskEngine> disk_engines() {
+  std::vector<DiskEngine> v;
 #if KCACHE_HAVE_LMDB
   v.push_back({"lmdb", [](const std::string& d, const DiskTierOptions& o) { return open_lmdb_tier(d, o); }});
 #endif
@@ -48,7 +48,7 @@ inline std::vector<Engine> disk_engines() {
   return v;
 }
 
-inline std::string engine_name(const ::testing::TestParamInfo<Engine>& i) { return i.param.name; }
+inline std::string disk_engine_name(const ::testing::TestParamInfo<DiskEngine>& i) { return i.param.name; }
 
 // Runs fn in a forked child; returns its wait status. The child leaves with
 // _exit, so no destructor of the parent's objects runs twice.

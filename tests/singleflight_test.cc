@@ -29,7 +29,7 @@ constexpr bool kSanitized = false;
 Options opts(const std::string& dir, const std::string& engine) {
   Options o;
   o.dir = dir;
-  o.engine = engine;
+  o.engine = parse_engine(engine);
   o.log_level = LogLevel::error;
   return o;
 }
@@ -92,7 +92,7 @@ pid_t spawn_holder(const std::string& dir, const std::string& engine, const KeyI
 
 // The library's leases for an engine's folder (kcache::open_leases).
 std::shared_ptr<Leases> leases_for(const std::string& engine, const std::string& dir) {
-  return *open_leases(engine, dir);
+  return *open_leases(*parse_engine(engine), dir);
 }
 
 std::vector<std::string> engines() {

@@ -63,7 +63,7 @@ bool listed(Tier& t, const Key& k) {
   return found;
 }
 
-class StaleFormat : public ::testing::TestWithParam<Engine> {};
+class StaleFormat : public ::testing::TestWithParam<DiskEngine> {};
 
 }  // namespace
 
@@ -81,7 +81,7 @@ TEST(StaleFormatEntry, DecodeSaysStaleFormatNotCorrupt) {
 }
 
 TEST_P(StaleFormat, OtherVersionIsAMissNeitherCorruptNorRemoved) {
-  const Engine& eng = GetParam();
+  const DiskEngine& eng = GetParam();
   TempDir td;
   std::string dir = td.path() + "/store";
   DiskTierOptions o;
@@ -135,4 +135,4 @@ TEST_P(StaleFormat, OtherVersionIsAMissNeitherCorruptNorRemoved) {
   EXPECT_TRUE(entry_ok(**good, 2, kSize));
 }
 
-INSTANTIATE_TEST_SUITE_P(Engines, StaleFormat, ::testing::ValuesIn(disk_engines()), engine_name);
+INSTANTIATE_TEST_SUITE_P(Engines, StaleFormat, ::testing::ValuesIn(disk_engines()), disk_engine_name);

@@ -1080,7 +1080,7 @@ int cmd_run(Ctx& c) {
   o.log_level = std::min(o.log_level, LogLevel::warn);
   auto cache = Cache::with_tiers({c.store.tier}, o);
   if (o.process_single_flight && !o.read_only) {
-    if (auto l = open_leases(c.store.engine, c.store.path)) cache->set_leases(std::move(l).value());
+    if (auto l = open_leases(*parse_engine(c.store.engine), c.store.path)) cache->set_leases(std::move(l).value());
   }
 
   int command_status = -2;  // -2: COMMAND did not run here

@@ -73,7 +73,7 @@ int run_once(const Args& a) {
   double t0 = now_s();
   kcache::Options o;
   o.dir = a.dir;
-  o.engine = a.engine;
+  o.engine = kcache::parse_engine(a.engine);
   o.producer = "kcache-demo";
   o = kcache::Options::from_env(o);
   o.dir = a.dir;  // the demo's folder wins over KCACHE_DIR

@@ -43,8 +43,12 @@ namespace kcache {
 struct Options {
   // Disk folder. Empty: $XDG_CACHE_HOME/kcache, else $HOME/.cache/kcache.
   std::string dir;
-  // "lmdb" (default where built) or "files".
-  std::string engine;
+  // Disk engine; nullopt: default_engine() (LMDB where built).
+  std::optional<Engine> engine;
+  // Create the cache folder when it does not exist (default). Off: a store
+  // that does not exist yet is left out without a word (commands that only
+  // read, such as `kcache get`, do not create stores).
+  bool create_dir = true;
   // Disk tier limits and durability (see DiskTierOptions for defaults).
   DiskTierOptions disk;
   // Memory tier size; 0 means 256 MiB. memory_tier=false leaves it out.
@@ -138,11 +142,16 @@ struct BatchOptions {
   std::function<void(size_t done, size_t total, size_t index, Source source)> progress;
 };
 
+struct Assembly;  // kcache/assembly.h
+
 class Cache {
  public:
   // Never fails: a disk folder that cannot be used leaves the disk tier out
-  // (said once in the log).
+  // (said once in the log). The tiers are those of assemble(options).
   static std::unique_ptr<Cache> open(const Options& options);
+  // The tiers and leases of an assembly the caller made (and may have
+  // looked into first, as the `kcache` tool does).
+  static std::unique_ptr<Cache> open(Assembly assembly, const Options& options);
   // Only the given tiers, fastest first (for tests and custom set-ups).
   static std::unique_ptr<Cache> with_tiers(std::vector<std::shared_ptr<Tier>> tiers,
                                            const Options& options = {});

@@ -25,6 +25,7 @@
 
 #include "kcache/key.h"
 #include "kcache/status.h"
+#include "kcache/tier.h"
 
 namespace kcache {
 
@@ -53,8 +54,7 @@ class Leases {
 Expected<std::shared_ptr<Leases>> open_lmdb_leases(const std::string& dir);
 // Lease files under `dir`/leases (the files tier's folder).
 Expected<std::shared_ptr<Leases>> open_file_leases(const std::string& dir);
-// The leases that go with a disk engine ("lmdb" or "files") whose tier
-// lives in `dir`.
-Expected<std::shared_ptr<Leases>> open_leases(std::string_view engine, const std::string& dir);
+// The leases that go with a disk engine whose tier lives in `dir`.
+Expected<std::shared_ptr<Leases>> open_leases(Engine engine, const std::string& dir);
 
 }  // namespace kcache

@@ -140,13 +140,4 @@ Expected<std::shared_ptr<Tier>> make_redis_tier(const std::string& url, const Re
 // REQUIRES: redis was made by make_redis_tier.
 std::shared_ptr<Leases> make_redis_leases(std::shared_ptr<Tier> redis, std::shared_ptr<Leases> local);
 
-// The remote tier `url` with the secret read from `secret_file` (if not
-// empty; trailing newlines are dropped). Fails when the URL is malformed or
-// the secret file cannot be read (a configured secret is never silently left
-// out).
-Expected<std::shared_ptr<Tier>> make_remote_tier(const std::string& url, const std::string& secret_file);
-// make_remote_tier(KCACHE_REMOTE, KCACHE_REMOTE_SECRET_FILE); not_found when
-// KCACHE_REMOTE is unset.
-Expected<std::shared_ptr<Tier>> make_remote_tier_from_env();
-
 }  // namespace kcache

@@ -34,6 +34,22 @@
 
 namespace kcache {
 
+// What a tier is, for the Cache (where a hit came from, what read-only
+// covers) and for `kcache stats`.
+enum class TierKind : uint8_t {
+  memory = 0,  // this process's own, fastest
+  disk = 1,    // a store on this machine (LMDB or files engine)
+  remote = 2,  // shared over the network (Redis)
+  bundle = 3,  // a read-only file of shipped entries
+  other = 4,   // anything else a caller adds
+};
+std::string_view tier_kind_name(TierKind k) noexcept;
+
+// Whether a lookup counts a miss. The Cache looks a key up again after its
+// first miss (another thread or process may have stored it since); one
+// request is one miss, so those re-checks pass MissCount::uncounted.
+enum class MissCount : uint8_t { counted = 0, uncounted = 1 };
+
 struct TierStats {
   uint64_t hits = 0;
   uint64_t misses = 0;
@@ -69,6 +85,8 @@ class Tier {
 
   // Short name for stats and logs: "memory", "lmdb", "files", "redis", ...
   virtual std::string_view name() const noexcept = 0;
+  // Default TierKind::other; every built-in tier says what it is.
+  virtual TierKind kind() const noexcept { return TierKind::other; }
   virtual bool writable() const noexcept { return true; }
   // Whether the tier may write to its store on its own (default on):
   // remove corrupt entries it finds, store recency and counters, collect
@@ -79,7 +97,9 @@ class Tier {
   virtual void set_repair(bool on) noexcept {}
 
   // nullopt: a miss. Error: a fault (the caller treats it as a miss).
-  Expected<std::optional<Entry>> get(const Key& key) { return do_get(key); }
+  Expected<std::optional<Entry>> get(const Key& key, MissCount count = MissCount::counted) {
+    return do_get(key, count);
+  }
   // REQUIRES: entry was built (non-empty encoded bytes).
   Status put(const Entry& entry);
   // Removing a key that is absent is ok.
@@ -97,7 +117,7 @@ class Tier {
   virtual Status flush() { return Status(); }
 
  protected:
-  virtual Expected<std::optional<Entry>> do_get(const Key& key) = 0;
+  virtual Expected<std::optional<Entry>> do_get(const Key& key, MissCount count) = 0;
   virtual Status do_put(const Entry& entry) = 0;
   virtual Status do_remove(const Key& key) = 0;
   virtual TierStats do_stats() = 0;
@@ -125,6 +145,14 @@ enum class Durability : uint8_t {
   // lose recent commits (entries are checksummed, so never wrong bytes).
   none = 2,
 };
+
+// The disk engines. LMDB is the default where it is built; files is for
+// network file systems.
+enum class Engine : uint8_t { lmdb = 0, files = 1 };
+std::string_view engine_name(Engine e) noexcept;            // "lmdb", "files"
+std::optional<Engine> parse_engine(std::string_view name) noexcept;
+Engine default_engine() noexcept;                           // lmdb where built, else files
+bool engine_built(Engine e) noexcept;
 
 struct DiskTierOptions {
   // Size limit of stored entries in bytes; 0 means the default, 4 GiB.

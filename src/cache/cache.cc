@@ -22,10 +22,8 @@
 #include <unordered_map>
 
 #include "cache/impl.h"
+#include "kcache/assembly.h"
 #include "util/util.h"
-#if KCACHE_HAVE_REDIS
-#include "kcache/redis.h"
-#endif
 
 namespace kcache {
 
@@ -55,67 +53,18 @@ std::unique_ptr<Cache> Cache::with_tiers(std::vector<std::shared_ptr<Tier>> tier
   // Read-only covers the shared stores; the process's own memory tier still
   // takes promotions, or every hit would be a disk read and a copy.
   for (auto& t : tiers)
-    impl->add(options.read_only && t->writable() && source_of(*t) != Source::memory ? make_read_only(t) : t);
+    impl->add(options.read_only && t->writable() && t->kind() != TierKind::memory ? make_read_only(t) : t);
   return std::unique_ptr<Cache>(new Cache(std::move(impl)));
 }
 
 std::unique_ptr<Cache> Cache::open(const Options& options) {
   util::set_log(options.log_level, options.log_file);
-  std::vector<std::shared_ptr<Tier>> tiers;
-  if (options.disabled) return with_tiers({}, options);
-  std::shared_ptr<Leases> leases;
-  if (options.memory_tier) {
-    MemoryTierOptions mo;
-    mo.max_bytes = options.memory_bytes;
-    tiers.push_back(make_memory_tier(mo));
-  }
-  if (options.disk_tier) {
-    std::string dir = options.dir.empty() ? Options::default_dir() : options.dir;
-    std::string engine = options.engine;
-#if KCACHE_HAVE_LMDB
-    if (engine.empty()) engine = "lmdb";
-#else
-    if (engine.empty() || engine == "lmdb") engine = "files";
-#endif
-    Expected<std::shared_ptr<Tier>> disk = Status(Errc::unavailable, "no cache folder (HOME and XDG_CACHE_HOME unset)");
-    if (!dir.empty()) {
-      Status st = util::make_dirs(dir, 0700);
-      if (st.is_ok() && ::access(dir.c_str(), W_OK) != 0) st = util::errno_status(errno, dir);
-      if (!st.is_ok()) {
-        disk = st;
-      } else if (engine == "files") {
-        disk = open_files_tier(dir + "/files", options.disk);
-      } else {
-        disk = open_lmdb_tier(dir + "/lmdb", options.disk);
-      }
-    }
-    if (disk) {
-      if (options.process_single_flight && !options.read_only) {
-        auto l = open_leases(engine, dir + "/" + engine);
-        if (l) leases = std::move(l).value();
-        else KCACHE_LOG(LogLevel::warn, "no cross-process single-flight: %s", l.error().to_string().c_str());
-      }
-      tiers.push_back(std::move(disk).value());
-    } else {
-      KCACHE_LOG(LogLevel::warn, "running without a disk tier: %s", disk.error().to_string().c_str());
-    }
-  }
-  if (!options.remote_url.empty()) {
-#if KCACHE_HAVE_REDIS
-    auto remote = make_remote_tier(options.remote_url, options.remote_secret_file);
-    if (remote) {
-      // Machines sharing the remote also share single-flight through it.
-      if (options.process_single_flight && !options.read_only) leases = make_redis_leases(*remote, std::move(leases));
-      tiers.push_back(std::move(remote).value());
-    } else {
-      KCACHE_LOG(LogLevel::warn, "running without the remote tier: %s", remote.error().to_string().c_str());
-    }
-#else
-    KCACHE_LOG(LogLevel::warn, "running without the remote tier: built without Redis support");
-#endif
-  }
-  auto c = with_tiers(std::move(tiers), options);
-  c->impl_->leases = std::move(leases);
+  return open(assemble(options), options);
+}
+
+std::unique_ptr<Cache> Cache::open(Assembly assembly, const Options& options) {
+  auto c = with_tiers(std::move(assembly.tiers), options);
+  c->impl_->leases = std::move(assembly.leases);
   return c;
 }
 
@@ -286,7 +235,7 @@ Expected<Entry> Cache::Impl::resolve(const KeyInfo& key, const CompileFn& compil
 }
 
 void Cache::add_tier(std::shared_ptr<Tier> tier) {
-  bool wrap = impl_->opt.read_only && tier->writable() && source_of(*tier) != Source::memory;
+  bool wrap = impl_->opt.read_only && tier->writable() && tier->kind() != TierKind::memory;
   impl_->add(wrap ? make_read_only(std::move(tier)) : std::move(tier));
 }
 

@@ -19,10 +19,13 @@
 namespace kcache {
 
 inline Source source_of(const Tier& t) {
-  std::string_view n = t.name();
-  if (n.starts_with("memory")) return Source::memory;
-  if (n.starts_with("lmdb") || n.starts_with("files")) return Source::disk;
-  if (n.starts_with("redis")) return Source::remote;
+  switch (t.kind()) {
+    case TierKind::memory: return Source::memory;
+    case TierKind::disk: return Source::disk;
+    case TierKind::remote: return Source::remote;
+    case TierKind::bundle:
+    case TierKind::other: return Source::other;
+  }
   return Source::other;
 }
 
@@ -166,10 +169,8 @@ struct Cache::Impl {
   // count=false: a re-check of a key whose miss was already counted; no
   // miss is counted here or in the tiers.
   std::optional<Entry> lookup(const Key& key, Source* src, bool count = true) {
-    std::optional<util::QuietMisses> quiet;
-    if (!count) quiet.emplace();
     for (size_t i = 0; i < tiers.size(); ++i) {
-      auto r = tiers[i]->get(key);
+      auto r = tiers[i]->get(key, count ? MissCount::counted : MissCount::uncounted);
       if (!r) {
         fault(*tiers[i], "get", r.error());
         continue;

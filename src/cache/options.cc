@@ -68,7 +68,7 @@ Options Options::from_env(Options o) {
   if (!(v = util::getenv_str("KCACHE_REMOTE")).empty()) o.remote_url = v;
   if (!(v = util::getenv_str("KCACHE_REMOTE_SECRET_FILE")).empty()) o.remote_secret_file = v;
   if (!(v = util::getenv_str("KCACHE_ENGINE")).empty()) {
-    if (v == "lmdb" || v == "files") o.engine = v;
+    if (auto e = parse_engine(v)) o.engine = *e;
     else KCACHE_LOG(LogLevel::warn, "ignoring KCACHE_ENGINE='%s' (want lmdb|files)", v.c_str());
   }
   return o;

@@ -163,8 +163,9 @@ int kcache_options_set(kcache_options* o, const char* name, const char* value) {
     if (n == "dir") {
       opt.dir = v;
     } else if (n == "engine") {
-      if (v != "lmdb" && v != "files") return bad();
-      opt.engine = v;
+      auto e = kcache::parse_engine(v);
+      if (!e || !kcache::engine_built(*e)) return bad();
+      opt.engine = *e;
     } else if (n == "max_size") {
       auto s = kcache::util::parse_size(v);
       if (!s || *s == 0) return bad();

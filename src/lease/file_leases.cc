@@ -138,12 +138,17 @@ Expected<std::shared_ptr<Leases>> open_file_leases(const std::string& dir) {
   return std::shared_ptr<Leases>(std::move(l));
 }
 
-Expected<std::shared_ptr<Leases>> open_leases(std::string_view engine, const std::string& dir) {
+Expected<std::shared_ptr<Leases>> open_leases(Engine engine, const std::string& dir) {
+  switch (engine) {
+    case Engine::lmdb:
 #if KCACHE_HAVE_LMDB
-  if (engine == "lmdb") return open_lmdb_leases(dir);
+      return open_lmdb_leases(dir);
+#else
+      break;
 #endif
-  if (engine == "files") return open_file_leases(dir);
-  return Status(Errc::invalid_argument, "no leases for engine '" + std::string(engine) + "'");
+    case Engine::files: return open_file_leases(dir);
+  }
+  return Status(Errc::unavailable, "this kcache was built without the lmdb engine");
 }
 
 }  // namespace kcache

@@ -211,13 +211,6 @@ void on_fork_child() { g_fork_generation.fetch_add(1, std::memory_order_relaxed)
 const int g_fork_handler = ::pthread_atfork(nullptr, nullptr, on_fork_child);
 }  // namespace
 
-namespace {
-thread_local int t_quiet_misses = 0;
-}  // namespace
-QuietMisses::QuietMisses() noexcept { ++t_quiet_misses; }
-QuietMisses::~QuietMisses() { --t_quiet_misses; }
-bool misses_quiet() noexcept { return t_quiet_misses > 0; }
-
 uint64_t fork_generation() noexcept {
   (void)g_fork_handler;
   return g_fork_generation.load(std::memory_order_relaxed);

@@ -29,18 +29,6 @@ uint64_t now_mono_us() noexcept;
 // touch state they share with the parent (LMDB handles, threads, leases).
 uint64_t fork_generation() noexcept;
 
-// While a QuietMisses lives, tiers called on this thread do not count
-// misses: the Cache's re-checks of a key whose miss it already counted
-// (one request is one miss, however often the key is looked at).
-class QuietMisses {
- public:
-  QuietMisses() noexcept;
-  ~QuietMisses();
-  QuietMisses(const QuietMisses&) = delete;
-  QuietMisses& operator=(const QuietMisses&) = delete;
-};
-bool misses_quiet() noexcept;
-
 // A random number, safe across fork() (reseeded in a new process).
 uint64_t random_u64();
 

@@ -8,6 +8,29 @@
 
 namespace kcache {
 
+std::string_view tier_kind_name(TierKind k) noexcept {
+  switch (k) {
+    case TierKind::memory: return "memory";
+    case TierKind::disk: return "disk";
+    case TierKind::remote: return "remote";
+    case TierKind::bundle: return "bundle";
+    case TierKind::other: return "other";
+  }
+  return "other";
+}
+
+std::string_view engine_name(Engine e) noexcept { return e == Engine::files ? "files" : "lmdb"; }
+
+std::optional<Engine> parse_engine(std::string_view name) noexcept {
+  if (name == "lmdb") return Engine::lmdb;
+  if (name == "files") return Engine::files;
+  return std::nullopt;
+}
+
+bool engine_built(Engine e) noexcept { return e == Engine::files || KCACHE_HAVE_LMDB; }
+
+Engine default_engine() noexcept { return engine_built(Engine::lmdb) ? Engine::lmdb : Engine::files; }
+
 Status Tier::put(const Entry& entry) {
   if (entry.encoded().size() < kEntryHeaderSize)
     return Status(Errc::invalid_argument, "put of an entry that was not built");
@@ -60,6 +83,7 @@ class ReadOnlyTier final : public Tier {
     inner_->set_repair(false);
   }
   std::string_view name() const noexcept override { return name_; }
+  TierKind kind() const noexcept override { return inner_->kind(); }
   bool writable() const noexcept override { return false; }
   Status list(const std::function<bool(const ListItem&)>& fn) override { return inner_->list(fn); }
   Expected<VerifyReport> verify(bool fix) override {
@@ -71,7 +95,7 @@ class ReadOnlyTier final : public Tier {
   Status flush() override { return Status(); }
 
  protected:
-  Expected<std::optional<Entry>> do_get(const Key& key) override { return inner_->get(key); }
+  Expected<std::optional<Entry>> do_get(const Key& key, MissCount count) override { return inner_->get(key, count); }
   Status do_put(const Entry&) override { return refuse("put"); }
   Status do_remove(const Key&) override { return refuse("remove"); }
   TierStats do_stats() override {

@@ -125,6 +125,7 @@ class FilesTier final : public Tier {
   }
 
   std::string_view name() const noexcept override { return "files"; }
+  TierKind kind() const noexcept override { return TierKind::disk; }
 
   // Off (the read-only wrapper): the tier makes no write of its own to the
   // store: a corrupt entry is reported and counted in this process only,
@@ -214,13 +215,13 @@ class FilesTier final : public Tier {
   }
 
  protected:
-  Expected<std::optional<Entry>> do_get(const Key& key) override {
+  Expected<std::optional<Entry>> do_get(const Key& key, MissCount miss) override {
     std::string p = path_of(key);
     auto e = read_entry(key, p);
     if (!e) {
       // Another build's entry is a miss, left for the build that reads it.
       if (e.error().code() == Errc::not_found || e.error().code() == Errc::stale_format) {
-        if (!util::misses_quiet()) count(c_misses);
+        if (miss == MissCount::counted) count(c_misses);
         return std::optional<Entry>();
       }
       if (e.error().code() == Errc::corrupt) {

@@ -592,6 +592,7 @@ class LmdbTier final : public Tier {
   }
 
   std::string_view name() const noexcept override { return "lmdb"; }
+  TierKind kind() const noexcept override { return TierKind::disk; }
 
   // Off (the read-only wrapper): the tier makes no write of its own to the
   // store: a corrupt entry is reported and counted in this process only,
@@ -739,7 +740,7 @@ class LmdbTier final : public Tier {
   }
 
  protected:
-  Expected<std::optional<Entry>> do_get(const Key& key) override {
+  Expected<std::optional<Entry>> do_get(const Key& key, MissCount miss) override {
     // In a child of fork() this returns before any lock or counter is
     // touched: a thread of the parent may have held them at the fork.
     if (env_->inherited()) return env_->inherited_error();
@@ -748,7 +749,7 @@ class LmdbTier final : public Tier {
     int rc = mdb_get(txn, env_->entries, &k, &v);
     if (rc == MDB_NOTFOUND) {
       env_->end_read(txn);
-      if (!util::misses_quiet()) count(c_misses);
+      if (miss == MissCount::counted) count(c_misses);
       return std::optional<Entry>();
     }
     if (rc) {
@@ -771,7 +772,7 @@ class LmdbTier final : public Tier {
     auto e = Entry::decode(std::move(buf), &key);
     if (!e && e.error().code() == Errc::stale_format) {
       // Another build's entry: a miss, left for the build that reads it.
-      if (!util::misses_quiet()) count(c_misses);
+      if (miss == MissCount::counted) count(c_misses);
       return std::optional<Entry>();
     }
     if (!e) {

@@ -32,6 +32,7 @@ class MemoryTier final : public Tier {
     max_entry_ = o.max_entry_bytes ? std::min(o.max_entry_bytes, per_shard_) : per_shard_;
   }
   std::string_view name() const noexcept override { return "memory"; }
+  TierKind kind() const noexcept override { return TierKind::memory; }
 
   Status list(const std::function<bool(const ListItem&)>& fn) override {
     for (auto& sh : shards_) {
@@ -64,12 +65,12 @@ class MemoryTier final : public Tier {
   }
 
  protected:
-  Expected<std::optional<Entry>> do_get(const Key& key) override {
+  Expected<std::optional<Entry>> do_get(const Key& key, MissCount count) override {
     Shard& sh = shard(key);
     std::lock_guard lk(sh.mu);
     auto it = sh.map.find(key);
     if (it == sh.map.end()) {
-      if (!util::misses_quiet()) ++sh.misses;
+      if (count == MissCount::counted) ++sh.misses;
       return std::optional<Entry>();
     }
     sh.lru.splice(sh.lru.begin(), sh.lru, it->second.it);

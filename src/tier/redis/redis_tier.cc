@@ -284,6 +284,7 @@ class RedisTierImpl final : public RedisTier {
 
   bool ok() const { return o_.secret.empty() || mac_ != nullptr; }
   std::string_view name() const noexcept override { return name_; }
+  TierKind kind() const noexcept override { return TierKind::remote; }
   bool writable() const noexcept override { return !o_.read_only; }
 
   // ---- RedisTier ----------------------------------------------------------
@@ -342,7 +343,7 @@ class RedisTierImpl final : public RedisTier {
     }
     succeed();
     for (size_t i : retry) {
-      auto r = do_get(keys[i]);
+      auto r = do_get(keys[i], MissCount::counted);
       if (r && r->has_value()) out[i] = std::move(**r);
     }
     return out;
@@ -454,7 +455,7 @@ class RedisTierImpl final : public RedisTier {
   }
 
  protected:
-  Expected<std::optional<Entry>> do_get(const Key& key) override {
+  Expected<std::optional<Entry>> do_get(const Key& key, MissCount count) override {
     if (!allow()) {
       skipped_++;
       return std::optional<Entry>();
@@ -462,7 +463,7 @@ class RedisTierImpl final : public RedisTier {
     auto r = fetch(key);
     if (!r) return std::move(r).error();
     if (r->has_value()) hits_++;
-    else if (!util::misses_quiet()) misses_++;
+    else if (count == MissCount::counted) misses_++;
     return r;
   }
 
@@ -979,25 +980,6 @@ Expected<std::shared_ptr<Tier>> make_redis_tier(const std::string& url, const Re
   auto t = std::make_shared<RedisTierImpl>(std::move(p));
   if (!t->ok()) return Status(Errc::internal, "OpenSSL has no HMAC");
   return std::shared_ptr<Tier>(std::move(t));
-}
-
-Expected<std::shared_ptr<Tier>> make_remote_tier(const std::string& url, const std::string& secret_file) {
-  RedisTierOptions o;
-  if (!secret_file.empty()) {
-    auto s = util::read_file(secret_file, 1 << 20);
-    if (!s) return Status(s.error().code(), "remote secret file: " + s.error().message());
-    std::string secret = std::move(s).value();
-    while (!secret.empty() && (secret.back() == '\n' || secret.back() == '\r')) secret.pop_back();
-    if (secret.empty()) return Status(Errc::invalid_argument, "remote secret file " + secret_file + " is empty");
-    o.secret = std::move(secret);
-  }
-  return make_redis_tier(url, o);
-}
-
-Expected<std::shared_ptr<Tier>> make_remote_tier_from_env() {
-  std::string url = util::getenv_str("KCACHE_REMOTE");
-  if (url.empty()) return Status(Errc::not_found, "KCACHE_REMOTE is not set");
-  return make_remote_tier(url, util::getenv_str("KCACHE_REMOTE_SECRET_FILE"));
 }
 
 }  // namespace kcache

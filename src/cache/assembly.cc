@@ -1,0 +1,158 @@
+// The one assembly of a cache's tiers from Options (kcache/assembly.h):
+// memory, the disk store with its leases, and the remote chosen by its URL
+// scheme. Cache::open, the C ABI and the `kcache` tool all come here.
+#include "kcache/assembly.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <array>
+
+#include "util/util.h"
+#if KCACHE_HAVE_REDIS
+#include "kcache/redis.h"
+#endif
+
+namespace kcache {
+
+namespace {
+
+#if KCACHE_HAVE_REDIS
+Expected<std::shared_ptr<Tier>> open_redis(const std::string& url, const std::string& secret) {
+  RedisTierOptions o;
+  o.secret = secret;
+  return make_redis_tier(url, o);
+}
+#endif
+
+constexpr std::array kSchemes = {
+#if KCACHE_HAVE_REDIS
+    RemoteScheme{"redis", open_redis, make_redis_leases},
+    RemoteScheme{"redis+cluster", open_redis, make_redis_leases},
+#endif
+    RemoteScheme{"", nullptr, nullptr},  // keeps the table non-empty in every build
+};
+
+}  // namespace
+
+std::span<const RemoteScheme> remote_schemes() noexcept {
+  return std::span<const RemoteScheme>(kSchemes.data(), kSchemes.size() - 1);
+}
+
+const RemoteScheme* find_remote_scheme(std::string_view url) noexcept {
+  auto sep = url.find("://");
+  if (sep == std::string_view::npos) return nullptr;
+  std::string_view scheme = url.substr(0, sep);
+  for (const auto& s : remote_schemes())
+    if (s.scheme == scheme) return &s;
+  return nullptr;
+}
+
+Expected<std::string> read_secret_file(const std::string& path) {
+  auto s = util::read_file(path, 1 << 20);
+  if (!s) return Status(s.error().code(), "remote secret file: " + s.error().message());
+  std::string secret = std::move(s).value();
+  while (!secret.empty() && (secret.back() == '\n' || secret.back() == '\r')) secret.pop_back();
+  if (secret.empty()) return Status(Errc::invalid_argument, "remote secret file " + path + " is empty");
+  return secret;
+}
+
+Expected<std::shared_ptr<Tier>> open_remote(const std::string& url, const std::string& secret_file) {
+  const RemoteScheme* scheme = find_remote_scheme(url);
+  if (!scheme) {
+    std::string known;
+    for (const auto& s : remote_schemes()) known += (known.empty() ? "" : ", ") + std::string(s.scheme) + "://";
+    return Status(Errc::invalid_argument, "remote URL '" + url + "' has no known scheme (built in: " +
+                                              (known.empty() ? std::string("none") : known) + ")");
+  }
+  std::string secret;
+  if (!secret_file.empty()) {
+    auto s = read_secret_file(secret_file);
+    if (!s) return std::move(s).error();
+    secret = std::move(s).value();
+  }
+  return scheme->open(url, secret);
+}
+
+DiskStore disk_store_location(const Options& options) {
+  DiskStore d;
+  d.engine = options.engine.value_or(default_engine());
+  d.dir = options.dir.empty() ? Options::default_dir() : options.dir;
+  if (!d.dir.empty()) d.path = d.dir + "/" + std::string(engine_name(d.engine));
+  return d;
+}
+
+Expected<DiskStore> open_disk_store(const std::string& dir, Engine engine, const DiskTierOptions& options,
+                                    bool leases, bool create) {
+  if (!engine_built(engine))
+    return Status(Errc::unavailable, "this kcache was built without the " + std::string(engine_name(engine)) +
+                                         " engine");
+  if (dir.empty()) return Status(Errc::unavailable, "no cache folder (HOME and XDG_CACHE_HOME unset)");
+  DiskStore d;
+  d.engine = engine;
+  d.dir = dir;
+  d.path = dir + "/" + std::string(engine_name(engine));
+  if (create) {
+    KCACHE_RETURN_IF_ERROR(util::make_dirs(dir, 0700));
+    if (::access(dir.c_str(), W_OK) != 0) return util::errno_status(errno, dir);
+  } else {
+    struct stat st;
+    if (::stat(d.path.c_str(), &st) != 0) return Status(Errc::not_found, "no store at " + d.path);
+  }
+  Expected<std::shared_ptr<Tier>> tier = Status(Errc::unavailable, "no engine");
+  switch (engine) {
+    case Engine::files: tier = open_files_tier(d.path, options); break;
+    case Engine::lmdb:
+#if KCACHE_HAVE_LMDB
+      tier = open_lmdb_tier(d.path, options);
+#endif
+      break;
+  }
+  if (!tier) return std::move(tier).error();
+  d.tier = std::move(tier).value();
+  if (leases) {
+    auto l = open_leases(engine, d.path);
+    if (l) d.leases = std::move(l).value();
+    else KCACHE_LOG(LogLevel::warn, "no cross-process single-flight: %s", l.error().to_string().c_str());
+  }
+  return d;
+}
+
+Assembly assemble(const Options& options) {
+  Assembly a;
+  if (options.disabled) return a;
+  const bool coordinate = options.process_single_flight && !options.read_only;
+  if (options.memory_tier) {
+    MemoryTierOptions mo;
+    mo.max_bytes = options.memory_bytes;
+    a.tiers.push_back(make_memory_tier(mo));
+  }
+  if (options.disk_tier) {
+    DiskStore where = disk_store_location(options);
+    auto disk = open_disk_store(where.dir, where.engine, options.disk, coordinate, options.create_dir);
+    if (disk) {
+      a.tiers.push_back(disk->tier);
+      a.leases = disk->leases;
+      a.disk = std::move(disk).value();
+    } else if (!(disk.error().code() == Errc::not_found && !options.create_dir)) {
+      KCACHE_LOG(LogLevel::warn, "running without a disk tier: %s", disk.error().to_string().c_str());
+    }
+  }
+  if (!options.remote_url.empty()) {
+    auto remote = open_remote(options.remote_url, options.remote_secret_file);
+    if (remote) {
+      a.remote = std::move(remote).value();
+      a.tiers.push_back(a.remote);
+      // Machines sharing the remote also share single-flight through it.
+      if (coordinate) {
+        if (const RemoteScheme* s = find_remote_scheme(options.remote_url); s && s->leases)
+          a.leases = s->leases(a.remote, std::move(a.leases));
+      }
+    } else {
+      KCACHE_LOG(LogLevel::warn, "running without the remote tier: %s", remote.error().to_string().c_str());
+    }
+  }
+  return a;
+}
+
+}  // namespace kcache
