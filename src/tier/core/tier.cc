@@ -37,6 +37,13 @@ Status Tier::put(const Entry& entry) {
   return do_put(entry);
 }
 
+std::vector<Status> Tier::put_many(const std::vector<Entry>& entries) {
+  std::vector<Status> out;
+  out.reserve(entries.size());
+  for (const auto& e : entries) out.push_back(put(e));
+  return out;
+}
+
 Status Tier::list(const std::function<bool(const ListItem&)>&) {
   return Status(Errc::unavailable, std::string(name()) + " tier cannot list its entries");
 }
