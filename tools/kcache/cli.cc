@@ -138,18 +138,20 @@ Lookup lookup(const Ctx& c, const Key& k) {
   Lookup l;
   if (!c.store.cache) return l;
   for (const auto& t : c.store.cache->tiers()) {
-    ++l.asked;
     auto r = t->get(k);
     if (r && r->has_value()) {
       l.entry = std::move(*r);
       l.tier = std::string(t->name());
       return l;
     }
-    if (!r) {
+    if (r) {
+      ++l.missed;
+    } else {
       if (r.error().code() == Errc::corrupt) {
         if (l.corrupt.empty()) l.corrupt = r.error().message();
       } else {
         l.faults.push_back(std::string(t->name()) + ": " + r.error().to_string());
+        if (t->kind() == TierKind::disk) l.local_fault = true;
       }
     }
   }
@@ -160,8 +162,7 @@ int report_miss(const Ctx& c, const Key& k, const Lookup& l) {
   if (!l.corrupt.empty()) return c.fail(kExitMiss, "entry " + k.hex() + " is corrupt (" + l.corrupt + ")");
   std::string faults;
   for (const auto& f : l.faults) faults += (faults.empty() ? "" : "; ") + f;
-  // Nothing could be asked at all: an error, not a miss.
-  if (l.asked > 0 && l.faults.size() == l.asked) return c.fail(kExitError, "looking up " + k.hex() + ": " + faults);
+  if (l.local_fault && l.missed == 0) return c.fail(kExitError, "looking up " + k.hex() + ": " + faults);
   std::string msg = "no entry for key " + k.hex();
   if (c.store.options.disabled) msg += " (caching is disabled: KCACHE_DISABLE)";
   if (!faults.empty()) msg += " (" + faults + ")";

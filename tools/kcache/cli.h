@@ -98,10 +98,13 @@ struct Lookup {
   std::string tier;            // the tier that answered
   std::string corrupt;         // a tier held a corrupt entry for the key (why)
   std::vector<std::string> faults;  // "tier: error" of tiers that could not answer
-  size_t asked = 0;            // tiers asked
+  size_t missed = 0;           // tiers that answered "not here"
+  bool local_fault = false;    // the disk store could not answer
 };
 Lookup lookup(const Ctx& c, const Key& k);
-// Prints the failure for a lookup that found nothing; returns the exit code.
+// Prints the failure for a lookup that found nothing; returns the exit code:
+// 1 for a miss (a remote that cannot answer is a miss too), 3 when the disk
+// store could not answer and no tier said "not here".
 int report_miss(const Ctx& c, const Key& k, const Lookup& l);
 
 // Writes data to path through a temp file in the same folder and a rename,

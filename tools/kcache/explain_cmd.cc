@@ -57,7 +57,7 @@ int cmd_explain(Ctx& c) {
   Lookup l = lookup(c, *key);
   bool stored = l.entry.has_value();
   const std::string& corrupt = l.corrupt;
-  if (!stored && corrupt.empty() && l.asked > 0 && l.faults.size() == l.asked) return report_miss(c, *key, l);
+  if (!stored && corrupt.empty() && l.local_fault && l.missed == 0) return report_miss(c, *key, l);
   std::string note;
   if (want && want->key() != *key) note = "the manifest hashes to " + want->key().hex() + ", not to --key";
 

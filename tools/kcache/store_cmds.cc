@@ -23,7 +23,7 @@ Status put_into(Tier& t, const Entry& e) {
   if (!st.is_ok()) return st;
   TierStats after = t.stats();
   if (after.errors > before.errors || after.dropped > before.dropped || after.skipped > before.skipped)
-    return Status(Errc::unavailable, "the write did not reach it (see its log line)");
+    return Status(Errc::unavailable, "its write failed or was dropped");
   return Status();
 }
 
@@ -85,9 +85,11 @@ int cmd_put(Ctx& c) {
       failed.push_back(std::string(t->name()) + ": " + st.to_string());
     }
   }
-  // A disk store that could not be opened is a failure too when it was
-  // asked for: put says what it could not do.
+  // A disk store or remote that could not be opened is a failure too: put
+  // says what it could not do.
   if (!c.store.disk && c.store.options.disk_tier) failed.push_back(disk_failure(c));
+  if (!c.store.remote && !c.store.options.remote_url.empty())
+    failed.push_back("the remote of KCACHE_REMOTE could not be set up");
   if (!failed.empty()) {
     std::string why;
     for (const auto& f : failed) why += (why.empty() ? "" : "; ") + f;
