@@ -7,9 +7,10 @@
 //
 //   auto info = KeyBuilder("mytriton/3")...finish();
 //   if (!cache->get(info->key)) {
-//     log(manifest_to_text(info->manifest));          // keep it for later
-//     for (const auto& d : diff_manifests(stored, info->manifest))
-//       log(describe(d));                              // "opt: changed (...)"
+//     save(manifest_to_text(info->manifest));   // `kcache explain --manifest` reads it
+//     // `earlier`: an Entry of the same kernel stored before (Entry::manifest)
+//     for (const auto& d : diff_manifests(earlier.manifest(), info->manifest))
+//       log(describe(d));                       // "opt: changed (stored ..., lookup ...)"
 //   }
 //
 // The same two formats are read by `kcache put --manifest` and

@@ -256,7 +256,7 @@ class Reader {
         case 'r': *out += '\r'; break;
         case 't': *out += '\t'; break;
         case 'u': {
-          uint32_t cp;
+          uint32_t cp = 0;
           if (!hex4(&cp)) return false;
           if (cp >= 0xd800 && cp < 0xdc00) {  // a surrogate pair
             uint32_t lo = 0;

@@ -43,7 +43,7 @@ class JsonWriter {
   JsonWriter& value(T v) {
     return raw(std::to_string(v));
   }
-  // A number with `decimals` digits after the point ("%.*f").
+  // A finite number with `decimals` digits after the point ("%.*f").
   JsonWriter& number(double v, int decimals);
   JsonWriter& null();
   // A value that is already JSON text (e.g. another writer's output).
