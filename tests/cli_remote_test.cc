@@ -1,7 +1,8 @@
 // The kcache tool with KCACHE_REMOTE, against a real redis-server started by
 // the test: put stores in Redis too, and get, show and run in another cache
 // folder find it there; stats lists the remote tier; a remote that is down
-// is a miss, never a failed run. For each disk engine.
+// is a miss, never a failed run, and a put that could not reach it says so.
+// For each disk engine.
 #include <string>
 #include <vector>
 
@@ -121,6 +122,14 @@ TEST_P(CliRemoteTest, ARemoteThatIsDownIsAMissAndRunStillRuns) {
   r = run({"get", "--key", k.hex(), "--artifact", "obj"});
   EXPECT_EQ(r.rc, 0) << r.err;
   EXPECT_EQ(r.out, "x");
+
+  // An explicit put says what it could not do: exit 3, naming the remote
+  // and where the entry did go.
+  spit(file("in"), "put while down");
+  r = run({"put", "--key", key_of(35).hex(), "obj=" + file("in")}, true, env);
+  expect_failure(r, 3, "redis: ");
+  EXPECT_NE(r.err.find("(stored in " + engine() + ")"), std::string::npos) << r.err;
+  EXPECT_EQ(run({"get", "--key", key_of(35).hex(), "--artifact", "obj"}).out, "put while down");
 }
 
 INSTANTIATE_TEST_SUITE_P(Engines, CliRemoteTest,

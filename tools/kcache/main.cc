@@ -79,7 +79,8 @@ const char kUsage[] =
     "Every failure prints one line on stderr.\n"
     "Environment: every KCACHE_* variable the library reads (docs/cli.md), among\n"
     "them KCACHE_DIR, KCACHE_ENGINE, KCACHE_MAX_SIZE (the configured limit),\n"
-    "KCACHE_REMOTE, KCACHE_REMOTE_SECRET_FILE, KCACHE_READONLY, KCACHE_DISABLE, KCACHE_LOG.\n";
+    "KCACHE_REMOTE, KCACHE_REMOTE_SECRET_FILE, KCACHE_READONLY, KCACHE_DISABLE,\n"
+    "KCACHE_LOG.\n";
 
 int cmd_help(Ctx& c) { return c.out(kUsage); }
 
