@@ -132,6 +132,34 @@ TEST_P(CliRemoteTest, ARemoteThatIsDownIsAMissAndRunStillRuns) {
   EXPECT_EQ(run({"get", "--key", key_of(35).hex(), "--artifact", "obj"}).out, "put while down");
 }
 
+// KCACHE_REMOTE_SECRET_FILE signs what put stores: a reader with the same
+// secret hits, one with another secret does not take the bytes.
+TEST_P(CliRemoteTest, SignedValuesNeedTheSameSecret) {
+  spit(file("secret"), "s3cret\n");
+  spit(file("other"), "not-the-secret\n");
+  spit(file("in"), "signed bytes");
+  Key k = key_of(36);
+  auto env = remote_env();
+  env["KCACHE_REMOTE_SECRET_FILE"] = file("secret");
+  Result r = run_in(file("cache-a"), {"put", "--key", k.hex(), "obj=" + file("in")}, env);
+  ASSERT_EQ(r.rc, 0) << r.err;
+  ASSERT_TRUE(in_redis(k));
+  r = run_in(file("cache-b"), {"get", "--key", k.hex(), "--artifact", "obj"}, env);
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.out, "signed bytes");
+  env["KCACHE_REMOTE_SECRET_FILE"] = file("other");
+  env["KCACHE_LOG"] = "off";
+  r = run_in(file("cache-c"), {"get", "--key", k.hex(), "--artifact", "obj"}, env);
+  EXPECT_EQ(r.rc, 1) << r.err;
+  EXPECT_EQ(r.out, "");
+  // A secret file that cannot be read leaves the remote out (never used
+  // unsigned), so put fails and says so.
+  env["KCACHE_REMOTE_SECRET_FILE"] = file("no-such-secret");
+  r = run_in(file("cache-d"), {"put", "--key", key_of(37).hex(), "obj=" + file("in")}, env);
+  expect_failure(r, 3, "KCACHE_REMOTE");
+  EXPECT_FALSE(in_redis(key_of(37)));
+}
+
 INSTANTIATE_TEST_SUITE_P(Engines, CliRemoteTest,
                          ::testing::Values(
 #if KCACHE_HAVE_LMDB
