@@ -132,6 +132,8 @@ struct Cache::Impl {
 
   void fault(const Tier& t, const char* op, const Status& st) {
     faults.fetch_add(1, std::memory_order_relaxed);
+    // A remote tier logs its own faults, one line per outage (kcache/remote.h).
+    if (t.kind() == TierKind::remote) return;
     // A tier that is switched off (breaker open, handle from before a
     // fork) says so once, not on every call.
     if (st.code() == Errc::unavailable) {
