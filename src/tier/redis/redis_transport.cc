@@ -15,7 +15,7 @@
 //  * Errors (kcache/remote.h): a socket timeout (errno EAGAIN, or a connect
 //    that timed out) is Errc::timeout; any other connection fault is
 //    Errc::unavailable; an error reply is Errc::io_error; a reply of the
-//    wrong type is Errc::corrupt.
+//    wrong type, or WRONGTYPE (a key holding another type), is Errc::corrupt.
 //  * URL: redis://[:password@]host[:port][/db][?option=value&...] and
 //    redis+cluster://host:port[,host:port...][?...]; the query sets the
 //    fields of RedisTierOptions.
@@ -306,7 +306,8 @@ class RedisTransport final : public RemoteTransport {
             if (p_.cluster && (msg.starts_with("MOVED ") || msg.starts_with("ASK ")))
               retry.push_back(i);
             else
-              (*out)[i] = Status(Errc::io_error, "redis: " + std::string(msg));
+              (*out)[i] = Status(msg.starts_with("WRONGTYPE") ? Errc::corrupt : Errc::io_error,
+                                 "redis: " + std::string(msg));
             continue;
           }
           (*out)[i] = value_of(std::move(r));
@@ -523,6 +524,8 @@ class RedisTransport final : public RemoteTransport {
         ask_++;
         continue;
       }
+      // A key of another type: that key is unusable, the server is fine.
+      if (msg.starts_with("WRONGTYPE")) return Status(Errc::corrupt, "redis: " + std::string(msg));
       return Status(Errc::io_error, "redis: " + std::string(msg));
     }
     return Status(Errc::io_error, "redis: too many cluster redirections");
