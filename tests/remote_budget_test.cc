@@ -1,6 +1,7 @@
 // A slow remote costs at most its budget: with the real redis-server hung
-// (SIGSTOP), paused (CLIENT PAUSE), dead (SIGKILL) or refused (nothing
-// listening), one Cache::get_or_compile through a Cache opened with a disk
+// (SIGSTOP), paused (CLIENT PAUSE), dead (SIGKILL), refused (nothing
+// listening) or unreachable (connects hang: a listener whose backlog is
+// full), one Cache::get_or_compile through a Cache opened with a disk
 // store, its leases and the remote tier adds at most one command timeout
 // plus one connect timeout, and each fault is one warn line in the log.
 // Each trial starts a fresh server, cache folder and tier (a fresh
@@ -24,13 +25,14 @@ namespace {
 constexpr uint64_t kCommandMs = 300, kConnectMs = 200, kMarginMs = 250;
 constexpr int kCallsPerTrial = 4;
 
-enum class Fault { hung, paused, dead, refused };
+enum class Fault { hung, paused, dead, refused, connect_hangs };
 const char* fault_name(Fault f) {
   switch (f) {
     case Fault::hung: return "hung (SIGSTOP)";
     case Fault::paused: return "paused (CLIENT PAUSE)";
     case Fault::dead: return "dead (SIGKILL)";
     case Fault::refused: return "refused (nothing listening)";
+    case Fault::connect_hangs: return "connect hangs (full backlog)";
   }
   return "?";
 }
@@ -46,7 +48,7 @@ CompileFn compile_of(uint64_t i) {
 }
 
 struct Tally {
-  uint64_t calls = 0, worst_ms = 0, worst_first_ms = 0, failed_compiles = 0;
+  uint64_t calls = 0, worst_ms = 0, worst_first_ms = 0, failed_compiles = 0, worst_local_ms = 0;
   uint64_t timeouts = 0, unreachable = 0, server_errors = 0, skipped = 0, warn_lines = 0, events = 0;
 };
 
@@ -54,8 +56,23 @@ void run_trial(Fault fault, const std::string& log_path, Tally* tally) {
   TempDir dir;
   std::unique_ptr<RedisServer> srv;
   std::string url;
+  int listener = -1, filler = -1;
   if (fault == Fault::refused) {
     url = "redis://127.0.0.1:" + std::to_string(pick_port());
+  } else if (fault == Fault::connect_hangs) {
+    // A listener that never accepts, with a backlog of one that one
+    // connection fills: the kernel drops further SYNs, so connects hang.
+    listener = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+    ASSERT_EQ(::listen(listener, 0), 0);
+    socklen_t len = sizeof a;
+    ASSERT_EQ(::getsockname(listener, reinterpret_cast<sockaddr*>(&a), &len), 0);
+    filler = ::socket(AF_INET, SOCK_STREAM, 0);
+    ASSERT_EQ(::connect(filler, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+    url = "redis://127.0.0.1:" + std::to_string(ntohs(a.sin_port));
   } else {
     srv = std::make_unique<RedisServer>(dir.path());
     ASSERT_TRUE(srv->ok()) << srv->error();
@@ -95,7 +112,8 @@ void run_trial(Fault fault, const std::string& log_path, Tally* tally) {
       break;
     }
     case Fault::dead: srv->stop(); break;
-    case Fault::refused: break;
+    case Fault::refused:
+    case Fault::connect_hangs: break;
   }
 
   for (int c = 1; c <= kCallsPerTrial; ++c) {
@@ -129,6 +147,8 @@ void run_trial(Fault fault, const std::string& log_path, Tally* tally) {
   tally->events += 1;
   cache.reset();
   if (fault == Fault::hung) srv->thaw();
+  if (filler >= 0) ::close(filler);
+  if (listener >= 0) ::close(listener);
 }
 
 void run_fault(Fault fault) {
@@ -139,22 +159,37 @@ void run_fault(Fault fault) {
   TempDir logs;
   Tally t;
   const int n = trials();
+  {
+    // What the same calls cost with no remote at all (the disk store's own
+    // commits): the rest of a call's time is what the remote added.
+    TempDir dir;
+    Options o;
+    o.dir = dir.path();
+    o.log_level = LogLevel::warn;
+    auto cache = Cache::open(o);
+    for (int c = 1; c <= kCallsPerTrial; ++c) {
+      uint64_t t0 = mono_ms();
+      ASSERT_TRUE(cache->get_or_compile(key_of(1000 + c), compile_of(1000 + c)).has_value());
+      t.worst_local_ms = std::max(t.worst_local_ms, mono_ms() - t0);
+    }
+  }
   for (int i = 0; i < n; ++i) {
     run_trial(fault, logs.path() + "/trial" + std::to_string(i) + ".log", &t);
     if (::testing::Test::HasFatalFailure()) break;
   }
   util::set_log(LogLevel::warn, "");
   std::printf("remote budget: %s: %d trials, %llu calls, %llu failed compiles, worst call %llu ms (first call "
-              "%llu ms; bound %llu ms); failures: %llu timeouts, %llu unreachable, %llu server errors; %llu "
-              "skipped calls; %llu warn lines for %llu events\n",
+              "%llu ms; without a remote %llu ms; bound %llu ms); failures: %llu timeouts, %llu unreachable, %llu "
+              "server errors; %llu skipped calls; %llu warn lines for %llu events\n",
               fault_name(fault), n, (unsigned long long)t.calls, (unsigned long long)t.failed_compiles,
-              (unsigned long long)t.worst_ms, (unsigned long long)t.worst_first_ms,
+              (unsigned long long)t.worst_ms, (unsigned long long)t.worst_first_ms, (unsigned long long)t.worst_local_ms,
               (unsigned long long)(kCommandMs + kConnectMs + kMarginMs), (unsigned long long)t.timeouts,
               (unsigned long long)t.unreachable, (unsigned long long)t.server_errors,
               (unsigned long long)t.skipped, (unsigned long long)t.warn_lines, (unsigned long long)t.events);
   // A hang costs exactly one timeout per trial; a dead or refusing server
   // none (its cheap failures reach the threshold).
-  if (fault == Fault::hung || fault == Fault::paused) EXPECT_EQ(t.timeouts, static_cast<uint64_t>(n));
+  if (fault == Fault::hung || fault == Fault::paused || fault == Fault::connect_hangs)
+    EXPECT_EQ(t.timeouts, static_cast<uint64_t>(n));
   else EXPECT_EQ(t.timeouts, 0u);
 }
 
@@ -164,3 +199,4 @@ TEST(RemoteBudget, HungServer) { run_fault(Fault::hung); }
 TEST(RemoteBudget, PausedServer) { run_fault(Fault::paused); }
 TEST(RemoteBudget, DeadServer) { run_fault(Fault::dead); }
 TEST(RemoteBudget, RefusedConnections) { run_fault(Fault::refused); }
+TEST(RemoteBudget, ConnectsHang) { run_fault(Fault::connect_hangs); }
