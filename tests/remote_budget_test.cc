@@ -5,8 +5,10 @@
 // store, its leases and the remote tier adds at most one command timeout
 // plus one connect timeout, and each fault is one warn line in the log.
 // Each trial starts a fresh server, cache folder and tier (a fresh
-// breaker). KCACHE_REMOTE_TRIALS sets the trials per fault (default 2); each
-// fault prints a summary line (docs/reliability-remote.md quotes them).
+// breaker). KCACHE_REMOTE_TRIALS sets the trials per fault (default 2),
+// KCACHE_REMOTE_COMMAND_MS / KCACHE_REMOTE_CONNECT_MS the tier's timeouts
+// (default 300 / 200); each fault prints a summary line
+// (docs/reliability-remote.md quotes them).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -22,7 +24,14 @@ using namespace kcache::test;
 
 namespace {
 
-constexpr uint64_t kCommandMs = 300, kConnectMs = 200, kMarginMs = 250;
+uint64_t env_or(const char* name, uint64_t fallback) {
+  const char* s = std::getenv(name);
+  uint64_t v = s ? std::strtoull(s, nullptr, 10) : 0;
+  return v ? v : fallback;
+}
+const uint64_t kCommandMs = env_or("KCACHE_REMOTE_COMMAND_MS", 300);
+const uint64_t kConnectMs = env_or("KCACHE_REMOTE_CONNECT_MS", 200);
+constexpr uint64_t kMarginMs = 250;
 constexpr int kCallsPerTrial = 4;
 
 enum class Fault { hung, paused, dead, refused, connect_hangs };
