@@ -487,6 +487,37 @@ TEST_P(RemoteFaults, ACompileThroughTheCachePaysAtMostOneTimeout) {
   server_->unhang();
 }
 
+// A poisoned key is read three times by one compile (lookup, re-check,
+// after taking the lease): one warn line, not three.
+TEST_P(RemoteFaults, APoisonedKeyIsOneLinePerCompile) {
+  RemoteTierOptions o = quick();
+  o.secret = "team-secret";
+  auto remote = tier(o);
+  auto cache = Cache::with_tiers({remote});
+  cache->set_leases(make_remote_leases(remote, nullptr));
+  LogCapture log(LogLevel::warn);
+  uint64_t compiles = 0;
+  for (int round = 1; round <= 2; ++round) {
+    server_->put_raw(key_of(7), "KCRV\x01\x01\x00\x00 forged bytes without a valid MAC");
+    Source s;
+    auto e = cache->get_or_compile(key_of(7), [&]() -> Expected<std::vector<Artifact>> {
+      ++compiles;
+      return std::vector<Artifact>{{"obj", "good"}};
+    }, &s);
+    ASSERT_TRUE(e.has_value());
+    EXPECT_EQ(s, Source::compiled);
+    ASSERT_TRUE(remote->flush().is_ok());
+    EXPECT_EQ(log.warnings(), static_cast<size_t>(round)) << log.text();
+    EXPECT_EQ(remote->stats().rejected, 3u * round);
+    // The compile replaced the poisoned value: the next lookup hits.
+    Source again;
+    ASSERT_TRUE(cache->get(key_of(7), &again).has_value());
+    EXPECT_EQ(again, Source::remote);
+  }
+  EXPECT_EQ(compiles, 2u);
+  EXPECT_FALSE(remote->breaker_open());
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, RemoteFaults, ::testing::Values("redis", "memory"), names);
 
 // ---- faults only the in-process transport produces on cue -------------------

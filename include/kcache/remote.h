@@ -4,7 +4,9 @@
 // A remote tier is two parts:
 //  * a RemoteTransport: the wire to one kind of server (connect, get, set,
 //    delete, pipelined gets, the lease commands, routing). Redis is built in
-//    (kcache/redis.h); another server needs a transport only.
+//    (kcache/redis.h); another server needs a transport only, and a line in
+//    the URL scheme table (remote_schemes(), kcache/assembly.h) for
+//    Options::remote_url to reach it.
 //  * the policy, made by make_remote_tier() over any transport and the same
 //    for all of them: timeouts, a circuit breaker, a bounded queue of
 //    asynchronous writes, HMAC-SHA256 value framing (docs/format.md,
