@@ -264,6 +264,12 @@ class RedisTransport final : public RemoteTransport {
   void set_timeouts(uint64_t connect_ms, uint64_t command_ms) override {
     connect_ms_ = connect_ms;
     command_ms_ = command_ms;
+    // Idle connections carry the old socket timeouts: let them go.
+    std::shared_lock lk(map_mu_);
+    for (auto& n : nodes_) {
+      std::lock_guard g(n->mu);
+      n->idle.clear();
+    }
   }
 
   Expected<RemoteBytes> get(const Key& key) override {
