@@ -356,7 +356,7 @@ TEST_P(RemoteFaults, HungServerCostsOneTimeoutThenIsSkipped) {
   EXPECT_FALSE(t->acquire_lease(key_of(1), 1000).has_value());
   EXPECT_FALSE(t->wait_for(key_of(1), 1000).has_value());
   EXPECT_TRUE(t->put(make_entry(9)).is_ok());
-  EXPECT_LT(mono_ms() - t0, 50u);
+  EXPECT_LT(mono_ms() - t0, o.command_timeout_ms / 2);  // no second timeout
   RemoteCounters c = t->counters();
   EXPECT_EQ(c.breaker_opens, 1u);
   EXPECT_EQ(c.timeouts, 1u);
@@ -436,10 +436,12 @@ TEST_P(RemoteFaults, PutsNeverWaitForAHungServer) {
   o.write_queue_depth = 8;
   auto t = tier(o);
   ASSERT_TRUE(t->get(key_of(0)).has_value());
+  std::vector<Entry> entries;
+  for (uint64_t i = 0; i < 50; ++i) entries.push_back(make_entry(i));
   server_->hang();
   uint64_t t0 = mono_ms();
-  for (uint64_t i = 0; i < 50; ++i) ASSERT_TRUE(t->put(make_entry(i)).is_ok());
-  EXPECT_LT(mono_ms() - t0, 100u);
+  for (const Entry& e : entries) ASSERT_TRUE(t->put(e).is_ok());
+  EXPECT_LT(mono_ms() - t0, o.command_timeout_ms / 2);
   // The first write runs into its timeout and opens the breaker; the rest
   // are skipped, so flushing ends within one timeout and a bit.
   t0 = mono_ms();
@@ -478,7 +480,7 @@ TEST_P(RemoteFaults, ACompileThroughTheCachePaysAtMostOneTimeout) {
     EXPECT_EQ(*e->artifact("obj"), bytes_for(i, 100));
     EXPECT_LE(dt, o.command_timeout_ms + o.connect_timeout_ms + 250) << "call " << i;
     if (i > 1) {
-      EXPECT_LT(dt, 50u) << "call " << i << " after the breaker opened";
+      EXPECT_LT(dt, o.command_timeout_ms / 2) << "call " << i << " after the breaker opened";
     }
   }
   EXPECT_EQ(cache->stats().compiles, 6u);
