@@ -219,17 +219,22 @@ TEST_P(RemoteConformance, PoisonedValuesAreMissesLoggedOncePerKey) {
   server_->put_raw(key_of(3), flipped);
   server_->put_raw(key_of(4), "garbage");
   server_->put_raw(key_of(5), std::string(make_entry(5).encoded()));  // no value header
+  RemoteTierOptions other = o;
+  other.secret = "another-secret";
+  auto foreign = tier(other);  // signed with another secret
+  ASSERT_TRUE(foreign->put(make_entry(6)).is_ok());
+  ASSERT_TRUE(foreign->flush().is_ok());
   LogCapture log;
   // Each poisoned key is read three times, as one compile of it does.
   for (int round = 0; round < 3; ++round)
-    for (uint64_t i = 2; i <= 5; ++i) {
+    for (uint64_t i = 2; i <= 6; ++i) {
       auto r = t->get(key_of(i), round ? MissCount::uncounted : MissCount::counted);
       ASSERT_TRUE(r.has_value()) << i;
       EXPECT_FALSE(r->has_value()) << "poisoned value " << i << " was accepted";
     }
-  EXPECT_EQ(t->stats().rejected, 12u);
+  EXPECT_EQ(t->stats().rejected, 15u);
   EXPECT_EQ(t->stats().corrupt, 0u);  // nothing reached Entry::decode
-  EXPECT_EQ(log.warnings(), 4u) << log.text();
+  EXPECT_EQ(log.warnings(), 5u) << log.text();
   EXPECT_FALSE(t->breaker_open());
   // Storing the key again makes a later poisoning worth a new line.
   ASSERT_TRUE(t->put(make_entry(4)).is_ok());
@@ -237,7 +242,7 @@ TEST_P(RemoteConformance, PoisonedValuesAreMissesLoggedOncePerKey) {
   EXPECT_TRUE(t->get(key_of(4))->has_value());
   server_->put_raw(key_of(4), "garbage again");
   EXPECT_FALSE(t->get(key_of(4))->has_value());
-  EXPECT_EQ(log.warnings(), 5u) << log.text();
+  EXPECT_EQ(log.warnings(), 6u) << log.text();
 }
 
 TEST_P(RemoteConformance, GetManyMatchesGets) {
