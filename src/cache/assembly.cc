@@ -27,8 +27,8 @@ Expected<std::shared_ptr<Tier>> open_redis(const std::string& url, const std::st
 
 constexpr std::array kSchemes = {
 #if KCACHE_HAVE_REDIS
-    RemoteScheme{"redis", open_redis, make_redis_leases},
-    RemoteScheme{"redis+cluster", open_redis, make_redis_leases},
+    RemoteScheme{"redis", open_redis, make_remote_leases},
+    RemoteScheme{"redis+cluster", open_redis, make_remote_leases},
 #endif
     RemoteScheme{"", nullptr, nullptr},  // keeps the table non-empty in every build
 };

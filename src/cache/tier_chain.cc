@@ -82,6 +82,8 @@ void TierChain::flush() {
 
 void TierChain::fault(const Tier& t, const char* op, const Status& st) {
   faults_.fetch_add(1, std::memory_order_relaxed);
+  // A remote tier logs its own faults, one line per outage (kcache/remote.h).
+  if (t.kind() == TierKind::remote) return;
   if (st.code() == Errc::unavailable) {
     std::lock_guard lk(said_mu_);
     if (!said_unavailable_.insert(&t).second) return;
