@@ -191,7 +191,8 @@ class Compiler {
 };
 
 // Runs NVRTC directly, without any cache (the baseline for benchmarks and
-// what Compiler runs on a miss). The artifacts are named as in the Entry.
+// what Compiler runs on a miss). The artifacts are named as in the Entry;
+// "ptx" ends with its NUL.
 Expected<std::vector<Artifact>> compile_uncached(const Program& program);
 
 }  // namespace kcache::nvrtc
