@@ -197,6 +197,26 @@ std::optional<Scanned> scan_file(const std::string& path) {
   return s;
 }
 
+// The directives of an in-memory text (the source, a named header),
+// remembered by the text's digest: a warm compile hashes the text (which the
+// key does anyway) instead of scanning it.
+std::mutex g_text_mu;
+std::unordered_map<Digest, std::shared_ptr<const std::vector<Directive>>> g_texts;  // GUARDED_BY(g_text_mu)
+constexpr size_t kTextCap = 4096;
+
+std::shared_ptr<const std::vector<Directive>> scan_text(std::string_view text) {
+  Digest d = hash_bytes(text);
+  {
+    std::lock_guard lk(g_text_mu);
+    if (auto it = g_texts.find(d); it != g_texts.end()) return it->second;
+  }
+  auto dirs = std::make_shared<const std::vector<Directive>>(scan_includes(text));
+  std::lock_guard lk(g_text_mu);
+  if (g_texts.size() >= kTextCap) g_texts.clear();
+  g_texts.emplace(d, dirs);
+  return dirs;
+}
+
 std::string join(const std::string& dir, const std::string& name) {
   if (!name.empty() && name[0] == '/') return name;
   if (dir.empty()) return name;
@@ -234,7 +254,7 @@ class Closure {
   Expected<DiskInputs> run() {
     Directive pre;
     pre.quoted = true;
-    add_text(scan_includes(p_.source), nullptr);
+    add_text(*scan_text(p_.source), nullptr);
     for (const auto& name : s_.pre_includes) {
       pre.name = name;
       follow(pre, nullptr);
@@ -273,7 +293,7 @@ class Closure {
     if (d.name.empty()) return;
     // A named header of that name: NVRTC takes it from memory.
     if (auto it = named_.find(d.name); it != named_.end() && scanned_named_.insert(d.name).second)
-      add_text(scan_includes(*it->second), nullptr);
+      add_text(*scan_text(*it->second), nullptr);
     std::vector<std::string> candidates;
     if (d.name[0] == '/') {
       candidates.push_back(d.name);
