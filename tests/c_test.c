@@ -535,6 +535,75 @@ static void test_bad_arguments(const char* root) {
   kcache_close(c);
 }
 
+/* Flights: the caller compiles between kcache_begin and kcache_flight_commit. */
+static void test_flights(const char* root) {
+  char dir[512];
+  kcache_cache* c;
+  kcache_key_builder* b = kcache_key_builder_new("flight/1");
+  kcache_flight* f = NULL;
+  kcache_flight* g = NULL;
+  kcache_entry* e = NULL;
+  kcache_artifact a;
+  const void* data = NULL;
+  size_t size = 0;
+  int source = -1;
+  snprintf(dir, sizeof dir, "%s/flights", root);
+  c = open_cache(dir, "files");
+  CHECK(b != NULL);
+  CHECK_EQ_INT(kcache_key_add_string(b, "src", "kernel"), KCACHE_OK);
+
+  CHECK_FAILS(kcache_begin(NULL, b, &f), KCACHE_INVALID_ARGUMENT);
+  CHECK_FAILS(kcache_begin(c, NULL, &f), KCACHE_INVALID_ARGUMENT);
+  CHECK_FAILS(kcache_begin(c, b, NULL), KCACHE_INVALID_ARGUMENT);
+  CHECK_EQ_INT(kcache_flight_hit(NULL), 0);
+  CHECK_EQ_INT(kcache_flight_owner(NULL), 0);
+  CHECK_FAILS(kcache_flight_entry(NULL, &e, NULL), KCACHE_INVALID_ARGUMENT);
+  CHECK_FAILS(kcache_flight_commit(NULL, &a, 1, NULL), KCACHE_INVALID_ARGUMENT);
+  kcache_flight_abandon(NULL);
+  kcache_flight_free(NULL);
+
+  /* The owner: no entry yet; a bad artifact name abandons. */
+  CHECK_OK(kcache_begin(c, b, &f));
+  CHECK_EQ_INT(kcache_flight_owner(f), 1);
+  CHECK_EQ_INT(kcache_flight_hit(f), 0);
+  CHECK_FAILS(kcache_flight_entry(f, &e, &source), KCACHE_NOT_FOUND);
+  CHECK_FAILS(kcache_flight_commit(f, NULL, 1, NULL), KCACHE_INVALID_ARGUMENT);
+  a.name = "";
+  a.data = "x";
+  a.size = 1;
+  CHECK_FAILS(kcache_flight_commit(f, &a, 1, NULL), KCACHE_INVALID_ARGUMENT);
+  CHECK_EQ_INT(kcache_flight_owner(f), 0);
+  kcache_flight_free(f);
+
+  /* Own it again, commit, then a second begin hits. */
+  CHECK_OK(kcache_begin(c, b, &f));
+  CHECK_EQ_INT(kcache_flight_owner(f), 1);
+  a.name = "obj";
+  a.data = "compiled bytes";
+  a.size = 14;
+  CHECK_OK(kcache_flight_commit(f, &a, 1, &e));
+  CHECK(e != NULL);
+  kcache_entry_free(e);
+  e = NULL;
+  CHECK_FAILS(kcache_flight_commit(f, &a, 1, NULL), KCACHE_INVALID_ARGUMENT);
+  CHECK_OK(kcache_flight_entry(f, &e, &source));
+  CHECK_EQ_INT(source, KCACHE_SOURCE_COMPILED);
+  kcache_entry_free(e);
+  e = NULL;
+  CHECK_OK(kcache_begin(c, b, &g));
+  CHECK_EQ_INT(kcache_flight_hit(g), 1);
+  CHECK_EQ_INT(kcache_flight_owner(g), 0);
+  CHECK_OK(kcache_flight_entry(g, &e, &source));
+  CHECK_EQ_INT(source, KCACHE_SOURCE_MEMORY);
+  CHECK_OK(kcache_entry_artifact(e, "obj", &data, &size));
+  CHECK(size == 14 && memcmp(data, "compiled bytes", 14) == 0);
+  kcache_entry_free(e);
+  kcache_flight_free(g);
+  kcache_flight_free(f);
+  kcache_key_builder_free(b);
+  kcache_close(c);
+}
+
 int main(void) {
   char root[] = "/tmp/kcache-c-test-XXXXXX";
   char cmd[600];
@@ -545,6 +614,7 @@ int main(void) {
   test_keys();
   test_errors_and_version();
   test_bad_arguments(root);
+  test_flights(root);
   if (strstr(kcache_features(), "lmdb")) test_engine(root, "lmdb");
   test_engine(root, "files");
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);

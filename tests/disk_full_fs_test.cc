@@ -114,7 +114,7 @@ TEST_P(DiskFullFs, CompilesSucceedWhenTheDiskFillsAndWritesTurnOffOnce) {
   ASSERT_EQ(::mkdir(mnt.c_str(), 0700), 0);
   Mount m;
   std::unique_ptr<Cache> cache;
-  bool real = m.tmpfs(mnt, "size=2m");
+  bool real = m.tmpfs(mnt, "size=2m,mode=0700");
   if (real) {
     printf("[ %s ] full disk: a real 2 MiB tmpfs at %s\n", GetParam().name.c_str(), mnt.c_str());
     cache = Cache::open(options(mnt));
@@ -208,7 +208,9 @@ TEST_P(DiskFullFs, ReadOnlyFolderStillCompiles) {
          cache->tiers().size(), (unsigned long long)from_disk, runs);
   EXPECT_EQ(static_cast<uint64_t>(runs) + from_disk, 30u);
   EXPECT_GE(runs, 20);
-  if (cache->tiers().empty()) EXPECT_GE(count_lines(log_, "running without a disk tier"), 1);
+  if (cache->tiers().empty()) {
+    EXPECT_GE(count_lines(log_, "running without a disk tier"), 1);
+  }
   cache.reset();
 }
 

@@ -183,8 +183,11 @@ TEST(Flight, OtherProcessOwnsThenCommitsOrDies) {
     }
     int status = 0;
     ::waitpid(pid, &status, 0);
-    if (dies) EXPECT_TRUE(WIFSIGNALED(status));
-    else EXPECT_EQ(WEXITSTATUS(status), 0);
+    if (dies) {
+      EXPECT_TRUE(WIFSIGNALED(status));
+    } else {
+      EXPECT_EQ(WEXITSTATUS(status), 0);
+    }
   }
 }
 

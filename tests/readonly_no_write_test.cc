@@ -149,7 +149,9 @@ TEST_P(ReadOnlyNoWrite, CorruptEntryIsReportedNotRemovedAndNothingIsWritten) {
     auto rep = ro->verify(false);
     ASSERT_TRUE(rep.has_value()) << rep.error().to_string();
     EXPECT_EQ(rep->bad.size(), 1u);
-    if (!rep->bad.empty()) EXPECT_EQ(rep->bad[0].first, key_of(1));
+    if (!rep->bad.empty()) {
+      EXPECT_EQ(rep->bad[0].first, key_of(1));
+    }
     EXPECT_FALSE(ro->verify(true).has_value());
     EXPECT_TRUE(ro->flush().is_ok());
     usleep(200 * 1000);  // time for a background flush to show, were there one

@@ -184,7 +184,9 @@ class Flight {
   bool hit() const noexcept;
   // The caller compiles: commit() or abandon().
   bool owner() const noexcept;
-  // REQUIRES: hit(), or a successful commit().
+  // Whether entry() is valid: hit(), or a successful commit().
+  bool has_entry() const noexcept;
+  // REQUIRES: has_entry().
   const Entry& entry() const;
   // Where entry() came from (Source::compiled after commit()).
   Source source() const noexcept;

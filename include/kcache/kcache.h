@@ -90,6 +90,7 @@ typedef struct kcache_cache kcache_cache;
 typedef struct kcache_entry kcache_entry;
 typedef struct kcache_key_builder kcache_key_builder;
 typedef struct kcache_artifacts kcache_artifacts;
+typedef struct kcache_flight kcache_flight;
 
 /* An artifact handed to kcache_put(): `size` bytes at `data`, named `name`. */
 typedef struct kcache_artifact {
@@ -198,6 +199,41 @@ KCACHE_EXPORT int kcache_get_or_compile(kcache_cache* c, const kcache_key* key, 
 KCACHE_EXPORT int kcache_get_or_compile_built(kcache_cache* c, const kcache_key_builder* key,
                                               kcache_compile_fn compile, void* user_data, kcache_entry** out,
                                               int* source);
+
+/* ---- flights: the caller compiles between two calls (kcache::Flight) ----------------
+ *
+ *   kcache_flight* f;
+ *   kcache_begin(c, key, &f);
+ *   if (kcache_flight_hit(f)) kcache_flight_entry(f, &e, &source);
+ *   else { ...compile...; kcache_flight_commit(f, artifacts, n, &e); }
+ *   kcache_flight_free(f);
+ *
+ * kcache_begin answers with a hit, or makes the caller the owner of the
+ * key's compile (one per key across threads and processes; the others wait
+ * in kcache_begin). The owner commits or abandons; freeing an owning flight
+ * abandons it, and a waiter then becomes the owner. A flight must be freed
+ * before its cache is closed. */
+/* KCACHE_OK and *out set (a hit or the ownership); KCACHE_INVALID_ARGUMENT
+ * for a NULL pointer or a key builder that cannot finish. */
+KCACHE_EXPORT int kcache_begin(kcache_cache* c, const kcache_key_builder* key, kcache_flight** out);
+/* 1 when the flight holds the stored entry, 0 otherwise (and for NULL). */
+KCACHE_EXPORT int kcache_flight_hit(const kcache_flight* f);
+/* 1 when the caller owns the compile (commit or abandon), 0 otherwise. */
+KCACHE_EXPORT int kcache_flight_owner(const kcache_flight* f);
+/* The entry of a hit or of a committed flight, as a new handle (free with
+ * kcache_entry_free); `source` may be NULL. KCACHE_NOT_FOUND when the
+ * flight holds none (it owns the compile, or was abandoned). */
+KCACHE_EXPORT int kcache_flight_entry(const kcache_flight* f, kcache_entry** out, int* source);
+/* Stores the entry made of `n` artifacts and hands it to the waiters;
+ * `out` may be NULL. KCACHE_INVALID_ARGUMENT for a NULL pointer, a bad
+ * artifact name (as kcache_put) or a flight that does not own its key; a
+ * bad artifact abandons the flight. */
+KCACHE_EXPORT int kcache_flight_commit(kcache_flight* f, const kcache_artifact* artifacts, size_t n,
+                                       kcache_entry** out);
+/* Gives the key up without an entry. NULL and non-owning flights are fine. */
+KCACHE_EXPORT void kcache_flight_abandon(kcache_flight* f);
+/* Abandons if still owning, then frees. NULL is fine. */
+KCACHE_EXPORT void kcache_flight_free(kcache_flight* f);
 
 /* Statistics as JSON (kcache::CacheStats::to_json); free with kcache_free.
  * NULL for a NULL cache or when out of memory. */

@@ -243,6 +243,7 @@ Flight::~Flight() { abandon(); }
 bool Flight::hit() const noexcept { return s_ && !s_->owner && s_->entry && s_->source != Source::compiled; }
 bool Flight::owner() const noexcept { return s_ && s_->owner; }
 Source Flight::source() const noexcept { return s_ ? s_->source : Source::compiled; }
+bool Flight::has_entry() const noexcept { return s_ && s_->entry.has_value(); }
 const Entry& Flight::entry() const { return *s_->entry; }
 
 Expected<Entry> Flight::commit(std::vector<Artifact> artifacts, uint64_t compile_cost_us) {

@@ -42,6 +42,10 @@ struct kcache_key_builder {
   kcache::KeyBuilder b;
 };
 
+struct kcache_flight {
+  kcache::Flight f;
+};
+
 struct kcache_artifacts {
   std::vector<kcache::Artifact> items;
   std::string rejected;  // the first add refused, if any (the compile then fails)
@@ -409,6 +413,62 @@ int kcache_get_or_compile_built(kcache_cache* c, const kcache_key_builder* key, 
     return finish_get_or_compile(std::move(r), src, out, source);
   });
 }
+
+int kcache_begin(kcache_cache* c, const kcache_key_builder* key, kcache_flight** out) {
+  return guard([&] {
+    if (!c || !key || !out) return set_error(KCACHE_INVALID_ARGUMENT, "kcache_begin: NULL argument");
+    *out = nullptr;
+    auto info = key->b.finish();
+    if (!info) return set_error(info.error());
+    *out = new kcache_flight{c->cache->begin(*info)};
+    return static_cast<int>(KCACHE_OK);
+  });
+}
+
+int kcache_flight_hit(const kcache_flight* f) { return f && f->f.hit() ? 1 : 0; }
+int kcache_flight_owner(const kcache_flight* f) { return f && f->f.owner() ? 1 : 0; }
+
+int kcache_flight_entry(const kcache_flight* f, kcache_entry** out, int* source) {
+  return guard([&] {
+    if (!f || !out) return set_error(KCACHE_INVALID_ARGUMENT, "kcache_flight_entry: NULL argument");
+    *out = nullptr;
+    if (!f->f.has_entry()) return set_error(KCACHE_NOT_FOUND, "the flight holds no entry");
+    if (source) *source = static_cast<int>(f->f.source());
+    *out = wrap(f->f.entry());
+    return static_cast<int>(KCACHE_OK);
+  });
+}
+
+int kcache_flight_commit(kcache_flight* f, const kcache_artifact* artifacts, size_t n, kcache_entry** out) {
+  return guard([&] {
+    if (out) *out = nullptr;
+    if (!f || (n && !artifacts)) return set_error(KCACHE_INVALID_ARGUMENT, "kcache_flight_commit: NULL argument");
+    if (!f->f.owner()) return set_error(KCACHE_INVALID_ARGUMENT, "kcache_flight_commit: the flight does not own its key");
+    std::vector<kcache::Artifact> arts;
+    for (size_t i = 0; i < n; ++i) {
+      const kcache_artifact& a = artifacts[i];
+      kcache::Status st;
+      if (!a.name || (a.size && !a.data)) st = kcache::Status(Errc::invalid_argument, "has a NULL pointer");
+      else st = check_artifact_name(a.name, arts);
+      if (!st.is_ok()) {
+        f->f.abandon();
+        return set_error(KCACHE_INVALID_ARGUMENT,
+                         "kcache_flight_commit: artifact " + std::to_string(i) + ": " + st.message());
+      }
+      arts.push_back({a.name, std::string(static_cast<const char*>(a.data), a.size)});
+    }
+    auto e = f->f.commit(std::move(arts));
+    if (!e) return set_error(e.error());
+    if (out) *out = wrap(std::move(e).value());
+    return static_cast<int>(KCACHE_OK);
+  });
+}
+
+void kcache_flight_abandon(kcache_flight* f) {
+  if (f) f->f.abandon();
+}
+
+void kcache_flight_free(kcache_flight* f) { delete f; }
 
 char* kcache_stats_json(kcache_cache* c) {
   char* out = nullptr;
