@@ -556,7 +556,7 @@ NB_MODULE(_kcache, m) {
                ", artifacts=[" + names + "])";
       });
 
-  nb::class_<PyFlight>(m, "Flight")
+  nb::class_<PyFlight>(m, "Flight", nb::is_weak_referenceable())
       .def_prop_ro("hit", [](const PyFlight& f) { return f.state == PyFlight::hit; })
       .def_prop_ro("owner", [](const PyFlight& f) { return f.state == PyFlight::owner; })
       .def_prop_ro("done", [](const PyFlight& f) { return f.state != PyFlight::owner; })
