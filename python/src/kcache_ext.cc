@@ -164,7 +164,7 @@ PyEntry make_entry(kcache::Entry e, kcache::Source s) {
 // ---- artifacts from Python -------------------------------------------------
 
 std::vector<kcache::Artifact> to_artifacts(nb::handle obj, const char* what) {
-  if (!PyMapping_Check(obj.ptr()) || nb::isinstance<nb::str>(obj) || is_buffer(obj))
+  if (!nb::hasattr(obj, "items") || nb::isinstance<nb::str>(obj) || is_buffer(obj))
     throw nb::type_error((std::string(what) + ": artifacts must be a mapping of name to bytes or str").c_str());
   std::vector<kcache::Artifact> out;
   nb::object items = obj.attr("items")();
