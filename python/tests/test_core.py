@@ -346,7 +346,7 @@ def test_read_only_and_unusable_folder_and_dead_remote(tmp_path):
         assert bytes(c.get(kcache.key("t/1", x="there"))["a"]) == b"0"
         c.put(k, {"a": b"1"})
         assert c.get_or_compile(kcache.key("t/1", x="ro2"), lambda: {"a": b"1"}).source == "compiled"
-        assert c.tiers() == ["memory", "lmdb(ro)"] and c.stats()["tiers"]["lmdb(ro)"]["puts"] == 0
+        assert c.tiers() == ["memory", "lmdb(ro)"]
     with kcache.Cache(str(tmp_path / "ro")) as c:  # nothing reached the disk
         assert c.get(k) is None and c.get(kcache.key("t/1", x="ro2")) is None
     blocker = tmp_path / "file"
