@@ -58,7 +58,68 @@ std::string buffer_bytes(nb::handle h) {
 
 bool is_buffer(nb::handle h) { return PyObject_CheckBuffer(h.ptr()) != 0; }
 
-std::string encode_value(nb::handle v) { return nb::cast<std::string>(g_encode_value(v)); }
+// The bytes of a buffer-protocol object, for as long as the view lives.
+class BufferView {
+ public:
+  explicit BufferView(nb::handle h) {
+    if (PyObject_GetBuffer(h.ptr(), &view_, PyBUF_SIMPLE) != 0) throw nb::python_error();
+  }
+  ~BufferView() { PyBuffer_Release(&view_); }
+  BufferView(const BufferView&) = delete;
+  BufferView& operator=(const BufferView&) = delete;
+  std::string_view bytes() const { return {static_cast<const char*>(view_.buf), static_cast<size_t>(view_.len)}; }
+
+ private:
+  Py_buffer view_;
+};
+
+// JSON text of a str, as json.dumps(s, ensure_ascii=False) writes it.
+void append_json_string(std::string& out, std::string_view s) {
+  static const char* hex = "0123456789abcdef";
+  out.push_back('"');
+  for (unsigned char c : s) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      case '\t': out += "\\t"; break;
+      case '\b': out += "\\b"; break;
+      case '\f': out += "\\f"; break;
+      default:
+        if (c < 0x20) {
+          out += "\\u00";
+          out.push_back(hex[c >> 4]);
+          out.push_back(hex[c & 15]);
+        } else {
+          out.push_back(static_cast<char>(c));
+        }
+    }
+  }
+  out.push_back('"');
+}
+
+// Canonical text of a value inside a dict or list component: the JSON the
+// Python package's encoder writes (sorted keys, no spaces). Scalars are
+// written here; anything else goes to the encoder.
+std::string encode_value(nb::handle v) {
+  if (PyBool_Check(v.ptr())) return v.ptr() == Py_True ? "true" : "false";
+  if (PyLong_CheckExact(v.ptr())) {
+    int overflow = 0;
+    long long n = PyLong_AsLongLongAndOverflow(v.ptr(), &overflow);
+    if (overflow == 0 && !(n == -1 && PyErr_Occurred())) return std::to_string(n);
+    PyErr_Clear();
+  } else if (PyUnicode_CheckExact(v.ptr())) {
+    Py_ssize_t len = 0;
+    const char* p = PyUnicode_AsUTF8AndSize(v.ptr(), &len);
+    if (!p) throw nb::python_error();
+    std::string out;
+    out.reserve(static_cast<size_t>(len) + 2);
+    append_json_string(out, std::string_view(p, static_cast<size_t>(len)));
+    return out;
+  }
+  return nb::cast<std::string>(g_encode_value(v));
+}
 
 PyKey make_key(const std::string& ns, nb::dict components) {
   if (ns.empty()) throw nb::value_error("kcache.key: the namespace must not be empty");
@@ -86,7 +147,8 @@ PyKey make_key(const std::string& ns, nb::dict components) {
     } else if (nb::isinstance<PyKey>(v)) {
       b.add_digest(name, nb::cast<const PyKey&>(v).info.key);
     } else if (is_buffer(v)) {
-      b.add_bytes(name, buffer_bytes(v));
+      BufferView view(v);
+      b.add_bytes(name, view.bytes());
     } else if (nb::isinstance<nb::dict>(v)) {
       std::map<std::string, std::string> m;
       for (auto [k, x] : nb::borrow<nb::dict>(v)) {

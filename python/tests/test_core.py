@@ -391,3 +391,21 @@ def test_environment_configures_default_cache(tmp_path, monkeypatch):
         assert c.tiers() == []
     with kcache.Cache(env=False, dir=str(tmp_path / "noenv")) as c:
         assert "lmdb" in c.tiers()
+
+
+def test_dict_and_list_values_are_canonical_json():
+    # Scalars are encoded in C++; subclasses take the Python encoder. Both
+    # must write the same text, or keys would depend on the value's class.
+    class S(str):
+        pass
+
+    class I(int):
+        pass
+
+    text = 'q"b\\s\n\r\t\b\f\x01\x1f é ✓'
+    for v in (text, "", "plain"):
+        assert kcache.key("t/1", d={"v": v}, l=[v]) == kcache.key("t/1", d={"v": S(v)}, l=[S(v)])
+    for v in (0, -1, 2 ** 63 - 1, -(2 ** 63), 2 ** 70):
+        assert kcache.key("t/1", d={"v": v}, l=[v]) == kcache.key("t/1", d={"v": I(v)}, l=[I(v)])
+    assert kcache.key("t/1", d={"v": True}) != kcache.key("t/1", d={"v": 1})
+    assert kcache.key("t/1", d={"v": {"b": 1, "a": [1, "x"]}}) == kcache.key("t/1", d={"v": {"a": [1, "x"], "b": 1}})
