@@ -64,7 +64,9 @@ _TOUCH_S = 3600
 
 _lock = threading.Lock()
 _cache: Optional[kcache.Cache] = None
+_cache_pid = 0
 _remote_cache: Optional[kcache.Cache] = None
+_remote_pid = 0
 _files: Optional["_Files"] = None
 _owned = threading.local()  # key hex -> weakref to a flight this thread owns
 
@@ -76,14 +78,16 @@ def _log(msg: str) -> None:
 
 
 def cache() -> kcache.Cache:
-    """The process's kcache for Triton (opened on first use)."""
-    global _cache
+    """The process's kcache for Triton (opened on first use, and again in a
+    child of fork(), which must not use its parent's)."""
+    global _cache, _cache_pid
     c = _cache
-    if c is None:
+    if c is None or _cache_pid != os.getpid():
         with _lock:
-            if _cache is None:
+            if _cache is None or _cache_pid != os.getpid():
                 d = None if os.environ.get("KCACHE_DIR") else os.path.join(knobs.cache.dir, "kcache")
                 _cache = kcache.Cache(d, producer="triton")
+                _cache_pid = os.getpid()
             c = _cache
     return c
 
@@ -334,11 +338,12 @@ class CacheManager(_TritonCacheManager):
 
 def remote_cache() -> kcache.Cache:
     """The process's kcache for RemoteBackend: a memory tier and the Redis tier."""
-    global _remote_cache
+    global _remote_cache, _remote_pid
     c = _remote_cache
-    if c is None:
+    if c is None or _remote_pid != os.getpid():
         with _lock:
-            if _remote_cache is None:
+            if _remote_cache is None or _remote_pid != os.getpid():
+                _remote_pid = os.getpid()
                 url = os.environ.get("KCACHE_REMOTE") or f"redis://{knobs.cache.redis.host}:{knobs.cache.redis.port}"
                 _remote_cache = kcache.Cache(remote=url, disk=False, process_single_flight=False, producer="triton")
             c = _remote_cache
