@@ -19,8 +19,10 @@ signed with KCACHE_REMOTE_SECRET_FILE) with cross-machine single-flight.
 Triton opens a kernel's files by path, so each hit is written out
 ("materialised") under <TRITON_CACHE_DIR>/kcache-files/: into a fresh
 temporary folder first, which is then renamed into place, so no reader ever
-sees half a group. Folders not used for a day are removed; files that this
-process compiled live in a folder of its own, removed when it exits (or by
+sees half a group. A process that compiles a group publishes its files the
+same way (hard links to its own copies), so later processes only find the
+folder. Folders not used for a day are removed; the files a process writes
+while it compiles live in a folder of its own, removed when it exits (or by
 a later process once it is dead).
 
     TRITON_CACHE_MANAGER=triton.runtime.cache:RemoteCacheManager
@@ -183,6 +185,51 @@ class _Files:
         os.replace(tmp, path)
         return path
 
+    def _publish(self, d: str, write) -> None:
+        # Fills a fresh temporary folder, then renames it to `d`: a reader
+        # sees the whole folder or none of it.
+        tmp = os.path.join(self.root, f"tmp-{os.getpid()}-{uuid.uuid4().hex}")
+        os.mkdir(tmp, 0o700)
+        try:
+            write(tmp)
+            try:
+                os.rename(tmp, d)
+            except OSError as e:
+                # Another process published the same entry first.
+                if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                    raise
+        finally:
+            if os.path.exists(tmp):
+                shutil.rmtree(tmp, ignore_errors=True)
+
+    def _entry_dir(self, entry: kcache.Entry) -> str:
+        return os.path.join(self.root, f"{entry.key_hex}.{entry.created_unix_ms}")
+
+    def publish_compiled(self, entry: kcache.Entry, staged: Dict[str, str]) -> None:
+        """Publishes the files this process just compiled (hard links to its
+        staged copies) as the entry's folder, so that other processes and
+        later runs find them without writing them out again."""
+        names = entry.keys()
+        if not all(_safe_name(n) for n in names):
+            return
+        d = self._entry_dir(entry)
+        if os.path.exists(d):
+            return
+
+        def write(tmp: str) -> None:
+            for n, data in entry.items():
+                src = staged.get(n)
+                if src is not None:
+                    try:
+                        os.link(src, os.path.join(tmp, n))
+                        continue
+                    except OSError:
+                        pass
+                with open(os.path.join(tmp, n), "wb") as f:
+                    f.write(data)
+
+        self._publish(d, write)
+
     def materialise(self, entry: kcache.Entry) -> Optional[Dict[str, str]]:
         """The paths of the entry's artifacts, written out once per entry on
         this machine; None when the entry cannot be used."""
@@ -190,27 +237,18 @@ class _Files:
         if not all(_safe_name(n) for n in names):
             _log(f"entry {entry.key_hex} has an unsafe artifact name; ignored")
             return None
-        d = os.path.join(self.root, f"{entry.key_hex}.{entry.created_unix_ms}")
+        d = self._entry_dir(entry)
         try:
             st = os.stat(d)
             if time.time() - st.st_mtime > _TOUCH_S:
                 os.utime(d)
         except FileNotFoundError:
-            tmp = os.path.join(self.root, f"tmp-{os.getpid()}-{uuid.uuid4().hex}")
-            os.mkdir(tmp, 0o700)
-            try:
+            def write(tmp: str) -> None:
                 for n, data in entry.items():
                     with open(os.path.join(tmp, n), "wb") as f:
                         f.write(data)
-                try:
-                    os.rename(tmp, d)
-                except OSError as e:
-                    # Another process published the same entry first.
-                    if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
-                        raise
-            finally:
-                if os.path.exists(tmp):
-                    shutil.rmtree(tmp, ignore_errors=True)
+
+            self._publish(d, write)
         return {n: os.path.join(d, n) for n in names}
 
 
@@ -292,9 +330,11 @@ class CacheManager(_TritonCacheManager):
         flight, self._flight = self._flight, None
         try:
             if flight is not None and flight.owner:
-                flight.commit(artifacts)
+                entry = flight.commit(artifacts)
             else:
-                cache().put(self._key("__grp__" + filename), artifacts)
+                entry = cache().put(self._key("__grp__" + filename), artifacts)
+            if entry is not None:
+                _materialiser().publish_compiled(entry, {n: p for n, p in group.items() if self._paths.get(n) == p})
         except Exception as e:
             _log(f"group {filename} not stored: {e}")
         self._staged.clear()

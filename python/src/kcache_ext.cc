@@ -395,6 +395,11 @@ struct PyCompile {
                                                  : PyErr_SetString(PyExc_ValueError, e.what());
       error->emplace();
       return kcache::Status(kcache::Errc::compile_failed, what);
+    } catch (const std::exception& e) {
+      // Nothing may unwind through the library, which does not use exceptions.
+      PyErr_SetString(PyExc_RuntimeError, e.what());
+      error->emplace();
+      return kcache::Status(kcache::Errc::compile_failed, e.what());
     }
   }
 };
