@@ -17,14 +17,12 @@
 #include <nanobind/stl/vector.h>
 
 #include <atomic>
-#include <condition_variable>
 #include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "kcache/cache.h"
@@ -413,46 +411,23 @@ nb::object g_compile_error;  // kcache.CompileError
 
 // ---- flights -------------------------------------------------------------
 //
-// A flight runs Cache::get_or_compile on a thread of its own whose compile
-// function hands the compile to the Python caller and waits for its commit or
-// abandon, so the single-flight machinery (in-process flights, cross-process
-// leases with heartbeat renewal, waiting, takeover) is the cache's own.
-
-struct FlightState {
-  std::mutex m;
-  std::condition_variable cv;
-  enum Phase { pending, owner, done } phase = pending;
-  bool decided = false;
-  std::vector<kcache::Artifact> artifacts;  // the commit, when decided and not abandoned
-  bool abandoned = false;
-  std::optional<kcache::Expected<kcache::Entry>> result;
-  kcache::Source source = kcache::Source::other;
-};
+// A Python Flight wraps the library's Flight (Cache::begin). The Cache is
+// kept alive by the flight, since a Flight must not outlive its Cache. Python
+// may hand one flight to several threads, so calls on it are serialised.
 
 struct PyFlight {
-  std::shared_ptr<kcache::Cache> cache;
+  std::shared_ptr<kcache::Cache> cache;  // declared first: destroyed after `flight`
   kcache::KeyInfo key;
-  std::shared_ptr<FlightState> st;
-  std::thread worker;
+  std::optional<kcache::Flight> flight;  // while this caller owns the compile
+  std::mutex m;
   enum State { hit, owner, committed, abandoned } state = hit;
   std::optional<kcache::Entry> entry;
   kcache::Source source = kcache::Source::other;
 
-  ~PyFlight() { finish(true); }
-
-  // Abandons (when still owned) and joins the worker.
-  void finish(bool abandon) {
-    if (st) {
-      {
-        std::lock_guard<std::mutex> l(st->m);
-        if (!st->decided) {
-          st->decided = true;
-          st->abandoned = abandon;
-        }
-      }
-      st->cv.notify_all();
-    }
-    if (worker.joinable()) worker.join();
+  ~PyFlight() {
+    // Dropped or garbage-collected without a commit: abandon, so that the
+    // callers waiting for this key try again.
+    if (flight) flight->abandon();
   }
 };
 
@@ -461,83 +436,57 @@ std::unique_ptr<PyFlight> begin_flight(std::shared_ptr<kcache::Cache> cache, con
   f->cache = cache;
   f->key = key;
   nb::gil_scoped_release nogil;
-  if (!cache->options().recompile && !cache->options().disabled) {
-    kcache::Source s = kcache::Source::other;
-    if (auto e = cache->get(key.key, &s)) {
-      f->entry = std::move(*e);
-      f->source = s;
-      f->state = PyFlight::hit;
-      return f;
-    }
+  kcache::Flight fl = cache->begin(key);
+  if (fl.owner()) {
+    f->flight.emplace(std::move(fl));
+    f->state = PyFlight::owner;
+    return f;
   }
-  // Another thread of this process may abandon the flight this one waits on;
-  // then this one tries again (and usually becomes the owner).
-  for (;;) {
-    auto st = std::make_shared<FlightState>();
-    std::thread worker([cache, key, st] {
-      kcache::Source s = kcache::Source::other;
-      auto r = cache->get_or_compile(key, [st]() -> kcache::Expected<std::vector<kcache::Artifact>> {
-        std::unique_lock<std::mutex> l(st->m);
-        st->phase = FlightState::owner;
-        st->cv.notify_all();
-        st->cv.wait(l, [&] { return st->decided; });
-        if (st->abandoned) return kcache::Status(kcache::Errc::compile_failed, "flight abandoned");
-        return std::move(st->artifacts);
-      }, &s);
-      std::lock_guard<std::mutex> l(st->m);
-      st->result.emplace(std::move(r));
-      st->source = s;
-      st->phase = FlightState::done;
-      st->cv.notify_all();
-    });
-    std::unique_lock<std::mutex> l(st->m);
-    st->cv.wait(l, [&] { return st->phase != FlightState::pending; });
-    if (st->phase == FlightState::owner) {
-      f->st = st;
-      f->worker = std::move(worker);
-      f->state = PyFlight::owner;
-      return f;
-    }
-    l.unlock();
-    worker.join();
-    if (st->result->has_value()) {
-      f->entry = std::move(**st->result);
-      f->source = st->source;
-      f->state = PyFlight::hit;
-      return f;
-    }
-  }
+  f->entry = fl.entry();
+  f->source = fl.source();
+  f->state = PyFlight::hit;
+  return f;
 }
 
 PyEntry commit_flight(PyFlight& f, nb::handle artifacts_obj) {
-  if (f.state != PyFlight::owner)
-    throw nb::value_error(f.state == PyFlight::hit ? "Flight.commit: the flight was a hit; there is nothing to commit"
-                                                   : "Flight.commit: the flight is already finished");
-  std::vector<kcache::Artifact> artifacts = to_artifacts(artifacts_obj, "Flight.commit");
+  std::vector<kcache::Artifact> artifacts;
+  {
+    std::lock_guard<std::mutex> l(f.m);
+    if (f.state != PyFlight::owner)
+      throw nb::value_error(f.state == PyFlight::hit ? "Flight.commit: the flight was a hit; there is nothing to commit"
+                                                     : "Flight.commit: the flight is already finished");
+  }
+  // Checked before the library sees them: a bad argument leaves the caller
+  // the owner.
+  artifacts = to_artifacts(artifacts_obj, "Flight.commit");
+  std::optional<kcache::Expected<kcache::Entry>> r;
   {
     nb::gil_scoped_release nogil;
-    {
-      std::lock_guard<std::mutex> l(f.st->m);
-      f.st->artifacts = std::move(artifacts);
-      f.st->decided = true;
+    std::lock_guard<std::mutex> l(f.m);
+    if (f.state == PyFlight::owner) {
+      r.emplace(f.flight->commit(std::move(artifacts)));
+      f.flight.reset();
+      f.state = PyFlight::committed;
     }
-    f.st->cv.notify_all();
-    f.worker.join();
   }
-  f.state = PyFlight::committed;
-  auto& r = *f.st->result;
-  if (!r) raise_compile_error(r.error());
-  f.entry = std::move(*r);
+  if (!r) throw nb::value_error("Flight.commit: the flight is already finished");
+  if (!*r) {
+    f.state = PyFlight::abandoned;
+    if (r->error().code() == kcache::Errc::invalid_argument)
+      throw nb::value_error(("Flight.commit: " + r->error().to_string()).c_str());
+    raise_compile_error(r->error());
+  }
+  f.entry = std::move(**r);
   f.source = kcache::Source::compiled;
   return make_entry(*f.entry, kcache::Source::compiled);
 }
 
 void abandon_flight(PyFlight& f) {
+  nb::gil_scoped_release nogil;
+  std::lock_guard<std::mutex> l(f.m);
   if (f.state != PyFlight::owner) return;
-  {
-    nb::gil_scoped_release nogil;
-    f.finish(true);
-  }
+  f.flight->abandon();
+  f.flight.reset();
   f.state = PyFlight::abandoned;
 }
 

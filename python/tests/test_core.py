@@ -224,6 +224,8 @@ def test_flight_owner_commit_then_hit(cache_dir):
         with pytest.raises(ValueError):
             g.commit({"a": b"x"})
         g.abandon()  # no-op on a hit
+        s = c.stats()
+        assert (s["misses"], s["compiles"]) == (1, 1)
 
 
 def test_flight_abandon_and_gc_and_context_manager(cache_dir):
