@@ -14,7 +14,8 @@ compiled for sm_90 without a GPU with the ptxas of Triton's wheel:
 Each row gives wall time, CPU seconds of the processes and their children
 (ptxas), ptxas runs (counted by a wrapper script), and for warm runs the load
 time per kernel (triton.compile on a hit, measured inside the process, wall
-and CPU). N processes cannot use less CPU than one cold process plus N-1
+and CPU; "again": each kernel loaded a second time in the same process, with
+the cache already open). N processes cannot use less CPU than one cold process plus N-1
 warm ones (interpreter, import triton, Triton's per-kernel work on a hit);
 the last line of each manager says how far above that floor it went.
 
@@ -51,7 +52,33 @@ for name, src in triton_kernels.kernels():
     triton.compile(src, target=triton_kernels.TARGET)
     per[name] = time.perf_counter() - t
     per_cpu[name] = cpu() - c
-out = {"import_cpu_s": t_import, "per_kernel_s": per, "per_kernel_cpu_s": per_cpu}
+# Each kernel once more: loads of a process that has its cache open already.
+again = {}
+for name, src in triton_kernels.kernels():
+    c = cpu()
+    triton.compile(src, target=triton_kernels.TARGET)
+    again[name] = cpu() - c
+out = {"import_cpu_s": t_import, "per_kernel_s": per, "per_kernel_cpu_s": per_cpu, "again_cpu_s": again}
+# The cache manager alone: Triton's get_cache_manager(hash).get_group(name) on
+# a hit, as compile() calls it, without the rest of compile().
+if os.environ.get("BENCH_GET_GROUP"):
+    import hashlib
+    from triton._C.libtriton import get_cache_invalidating_env_vars
+    from triton.compiler.compiler import make_backend
+    from triton.runtime.cache import get_cache_key, get_cache_manager
+    backend = make_backend(triton_kernels.TARGET)
+    env_vars = get_cache_invalidating_env_vars()
+    calls = []
+    for name, src in triton_kernels.kernels():
+        options = backend.parse_options(dict(src.parse_options()))
+        h = hashlib.sha256(get_cache_key(src, backend, options, env_vars=env_vars).encode()).hexdigest()
+        calls.append((h, src.name[:150] + ".json"))
+    n = 200
+    t = time.perf_counter()
+    for _ in range(n):
+        for h, f in calls:
+            assert get_cache_manager(h).get_group(f)
+    out["get_group_us"] = (time.perf_counter() - t) / (n * len(calls)) * 1e6
 if os.environ.get("TRITON_CACHE_MANAGER", "").startswith("kcache"):
     import kcache.triton
     out["stats"] = kcache.triton.cache().stats()
@@ -112,6 +139,8 @@ def bench_triton(procs):
                            TRITON_DEFAULT_FP_FUSION="1", PYTHONWARNINGS="ignore")
                 if manager == "kcache":
                     env["TRITON_CACHE_MANAGER"] = "kcache.triton:CacheManager"
+                if phase == "warm":
+                    env["BENCH_GET_GROUP"] = "1"
                 wall, cpu, outs = _run(env, n)
                 kernels = len(outs[0]["per_kernel_s"])
                 row = {"manager": manager, "phase": phase, "processes": n, "kernels": kernels,
@@ -120,6 +149,8 @@ def bench_triton(procs):
                 if phase == "warm":
                     row["load_ms_per_kernel"] = 1000 * statistics.mean(outs[0]["per_kernel_s"].values())
                     row["load_cpu_ms_per_kernel"] = 1000 * statistics.mean(outs[0]["per_kernel_cpu_s"].values())
+                    row["again_cpu_ms_per_kernel"] = 1000 * statistics.mean(outs[0]["again_cpu_s"].values())
+                    row["get_group_us"] = outs[0]["get_group_us"]
                 if manager == "kcache":
                     row["compiles"] = sum(o["stats"]["compiles"] for o in outs)
                 rows.append(row)
@@ -251,13 +282,14 @@ def main():
     if "triton" in results:
         print()
         hdr = f"{'manager':8s} {'phase':8s} {'wall s':>7s} {'CPU s':>7s} {'ptxas':>6s} {'compiles':>8s} " \
-              f"{'import CPU s':>12s} {'load ms/kernel':>14s} {'load CPU ms/kernel':>18s}"
+              f"{'import CPU s':>12s} {'load ms/kernel':>14s} {'load CPU ms/kernel':>18s} {'again CPU ms':>12s}"
         print(hdr)
         nan = float("nan")
         for r in results["triton"]:
             print(f"{r['manager']:8s} {r['phase']:8s} {r['wall_s']:7.2f} {r['cpu_s']:7.2f} {r['ptxas_runs']:6d} "
                   f"{str(r.get('compiles', '-')):>8s} {r['import_cpu_s']:12.2f} "
-                  f"{r.get('load_ms_per_kernel', nan):14.2f} {r.get('load_cpu_ms_per_kernel', nan):18.2f}")
+                  f"{r.get('load_ms_per_kernel', nan):14.2f} {r.get('load_cpu_ms_per_kernel', nan):18.2f} "
+                  f"{r.get('again_cpu_ms_per_kernel', nan):12.2f}")
         by = {(r["manager"], r["phase"]): r for r in results["triton"]}
         multi = f"{a.procs} cold"
         for m in ("file", "kcache"):
@@ -267,9 +299,13 @@ def main():
             # per-kernel work on a hit).
             print(f"{m}: {multi} CPU / one cold process = {many / cold:.2f}x; "
                   f"above {a.procs - 1} warm processes' CPU: {(many - (a.procs - 1) * warm) / cold:.2f}x")
+        for m in ("file", "kcache"):
+            print(f"{m}: get_cache_manager(hash).get_group(name) on a hit: {by[(m, 'warm')]['get_group_us']:.1f} us")
         print(f"warm load per kernel, kcache / file: wall "
               f"{by[('kcache', 'warm')]['load_ms_per_kernel'] / by[('file', 'warm')]['load_ms_per_kernel']:.2f}x, "
-              f"CPU {by[('kcache', 'warm')]['load_cpu_ms_per_kernel'] / by[('file', 'warm')]['load_cpu_ms_per_kernel']:.2f}x")
+              f"CPU {by[('kcache', 'warm')]['load_cpu_ms_per_kernel'] / by[('file', 'warm')]['load_cpu_ms_per_kernel']:.2f}x, "
+              f"CPU of a second load in the same process "
+              f"{by[('kcache', 'warm')]['again_cpu_ms_per_kernel'] / by[('file', 'warm')]['again_cpu_ms_per_kernel']:.2f}x")
 
 if __name__ == "__main__":
     main()

@@ -333,7 +333,7 @@ class CacheManager(_TritonCacheManager):
                 entry = flight.commit(artifacts)
             else:
                 entry = cache().put(self._key("__grp__" + filename), artifacts)
-            if entry is not None:
+            if entry is not None and cache().tiers():  # nothing to publish with the cache disabled
                 _materialiser().publish_compiled(entry, {n: p for n, p in group.items() if self._paths.get(n) == p})
         except Exception as e:
             _log(f"group {filename} not stored: {e}")

@@ -23,6 +23,8 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "kcache/cache.h"
@@ -415,6 +417,16 @@ nb::object g_compile_error;  // kcache.CompileError
 // kept alive by the flight, since a Flight must not outlive its Cache. Python
 // may hand one flight to several threads, so calls on it are serialised.
 
+// Keys whose compile a Python thread owns, and which thread: begin() on a key
+// its own thread owns would wait for itself forever, so it raises instead.
+std::mutex g_owned_mu;
+std::unordered_map<kcache::Digest, std::thread::id> g_owned;
+
+void release_owned(const kcache::Digest& k) {
+  std::lock_guard<std::mutex> l(g_owned_mu);
+  g_owned.erase(k);
+}
+
 struct PyFlight {
   std::shared_ptr<kcache::Cache> cache;  // declared first: destroyed after `flight`
   kcache::KeyInfo key;
@@ -427,17 +439,30 @@ struct PyFlight {
   ~PyFlight() {
     // Dropped or garbage-collected without a commit: abandon, so that the
     // callers waiting for this key try again.
-    if (flight) flight->abandon();
+    if (flight) {
+      flight->abandon();
+      release_owned(key.key);
+    }
   }
 };
 
 std::unique_ptr<PyFlight> begin_flight(std::shared_ptr<kcache::Cache> cache, const kcache::KeyInfo& key) {
+  {
+    std::lock_guard<std::mutex> l(g_owned_mu);
+    auto it = g_owned.find(key.key);
+    if (it != g_owned.end() && it->second == std::this_thread::get_id())
+      throw nb::value_error("Cache.begin: this thread already owns a flight for this key; commit or abandon it first");
+  }
   auto f = std::make_unique<PyFlight>();
   f->cache = cache;
   f->key = key;
   nb::gil_scoped_release nogil;
   kcache::Flight fl = cache->begin(key);
   if (fl.owner()) {
+    {
+      std::lock_guard<std::mutex> l(g_owned_mu);
+      g_owned[key.key] = std::this_thread::get_id();
+    }
     f->flight.emplace(std::move(fl));
     f->state = PyFlight::owner;
     return f;
@@ -466,6 +491,7 @@ PyEntry commit_flight(PyFlight& f, nb::handle artifacts_obj) {
     if (f.state == PyFlight::owner) {
       r.emplace(f.flight->commit(std::move(artifacts)));
       f.flight.reset();
+      release_owned(f.key.key);
       f.state = PyFlight::committed;
     }
   }
@@ -487,6 +513,7 @@ void abandon_flight(PyFlight& f) {
   if (f.state != PyFlight::owner) return;
   f.flight->abandon();
   f.flight.reset();
+  release_owned(f.key.key);
   f.state = PyFlight::abandoned;
 }
 

@@ -250,6 +250,19 @@ def test_flight_abandon_and_gc_and_context_manager(cache_dir):
         assert bytes(c.get(k)["a"]) == b"done"
 
 
+def test_flight_begin_twice_in_one_thread_raises(cache_dir):
+    with kcache.Cache(cache_dir) as c:
+        k = kcache.key("t/1", x="twice")
+        f = c.begin(k)
+        with pytest.raises(ValueError, match="already owns"):
+            c.begin(k)  # would wait for itself
+        f.abandon()
+        g = c.begin(k)
+        assert g.owner
+        g.commit({"a": b"1"})
+        assert c.begin(k).hit
+
+
 def test_flight_bad_artifacts_raise_and_keep_ownership(cache_dir):
     with kcache.Cache(cache_dir) as c:
         f = c.begin(kcache.key("t/1", x="bad-commit"))
