@@ -45,8 +45,9 @@ struct PyKey {
 };
 
 // Canonical text of a value inside a dict or list component (set by the
-// Python package: json.dumps with sorted keys).
-nb::object g_encode_value;
+// Python package: json.dumps with sorted keys). Module-lifetime references,
+// held as plain handles so that nothing is released after the interpreter.
+nb::handle g_encode_value;
 
 std::string buffer_bytes(nb::handle h) {
   Py_buffer view;
@@ -404,7 +405,7 @@ struct PyCompile {
   }
 };
 
-nb::object g_compile_error;  // kcache.CompileError
+nb::handle g_compile_error;  // kcache.CompileError
 
 [[noreturn]] void raise_compile_error(const kcache::Status& st) {
   PyErr_SetString(g_compile_error.ptr(), st.message().c_str());
@@ -523,8 +524,8 @@ NB_MODULE(_kcache, m) {
   m.doc() = "kcache core bindings (use the kcache package, not this module)";
 
   m.def("_set_encoder", [](nb::object enc, nb::object compile_error) {
-    g_encode_value = std::move(enc);
-    g_compile_error = std::move(compile_error);
+    g_encode_value = enc.release();
+    g_compile_error = compile_error.release();
   });
   m.def("version", [] { return std::string(KCACHE_VERSION_STRING); });
   m.def("features", [] { return kcache::features(); });
