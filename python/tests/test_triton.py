@@ -6,7 +6,6 @@ import os
 import signal
 import time
 
-
 N = 3  # kernels per process: elementwise add (two block sizes) and GELU
 
 
