@@ -164,7 +164,8 @@ class Cache:
         return self._c.tiers()
 
     def flush(self) -> None:
-        """Writes buffered recency records and queued remote writes."""
+        """Waits until new entries are written to the disk and remote tiers,
+        and writes buffered recency records."""
         self._c.flush()
 
     def close(self) -> None:

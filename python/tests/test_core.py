@@ -73,6 +73,7 @@ def test_round_trip_and_sources(cache_dir):
         with pytest.raises(KeyError):
             e["missing"]
         assert c.get(k).source == "memory"
+        c.flush()  # the disk tier is written by a committer thread
         s = c.stats()
         assert s["compiles"] == 1 and s["hits"] >= 1 and s["tiers"]["lmdb"]["entries"] == 1
     # a new Cache (and a new process would do the same) reads it from disk
