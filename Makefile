@@ -5,7 +5,7 @@ BUILD ?= build
 JOBS  ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: all deps configure build demo test bench sanitize install-check clean
+.PHONY: all deps configure build demo test bench sanitize install-check clean python
 
 all: build
 
@@ -21,8 +21,20 @@ build: configure
 demo: build
 	@bash scripts/demo.sh $(BUILD)
 
-test: build
+test: build python
 	@cd $(BUILD) && ctest -j $(JOBS) --output-on-failure --timeout 600
+
+# build/venv with the kcache package (pip install . through scikit-build-core),
+# Triton, llvmlite and pytest; the Python suite in ctest runs in it.
+PYTHON ?= python3
+VENV   ?= $(BUILD)/venv
+PY_DEPS = scikit-build-core nanobind pytest triton llvmlite
+python: deps
+	@test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
+	@test -f $(VENV)/.kcache-deps || { $(VENV)/bin/pip install -q --upgrade pip && \
+	  $(VENV)/bin/pip install -q $(PY_DEPS) && touch $(VENV)/.kcache-deps; }
+	@$(VENV)/bin/pip install -q --no-build-isolation \
+	  $(if $(shell command -v ccache),--config-settings=cmake.define.CMAKE_CXX_COMPILER_LAUNCHER=ccache) .
 
 bench: build
 	@bash scripts/bench.sh $(BUILD)

@@ -6,7 +6,7 @@ set -euo pipefail
 
 pkgs=(build-essential cmake pkg-config g++ libgtest-dev libbenchmark-dev
       liblmdb-dev lmdb-utils libzstd-dev libxxhash-dev libhiredis-dev libssl-dev
-      redis-server llvm-14-dev zlib1g-dev libtinfo-dev libedit-dev libxml2-dev libcurl4-openssl-dev
+      redis-server python3-dev python3-venv llvm-14-dev zlib1g-dev libtinfo-dev libedit-dev libxml2-dev libcurl4-openssl-dev
       pocl-opencl-icd ocl-icd-opencl-dev opencl-headers clinfo)
 
 missing=()

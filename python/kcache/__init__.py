@@ -1,0 +1,188 @@
+"""kcache: a compilation cache for JIT compilers, from Python.
+
+    import kcache
+    cache = kcache.Cache()                    # KCACHE_* environment, like Cache::open(Options::from_env())
+    key = kcache.key("mydsl/1", ir=ir_bytes, arch="sm_90", options={"O": 3})
+    entry = cache.get_or_compile(key, lambda: {"cubin": compile(ir)})
+    entry["cubin"]                            # a read-only memoryview
+    entry.source                              # "compiled", "memory", "disk", "remote" or "waited"
+
+A key is made of named components (bytes, str, int, bool, dict, list, or
+another Key); it does not depend on their order. A compile runs at most once
+per key at a time across the threads and processes that share a cache folder;
+the others wait and load its entry. The GIL is released during lookups, stores
+and waits.
+
+Cache faults (a corrupt entry, a full or read-only disk, a dead remote) are
+misses, counted in stats() and logged once; they never raise. Bad usage raises
+TypeError or ValueError. An exception raised by a compile function reaches the
+caller and nothing is stored; threads that waited for that compile get
+CompileError.
+
+Hosts that run their own compile between two calls (Triton, Inductor) use
+Cache.begin(): see Flight.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Callable, Dict, Mapping, Optional, Union
+
+from . import _kcache
+from ._kcache import Entry, Flight, Key
+
+__all__ = ["Cache", "CompileError", "Entry", "Flight", "Key", "key", "features", "__version__"]
+
+__version__: str = _kcache.version()
+
+
+class CompileError(RuntimeError):
+    """A compile failed in another thread while this one waited for it, or a
+    flight's commit could not be stored as an entry."""
+
+
+def _encode_value(v: Any) -> str:
+    # Canonical text of a value inside a dict or list component: JSON with
+    # sorted keys, so {"a": 1, "b": 2} and {"b": 2, "a": 1} are one key, and
+    # 3 and "3" are not.
+    if isinstance(v, (bytes, bytearray, memoryview)):
+        return json.dumps({"$bytes": bytes(v).hex()})
+    try:
+        return json.dumps(v, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"kcache.key: cannot encode {type(v).__name__} inside a dict or list component: {e}") from None
+
+
+_kcache._set_encoder(_encode_value, CompileError)
+
+
+def key(namespace: str, **components: Any) -> Key:
+    """The cache key of `namespace` (the client and its schema version, e.g.
+    "mydsl/1") and the named components.
+
+    Component types: bytes-like (hashed as bytes), str, int (64-bit), bool,
+    dict (str keys; values JSON-encoded with sorted keys), list or tuple
+    (each element JSON-encoded), Key (a digest computed earlier, e.g. of a
+    previous stage). The key depends only on the names, types and values,
+    never on the order of the arguments. Raises TypeError for other types
+    (None, float, objects) and ValueError for an empty namespace.
+    """
+    if not isinstance(namespace, str):
+        raise TypeError("kcache.key: the namespace must be a str")
+    return _kcache.key(namespace, components)
+
+
+def features() -> list:
+    """Features built into this kcache ("lmdb", "zstd", "redis", ...)."""
+    return list(_kcache.features())
+
+
+Artifacts = Mapping[str, Union[bytes, bytearray, memoryview, str]]
+Size = Union[int, str]
+
+
+class Cache:
+    """A cache: memory tier, disk store (LMDB or files engine) with
+    cross-process single-flight, and an optional remote (Redis) tier.
+
+    With no arguments it is configured by the KCACHE_* environment (KCACHE_DIR,
+    KCACHE_MAX_SIZE, KCACHE_READONLY, KCACHE_REMOTE, ...), as Cache::open of
+    the C++ library. Arguments given here override the environment (pass
+    env=False to ignore it). Opening never fails for cache reasons: a folder
+    that cannot be used leaves the disk tier out (one log line).
+
+    dir: the cache folder (default $KCACHE_DIR, else $XDG_CACHE_HOME/kcache or
+        ~/.cache/kcache). max_size: the disk limit, bytes or "2G".
+    remote: "redis://host:port[/db]" or "redis+cluster://...";
+        remote_secret_file: the HMAC secret that signs remote values.
+    read_only: look up, never store. engine: "lmdb" or "files".
+    memory / memory_size: the in-process tier (default on, 256 MiB).
+    disk: the disk tier (default on).
+    process_single_flight: wait for other processes' compiles (default on).
+    lease_ttl_ms, wait_bound_ms: lease expiry and longest wait (see cache.h).
+    compression: "none" (default, zero-copy), "zstd" or "auto".
+    """
+
+    def __init__(
+        self,
+        dir: Optional[str] = None,
+        *,
+        max_size: Optional[Size] = None,
+        remote: Optional[str] = None,
+        remote_secret_file: Optional[str] = None,
+        read_only: Optional[bool] = None,
+        engine: Optional[str] = None,
+        memory: bool = True,
+        memory_size: Optional[Size] = None,
+        disk: bool = True,
+        process_single_flight: Optional[bool] = None,
+        lease_ttl_ms: Optional[int] = None,
+        wait_bound_ms: Optional[int] = None,
+        compression: Optional[str] = None,
+        producer: Optional[str] = None,
+        env: bool = True,
+    ) -> None:
+        if dir is not None and not isinstance(dir, str):
+            dir = str(dir)  # os.PathLike
+        self._c = _kcache.Cache._open(
+            dir, max_size, remote, remote_secret_file, read_only, engine, memory, memory_size, disk,
+            process_single_flight, lease_ttl_ms, wait_bound_ms, compression, producer, env)
+        # The hot calls go straight to the extension (no Python frame).
+        self.get = self._c.get
+        self.put = self._c.put
+        self.begin = self._c.begin
+
+    # Documented here; bound to the extension's methods in __init__.
+    def get(self, key: Key) -> Optional[Entry]:  # type: ignore[no-redef]  # noqa: F811
+        """The entry stored under `key`, or None (a miss or a cache fault)."""
+        return self._c.get(key)
+
+    def put(self, key: Key, artifacts: Artifacts) -> Optional[Entry]:  # type: ignore[no-redef]  # noqa: F811
+        """Stores `artifacts` (name -> bytes or str) under `key` in every
+        writable tier; the stored Entry, or None when no tier took it."""
+        return self._c.put(key, artifacts)
+
+    def begin(self, key: Key) -> Flight:  # type: ignore[no-redef]  # noqa: F811
+        """Starts a flight for `key`: a hit (flight.hit, flight.entry), or this
+        caller owns the compile (flight.owner: compile, then flight.commit()
+        or flight.abandon()). While another thread or process compiles the
+        key, begin() waits (without the GIL) and returns its entry."""
+        return self._c.begin(key)
+
+    def get_or_compile(self, key: Key, compile: Callable[[], Artifacts]) -> Entry:
+        """The entry for `key`: from a tier, or from compile() (run at most
+        once at a time per key across threads and processes), then stored."""
+        return self._c.get_or_compile(key, compile)
+
+    def stats(self) -> Dict[str, Any]:
+        """Counters: hits, misses, compiles, waits, faults, lease_waits, ... and
+        per-tier counters under "tiers"."""
+        return self._c.stats()
+
+    def tiers(self) -> list:
+        """Names of the tiers, fastest first."""
+        return self._c.tiers()
+
+    def flush(self) -> None:
+        """Waits until new entries are written to the disk and remote tiers,
+        and writes buffered recency records."""
+        self._c.flush()
+
+    def close(self) -> None:
+        """Flushes and closes the cache; later calls raise ValueError."""
+        self._c.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._c.closed
+
+    def __enter__(self) -> "Cache":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        if self._c.closed:
+            return "kcache.Cache(closed)"
+        return f"kcache.Cache(tiers={self._c.tiers()})"

@@ -1,0 +1,692 @@
+// kcache/_kcache: the Python extension module (nanobind) over the C++ cache.
+//
+// What it binds: keys (KeyBuilder behind kcache.key()), Entry (artifacts as
+// read-only memoryviews over the entry's own bytes), Cache (open, get, put,
+// get_or_compile, begin, stats) and Flight (the lease-style API for hosts
+// that run their own compile between two calls).
+//
+// The GIL is released during lookups, stores, waits for other threads' or
+// processes' compiles, and flights; it is taken again only to run a Python
+// compile function. Bad usage raises (TypeError, ValueError); cache faults
+// stay misses, as everywhere in kcache.
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/unique_ptr.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/string_view.h>
+#include <nanobind/stl/vector.h>
+
+#include <atomic>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "kcache/cache.h"
+#include "kcache/entry.h"
+#include "kcache/key.h"
+#include "kcache/tier.h"
+#include "util/util.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace {
+
+// ---- keys ------------------------------------------------------------------
+
+struct PyKey {
+  kcache::KeyInfo info;
+};
+
+// Canonical text of a value inside a dict or list component (set by the
+// Python package: json.dumps with sorted keys). Module-lifetime references,
+// held as plain handles so that nothing is released after the interpreter.
+nb::handle g_encode_value;
+
+std::string buffer_bytes(nb::handle h) {
+  Py_buffer view;
+  if (PyObject_GetBuffer(h.ptr(), &view, PyBUF_SIMPLE) != 0) throw nb::python_error();
+  std::string out(static_cast<const char*>(view.buf), static_cast<size_t>(view.len));
+  PyBuffer_Release(&view);
+  return out;
+}
+
+bool is_buffer(nb::handle h) { return PyObject_CheckBuffer(h.ptr()) != 0; }
+
+// The bytes of a buffer-protocol object, for as long as the view lives.
+class BufferView {
+ public:
+  explicit BufferView(nb::handle h) {
+    if (PyObject_GetBuffer(h.ptr(), &view_, PyBUF_SIMPLE) != 0) throw nb::python_error();
+  }
+  ~BufferView() { PyBuffer_Release(&view_); }
+  BufferView(const BufferView&) = delete;
+  BufferView& operator=(const BufferView&) = delete;
+  std::string_view bytes() const { return {static_cast<const char*>(view_.buf), static_cast<size_t>(view_.len)}; }
+
+ private:
+  Py_buffer view_;
+};
+
+// JSON text of a str, as json.dumps(s, ensure_ascii=False) writes it.
+void append_json_string(std::string& out, std::string_view s) {
+  static const char* hex = "0123456789abcdef";
+  out.push_back('"');
+  for (unsigned char c : s) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      case '\t': out += "\\t"; break;
+      case '\b': out += "\\b"; break;
+      case '\f': out += "\\f"; break;
+      default:
+        if (c < 0x20) {
+          out += "\\u00";
+          out.push_back(hex[c >> 4]);
+          out.push_back(hex[c & 15]);
+        } else {
+          out.push_back(static_cast<char>(c));
+        }
+    }
+  }
+  out.push_back('"');
+}
+
+// Canonical text of a value inside a dict or list component: the JSON the
+// Python package's encoder writes (sorted keys, no spaces). Scalars are
+// written here; anything else goes to the encoder.
+std::string encode_value(nb::handle v) {
+  if (PyBool_Check(v.ptr())) return v.ptr() == Py_True ? "true" : "false";
+  if (PyLong_CheckExact(v.ptr())) {
+    int overflow = 0;
+    long long n = PyLong_AsLongLongAndOverflow(v.ptr(), &overflow);
+    if (overflow == 0 && !(n == -1 && PyErr_Occurred())) return std::to_string(n);
+    PyErr_Clear();
+  } else if (PyUnicode_CheckExact(v.ptr())) {
+    Py_ssize_t len = 0;
+    const char* p = PyUnicode_AsUTF8AndSize(v.ptr(), &len);
+    if (!p) throw nb::python_error();
+    std::string out;
+    out.reserve(static_cast<size_t>(len) + 2);
+    append_json_string(out, std::string_view(p, static_cast<size_t>(len)));
+    return out;
+  }
+  return nb::cast<std::string>(g_encode_value(v));
+}
+
+PyKey make_key(const std::string& ns, nb::dict components) {
+  if (ns.empty()) throw nb::value_error("kcache.key: the namespace must not be empty");
+  kcache::KeyBuilder b(ns);
+  for (auto [name_h, v] : components) {
+    std::string name = nb::cast<std::string>(nb::str(name_h));
+    if (v.is_none()) throw nb::type_error(("kcache.key: component '" + name + "' is None").c_str());
+    if (PyBool_Check(v.ptr())) {
+      b.add_bool(name, v.ptr() == Py_True);
+    } else if (PyLong_Check(v.ptr())) {
+      int overflow = 0;
+      long long s = PyLong_AsLongLongAndOverflow(v.ptr(), &overflow);
+      if (overflow == 0 && s < 0) {
+        b.add_i64(name, static_cast<int64_t>(s));
+      } else {
+        unsigned long long u = PyLong_AsUnsignedLongLong(v.ptr());
+        if (u == static_cast<unsigned long long>(-1) && PyErr_Occurred()) {
+          PyErr_Clear();
+          throw nb::value_error(("kcache.key: component '" + name + "' does not fit in 64 bits").c_str());
+        }
+        b.add_u64(name, u);
+      }
+    } else if (nb::isinstance<nb::str>(v)) {
+      b.add_string(name, nb::cast<std::string_view>(v));
+    } else if (nb::isinstance<PyKey>(v)) {
+      b.add_digest(name, nb::cast<const PyKey&>(v).info.key);
+    } else if (is_buffer(v)) {
+      BufferView view(v);
+      b.add_bytes(name, view.bytes());
+    } else if (nb::isinstance<nb::dict>(v)) {
+      std::map<std::string, std::string> m;
+      for (auto [k, x] : nb::borrow<nb::dict>(v)) {
+        if (!nb::isinstance<nb::str>(k))
+          throw nb::type_error(("kcache.key: keys of dict component '" + name + "' must be str").c_str());
+        m[nb::cast<std::string>(k)] = encode_value(x);
+      }
+      b.add_map(name, m);
+    } else if (nb::isinstance<nb::list>(v) || nb::isinstance<nb::tuple>(v)) {
+      std::vector<std::string> l;
+      for (nb::handle x : v) l.push_back(encode_value(x));
+      b.add_list(name, l);
+    } else {
+      std::string tn = nb::cast<std::string>(nb::str(nb::handle(reinterpret_cast<PyObject*>(Py_TYPE(v.ptr())))));
+      throw nb::type_error(("kcache.key: component '" + name + "' has unsupported type " + tn +
+                            " (bytes, str, int, bool, dict, list or kcache.Key)").c_str());
+    }
+  }
+  auto r = b.finish();
+  if (!r) throw nb::value_error(("kcache.key: " + r.error().to_string()).c_str());
+  return PyKey{std::move(*r)};
+}
+
+nb::list manifest_list(const kcache::Manifest& m) {
+  nb::list out;
+  for (const auto& it : m.items)
+    out.append(nb::make_tuple(it.name, std::string(kcache::component_type_name(it.type)), it.digest.hex()));
+  return out;
+}
+
+// ---- entries -----------------------------------------------------------------
+
+struct PyEntry {
+  kcache::Entry entry;
+  kcache::Source source = kcache::Source::other;
+};
+
+// One artifact's bytes, exported through the buffer protocol; it holds a copy
+// of the Entry (a reference to its shared bytes), so a memoryview over it
+// stays valid as long as it lives.
+struct ArtifactView {
+  kcache::Entry entry;
+  std::string_view data;
+};
+
+int artifact_getbuffer(PyObject* self, Py_buffer* view, int flags) {
+  ArtifactView* a = nb::inst_ptr<ArtifactView>(self);
+  return PyBuffer_FillInfo(view, self, const_cast<char*>(a->data.data()), static_cast<Py_ssize_t>(a->data.size()),
+                           /*readonly=*/1, flags);
+}
+
+void artifact_releasebuffer(PyObject*, Py_buffer*) {}
+
+PyType_Slot artifact_slots[] = {
+    {Py_bf_getbuffer, reinterpret_cast<void*>(artifact_getbuffer)},
+    {Py_bf_releasebuffer, reinterpret_cast<void*>(artifact_releasebuffer)},
+    {0, nullptr},
+};
+
+nb::object artifact_memoryview(const kcache::Entry& e, std::string_view data) {
+  nb::object holder = nb::cast(ArtifactView{e, data});
+  PyObject* mv = PyMemoryView_FromObject(holder.ptr());
+  if (!mv) throw nb::python_error();
+  return nb::steal(mv);
+}
+
+// LMDB hits pin a read transaction; Python may keep an Entry for as long as it
+// likes, so such entries are copied to the heap first. Heap entries (memory
+// tier, promotions, fresh compiles) are handed out without a copy.
+PyEntry make_entry(kcache::Entry e, kcache::Source s) {
+  if (e.pinned()) e = e.detach();
+  return PyEntry{std::move(e), s};
+}
+
+// ---- artifacts from Python -------------------------------------------------
+
+std::vector<kcache::Artifact> to_artifacts(nb::handle obj, const char* what) {
+  if (!nb::hasattr(obj, "items") || nb::isinstance<nb::str>(obj) || is_buffer(obj))
+    throw nb::type_error((std::string(what) + ": artifacts must be a mapping of name to bytes or str").c_str());
+  std::vector<kcache::Artifact> out;
+  nb::object items = obj.attr("items")();
+  for (nb::handle it : items) {
+    nb::handle k = it[0], v = it[1];
+    if (!nb::isinstance<nb::str>(k)) throw nb::type_error((std::string(what) + ": artifact names must be str").c_str());
+    std::string name = nb::cast<std::string>(k);
+    if (name.empty() || name.size() > 255)
+      throw nb::value_error((std::string(what) + ": artifact names must be 1 to 255 bytes").c_str());
+    if (nb::isinstance<nb::str>(v)) {
+      out.push_back({std::move(name), nb::cast<std::string>(v)});
+    } else if (is_buffer(v)) {
+      out.push_back({std::move(name), buffer_bytes(v)});
+    } else {
+      throw nb::type_error((std::string(what) + ": artifact '" + name + "' must be bytes-like or str").c_str());
+    }
+  }
+  return out;
+}
+
+// ---- options -------------------------------------------------------------
+
+uint64_t size_arg(nb::handle v, const char* what) {
+  if (nb::isinstance<nb::str>(v)) {
+    auto s = kcache::util::parse_size(nb::cast<std::string>(v));
+    if (!s) throw nb::value_error((std::string(what) + ": cannot parse size '" + nb::cast<std::string>(v) + "'").c_str());
+    return *s;
+  }
+  if (PyLong_Check(v.ptr()) && !PyBool_Check(v.ptr())) {
+    long long n = PyLong_AsLongLong(v.ptr());
+    if (n < 0 || PyErr_Occurred()) {
+      PyErr_Clear();
+      throw nb::value_error((std::string(what) + " must be a non-negative size").c_str());
+    }
+    return static_cast<uint64_t>(n);
+  }
+  throw nb::type_error((std::string(what) + " must be an int (bytes) or a str such as \"2G\"").c_str());
+}
+
+// ---- the cache -------------------------------------------------------------
+
+struct PyFlight;
+
+class PyCache {
+ public:
+  explicit PyCache(std::shared_ptr<kcache::Cache> c) : c_(std::move(c)) {}
+
+  std::shared_ptr<kcache::Cache> get_cache() const {
+    std::shared_ptr<kcache::Cache> c = std::atomic_load(&c_);
+    if (!c) throw nb::value_error("kcache.Cache: the cache is closed");
+    return c;
+  }
+  void close() {
+    std::shared_ptr<kcache::Cache> c = std::atomic_exchange(&c_, std::shared_ptr<kcache::Cache>());
+    if (c) {
+      nb::gil_scoped_release nogil;
+      c->flush();
+      c.reset();
+    }
+  }
+  bool closed() const { return !std::atomic_load(&c_); }
+
+ private:
+  std::shared_ptr<kcache::Cache> c_;
+};
+
+std::unique_ptr<PyCache> open_cache(std::optional<std::string> dir, nb::object max_size, std::optional<std::string> remote,
+                                    std::optional<std::string> remote_secret_file, std::optional<bool> read_only,
+                                    std::optional<std::string> engine, bool memory, nb::object memory_size, bool disk,
+                                    std::optional<bool> process_single_flight, std::optional<uint64_t> lease_ttl_ms,
+                                    std::optional<uint64_t> wait_bound_ms, std::optional<std::string> compression,
+                                    std::optional<std::string> producer, bool env) {
+  kcache::Options o = env ? kcache::Options::from_env() : kcache::Options();
+  if (dir) {
+    if (dir->empty()) throw nb::value_error("kcache.Cache: dir must not be empty");
+    o.dir = *dir;
+  }
+  if (!max_size.is_none()) {
+    o.disk.max_bytes = size_arg(max_size, "max_size");
+    if (o.disk.max_bytes == 0) throw nb::value_error("kcache.Cache: max_size must be > 0");
+  }
+  if (remote) o.remote_url = *remote;
+  if (remote_secret_file) o.remote_secret_file = *remote_secret_file;
+  if (read_only) o.read_only = *read_only;
+  if (engine) {
+    auto e = kcache::parse_engine(*engine);
+    if (!e) throw nb::value_error(("kcache.Cache: unknown engine '" + *engine + "' (lmdb or files)").c_str());
+    if (!kcache::engine_built(*e))
+      throw nb::value_error(("kcache.Cache: engine '" + *engine + "' is not built in").c_str());
+    o.engine = *e;
+  }
+  o.memory_tier = memory;
+  if (!memory_size.is_none()) o.memory_bytes = size_arg(memory_size, "memory_size");
+  o.disk_tier = disk;
+  if (process_single_flight) o.process_single_flight = *process_single_flight;
+  if (lease_ttl_ms) o.lease_ttl_ms = *lease_ttl_ms;
+  if (wait_bound_ms) o.wait_bound_ms = *wait_bound_ms;
+  if (compression) {
+    if (*compression == "none") o.compression = kcache::Compression::none;
+    else if (*compression == "zstd") o.compression = kcache::Compression::zstd;
+    else if (*compression == "auto") o.compression = kcache::Compression::automatic;
+    else throw nb::value_error("kcache.Cache: compression must be 'none', 'zstd' or 'auto'");
+  }
+  o.producer = producer ? *producer : std::string("python");
+  std::unique_ptr<kcache::Cache> c;
+  {
+    nb::gil_scoped_release nogil;
+    c = kcache::Cache::open(o);
+  }
+  return std::make_unique<PyCache>(std::shared_ptr<kcache::Cache>(std::move(c)));
+}
+
+nb::dict tier_stats_dict(const kcache::TierStats& s) {
+  nb::dict d;
+  d["hits"] = s.hits;
+  d["misses"] = s.misses;
+  d["puts"] = s.puts;
+  d["evictions"] = s.evictions;
+  d["corrupt"] = s.corrupt;
+  d["errors"] = s.errors;
+  d["rejected"] = s.rejected;
+  d["entries"] = s.entries;
+  d["bytes"] = s.bytes;
+  d["skipped"] = s.skipped;
+  d["dropped"] = s.dropped;
+  return d;
+}
+
+nb::dict stats_dict(const kcache::CacheStats& s) {
+  nb::dict d;
+  d["hits"] = s.hits;
+  d["misses"] = s.misses;
+  d["compiles"] = s.compiles;
+  d["compile_failures"] = s.compile_failures;
+  d["waits"] = s.waits;
+  d["faults"] = s.faults;
+  d["compile_us"] = s.compile_us;
+  d["lease_waits"] = s.lease_waits;
+  d["lease_timeouts"] = s.lease_timeouts;
+  d["lease_takeovers"] = s.lease_takeovers;
+  nb::dict tiers;
+  for (const auto& t : s.tiers) tiers[nb::str(t.name.c_str())] = tier_stats_dict(t.stats);
+  d["tiers"] = tiers;
+  return d;
+}
+
+// The compile function of get_or_compile: calls Python with the GIL taken; a
+// Python exception is kept for the caller (and reported to threads waiting
+// on the same key as a failed compile).
+struct PyCompile {
+  nb::handle fn;
+  std::optional<nb::python_error>* error;
+  kcache::Expected<std::vector<kcache::Artifact>> operator()() const {
+    nb::gil_scoped_acquire gil;
+    try {
+      nb::object r = fn();
+      return to_artifacts(r, "compile function result");
+    } catch (nb::python_error& e) {
+      std::string what = e.what();
+      error->emplace(std::move(e));
+      return kcache::Status(kcache::Errc::compile_failed, what);
+    } catch (const nb::builtin_exception& e) {
+      std::string what = e.what();
+      // Turn it into a Python exception so the caller sees the real type.
+      e.type() == nb::exception_type::type_error ? PyErr_SetString(PyExc_TypeError, e.what())
+                                                 : PyErr_SetString(PyExc_ValueError, e.what());
+      error->emplace();
+      return kcache::Status(kcache::Errc::compile_failed, what);
+    } catch (const std::exception& e) {
+      // Nothing may unwind through the library, which does not use exceptions.
+      PyErr_SetString(PyExc_RuntimeError, e.what());
+      error->emplace();
+      return kcache::Status(kcache::Errc::compile_failed, e.what());
+    }
+  }
+};
+
+nb::handle g_compile_error;  // kcache.CompileError
+
+[[noreturn]] void raise_compile_error(const kcache::Status& st) {
+  PyErr_SetString(g_compile_error.ptr(), st.message().c_str());
+  throw nb::python_error();
+}
+
+// ---- flights -------------------------------------------------------------
+//
+// A Python Flight wraps the library's Flight (Cache::begin). The Cache is
+// kept alive by the flight, since a Flight must not outlive its Cache. Python
+// may hand one flight to several threads, so calls on it are serialised.
+
+// Keys whose compile a Python thread owns, and which thread: begin() on a key
+// its own thread owns would wait for itself forever, so it raises instead.
+std::mutex g_owned_mu;
+std::unordered_map<kcache::Digest, std::thread::id> g_owned;
+
+void release_owned(const kcache::Digest& k) {
+  std::lock_guard<std::mutex> l(g_owned_mu);
+  g_owned.erase(k);
+}
+
+struct PyFlight {
+  std::shared_ptr<kcache::Cache> cache;  // declared first: destroyed after `flight`
+  kcache::KeyInfo key;
+  std::optional<kcache::Flight> flight;  // while this caller owns the compile
+  std::mutex m;
+  enum State { hit, owner, committed, abandoned } state = hit;
+  std::optional<kcache::Entry> entry;
+  kcache::Source source = kcache::Source::other;
+
+  ~PyFlight() {
+    // Dropped or garbage-collected without a commit: abandon, so that the
+    // callers waiting for this key try again.
+    if (flight) {
+      flight->abandon();
+      release_owned(key.key);
+    }
+  }
+};
+
+std::unique_ptr<PyFlight> begin_flight(std::shared_ptr<kcache::Cache> cache, const kcache::KeyInfo& key) {
+  {
+    std::lock_guard<std::mutex> l(g_owned_mu);
+    auto it = g_owned.find(key.key);
+    if (it != g_owned.end() && it->second == std::this_thread::get_id())
+      throw nb::value_error("Cache.begin: this thread already owns a flight for this key; commit or abandon it first");
+  }
+  auto f = std::make_unique<PyFlight>();
+  f->cache = cache;
+  f->key = key;
+  nb::gil_scoped_release nogil;
+  kcache::Flight fl = cache->begin(key);
+  if (fl.owner()) {
+    {
+      std::lock_guard<std::mutex> l(g_owned_mu);
+      g_owned[key.key] = std::this_thread::get_id();
+    }
+    f->flight.emplace(std::move(fl));
+    f->state = PyFlight::owner;
+    return f;
+  }
+  f->entry = fl.entry();
+  f->source = fl.source();
+  f->state = PyFlight::hit;
+  return f;
+}
+
+PyEntry commit_flight(PyFlight& f, nb::handle artifacts_obj) {
+  std::vector<kcache::Artifact> artifacts;
+  {
+    std::lock_guard<std::mutex> l(f.m);
+    if (f.state != PyFlight::owner)
+      throw nb::value_error(f.state == PyFlight::hit ? "Flight.commit: the flight was a hit; there is nothing to commit"
+                                                     : "Flight.commit: the flight is already finished");
+  }
+  // Checked before the library sees them: a bad argument leaves the caller
+  // the owner.
+  artifacts = to_artifacts(artifacts_obj, "Flight.commit");
+  std::optional<kcache::Expected<kcache::Entry>> r;
+  {
+    nb::gil_scoped_release nogil;
+    std::lock_guard<std::mutex> l(f.m);
+    if (f.state == PyFlight::owner) {
+      r.emplace(f.flight->commit(std::move(artifacts)));
+      f.flight.reset();
+      release_owned(f.key.key);
+      f.state = PyFlight::committed;
+    }
+  }
+  if (!r) throw nb::value_error("Flight.commit: the flight is already finished");
+  if (!*r) {
+    f.state = PyFlight::abandoned;
+    if (r->error().code() == kcache::Errc::invalid_argument)
+      throw nb::value_error(("Flight.commit: " + r->error().to_string()).c_str());
+    raise_compile_error(r->error());
+  }
+  f.entry = std::move(**r);
+  f.source = kcache::Source::compiled;
+  return make_entry(*f.entry, kcache::Source::compiled);
+}
+
+void abandon_flight(PyFlight& f) {
+  nb::gil_scoped_release nogil;
+  std::lock_guard<std::mutex> l(f.m);
+  if (f.state != PyFlight::owner) return;
+  f.flight->abandon();
+  f.flight.reset();
+  release_owned(f.key.key);
+  f.state = PyFlight::abandoned;
+}
+
+}  // namespace
+
+NB_MODULE(_kcache, m) {
+  m.doc() = "kcache core bindings (use the kcache package, not this module)";
+
+  m.def("_set_encoder", [](nb::object enc, nb::object compile_error) {
+    g_encode_value = enc.release();
+    g_compile_error = compile_error.release();
+  });
+  m.def("version", [] { return std::string(KCACHE_VERSION_STRING); });
+  m.def("features", [] { return kcache::features(); });
+
+  nb::class_<PyKey>(m, "Key")
+      .def_prop_ro("hex", [](const PyKey& k) { return k.info.key.hex(); })
+      .def_prop_ro("namespace", [](const PyKey& k) { return k.info.manifest.ns; })
+      .def_prop_ro("manifest", [](const PyKey& k) { return manifest_list(k.info.manifest); })
+      .def("__bytes__", [](const PyKey& k) {
+        return nb::bytes(reinterpret_cast<const char*>(k.info.key.bytes.data()), k.info.key.bytes.size());
+      })
+      .def("__eq__", [](const PyKey& a, nb::handle b) {
+        return nb::isinstance<PyKey>(b) && a.info.key == nb::cast<const PyKey&>(b).info.key;
+      })
+      .def("__hash__", [](const PyKey& k) { return static_cast<Py_ssize_t>(std::hash<kcache::Digest>()(k.info.key)); })
+      .def("__repr__", [](const PyKey& k) {
+        return "kcache.Key('" + k.info.manifest.ns + "', " + k.info.key.hex() + ")";
+      });
+
+  m.def("key", &make_key, "namespace"_a, "components"_a);
+
+  static_assert(sizeof(ArtifactView) > 0);
+  nb::class_<ArtifactView>(m, "_ArtifactBytes", nb::type_slots(artifact_slots));
+
+  nb::class_<PyEntry>(m, "Entry")
+      .def("__getitem__", [](const PyEntry& e, std::string_view name) {
+        auto a = e.entry.artifact(name);
+        if (!a) throw nb::key_error(std::string(name).c_str());
+        return artifact_memoryview(e.entry, *a);
+      })
+      .def("get", [](const PyEntry& e, std::string_view name, nb::object dflt) -> nb::object {
+        auto a = e.entry.artifact(name);
+        if (!a) return dflt;
+        return artifact_memoryview(e.entry, *a);
+      }, "name"_a, "default"_a = nb::none())
+      .def("__contains__", [](const PyEntry& e, nb::handle name) {
+        return nb::isinstance<nb::str>(name) && e.entry.artifact(nb::cast<std::string_view>(name)).has_value();
+      })
+      .def("__len__", [](const PyEntry& e) { return e.entry.artifacts().size(); })
+      .def("keys", [](const PyEntry& e) {
+        nb::list l;
+        for (const auto& a : e.entry.artifacts()) l.append(nb::str(a.name.c_str()));
+        return l;
+      })
+      .def("__iter__", [](const PyEntry& e) {
+        nb::list l;
+        for (const auto& a : e.entry.artifacts()) l.append(nb::str(a.name.c_str()));
+        return nb::iter(l);
+      })
+      .def("items", [](const PyEntry& e) {
+        nb::list l;
+        for (const auto& a : e.entry.artifacts())
+          l.append(nb::make_tuple(nb::str(a.name.c_str()), artifact_memoryview(e.entry, a.data)));
+        return l;
+      })
+      .def("to_dict", [](const PyEntry& e) {
+        nb::dict d;
+        for (const auto& a : e.entry.artifacts()) d[nb::str(a.name.c_str())] = nb::bytes(a.data.data(), a.data.size());
+        return d;
+      })
+      .def_prop_ro("source", [](const PyEntry& e) { return std::string(kcache::source_name(e.source)); })
+      .def_prop_ro("key_hex", [](const PyEntry& e) { return e.entry.key().hex(); })
+      .def_prop_ro("size", [](const PyEntry& e) { return e.entry.payload_size(); })
+      .def_prop_ro("created_unix_ms", [](const PyEntry& e) { return e.entry.meta().created_unix_ms; })
+      .def_prop_ro("compile_cost_us", [](const PyEntry& e) { return e.entry.meta().compile_cost_us; })
+      .def_prop_ro("producer", [](const PyEntry& e) { return e.entry.meta().producer; })
+      .def_prop_ro("manifest", [](const PyEntry& e) { return manifest_list(e.entry.manifest()); })
+      .def("__repr__", [](const PyEntry& e) {
+        std::string names;
+        for (const auto& a : e.entry.artifacts()) names += (names.empty() ? "" : ", ") + a.name;
+        return "kcache.Entry(" + e.entry.key().hex() + ", source=" + std::string(kcache::source_name(e.source)) +
+               ", artifacts=[" + names + "])";
+      });
+
+  nb::class_<PyFlight>(m, "Flight", nb::is_weak_referenceable())
+      .def_prop_ro("hit", [](const PyFlight& f) { return f.state == PyFlight::hit; })
+      .def_prop_ro("owner", [](const PyFlight& f) { return f.state == PyFlight::owner; })
+      .def_prop_ro("done", [](const PyFlight& f) { return f.state != PyFlight::owner; })
+      .def_prop_ro("source", [](const PyFlight& f) {
+        return f.state == PyFlight::owner ? std::string("pending") : std::string(kcache::source_name(f.source));
+      })
+      .def_prop_ro("entry", [](const PyFlight& f) -> std::optional<PyEntry> {
+        if (!f.entry) return std::nullopt;
+        return make_entry(*f.entry, f.source);
+      })
+      .def_prop_ro("key", [](const PyFlight& f) { return PyKey{f.key}; })
+      .def("commit", &commit_flight, "artifacts"_a)
+      .def("abandon", &abandon_flight)
+      .def("__enter__", [](nb::handle self) { return nb::borrow(self); })
+      .def("__exit__", [](PyFlight& f, nb::args) {
+        // Leaving the block without a commit abandons: the lease goes and
+        // another process may compile.
+        abandon_flight(f);
+        return false;
+      });
+
+  nb::class_<PyCache>(m, "Cache")
+      .def_static("_open", &open_cache, "dir"_a.none(), "max_size"_a.none(), "remote"_a.none(),
+                  "remote_secret_file"_a.none(), "read_only"_a.none(), "engine"_a.none(), "memory"_a,
+                  "memory_size"_a.none(), "disk"_a, "process_single_flight"_a.none(), "lease_ttl_ms"_a.none(),
+                  "wait_bound_ms"_a.none(), "compression"_a.none(), "producer"_a.none(), "env"_a)
+      .def("get", [](PyCache& self, const PyKey& key) -> std::optional<PyEntry> {
+        auto c = self.get_cache();
+        std::optional<kcache::Entry> e;
+        kcache::Source s = kcache::Source::other;
+        {
+          nb::gil_scoped_release nogil;
+          e = c->get(key.info.key, &s);
+        }
+        if (!e) return std::nullopt;
+        return make_entry(std::move(*e), s);
+      }, "key"_a)
+      .def("put", [](PyCache& self, const PyKey& key, nb::handle artifacts) -> std::optional<PyEntry> {
+        auto c = self.get_cache();
+        std::vector<kcache::Artifact> a = to_artifacts(artifacts, "Cache.put");
+        std::optional<kcache::Entry> e;
+        {
+          nb::gil_scoped_release nogil;
+          e = c->put(key.info, std::move(a));
+        }
+        if (!e) return std::nullopt;
+        return make_entry(std::move(*e), kcache::Source::compiled);
+      }, "key"_a, "artifacts"_a)
+      .def("get_or_compile", [](PyCache& self, const PyKey& key, nb::object fn) {
+        if (!PyCallable_Check(fn.ptr())) throw nb::type_error("Cache.get_or_compile: compile must be callable");
+        auto c = self.get_cache();
+        std::optional<nb::python_error> error;
+        kcache::Source s = kcache::Source::other;
+        std::optional<kcache::Expected<kcache::Entry>> r;
+        {
+          nb::gil_scoped_release nogil;
+          r.emplace(c->get_or_compile(key.info, PyCompile{fn, &error}, &s));
+        }
+        if (error) {
+          error->restore();
+          throw nb::python_error();
+        }
+        if (!*r) raise_compile_error(r->error());
+        return make_entry(std::move(**r), s);
+      }, "key"_a, "compile"_a)
+      .def("begin", [](PyCache& self, const PyKey& key) { return begin_flight(self.get_cache(), key.info); }, "key"_a)
+      .def("stats", [](PyCache& self) {
+        auto c = self.get_cache();
+        kcache::CacheStats s;
+        {
+          nb::gil_scoped_release nogil;
+          s = c->stats();
+        }
+        return stats_dict(s);
+      })
+      .def("flush", [](PyCache& self) {
+        auto c = self.get_cache();
+        nb::gil_scoped_release nogil;
+        c->flush();
+      })
+      .def("tiers", [](PyCache& self) {
+        nb::list l;
+        for (const auto& t : self.get_cache()->tiers()) l.append(nb::str(std::string(t->name()).c_str()));
+        return l;
+      })
+      .def_prop_ro("dir", [](PyCache& self) { return self.get_cache()->options().dir; })
+      .def_prop_ro("closed", &PyCache::closed)
+      .def("close", &PyCache::close);
+}

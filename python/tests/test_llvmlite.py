@@ -1,0 +1,95 @@
+"""kcache.llvmlite: llvmlite's MCJIT object cache, cold and warm, with real
+LLVM from llvmlite's wheel."""
+
+import ctypes
+import subprocess
+import sys
+
+import pytest
+
+llvm = pytest.importorskip("llvmlite.binding", reason="llvmlite is not installed (make python installs it)")
+
+import kcache  # noqa: E402
+from kcache.llvmlite import ObjectCache  # noqa: E402
+
+IR = r"""
+define i64 @fib(i64 %n) {
+entry:
+  %small = icmp slt i64 %n, 2
+  br i1 %small, label %done, label %rec
+rec:
+  %a = sub i64 %n, 1
+  %b = sub i64 %n, 2
+  %fa = call i64 @fib(i64 %a)
+  %fb = call i64 @fib(i64 %b)
+  %s = add i64 %fa, %fb
+  ret i64 %s
+done:
+  ret i64 %n
+}
+"""
+
+
+def _init():
+    try:
+        llvm.initialize()
+    except RuntimeError:
+        pass  # newer llvmlite initialises itself
+    llvm.initialize_native_target()
+    llvm.initialize_native_asmprinter()
+
+
+def _jit(objects, ir=IR):
+    _init()
+    mod = llvm.parse_assembly(ir)
+    mod.verify()
+    engine = llvm.create_mcjit_compiler(mod, objects.create_target_machine())
+    objects.attach(engine)
+    engine.finalize_object()
+    fib = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_int64)(engine.get_function_address("fib"))
+    return engine, fib
+
+
+def test_cold_then_warm(cache_dir):
+    with kcache.Cache(cache_dir) as c:
+        objects = ObjectCache(cpu=llvm.get_host_cpu_name(), features=llvm.get_host_cpu_features().flatten(), opt=2,
+                              cache=c)
+        engine, fib = _jit(objects)
+        assert fib(20) == 6765
+        assert (objects.hits, objects.misses) == (0, 1)
+        c.flush()  # the disk tier is written by a committer thread
+        assert c.stats()["tiers"]["lmdb"]["entries"] == 1
+        engine2, fib2 = _jit(objects)
+        assert fib2(21) == 10946
+        assert (objects.hits, objects.misses) == (1, 1)
+        # Another optimisation level is another key.
+        other = ObjectCache(cpu=objects.cpu, features=objects.features, opt=0, cache=c)
+        _, fib3 = _jit(other)
+        assert fib3(10) == 55 and other.misses == 1
+        c.flush()
+        assert c.stats()["tiers"]["lmdb"]["entries"] == 2
+
+
+_WARM = r"""
+import ctypes, sys, kcache, llvmlite.binding as llvm
+from kcache.llvmlite import ObjectCache
+sys.path.insert(0, sys.argv[2])
+import test_llvmlite as t
+objects = ObjectCache(opt=2, cache=kcache.Cache(sys.argv[1]))
+engine, fib = t._jit(objects)
+print(fib(15), objects.hits, objects.misses)
+"""
+
+
+def test_warm_in_new_process(cache_dir):
+    import os
+    here = os.path.dirname(os.path.abspath(__file__))
+    outs = [subprocess.run([sys.executable, "-c", _WARM, cache_dir, here], capture_output=True, text=True, check=True)
+            .stdout.split() for _ in range(2)]
+    assert outs[0] == ["610", "0", "1"]
+    assert outs[1] == ["610", "1", "0"]
+
+
+def test_bad_opt_raises():
+    with pytest.raises(ValueError):
+        ObjectCache(opt=7, cache=kcache.Cache(disk=False))
