@@ -11,8 +11,10 @@
 //
 // Implementations: in the LMDB store (a `leases` database, updated in write
 // transactions), and as lease files for the file-per-entry engine (created
-// with O_EXCL, taken over by rename; no flock, which NFS does not honour
-// reliably). A Redis lease (SET NX PX) extends this across machines.
+// with O_EXCL; a stale one is taken over under a takeover marker, itself
+// created with O_EXCL, so one process at a time judges, removes and
+// re-creates it; no flock, which NFS does not honour reliably). The remote
+// tier's leases (SET NX PX, kcache/remote.h) extend this across machines.
 //
 // Thread-safety: safe for concurrent use. Each Leases object has its own
 // holder token, so two objects in one process do not share leases.
