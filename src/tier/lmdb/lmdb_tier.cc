@@ -349,28 +349,44 @@ class LmdbTier final : public Tier {
       touched_.clear();
     }
     KCACHE_TRY(MDB_txn * txn, env_->begin_write());
-    // Dropping a database frees every overflow run by its own page header:
-    // each must be intact first (overflow_run_intact).
-    int rc = 0;
-    {
-      MDB_cursor* cur = nullptr;
-      rc = mdb_cursor_open(txn, env_->entries, &cur);
-      MDB_val k, v;
-      for (rc = rc ? rc : mdb_cursor_get(cur, &k, &v, MDB_FIRST); rc == 0; rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
-        if (env_->overflow_run_intact(v)) continue;
-        env_->mark_damaged("an entry's overflow run has a damaged page header");
-        rc = kRunDamaged;
+    // Entries are deleted one by one, each overflow run freed only after
+    // its own page header checked out (overflow_run_intact); mdb_drop would
+    // free every run by its header unchecked. An entry whose run is damaged
+    // stays (with fresh recency records) for the salvage at the next open.
+    std::vector<std::pair<Key, uint64_t>> kept;
+    MDB_cursor* cur = nullptr;
+    int rc = mdb_cursor_open(txn, env_->entries, &cur);
+    MDB_val k, v;
+    for (rc = rc ? rc : mdb_cursor_get(cur, &k, &v, MDB_FIRST); rc == 0;) {
+      if (!env_->overflow_run_intact(v)) {
+        Key key{};
+        if (k.mv_size == 16) std::memcpy(key.bytes.data(), k.mv_data, 16);
+        env_->mark_damaged("entry " + key.hex() + ": the page header of its overflow run is damaged");
+        if (k.mv_size == 16) kept.emplace_back(key, v.mv_size);
+        rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT);
+        continue;
       }
-      if (cur) mdb_cursor_close(cur);
-      if (rc == MDB_NOTFOUND) rc = 0;
+      char at[16];
+      if (k.mv_size == 16) std::memcpy(at, k.mv_data, 16);
+      bool key_ok = k.mv_size == 16;
+      rc = mdb_cursor_del(cur, 0);
+      if (rc) break;
+      // The next record: the first key after the one deleted.
+      MDB_val next = key_ok ? val(at, 16) : val("", 0);
+      rc = key_ok ? mdb_cursor_get(cur, &next, &v, MDB_SET_RANGE) : mdb_cursor_get(cur, &k, &v, MDB_FIRST);
+      if (!rc && key_ok) k = next;
     }
-    for (MDB_dbi d : {env_->entries, env_->meta, env_->lru})
+    if (cur) mdb_cursor_close(cur);
+    if (rc == MDB_NOTFOUND) rc = 0;
+    for (MDB_dbi d : {env_->meta, env_->lru})
       if (!rc) rc = mdb_drop(txn, d, 0);
-    if (!rc) {
-      uint64_t zero = 0;
-      for (int c : {c_entries, c_bytes})
-        if (!rc) rc = put_counter(txn, c, zero);
+    uint64_t now = util::now_unix_ms(), kept_bytes = 0;
+    for (const auto& [key, size] : kept) {
+      if (!rc) rc = set_meta(txn, key, now, size);
+      kept_bytes += size;
     }
+    if (!rc) rc = put_counter(txn, c_entries, kept.size());
+    if (!rc) rc = put_counter(txn, c_bytes, kept_bytes);
     if (rc) {
       env_->abort_write(txn);
       return tier_status(rc, "clear");
