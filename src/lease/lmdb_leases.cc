@@ -1,7 +1,9 @@
 // Leases in the LMDB store: key[16] -> holder record (lease/holder.h), in
 // the `leases` database of the same environment as the entries. A waiter
 // checks in a read transaction (no write lock) and only takes the write
-// lock to acquire a lease that is free or stale.
+// lock to acquire a lease that is free or stale. Writes pass the
+// environment's writer gate, bounded (lmdb_env.h): a lease that cannot be
+// written in time is an error, and the caller compiles uncoordinated.
 #include <lmdb.h>
 
 #include <atomic>

@@ -24,6 +24,11 @@
 // Hits are recorded in memory; a background thread writes recency and
 // counters in batches, so the hit path never takes the write lock.
 //
+// Nothing frees an entry's overflow run before its own page header checked
+// out (LmdbEnv::overflow_run_intact): an entry whose run is damaged stays in
+// place, a miss, until the next open moves the store aside and salvages the
+// rest into a fresh one.
+//
 // The environment it shares with the leases is lmdb_env.cc; the structural
 // check of the file at open is lmdb_check.cc.
 #include <lmdb.h>
