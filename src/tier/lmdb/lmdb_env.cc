@@ -308,7 +308,7 @@ bool LmdbEnv::gate_lock(int wait_ms) {
   auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(wait_ms);
   if (!gate_mu_.try_lock_until(deadline)) return false;
   if (gate_fd_ < 0) return true;
-  for (int nap_us = 100;; nap_us = std::min(nap_us * 2, 10000)) {
+  for (int nap_us = 100;; nap_us = std::min(nap_us * 2, 2000)) {
     if (::flock(gate_fd_, LOCK_EX | LOCK_NB) == 0) return true;
     if (errno != EWOULDBLOCK && errno != EINTR) return true;  // no flock here: LMDB's mutex alone orders writers
     if (std::chrono::steady_clock::now() >= deadline) break;

@@ -56,7 +56,7 @@ class LmdbEnv {
   // caller ever waits without bound on another process's write. Every
   // write transaction ends in commit_write or abort_write, which open the
   // gate again.
-  static constexpr int kWriteWaitMs = 1000;
+  static constexpr int kWriteWaitMs = 10000;
   Expected<MDB_txn*> begin_write(int wait_ms = kWriteWaitMs);
   int commit_write(MDB_txn* txn);
   void abort_write(MDB_txn* txn);
