@@ -8,12 +8,19 @@
 // must read back identical. The folder is reused across trials, so the store
 // grows and kills hit a store with history (dead readers, dead lock holders,
 // orphan temp files).
+//
+// A second suite kills three writers and a reader at random instants, then
+// opens the store in a new process under a watchdog: the open, a read and a
+// put must end in bounded time, whatever lock a dead process held.
 #include <gtest/gtest.h>
 #include <fcntl.h>
 
+#include <algorithm>
+#include <chrono>
 #include <map>
 #include <random>
 
+#include "kcache/assembly.h"
 #include "robust_util.h"
 
 using namespace kcache;
@@ -151,6 +158,136 @@ TEST_P(DiskSigkill, KilledWriterLeavesNoTornEntryAndLosesNothingCommitted) {
          (unsigned long long)total_committed);
   EXPECT_GE(killed_mid_run, static_cast<uint64_t>(kTrials) * 9 / 10);
   EXPECT_GT(total_committed, static_cast<uint64_t>(kTrials));
+}
+
+namespace {
+
+Engine engine_of(const DiskEngine& e) { return e.name == "lmdb" ? Engine::lmdb : Engine::files; }
+
+// A writer (puts under a lease, as a compile would) or a reader (gets),
+// through the same assembly as Cache::open, until killed.
+[[noreturn]] void worker(Engine engine, const std::string& dir, bool sync, bool reader, uint64_t base, uint64_t seed) {
+  allow_tracing();
+  auto store = open_disk_store(dir, engine, options(sync), /*leases=*/true);
+  if (!store) _exit(3);
+  std::mt19937_64 rng(seed);
+  for (uint64_t j = 0; j < 100000; ++j) {
+    if (reader) {
+      (void)store->tier->get(key_of(rng() % (base + 1)));
+      continue;
+    }
+    Key k = key_of(base + j);
+    bool held = store->leases && store->leases->acquire(k, 5000) == LeaseResult::acquired;
+    (void)store->tier->put(make_entry(base + j, 64 + rng() % 16384));
+    if (held) store->leases->release(k);
+  }
+  _exit(0);
+}
+
+// Opens the store as a new process would, reads, puts and reads back.
+// Exit status: 0 done, 2 open failed, 3 put failed, 4 read back wrong,
+// 5 the leases failed.
+int open_after_kills(Engine engine, const std::string& dir, bool sync, uint64_t probe) {
+  auto store = open_disk_store(dir, engine, options(sync), /*leases=*/true);
+  if (!store) return 2;
+  (void)store->tier->get(key_of(1));
+  if (store->leases && store->leases->acquire(key_of(probe), 5000) == LeaseResult::error) return 5;
+  if (!store->tier->put(make_entry(probe, 3000)).is_ok()) return 3;
+  if (store->leases) store->leases->release(key_of(probe));
+  auto g = store->tier->get(key_of(probe));
+  if (!g || !g->has_value() || !entry_ok(**g, probe, 3000)) return 4;
+  return 0;
+}
+
+}  // namespace
+
+TEST_P(DiskSigkill, OpenAfterKillingEveryWriterAndReaderNeverWaits) {
+  const DiskEngine& eng = GetParam();
+  const Engine engine = engine_of(eng);
+  const int kTrials = trials(1000, 100);
+  const int kWindow = 50;  // trials that share one store
+  const uint64_t kMaxKillUs = static_cast<uint64_t>(trials(25000, 250000));
+  const int kLimitMs = trials(15000, 120000);
+  std::mt19937_64 rng(20261123);
+  std::string dir;
+  bool sync = false;
+  pid_t bystander = -1;
+  int hangs = 0, failed = 0, with_bystander = 0, store_no = 0;
+  std::map<std::string, int> failures;
+  std::vector<double> open_ms;  // wall time of each opening process
+  auto stop_bystander = [&] {
+    if (bystander > 0) {
+      ::kill(bystander, SIGKILL);
+      ::waitpid(bystander, nullptr, 0);
+      bystander = -1;
+    }
+  };
+  for (int trial = 0; trial < kTrials; ++trial) {
+    if (trial % kWindow == 0) {
+      stop_bystander();
+      sync = store_no % 4 == 3;
+      dir = dir_.path() + "/kill" + std::to_string(store_no++);
+      if (store_no % 2 == 0) {
+        // A process that keeps the store open and idle: the lock file is
+        // then never set up afresh by the next opener, so locks the killed
+        // processes held must be got back from the dead, not re-created.
+        fflush(nullptr);
+        bystander = ::fork();
+        ASSERT_GE(bystander, 0);
+        if (bystander == 0) {
+          auto store = open_disk_store(dir, engine, options(false), true);
+          if (!store) _exit(3);
+          for (;;) ::pause();
+        }
+      }
+    }
+    with_bystander += bystander > 0;
+    pid_t pids[4];
+    uint64_t base = uint64_t(trial + 1) * 100000;
+    fflush(nullptr);
+    for (int w = 0; w < 4; ++w) {
+      uint64_t seed = rng();
+      pids[w] = ::fork();
+      ASSERT_GE(pids[w], 0);
+      if (pids[w] == 0) worker(engine, dir, sync, /*reader=*/w == 3, base + uint64_t(w) * 10000, seed);
+    }
+    // Each process dies at its own instant, from before its store is open
+    // to the middle of puts and commits.
+    uint64_t at[4];
+    for (auto& a : at) a = 1000 + rng() % kMaxKillUs;
+    std::vector<std::pair<uint64_t, int>> order;
+    for (int w = 0; w < 4; ++w) order.emplace_back(at[w], w);
+    std::sort(order.begin(), order.end());
+    uint64_t slept = 0;
+    for (const auto& [t, w] : order) {
+      ::usleep(static_cast<useconds_t>(t - slept));
+      slept = t;
+      ::kill(pids[w], SIGKILL);
+    }
+    for (pid_t pid : pids) ::waitpid(pid, nullptr, 0);
+    uint64_t probe = base + 90000;
+    auto t0 = std::chrono::steady_clock::now();
+    int ws = run_child_bounded([&] { return open_after_kills(engine, dir, sync, probe); }, kLimitMs,
+                               eng.name + " open after SIGKILL, trial " + std::to_string(trial));
+    open_ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    if (ws == -1) {
+      ++hangs;
+    } else if (!WIFEXITED(ws) || WEXITSTATUS(ws) != 0) {
+      ++failed;
+      ++failures[describe_wait(ws)];
+    }
+    if (hangs + failed > 5) break;  // enough to see what goes wrong
+  }
+  stop_bystander();
+  printf("[ %s ] %d open-after-SIGKILL trials (%d with a process keeping the store open): %d hangs, %d failed\n",
+         eng.name.c_str(), kTrials, with_bystander, hangs, failed);
+  for (const auto& [why, n] : failures) printf("    %d x %s\n", n, why.c_str());
+  std::sort(open_ms.begin(), open_ms.end());
+  if (!open_ms.empty())
+    printf("    opening process (fork, open, get, put, get, exit): median %.1f ms, max %.1f ms\n",
+           open_ms[open_ms.size() / 2], open_ms.back());
+  EXPECT_EQ(hangs, 0);
+  EXPECT_EQ(failed, 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Engines, DiskSigkill, ::testing::ValuesIn(disk_engines()), disk_engine_name);

@@ -1,13 +1,18 @@
 // Helpers for the disk-tier robustness tests: the engines as a test
-// parameter, forked children whose crashes become exit codes, sanitizer
-// detection to scale trial counts down.
+// parameter, forked children whose crashes become exit codes, a watchdog
+// that ends (and prints the stacks of) a child that does not finish,
+// sanitizer detection to scale trial counts down.
 #pragma once
 
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <functional>
 #include <memory>
@@ -64,7 +69,67 @@ inline int run_child(const std::function<int()>& fn) {
   return ws;
 }
 
+// The stacks of every thread of `pid`, from gdb if it is installed (empty
+// otherwise). Bounded: gdb itself gets 60 seconds.
+inline std::string stacks_of(pid_t pid) {
+  if (::access("/usr/bin/gdb", X_OK) != 0) return "";
+  std::string cmd = "timeout 60 /usr/bin/gdb -p " + std::to_string(pid) +
+                    " -batch -nx -ex 'set pagination off' -ex 'thread apply all bt' 2>&1";
+  std::string out;
+  if (FILE* f = ::popen(cmd.c_str(), "r")) {
+    char buf[4096];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, f)) > 0) out.append(buf, n);
+    ::pclose(f);
+  }
+  return out;
+}
+
+// Waits for child `pid` at most `limit_ms`. Returns true with its wait
+// status in *ws when it ended in time; otherwise prints its threads' stacks
+// (stacks_of), kills and reaps it, and returns false: a hang is a failure
+// the test sees, never a test that waits forever.
+inline bool wait_or_kill(pid_t pid, int limit_ms, int* ws, const std::string& what) {
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(limit_ms);
+  for (int nap_us = 50;; nap_us = std::min(nap_us * 2, 5000)) {
+    pid_t r = ::waitpid(pid, ws, WNOHANG);
+    if (r == pid) return true;
+    if (r < 0 && errno != EINTR) return true;
+    if (std::chrono::steady_clock::now() >= deadline) break;
+    ::usleep(static_cast<useconds_t>(nap_us));
+  }
+  std::string st = stacks_of(pid);
+  fprintf(stderr, "HANG: %s: process %d still running after %d ms; its stacks:\n%s\n", what.c_str(),
+          static_cast<int>(pid), limit_ms, st.empty() ? "(gdb not installed)" : st.c_str());
+  ::kill(pid, SIGKILL);
+  while (::waitpid(pid, ws, 0) < 0 && errno == EINTR) {
+  }
+  return false;
+}
+
+// Lets a debugger attach to this process (where Yama restricts ptrace to
+// ancestors); called first thing in children that the watchdog may inspect.
+inline void allow_tracing() {
+#ifdef PR_SET_PTRACER
+  (void)::prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
+#endif
+}
+
+// run_child with a watchdog: returns the wait status, or -1 if the child
+// did not end within limit_ms (its stacks printed, the child killed).
+inline int run_child_bounded(const std::function<int()>& fn, int limit_ms, const std::string& what) {
+  fflush(nullptr);
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    allow_tracing();
+    _exit(fn());
+  }
+  int ws = 0;
+  return wait_or_kill(pid, limit_ms, &ws, what) ? ws : -1;
+}
+
 inline std::string describe_wait(int ws) {
+  if (ws == -1) return "hung (killed by the watchdog)";
   if (WIFEXITED(ws)) return "exit " + std::to_string(WEXITSTATUS(ws));
   if (WIFSIGNALED(ws)) return std::string("signal ") + strsignal(WTERMSIG(ws));
   return "status " + std::to_string(ws);

@@ -8,3 +8,9 @@ endif()
 kcache_test(readonly_no_write_test SOURCES readonly_no_write_test.cc TIMEOUT 120)
 kcache_test(stale_format_test SOURCES stale_format_test.cc TIMEOUT 120)
 target_link_libraries(stale_format_test PRIVATE PkgConfig::XXHASH)
+# Damaged LMDB stores kept as regression fixtures (tests/fixtures/lmdb-damaged).
+if(KCACHE_WITH_LMDB)
+  kcache_test(lmdb_damaged_fixture_test SOURCES lmdb_damaged_fixture_test.cc TIMEOUT 300)
+  target_compile_definitions(lmdb_damaged_fixture_test PRIVATE
+    KCACHE_FIXTURES_DIR="${CMAKE_CURRENT_SOURCE_DIR}/fixtures")
+endif()

@@ -1,7 +1,9 @@
 // Leases in the LMDB store: key[16] -> holder record (lease/holder.h), in
 // the `leases` database of the same environment as the entries. A waiter
 // checks in a read transaction (no write lock) and only takes the write
-// lock to acquire a lease that is free or stale.
+// lock to acquire a lease that is free or stale. Writes pass the
+// environment's writer gate, bounded (lmdb_env.h): a lease that cannot be
+// written in time is an error, and the caller compiles uncoordinated.
 #include <lmdb.h>
 
 #include <atomic>
@@ -38,11 +40,11 @@ class LmdbLeases final : public Leases {
     lease::Holder h;
     bool had = read(*txn, key, &h);
     if (had && h.token != me && lease::alive(h, util::now_unix_ms())) {
-      mdb_txn_abort(*txn);
+      env_->abort_write(*txn);
       return LeaseResult::busy;
     }
     bool takeover = had && h.token != me;
-    if (!write(*txn, key, lease::self(me, ttl_ms)) || mdb_txn_commit(*txn) != 0) {
+    if (!write(*txn, key, lease::self(me, ttl_ms)) || env_->commit_write(*txn) != 0) {
       return LeaseResult::error;
     }
     if (takeover) takeovers_.fetch_add(1);
@@ -55,11 +57,11 @@ class LmdbLeases final : public Leases {
     if (!txn) return false;
     lease::Holder h;
     if (!read(*txn, key, &h) || h.token != me) {
-      mdb_txn_abort(*txn);
+      env_->abort_write(*txn);
       return false;
     }
     if (!write(*txn, key, lease::self(me, ttl_ms))) return false;
-    return mdb_txn_commit(*txn) == 0;
+    return env_->commit_write(*txn) == 0;
   }
 
   void release(const Key& key) override {
@@ -70,10 +72,10 @@ class LmdbLeases final : public Leases {
     if (read(*txn, key, &h) && h.token == me) {
       MDB_val k{16, const_cast<uint8_t*>(key.bytes.data())};
       mdb_del(*txn, env_->leases, &k, nullptr);
-      mdb_txn_commit(*txn);
+      env_->commit_write(*txn);
       return;
     }
-    mdb_txn_abort(*txn);
+    env_->abort_write(*txn);
   }
 
  private:
@@ -87,7 +89,7 @@ class LmdbLeases final : public Leases {
     std::string rec = lease::encode(h);
     MDB_val k{16, const_cast<uint8_t*>(key.bytes.data())}, v{rec.size(), rec.data()};
     if (mdb_put(txn, env_->leases, &k, &v, 0) != 0) {
-      mdb_txn_abort(txn);
+      env_->abort_write(txn);
       return false;
     }
     return true;

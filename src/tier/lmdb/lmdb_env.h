@@ -3,6 +3,7 @@
 #pragma once
 
 #include <lmdb.h>
+#include <sys/stat.h>
 #include <sys/types.h>
 
 #include <atomic>
@@ -10,6 +11,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "kcache/status.h"
@@ -17,6 +19,10 @@
 namespace kcache {
 
 inline constexpr int kMaxPinned = 64;
+
+// An LMDB return code as a Status: map full and ENOSPC are no_space, a
+// damaged page is corrupt, EACCES/EROFS read_only, the rest io_error.
+Status mdb_status(int rc, std::string_view what);
 
 // Records this process's eviction and repair walks have visited so far:
 // lets tests check that a put touches only its own records, not the store.
@@ -43,13 +49,40 @@ class LmdbEnv {
                                                  bool sync_meta, bool check_structure = true);
   ~LmdbEnv();
 
+  // Write transactions pass a gate first: a flock on lock.mdb (which the
+  // kernel drops when its holder dies, unlike a wait on LMDB's own writer
+  // mutex) and, within the process, a timed mutex. Both are tried for at
+  // most `wait_ms`; past it the write is given up with Errc::timeout, so no
+  // caller ever waits without bound on another process's write. Every
+  // write transaction ends in commit_write or abort_write, which open the
+  // gate again.
+  static constexpr int kWriteWaitMs = 10000;
+  Expected<MDB_txn*> begin_write(int wait_ms = kWriteWaitMs);
+  int commit_write(MDB_txn* txn);
+  void abort_write(MDB_txn* txn);
+
+  // Whether the overflow run holding `v` (a value read in a write
+  // transaction of this environment) has its own page header as LMDB wrote
+  // it: page number as its place in the map, overflow type only, and the
+  // page count the value's size needs, inside the file. LMDB trusts that
+  // header when it frees the run (deleting or replacing the value, or
+  // dropping its database), so a run that fails must never be freed. A
+  // value kept inside its leaf page has no run: true.
+  bool overflow_run_intact(const MDB_val& v) const noexcept;
+
+  // Records that the store holds damage LMDB cannot safely remove (an
+  // overflow run with a damaged header): logs once, and leaves a marker
+  // (`damaged` in the folder) that makes the next open move the store aside
+  // and salvage its intact entries into a fresh one (open_lmdb_tier).
+  void mark_damaged(const std::string& why);
+  static std::string damaged_marker(const std::string& dir) { return dir + "/damaged"; }
+
   // Read transactions come from a pool of reset handles (MDB_NOTLS), so a
   // hit costs a renew rather than a reader-table registration.
   // Errc::unavailable when the map must grow (another process wrote past
   // it) or when called in a child of fork().
   Expected<MDB_txn*> begin_read();
   void end_read(MDB_txn* txn);
-  Expected<MDB_txn*> begin_write();
 
   // True in a process forked after this environment was opened: nothing
   // may touch LMDB (or the mutexes of objects using it) there.
@@ -68,6 +101,10 @@ class LmdbEnv {
  private:
   LmdbEnv() = default;
   Status resized_error();
+  Status open_databases();
+  void find_map(const struct stat& data_st);
+  bool gate_lock(int wait_ms);
+  void gate_unlock();
 
   MDB_env* env_ = nullptr;
   uint64_t fork_gen_ = 0;  // util::fork_generation() when opened
@@ -77,6 +114,17 @@ class LmdbEnv {
   std::atomic<uint64_t> fork_logged_gen_{0};  // generation last warned about
   std::mutex mu_;
   std::vector<MDB_txn*> idle_;  // GUARDED_BY(mu_)
+  // The writer gate: the flock'ed descriptor of lock.mdb (-1: none could be
+  // opened; LMDB's own mutex still orders writers), and its in-process half.
+  int gate_fd_ = -1;
+  std::timed_mutex gate_mu_;
+  std::atomic<bool> busy_logged_{false};
+  std::atomic<bool> damaged_{false};
+  // LMDB's map of data.mdb (found in /proc/self/maps; null if it was not)
+  // and the store's page size.
+  const unsigned char* map_base_ = nullptr;
+  uint64_t map_len_ = 0;
+  uint32_t psize_ = 0;
 };
 
 }  // namespace kcache

@@ -23,22 +23,24 @@
 // and which pins its read transaction until the last copy is dropped.
 // Hits are recorded in memory; a background thread writes recency and
 // counters in batches, so the hit path never takes the write lock.
+//
+// Nothing frees an entry's overflow run before its own page header checked
+// out (LmdbEnv::overflow_run_intact): an entry whose run is damaged stays in
+// place, a miss, until the next open moves the store aside and salvages the
+// rest into a fresh one.
+//
+// The environment it shares with the leases is lmdb_env.cc; the structural
+// check of the file at open is lmdb_check.cc.
 #include <lmdb.h>
-#include <dirent.h>
 #include <fcntl.h>
-#include <stdio.h>
 #include <sys/file.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
-#include <cstdlib>
 #include <cstring>
-#include <map>
 #include <mutex>
 #include <thread>
 #include <unordered_map>
@@ -52,16 +54,6 @@
 namespace kcache {
 
 namespace {
-
-Status mdb_status(int rc, std::string_view what) {
-  Errc c = Errc::io_error;
-  if (rc == MDB_MAP_FULL) c = Errc::no_space;
-  else if (rc == MDB_CORRUPTED || rc == MDB_PAGE_NOTFOUND || rc == MDB_INVALID || rc == MDB_VERSION_MISMATCH)
-    c = Errc::corrupt;
-  else if (rc == EACCES || rc == EROFS) c = Errc::read_only;
-  else if (rc == ENOSPC || rc == EDQUOT) c = Errc::no_space;
-  return Status(c, std::string("lmdb ") + std::string(what) + ": " + mdb_strerror(rc));
-}
 
 MDB_val val(const void* p, size_t n) { return MDB_val{n, const_cast<void*>(p)}; }
 MDB_val val(const Key& k) { return val(k.bytes.data(), 16); }
@@ -77,467 +69,20 @@ std::atomic<uint64_t> g_records_visited{0};
 const char* const kCounterNames[] = {"hits", "misses", "puts", "evictions", "corrupt", "errors", "entries", "bytes"};
 enum Counter { c_hits, c_misses, c_puts, c_evictions, c_corrupt, c_errors, c_entries, c_bytes, c_count };
 
-// ---- structural check of the data file ----------------------------------
-//
-// LMDB keeps no page checksums and trusts every page number and offset it
-// reads: a flipped bit in a B-tree page can send mdb_get outside the map
-// (SIGSEGV/SIGBUS). Before any transaction walks the tree, a process checks
-// once, after opening, that the file is shaped as LMDB wrote it: both meta
-// pages sane, and for the free list, the main database and every named
-// database, each reachable page in bounds, numbered as its offset, of the
-// right type and depth, reached once, with node offsets and sizes inside the
-// page, overflow runs inside the file, and free-listed pages not in use.
-// Entry bytes are not read here (their checksums are verified on every get);
-// the cost is one pass over the B-tree pages, a small part of the file.
-//
-// The layout constants below are LMDB 0.9's on-disk format (lmdb.h/mdb.c:
-// MDB_page, MDB_node, MDB_meta, MDB_db), which is stable across 0.9.x.
-constexpr uint32_t kMdbMagic = 0xBEEFC0DE;
-constexpr uint32_t kMdbVersion = 1;
-constexpr size_t kPageHdr = 16;   // pgno u64 | pad u16 | flags u16 | lower u16 | upper u16 (or pages u32)
-constexpr size_t kNodeHdr = 8;    // lo u16 | hi u16 | flags u16 | ksize u16
-constexpr size_t kDbRecord = 48;  // pad u32 | flags u16 | depth u16 | 4 x u64 | root u64
-constexpr uint16_t kPBranch = 0x01, kPLeaf = 0x02, kPOverflow = 0x04;
-constexpr uint16_t kFBigData = 0x01, kFSubData = 0x02;
-constexpr uint64_t kNoRoot = ~uint64_t(0);
+// What delete_locked returns for an entry whose overflow run has a damaged
+// page header: LMDB would free pages by that header (lmdb_env.h,
+// overflow_run_intact), so the entry is left in place.
+constexpr int kRunDamaged = MDB_LAST_ERRCODE + 1000;
 
-uint16_t rd16(const unsigned char* p) { return static_cast<uint16_t>(p[0] | (p[1] << 8)); }
-uint32_t rd32(const unsigned char* p) { return rd16(p) | (static_cast<uint32_t>(rd16(p + 2)) << 16); }
-uint64_t rd64(const unsigned char* p) { return rd32(p) | (static_cast<uint64_t>(rd32(p + 4)) << 32); }
-
-struct MetaInfo {
-  uint32_t psize = 0;
-  uint64_t last_pg = 0, txnid = 0;
-  uint64_t free_root = kNoRoot, main_root = kNoRoot;
-  uint16_t free_depth = 0, main_depth = 0;
-};
-
-// Parses the meta record that starts kPageHdr bytes into a meta page.
-bool parse_meta(const unsigned char* m, MetaInfo* out) {
-  if (rd32(m) != kMdbMagic || rd32(m + 4) != kMdbVersion) return false;
-  const unsigned char* free_db = m + 24;
-  const unsigned char* main_db = free_db + kDbRecord;
-  out->psize = rd32(free_db);
-  out->free_depth = rd16(free_db + 6);
-  out->free_root = rd64(free_db + 40);
-  out->main_depth = rd16(main_db + 6);
-  out->main_root = rd64(main_db + 40);
-  out->last_pg = rd64(main_db + kDbRecord);
-  out->txnid = rd64(main_db + kDbRecord + 8);
-  return true;
-}
-
-// Before LMDB maps the file: both metas readable and sane, and the pages the
-// newer one claims are present (LMDB would otherwise map past the end of
-// the file, or size its map from a corrupt field).
-Status check_metas_before_open(const std::string& data_path) {
-  int fd = ::open(data_path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return Status();  // a new store
-  struct stat st;
-  Status res;
-  if (::fstat(fd, &st) == 0 && st.st_size > 0) {
-    unsigned char b0[kPageHdr + 160], b1[kPageHdr + 160];
-    MetaInfo m0, m1;
-    bool ok = ::pread(fd, b0, sizeof b0, 0) == static_cast<ssize_t>(sizeof b0) && parse_meta(b0 + kPageHdr, &m0);
-    uint32_t ps = ok ? m0.psize : 0;
-    ok = ok && ps >= 512 && ps <= 65536 && (ps & (ps - 1)) == 0 &&
-         ::pread(fd, b1, sizeof b1, ps) == static_cast<ssize_t>(sizeof b1) && parse_meta(b1 + kPageHdr, &m1) &&
-         m1.psize == ps && rd16(b0 + 10) == 0x08 && rd16(b1 + 10) == 0x08;
-    if (!ok) {
-      res = Status(Errc::corrupt, "lmdb meta pages of " + data_path + " are damaged");
-    } else {
-      const MetaInfo& m = m0.txnid >= m1.txnid ? m0 : m1;
-      if (m.last_pg < 1 || m.last_pg > (uint64_t(1) << 40) ||
-          (m.last_pg + 1) * ps > static_cast<uint64_t>(st.st_size))
-        res = Status(Errc::corrupt, "lmdb data file " + data_path + " is truncated or its meta page is damaged");
-    }
-  }
-  ::close(fd);
-  return res;
-}
-
-class TreeChecker {
- public:
-  TreeChecker(const unsigned char* map, uint32_t psize, uint64_t npages)
-      : map_(map), psize_(psize), npages_(npages), used_(npages, 0) {}
-
-  // Checks the database rooted at `root` (`depth` levels deep, from its
-  // record). Named-database records are collected when allow_subdb; free-list
-  // records are read when free_list.
-  bool tree(uint64_t root, uint16_t depth, bool allow_subdb, bool free_list) {
-    if (root == kNoRoot) return true;
-    if (depth == 0 || depth > 32) return fail("bad tree depth");
-    std::vector<std::pair<uint64_t, uint16_t>> todo{{root, 1}};
-    while (!todo.empty()) {
-      auto [pg, level] = todo.back();
-      todo.pop_back();
-      const unsigned char* p = page(pg);
-      if (!p) return false;
-      uint16_t flags = rd16(p + 10), lower = rd16(p + 12), upper = rd16(p + 14);
-      bool leaf = flags == kPLeaf;
-      if (!leaf && flags != kPBranch) return fail("page of unexpected type");
-      if (leaf != (level == depth)) return fail("tree depth mismatch");
-      if (lower < kPageHdr + 2 || (lower - kPageHdr) % 2 != 0 || lower > upper || upper > psize_)
-        return fail("page bounds damaged");
-      unsigned n = (lower - kPageHdr) / 2;
-      for (unsigned i = 0; i < n; ++i) {
-        uint16_t off = rd16(p + kPageHdr + 2 * i);
-        if (off < upper || off % 2 != 0 || off + kNodeHdr > psize_) return fail("node offset damaged");
-        const unsigned char* node = p + off;
-        uint16_t nflags = rd16(node + 4), ksize = rd16(node + 6);
-        if (off + kNodeHdr + ksize > psize_) return fail("key size damaged");
-        if (!leaf) {
-          uint64_t child = rd16(node) | (uint64_t(rd16(node + 2)) << 16) | (uint64_t(nflags) << 32);
-          todo.emplace_back(child, static_cast<uint16_t>(level + 1));
-          continue;
-        }
-        uint64_t dsize = rd16(node) | (uint64_t(rd16(node + 2)) << 16);
-        const unsigned char* data = node + kNodeHdr + ksize;
-        if (nflags & ~(kFBigData | kFSubData)) return fail("node flags damaged");
-        if (nflags & kFBigData) {
-          if (nflags & kFSubData) return fail("node flags damaged");
-          if (off + kNodeHdr + ksize + 8 > psize_) return fail("overflow reference damaged");
-          uint64_t ov = rd64(data);
-          if (!overflow(ov, dsize)) return false;
-          if (free_list && !free_ids(map_ + ov * psize_ + kPageHdr, dsize)) return false;
-          continue;
-        }
-        if (off + kNodeHdr + ksize + dsize > psize_) return fail("data size damaged");
-        if (nflags & kFSubData) {
-          if (!allow_subdb || dsize != kDbRecord) return fail("named database record damaged");
-          subdbs_.emplace_back(rd64(data + 40), rd16(data + 6));
-        } else if (free_list && !free_ids(data, dsize)) {
-          return false;
-        }
-      }
-      if (n == 0) return fail("empty page in a tree");
-    }
-    return true;
-  }
-
-  // Named databases found while checking the main database.
-  const std::vector<std::pair<uint64_t, uint16_t>>& subdbs() const { return subdbs_; }
-
-  // Free-listed pages must not be part of any tree.
-  bool free_pages_unused() {
-    for (uint64_t pg : free_)
-      if (used_[pg]) return fail("a page is both free and in use");
-    return true;
-  }
-
-  const std::string& why() const { return why_; }
-
- private:
-  bool fail(const char* why) {
-    why_ = why;
-    return false;
-  }
-
-  const unsigned char* page(uint64_t pg) {
-    if (pg < 2 || pg >= npages_) return fail("page number out of range"), nullptr;
-    if (used_[pg]) return fail("page reached twice"), nullptr;
-    used_[pg] = 1;
-    const unsigned char* p = map_ + pg * psize_;
-    if (rd64(p) != pg) return fail("page number mismatch"), nullptr;
-    return p;
-  }
-
-  // An overflow run is checked from the leaf's side only: its first page
-  // number and the length LMDB derives from the node's data size must lie
-  // inside the file and not overlap another page in use. The run's own pages
-  // are not read: reads take the size from the leaf, and the entry's bytes
-  // are checksummed on every get, so reading one page per entry here (most
-  // of the open cost of a large store) would buy no safety for lookups.
-  bool overflow(uint64_t pg, uint64_t dsize) {
-    uint64_t pages = (dsize + kPageHdr + psize_ - 1) / psize_;
-    if (pg < 2 || pages == 0 || pg >= npages_ || pages > npages_ - pg) return fail("overflow run damaged");
-    for (uint64_t i = 0; i < pages; ++i) {
-      if (used_[pg + i]) return fail("overflow page reached twice");
-      used_[pg + i] = 1;
-    }
-    return true;
-  }
-
-  // A free-list record: u64 count, then that many page numbers.
-  bool free_ids(const unsigned char* d, uint64_t dsize) {
-    if (dsize < 8 || dsize % 8 != 0 || rd64(d) != dsize / 8 - 1) return fail("free list record damaged");
-    for (uint64_t i = 1; i < dsize / 8; ++i) {
-      uint64_t pg = rd64(d + 8 * i);
-      if (pg < 2 || pg >= npages_) return fail("free page out of range");
-      free_.push_back(pg);
-    }
-    return true;
-  }
-
-  const unsigned char* map_;
-  uint32_t psize_;
-  uint64_t npages_;
-  std::vector<uint8_t> used_;
-  std::vector<uint64_t> free_;
-  std::vector<std::pair<uint64_t, uint16_t>> subdbs_;
-  std::string why_;
-};
-
-// After mdb_env_open, before the first transaction that reads the tree.
-// Reads through a private read-only map of the file (LMDB does not expose
-// its own), bounded by the file's size, while a read transaction keeps the
-// checked snapshot's pages from being reused by writers.
-Status check_tree(MDB_env* env, const std::string& data_path) {
-  MDB_txn* txn;
-  int rc = mdb_txn_begin(env, nullptr, MDB_RDONLY, &txn);
-  if (rc) return mdb_status(rc, "begin check");
-  uint64_t txnid = mdb_txn_id(txn);
-  MDB_stat mst;
-  mdb_env_stat(env, &mst);
-  uint32_t ps = mst.ms_psize;
-  Status res;
-  int fd = ::open(data_path.c_str(), O_RDONLY | O_CLOEXEC);
-  struct stat fst;
-  if (fd < 0 || ::fstat(fd, &fst) != 0) {
-    res = util::errno_status(errno, "open " + data_path);
-    if (fd >= 0) ::close(fd);
-    mdb_txn_abort(txn);
-    return res;
-  }
-  uint64_t fsize = static_cast<uint64_t>(fst.st_size);
-  void* mp = fsize >= 2ull * ps ? ::mmap(nullptr, fsize, PROT_READ, MAP_SHARED, fd, 0) : MAP_FAILED;
-  ::close(fd);
-  MetaInfo m0, m1;
-  if (mp == MAP_FAILED) {
-    res = fsize >= 2ull * ps ? util::errno_status(errno, "map " + data_path)
-                             : Status(Errc::corrupt, "lmdb data file " + data_path + " is truncated");
-  } else if (const auto* map = static_cast<const unsigned char*>(mp);
-             !parse_meta(map + kPageHdr, &m0) || !parse_meta(map + ps + kPageHdr, &m1)) {
-    res = Status(Errc::corrupt, "lmdb meta pages of " + data_path + " are damaged");
-  } else {
-    const MetaInfo* m = m0.txnid == txnid ? &m0 : m1.txnid == txnid ? &m1 : nullptr;
-    uint64_t npages = m ? m->last_pg + 1 : 0;
-    if (!m || npages * ps > fsize) {
-      res = Status(Errc::corrupt, "lmdb meta page of " + data_path + " is damaged");
-    } else {
-      TreeChecker c(map, ps, npages);
-      bool ok = c.tree(m->free_root, m->free_depth, false, true) && c.tree(m->main_root, m->main_depth, true, false);
-      for (size_t i = 0; ok && i < c.subdbs().size(); ++i) {
-        auto [root, depth] = c.subdbs()[i];
-        ok = c.tree(root, depth, false, false);
-      }
-      ok = ok && c.free_pages_unused();
-      if (!ok) res = Status(Errc::corrupt, "lmdb store " + data_path + " is damaged: " + c.why());
-    }
-  }
-  if (mp != MAP_FAILED) ::munmap(mp, fsize);
-  mdb_txn_abort(txn);
-  return res;
+Status tier_status(int rc, std::string_view what) {
+  if (rc == kRunDamaged)
+    return Status(Errc::corrupt, "lmdb " + std::string(what) + ": an entry's overflow pages are damaged; left in place");
+  return mdb_status(rc, what);
 }
 
 }  // namespace
-
-// ---- the shared environment --------------------------------------------
 
 uint64_t lmdb_records_visited() noexcept { return g_records_visited.load(std::memory_order_relaxed); }
-
-uint64_t lmdb_map_size(uint64_t max_bytes) noexcept {
-  constexpr uint64_t kFloor = uint64_t(64) << 30, kSlack = uint64_t(64) << 20;
-  constexpr uint64_t kCeiling = uint64_t(1) << 46;  // 64 TiB: within any 64-bit address space
-  uint64_t want = max_bytes > (kCeiling - kSlack) / 2 ? kCeiling : 2 * max_bytes + kSlack;
-  want = std::max(want, kFloor);
-  long ps = ::sysconf(_SC_PAGESIZE);
-  uint64_t page = ps > 0 ? static_cast<uint64_t>(ps) : 4096;
-  return (want + page - 1) / page * page;
-}
-
-namespace {
-
-// LMDB 0.9.24 opens data.mdb without close-on-exec (its lock file and the
-// second data-file handle have it): a program the process execs would keep
-// the store open. Sets FD_CLOEXEC on every descriptor of this process that
-// refers to the store's files. Another thread exec'ing between
-// mdb_env_open and this scan can still pass one on: LMDB offers no hook to
-// open with O_CLOEXEC.
-void set_cloexec_on_store_fds(MDB_env* env, const std::string& dir) {
-  auto mark = [](int fd) {
-    int fl = ::fcntl(fd, F_GETFD);
-    if (fl >= 0 && !(fl & FD_CLOEXEC)) (void)::fcntl(fd, F_SETFD, fl | FD_CLOEXEC);
-  };
-  mdb_filehandle_t fd;
-  if (mdb_env_get_fd(env, &fd) == 0 && fd >= 0) mark(fd);
-  struct stat data_st, lock_st;
-  bool have_data = ::stat((dir + "/data.mdb").c_str(), &data_st) == 0;
-  bool have_lock = ::stat((dir + "/lock.mdb").c_str(), &lock_st) == 0;
-  DIR* d = ::opendir("/proc/self/fd");
-  if (!d) return;
-  int self = ::dirfd(d);
-  while (struct dirent* de = ::readdir(d)) {
-    if (de->d_name[0] < '0' || de->d_name[0] > '9') continue;
-    int n = std::atoi(de->d_name);
-    struct stat st;
-    if (n == self || ::fstat(n, &st) != 0) continue;
-    bool ours = (have_data && st.st_dev == data_st.st_dev && st.st_ino == data_st.st_ino) ||
-                (have_lock && st.st_dev == lock_st.st_dev && st.st_ino == lock_st.st_ino);
-    if (ours) mark(n);
-  }
-  ::closedir(d);
-}
-
-}  // namespace
-
-LmdbEnv::~LmdbEnv() {
-  if (inherited()) {
-    // A child of fork(): aborting a pooled transaction would free the
-    // parent's reader slot, and closing the environment would close the
-    // lock file and with it this process's fcntl lock on it, held for a
-    // fresh environment the child may have opened on the same store
-    // (LMDB's "first opener resets the lock file" check relies on it).
-    // Leave it all; exit or exec releases the memory and descriptors.
-    return;
-  }
-  for (MDB_txn* t : idle_) mdb_txn_abort(t);
-  if (env_) mdb_env_close(env_);
-}
-
-bool LmdbEnv::inherited() const noexcept { return fork_gen_ != util::fork_generation(); }
-
-Status LmdbEnv::inherited_error() {
-  uint64_t gen = util::fork_generation();
-  if (fork_logged_gen_.exchange(gen, std::memory_order_relaxed) != gen)
-    KCACHE_LOG(LogLevel::warn, "lmdb store %s was opened before fork(); open a new Cache in the child to use it",
-               dir_.c_str());
-  return Status(Errc::unavailable, "lmdb store " + dir_ + " opened before fork(); open a new Cache in the child");
-}
-
-Status LmdbEnv::resized_error() {
-  // Re-mapping (mdb_env_set_mapsize) would move the map under the hits this
-  // process still holds; the handle keeps its map, and the store is a miss
-  // here until the process opens it again.
-  if (!resized_logged_.exchange(true, std::memory_order_relaxed))
-    KCACHE_LOG(LogLevel::warn,
-               "lmdb store %s: the store's map was grown by a process with a larger size limit; reopen to use it",
-               dir_.c_str());
-  return Status(Errc::unavailable, "lmdb store " + dir_ +
-                                       ": the store's map was grown by a process with a larger size limit; reopen "
-                                       "to use it");
-}
-
-Expected<std::shared_ptr<LmdbEnv>> LmdbEnv::open(const std::string& dir, uint64_t map_size, bool sync_data,
-                                                 bool sync_meta, bool check_structure) {
-  KCACHE_RETURN_IF_ERROR(util::make_dirs(dir));
-  struct stat st;
-  if (::stat(dir.c_str(), &st) != 0) return util::errno_status(errno, "stat " + dir);
-
-  static std::mutex reg_mu;
-  static std::map<std::pair<dev_t, ino_t>, std::weak_ptr<LmdbEnv>> registry;
-  std::lock_guard lk(reg_mu);
-  auto id = std::make_pair(st.st_dev, st.st_ino);
-  if (auto it = registry.find(id); it != registry.end()) {
-    // A handle inherited through fork() is never shared: this process
-    // opens its own.
-    if (auto sp = it->second.lock(); sp && !sp->inherited()) {
-      if (sp->map_size_ < map_size)
-        KCACHE_LOG(LogLevel::info, "lmdb store %s is already open in this process with a %s map; %s asked for",
-                   dir.c_str(), util::format_size(sp->map_size_).c_str(), util::format_size(map_size).c_str());
-      return sp;
-    }
-  }
-
-  auto env = std::shared_ptr<LmdbEnv>(new LmdbEnv());
-  env->fork_gen_ = util::fork_generation();
-  env->map_size_ = map_size;
-  env->dir_ = dir;
-  int rc = mdb_env_create(&env->env_);
-  if (rc) return mdb_status(rc, "env_create");
-  mdb_env_set_maxdbs(env->env_, 8);
-  mdb_env_set_maxreaders(env->env_, 1022);
-  mdb_env_set_mapsize(env->env_, map_size);
-  std::string data = dir + "/data.mdb";
-  KCACHE_RETURN_IF_ERROR(check_metas_before_open(data));
-  unsigned flags = MDB_NOTLS | MDB_NORDAHEAD;
-  if (!sync_data) flags |= MDB_NOSYNC;
-  else if (!sync_meta) flags |= MDB_NOMETASYNC;
-  rc = mdb_env_open(env->env_, dir.c_str(), flags, 0600);
-  if (rc) return mdb_status(rc, "open " + dir);
-  set_cloexec_on_store_fds(env->env_, dir);
-  int dead = 0;
-  mdb_reader_check(env->env_, &dead);
-
-  // A data file shorter than the pages LMDB believes in would fault on
-  // access (SIGBUS through the map): treat it as a corrupt store.
-  MDB_envinfo info;
-  MDB_stat mst;
-  mdb_env_info(env->env_, &info);
-  mdb_env_stat(env->env_, &mst);
-  struct stat fst;
-  if (::stat(data.c_str(), &fst) == 0 &&
-      static_cast<uint64_t>(fst.st_size) < (info.me_last_pgno + 1) * static_cast<uint64_t>(mst.ms_psize))
-    return Status(Errc::corrupt, "lmdb data file " + data + " is truncated");
-  if (check_structure) KCACHE_RETURN_IF_ERROR(check_tree(env->env_, data));
-
-  MDB_txn* txn;
-  rc = mdb_txn_begin(env->env_, nullptr, 0, &txn);
-  if (rc) return mdb_status(rc, "begin");
-  const char* names[] = {"entries", "meta", "lru", "stats", "leases"};
-  MDB_dbi* dbis[] = {&env->entries, &env->meta, &env->lru, &env->stats, &env->leases};
-  for (int i = 0; i < 5; ++i) {
-    rc = mdb_dbi_open(txn, names[i], MDB_CREATE, dbis[i]);
-    if (rc) {
-      mdb_txn_abort(txn);
-      return mdb_status(rc, std::string("open db ") + names[i]);
-    }
-  }
-  rc = mdb_txn_commit(txn);
-  if (rc) return mdb_status(rc, "commit");
-  registry[id] = env;
-  return env;
-}
-
-Expected<MDB_txn*> LmdbEnv::begin_read() {
-  if (inherited()) return inherited_error();
-  MDB_txn* t = nullptr;
-  {
-    std::lock_guard lk(mu_);
-    if (!idle_.empty()) {
-      t = idle_.back();
-      idle_.pop_back();
-    }
-  }
-  int rc;
-  if (t) {
-    rc = mdb_txn_renew(t);
-    if (rc == 0) return t;
-    mdb_txn_abort(t);
-    if (rc == MDB_MAP_RESIZED) return resized_error();
-  }
-  rc = mdb_txn_begin(env_, nullptr, MDB_RDONLY, &t);
-  if (rc == MDB_READERS_FULL) {
-    int dead = 0;
-    mdb_reader_check(env_, &dead);
-    rc = mdb_txn_begin(env_, nullptr, MDB_RDONLY, &t);
-  }
-  if (rc == MDB_MAP_RESIZED) return resized_error();
-  if (rc) return mdb_status(rc, "begin read");
-  return t;
-}
-
-void LmdbEnv::end_read(MDB_txn* t) {
-  // In a child of fork() the transaction's reader slot is the parent's:
-  // resetting it would unpin the parent's snapshot. Leak the handle.
-  if (inherited()) return;
-  mdb_txn_reset(t);
-  std::lock_guard lk(mu_);
-  if (idle_.size() < 16) {
-    idle_.push_back(t);
-    return;
-  }
-  mdb_txn_abort(t);
-}
-
-Expected<MDB_txn*> LmdbEnv::begin_write() {
-  if (inherited()) return inherited_error();
-  MDB_txn* t = nullptr;
-  int rc = mdb_txn_begin(env_, nullptr, 0, &t);
-  if (rc == MDB_MAP_RESIZED) return resized_error();
-  if (rc) return mdb_status(rc, "begin write");
-  return t;
-}
 
 namespace {
 
@@ -602,6 +147,90 @@ class LmdbTier final : public Tier {
   // Counts a damaged store found (and moved aside) when opening.
   void note_corrupt() { count(c_corrupt); }
 
+  // Copies the intact entries of the store moved aside to `from` into this
+  // fresh one, with their last-use times, in transactions of up to 256
+  // entries or 64 MiB. Reads take each value's place and size from its leaf
+  // (checked at open) and its checksum decides, so a damaged overflow page
+  // header, which only frees would trust, costs nothing here. Returns the
+  // entries copied.
+  uint64_t salvage(const std::string& from_dir, uint64_t map_size) {
+    (void)::unlink(LmdbEnv::damaged_marker(from_dir).c_str());
+    auto from = LmdbEnv::open(from_dir, map_size, false, false, true);
+    if (!from) {
+      KCACHE_LOG(LogLevel::info, "lmdb salvage of %s: %s", from_dir.c_str(), from.error().to_string().c_str());
+      return 0;
+    }
+    LmdbEnv& old = **from;
+    auto rtxn = old.begin_read();
+    if (!rtxn) return 0;
+    MDB_cursor* cur = nullptr;
+    int rc = mdb_cursor_open(*rtxn, old.entries, &cur);
+    struct Item {
+      Key key;
+      std::string_view enc;
+      uint64_t ms;
+    };
+    std::vector<Item> batch;
+    uint64_t batch_bytes = 0, copied = 0, skipped = 0;
+    auto write_batch = [&]() -> bool {
+      if (batch.empty()) return true;
+      auto txn = env_->begin_write();
+      if (!txn) return false;
+      int wrc = 0;
+      for (const auto& it : batch) {
+        MDB_val k = val(it.key), v{it.enc.size(), nullptr};
+        wrc = mdb_put(*txn, env_->entries, &k, &v, MDB_RESERVE | MDB_NOOVERWRITE);
+        if (wrc == MDB_KEYEXIST) continue;  // stored meanwhile through this tier
+        if (wrc) break;
+        std::memcpy(v.mv_data, it.enc.data(), it.enc.size());
+        wrc = set_meta(*txn, it.key, it.ms, it.enc.size());
+        if (!wrc) wrc = add_counter(*txn, c_entries, 1);
+        if (!wrc) wrc = add_counter(*txn, c_bytes, static_cast<int64_t>(it.enc.size()));
+        if (wrc) break;
+      }
+      if (wrc) {
+        env_->abort_write(*txn);
+        KCACHE_LOG(LogLevel::info, "lmdb salvage into %s: %s", env_->dir().c_str(),
+                   mdb_status(wrc, "put").to_string().c_str());
+        return false;
+      }
+      if (env_->commit_write(*txn) != 0) return false;
+      copied += batch.size();
+      batch.clear();
+      batch_bytes = 0;
+      return true;
+    };
+    MDB_val k, v;
+    uint64_t now = util::now_unix_ms();
+    for (rc = rc ? rc : mdb_cursor_get(cur, &k, &v, MDB_FIRST); rc == 0; rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
+      Key key{};
+      if (k.mv_size != 16) {
+        ++skipped;
+        continue;
+      }
+      std::memcpy(key.bytes.data(), k.mv_data, 16);
+      std::string_view enc(static_cast<const char*>(v.mv_data), v.mv_size);
+      if (!Entry::check(enc, &key).is_ok() || !Entry::decode(make_heap_buffer(std::string(enc)), &key)) {
+        ++skipped;
+        continue;
+      }
+      uint64_t ms = now;
+      MDB_val mk = val(key), mv;
+      if (mdb_get(*rtxn, old.meta, &mk, &mv) == 0 && mv.mv_size == 16)
+        ms = util::get_u64(static_cast<const char*>(mv.mv_data));
+      batch.push_back({key, enc, ms});
+      batch_bytes += enc.size();
+      if ((batch.size() >= 256 || batch_bytes >= (uint64_t(64) << 20)) && !write_batch()) break;
+    }
+    if (rc == MDB_NOTFOUND) (void)write_batch();
+    if (cur) mdb_cursor_close(cur);
+    old.end_read(*rtxn);
+    KCACHE_LOG(LogLevel::warn, "lmdb store %s: %llu intact entries salvaged from %s, %llu left there",
+               env_->dir().c_str(), static_cast<unsigned long long>(copied), from_dir.c_str(),
+               static_cast<unsigned long long>(skipped));
+    return copied;
+  }
+
   Status flush() override {
     // Nothing to write in a child of fork() (it counts nothing there), nor
     // when repair is off (nothing is ever written then).
@@ -626,10 +255,10 @@ class LmdbTier final : public Tier {
     }
     if (!rc) rc = add_counters(txn, counts);
     if (rc) {
-      mdb_txn_abort(txn);
+      env_->abort_write(txn);
       return mdb_status(rc, "flush");
     }
-    rc = mdb_txn_commit(txn);
+    rc = env_->commit_write(txn);
     return rc ? mdb_status(rc, "commit flush") : Status();
   }
 
@@ -679,7 +308,9 @@ class LmdbTier final : public Tier {
         Key key{};
         if (k.mv_size == 16) std::memcpy(key.bytes.data(), k.mv_data, 16);
         std::string_view enc(static_cast<const char*>(v.mv_data), v.mv_size);
-        Status st = k.mv_size == 16 ? Entry::check(enc, &key) : Status(Errc::corrupt, "bad key length");
+        Status st = k.mv_size != 16                    ? Status(Errc::corrupt, "bad key length")
+                    : !env_->overflow_run_intact(v) ? Status(Errc::corrupt, "overflow page header damaged")
+                                                    : Entry::check(enc, &key);
         if (st.is_ok()) {
           auto d = Entry::decode(make_heap_buffer(std::string(enc)), &key);
           if (!d) st = d.error();
@@ -723,19 +354,49 @@ class LmdbTier final : public Tier {
       touched_.clear();
     }
     KCACHE_TRY(MDB_txn * txn, env_->begin_write());
-    int rc = 0;
-    for (MDB_dbi d : {env_->entries, env_->meta, env_->lru})
+    // Entries are deleted one by one, each overflow run freed only after
+    // its own page header checked out (overflow_run_intact); mdb_drop would
+    // free every run by its header unchecked. An entry whose run is damaged
+    // stays (with fresh recency records) for the salvage at the next open.
+    std::vector<std::pair<Key, uint64_t>> kept;
+    MDB_cursor* cur = nullptr;
+    int rc = mdb_cursor_open(txn, env_->entries, &cur);
+    MDB_val k, v;
+    for (rc = rc ? rc : mdb_cursor_get(cur, &k, &v, MDB_FIRST); rc == 0;) {
+      if (!env_->overflow_run_intact(v)) {
+        Key key{};
+        if (k.mv_size == 16) std::memcpy(key.bytes.data(), k.mv_data, 16);
+        env_->mark_damaged("entry " + key.hex() + ": the page header of its overflow run is damaged");
+        if (k.mv_size == 16) kept.emplace_back(key, v.mv_size);
+        rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT);
+        continue;
+      }
+      char at[16];
+      if (k.mv_size == 16) std::memcpy(at, k.mv_data, 16);
+      bool key_ok = k.mv_size == 16;
+      rc = mdb_cursor_del(cur, 0);
+      if (rc) break;
+      // The next record: the first key after the one deleted.
+      MDB_val next = key_ok ? val(at, 16) : val("", 0);
+      rc = key_ok ? mdb_cursor_get(cur, &next, &v, MDB_SET_RANGE) : mdb_cursor_get(cur, &k, &v, MDB_FIRST);
+      if (!rc && key_ok) k = next;
+    }
+    if (cur) mdb_cursor_close(cur);
+    if (rc == MDB_NOTFOUND) rc = 0;
+    for (MDB_dbi d : {env_->meta, env_->lru})
       if (!rc) rc = mdb_drop(txn, d, 0);
-    if (!rc) {
-      uint64_t zero = 0;
-      for (int c : {c_entries, c_bytes})
-        if (!rc) rc = put_counter(txn, c, zero);
+    uint64_t now = util::now_unix_ms(), kept_bytes = 0;
+    for (const auto& [key, size] : kept) {
+      if (!rc) rc = set_meta(txn, key, now, size);
+      kept_bytes += size;
     }
+    if (!rc) rc = put_counter(txn, c_entries, kept.size());
+    if (!rc) rc = put_counter(txn, c_bytes, kept_bytes);
     if (rc) {
-      mdb_txn_abort(txn);
-      return mdb_status(rc, "clear");
+      env_->abort_write(txn);
+      return tier_status(rc, "clear");
     }
-    rc = mdb_txn_commit(txn);
+    rc = env_->commit_write(txn);
     return rc ? mdb_status(rc, "commit clear") : Status();
   }
 
@@ -959,6 +620,10 @@ class LmdbTier final : public Tier {
     rc = mdb_get(txn, env_->entries, &k, &v);
     if (rc == MDB_NOTFOUND) return 0;
     if (rc) return rc;
+    if (!env_->overflow_run_intact(v)) {
+      env_->mark_damaged("entry " + key.hex() + ": the page header of its overflow run is damaged");
+      return kRunDamaged;
+    }
     *removed_size = v.mv_size;
     rc = mdb_del(txn, env_->entries, &k, nullptr);
     if (rc) return rc;
@@ -973,10 +638,10 @@ class LmdbTier final : public Tier {
     int rc = delete_locked(txn, key, &size);
     if (!rc && count_corrupt) rc = add_counter(txn, c_corrupt, 1);
     if (rc) {
-      mdb_txn_abort(txn);
-      return mdb_status(rc, "remove");
+      env_->abort_write(txn);
+      return tier_status(rc, "remove");
     }
-    rc = mdb_txn_commit(txn);
+    rc = env_->commit_write(txn);
     return rc ? mdb_status(rc, "commit remove") : Status();
   }
 
@@ -1020,11 +685,11 @@ class LmdbTier final : public Tier {
       if (!rc) rc = touch_locked(txn, tk, ms);
     if (!rc) rc = add_counters(txn, counts);
     if (rc) {
-      mdb_txn_abort(txn);
+      env_->abort_write(txn);
       restore();
-      return mdb_status(rc, "put");
+      return tier_status(rc, "put");
     }
-    rc = mdb_txn_commit(txn);
+    rc = env_->commit_write(txn);
     if (rc) {
       restore();
       return mdb_status(rc, "commit put");
@@ -1050,7 +715,7 @@ class LmdbTier final : public Tier {
       KCACHE_TRY(MDB_txn * txn, env_->begin_write());
       uint64_t bytes = get_counter(txn, c_bytes), entries = get_counter(txn, c_entries);
       if (bytes <= target_bytes && entries <= target_entries) {
-        mdb_txn_abort(txn);
+        env_->abort_write(txn);
         return total;
       }
       MDB_cursor* cur;
@@ -1065,6 +730,13 @@ class LmdbTier final : public Tier {
         if (k.mv_size != 24) continue;
         Key key;
         std::memcpy(key.bytes.data(), static_cast<const char*>(k.mv_data) + 8, 16);
+        MDB_val ek = val(key), ev;
+        if (mdb_get(txn, env_->entries, &ek, &ev) == 0 && !env_->overflow_run_intact(ev)) {
+          // Never freed (delete_locked): passed over, left for the salvage
+          // of the store at its next open.
+          env_->mark_damaged("entry " + key.hex() + ": the page header of its overflow run is damaged");
+          continue;
+        }
         victims.push_back(key);
         MDB_val mk = val(key), mv;
         if (mdb_get(txn, env_->meta, &mk, &mv) == 0 && mv.mv_size == 16)
@@ -1074,7 +746,7 @@ class LmdbTier final : public Tier {
       mdb_cursor_close(cur);
       if (victims.empty()) {
         // Totals say over the limit but nothing is indexed: repair them.
-        mdb_txn_abort(txn);
+        env_->abort_write(txn);
         KCACHE_RETURN_IF_ERROR(repair_totals());
         return total;
       }
@@ -1086,10 +758,10 @@ class LmdbTier final : public Tier {
       }
       if (!rc) rc = add_counter(txn, c_evictions, static_cast<int64_t>(victims.size()));
       if (rc) {
-        mdb_txn_abort(txn);
-        return mdb_status(rc, "evict");
+        env_->abort_write(txn);
+        return tier_status(rc, "evict");
       }
-      rc = mdb_txn_commit(txn);
+      rc = env_->commit_write(txn);
       if (rc) return mdb_status(rc, "commit evict");
       total += victims.size();
     }
@@ -1124,10 +796,10 @@ class LmdbTier final : public Tier {
     if (!rc) rc = put_counter(txn, c_entries, n);
     if (!rc) rc = put_counter(txn, c_bytes, bytes);
     if (rc) {
-      mdb_txn_abort(txn);
+      env_->abort_write(txn);
       return mdb_status(rc, "repair");
     }
-    rc = mdb_txn_commit(txn);
+    rc = env_->commit_write(txn);
     return rc ? mdb_status(rc, "commit repair") : Status();
   }
 
@@ -1159,6 +831,7 @@ Expected<std::shared_ptr<Tier>> open_lmdb_tier(const std::string& dir, const Dis
   bool sync_meta = options.durability == Durability::full;
   auto env = LmdbEnv::open(dir, map_size, sync_data, sync_meta, options.check_on_open);
   bool quarantined = false;
+  std::shared_ptr<LmdbTier> tier;
   if (!env && env.error().code() == Errc::corrupt) {
     // A store LMDB cannot use safely is moved aside, never deleted, and a
     // fresh one takes its place: the cache keeps working. Processes that
@@ -1178,12 +851,18 @@ Expected<std::shared_ptr<Tier>> open_lmdb_tier(const std::string& dir, const Dis
       if (::rename(dir.c_str(), aside.c_str()) == 0) {
         env = LmdbEnv::open(dir, map_size, sync_data, sync_meta, options.check_on_open);
         quarantined = env.has_value();
+        // Entries that still verify are copied over before the lock is let
+        // go, so the processes waiting on it find them.
+        if (quarantined) {
+          tier = std::make_shared<LmdbTier>(env.value(), options);
+          tier->salvage(aside, map_size);
+        }
       }
     }
     if (lfd >= 0) ::close(lfd);
   }
   if (!env) return env.error();
-  auto tier = std::make_shared<LmdbTier>(std::move(env).value(), options);
+  if (!tier) tier = std::make_shared<LmdbTier>(std::move(env).value(), options);
   if (quarantined) tier->note_corrupt();  // the store's own counters show it
   return std::shared_ptr<Tier>(std::move(tier));
 }

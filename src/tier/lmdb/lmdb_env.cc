@@ -1,0 +1,356 @@
+// The per-process LMDB environment of one store folder (lmdb_env.h): the
+// registry that shares it between tier objects and leases, the checks and
+// named databases of an open, the pool of read transactions, the write
+// transactions, and what a child of fork() may not touch.
+#include "tier/lmdb/lmdb_env.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <sys/file.h>
+#include <sys/sysmacros.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <utility>
+
+#include "tier/lmdb/lmdb_check.h"
+#include "util/util.h"
+
+namespace kcache {
+
+Status mdb_status(int rc, std::string_view what) {
+  Errc c = Errc::io_error;
+  if (rc == MDB_MAP_FULL) c = Errc::no_space;
+  else if (rc == MDB_CORRUPTED || rc == MDB_PAGE_NOTFOUND || rc == MDB_INVALID || rc == MDB_VERSION_MISMATCH)
+    c = Errc::corrupt;
+  else if (rc == EACCES || rc == EROFS) c = Errc::read_only;
+  else if (rc == ENOSPC || rc == EDQUOT) c = Errc::no_space;
+  return Status(c, std::string("lmdb ") + std::string(what) + ": " + mdb_strerror(rc));
+}
+
+uint64_t lmdb_map_size(uint64_t max_bytes) noexcept {
+  constexpr uint64_t kFloor = uint64_t(64) << 30, kSlack = uint64_t(64) << 20;
+  constexpr uint64_t kCeiling = uint64_t(1) << 46;  // 64 TiB: within any 64-bit address space
+  uint64_t want = max_bytes > (kCeiling - kSlack) / 2 ? kCeiling : 2 * max_bytes + kSlack;
+  want = std::max(want, kFloor);
+  long ps = ::sysconf(_SC_PAGESIZE);
+  uint64_t page = ps > 0 ? static_cast<uint64_t>(ps) : 4096;
+  return (want + page - 1) / page * page;
+}
+
+namespace {
+
+// LMDB 0.9.24 opens data.mdb without close-on-exec (its lock file and the
+// second data-file handle have it): a program the process execs would keep
+// the store open. Sets FD_CLOEXEC on every descriptor of this process that
+// refers to the store's files. Another thread exec'ing between
+// mdb_env_open and this scan can still pass one on: LMDB offers no hook to
+// open with O_CLOEXEC.
+void set_cloexec_on_store_fds(MDB_env* env, const std::string& dir) {
+  auto mark = [](int fd) {
+    int fl = ::fcntl(fd, F_GETFD);
+    if (fl >= 0 && !(fl & FD_CLOEXEC)) (void)::fcntl(fd, F_SETFD, fl | FD_CLOEXEC);
+  };
+  mdb_filehandle_t fd;
+  if (mdb_env_get_fd(env, &fd) == 0 && fd >= 0) mark(fd);
+  struct stat data_st, lock_st;
+  bool have_data = ::stat((dir + "/data.mdb").c_str(), &data_st) == 0;
+  bool have_lock = ::stat((dir + "/lock.mdb").c_str(), &lock_st) == 0;
+  DIR* d = ::opendir("/proc/self/fd");
+  if (!d) return;
+  int self = ::dirfd(d);
+  while (struct dirent* de = ::readdir(d)) {
+    if (de->d_name[0] < '0' || de->d_name[0] > '9') continue;
+    int n = std::atoi(de->d_name);
+    struct stat st;
+    if (n == self || ::fstat(n, &st) != 0) continue;
+    bool ours = (have_data && st.st_dev == data_st.st_dev && st.st_ino == data_st.st_ino) ||
+                (have_lock && st.st_dev == lock_st.st_dev && st.st_ino == lock_st.st_ino);
+    if (ours) mark(n);
+  }
+  ::closedir(d);
+}
+
+}  // namespace
+
+LmdbEnv::~LmdbEnv() {
+  if (inherited()) {
+    // A child of fork(): aborting a pooled transaction would free the
+    // parent's reader slot, and closing the environment would close the
+    // lock file and with it this process's fcntl lock on it, held for a
+    // fresh environment the child may have opened on the same store
+    // (LMDB's "first opener resets the lock file" check relies on it).
+    // Leave it all; exit or exec releases the memory and descriptors.
+    return;
+  }
+  for (MDB_txn* t : idle_) mdb_txn_abort(t);
+  if (env_) mdb_env_close(env_);
+  if (gate_fd_ >= 0) ::close(gate_fd_);
+}
+
+bool LmdbEnv::inherited() const noexcept { return fork_gen_ != util::fork_generation(); }
+
+Status LmdbEnv::inherited_error() {
+  uint64_t gen = util::fork_generation();
+  if (fork_logged_gen_.exchange(gen, std::memory_order_relaxed) != gen)
+    KCACHE_LOG(LogLevel::warn, "lmdb store %s was opened before fork(); open a new Cache in the child to use it",
+               dir_.c_str());
+  return Status(Errc::unavailable, "lmdb store " + dir_ + " opened before fork(); open a new Cache in the child");
+}
+
+Status LmdbEnv::resized_error() {
+  // Re-mapping (mdb_env_set_mapsize) would move the map under the hits this
+  // process still holds; the handle keeps its map, and the store is a miss
+  // here until the process opens it again.
+  if (!resized_logged_.exchange(true, std::memory_order_relaxed))
+    KCACHE_LOG(LogLevel::warn,
+               "lmdb store %s: the store's map was grown by a process with a larger size limit; reopen to use it",
+               dir_.c_str());
+  return Status(Errc::unavailable, "lmdb store " + dir_ +
+                                       ": the store's map was grown by a process with a larger size limit; reopen "
+                                       "to use it");
+}
+
+Expected<std::shared_ptr<LmdbEnv>> LmdbEnv::open(const std::string& dir, uint64_t map_size, bool sync_data,
+                                                 bool sync_meta, bool check_structure) {
+  KCACHE_RETURN_IF_ERROR(util::make_dirs(dir));
+  struct stat st;
+  if (::stat(dir.c_str(), &st) != 0) return util::errno_status(errno, "stat " + dir);
+
+  static std::mutex reg_mu;
+  static std::map<std::pair<dev_t, ino_t>, std::weak_ptr<LmdbEnv>> registry;
+  std::lock_guard lk(reg_mu);
+  auto id = std::make_pair(st.st_dev, st.st_ino);
+  if (auto it = registry.find(id); it != registry.end()) {
+    // A handle inherited through fork() is never shared: this process
+    // opens its own.
+    if (auto sp = it->second.lock(); sp && !sp->inherited()) {
+      if (sp->map_size_ < map_size)
+        KCACHE_LOG(LogLevel::info, "lmdb store %s is already open in this process with a %s map; %s asked for",
+                   dir.c_str(), util::format_size(sp->map_size_).c_str(), util::format_size(map_size).c_str());
+      return sp;
+    }
+  }
+
+  auto env = std::shared_ptr<LmdbEnv>(new LmdbEnv());
+  env->fork_gen_ = util::fork_generation();
+  env->map_size_ = map_size;
+  env->dir_ = dir;
+  int rc = mdb_env_create(&env->env_);
+  if (rc) return mdb_status(rc, "env_create");
+  mdb_env_set_maxdbs(env->env_, 8);
+  mdb_env_set_maxreaders(env->env_, 1022);
+  mdb_env_set_mapsize(env->env_, map_size);
+  std::string data = dir + "/data.mdb";
+  if (::access(damaged_marker(dir).c_str(), F_OK) == 0)
+    return Status(Errc::corrupt, "lmdb store " + dir + " was marked damaged (" + damaged_marker(dir) + ")");
+  KCACHE_RETURN_IF_ERROR(check_metas_before_open(data));
+  unsigned flags = MDB_NOTLS | MDB_NORDAHEAD;
+  if (!sync_data) flags |= MDB_NOSYNC;
+  else if (!sync_meta) flags |= MDB_NOMETASYNC;
+  rc = mdb_env_open(env->env_, dir.c_str(), flags, 0600);
+  if (rc) return mdb_status(rc, "open " + dir);
+  set_cloexec_on_store_fds(env->env_, dir);
+  int dead = 0;
+  mdb_reader_check(env->env_, &dead);
+
+  // A data file shorter than the pages LMDB believes in would fault on
+  // access (SIGBUS through the map): treat it as a corrupt store.
+  MDB_envinfo info;
+  MDB_stat mst;
+  mdb_env_info(env->env_, &info);
+  mdb_env_stat(env->env_, &mst);
+  struct stat fst;
+  bool have_fst = ::stat(data.c_str(), &fst) == 0;
+  if (have_fst && static_cast<uint64_t>(fst.st_size) < (info.me_last_pgno + 1) * static_cast<uint64_t>(mst.ms_psize))
+    return Status(Errc::corrupt, "lmdb data file " + data + " is truncated");
+  if (check_structure) KCACHE_RETURN_IF_ERROR(check_tree(env->env_, data));
+
+  env->psize_ = mst.ms_psize;
+  if (have_fst) env->find_map(fst);
+  env->gate_fd_ = ::open((dir + "/lock.mdb").c_str(), O_RDONLY | O_CLOEXEC);
+  KCACHE_RETURN_IF_ERROR(env->open_databases());
+  registry[id] = env;
+  return env;
+}
+
+Expected<MDB_txn*> LmdbEnv::begin_read() {
+  if (inherited()) return inherited_error();
+  MDB_txn* t = nullptr;
+  {
+    std::lock_guard lk(mu_);
+    if (!idle_.empty()) {
+      t = idle_.back();
+      idle_.pop_back();
+    }
+  }
+  int rc;
+  if (t) {
+    rc = mdb_txn_renew(t);
+    if (rc == 0) return t;
+    mdb_txn_abort(t);
+    if (rc == MDB_MAP_RESIZED) return resized_error();
+  }
+  rc = mdb_txn_begin(env_, nullptr, MDB_RDONLY, &t);
+  if (rc == MDB_READERS_FULL) {
+    int dead = 0;
+    mdb_reader_check(env_, &dead);
+    rc = mdb_txn_begin(env_, nullptr, MDB_RDONLY, &t);
+  }
+  if (rc == MDB_MAP_RESIZED) return resized_error();
+  if (rc) return mdb_status(rc, "begin read");
+  return t;
+}
+
+void LmdbEnv::end_read(MDB_txn* t) {
+  // In a child of fork() the transaction's reader slot is the parent's:
+  // resetting it would unpin the parent's snapshot. Leak the handle.
+  if (inherited()) return;
+  mdb_txn_reset(t);
+  std::lock_guard lk(mu_);
+  if (idle_.size() < 16) {
+    idle_.push_back(t);
+    return;
+  }
+  mdb_txn_abort(t);
+}
+
+// The named databases of a store that has them are opened in a read
+// transaction, so opening an existing store never waits on the writer; only
+// a new store (or one written by a version without all of them) takes a
+// write transaction, through the gate, to create them.
+Status LmdbEnv::open_databases() {
+  static const char* const names[] = {"entries", "meta", "lru", "stats", "leases"};
+  MDB_dbi* dbis[] = {&entries, &meta, &lru, &stats, &leases};
+  MDB_txn* txn;
+  int rc = mdb_txn_begin(env_, nullptr, MDB_RDONLY, &txn);
+  if (rc) return mdb_status(rc, "begin");
+  for (int i = 0; i < 5 && rc == 0; ++i) rc = mdb_dbi_open(txn, names[i], 0, dbis[i]);
+  if (rc == 0) {
+    // Committing a read transaction keeps the handles it opened.
+    rc = mdb_txn_commit(txn);
+    return rc ? mdb_status(rc, "commit") : Status();
+  }
+  mdb_txn_abort(txn);
+  if (rc != MDB_NOTFOUND) return mdb_status(rc, "open databases");
+  KCACHE_TRY(txn, begin_write());
+  for (int i = 0; i < 5; ++i) {
+    rc = mdb_dbi_open(txn, names[i], MDB_CREATE, dbis[i]);
+    if (rc) {
+      abort_write(txn);
+      return mdb_status(rc, std::string("open db ") + names[i]);
+    }
+  }
+  rc = commit_write(txn);
+  return rc ? mdb_status(rc, "commit") : Status();
+}
+
+// LMDB does not say where it mapped the file; /proc/self/maps does: the
+// mapping of data.mdb (same device and inode) that is as long as the map.
+void LmdbEnv::find_map(const struct stat& data_st) {
+  FILE* f = ::fopen("/proc/self/maps", "re");
+  if (!f) return;
+  char line[4096];
+  while (::fgets(line, sizeof line, f)) {
+    unsigned long long lo, hi, off, ino;
+    unsigned maj, mnr;
+    char perms[8];
+    if (::sscanf(line, "%llx-%llx %7s %llx %x:%x %llu", &lo, &hi, perms, &off, &maj, &mnr, &ino) != 7) continue;
+    if (ino != static_cast<unsigned long long>(data_st.st_ino) || off != 0 ||
+        ::makedev(maj, mnr) != data_st.st_dev || hi - lo != map_size_)
+      continue;
+    map_base_ = reinterpret_cast<const unsigned char*>(static_cast<uintptr_t>(lo));
+    map_len_ = hi - lo;
+    break;
+  }
+  ::fclose(f);
+}
+
+bool LmdbEnv::overflow_run_intact(const MDB_val& v) const noexcept {
+  constexpr uint64_t kPageHdr = 16;
+  constexpr uint16_t kPOverflow = 0x04;
+  const auto* p = static_cast<const unsigned char*>(v.mv_data);
+  if (!map_base_ || psize_ == 0) return true;  // no map found: nothing to compare with
+  if (p < map_base_ || p >= map_base_ + map_len_) return true;  // a page this transaction wrote
+  uint64_t off = static_cast<uint64_t>(p - map_base_);
+  if (off % psize_ != kPageHdr) return true;  // inside a leaf page: no run
+  uint64_t pg = off / psize_;
+  MDB_envinfo info;
+  mdb_env_info(env_, &info);
+  uint64_t want = (v.mv_size + kPageHdr + psize_ - 1) / psize_;
+  if (pg < 2 || pg > info.me_last_pgno || want > info.me_last_pgno + 1 - pg) return false;
+  const unsigned char* h = map_base_ + pg * psize_;
+  uint64_t no = 0;
+  uint16_t flags = 0;
+  uint32_t pages = 0;
+  std::memcpy(&no, h, 8);
+  std::memcpy(&flags, h + 10, 2);
+  std::memcpy(&pages, h + 12, 4);
+  return no == pg && flags == kPOverflow && pages == want;
+}
+
+void LmdbEnv::mark_damaged(const std::string& why) {
+  if (damaged_.exchange(true)) return;
+  KCACHE_LOG(LogLevel::warn,
+             "lmdb store %s: %s; left in place, the store is moved aside and its intact entries salvaged when "
+             "next opened",
+             dir_.c_str(), why.c_str());
+  (void)util::write_file_atomic(damaged_marker(dir_), why + "\n");
+}
+
+bool LmdbEnv::gate_lock(int wait_ms) {
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(wait_ms);
+  if (!gate_mu_.try_lock_until(deadline)) return false;
+  if (gate_fd_ < 0) return true;
+  for (int nap_us = 100;; nap_us = std::min(nap_us * 2, 2000)) {
+    if (::flock(gate_fd_, LOCK_EX | LOCK_NB) == 0) return true;
+    if (errno != EWOULDBLOCK && errno != EINTR) return true;  // no flock here: LMDB's mutex alone orders writers
+    if (std::chrono::steady_clock::now() >= deadline) break;
+    ::usleep(static_cast<useconds_t>(nap_us));
+  }
+  gate_mu_.unlock();
+  return false;
+}
+
+void LmdbEnv::gate_unlock() {
+  if (gate_fd_ >= 0) ::flock(gate_fd_, LOCK_UN);
+  gate_mu_.unlock();
+}
+
+Expected<MDB_txn*> LmdbEnv::begin_write(int wait_ms) {
+  if (inherited()) return inherited_error();
+  if (!gate_lock(wait_ms)) {
+    if (!busy_logged_.exchange(true, std::memory_order_relaxed))
+      KCACHE_LOG(LogLevel::warn, "lmdb store %s: another writer held the store for %d ms; the write is skipped",
+                 dir_.c_str(), wait_ms);
+    return Status(Errc::timeout,
+                  "lmdb store " + dir_ + ": another writer held the store for " + std::to_string(wait_ms) + " ms");
+  }
+  MDB_txn* t = nullptr;
+  int rc = mdb_txn_begin(env_, nullptr, 0, &t);
+  if (rc) {
+    gate_unlock();
+    if (rc == MDB_MAP_RESIZED) return resized_error();
+    return mdb_status(rc, "begin write");
+  }
+  return t;
+}
+
+int LmdbEnv::commit_write(MDB_txn* txn) {
+  int rc = mdb_txn_commit(txn);
+  gate_unlock();
+  return rc;
+}
+
+void LmdbEnv::abort_write(MDB_txn* txn) {
+  mdb_txn_abort(txn);
+  gate_unlock();
+}
+
+}  // namespace kcache
