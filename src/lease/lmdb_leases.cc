@@ -4,6 +4,8 @@
 // lock to acquire a lease that is free or stale. Writes pass the
 // environment's writer gate, bounded (lmdb_env.h): a lease that cannot be
 // written in time is an error, and the caller compiles uncoordinated.
+// Lease commits are not synced: a lease lost in a machine crash is only a
+// free key, and a compile must not wait for two syncs to take and give one.
 #include <lmdb.h>
 
 #include <atomic>
@@ -44,7 +46,7 @@ class LmdbLeases final : public Leases {
       return LeaseResult::busy;
     }
     bool takeover = had && h.token != me;
-    if (!write(*txn, key, lease::self(me, ttl_ms)) || env_->commit_write(*txn) != 0) {
+    if (!write(*txn, key, lease::self(me, ttl_ms)) || env_->commit_write(*txn, /*sync=*/false) != 0) {
       return LeaseResult::error;
     }
     if (takeover) takeovers_.fetch_add(1);
@@ -61,7 +63,7 @@ class LmdbLeases final : public Leases {
       return false;
     }
     if (!write(*txn, key, lease::self(me, ttl_ms))) return false;
-    return env_->commit_write(*txn) == 0;
+    return env_->commit_write(*txn, /*sync=*/false) == 0;
   }
 
   void release(const Key& key) override {
@@ -72,7 +74,7 @@ class LmdbLeases final : public Leases {
     if (read(*txn, key, &h) && h.token == me) {
       MDB_val k{16, const_cast<uint8_t*>(key.bytes.data())};
       mdb_del(*txn, env_->leases, &k, nullptr);
-      env_->commit_write(*txn);
+      env_->commit_write(*txn, /*sync=*/false);
       return;
     }
     env_->abort_write(*txn);

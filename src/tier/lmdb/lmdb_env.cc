@@ -342,8 +342,14 @@ Expected<MDB_txn*> LmdbEnv::begin_write(int wait_ms) {
   return t;
 }
 
-int LmdbEnv::commit_write(MDB_txn* txn) {
+int LmdbEnv::commit_write(MDB_txn* txn, bool sync) {
+  // The environment's flags change only under the write gate, where no
+  // other commit of this process can run; readers never look at MDB_NOSYNC.
+  unsigned flags = 0;
+  bool toggle = !sync && mdb_env_get_flags(env_, &flags) == 0 && !(flags & MDB_NOSYNC);
+  if (toggle) mdb_env_set_flags(env_, MDB_NOSYNC, 1);
   int rc = mdb_txn_commit(txn);
+  if (toggle) mdb_env_set_flags(env_, MDB_NOSYNC, 0);
   gate_unlock();
   return rc;
 }

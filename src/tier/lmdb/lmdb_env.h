@@ -58,7 +58,11 @@ class LmdbEnv {
   // gate again.
   static constexpr int kWriteWaitMs = 10000;
   Expected<MDB_txn*> begin_write(int wait_ms = kWriteWaitMs);
-  int commit_write(MDB_txn* txn);
+  // sync=false commits without syncing to disk, whatever the store's
+  // durability: for records whose loss in a machine crash is harmless
+  // (leases: a lost one is simply free again). A later synced commit
+  // syncs these writes too.
+  int commit_write(MDB_txn* txn, bool sync = true);
   void abort_write(MDB_txn* txn);
 
   // Whether the overflow run holding `v` (a value read in a write

@@ -455,24 +455,43 @@ class LmdbTier final : public Tier {
       return Status(Errc::too_large, "entry of " + util::format_size(enc.size()) + " exceeds the largest entry stored (" +
                                          util::format_size(max_entry_) + ")");
     }
-    Status st = put_once(entry.key(), enc);
-    if (st.code() == Errc::no_space) {
-      // The map is full: make room and try once more.
-      (void)evict(static_cast<uint64_t>(max_bytes_ * low_water_ * 0.5), max_entries_);
-      st = put_once(entry.key(), enc);
-    }
-    if (st.code() == Errc::io_error && disk_nearly_full(enc.size())) {
-      // LMDB reports a short write of a page (a full file system) as EIO;
-      // say what it is, so the caller turns writes off instead of retrying.
-      st = Status(Errc::no_space, st.message() + " (the file system is full)");
-    }
-    if (!st.is_ok()) {
-      count(c_errors);
-      return st;
-    }
-    maybe_evict();
-    return Status();
+    Status st = put_group({{entry.key(), enc}});
+    if (!st.is_ok()) count(c_errors);
+    return st;
   }
+
+ public:
+  // One write transaction (and one sync) for the whole group: what the
+  // Cache's committer hands over (group commit).
+  std::vector<Status> put_many(const std::vector<Entry>& entries) override {
+    std::vector<Status> out(entries.size());
+    if (env_->inherited()) {
+      for (auto& s : out) s = env_->inherited_error();
+      return out;
+    }
+    std::vector<std::pair<Key, std::string_view>> group;
+    std::vector<size_t> index;
+    for (size_t i = 0; i < entries.size(); ++i) {
+      std::string_view enc = entries[i].encoded();
+      if (enc.size() < kEntryHeaderSize) {
+        out[i] = Status(Errc::invalid_argument, "put of an entry that was not built");
+      } else if (enc.size() > max_entry_) {
+        count(c_errors);
+        out[i] = Status(Errc::too_large, "entry of " + util::format_size(enc.size()) +
+                                             " exceeds the largest entry stored (" + util::format_size(max_entry_) + ")");
+      } else {
+        group.emplace_back(entries[i].key(), enc);
+        index.push_back(i);
+      }
+    }
+    if (group.empty()) return out;
+    Status st = put_group(group);
+    if (!st.is_ok()) count(c_errors, group.size());
+    for (size_t i : index) out[i] = st;
+    return out;
+  }
+
+ protected:
 
   Status do_remove(const Key& key) override {
     if (env_->inherited()) return env_->inherited_error();
@@ -645,7 +664,27 @@ class LmdbTier final : public Tier {
     return rc ? mdb_status(rc, "commit remove") : Status();
   }
 
-  Status put_once(const Key& key, std::string_view enc) {
+  // Puts every (key, encoded entry) in one transaction; on a full map,
+  // makes room and tries once more; then evicts if over the limits.
+  Status put_group(const std::vector<std::pair<Key, std::string_view>>& group) {
+    Status st = put_once(group);
+    if (st.code() == Errc::no_space) {
+      // The map is full: make room and try once more.
+      (void)evict(static_cast<uint64_t>(max_bytes_ * low_water_ * 0.5), max_entries_);
+      st = put_once(group);
+    }
+    uint64_t need = 0;
+    for (const auto& g : group) need += g.second.size();
+    if (st.code() == Errc::io_error && disk_nearly_full(need)) {
+      // LMDB reports a short write of a page (a full file system) as EIO;
+      // say what it is, so the caller turns writes off instead of retrying.
+      st = Status(Errc::no_space, st.message() + " (the file system is full)");
+    }
+    if (st.is_ok()) maybe_evict();
+    return st;
+  }
+
+  Status put_once(const std::vector<std::pair<Key, std::string_view>>& group) {
     // Pending recency and counters ride along with the put's transaction.
     std::unordered_map<Key, uint64_t> touched;
     uint64_t counts[c_count] = {};
@@ -668,19 +707,29 @@ class LmdbTier final : public Tier {
       return txn_or.error();
     }
     MDB_txn* txn = *txn_or;
-    uint64_t old_size = 0;
-    int rc = delete_locked(txn, key, &old_size);
-    MDB_val k = val(key), v;
-    v.mv_size = enc.size();
-    v.mv_data = nullptr;
-    if (!rc) rc = mdb_put(txn, env_->entries, &k, &v, MDB_RESERVE);
-    if (!rc) {
-      std::memcpy(v.mv_data, enc.data(), enc.size());
-      rc = set_meta(txn, key, util::now_unix_ms(), enc.size());
+    int rc = 0;
+    const uint64_t now = util::now_unix_ms();
+    for (const auto& [key, enc] : group) {
+      uint64_t old_size = 0;
+      if (!rc) rc = delete_locked(txn, key, &old_size);
+      // A damaged entry is left in place (the store is marked for salvage);
+      // the rest of a group still goes in.
+      if (rc == kRunDamaged && group.size() > 1) {
+        rc = 0;
+        continue;
+      }
+      MDB_val k = val(key), v;
+      v.mv_size = enc.size();
+      v.mv_data = nullptr;
+      if (!rc) rc = mdb_put(txn, env_->entries, &k, &v, MDB_RESERVE);
+      if (!rc) {
+        std::memcpy(v.mv_data, enc.data(), enc.size());
+        rc = set_meta(txn, key, now, enc.size());
+      }
+      if (!rc) rc = add_counter(txn, c_entries, 1);
+      if (!rc) rc = add_counter(txn, c_bytes, static_cast<int64_t>(enc.size()));
+      if (!rc) rc = add_counter(txn, c_puts, 1);
     }
-    if (!rc) rc = add_counter(txn, c_entries, 1);
-    if (!rc) rc = add_counter(txn, c_bytes, static_cast<int64_t>(enc.size()));
-    if (!rc) rc = add_counter(txn, c_puts, 1);
     for (const auto& [tk, ms] : touched)
       if (!rc) rc = touch_locked(txn, tk, ms);
     if (!rc) rc = add_counters(txn, counts);
