@@ -35,6 +35,7 @@ std::string_view source_name(Source s) noexcept {
     case Source::remote: return "remote";
     case Source::other: return "other";
     case Source::waited: return "waited";
+    case Source::bundle: return "bundle";
   }
   return "?";
 }
@@ -236,6 +237,15 @@ Expected<Entry> Cache::Impl::resolve(const KeyInfo& key, const CompileFn& compil
 
 void Cache::add_tier(std::shared_ptr<Tier> tier) {
   bool wrap = impl_->opt.read_only && tier->writable() && tier->kind() != TierKind::memory;
+  if (tier->kind() == TierKind::bundle) {
+    size_t at = 0;
+    auto& ts = impl_->tiers;
+    while (at < ts.size() && (ts[at]->kind() == TierKind::memory || ts[at]->kind() == TierKind::bundle)) ++at;
+    ts.insert(ts.begin() + static_cast<std::ptrdiff_t>(at), std::move(tier));
+    impl_->no_writes.insert(impl_->no_writes.begin() + static_cast<std::ptrdiff_t>(at),
+                            std::make_unique<std::atomic<bool>>(false));
+    return;
+  }
   impl_->add(wrap ? make_read_only(std::move(tier)) : std::move(tier));
 }
 

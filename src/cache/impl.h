@@ -23,7 +23,7 @@ inline Source source_of(const Tier& t) {
     case TierKind::memory: return Source::memory;
     case TierKind::disk: return Source::disk;
     case TierKind::remote: return Source::remote;
-    case TierKind::bundle:
+    case TierKind::bundle: return Source::bundle;
     case TierKind::other: return Source::other;
   }
   return Source::other;
