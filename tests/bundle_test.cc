@@ -514,3 +514,29 @@ TEST(Bundle, CApi) {
   EXPECT_EQ(stored, 1u);
   kcache_close(c);
 }
+
+// The sizes docs/format.md gives for a bundle of its worked-example entry.
+TEST(Bundle, WorkedExampleSizes) {
+  TempDir d;
+  auto k = KeyBuilder("demo/1").add_string("src", "x").finish();
+  EntryMeta m;
+  m.created_unix_ms = 1700000000000ull;
+  m.compile_cost_us = 1500;
+  m.producer = "demo";
+  auto e = EntryBuilder(k->key).add("obj", "hello").meta(m).manifest(k->manifest).build();
+  ASSERT_EQ(e->encoded().size(), 197u);
+  auto mem = make_memory_tier();
+  ASSERT_TRUE(mem->put(*e).is_ok());
+  auto plain = save_bundle(*mem, BundleSelection{});
+  ASSERT_TRUE(plain.has_value());
+  EXPECT_EQ(plain->size(), 453u);
+  EXPECT_EQ(util::get_u64(plain->data() + bundle::h_data_offset), 256u);
+  ASSERT_TRUE(bundle_keygen(d.path() + "/k").is_ok());
+  BundleWriteOptions o;
+  o.sign_key_file = d.path() + "/k";
+  auto sig = save_bundle(*mem, BundleSelection{}, o);
+  ASSERT_TRUE(sig.has_value());
+  EXPECT_EQ(sig->size(), 581u);
+  EXPECT_EQ(util::get_u64(sig->data() + bundle::h_sig_offset), 224u);
+  EXPECT_EQ(util::get_u64(sig->data() + bundle::h_data_offset), 384u);
+}

@@ -113,7 +113,9 @@ Expected<std::shared_ptr<Reader>> Reader::open(std::shared_ptr<const Image> img,
   }
   if (r->signed_) {
     const char* s = p + sig_off;
-    if (std::memcmp(s, kSigMagic, 8) != 0 || util::get_u32(s + 8) != kAlgEd25519 || util::get_u32(s + 12) != 0)
+    static constexpr char kZero[16] = {};
+    if (std::memcmp(s, kSigMagic, 8) != 0 || util::get_u32(s + 8) != kAlgEd25519 || util::get_u32(s + 12) != 0 ||
+        std::memcmp(s + 112, kZero, 16) != 0)
       return refused(r->name_, "unknown signature block");
     PublicKey pub;
     std::memcpy(pub.data(), s + 16, 32);
