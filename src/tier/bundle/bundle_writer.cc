@@ -2,7 +2,11 @@
 // keys, or what was created or used since a mark), lays them out behind a
 // header and a sorted index (bundle_format.h), and signs header and index
 // digests with Ed25519 when a private key is given.
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <set>
 
@@ -23,6 +27,49 @@ void put_u64_at(std::string& s, size_t at, uint64_t v) {
 }
 uint64_t align(uint64_t n) { return (n + kAlign - 1) & ~uint64_t(kAlign - 1); }
 
+// Where the entries go while the bundle is made: memory (bytes) or a temp
+// file (a bundle file), so a large bundle is never held in memory whole.
+class DataSink {
+ public:
+  virtual ~DataSink() = default;
+  virtual Status append(std::string_view bytes) = 0;
+  uint64_t size = 0;
+};
+
+class StringSink final : public DataSink {
+ public:
+  Status append(std::string_view bytes) override {
+    data += bytes;
+    size += bytes.size();
+    return Status();
+  }
+  std::string data;
+};
+
+Status write_all(int fd, std::string_view bytes, const std::string& what) {
+  while (!bytes.empty()) {
+    ssize_t n = ::write(fd, bytes.data(), bytes.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return util::errno_status(errno, "write " + what);
+    bytes.remove_prefix(static_cast<size_t>(n));
+  }
+  return Status();
+}
+
+class FileSink final : public DataSink {
+ public:
+  FileSink(int fd, std::string what) : fd_(fd), what_(std::move(what)) {}
+  Status append(std::string_view bytes) override {
+    KCACHE_RETURN_IF_ERROR(write_all(fd_, bytes, what_));
+    size += bytes.size();
+    return Status();
+  }
+
+ private:
+  int fd_;
+  std::string what_;
+};
+
 struct Picked {
   Key key;
   uint64_t offset;  // within the data section
@@ -30,7 +77,10 @@ struct Picked {
   Sha256 sha;
 };
 
-Expected<std::string> build(Tier& from, const BundleSelection& sel, const BundleWriteOptions& opt, BundleInfo* info) {
+// Selects and writes the entries to `data`; returns everything before them
+// (header, index, block digests, signature, padding up to data_offset).
+Expected<std::string> build(Tier& from, const BundleSelection& sel, const BundleWriteOptions& opt, DataSink& data,
+                            BundleInfo* info) {
   // Candidates: the listed store filtered by mark and key list, or the key
   // list itself when no mark needs the recency records.
   std::set<Key> wanted(sel.keys.begin(), sel.keys.end());
@@ -49,17 +99,17 @@ Expected<std::string> build(Tier& from, const BundleSelection& sel, const Bundle
   }
   std::set<std::string, std::less<>> spaces(sel.namespaces.begin(), sel.namespaces.end());
 
-  std::string data;
   std::vector<Picked> picked;
   uint64_t unreadable = 0;
+  static constexpr char kZeros[kAlign] = {};
   for (size_t i = 0; i < keys.size(); ++i) {
     auto r = from.get(keys[i], MissCount::uncounted);
     if (!r) ++unreadable;
     if (r && r->has_value() && (spaces.empty() || spaces.count((*r)->manifest().ns))) {
       std::string_view enc = (*r)->encoded();
-      data.resize(align(data.size()), '\0');
-      picked.push_back(Picked{keys[i], data.size(), enc.size(), sha256(enc)});
-      data += enc;
+      KCACHE_RETURN_IF_ERROR(data.append(std::string_view(kZeros, align(data.size) - data.size)));
+      picked.push_back(Picked{keys[i], data.size, enc.size(), sha256(enc)});
+      KCACHE_RETURN_IF_ERROR(data.append(enc));
     }
     if (opt.progress && (i % 256 == 255 || i + 1 == keys.size())) opt.progress(i + 1, keys.size());
   }
@@ -72,7 +122,7 @@ Expected<std::string> build(Tier& from, const BundleSelection& sel, const Bundle
   const uint64_t index_off = kHeaderSize, blocks_off = index_off + count * kRecordSize;
   const uint64_t sig_off = blocks_off + blocks * 32;
   const uint64_t data_off = align(sig_off + (sign ? kSigSize : 0));
-  const uint64_t file_size = data_off + data.size();
+  const uint64_t file_size = data_off + data.size;
   std::string out(data_off, '\0');
   for (uint64_t i = 0; i < count; ++i) {
     size_t at = index_off + i * kRecordSize;
@@ -122,7 +172,6 @@ Expected<std::string> build(Tier& from, const BundleSelection& sel, const Bundle
     put_at(out, sig_off + 48, sig.data(), 64);
     info->signer = fingerprint(pub);
   }
-  out += data;
   return out;
 }
 
@@ -134,16 +183,63 @@ namespace kcache {
 
 Expected<std::string> save_bundle(Tier& from, const BundleSelection& selection, const BundleWriteOptions& options) {
   BundleInfo info;
-  return bundle::build(from, selection, options, &info);
+  bundle::StringSink data;
+  KCACHE_TRY(std::string out, bundle::build(from, selection, options, data, &info));
+  out += data.data;
+  return out;
 }
 
 Expected<BundleInfo> write_bundle(Tier& from, const BundleSelection& selection, const std::string& path,
                                   const BundleWriteOptions& options) {
   if (path.empty()) return Status(Errc::invalid_argument, "no bundle file named");
+  size_t slash = path.rfind('/');
+  std::string dir = slash == std::string::npos ? std::string(".") : path.substr(0, slash ? slash : 1);
+  // The entries go to an unnamed temp file beside the bundle first (the
+  // index comes before them and is known only at the end); then header,
+  // index and entries are copied into a named temp file renamed into place.
+  int data_fd = ::open(dir.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+  if (data_fd < 0) return util::errno_status(errno, "temp file in " + dir);
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } close_data{data_fd};
+  bundle::FileSink data(data_fd, "temp file in " + dir);
   BundleInfo info;
-  KCACHE_TRY(std::string bytes, bundle::build(from, selection, options, &info));
+  KCACHE_TRY(std::string head, bundle::build(from, selection, options, data, &info));
+
+  char suffix[17];
+  std::snprintf(suffix, sizeof suffix, "%016llx", static_cast<unsigned long long>(util::random_u64()));
+  std::string tmp = path + ".tmp." + suffix;
   // Shipped to others: readable by all, like any file one ships.
-  KCACHE_RETURN_IF_ERROR(util::write_file_atomic_via(path + ".tmp", path, bytes, true, 0644));
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) return util::errno_status(errno, "create " + tmp);
+  Status st = bundle::write_all(fd, head, tmp);
+  loff_t in = 0;
+  uint64_t left = data.size;
+  while (st.is_ok() && left > 0) {
+    ssize_t n = ::copy_file_range(data_fd, &in, fd, nullptr, left, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      // No in-kernel copy here: read and write.
+      std::string buf(std::min<uint64_t>(left, 1 << 20), '\0');
+      ssize_t r = ::pread(data_fd, buf.data(), buf.size(), in);
+      if (r <= 0) {
+        st = util::errno_status(r < 0 ? errno : EIO, "read back " + tmp);
+        break;
+      }
+      st = bundle::write_all(fd, std::string_view(buf.data(), static_cast<size_t>(r)), tmp);
+      n = r;
+      in += r;
+    }
+    left -= static_cast<uint64_t>(n);
+  }
+  if (st.is_ok() && ::fdatasync(fd) != 0) st = util::errno_status(errno, "fsync " + tmp);
+  if (::close(fd) != 0 && st.is_ok()) st = util::errno_status(errno, "close " + tmp);
+  if (st.is_ok() && ::rename(tmp.c_str(), path.c_str()) != 0) st = util::errno_status(errno, "rename " + tmp);
+  if (!st.is_ok()) {
+    ::unlink(tmp.c_str());
+    return st;
+  }
   return info;
 }
 
