@@ -148,6 +148,55 @@ struct BatchOptions {
 };
 
 struct Assembly;  // kcache/assembly.h
+class Cache;
+
+// A request for a key whose compile the caller runs itself, between two
+// calls to the cache (hosts such as Triton that own their compile loop):
+//
+//   Flight f = cache->begin(key);
+//   if (f.hit()) use(f.entry());
+//   else if (auto e = f.commit(compile_it())) use(*e);   // or f.abandon()
+//
+// begin() answers with a hit, or makes the caller the owner: the one thread
+// of this process (and, through the leases, the one process) that compiles
+// the key, while the others that begin() it wait. A key another thread or
+// process is compiling is waited for (bounded, as get_or_compile does) and
+// its entry returned as a hit. The owner holds the key's lease, renewed
+// while held, until commit() or abandon(); a Flight destroyed without
+// either abandons, and the waiting callers try again (one of them becomes
+// the owner). A process that dies holding the lease is taken over, as for
+// get_or_compile.
+//
+// A Flight must not outlive its Cache. Not thread-safe: one thread uses it.
+class Flight {
+ public:
+  Flight(Flight&& o) noexcept;
+  Flight& operator=(Flight&& o) noexcept;
+  ~Flight();
+
+  // entry() holds the stored entry (found, or stored by another caller).
+  bool hit() const noexcept;
+  // The caller compiles: commit() or abandon().
+  bool owner() const noexcept;
+  // REQUIRES: hit(), or a successful commit().
+  const Entry& entry() const;
+  // Where entry() came from (Source::compiled after commit()).
+  Source source() const noexcept;
+  // Builds the entry from the caller's artifacts, stores it in every
+  // writable tier, hands it to the waiting callers and gives the lease up.
+  // Errors: invalid_argument when this Flight is not the owner (or was
+  // already committed or abandoned), or when the artifacts are invalid
+  // (empty or duplicate names); the flight is then abandoned.
+  Expected<Entry> commit(std::vector<Artifact> artifacts, uint64_t compile_cost_us = 0);
+  // Gives the key up without an entry: waiting callers try again.
+  void abandon() noexcept;
+
+ private:
+  friend class Cache;
+  struct State;
+  explicit Flight(std::unique_ptr<State> s);
+  std::unique_ptr<State> s_;
+};
 
 class Cache {
  public:
@@ -179,6 +228,10 @@ class Cache {
   Expected<Entry> get_or_compile(const Key& key, const CompileFn& compile,
                                  Source* source = nullptr);
 
+  // The key's entry, or ownership of its compile (see Flight). May block
+  // while another thread or process compiles the key.
+  Flight begin(const KeyInfo& key);
+
   // Looks up every key in one pass, then compiles the misses on a pool of
   // worker threads, single-flighted across threads and processes: a key
   // another process is compiling is set aside and awaited after the rest.
@@ -207,6 +260,7 @@ class Cache {
   const Options& options() const noexcept;
 
  private:
+  friend class Flight;
   struct Impl;
   explicit Cache(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;

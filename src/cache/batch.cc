@@ -33,7 +33,7 @@ std::vector<Expected<Entry>> Cache::get_or_compile_batch(const std::vector<Batch
   std::deque<size_t> todo;
   for (size_t i = 0; i < n; ++i) {
     std::optional<Entry> hit;
-    if (!impl_->opt.disabled && !impl_->opt.recompile) hit = impl_->lookup(items[i].key.key, &src[i]);
+    if (!impl_->opt.disabled && !impl_->opt.recompile) hit = impl_->look_up(items[i].key.key, &src[i], MissCount::counted);
     if (hit) {
       out[i].emplace(std::move(*hit));
       std::lock_guard lk(mu);
@@ -78,7 +78,7 @@ std::vector<Expected<Entry>> Cache::get_or_compile_batch(const std::vector<Batch
       try {
         Impl::Outcome o;
         Source s = Source::compiled;
-        auto r = impl_->resolve(items[i].key, items[i].compile, &s, wait, &o, /*count_miss=*/false);
+        auto r = impl_->resolve(items[i].key, items[i].compile, &s, wait, &o, MissCount::uncounted);
         std::lock_guard lk(mu);
         if (o == Impl::Outcome::busy) {
           deferred.push_back(i);

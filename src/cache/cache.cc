@@ -1,25 +1,10 @@
-// The Cache facade: ordered tiers, promotion, single-flight, fault policy.
-//
-// Lookup path: get() asks each tier in order; a fault is logged, counted and
-// treated as a miss; the first hit is promoted into the faster writable
-// tiers. Compile path: get_or_compile() looks up, then joins or leads a
-// flight for the key (one per key in this process); the leader looks up once
-// more (another thread may have just stored it), compiles, builds the entry
-// and stores it in every writable tier; waiters get the leader's result.
+// The Cache facade: opening, get/put, and the request path of
+// get_or_compile and begin, in the four named steps of impl.h. The tier
+// chain (tier_chain.cc), in-process single-flight (flight.cc) and waiting
+// for other processes (lease_wait.cc) each live in a file of their own.
 #include "kcache/cache.h"
 
-#include <sys/stat.h>
-#include <unistd.h>
-
-#include <algorithm>
-#include <atomic>
-#include <chrono>
-#include <condition_variable>
-#include <thread>
 #include <cstdio>
-#include <future>
-#include <mutex>
-#include <unordered_map>
 
 #include "cache/impl.h"
 #include "kcache/assembly.h"
@@ -40,22 +25,20 @@ std::string_view source_name(Source s) noexcept {
   return "?";
 }
 
+// ---- opening ---------------------------------------------------------------
+
 Cache::Cache(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 Cache::~Cache() {
-  impl_->stop_heartbeat();
+  impl_->lease.stop();
   flush();
   if (impl_->opt.print_stats) std::fprintf(stderr, "%s", stats().to_string().c_str());
 }
 
 std::unique_ptr<Cache> Cache::with_tiers(std::vector<std::shared_ptr<Tier>> tiers, const Options& options) {
-  auto impl = std::make_unique<Impl>();
-  impl->opt = options;
-  // Read-only covers the shared stores; the process's own memory tier still
-  // takes promotions, or every hit would be a disk read and a copy.
-  for (auto& t : tiers)
-    impl->add(options.read_only && t->writable() && t->kind() != TierKind::memory ? make_read_only(t) : t);
-  return std::unique_ptr<Cache>(new Cache(std::move(impl)));
+  std::unique_ptr<Cache> c(new Cache(std::make_unique<Impl>(options)));
+  for (auto& t : tiers) c->add_tier(std::move(t));
+  return c;
 }
 
 std::unique_ptr<Cache> Cache::open(const Options& options) {
@@ -65,15 +48,28 @@ std::unique_ptr<Cache> Cache::open(const Options& options) {
 
 std::unique_ptr<Cache> Cache::open(Assembly assembly, const Options& options) {
   auto c = with_tiers(std::move(assembly.tiers), options);
-  c->impl_->leases = std::move(assembly.leases);
+  c->set_leases(std::move(assembly.leases));
   return c;
 }
 
-void Cache::set_leases(std::shared_ptr<Leases> leases) { impl_->leases = std::move(leases); }
+void Cache::set_leases(std::shared_ptr<Leases> leases) { impl_->lease.set_leases(std::move(leases)); }
+
+// Read-only covers the shared stores; the process's own memory tier still
+// takes promotions, or every hit would be a disk read and a copy.
+void Cache::add_tier(std::shared_ptr<Tier> tier) {
+  bool wrap = impl_->opt.read_only && tier->writable() && tier->kind() != TierKind::memory;
+  impl_->chain.add(wrap ? make_read_only(std::move(tier)) : std::move(tier));
+}
+
+const std::vector<std::shared_ptr<Tier>>& Cache::tiers() const noexcept { return impl_->chain.tiers(); }
+const Options& Cache::options() const noexcept { return impl_->opt; }
+void Cache::flush() { impl_->chain.flush(); }
+
+// ---- get and put -------------------------------------------------------------
 
 std::optional<Entry> Cache::get(const Key& key, Source* source) {
   if (impl_->opt.disabled) return std::nullopt;
-  return impl_->lookup(key, source);
+  return impl_->chain.lookup(key, source, MissCount::counted);
 }
 
 bool Cache::put(const Entry& entry) {
@@ -91,6 +87,19 @@ std::optional<Entry> Cache::put(const KeyInfo& key, std::vector<Artifact> artifa
   return std::move(e).value();
 }
 
+Expected<Entry> Cache::Impl::build(const KeyInfo& key, std::vector<Artifact> arts, uint64_t cost_us) {
+  EntryBuilder b(key.key);
+  for (auto& a : arts) b.add(std::move(a));
+  EntryMeta m;
+  m.created_unix_ms = util::now_unix_ms();
+  m.compile_cost_us = cost_us;
+  m.producer = opt.producer;
+  b.meta(std::move(m)).manifest(key.manifest).compression(opt.compression);
+  return b.build();
+}
+
+// ---- the request path ----------------------------------------------------------
+
 Expected<Entry> Cache::get_or_compile(const Key& key, const CompileFn& compile, Source* source) {
   KeyInfo info;
   info.key = key;
@@ -102,217 +111,195 @@ Expected<Entry> Cache::get_or_compile(const KeyInfo& key, const CompileFn& compi
   return impl_->resolve(key, compile, source, true, &o);
 }
 
-// The compile path. With wait_for_others false, a key whose lease another
-// process holds is answered with outcome busy (and an unavailable status)
-// instead of waiting, so a batch can do other work first.
 Expected<Entry> Cache::Impl::resolve(const KeyInfo& key, const CompileFn& compile, Source* source,
-                                     bool wait_for_others, Outcome* outcome, bool count_miss) {
+                                     bool wait_for_others, Outcome* outcome, MissCount count) {
   *outcome = Outcome::done;
-  auto run_compile = [&]() -> Expected<Entry> {
-    uint64_t t0 = util::now_mono_us();
-    compiles.fetch_add(1, std::memory_order_relaxed);
-    auto arts = compile();
-    uint64_t dt = util::now_mono_us() - t0;
-    compile_us.fetch_add(dt, std::memory_order_relaxed);
-    if (!arts) {
-      compile_failures.fetch_add(1, std::memory_order_relaxed);
-      return std::move(arts).error();
-    }
-    auto e = build(key, std::move(arts).value(), dt);
-    if (!e) {
-      compile_failures.fetch_add(1, std::memory_order_relaxed);
-      return std::move(e).error();
-    }
-    return e;
-  };
   if (source) *source = Source::compiled;
-  if (opt.disabled) return run_compile();
-  if (!opt.recompile) {
-    if (auto hit = lookup(key.key, source, count_miss)) return std::move(*hit);
-  }
+  if (opt.disabled) return compile_entry(key, compile);
+  if (auto hit = look_up(key.key, source, count)) return std::move(*hit);
 
-  std::shared_ptr<Flight> flight;
-  std::promise<Expected<Entry>> promise;
-  {
-    std::lock_guard lk(flights_mu);
-    auto it = flights.find(key.key);
-    if (it != flights.end()) {
-      flight = it->second;
-    } else {
-      auto f = std::make_shared<Flight>();
-      f->result = promise.get_future().share();
-      flights.emplace(key.key, f);
-    }
-  }
-  if (flight) {
-    waits.fetch_add(1, std::memory_order_relaxed);
-    if (source) *source = Source::waited;
-    Expected<Entry> r = flight->result.get();
-    if (flight->busy.load() && wait_for_others) return resolve(key, compile, source, true, outcome, false);
-    if (flight->busy.load()) *outcome = Outcome::busy;
-    return r;
-  }
+  Turn turn = take_turn(key.key, source, wait_for_others);
+  if (turn.busy) *outcome = Outcome::busy;
+  if (turn.answer) return std::move(*turn.answer);
 
-  // Leading the flight. Whatever happens below (a result, an error, an
-  // exception from the compile function or from a tier), the guard hands a
-  // result to every waiting thread, unregisters the flight and gives the
-  // lease up, after the entry is stored so that other processes find it.
-  struct FlightGuard {
-    Impl& impl;
-    const Key& key;
-    std::promise<Expected<Entry>>& promise;
-    bool leased = false;
-    bool done = false;
-    void finish(const Expected<Entry>& r, bool busy) {
-      if (done) return;
-      done = true;
-      if (leased) impl.unhold(key);
-      std::lock_guard lk(impl.flights_mu);
-      auto it = impl.flights.find(key);
-      if (busy && it != impl.flights.end()) it->second->busy.store(true);
-      promise.set_value(r);
-      if (it != impl.flights.end()) impl.flights.erase(it);
-    }
-    ~FlightGuard() {
-      if (!done) finish(Status(Errc::compile_failed, "compile function threw an exception"), false);
-    }
-  } guard{*this, key.key, promise};
-  auto finish = [&](Expected<Entry> r, bool busy = false) {
-    guard.finish(r, busy);
-    return r;
-  };
-
-  // Another thread may have stored it between our lookup and our flight.
-  if (!opt.recompile) {
-    if (auto hit = lookup(key.key, source, false)) return finish(std::move(*hit));
-  }
-
-  // Another process may be compiling it. Waiting polls the lease only (no
-  // lookups, so a long wait is not hundreds of counted misses): its holder
-  // stores the entry before giving the lease up, so once the lease is ours,
-  // one lookup finds the entry, or shows that the holder failed or died.
-  if (leases && !opt.read_only) {
-    uint64_t start = util::now_mono_us(), sleep_us = 1000;
-    bool waited = false;
-    for (;;) {
-      LeaseResult lr = leases->acquire(key.key, ttl_ms());
-      if (lr == LeaseResult::acquired) {
-        guard.leased = true;
-        hold(key.key);
-        if (!opt.recompile) {
-          if (auto hit = lookup(key.key, source, false)) {
-            if (waited && source && *source != Source::memory) *source = Source::waited;
-            return finish(std::move(*hit));
-          }
-        }
-        break;
-      }
-      if (lr == LeaseResult::error) break;  // compile without coordination
-      if (!wait_for_others) {
-        *outcome = Outcome::busy;
-        return finish(Status(Errc::unavailable, "another process is compiling this key"), true);
-      }
-      if (!waited) {
-        lease_waits.fetch_add(1, std::memory_order_relaxed);
-        waited = true;
-      }
-      if (util::now_mono_us() - start >= bound_ms() * 1000) {
-        lease_timeouts.fetch_add(1, std::memory_order_relaxed);
-        KCACHE_LOG(LogLevel::info, "waited %llu ms for another process to compile %s; compiling here",
-                   static_cast<unsigned long long>(bound_ms()), key.key.hex().c_str());
-        break;
-      }
-      std::this_thread::sleep_for(std::chrono::microseconds(sleep_us));
-      sleep_us = std::min<uint64_t>(sleep_us * 3 / 2, 50000);
-    }
-  }
-
-  Expected<Entry> r = run_compile();
+  // Leading: an exception from the compile function or a tier drops the
+  // Leadership unfinished, which releases the lease and tells the waiters.
+  Expected<Entry> r = compile_entry(key, compile);
   if (r) {
     if (source) *source = Source::compiled;
     store(*r);
   }
-  return finish(std::move(r));
+  turn.leader->finish(r);
+  return r;
 }
 
-void Cache::add_tier(std::shared_ptr<Tier> tier) {
-  bool wrap = impl_->opt.read_only && tier->writable() && tier->kind() != TierKind::memory;
-  if (tier->kind() == TierKind::bundle) {
-    size_t at = 0;
-    auto& ts = impl_->tiers;
-    while (at < ts.size() && (ts[at]->kind() == TierKind::memory || ts[at]->kind() == TierKind::bundle)) ++at;
-    ts.insert(ts.begin() + static_cast<std::ptrdiff_t>(at), std::move(tier));
-    impl_->no_writes.insert(impl_->no_writes.begin() + static_cast<std::ptrdiff_t>(at),
-                            std::make_unique<std::atomic<bool>>(false));
-    return;
+Cache::Impl::Turn Cache::Impl::take_turn(const Key& key, Source* source, bool wait) {
+  using End = FlightTable::End;
+  Turn t;
+  for (;;) {
+    std::shared_ptr<FlightTable::Shared> join;
+    std::optional<FlightTable::Lead> lead = flights.lead_or_join(key, &join);
+    if (!lead) {
+      // Another thread leads: its result is ours, unless it gave the key
+      // up (another process holds the lease, or a Flight was abandoned).
+      waits.fetch_add(1, std::memory_order_relaxed);
+      if (source) *source = Source::waited;
+      Expected<Entry> r = join->result.get();
+      End end = join->end.load();
+      if (end == End::done || (end == End::busy && !wait)) {
+        t.busy = end == End::busy;
+        t.answer = std::move(r);
+        return t;
+      }
+      continue;
+    }
+    Leadership leader(this, std::move(*lead));
+    auto found = [&](Entry e) {
+      leader.finish(e);
+      t.answer = std::move(e);
+      return std::move(t);
+    };
+    // Another thread may have stored it between our lookup and our flight.
+    if (auto hit = look_up(key, source, MissCount::uncounted)) return found(std::move(*hit));
+    if (lease.active() && !opt.read_only) {
+      bool waited = false;
+      switch (lease.claim(key, wait, &waited)) {
+        case LeaseWait::Claim::held:
+          leader.leased = true;
+          if (auto hit = look_up(key, source, MissCount::uncounted)) {
+            if (waited && source && *source != Source::memory) *source = Source::waited;
+            return found(std::move(*hit));
+          }
+          break;
+        case LeaseWait::Claim::busy: {
+          Status st(Errc::unavailable, "another process is compiling this key");
+          leader.finish(st, End::busy);
+          t.busy = true;
+          t.answer = st;
+          return t;
+        }
+        case LeaseWait::Claim::timed_out:
+        case LeaseWait::Claim::uncoordinated: break;  // compile without coordination
+      }
+    }
+    t.leader.emplace(std::move(leader));
+    return t;
   }
-  impl_->add(wrap ? make_read_only(std::move(tier)) : std::move(tier));
 }
 
-const std::vector<std::shared_ptr<Tier>>& Cache::tiers() const noexcept { return impl_->tiers; }
-const Options& Cache::options() const noexcept { return impl_->opt; }
+Expected<Entry> Cache::Impl::compile_entry(const KeyInfo& key, const CompileFn& compile) {
+  uint64_t t0 = util::now_mono_us();
+  compiles.fetch_add(1, std::memory_order_relaxed);
+  auto arts = compile();
+  uint64_t dt = util::now_mono_us() - t0;
+  compile_us.fetch_add(dt, std::memory_order_relaxed);
+  if (!arts) {
+    compile_failures.fetch_add(1, std::memory_order_relaxed);
+    return std::move(arts).error();
+  }
+  auto e = build(key, std::move(arts).value(), dt);
+  if (!e) compile_failures.fetch_add(1, std::memory_order_relaxed);
+  return e;
+}
 
-void Cache::flush() {
-  for (auto& t : impl_->tiers) {
-    Status st = t->flush();
-    if (!st.is_ok()) impl_->fault(*t, "flush", st);
+// ---- flights: the caller compiles ------------------------------------------------
+
+struct Flight::State {
+  Cache::Impl* impl = nullptr;
+  KeyInfo key;
+  Source source = Source::compiled;
+  std::optional<Entry> entry;
+  std::optional<Cache::Impl::Leadership> leader;
+  bool owner = false;  // until committed or abandoned
+};
+
+Flight::Flight(std::unique_ptr<State> s) : s_(std::move(s)) {}
+Flight::Flight(Flight&& o) noexcept = default;
+Flight& Flight::operator=(Flight&& o) noexcept {
+  if (this != &o) {
+    abandon();
+    s_ = std::move(o.s_);
+  }
+  return *this;
+}
+Flight::~Flight() { abandon(); }
+
+bool Flight::hit() const noexcept { return s_ && !s_->owner && s_->entry && s_->source != Source::compiled; }
+bool Flight::owner() const noexcept { return s_ && s_->owner; }
+Source Flight::source() const noexcept { return s_ ? s_->source : Source::compiled; }
+const Entry& Flight::entry() const { return *s_->entry; }
+
+Expected<Entry> Flight::commit(std::vector<Artifact> artifacts, uint64_t compile_cost_us) {
+  if (!owner()) return Status(Errc::invalid_argument, "commit on a flight that does not own its key");
+  Cache::Impl& impl = *s_->impl;
+  impl.compiles.fetch_add(1, std::memory_order_relaxed);
+  impl.compile_us.fetch_add(compile_cost_us, std::memory_order_relaxed);
+  auto e = impl.build(s_->key, std::move(artifacts), compile_cost_us);
+  if (!e) {
+    impl.compile_failures.fetch_add(1, std::memory_order_relaxed);
+    abandon();
+    return e;
+  }
+  if (!impl.opt.disabled) impl.store(*e);
+  if (s_->leader) s_->leader->finish(*e);
+  s_->leader.reset();
+  s_->owner = false;
+  s_->source = Source::compiled;
+  s_->entry = *e;
+  return e;
+}
+
+void Flight::abandon() noexcept {
+  if (!s_ || !s_->owner) return;
+  s_->owner = false;
+  if (s_->leader) s_->leader->finish(Status(Errc::compile_failed, "the key's flight was abandoned"),
+                                     FlightTable::End::abandoned);
+  s_->leader.reset();
+}
+
+Flight Cache::begin(const KeyInfo& key) {
+  auto s = std::make_unique<Flight::State>();
+  s->impl = impl_.get();
+  s->key = key;
+  if (impl_->opt.disabled) {
+    s->owner = true;
+    return Flight(std::move(s));
+  }
+  if (auto hit = impl_->look_up(key.key, &s->source, MissCount::counted)) {
+    s->entry = std::move(*hit);
+    return Flight(std::move(s));
+  }
+  for (;;) {
+    Impl::Turn turn = impl_->take_turn(key.key, &s->source, /*wait=*/true);
+    if (turn.leader) {
+      s->leader.emplace(std::move(*turn.leader));
+      s->owner = true;
+      s->source = Source::compiled;
+      return Flight(std::move(s));
+    }
+    // Another caller's compile failed: this caller compiles it itself.
+    if (!*turn.answer) continue;
+    s->entry = std::move(*turn.answer).value();
+    return Flight(std::move(s));
   }
 }
+
+// ---- statistics --------------------------------------------------------------
 
 CacheStats Cache::stats() const {
   CacheStats s;
-  for (auto& t : impl_->tiers) s.tiers.push_back({std::string(t->name()), t->stats()});
-  s.hits = impl_->hits.load();
-  s.misses = impl_->misses.load();
+  for (auto& t : impl_->chain.tiers()) s.tiers.push_back({std::string(t->name()), t->stats()});
+  s.hits = impl_->chain.hits();
+  s.misses = impl_->chain.misses();
+  s.faults = impl_->chain.faults();
   s.compiles = impl_->compiles.load();
   s.compile_failures = impl_->compile_failures.load();
   s.waits = impl_->waits.load();
-  s.faults = impl_->faults.load();
   s.compile_us = impl_->compile_us.load();
-  s.lease_waits = impl_->lease_waits.load();
-  s.lease_timeouts = impl_->lease_timeouts.load();
-  s.lease_takeovers = impl_->leases ? impl_->leases->takeovers() : 0;
+  s.lease_waits = impl_->lease.waits();
+  s.lease_timeouts = impl_->lease.timeouts();
+  s.lease_takeovers = impl_->lease.takeovers();
   return s;
-}
-
-std::string CacheStats::to_string() const {
-  std::string out;
-  char buf[256];
-  std::snprintf(buf, sizeof buf, "kcache: %llu hits, %llu misses, %llu compiles (%llu failed, %.3f s), %llu waits, %llu faults\n",
-                (unsigned long long)hits, (unsigned long long)misses, (unsigned long long)compiles,
-                (unsigned long long)compile_failures, compile_us / 1e6, (unsigned long long)waits,
-                (unsigned long long)faults);
-  out += buf;
-  for (const auto& t : tiers) {
-    std::snprintf(buf, sizeof buf,
-                  "  %-10s %8llu hits %8llu misses %8llu puts %6llu evictions %4llu corrupt %4llu errors %8llu entries %12s\n",
-                  t.name.c_str(), (unsigned long long)t.stats.hits, (unsigned long long)t.stats.misses,
-                  (unsigned long long)t.stats.puts, (unsigned long long)t.stats.evictions,
-                  (unsigned long long)t.stats.corrupt, (unsigned long long)t.stats.errors,
-                  (unsigned long long)t.stats.entries, util::format_size(t.stats.bytes).c_str());
-    out += buf;
-  }
-  return out;
-}
-
-std::string CacheStats::to_json() const {
-  std::string out = "{";
-  char buf[640];
-  std::snprintf(buf, sizeof buf,
-                "\"hits\":%llu,\"misses\":%llu,\"compiles\":%llu,\"compile_failures\":%llu,\"waits\":%llu,"
-                "\"faults\":%llu,\"compile_us\":%llu,\"lease_waits\":%llu,\"lease_timeouts\":%llu,"
-                "\"lease_takeovers\":%llu,\"tiers\":[",
-                (unsigned long long)hits, (unsigned long long)misses, (unsigned long long)compiles,
-                (unsigned long long)compile_failures, (unsigned long long)waits, (unsigned long long)faults,
-                (unsigned long long)compile_us, (unsigned long long)lease_waits,
-                (unsigned long long)lease_timeouts, (unsigned long long)lease_takeovers);
-  out += buf;
-  for (size_t i = 0; i < tiers.size(); ++i) {
-    if (i) out += ",";
-    out += "{\"name\":\"" + util::json_escape(tiers[i].name) + "\",\"stats\":" + tier_stats_json(tiers[i].stats) + "}";
-  }
-  out += "]}";
-  return out;
 }
 
 }  // namespace kcache

@@ -1,0 +1,63 @@
+// Private: in-process single-flight. One thread leads a key's flight (looks
+// it up again, claims the cross-process lease, compiles, stores); the other
+// threads that miss the key meanwhile wait for the leader's result instead
+// of compiling it again.
+#pragma once
+
+#include <atomic>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <unordered_map>
+
+#include "kcache/entry.h"
+#include "kcache/key.h"
+#include "kcache/status.h"
+
+namespace kcache {
+
+class FlightTable {
+ public:
+  // How a flight ended, for the threads that waited on it.
+  enum class End : uint8_t {
+    done,       // the result is the answer (an entry or the compile's error)
+    busy,       // another process holds the key's lease: the leader gave up
+    abandoned,  // the leader gave up without a result: try again
+  };
+  struct Shared {
+    std::shared_future<Expected<Entry>> result;
+    std::atomic<End> end{End::done};
+  };
+
+  // The leader's hold on a flight. Whatever happens (a result, an error, an
+  // exception), the flight ends once: finish() or the destructor hands a
+  // result to every waiting thread and unregisters the flight.
+  class Lead {
+   public:
+    Lead(FlightTable* table, Key key) : table_(table), key_(std::move(key)) {}
+    Lead(Lead&& o) noexcept;
+    Lead& operator=(Lead&&) = delete;
+    ~Lead();
+    void finish(const Expected<Entry>& r, End end = End::done);
+    bool finished() const noexcept { return done_; }
+    const Key& key() const noexcept { return key_; }
+
+   private:
+    friend class FlightTable;
+    FlightTable* table_;
+    Key key_;
+    std::promise<Expected<Entry>> promise_;
+    bool done_ = false;
+  };
+
+  // Leads the key's flight (returns the Lead), or joins the one another
+  // thread leads (returns nullopt and sets *join).
+  std::optional<Lead> lead_or_join(const Key& key, std::shared_ptr<Shared>* join);
+
+ private:
+  std::mutex mu_;
+  std::unordered_map<Key, std::shared_ptr<Shared>> flights_;  // GUARDED_BY(mu_)
+};
+
+}  // namespace kcache

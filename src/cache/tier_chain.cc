@@ -1,0 +1,102 @@
+// The Cache's tier chain: ordered lookup with promotion, stores into every
+// writable tier, and the fault policy (a fault is a miss, a counter and one
+// log line). See tier_chain.h.
+#include "cache/tier_chain.h"
+
+#include "util/util.h"
+
+namespace kcache {
+
+Source source_of(const Tier& t) noexcept {
+  switch (t.kind()) {
+    case TierKind::memory: return Source::memory;
+    case TierKind::disk: return Source::disk;
+    case TierKind::remote: return Source::remote;
+    case TierKind::bundle: return Source::bundle;
+    case TierKind::other: return Source::other;
+  }
+  return Source::other;
+}
+
+void TierChain::add(std::shared_ptr<Tier> t) {
+  // A bundle goes after the memory tiers and the bundles already there,
+  // before the stores; any other tier after the existing ones.
+  size_t at = tiers_.size();
+  if (t->kind() == TierKind::bundle) {
+    at = 0;
+    while (at < tiers_.size() && (tiers_[at]->kind() == TierKind::memory || tiers_[at]->kind() == TierKind::bundle))
+      ++at;
+  }
+  tiers_.insert(tiers_.begin() + static_cast<std::ptrdiff_t>(at), std::move(t));
+  no_writes_.insert(no_writes_.begin() + static_cast<std::ptrdiff_t>(at), std::make_unique<std::atomic<bool>>(false));
+}
+
+std::optional<Entry> TierChain::lookup(const Key& key, Source* src, MissCount count) {
+  for (size_t i = 0; i < tiers_.size(); ++i) {
+    auto r = tiers_[i]->get(key, count);
+    if (!r) {
+      fault(*tiers_[i], "get", r.error());
+      continue;
+    }
+    if (!r->has_value()) continue;
+    Entry e = std::move(**r);
+    if (i > 0) {
+      // Faster tiers outlive a pinned read: give them heap bytes, and
+      // return those too so the caller holds no read transaction.
+      if (e.pinned()) e = e.detach();
+      for (size_t j = 0; j < i; ++j) put_into(j, e);
+    }
+    hits_.fetch_add(1, std::memory_order_relaxed);
+    if (src) *src = source_of(*tiers_[i]);
+    return e;
+  }
+  if (count == MissCount::counted) misses_.fetch_add(1, std::memory_order_relaxed);
+  return std::nullopt;
+}
+
+bool TierChain::store(const Entry& e) {
+  bool any = false;
+  for (size_t i = 0; i < tiers_.size(); ++i) any |= put_into(i, e);
+  return any;
+}
+
+void TierChain::flush() {
+  for (auto& t : tiers_) {
+    Status st = t->flush();
+    if (!st.is_ok()) fault(*t, "flush", st);
+  }
+}
+
+void TierChain::fault(const Tier& t, const char* op, const Status& st) {
+  faults_.fetch_add(1, std::memory_order_relaxed);
+  if (st.code() == Errc::unavailable) {
+    std::lock_guard lk(said_mu_);
+    if (!said_unavailable_.insert(&t).second) return;
+  }
+  KCACHE_LOG(LogLevel::warn, "%.*s %s: %s (treated as a miss)", static_cast<int>(t.name().size()), t.name().data(),
+             op, st.to_string().c_str());
+}
+
+bool TierChain::put_into(size_t i, const Entry& e) {
+  Tier& t = *tiers_[i];
+  if (!t.writable() || no_writes_[i]->load(std::memory_order_relaxed)) return false;
+  Status st = t.put(e);
+  if (st.is_ok()) return true;
+  if (st.code() == Errc::no_space || st.code() == Errc::read_only) {
+    if (!no_writes_[i]->exchange(true)) {
+      faults_.fetch_add(1, std::memory_order_relaxed);
+      KCACHE_LOG(LogLevel::warn, "%.*s put: %s; writes to this tier are off for this process",
+                 static_cast<int>(t.name().size()), t.name().data(), st.to_string().c_str());
+    }
+    return false;
+  }
+  if (st.code() == Errc::too_large) {
+    KCACHE_LOG(LogLevel::info, "%.*s put: %s", static_cast<int>(t.name().size()), t.name().data(),
+               st.to_string().c_str());
+    return false;
+  }
+  fault(t, "put", st);
+  return false;
+}
+
+}  // namespace kcache

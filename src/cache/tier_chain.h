@@ -1,0 +1,58 @@
+// Private: the Cache's tiers in order, fastest first, and the fault policy.
+//
+// lookup() asks each tier in turn; a fault is logged, counted and treated as
+// a miss, and the next tier is asked; a hit in a slower tier is copied to
+// heap memory and put into the faster ones (promotion). store() puts an
+// entry into every writable tier; a tier that reports a full disk or a
+// read-only folder gets no more writes from this process (said once).
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <vector>
+
+#include "kcache/cache.h"
+
+namespace kcache {
+
+// Where a hit from `t` came from, by the tier's kind.
+Source source_of(const Tier& t) noexcept;
+
+class TierChain {
+ public:
+  void add(std::shared_ptr<Tier> t);
+  const std::vector<std::shared_ptr<Tier>>& tiers() const noexcept { return tiers_; }
+
+  // The first tier's hit, promoted into the faster tiers. MissCount::
+  // uncounted: a re-check of a request whose miss was already counted (no
+  // miss is counted here or in the tiers).
+  std::optional<Entry> lookup(const Key& key, Source* src, MissCount count);
+  // Puts into every writable tier; true if any took it.
+  bool store(const Entry& e);
+  // Pushes buffered records of every tier to its store.
+  void flush();
+  // Counts a fault and logs it once per event; a tier switched off
+  // (Errc::unavailable: breaker open, handle from before a fork) says so
+  // once for the life of this chain.
+  void fault(const Tier& t, const char* op, const Status& st);
+
+  uint64_t hits() const noexcept { return hits_.load(std::memory_order_relaxed); }
+  uint64_t misses() const noexcept { return misses_.load(std::memory_order_relaxed); }
+  uint64_t faults() const noexcept { return faults_.load(std::memory_order_relaxed); }
+
+ private:
+  bool put_into(size_t i, const Entry& e);
+
+  std::vector<std::shared_ptr<Tier>> tiers_;
+  // Per tier: writes switched off for this process after a full disk or a
+  // read-only folder.
+  std::vector<std::unique_ptr<std::atomic<bool>>> no_writes_;
+  std::atomic<uint64_t> hits_{0}, misses_{0}, faults_{0};
+  std::mutex said_mu_;
+  std::set<const Tier*> said_unavailable_;  // GUARDED_BY(said_mu_)
+};
+
+}  // namespace kcache

@@ -1,0 +1,189 @@
+// Flights: begin() / commit() / abandon(), the lease-style API for hosts
+// that run their own compile between two calls to the cache. Threads of one
+// process and separate processes (fork) share one compile per key.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+
+#include "kcache/cache.h"
+#include "test_util.h"
+
+using namespace kcache;
+using namespace kcache::test;
+
+namespace {
+
+KeyInfo info_of(uint64_t i) { return *KeyBuilder("flight").add_u64("i", i).finish(); }
+
+std::vector<Artifact> arts(const std::string& s) { return {{"obj", s}}; }
+
+TEST(Flight, OwnerCommitsThenHits) {
+  TempDir d;
+  auto c = Cache::open(disk_options(d.path()));
+  {
+    Flight f = c->begin(info_of(1));
+    ASSERT_TRUE(f.owner());
+    EXPECT_FALSE(f.hit());
+    auto e = f.commit(arts("one"));
+    ASSERT_TRUE(e.has_value()) << e.error().to_string();
+    EXPECT_EQ(*e->artifact("obj"), "one");
+    EXPECT_FALSE(f.owner());
+    EXPECT_EQ(f.source(), Source::compiled);
+    EXPECT_EQ(*f.entry().artifact("obj"), "one");
+    // A committed flight cannot commit again.
+    auto again = f.commit(arts("two"));
+    ASSERT_FALSE(again.has_value());
+    EXPECT_EQ(again.error().code(), Errc::invalid_argument);
+  }
+  Flight g = c->begin(info_of(1));
+  ASSERT_TRUE(g.hit());
+  EXPECT_FALSE(g.owner());
+  EXPECT_EQ(g.source(), Source::memory);
+  EXPECT_EQ(*g.entry().artifact("obj"), "one");
+  EXPECT_EQ(g.commit(arts("x")).error().code(), Errc::invalid_argument);
+
+  // A new process-like cache (no memory tier content) finds it on disk.
+  auto c2 = Cache::open(disk_options(d.path()));
+  Flight h = c2->begin(info_of(1));
+  ASSERT_TRUE(h.hit());
+  EXPECT_EQ(h.source(), Source::disk);
+  auto s = c->stats();
+  EXPECT_EQ(s.compiles, 1u);
+  EXPECT_EQ(s.misses, 1u);
+}
+
+TEST(Flight, WaiterInThisProcessGetsTheOwnersEntry) {
+  TempDir d;
+  auto c = Cache::open(disk_options(d.path()));
+  Flight f = c->begin(info_of(2));
+  ASSERT_TRUE(f.owner());
+  std::atomic<bool> got{false};
+  Source src = Source::compiled;
+  std::string bytes;
+  std::thread t([&] {
+    Flight w = c->begin(info_of(2));
+    EXPECT_TRUE(w.hit());
+    src = w.source();
+    if (w.hit()) bytes = std::string(*w.entry().artifact("obj"));
+    got = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_FALSE(got.load());  // waiting on the owner
+  ASSERT_TRUE(f.commit(arts("two")).has_value());
+  t.join();
+  EXPECT_EQ(src, Source::waited);
+  EXPECT_EQ(bytes, "two");
+  EXPECT_EQ(c->stats().compiles, 1u);
+  EXPECT_EQ(c->stats().waits, 1u);
+}
+
+TEST(Flight, AbandonHandsTheKeyToAWaiter) {
+  TempDir d;
+  auto c = Cache::open(disk_options(d.path()));
+  std::optional<Flight> f(c->begin(info_of(3)));
+  ASSERT_TRUE(f->owner());
+  std::atomic<bool> waiter_owns{false};
+  std::thread t([&] {
+    Flight w = c->begin(info_of(3));
+    waiter_owns = w.owner();
+    if (w.owner()) (void)w.commit(arts("from waiter"));
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  f->abandon();
+  EXPECT_FALSE(f->owner());
+  t.join();
+  EXPECT_TRUE(waiter_owns.load());
+  auto e = c->get(info_of(3).key);
+  ASSERT_TRUE(e.has_value());
+  EXPECT_EQ(*e->artifact("obj"), "from waiter");
+}
+
+TEST(Flight, DroppedFlightAbandons) {
+  TempDir d;
+  auto c = Cache::open(disk_options(d.path()));
+  { Flight f = c->begin(info_of(4)); ASSERT_TRUE(f.owner()); }
+  EXPECT_FALSE(c->get(info_of(4).key).has_value());
+  // The key is free again, in this process and for others.
+  Flight g = c->begin(info_of(4));
+  EXPECT_TRUE(g.owner());
+  Flight moved = std::move(g);
+  EXPECT_TRUE(moved.owner());
+  EXPECT_FALSE(g.owner());
+  ASSERT_TRUE(moved.commit(arts("four")).has_value());
+}
+
+TEST(Flight, InvalidArtifactsAbandonAndSayWhy) {
+  TempDir d;
+  auto c = Cache::open(disk_options(d.path()));
+  Flight f = c->begin(info_of(5));
+  ASSERT_TRUE(f.owner());
+  auto e = f.commit({{"", "x"}});
+  ASSERT_FALSE(e.has_value());
+  EXPECT_EQ(e.error().code(), Errc::invalid_argument);
+  EXPECT_FALSE(f.owner());
+  EXPECT_TRUE(c->begin(info_of(5)).owner());
+}
+
+TEST(Flight, DisabledCacheOwnsAndStoresNothing) {
+  TempDir d;
+  Options o = disk_options(d.path());
+  o.disabled = true;
+  auto c = Cache::open(o);
+  Flight f = c->begin(info_of(6));
+  ASSERT_TRUE(f.owner());
+  ASSERT_TRUE(f.commit(arts("six")).has_value());
+  EXPECT_TRUE(c->begin(info_of(6)).owner());
+}
+
+// Another process owns the key: begin() waits for its commit and returns
+// its entry; a process killed while owning is taken over.
+TEST(Flight, OtherProcessOwnsThenCommitsOrDies) {
+  for (bool dies : {false, true}) {
+    TempDir d;
+    Options o = disk_options(d.path());
+    o.lease_ttl_ms = 300;
+    int ready[2];
+    ASSERT_EQ(::pipe(ready), 0);
+    pid_t pid = ::fork();
+    if (pid == 0) {
+      ::close(ready[0]);
+      auto c = Cache::open(o);
+      Flight f = c->begin(info_of(7));
+      char x = f.owner() ? '1' : '0';
+      (void)!::write(ready[1], &x, 1);
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      if (dies) ::kill(::getpid(), SIGKILL);
+      int rc = f.commit(arts("child")).has_value() ? 0 : 1;
+      c.reset();
+      ::_exit(rc);
+    }
+    ::close(ready[1]);
+    char x = 0;
+    ASSERT_EQ(::read(ready[0], &x, 1), 1);
+    ::close(ready[0]);
+    ASSERT_EQ(x, '1');
+    auto c = Cache::open(o);
+    Flight f = c->begin(info_of(7));
+    if (dies) {
+      EXPECT_TRUE(f.owner());
+      ASSERT_TRUE(f.commit(arts("parent")).has_value());
+      EXPECT_GE(c->stats().lease_takeovers, 1u);
+    } else {
+      ASSERT_TRUE(f.hit());
+      EXPECT_EQ(f.source(), Source::waited);
+      EXPECT_EQ(*f.entry().artifact("obj"), "child");
+      EXPECT_EQ(c->stats().lease_waits, 1u);
+    }
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    if (dies) EXPECT_TRUE(WIFSIGNALED(status));
+    else EXPECT_EQ(WEXITSTATUS(status), 0);
+  }
+}
+
+}  // namespace
