@@ -1,10 +1,11 @@
 # Thin wrapper over CMake. `make demo` and `make test` first install any
-# missing system packages (scripts/install-deps.sh).
+# missing system packages (scripts/install-deps.sh). CMAKE_FLAGS passes
+# options to CMake, e.g. CMAKE_FLAGS=-DKCACHE_WERROR=ON.
 BUILD ?= build
 JOBS  ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: all deps configure build demo test bench sanitize clean
+.PHONY: all deps configure build demo test bench sanitize install-check clean
 
 all: build
 
@@ -25,6 +26,11 @@ test: build
 
 bench: build
 	@bash scripts/bench.sh $(BUILD)
+
+# Installs the build into a temporary prefix and builds and runs a C++ client
+# (find_package) and a C client (pkg-config) against it.
+install-check: build
+	@bash scripts/install_check.sh $(BUILD)
 
 # AddressSanitizer + UndefinedBehaviorSanitizer on the whole core suite, and
 # ThreadSanitizer on the concurrency tests.

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # A scripted tour of the kcache command-line tool on a temporary cache:
 # put two files, look at them every way the tool offers, explain a miss,
+# share an entry through a Redis remote (when redis-server is installed),
 # trim, clear. Each command is printed before it runs.
 #
 # usage: scripts/cli_tour.sh BUILD_DIR   (the tool is BUILD_DIR/tools/kcache)
@@ -66,6 +67,28 @@ step kcache explain --manifest lookup.manifest
 step kcache explain --key "$SAXPY"
 
 step kcache get --key 00000000000000000000000000000000 --artifact ptx
+
+# A shared remote: with KCACHE_REMOTE set, put stores in Redis as well, and
+# another cache folder (another machine, say) gets the entry from there.
+if command -v redis-server >/dev/null && command -v redis-cli >/dev/null; then
+  PORT=$((20000 + RANDOM % 20000))
+  redis-server --port "$PORT" --bind 127.0.0.1 --save '' --appendonly no --dir "$T" >"$T/redis.log" 2>&1 &
+  REDIS_PID=$!
+  trap 'kill "$REDIS_PID" 2>/dev/null; rm -rf "$T"' EXIT
+  for _ in $(seq 100); do redis-cli -p "$PORT" ping >/dev/null 2>&1 && break; sleep 0.05; done
+  echo
+  echo "\$ export KCACHE_REMOTE=redis://127.0.0.1:$PORT"
+  export KCACHE_REMOTE="redis://127.0.0.1:$PORT"
+  step kcache put --manifest saxpy.manifest ptx=saxpy.ptx cubin=saxpy.cubin
+  step kcache --dir "$T/other-machine" get --key "$SAXPY" --artifact ptx
+  step kcache --dir "$T/other-machine" show --key "$SAXPY"
+  step kcache stats --json
+  unset KCACHE_REMOTE
+  kill "$REDIS_PID" 2>/dev/null || true
+else
+  echo
+  echo "(no redis-server: the KCACHE_REMOTE part of the tour is left out)"
+fi
 # Keep 4.4 KiB: the least recently used entry (relu) goes, saxpy stays.
 step kcache trim --max-size 4.4K
 step kcache ls

@@ -5,7 +5,7 @@
 set -euo pipefail
 JOBS=$(nproc)
 common=(-DKCACHE_WITH_LLVM=OFF -DKCACHE_WITH_NVRTC=OFF -DKCACHE_WITH_OPENCL=OFF
-        -DKCACHE_BUILD_BENCH=OFF -DKCACHE_BUILD_EXAMPLES=OFF -DCMAKE_BUILD_TYPE=Debug)
+        -DKCACHE_BUILD_BENCH=OFF -DKCACHE_BUILD_EXAMPLES=OFF -DCMAKE_BUILD_TYPE=Debug -DKCACHE_WERROR=ON)
 
 cmake -S . -B build-asan "${common[@]}" -DKCACHE_SANITIZE=address,undefined >/dev/null
 cmake --build build-asan -j "$JOBS"

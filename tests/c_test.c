@@ -1,6 +1,8 @@
 /* The C ABI, used from plain C: keys, put/get, get_or_compile with a C
  * callback (once per key across threads, persisted across reopen), failed
- * compiles, errors as codes, on both disk engines. */
+ * compiles, errors as codes, on both disk engines; every function given each
+ * kind of bad argument (NULL pointers, bad names), with the return code and
+ * kcache_last_error() agreeing after each call. */
 #define _POSIX_C_SOURCE 200809L
 
 #include <pthread.h>
@@ -318,6 +320,221 @@ static void test_engine(const char* root, const char* engine) {
   kcache_close(c);
 }
 
+/* A failing call sets a message, a succeeding one clears it. */
+#define CHECK_FAILS(call, code)                  \
+  do {                                           \
+    CHECK_EQ_INT((call), (code));                \
+    CHECK(strlen(kcache_last_error()) > 0);      \
+  } while (0)
+#define CHECK_OK(call)                           \
+  do {                                           \
+    CHECK_EQ_INT((call), KCACHE_OK);             \
+    CHECK(strlen(kcache_last_error()) == 0);     \
+  } while (0)
+
+/* Callbacks that misuse the artifact sink. */
+static int add_empty_name(void* user, kcache_artifacts* out) {
+  (void)user;
+  CHECK_FAILS(kcache_artifacts_add(out, "", "x", 1), KCACHE_INVALID_ARGUMENT);
+  CHECK(strstr(kcache_last_error(), "1 to 255") != NULL);
+  return 0; /* ignores the refusal */
+}
+static int add_twice(void* user, kcache_artifacts* out) {
+  (void)user;
+  CHECK_OK(kcache_artifacts_add(out, "obj", "a", 1));
+  CHECK_FAILS(kcache_artifacts_add(out, "obj", "b", 1), KCACHE_INVALID_ARGUMENT);
+  CHECK(strstr(kcache_last_error(), "twice") != NULL);
+  return 0;
+}
+static int add_bad_pointers(void* user, kcache_artifacts* out) {
+  char long_name[300];
+  (void)user;
+  memset(long_name, 'n', sizeof long_name - 1);
+  long_name[sizeof long_name - 1] = '\0';
+  CHECK_FAILS(kcache_artifacts_add(NULL, "obj", "a", 1), KCACHE_INVALID_ARGUMENT);
+  CHECK_FAILS(kcache_artifacts_add(out, NULL, "a", 1), KCACHE_INVALID_ARGUMENT);
+  CHECK_FAILS(kcache_artifacts_add(out, "obj", NULL, 1), KCACHE_INVALID_ARGUMENT);
+  CHECK_FAILS(kcache_artifacts_add(out, long_name, "a", 1), KCACHE_INVALID_ARGUMENT);
+  return 0;
+}
+/* A callback whose nested calls fail but which adds everything it meant to:
+ * the outer call succeeds and the message of the nested failure is gone. */
+static int nested_failure(void* user, kcache_artifacts* out) {
+  kcache_entry* e = NULL;
+  kcache_key k;
+  memset(&k, 0x5a, sizeof k);
+  CHECK_FAILS(kcache_get((kcache_cache*)user, &k, &e), KCACHE_NOT_FOUND);
+  CHECK(e == NULL);
+  CHECK_OK(kcache_artifacts_add(out, "obj", NULL, 0)); /* empty artifact: NULL data is allowed */
+  CHECK_FAILS(kcache_key_from_hex("zz", &k), KCACHE_INVALID_ARGUMENT);
+  return 0;
+}
+
+static void test_bad_arguments(const char* root) {
+  char dir[512], hex[33];
+  kcache_cache* c = NULL;
+  kcache_options* o = kcache_options_new();
+  kcache_key_builder* b = kcache_key_builder_new("bad/1");
+  kcache_entry* e = NULL;
+  kcache_key k, got;
+  kcache_artifact arts[2];
+  const void* data = NULL;
+  const char* name = NULL;
+  size_t size = 0;
+  int source = -1;
+  char* json;
+  struct job j;
+  job_init(&j, 7);
+  memset(&k, 0x11, sizeof k);
+
+  /* Keys and digests. */
+  CHECK_FAILS(kcache_key_to_hex(NULL, hex), KCACHE_INVALID_ARGUMENT);
+  CHECK_EQ_INT(hex[0], '\0');
+  CHECK_FAILS(kcache_key_to_hex(&k, NULL), KCACHE_INVALID_ARGUMENT);
+  CHECK_OK(kcache_key_to_hex(&k, hex));
+  CHECK(strcmp(hex, "11111111111111111111111111111111") == 0);
+  CHECK_FAILS(kcache_key_from_hex(NULL, &k), KCACHE_INVALID_ARGUMENT);
+  CHECK_FAILS(kcache_key_from_hex(hex, NULL), KCACHE_INVALID_ARGUMENT);
+  CHECK_FAILS(kcache_key_from_hex("1111", &got), KCACHE_INVALID_ARGUMENT);
+  CHECK_FAILS(kcache_key_from_hex("111111111111111111111111111111111", &got), KCACHE_INVALID_ARGUMENT);
+  CHECK_OK(kcache_key_from_hex(hex, &got));
+  CHECK(memcmp(&k, &got, sizeof k) == 0);
+  CHECK_FAILS(kcache_hash_bytes(NULL, 3, &got), KCACHE_INVALID_ARGUMENT);
+  CHECK_FAILS(kcache_hash_bytes("abc", 3, NULL), KCACHE_INVALID_ARGUMENT);
+  CHECK_OK(kcache_hash_bytes(NULL, 0, &got));
+
+  /* Key builders. */
+  CHECK(kcache_key_builder_new(NULL) == NULL);
+  CHECK(strlen(kcache_last_error()) > 0);
+  kcache_key_builder_free(b);
+  b = kcache_key_builder_new("bad/1");
+  CHECK(b != NULL);
+  CHECK(strlen(kcache_last_error()) == 0);
+  CHECK_FAILS(kcache_key_add_bytes(NULL, "n", "a", 1), KCACHE_INVALID_ARGUMENT);
+  CHECK_FAILS(kcache_key_add_bytes(b, NULL, "a", 1), KCACHE_INVALID_ARGUMENT);
+  CHECK_FAILS(kcache_key_add_bytes(b, "n", NULL, 1), KCACHE_INVALID_ARGUMENT);
+  CHECK_FAILS(kcache_key_add_string(b, "s", NULL), KCACHE_INVALID_ARGUMENT);
+  CHECK_FAILS(kcache_key_add_string(NULL, "s", "v"), KCACHE_INVALID_ARGUMENT);
+  CHECK_FAILS(kcache_key_add_u64(NULL, "u", 1), KCACHE_INVALID_ARGUMENT);
+  CHECK_FAILS(kcache_key_add_u64(b, NULL, 1), KCACHE_INVALID_ARGUMENT);
+  CHECK_FAILS(kcache_key_add_i64(NULL, "i", 1), KCACHE_INVALID_ARGUMENT);
+  CHECK_FAILS(kcache_key_add_bool(b, NULL, 1), KCACHE_INVALID_ARGUMENT);
+  CHECK_FAILS(kcache_key_add_digest(b, "d", NULL), KCACHE_INVALID_ARGUMENT);
+  CHECK_FAILS(kcache_key_add_digest(NULL, "d", &k), KCACHE_INVALID_ARGUMENT);
+  CHECK_FAILS(kcache_key_add_file(b, "f", NULL), KCACHE_INVALID_ARGUMENT);
+  CHECK_FAILS(kcache_key_add_file(NULL, "f", "/dev/null"), KCACHE_INVALID_ARGUMENT);
+  CHECK_FAILS(kcache_key_builder_finish(NULL, &got), KCACHE_INVALID_ARGUMENT);
+  CHECK_FAILS(kcache_key_builder_finish(b, NULL), KCACHE_INVALID_ARGUMENT);
+  /* Nothing above was added: the builder is still good. */
+  CHECK_OK(kcache_key_add_u64(b, "n", 1));
+  CHECK_OK(kcache_key_builder_finish(b, &got));
+  CHECK_OK(kcache_key_add_string(b, "", "empty name"));
+  CHECK_FAILS(kcache_key_builder_finish(b, &got), KCACHE_INVALID_ARGUMENT);
+
+  /* Options and open. */
+  CHECK_FAILS(kcache_options_set(o, NULL, "1"), KCACHE_INVALID_ARGUMENT);
+  CHECK_FAILS(kcache_options_set(o, "dir", NULL), KCACHE_INVALID_ARGUMENT);
+  CHECK_FAILS(kcache_open(o, NULL), KCACHE_INVALID_ARGUMENT);
+  snprintf(dir, sizeof dir, "%s/bad-args", root);
+  CHECK_OK(kcache_options_set(o, "env", "0"));
+  CHECK_OK(kcache_options_set(o, "dir", dir));
+  CHECK_OK(kcache_open(o, &c));
+  kcache_options_free(o);
+
+  /* The cache. */
+  CHECK_FAILS(kcache_get(NULL, &k, &e), KCACHE_INVALID_ARGUMENT);
+  CHECK_FAILS(kcache_get(c, NULL, &e), KCACHE_INVALID_ARGUMENT);
+  CHECK_FAILS(kcache_get(c, &k, NULL), KCACHE_INVALID_ARGUMENT);
+  CHECK_FAILS(kcache_get(c, &k, &e), KCACHE_NOT_FOUND);
+  CHECK(e == NULL);
+  arts[0].name = "obj";
+  arts[0].data = "abc";
+  arts[0].size = 3;
+  arts[1] = arts[0];
+  CHECK_FAILS(kcache_put(NULL, &k, arts, 1), KCACHE_INVALID_ARGUMENT);
+  CHECK_FAILS(kcache_put(c, NULL, arts, 1), KCACHE_INVALID_ARGUMENT);
+  CHECK_FAILS(kcache_put(c, &k, NULL, 1), KCACHE_INVALID_ARGUMENT);
+  CHECK_FAILS(kcache_put(c, &k, arts, 2), KCACHE_INVALID_ARGUMENT); /* "obj" twice */
+  CHECK(strstr(kcache_last_error(), "twice") != NULL);
+  arts[1].name = "";
+  CHECK_FAILS(kcache_put(c, &k, arts, 2), KCACHE_INVALID_ARGUMENT);
+  arts[1].name = NULL;
+  CHECK_FAILS(kcache_put(c, &k, arts, 2), KCACHE_INVALID_ARGUMENT);
+  arts[1].name = "sig";
+  arts[1].data = NULL;
+  CHECK_FAILS(kcache_put(c, &k, arts, 2), KCACHE_INVALID_ARGUMENT);
+  CHECK_FAILS(kcache_get(c, &k, &e), KCACHE_NOT_FOUND); /* none of those stored anything */
+  CHECK_OK(kcache_put(c, &k, NULL, 0));                 /* an entry of no artifacts */
+
+  CHECK_FAILS(kcache_get_or_compile(NULL, &k, compile, &j, &e, &source), KCACHE_INVALID_ARGUMENT);
+  CHECK_FAILS(kcache_get_or_compile(c, NULL, compile, &j, &e, &source), KCACHE_INVALID_ARGUMENT);
+  CHECK_FAILS(kcache_get_or_compile(c, &k, NULL, &j, &e, &source), KCACHE_INVALID_ARGUMENT);
+  CHECK_FAILS(kcache_get_or_compile(c, &k, compile, &j, NULL, &source), KCACHE_INVALID_ARGUMENT);
+  CHECK_FAILS(kcache_get_or_compile_built(NULL, b, compile, &j, &e, NULL), KCACHE_INVALID_ARGUMENT);
+  CHECK_FAILS(kcache_get_or_compile_built(c, NULL, compile, &j, &e, NULL), KCACHE_INVALID_ARGUMENT);
+  CHECK_FAILS(kcache_get_or_compile_built(c, b, NULL, &j, &e, NULL), KCACHE_INVALID_ARGUMENT);
+  CHECK_FAILS(kcache_get_or_compile_built(c, b, compile, &j, NULL, NULL), KCACHE_INVALID_ARGUMENT);
+  /* The builder holds an empty component name: refused before compiling. */
+  CHECK_FAILS(kcache_get_or_compile_built(c, b, compile, &j, &e, NULL), KCACHE_INVALID_ARGUMENT);
+  CHECK_EQ_INT(j.calls, 0);
+
+  /* Callbacks that ignore a refused add: the call fails, nothing is stored. */
+  k.bytes[0] = 0x21;
+  CHECK_FAILS(kcache_get_or_compile(c, &k, add_empty_name, NULL, &e, &source), KCACHE_INVALID_ARGUMENT);
+  CHECK(e == NULL);
+  CHECK(strstr(kcache_last_error(), "kcache_artifacts_add") != NULL);
+  CHECK_FAILS(kcache_get(c, &k, &e), KCACHE_NOT_FOUND);
+  k.bytes[0] = 0x22;
+  CHECK_FAILS(kcache_get_or_compile(c, &k, add_twice, NULL, &e, &source), KCACHE_INVALID_ARGUMENT);
+  CHECK(e == NULL);
+  CHECK_FAILS(kcache_get(c, &k, &e), KCACHE_NOT_FOUND);
+  k.bytes[0] = 0x23;
+  CHECK_FAILS(kcache_get_or_compile(c, &k, add_bad_pointers, NULL, &e, &source), KCACHE_INVALID_ARGUMENT);
+  CHECK(e == NULL);
+  /* Nested failures that the callback rightly ignores: OK, no message. */
+  k.bytes[0] = 0x24;
+  CHECK_OK(kcache_get_or_compile(c, &k, nested_failure, c, &e, &source));
+  CHECK(e != NULL);
+  CHECK_EQ_INT(source, KCACHE_SOURCE_COMPILED);
+
+  /* Entries. */
+  CHECK_FAILS(kcache_entry_artifact(NULL, "obj", &data, &size), KCACHE_INVALID_ARGUMENT);
+  CHECK_FAILS(kcache_entry_artifact(e, NULL, &data, &size), KCACHE_INVALID_ARGUMENT);
+  CHECK_FAILS(kcache_entry_artifact(e, "obj", NULL, &size), KCACHE_INVALID_ARGUMENT);
+  CHECK_FAILS(kcache_entry_artifact(e, "obj", &data, NULL), KCACHE_INVALID_ARGUMENT);
+  CHECK_FAILS(kcache_entry_artifact(e, "none", &data, &size), KCACHE_NOT_FOUND);
+  CHECK_OK(kcache_entry_artifact(e, "obj", &data, &size));
+  CHECK_EQ_INT(size, 0);
+  CHECK_EQ_INT(kcache_entry_artifact_count(NULL), 0);
+  CHECK_EQ_INT(kcache_entry_artifact_count(e), 1);
+  CHECK_FAILS(kcache_entry_artifact_at(NULL, 0, &name, &data, &size), KCACHE_INVALID_ARGUMENT);
+  CHECK_FAILS(kcache_entry_artifact_at(e, 0, NULL, &data, &size), KCACHE_INVALID_ARGUMENT);
+  CHECK_FAILS(kcache_entry_artifact_at(e, 0, &name, NULL, &size), KCACHE_INVALID_ARGUMENT);
+  CHECK_FAILS(kcache_entry_artifact_at(e, 0, &name, &data, NULL), KCACHE_INVALID_ARGUMENT);
+  CHECK_FAILS(kcache_entry_artifact_at(e, 1, &name, &data, &size), KCACHE_NOT_FOUND);
+  CHECK_OK(kcache_entry_artifact_at(e, 0, &name, &data, &size));
+  CHECK(strcmp(name, "obj") == 0);
+  CHECK_FAILS(kcache_entry_key(NULL, &got), KCACHE_INVALID_ARGUMENT);
+  CHECK_FAILS(kcache_entry_key(e, NULL), KCACHE_INVALID_ARGUMENT);
+  CHECK_OK(kcache_entry_key(e, &got));
+  CHECK(memcmp(&k, &got, sizeof k) == 0);
+  kcache_entry_free(e);
+
+  CHECK(kcache_stats_json(NULL) == NULL);
+  CHECK(strlen(kcache_last_error()) > 0);
+  json = kcache_stats_json(c);
+  CHECK(json != NULL);
+  CHECK(strlen(kcache_last_error()) == 0);
+  kcache_free(json);
+
+  /* NULL is fine for every free function. */
+  kcache_entry_free(NULL);
+  kcache_key_builder_free(NULL);
+  kcache_options_free(NULL);
+  kcache_key_builder_free(b);
+  kcache_close(c);
+}
+
 int main(void) {
   char root[] = "/tmp/kcache-c-test-XXXXXX";
   char cmd[600];
@@ -327,6 +544,7 @@ int main(void) {
   }
   test_keys();
   test_errors_and_version();
+  test_bad_arguments(root);
   if (strstr(kcache_features(), "lmdb")) test_engine(root, "lmdb");
   test_engine(root, "files");
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);

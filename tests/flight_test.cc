@@ -47,7 +47,9 @@ TEST(Flight, OwnerCommitsThenHits) {
   EXPECT_EQ(*g.entry().artifact("obj"), "one");
   EXPECT_EQ(g.commit(arts("x")).error().code(), Errc::invalid_argument);
 
-  // A new process-like cache (no memory tier content) finds it on disk.
+  // Committed to disk once flushed: a second cache (no memory tier
+  // content) finds it there.
+  c->flush();
   auto c2 = Cache::open(disk_options(d.path()));
   Flight h = c2->begin(info_of(1));
   ASSERT_TRUE(h.hit());

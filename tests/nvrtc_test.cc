@@ -1,15 +1,24 @@
 // NVRTC integration: real NVRTC compiles of a realistic kernel corpus, cold
 // then warm, through a real memory + LMDB cache. The corpus is compiled cold
 // once for the whole suite (NVRTC is the slow part); each test then checks
-// one property against those results.
+// one property against those results. Then real kernels that include their
+// own headers from disk (edits are misses, in memory and on disk), the
+// outputs NVRTC reports for each -arch spelling, and NUL-terminated PTX.
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+
 #include <atomic>
+#include <chrono>
+#include <cstring>
+#include <fstream>
 #include <memory>
+#include <set>
 #include <thread>
 
 #include "gpu_kernels.h"
 #include "kcache/cache.h"
+#include "integrations/nvrtc/includes.h"
 #include "kcache/nvrtc.h"
 #include "test_util.h"
 
@@ -131,8 +140,13 @@ TEST_F(NvrtcCorpus, CachedBytesEqualAnUncachedCompile) {
     auto arts = nvrtc::compile_uncached((*kernels_)[i].program);
     ASSERT_TRUE(arts.has_value());
     for (const auto& a : *arts) {
-      if (a.name == "ptx") EXPECT_EQ(a.data, (*cold_)[i].ptx);
-      if (a.name == "cubin") EXPECT_EQ(a.data, (*cold_)[i].cubin);
+      // The stored PTX carries its terminating NUL; Result::ptx stops before it.
+      if (a.name == "ptx") {
+        EXPECT_EQ(a.data, std::string((*cold_)[i].ptx) + '\0');
+      }
+      if (a.name == "cubin") {
+        EXPECT_EQ(a.data, (*cold_)[i].cubin);
+      }
     }
   }
 }
@@ -224,9 +238,12 @@ TEST_F(NvrtcCorpus, CanonicalOptionsAreDocumentedShape) {
   auto d = nvrtc::canonical_options({"-DA=1", "-UA"});
   EXPECT_EQ(d.macros, (std::vector<std::string>{"-DA=1", "-UA"}));
   EXPECT_FALSE(d.macros_sorted);
-  auto o = nvrtc::outputs_for({"--gpu-architecture=sm_90", "-arch=compute_90"});
-  EXPECT_FALSE(o.cubin);  // the last -arch wins
+  // NVRTC makes a CUBIN when any -arch names a real architecture.
+  EXPECT_TRUE(nvrtc::outputs_for({"--gpu-architecture=sm_90", "-arch=compute_90"}).cubin);
   EXPECT_TRUE(nvrtc::outputs_for({"--gpu-architecture=sm_90"}).cubin);
+  EXPECT_TRUE(nvrtc::outputs_for({"-arch", "sm_90"}).cubin);
+  EXPECT_TRUE(nvrtc::outputs_for({"--gpu-architecture", "sm_90"}).cubin);
+  EXPECT_FALSE(nvrtc::outputs_for({"-arch", "compute_90"}).cubin);
   EXPECT_TRUE(nvrtc::outputs_for({"--dlink-time-opt"}).ltoir);
 }
 
@@ -356,6 +373,339 @@ TEST_F(NvrtcCorpus, ExtraKeyComponentsChangeTheKey) {
   p.extra_key["disk_header_digest"] = "abd";
   auto b = compiler_->key(p);
   EXPECT_EQ(manifest_diff(a->manifest, b->manifest), std::vector<std::string>{"extra.disk_header_digest"});
+}
+
+// ---- headers NVRTC reads from disk --------------------------------------------
+
+void write_text(const std::string& path, const std::string& text) {
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  f << text;
+  ASSERT_TRUE(f.good()) << path;
+}
+
+// A kernel that reads its constants from headers found through -I: the
+// source includes <kc_scale.cuh>, which includes "kc_offset.cuh" beside it.
+class NvrtcDiskHeaders : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    inc_ = tmp_.path() + "/inc";
+    cache_dir_ = tmp_.path() + "/cache";
+    ASSERT_EQ(::mkdir(inc_.c_str(), 0755), 0);
+    write_text(inc_ + "/kc_scale.cuh", "#pragma once\n#include \"kc_offset.cuh\"\n#define KC_SCALE 2.0f\n");
+    write_text(inc_ + "/kc_offset.cuh", "#pragma once\n#define KC_OFFSET 1.0f\n");
+    cache_ = Cache::open(disk_options(cache_dir_));
+    compiler_ = std::make_unique<nvrtc::Compiler>(*cache_);
+    program_.name = "scale_offset.cu";
+    program_.source =
+        "#include <kc_scale.cuh>\n"
+        "extern \"C\" __global__ void scale_offset(float* x) { x[threadIdx.x] = x[threadIdx.x] * KC_SCALE + "
+        "KC_OFFSET; }\n";
+    program_.options = {"-arch=sm_80", "-I" + inc_};
+  }
+  // A compile through a fresh cache on the same folder with no memory tier:
+  // what another process would get from disk.
+  Expected<nvrtc::Result> compile_in_fresh_process(const nvrtc::Program& p) {
+    cache_->flush();
+    fresh_ = Cache::open(disk_options(cache_dir_, /*memory=*/false));
+    nvrtc::Compiler c(*fresh_);
+    return c.compile(p);
+  }
+  TempDir tmp_;
+  std::string inc_, cache_dir_;
+  std::unique_ptr<Cache> cache_, fresh_;
+  std::unique_ptr<nvrtc::Compiler> compiler_;
+  nvrtc::Program program_;
+};
+
+// 1.0f is 0f3F800000 in PTX, 3.0f is 0f40400000.
+constexpr std::string_view kOne = "0f3F800000", kThree = "0f40400000";
+
+TEST_F(NvrtcDiskHeaders, EditingANestedHeaderIsAMissWithNewPtxFromMemoryAndFromDisk) {
+  auto cold = compiler_->compile(program_);
+  ASSERT_TRUE(cold.has_value()) << cold.error().to_string();
+  EXPECT_EQ(cold->source, Source::compiled);
+  EXPECT_NE(cold->ptx.find(kOne), std::string_view::npos);
+  auto warm = compiler_->compile(program_);
+  ASSERT_TRUE(warm.has_value());
+  EXPECT_EQ(warm->source, Source::memory);  // unchanged: a hit
+  EXPECT_EQ(warm->ptx, cold->ptx);
+  auto from_disk = compile_in_fresh_process(program_);
+  ASSERT_TRUE(from_disk.has_value());
+  EXPECT_EQ(from_disk->source, Source::disk);
+  EXPECT_EQ(from_disk->ptx, cold->ptx);
+
+  // The header two levels down changes: a miss in this process...
+  write_text(inc_ + "/kc_offset.cuh", "#pragma once\n#define KC_OFFSET 3.0f\n");
+  auto edited = compiler_->compile(program_);
+  ASSERT_TRUE(edited.has_value());
+  EXPECT_EQ(edited->source, Source::compiled);
+  EXPECT_NE(edited->key, cold->key);
+  EXPECT_NE(edited->ptx.find(kThree), std::string_view::npos);
+  EXPECT_EQ(edited->ptx.find(kOne), std::string_view::npos);
+  // ...and the manifest names the component that changed.
+  auto a = compiler_->key(program_);
+  ASSERT_TRUE(a.has_value());
+  EXPECT_EQ(manifest_diff(a->manifest, cold->entry.manifest()), std::vector<std::string>{"disk_headers"});
+  // Another process sees the new header too: from disk, the new PTX.
+  auto edited_disk = compile_in_fresh_process(program_);
+  ASSERT_TRUE(edited_disk.has_value());
+  EXPECT_EQ(edited_disk->source, Source::disk);
+  EXPECT_EQ(edited_disk->ptx, edited->ptx);
+
+  // A process that has not seen the edit before compiles (never the old PTX).
+  write_text(inc_ + "/kc_offset.cuh", "#pragma once\n#define KC_OFFSET 3.0f  // same value, new bytes\n");
+  auto third = compile_in_fresh_process(program_);
+  ASSERT_TRUE(third.has_value());
+  EXPECT_EQ(third->source, Source::compiled);
+
+  // Back to the first contents: the first entry is found again.
+  write_text(inc_ + "/kc_offset.cuh", "#pragma once\n#define KC_OFFSET 1.0f\n");
+  auto back = compiler_->compile(program_);
+  ASSERT_TRUE(back.has_value());
+  EXPECT_EQ(back->source, Source::memory);
+  EXPECT_EQ(back->ptx, cold->ptx);
+}
+
+TEST_F(NvrtcDiskHeaders, EveryIncludePathSpellingIsFollowed) {
+  const std::vector<std::vector<std::string>> spellings = {
+      {"-arch=sm_80", "-I" + inc_},
+      {"-arch=sm_80", "-I", inc_},
+      {"-arch=sm_80", "--include-path=" + inc_},
+      {"-arch=sm_80", "--include-path", inc_},
+  };
+  std::vector<Key> before;
+  for (const auto& opts : spellings) {
+    nvrtc::Program p = program_;
+    p.options = opts;
+    auto k = compiler_->key(p);
+    ASSERT_TRUE(k.has_value()) << k.error().to_string();
+    before.push_back(k->key);
+  }
+  write_text(inc_ + "/kc_offset.cuh", "#pragma once\n#define KC_OFFSET 3.0f\n");
+  for (size_t i = 0; i < spellings.size(); ++i) {
+    nvrtc::Program p = program_;
+    p.options = spellings[i];
+    auto k = compiler_->key(p);
+    ASSERT_TRUE(k.has_value());
+    EXPECT_NE(k->key, before[i]) << "spelling " << i;
+  }
+}
+
+TEST_F(NvrtcDiskHeaders, PreIncludedHeaderIsInTheKey) {
+  write_text(inc_ + "/kc_pre.cuh", "#define KC_PRE 1.0f\n");
+  nvrtc::Program p = program_;
+  p.source = "extern \"C\" __global__ void pre(float* x) { x[threadIdx.x] += KC_PRE; }\n";
+  p.options.push_back("--pre-include=kc_pre.cuh");
+  auto cold = compiler_->compile(p);
+  ASSERT_TRUE(cold.has_value()) << cold.error().to_string();
+  EXPECT_NE(cold->ptx.find(kOne), std::string_view::npos);
+  write_text(inc_ + "/kc_pre.cuh", "#define KC_PRE 3.0f\n");
+  auto edited = compiler_->compile(p);
+  ASSERT_TRUE(edited.has_value());
+  EXPECT_EQ(edited->source, Source::compiled);
+  EXPECT_NE(edited->ptx.find(kThree), std::string_view::npos);
+  // The short spelling too.
+  nvrtc::Program q = p;
+  q.options.back() = "-include";
+  q.options.push_back("kc_pre.cuh");
+  auto kq = compiler_->key(q);
+  ASSERT_TRUE(kq.has_value());
+  write_text(inc_ + "/kc_pre.cuh", "#define KC_PRE 4.0f\n");
+  EXPECT_NE(compiler_->key(q)->key, kq->key);
+}
+
+TEST_F(NvrtcDiskHeaders, AHeaderThatAppearsEarlierInTheSearchIsAMiss) {
+  std::string first = tmp_.path() + "/first";
+  ASSERT_EQ(::mkdir(first.c_str(), 0755), 0);
+  nvrtc::Program p = program_;
+  p.options = {"-arch=sm_80", "-I" + first, "-I" + inc_};
+  auto cold = compiler_->compile(p);
+  ASSERT_TRUE(cold.has_value()) << cold.error().to_string();
+  EXPECT_NE(cold->ptx.find(kOne), std::string_view::npos);
+  // kc_scale.cuh now exists in the first folder: NVRTC takes that one.
+  write_text(first + "/kc_scale.cuh", "#pragma once\n#include \"kc_offset.cuh\"\n#define KC_SCALE 3.0f\n");
+  auto shadowed = compiler_->compile(p);
+  ASSERT_TRUE(shadowed.has_value());
+  EXPECT_EQ(shadowed->source, Source::compiled);
+  EXPECT_NE(shadowed->ptx.find(kThree), std::string_view::npos);
+  // And a quoted include from the source looks beside the program name.
+  nvrtc::Program q = program_;
+  q.name = tmp_.path() + "/first/beside.cu";
+  q.source = "#include \"kc_offset.cuh\"\nextern \"C\" __global__ void k(float* x) { x[0] *= KC_OFFSET; }\n";
+  q.options = {"-arch=sm_80"};
+  write_text(first + "/kc_offset.cuh", "#pragma once\n#define KC_OFFSET 3.0f\n");
+  auto beside = compiler_->compile(q);
+  ASSERT_TRUE(beside.has_value()) << beside.error().to_string();
+  EXPECT_NE(beside->ptx.find(kThree), std::string_view::npos);
+  write_text(first + "/kc_offset.cuh", "#pragma once\n#define KC_OFFSET 4.0f\n");
+  auto beside2 = compiler_->compile(q);
+  ASSERT_TRUE(beside2.has_value());
+  EXPECT_EQ(beside2->source, Source::compiled);
+  EXPECT_NE(beside2->ptx.find("0f40800000"), std::string_view::npos);  // 4.0f
+}
+
+TEST_F(NvrtcDiskHeaders, AComputedIncludePutsTheWholeFoldersInTheKey) {
+  nvrtc::Program p = program_;
+  p.source =
+      "#define KC_HEADER <kc_scale.cuh>\n#include KC_HEADER\n"
+      "extern \"C\" __global__ void computed(float* x) { x[threadIdx.x] *= KC_SCALE + KC_OFFSET; }\n";
+  auto cold = compiler_->compile(p);
+  ASSERT_TRUE(cold.has_value()) << cold.error().to_string();
+  auto warm = compiler_->compile(p);
+  ASSERT_TRUE(warm.has_value());
+  EXPECT_EQ(warm->source, Source::memory);
+  // The header the macro names changes: a miss with new PTX (2 + 3 = 5).
+  write_text(inc_ + "/kc_offset.cuh", "#pragma once\n#define KC_OFFSET 3.0f\n");
+  auto edited = compiler_->compile(p);
+  ASSERT_TRUE(edited.has_value());
+  EXPECT_EQ(edited->source, Source::compiled);
+  EXPECT_NE(edited->ptx, cold->ptx);
+  EXPECT_NE(edited->ptx.find("0f40A00000"), std::string_view::npos);  // 5.0f
+  // Any file in the folder counts, even one no directive names.
+  Key k1 = compiler_->key(p)->key;
+  write_text(inc_ + "/unrelated.txt", "x");
+  auto k2 = compiler_->key(p);
+  ASSERT_TRUE(k2.has_value());
+  EXPECT_NE(k2->key, k1);
+  // Without the computed include, the unrelated file is not in the key.
+  Key plain = compiler_->key(program_)->key;
+  write_text(inc_ + "/unrelated.txt", "y");
+  EXPECT_EQ(compiler_->key(program_)->key, plain);
+}
+
+TEST_F(NvrtcDiskHeaders, AWarmProcessStatsHeadersInsteadOfReadingThem) {
+  // Digests are remembered only for files older than 2 s (a younger one
+  // could change again within one timestamp tick).
+  std::this_thread::sleep_for(std::chrono::milliseconds(2100));
+  ASSERT_TRUE(compiler_->compile(program_).has_value());
+  uint64_t reads = nvrtc::detail::header_reads();
+  for (int i = 0; i < 5; ++i) {
+    auto r = compiler_->compile(program_);
+    ASSERT_TRUE(r.has_value());
+    EXPECT_EQ(r->source, Source::memory);
+  }
+  EXPECT_EQ(nvrtc::detail::header_reads(), reads);
+  // A changed file is read again (its identity changed).
+  write_text(inc_ + "/kc_offset.cuh", "#pragma once\n#define KC_OFFSET 3.0f\n");
+  auto r = compiler_->compile(program_);
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->source, Source::compiled);
+  EXPECT_GT(nvrtc::detail::header_reads(), reads);
+}
+
+TEST(NvrtcIncludeScan, DirectivesAreFoundWhereverTheyHide) {
+  auto d = nvrtc::detail::scan_includes(
+      "#include \"a.h\"\n"
+      "  #  include <b/c.h>\n"
+      "#include_next <d.h>\n"
+      "#if __has_include(\"e.h\")\n#endif\n"
+      "/* a comment\n#include \"in_comment.h\"\n*/\n"
+      "#include \\\n  \"spliced.h\"\n"
+      "#include MACRO_NAME\n"
+      "const char* s = \"#include <not_a_directive.h>\";\n");
+  std::set<std::string> names;
+  bool computed = false;
+  for (const auto& x : d) {
+    if (x.computed) computed = true;
+    else names.insert(x.name);
+  }
+  EXPECT_TRUE(computed);
+  for (const char* n : {"a.h", "b/c.h", "d.h", "e.h", "in_comment.h", "spliced.h"}) EXPECT_TRUE(names.count(n)) << n;
+  EXPECT_FALSE(names.count("not_a_directive.h"));
+}
+
+// ---- outputs as NVRTC reports them; PTX ready for cuModuleLoadData -------------
+
+TEST(NvrtcOutputs, EveryArchSpellingGivesACubinFromCompileAndFromTheCache) {
+  TempDir dir;
+  auto cache = Cache::open(disk_options(dir.path()));
+  nvrtc::Compiler compiler(*cache);
+  const std::vector<std::vector<std::string>> spellings = {
+      {"-arch", "sm_90"},
+      {"--gpu-architecture", "sm_90"},
+      {"-arch=sm_90", "-arch=compute_90"},
+      {"--gpu-architecture=sm_90"},
+  };
+  for (const auto& opts : spellings) {
+    nvrtc::Program p;
+    p.name = "arch.cu";
+    p.source = "extern \"C\" __global__ void k(float* x) { x[threadIdx.x] *= 2.0f; }\n";
+    p.options = opts;
+    std::string what = opts[0] + (opts.size() > 1 ? " " + opts[1] : "");
+    auto r = compiler.compile(p);
+    ASSERT_TRUE(r.has_value()) << what << ": " << r.error().to_string();
+    EXPECT_EQ(r->source, Source::compiled) << what;
+    ASSERT_GE(r->cubin.size(), 64u) << what;
+    EXPECT_EQ(r->cubin.substr(0, 4), std::string_view("\x7f" "ELF", 4)) << what;
+    EXPECT_NE(r->ptx.find(".target sm_90"), std::string_view::npos) << what;
+    auto again = compiler.compile(p);
+    ASSERT_TRUE(again.has_value());
+    EXPECT_EQ(again->source, Source::memory) << what;
+    EXPECT_EQ(again->cubin, r->cubin) << what;
+  }
+  // A virtual architecture alone: PTX and no CUBIN.
+  nvrtc::Program v;
+  v.source = "extern \"C\" __global__ void k(float* x) { x[0] = 1.0f; }\n";
+  v.options = {"-arch", "compute_90"};
+  auto r = compiler.compile(v);
+  ASSERT_TRUE(r.has_value());
+  EXPECT_TRUE(r->cubin.empty());
+  EXPECT_FALSE(r->ptx.empty());
+}
+
+TEST(NvrtcOutputs, PtxIsNulTerminatedFromCompileMemoryAndDisk) {
+  TempDir dir;
+  nvrtc::Program p;
+  p.source = "extern \"C\" __global__ void k(float* x) { x[threadIdx.x] += 1.0f; }\n";
+  p.options = {"-arch=sm_80"};
+  auto check = [](const nvrtc::Result& r, const char* where) {
+    ASSERT_FALSE(r.ptx.empty()) << where;
+    EXPECT_EQ(r.ptx.data()[r.ptx.size()], '\0') << where;
+    EXPECT_EQ(std::strlen(r.ptx_cstr()), r.ptx.size()) << where;
+    EXPECT_EQ(r.ptx_cstr(), r.ptx.data()) << where;
+    EXPECT_NE(r.ptx.back(), '\0') << where;  // the view itself stops before the NUL
+  };
+  {
+    auto cache = Cache::open(disk_options(dir.path()));
+    nvrtc::Compiler c(*cache);
+    auto cold = c.compile(p);
+    ASSERT_TRUE(cold.has_value());
+    EXPECT_EQ(cold->source, Source::compiled);
+    check(*cold, "compiled");
+    auto warm = c.compile(p);
+    ASSERT_TRUE(warm.has_value());
+    EXPECT_EQ(warm->source, Source::memory);
+    check(*warm, "memory");
+  }
+  auto disk_only = Cache::open(disk_options(dir.path(), /*memory=*/false));
+  nvrtc::Compiler c(*disk_only);
+  auto disk = c.compile(p);
+  ASSERT_TRUE(disk.has_value());
+  EXPECT_EQ(disk->source, Source::disk);
+  check(*disk, "disk");
+  // No PTX (-dlto): ptx_cstr() is "" rather than a dangling pointer.
+  p.options.push_back("-dlto");
+  auto lto = c.compile(p);
+  ASSERT_TRUE(lto.has_value());
+  EXPECT_TRUE(lto->ptx.empty());
+  EXPECT_STREQ(lto->ptx_cstr(), "");
+}
+
+TEST(NvrtcOutputs, AStoredPtxWithoutItsNulIsRecompiledAndReplaced) {
+  TempDir dir;
+  auto cache = Cache::open(disk_options(dir.path()));
+  nvrtc::Compiler c(*cache);
+  nvrtc::Program p;
+  p.source = "extern \"C\" __global__ void k(float* x) { x[0] = 2.0f; }\n";
+  p.options = {"-arch=compute_80"};
+  auto ki = c.key(p);
+  ASSERT_TRUE(ki.has_value());
+  ASSERT_TRUE(cache->put(*ki, {{"ptx", ".version 9.0 // no NUL"}}).has_value());
+  auto r = c.compile(p);
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->source, Source::compiled);
+  EXPECT_NE(r->ptx.find(".entry k("), std::string_view::npos);
+  EXPECT_EQ(r->ptx.data()[r->ptx.size()], '\0');
 }
 
 }  // namespace

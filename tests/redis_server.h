@@ -136,6 +136,15 @@ class RedisServer {
   std::string url() const { return "redis://127.0.0.1:" + std::to_string(port_); }
   std::string addr() const { return "127.0.0.1:" + std::to_string(port_); }
 
+  // SIGSTOP / SIGCONT: the server hangs (connections are still accepted by
+  // the kernel, nothing is answered) and comes back.
+  void freeze() {
+    if (pid_ > 0) ::kill(pid_, SIGSTOP);
+  }
+  void thaw() {
+    if (pid_ > 0) ::kill(pid_, SIGCONT);
+  }
+
   // SIGKILL and reap: the server vanishes mid-conversation.
   void stop() {
     if (pid_ > 0) {

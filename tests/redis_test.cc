@@ -324,6 +324,7 @@ TEST(Redis, PausedServerTimesOutThenRecovers) {
   o.connect_timeout_ms = 200;
   o.command_timeout_ms = 200;
   o.breaker_threshold = 2;
+  o.breaker_timeouts = 2;  // by default the first timeout opens the breaker
   o.breaker_cooldown_ms = 300;
   auto t = redis(srv.url(), o);
   ASSERT_TRUE(t->put(make_entry(1)).is_ok());

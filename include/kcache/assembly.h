@@ -40,8 +40,15 @@ struct DiskStore {
 // unless create is false; a store that does not exist then is not_found),
 // and, with leases, the leases that go with it. A store that opened without
 // its leases is still returned (leases null, said in the log).
+// A store another user could have written is refused (unavailable, the
+// path and its owner or mode in the message), before it is opened and once
+// more after: the cache folder, the engine folder, LMDB's files, the files
+// engine's folders, counters and leases must be owned by this user (or
+// root) and writable by no one else, or with `shared_group` (see
+// Options::shared_group) by members of that group (invalid_argument when
+// the group is unknown or this process is not in it).
 Expected<DiskStore> open_disk_store(const std::string& dir, Engine engine, const DiskTierOptions& options,
-                                    bool leases, bool create = true);
+                                    bool leases, bool create = true, const std::string& shared_group = {});
 
 // Where the disk store of `options` lives, whether or not it exists:
 // folder, engine and path. dir is empty when no folder can be named.

@@ -14,7 +14,8 @@
 // Configuration comes from Options, then the environment overrides it
 // (Options::from_env): KCACHE_DIR, KCACHE_DISABLE, KCACHE_READONLY,
 // KCACHE_MAX_SIZE, KCACHE_RECOMPILE, KCACHE_STATS, KCACHE_LOG, KCACHE_ENGINE,
-// KCACHE_REMOTE, KCACHE_REMOTE_SECRET_FILE, KCACHE_BUNDLES, KCACHE_BUNDLE_TRUST.
+// KCACHE_REMOTE, KCACHE_REMOTE_SECRET_FILE, KCACHE_SHARED, KCACHE_BUNDLES,
+// KCACHE_BUNDLE_TRUST.
 //
 // Thread-safety: all methods may be called concurrently. set_leases and
 // add_tier belong to set-up, before the Cache is shared between threads.
@@ -46,6 +47,17 @@ struct Options {
   std::string dir;
   // Disk engine; nullopt: default_engine() (LMDB where built).
   std::optional<Engine> engine;
+  // Group that may share the disk store (a name or a number; KCACHE_SHARED).
+  // Empty (the default): a store is used only when its folders and files
+  // are owned by this user (or root) and writable by no one else; any other
+  // is left out with one log line, as if it could not be opened, because
+  // another user could have put entries in it. Set: members of this group
+  // may also own them and write through the group (a new store is made
+  // with this group, setgid folders and group write, as ccache's shared
+  // caches are); write permission for others is still refused. A group
+  // that does not exist or that this process is not in leaves the disk
+  // store out (said in the log).
+  std::string shared_group;
   // Create the cache folder when it does not exist (default). Off: a store
   // that does not exist yet is left out without a word (commands that only
   // read, such as `kcache get`, do not create stores).

@@ -7,6 +7,21 @@
  * (enum kcache_code; 0 is success) and, on failure, leaves a one-line message
  * for the calling thread in kcache_last_error().
  *
+ * Arguments: a pointer may be NULL only where its function says so (the
+ * *_free functions, kcache_close, kcache_open's options, the `source`
+ * out-parameters, and data pointers whose size is 0). Any other NULL is
+ * refused with KCACHE_INVALID_ARGUMENT, never dereferenced.
+ *
+ * The last error: every function that returns an int code sets
+ * kcache_last_error() to a non-empty message when it returns non-zero and
+ * clears it ("") when it returns KCACHE_OK, so code and message always
+ * agree, even after nested calls made inside a compile callback.
+ * kcache_key_builder_new and kcache_stats_json (which return pointers) set
+ * it when they return NULL and clear it otherwise. The functions that
+ * return neither (kcache_version, kcache_features, kcache_code_name, the
+ * *_free functions, kcache_close, kcache_entry_artifact_count) leave it
+ * alone.
+ *
  * The cache keeps its promise here too: a cache fault (corrupt entry, full
  * disk, read-only folder) is a miss plus a counter, never an error returned
  * from kcache_get_or_compile(); the only failures it returns are the compile
@@ -120,7 +135,9 @@ KCACHE_EXPORT int kcache_options_set(kcache_options* o, const char* name, const 
 /* ---- keys --------------------------------------------------------------------- */
 
 /* Builds a key from a namespace and named components (kcache::KeyBuilder).
- * NULL when out of memory. */
+ * NULL when `ns` is NULL or out of memory (kcache_last_error says which).
+ * A component with an empty or repeated name is reported by
+ * kcache_key_builder_finish. */
 KCACHE_EXPORT kcache_key_builder* kcache_key_builder_new(const char* ns);
 KCACHE_EXPORT void kcache_key_builder_free(kcache_key_builder* b);
 KCACHE_EXPORT int kcache_key_add_bytes(kcache_key_builder* b, const char* name, const void* data, size_t size);
@@ -134,10 +151,13 @@ KCACHE_EXPORT int kcache_key_add_file(kcache_key_builder* b, const char* name, c
 /* The key; KCACHE_INVALID_ARGUMENT on a repeated or empty component name,
  * KCACHE_IO_ERROR / KCACHE_NOT_FOUND when an added file could not be read. */
 KCACHE_EXPORT int kcache_key_builder_finish(const kcache_key_builder* b, kcache_key* out);
-/* Digest of arbitrary bytes (e.g. a previous stage's output). */
-KCACHE_EXPORT void kcache_hash_bytes(const void* data, size_t size, kcache_key* out);
-/* 32 lowercase hex digits and a NUL into out[33]. */
-KCACHE_EXPORT void kcache_key_to_hex(const kcache_key* key, char out[33]);
+/* Digest of arbitrary bytes (e.g. a previous stage's output). `data` may be
+ * NULL when size is 0. */
+KCACHE_EXPORT int kcache_hash_bytes(const void* data, size_t size, kcache_key* out);
+/* 32 lowercase hex digits and a NUL into out[33]. With a NULL key, out
+ * (when not NULL) is set to "" and KCACHE_INVALID_ARGUMENT returned. */
+KCACHE_EXPORT int kcache_key_to_hex(const kcache_key* key, char out[33]);
+/* Exactly 32 hex digits; KCACHE_INVALID_ARGUMENT otherwise. */
 KCACHE_EXPORT int kcache_key_from_hex(const char* hex, kcache_key* out);
 
 /* ---- the cache ------------------------------------------------------------------ */
@@ -154,14 +174,20 @@ KCACHE_EXPORT void kcache_close(kcache_cache* c);
 KCACHE_EXPORT int kcache_get(kcache_cache* c, const kcache_key* key, kcache_entry** out);
 /* Stores an entry made of `n` artifacts. KCACHE_OK when some tier took it,
  * KCACHE_UNAVAILABLE when none did (faults are counted, never fatal),
- * KCACHE_INVALID_ARGUMENT for duplicate or empty artifact names. */
+ * KCACHE_INVALID_ARGUMENT for a NULL pointer or an artifact name that is
+ * empty, longer than 255 bytes or repeated (nothing is stored then). */
 KCACHE_EXPORT int kcache_put(kcache_cache* c, const kcache_key* key, const kcache_artifact* artifacts, size_t n);
 
 /* The compile callback: adds the artifacts it produced with
  * kcache_artifacts_add() and returns 0, or returns non-zero for a failed
  * compile (reported as KCACHE_COMPILE_FAILED; nothing is stored). */
 typedef int (*kcache_compile_fn)(void* user_data, kcache_artifacts* out);
-/* Copies `size` bytes at `data` as artifact `name` of the entry being built. */
+/* Copies `size` bytes at `data` as artifact `name` of the entry being built.
+ * KCACHE_INVALID_ARGUMENT (and nothing added) for a NULL pointer, a name
+ * that is empty, longer than 255 bytes, or already added. A callback that
+ * returns 0 after a refused add makes the compile fail with
+ * KCACHE_INVALID_ARGUMENT (nothing is stored): an entry never silently
+ * lacks an artifact its compiler meant to add. */
 KCACHE_EXPORT int kcache_artifacts_add(kcache_artifacts* a, const char* name, const void* data, size_t size);
 
 /* The entry for `key`: from a tier, or from `compile` (run at most once at a
@@ -175,16 +201,17 @@ KCACHE_EXPORT int kcache_get_or_compile_built(kcache_cache* c, const kcache_key_
                                               int* source);
 
 /* Statistics as JSON (kcache::CacheStats::to_json); free with kcache_free.
- * NULL when out of memory. */
+ * NULL for a NULL cache or when out of memory. */
 KCACHE_EXPORT char* kcache_stats_json(kcache_cache* c);
 
 /* ---- entries --------------------------------------------------------------------- */
 
 KCACHE_EXPORT void kcache_entry_free(kcache_entry* e);
-KCACHE_EXPORT void kcache_entry_key(const kcache_entry* e, kcache_key* out);
+KCACHE_EXPORT int kcache_entry_key(const kcache_entry* e, kcache_key* out);
 /* The artifact's bytes; KCACHE_NOT_FOUND if the entry has none by that name.
  * The pointer is valid until kcache_entry_free(e). */
 KCACHE_EXPORT int kcache_entry_artifact(const kcache_entry* e, const char* name, const void** data, size_t* size);
+/* 0 for a NULL entry. */
 KCACHE_EXPORT size_t kcache_entry_artifact_count(const kcache_entry* e);
 /* The i-th artifact (0 <= i < count); `name` is NUL-terminated. */
 KCACHE_EXPORT int kcache_entry_artifact_at(const kcache_entry* e, size_t i, const char** name, const void** data,

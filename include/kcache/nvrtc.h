@@ -1,21 +1,38 @@
 // kcache/nvrtc.h — cached NVRTC compiles of CUDA C++ source.
 //
 // A `nvrtc::Compiler` turns a `Program` (source, options, named headers,
-// name expressions) into PTX, plus CUBIN when the options name a real
-// architecture (`-arch=sm_XX`) and LTO-IR when they ask for it (`-dlto`,
-// `--dlink-time-opt`), plus the lowered (mangled) names of the name
-// expressions. The first compile of a program runs NVRTC and stores one
-// kcache Entry with the artifacts "ptx", "cubin", "ltoir", "lowered_names"
-// and "log" (only those produced); every later compile of the same program,
-// in this process or another one sharing the cache, is a lookup.
+// name expressions) into what NVRTC produces for it: PTX, CUBIN (a real
+// architecture, `-arch=sm_XX` in any spelling) and LTO-IR (`-dlto`) — the
+// compiler asks NVRTC which outputs it made rather than guessing from the
+// options — plus the lowered (mangled) names of the name expressions. The
+// first compile of a program runs NVRTC and stores one kcache Entry with the
+// artifacts "ptx" (with its terminating NUL), "cubin", "ltoir",
+// "lowered_names" and "log" (only those produced); every later compile of
+// the same program, in this process or another one sharing the cache, is a
+// lookup.
 //
-// What the key covers (namespace "kcache.nvrtc/1"):
+// What the key covers (namespace "kcache.nvrtc/2"):
 //   * the NVRTC build: nvrtcVersion() and a digest of the libnvrtc file that
 //     is loaded in this process (found with dladdr on an NVRTC symbol) and of
 //     the libnvrtc-builtins file beside it, so a patched library with the
 //     same version number is a miss;
 //   * the options in canonical form (see below);
 //   * every named header: its include name and its contents;
+//   * every file on disk the compile can read: the #include closure of the
+//     source, the named headers and the -include / --pre-include headers
+//     over NVRTC's search (for "name": the including file's folder, or the
+//     program name's folder for the source; then each -I / --include-path
+//     folder in order; <name>: the -I folders), each by path and digest.
+//     The closure is a superset: every directive counts whatever #if
+//     surrounds it, and every existing candidate along the search counts,
+//     not only the first, so a header that appears earlier in the search
+//     is a miss too. A computed include (`#include MACRO`) puts every file
+//     under every search folder into the key. A program whose search holds
+//     more than 20,000 files is compiled without the cache (one log line).
+//     Digests are remembered per process by file identity (device, inode,
+//     size, mtime and ctime in ns), so a warm compile pays a stat per header,
+//     not a read; a file changed in the last 2 s is read every time, since
+//     it could change again within one timestamp tick;
 //   * the source and the program name (it appears in diagnostics);
 //   * the name expressions, in the order given;
 //   * which outputs are produced (ptx / cubin / ltoir);
@@ -40,10 +57,9 @@
 // any of them is still compiled.
 //
 // Caveats:
-//   * Headers that NVRTC finds on disk through `-I`/`--include-path` or the
-//     CUDA include folder are NOT hashed: pass every header that can change
-//     as a named header, or put a digest of it into `extra_key`.
 //   * Environment variables NVRTC may read are not in the key.
+//   * Headers built into libnvrtc-builtins are covered by the library
+//     digest, not by the disk closure.
 //   * The first compile in a process hashes the NVRTC library (about 110 MB
 //     for CUDA 13); the digest is remembered in the cache under the file's
 //     identity (device, inode, size, mtime, ctime), so later processes pay a
@@ -69,7 +85,7 @@
 
 namespace kcache::nvrtc {
 
-inline constexpr std::string_view kNamespace = "kcache.nvrtc/1";
+inline constexpr std::string_view kNamespace = "kcache.nvrtc/2";
 
 struct Header {
   std::string name;      // the name the source #includes it by
@@ -85,15 +101,17 @@ struct Program {
   // C++ expressions naming __global__ functions or __device__ variables,
   // e.g. "reduce<float, 256>"; their lowered names are in the result.
   std::vector<std::string> name_expressions;
-  // Extra key components decided by the caller (e.g. digests of headers
-  // NVRTC reads from disk). Names are prefixed with "extra." in the manifest.
+  // Extra key components decided by the caller (anything outside the
+  // program that decides the output). Names are prefixed with "extra." in
+  // the manifest.
   std::map<std::string, std::string> extra_key;
 };
 
-// Which outputs the options ask for (derived from the options).
+// Which outputs the options ask for, read from the options (a key
+// component; what a compile returns is what NVRTC reports it made).
 struct Outputs {
   bool ptx = true;     // false only with -dlto (NVRTC then emits no PTX)
-  bool cubin = false;  // -arch=sm_XX / --gpu-architecture=sm_XX
+  bool cubin = false;  // any -arch naming sm_XX: -arch=sm_XX, -arch sm_XX, --gpu-architecture[=| ]sm_XX
   bool ltoir = false;  // -dlto / --dlink-time-opt
 };
 Outputs outputs_for(const std::vector<std::string>& options);
@@ -120,11 +138,18 @@ struct Result {
   Entry entry;
   Key key;
   Source source = Source::compiled;  // where it came from
-  std::string_view ptx;    // NUL-free PTX text; empty with -dlto
-  std::string_view cubin;  // empty unless a real arch was asked for
-  std::string_view ltoir;  // empty unless -dlto
+  // PTX text without its terminating NUL, which is nonetheless there:
+  // ptx.data()[ptx.size()] == '\0', so ptx_cstr() (or ptx.data()) can go
+  // straight to cuModuleLoadData. Empty when NVRTC made none (-dlto).
+  std::string_view ptx;
+  std::string_view cubin;  // empty unless NVRTC made one (a real arch)
+  std::string_view ltoir;  // empty unless NVRTC made it (-dlto)
   std::string_view log;    // NVRTC's warnings (may be empty)
   std::vector<std::pair<std::string, std::string>> lowered_names;  // expression, lowered
+
+  // The PTX as a NUL-terminated string ("" when there is none), valid as
+  // long as `ptx`: what cuModuleLoadData and cuLinkAddData expect.
+  const char* ptx_cstr() const noexcept { return ptx.empty() ? "" : ptx.data(); }
 
   // The lowered name of `expression`, or nullopt if it was not requested.
   std::optional<std::string_view> lowered(std::string_view expression) const noexcept;
@@ -166,7 +191,8 @@ class Compiler {
 };
 
 // Runs NVRTC directly, without any cache (the baseline for benchmarks and
-// what Compiler runs on a miss). The artifacts are named as in the Entry.
+// what Compiler runs on a miss). The artifacts are named as in the Entry;
+// "ptx" ends with its NUL.
 Expected<std::vector<Artifact>> compile_uncached(const Program& program);
 
 }  // namespace kcache::nvrtc

@@ -102,6 +102,10 @@ class Tier {
   }
   // REQUIRES: entry was built (non-empty encoded bytes).
   Status put(const Entry& entry);
+  // Puts many entries as one group where the store can (LMDB: one
+  // transaction and one sync); result[i] belongs to entries[i]. Default:
+  // put() each. REQUIRES: every entry was built.
+  virtual std::vector<Status> put_many(const std::vector<Entry>& entries);
   // Removing a key that is absent is ok.
   Status remove(const Key& key) { return do_remove(key); }
   TierStats stats() { return do_stats(); }

@@ -28,8 +28,8 @@ Expected<std::shared_ptr<Tier>> open_redis(const std::string& url, const std::st
 
 constexpr std::array kSchemes = {
 #if KCACHE_HAVE_REDIS
-    RemoteScheme{"redis", open_redis, make_redis_leases},
-    RemoteScheme{"redis+cluster", open_redis, make_redis_leases},
+    RemoteScheme{"redis", open_redis, make_remote_leases},
+    RemoteScheme{"redis+cluster", open_redis, make_remote_leases},
 #endif
     RemoteScheme{"", nullptr, nullptr},  // keeps the table non-empty in every build
 };
@@ -75,6 +75,42 @@ Expected<std::shared_ptr<Tier>> open_remote(const std::string& url, const std::s
   return scheme->open(url, secret);
 }
 
+namespace {
+
+// The files and folders of a store that decide what it hands out.
+std::vector<std::string> store_paths(const DiskStore& d) {
+  std::vector<std::string> p{d.dir, d.path};
+  switch (d.engine) {
+    case Engine::lmdb:
+      for (const char* f : {"/data.mdb", "/lock.mdb"}) p.push_back(d.path + f);
+      p.push_back(d.path + ".quarantine-lock");
+      break;
+    case Engine::files: {
+      for (const char* f : {"/tmp", "/stats", "/leases", "/evict.lease"}) p.push_back(d.path + f);
+      static const char hex[] = "0123456789abcdef";
+      for (int i = 0; i < 256; ++i) p.push_back(d.path + "/" + hex[i >> 4] + hex[i & 15]);
+      break;
+    }
+  }
+  return p;
+}
+
+// Ok when every existing path of the store is trusted.
+Status check_store(const DiskStore& d, const util::StoreTrust& trust) {
+  for (const auto& p : store_paths(d)) {
+    Status st = util::check_trusted(p, trust);
+    if (!st.is_ok() && st.code() != Errc::not_found) return st;
+  }
+  return Status();
+}
+
+bool exists(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+}  // namespace
+
 DiskStore disk_store_location(const Options& options) {
   DiskStore d;
   d.engine = options.engine.value_or(default_engine());
@@ -84,7 +120,7 @@ DiskStore disk_store_location(const Options& options) {
 }
 
 Expected<DiskStore> open_disk_store(const std::string& dir, Engine engine, const DiskTierOptions& options,
-                                    bool leases, bool create) {
+                                    bool leases, bool create, const std::string& shared_group) {
   if (!engine_built(engine))
     return Status(Errc::unavailable, "this kcache was built without the " + std::string(engine_name(engine)) +
                                          " engine");
@@ -93,12 +129,23 @@ Expected<DiskStore> open_disk_store(const std::string& dir, Engine engine, const
   d.engine = engine;
   d.dir = dir;
   d.path = dir + "/" + std::string(engine_name(engine));
+  KCACHE_TRY(util::StoreTrust trust, util::shared_group_trust(shared_group));
+  const unsigned dir_mode = trust.shared ? 02770 : 0700;
   if (create) {
-    KCACHE_RETURN_IF_ERROR(util::make_dirs(dir, 0700));
+    const bool fresh = !exists(dir);
+    KCACHE_RETURN_IF_ERROR(util::make_dirs(dir, dir_mode));
+    if (fresh) util::share_with_group(dir, trust);
+    KCACHE_RETURN_IF_ERROR(check_store(d, trust));
     if (::access(dir.c_str(), W_OK) != 0) return util::errno_status(errno, dir);
+    // The engine folder is made here, so the engines find it shared (or
+    // not) and make what they create inside to match.
+    if (!exists(d.path)) {
+      KCACHE_RETURN_IF_ERROR(util::make_dirs(d.path, dir_mode));
+      util::share_with_group(d.path, trust);
+    }
   } else {
-    struct stat st;
-    if (::stat(d.path.c_str(), &st) != 0) return Status(Errc::not_found, "no store at " + d.path);
+    if (!exists(d.path)) return Status(Errc::not_found, "no store at " + d.path);
+    KCACHE_RETURN_IF_ERROR(check_store(d, trust));
   }
   Expected<std::shared_ptr<Tier>> tier = Status(Errc::unavailable, "no engine");
   switch (engine) {
@@ -110,6 +157,11 @@ Expected<DiskStore> open_disk_store(const std::string& dir, Engine engine, const
       break;
   }
   if (!tier) return std::move(tier).error();
+  // Once more, now that the engine has made its files: LMDB's files get the
+  // group's write here, since LMDB makes them for this user only.
+  if (trust.shared)
+    for (const auto& p : store_paths(d)) util::share_with_group(p, trust);
+  KCACHE_RETURN_IF_ERROR(check_store(d, trust));
   d.tier = std::move(tier).value();
   if (leases) {
     auto l = open_leases(engine, d.path);
@@ -137,7 +189,8 @@ Assembly assemble(const Options& options) {
   }
   if (options.disk_tier) {
     DiskStore where = disk_store_location(options);
-    auto disk = open_disk_store(where.dir, where.engine, options.disk, coordinate, options.create_dir);
+    auto disk = open_disk_store(where.dir, where.engine, options.disk, coordinate, options.create_dir,
+                                options.shared_group);
     if (disk) {
       a.tiers.push_back(disk->tier);
       a.leases = disk->leases;

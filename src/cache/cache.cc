@@ -30,8 +30,9 @@ std::string_view source_name(Source s) noexcept {
 Cache::Cache(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 Cache::~Cache() {
+  impl_->committer.stop();  // releases the leases that went with its entries
   impl_->lease.stop();
-  flush();
+  impl_->chain.flush();
   if (impl_->opt.print_stats) std::fprintf(stderr, "%s", stats().to_string().c_str());
 }
 
@@ -63,7 +64,23 @@ void Cache::add_tier(std::shared_ptr<Tier> tier) {
 
 const std::vector<std::shared_ptr<Tier>>& Cache::tiers() const noexcept { return impl_->chain.tiers(); }
 const Options& Cache::options() const noexcept { return impl_->opt; }
-void Cache::flush() { impl_->chain.flush(); }
+void Cache::flush() {
+  impl_->committer.flush();
+  impl_->chain.flush();
+}
+
+bool Cache::Impl::store(const Entry& e, Leadership* owner) {
+  if (opt.read_only) return false;
+  bool any = chain.store(e, TierChain::Tiers::memory);
+  if (!chain.has_slow_writable()) return any;
+  std::function<void()> then;
+  if (owner && owner->leased) {
+    owner->leased = false;
+    then = [this, k = e.key()] { lease.release(k); };
+  }
+  committer.submit(e, std::move(then));
+  return true;
+}
 
 // ---- get and put -------------------------------------------------------------
 
@@ -127,7 +144,7 @@ Expected<Entry> Cache::Impl::resolve(const KeyInfo& key, const CompileFn& compil
   Expected<Entry> r = compile_entry(key, compile);
   if (r) {
     if (source) *source = Source::compiled;
-    store(*r);
+    store(*r, &*turn.leader);
   }
   turn.leader->finish(r);
   return r;
@@ -240,7 +257,7 @@ Expected<Entry> Flight::commit(std::vector<Artifact> artifacts, uint64_t compile
     abandon();
     return e;
   }
-  if (!impl.opt.disabled) impl.store(*e);
+  if (!impl.opt.disabled) impl.store(*e, s_->leader ? &*s_->leader : nullptr);
   if (s_->leader) s_->leader->finish(*e);
   s_->leader.reset();
   s_->owner = false;

@@ -11,6 +11,7 @@
 #include <atomic>
 #include <optional>
 
+#include "cache/committer.h"
 #include "cache/flight.h"
 #include "cache/lease_wait.h"
 #include "cache/tier_chain.h"
@@ -26,6 +27,7 @@ struct Cache::Impl {
   TierChain chain;
   FlightTable flights;
   LeaseWait lease;
+  Committer committer{chain};
   std::atomic<uint64_t> compiles{0}, compile_failures{0}, waits{0}, compile_us{0};
 
   // What the leader of a key's flight holds until it finishes: the
@@ -61,9 +63,17 @@ struct Cache::Impl {
     bool busy = false;
   };
 
-  // Step 1: every tier, in order (skipped under recompile).
+  // Step 1: every tier, in order (skipped under recompile); an entry still
+  // on its way to disk is served from the committer's queue.
   std::optional<Entry> look_up(const Key& key, Source* source, MissCount count) {
     if (opt.recompile) return std::nullopt;
+    if (!committer.idle()) {
+      if (auto e = committer.find(key)) {
+        chain.note_hit();
+        if (source) *source = Source::memory;
+        return e;
+      }
+    }
     return chain.lookup(key, source, count);
   }
   // Step 2. wait=false: a key another process is compiling is answered busy
@@ -73,8 +83,10 @@ struct Cache::Impl {
   // Step 3: the compile function, timed and counted, and the entry built
   // from its artifacts.
   Expected<Entry> compile_entry(const KeyInfo& key, const CompileFn& compile);
-  // Step 4: every writable tier (none when read-only).
-  bool store(const Entry& e) { return !opt.read_only && chain.store(e); }
+  // Step 4: every writable tier (none when read-only): the memory tier at
+  // once, the slower ones through the committer. The lease of `owner` (if
+  // any) goes with the entry and is released once the slower tiers have it.
+  bool store(const Entry& e, Leadership* owner = nullptr);
 
   enum class Outcome { done, busy };
   // The four steps. count: whether this request's first lookup counts a

@@ -37,43 +37,33 @@ LeaseWait::Claim LeaseWait::claim(const Key& key, bool wait, bool* waited) {
   }
 }
 
-// In a child of fork(), the inherited heartbeat thread does not exist and
-// its mutex or condition variable may be in a state no thread of the child
-// will ever change: leak all three (never joined, unlocked or destroyed)
-// and start afresh. The first thread of the child to get here does it; a
-// child is expected to begin using an inherited Cache from one thread.
-void LeaseWait::forget_inherited_heartbeat() {
-  uint64_t now = util::fork_generation(), was = fork_gen_.load();
-  if (was == now || !fork_gen_.compare_exchange_strong(was, now)) return;
-  if (thread_.joinable()) new std::thread(std::move(thread_));
-  (void)mu_.release();
-  (void)cv_.release();
-  mu_ = std::make_unique<std::mutex>();
-  cv_ = std::make_unique<std::condition_variable>();
+// A child of fork() holds none of its parent's leases.
+void LeaseWait::renew_after_fork() {
+  if (!hb_.renewed()) return;
   stop_ = false;
   held_.clear();
 }
 
 void LeaseWait::hold(const Key& k) {
-  forget_inherited_heartbeat();
-  std::lock_guard lk(*mu_);
+  renew_after_fork();
+  std::lock_guard lk(hb_.mu());
   ++held_[k];
-  if (!thread_.joinable()) thread_ = std::thread([this] { heartbeat(); });
+  hb_.start([this] { heartbeat(); });
 }
 
 void LeaseWait::release(const Key& k) {
-  forget_inherited_heartbeat();
+  renew_after_fork();
   {
-    std::lock_guard lk(*mu_);
+    std::lock_guard lk(hb_.mu());
     if (auto it = held_.find(k); it != held_.end() && --it->second == 0) held_.erase(it);
   }
   leases_->release(k);
 }
 
 void LeaseWait::heartbeat() {
-  std::unique_lock lk(*mu_);
+  std::unique_lock lk(hb_.mu());
   while (!stop_) {
-    cv_->wait_for(lk, std::chrono::milliseconds(std::max<uint64_t>(ttl_ms_ / 3, 1)));
+    hb_.cv().wait_for(lk, std::chrono::milliseconds(std::max<uint64_t>(ttl_ms_ / 3, 1)));
     if (stop_) break;
     std::vector<Key> keys;
     for (const auto& [k, n] : held_) keys.push_back(k);
@@ -86,13 +76,13 @@ void LeaseWait::heartbeat() {
 }
 
 void LeaseWait::stop() {
-  forget_inherited_heartbeat();
+  renew_after_fork();
   {
-    std::lock_guard lk(*mu_);
+    std::lock_guard lk(hb_.mu());
     stop_ = true;
   }
-  cv_->notify_all();
-  if (thread_.joinable()) thread_.join();
+  hb_.cv().notify_all();
+  hb_.join();
 }
 
 }  // namespace kcache

@@ -11,15 +11,12 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <memory>
-#include <mutex>
-#include <thread>
 #include <unordered_map>
 
 #include "kcache/key.h"
 #include "kcache/lease.h"
-#include "util/util.h"
+#include "util/worker.h"
 
 namespace kcache {
 
@@ -55,22 +52,16 @@ class LeaseWait {
  private:
   void hold(const Key& k);
   void heartbeat();
-  void forget_inherited_heartbeat();
+  void renew_after_fork();
 
   const uint64_t ttl_ms_, bound_ms_;
   std::shared_ptr<Leases> leases_;
   std::atomic<uint64_t> waits_{0}, timeouts_{0};
 
-  // The heartbeat's mutex and condition variable live on the heap so that a
-  // forked child can abandon the ones it inherited (a parent thread may have
-  // been waiting on them).
-  std::unique_ptr<std::mutex> mu_ = std::make_unique<std::mutex>();
-  std::unique_ptr<std::condition_variable> cv_ = std::make_unique<std::condition_variable>();
-  std::unordered_map<Key, int> held_;  // GUARDED_BY(*mu_): key -> holders in this process
-  bool stop_ = false;                  // GUARDED_BY(*mu_)
-  std::thread thread_;
-  // The fork generation this state belongs to (util::fork_generation).
-  std::atomic<uint64_t> fork_gen_{util::fork_generation()};
+  // The heartbeat thread; its mutex guards held_ and stop_.
+  util::Worker hb_;
+  std::unordered_map<Key, int> held_;  // GUARDED_BY(hb_.mu()): key -> holders in this process
+  bool stop_ = false;                  // GUARDED_BY(hb_.mu())
 };
 
 }  // namespace kcache

@@ -79,6 +79,7 @@ Options Options::from_env(Options o) {
     if (auto s = util::parse_size(v); s && *s > 0) o.disk.max_bytes = *s;
     else KCACHE_LOG(LogLevel::warn, "ignoring KCACHE_MAX_SIZE='%s' (want e.g. 2G, 500M)", v.c_str());
   }
+  if (!(v = util::getenv_str("KCACHE_SHARED")).empty()) o.shared_group = v;
   if (!(v = util::getenv_str("KCACHE_REMOTE")).empty()) o.remote_url = v;
   if (!(v = util::getenv_str("KCACHE_REMOTE_SECRET_FILE")).empty()) o.remote_secret_file = v;
   if (!(v = util::getenv_str("KCACHE_BUNDLES")).empty()) o.bundles.files = split_paths(v);

@@ -54,10 +54,31 @@ std::optional<Entry> TierChain::lookup(const Key& key, Source* src, MissCount co
   return std::nullopt;
 }
 
-bool TierChain::store(const Entry& e) {
+bool TierChain::store(const Entry& e, Tiers which) {
   bool any = false;
-  for (size_t i = 0; i < tiers_.size(); ++i) any |= put_into(i, e);
+  for (size_t i = 0; i < tiers_.size(); ++i) {
+    bool memory = tiers_[i]->kind() == TierKind::memory;
+    if (which == Tiers::all || (which == Tiers::memory) == memory) any |= put_into(i, e);
+  }
   return any;
+}
+
+void TierChain::store_group(const std::vector<Entry>& es) {
+  for (size_t i = 0; i < tiers_.size(); ++i) {
+    if (tiers_[i]->kind() == TierKind::memory || !writes_to(i)) continue;
+    std::vector<Status> r = tiers_[i]->put_many(es);
+    for (const auto& st : r) took(i, st);
+  }
+}
+
+bool TierChain::has_slow_writable() const {
+  for (size_t i = 0; i < tiers_.size(); ++i)
+    if (tiers_[i]->kind() != TierKind::memory && writes_to(i)) return true;
+  return false;
+}
+
+bool TierChain::writes_to(size_t i) const {
+  return tiers_[i]->writable() && !no_writes_[i]->load(std::memory_order_relaxed);
 }
 
 void TierChain::flush() {
@@ -69,6 +90,8 @@ void TierChain::flush() {
 
 void TierChain::fault(const Tier& t, const char* op, const Status& st) {
   faults_.fetch_add(1, std::memory_order_relaxed);
+  // A remote tier logs its own faults, one line per outage (kcache/remote.h).
+  if (t.kind() == TierKind::remote) return;
   if (st.code() == Errc::unavailable) {
     std::lock_guard lk(said_mu_);
     if (!said_unavailable_.insert(&t).second) return;
@@ -78,10 +101,14 @@ void TierChain::fault(const Tier& t, const char* op, const Status& st) {
 }
 
 bool TierChain::put_into(size_t i, const Entry& e) {
+  if (!writes_to(i)) return false;
+  return took(i, tiers_[i]->put(e));
+}
+
+bool TierChain::took(size_t i, const Status& st) {
   Tier& t = *tiers_[i];
-  if (!t.writable() || no_writes_[i]->load(std::memory_order_relaxed)) return false;
-  Status st = t.put(e);
   if (st.is_ok()) return true;
+  if (no_writes_[i]->load(std::memory_order_relaxed)) return false;
   if (st.code() == Errc::no_space || st.code() == Errc::read_only) {
     if (!no_writes_[i]->exchange(true)) {
       faults_.fetch_add(1, std::memory_order_relaxed);

@@ -31,7 +31,13 @@ class TierChain {
   // miss is counted here or in the tiers).
   std::optional<Entry> lookup(const Key& key, Source* src, MissCount count);
   // Puts into every writable tier; true if any took it.
-  bool store(const Entry& e);
+  bool store(const Entry& e) { return store(e, Tiers::all); }
+  enum class Tiers { all, memory, slow };  // slow: every tier that is not a memory tier
+  bool store(const Entry& e, Tiers which);
+  // Puts a group into every slow tier, one Tier::put_many each.
+  void store_group(const std::vector<Entry>& es);
+  // Whether a slow tier takes writes.
+  bool has_slow_writable() const;
   // Pushes buffered records of every tier to its store.
   void flush();
   // Counts a fault and logs it once per event; a tier switched off
@@ -39,12 +45,17 @@ class TierChain {
   // once for the life of this chain.
   void fault(const Tier& t, const char* op, const Status& st);
 
+  // A hit served outside the tiers (an entry on its way to them).
+  void note_hit() noexcept { hits_.fetch_add(1, std::memory_order_relaxed); }
   uint64_t hits() const noexcept { return hits_.load(std::memory_order_relaxed); }
   uint64_t misses() const noexcept { return misses_.load(std::memory_order_relaxed); }
   uint64_t faults() const noexcept { return faults_.load(std::memory_order_relaxed); }
 
  private:
   bool put_into(size_t i, const Entry& e);
+  bool writes_to(size_t i) const;
+  // The fault policy for the result of a put into tier i.
+  bool took(size_t i, const Status& st);
 
   std::vector<std::shared_ptr<Tier>> tiers_;
   // Per tier: writes switched off for this process after a full disk or a

@@ -45,6 +45,7 @@ struct kcache_key_builder {
 
 struct kcache_artifacts {
   std::vector<kcache::Artifact> items;
+  std::string rejected;  // the first add refused, if any (the compile then fails)
 };
 
 namespace {
@@ -71,11 +72,18 @@ int set_error(const kcache::Status& st) { return set_error(static_cast<int>(st.c
 int set_error(int code, const std::string& msg) noexcept { return set_error(code, std::string_view(msg)); }
 int set_error(int code, const char* msg) noexcept { return set_error(code, std::string_view(msg)); }
 
+// Runs one exported call: the last error is cleared on success and set on
+// failure, so the code returned and kcache_last_error() always agree (a
+// message left by a nested call, e.g. from inside a compile callback, never
+// outlives a call that succeeded).
 template <class F>
 int guard(F&& f) noexcept {
   try {
     t_last_error.clear();
-    return f();
+    int rc = f();
+    if (rc == KCACHE_OK) t_last_error.clear();
+    else if (t_last_error.empty()) set_error(rc, std::string_view("failed without a message"));
+    return rc;
   } catch (const std::bad_alloc&) {
     return set_error(KCACHE_INTERNAL, "out of memory");
   } catch (const std::exception& e) {
@@ -91,6 +99,17 @@ kcache::Key to_key(const kcache_key* k) {
   return out;
 }
 void from_key(const kcache::Key& k, kcache_key* out) { std::memcpy(out->bytes, k.bytes.data(), 16); }
+
+// The rules EntryBuilder::build applies, checked when an artifact is added
+// so the caller hears of a bad name where it made it.
+kcache::Status check_artifact_name(const char* name, const std::vector<kcache::Artifact>& have) {
+  size_t n = std::strlen(name);
+  if (n == 0 || n > 255)
+    return kcache::Status(Errc::invalid_argument, "artifact name must be 1 to 255 bytes (got " + std::to_string(n) + ")");
+  for (const auto& a : have)
+    if (a.name == name) return kcache::Status(Errc::invalid_argument, std::string("artifact '") + name + "' added twice");
+  return kcache::Status();
+}
 
 bool flag(const char* v, bool* out) {
   auto b = kcache::util::parse_bool(v);
@@ -116,6 +135,11 @@ kcache::CompileFn compile_fn(kcache_compile_fn fn, void* user) {
       return kcache::Status(Errc::compile_failed, "compile callback threw an exception");
     }
     if (rc != 0) return kcache::Status(Errc::compile_failed, "compile callback returned " + std::to_string(rc));
+    // A callback that ignored a refused kcache_artifacts_add would store an
+    // entry without that artifact: fail instead, and store nothing.
+    if (!arts.rejected.empty())
+      return kcache::Status(Errc::invalid_argument, "compile callback returned 0 after a refused "
+                                                    "kcache_artifacts_add: " + arts.rejected);
     return std::move(arts.items);
   };
 }
@@ -204,12 +228,13 @@ int kcache_options_set(kcache_options* o, const char* name, const char* value) {
 }
 
 kcache_key_builder* kcache_key_builder_new(const char* ns) {
-  if (!ns) return nullptr;
-  try {
-    return new kcache_key_builder(ns);
-  } catch (...) {
-    return nullptr;
-  }
+  kcache_key_builder* out = nullptr;
+  guard([&] {
+    if (!ns) return set_error(KCACHE_INVALID_ARGUMENT, "kcache_key_builder_new: NULL namespace");
+    out = new kcache_key_builder(ns);
+    return static_cast<int>(KCACHE_OK);
+  });
+  return out;
 }
 void kcache_key_builder_free(kcache_key_builder* b) { delete b; }
 
@@ -221,11 +246,11 @@ void kcache_key_builder_free(kcache_key_builder* b) { delete b; }
   })
 
 int kcache_key_add_bytes(kcache_key_builder* b, const char* name, const void* data, size_t size) {
-  if (size && !data) return set_error(KCACHE_INVALID_ARGUMENT, "kcache_key_add_bytes: NULL data");
+  if (size && !data) return guard([] { return set_error(KCACHE_INVALID_ARGUMENT, "kcache_key_add_bytes: NULL data"); });
   KCACHE_BUILDER_ADD(b->b.add_bytes(name, std::string_view(static_cast<const char*>(data), size)));
 }
 int kcache_key_add_string(kcache_key_builder* b, const char* name, const char* value) {
-  if (!value) return set_error(KCACHE_INVALID_ARGUMENT, "kcache_key_add_string: NULL value");
+  if (!value) return guard([] { return set_error(KCACHE_INVALID_ARGUMENT, "kcache_key_add_string: NULL value"); });
   KCACHE_BUILDER_ADD(b->b.add_string(name, value));
 }
 int kcache_key_add_u64(kcache_key_builder* b, const char* name, uint64_t value) {
@@ -238,11 +263,11 @@ int kcache_key_add_bool(kcache_key_builder* b, const char* name, int value) {
   KCACHE_BUILDER_ADD(b->b.add_bool(name, value != 0));
 }
 int kcache_key_add_digest(kcache_key_builder* b, const char* name, const kcache_key* value) {
-  if (!value) return set_error(KCACHE_INVALID_ARGUMENT, "kcache_key_add_digest: NULL value");
+  if (!value) return guard([] { return set_error(KCACHE_INVALID_ARGUMENT, "kcache_key_add_digest: NULL value"); });
   KCACHE_BUILDER_ADD(b->b.add_digest(name, to_key(value)));
 }
 int kcache_key_add_file(kcache_key_builder* b, const char* name, const char* path) {
-  if (!path) return set_error(KCACHE_INVALID_ARGUMENT, "kcache_key_add_file: NULL path");
+  if (!path) return guard([] { return set_error(KCACHE_INVALID_ARGUMENT, "kcache_key_add_file: NULL path"); });
   KCACHE_BUILDER_ADD(b->b.add_file(name, path));
 }
 
@@ -256,26 +281,37 @@ int kcache_key_builder_finish(const kcache_key_builder* b, kcache_key* out) {
   });
 }
 
-void kcache_hash_bytes(const void* data, size_t size, kcache_key* out) {
-  if (!out) return;
-  from_key(kcache::hash_bytes(std::string_view(static_cast<const char*>(data), data ? size : 0)), out);
+int kcache_hash_bytes(const void* data, size_t size, kcache_key* out) {
+  return guard([&] {
+    if (!out || (size && !data)) return set_error(KCACHE_INVALID_ARGUMENT, "kcache_hash_bytes: NULL argument");
+    from_key(kcache::hash_bytes(std::string_view(static_cast<const char*>(data), size)), out);
+    return static_cast<int>(KCACHE_OK);
+  });
 }
 
-void kcache_key_to_hex(const kcache_key* key, char out[33]) {
-  static const char digits[] = "0123456789abcdef";
-  for (int i = 0; i < 16; ++i) {
-    out[2 * i] = digits[key->bytes[i] >> 4];
-    out[2 * i + 1] = digits[key->bytes[i] & 15];
-  }
-  out[32] = '\0';
+int kcache_key_to_hex(const kcache_key* key, char out[33]) {
+  return guard([&] {
+    if (!out) return set_error(KCACHE_INVALID_ARGUMENT, "kcache_key_to_hex: NULL out");
+    out[0] = '\0';
+    if (!key) return set_error(KCACHE_INVALID_ARGUMENT, "kcache_key_to_hex: NULL key");
+    static const char digits[] = "0123456789abcdef";
+    for (int i = 0; i < 16; ++i) {
+      out[2 * i] = digits[key->bytes[i] >> 4];
+      out[2 * i + 1] = digits[key->bytes[i] & 15];
+    }
+    out[32] = '\0';
+    return static_cast<int>(KCACHE_OK);
+  });
 }
 
 int kcache_key_from_hex(const char* hex, kcache_key* out) {
-  if (!hex || !out) return set_error(KCACHE_INVALID_ARGUMENT, "kcache_key_from_hex: NULL argument");
-  auto d = kcache::Digest::from_hex(hex);
-  if (!d) return set_error(KCACHE_INVALID_ARGUMENT, "not a 32-digit hex key");
-  from_key(*d, out);
-  return KCACHE_OK;
+  return guard([&] {
+    if (!hex || !out) return set_error(KCACHE_INVALID_ARGUMENT, "kcache_key_from_hex: NULL argument");
+    auto d = kcache::Digest::from_hex(hex);
+    if (!d) return set_error(KCACHE_INVALID_ARGUMENT, "not a 32-digit hex key");
+    from_key(*d, out);
+    return static_cast<int>(KCACHE_OK);
+  });
 }
 
 int kcache_open(const kcache_options* options, kcache_cache** out) {
@@ -314,10 +350,14 @@ int kcache_put(kcache_cache* c, const kcache_key* key, const kcache_artifact* ar
   return guard([&] {
     if (!c || !key || (n && !artifacts)) return set_error(KCACHE_INVALID_ARGUMENT, "kcache_put: NULL argument");
     kcache::EntryBuilder b(to_key(key));
+    std::vector<kcache::Artifact> seen;
     for (size_t i = 0; i < n; ++i) {
       const kcache_artifact& a = artifacts[i];
       if (!a.name || (a.size && !a.data))
         return set_error(KCACHE_INVALID_ARGUMENT, "kcache_put: artifact " + std::to_string(i) + " has a NULL pointer");
+      if (auto st = check_artifact_name(a.name, seen); !st.is_ok())
+        return set_error(KCACHE_INVALID_ARGUMENT, "kcache_put: artifact " + std::to_string(i) + ": " + st.message());
+      seen.push_back({a.name, std::string()});
       b.add(a.name, std::string(static_cast<const char*>(a.data), a.size));
     }
     const kcache::Options& opt = c->cache->options();
@@ -334,7 +374,14 @@ int kcache_put(kcache_cache* c, const kcache_key* key, const kcache_artifact* ar
 
 int kcache_artifacts_add(kcache_artifacts* a, const char* name, const void* data, size_t size) {
   return guard([&] {
-    if (!a || !name || (size && !data)) return set_error(KCACHE_INVALID_ARGUMENT, "kcache_artifacts_add: NULL argument");
+    if (!a) return set_error(KCACHE_INVALID_ARGUMENT, "kcache_artifacts_add: NULL sink");
+    std::string why;
+    if (!name || (size && !data)) why = "NULL argument";
+    else if (auto st = check_artifact_name(name, a->items); !st.is_ok()) why = st.message();
+    if (!why.empty()) {
+      if (a->rejected.empty()) a->rejected = why;
+      return set_error(KCACHE_INVALID_ARGUMENT, "kcache_artifacts_add: " + why);
+    }
     a->items.push_back({name, std::string(static_cast<const char*>(data), size)});
     return static_cast<int>(KCACHE_OK);
   });
@@ -366,21 +413,26 @@ int kcache_get_or_compile_built(kcache_cache* c, const kcache_key_builder* key, 
 }
 
 char* kcache_stats_json(kcache_cache* c) {
-  if (!c) return nullptr;
-  try {
+  char* out = nullptr;
+  guard([&] {
+    if (!c) return set_error(KCACHE_INVALID_ARGUMENT, "kcache_stats_json: NULL cache");
     std::string s = c->cache->stats().to_json();
-    char* out = static_cast<char*>(std::malloc(s.size() + 1));
-    if (out) std::memcpy(out, s.c_str(), s.size() + 1);
-    return out;
-  } catch (...) {
-    return nullptr;
-  }
+    out = static_cast<char*>(std::malloc(s.size() + 1));
+    if (!out) return set_error(KCACHE_INTERNAL, "out of memory");
+    std::memcpy(out, s.c_str(), s.size() + 1);
+    return static_cast<int>(KCACHE_OK);
+  });
+  return out;
 }
 
 void kcache_entry_free(kcache_entry* e) { delete e; }
 
-void kcache_entry_key(const kcache_entry* e, kcache_key* out) {
-  if (e && out) from_key(e->e.key(), out);
+int kcache_entry_key(const kcache_entry* e, kcache_key* out) {
+  return guard([&] {
+    if (!e || !out) return set_error(KCACHE_INVALID_ARGUMENT, "kcache_entry_key: NULL argument");
+    from_key(e->e.key(), out);
+    return static_cast<int>(KCACHE_OK);
+  });
 }
 
 int kcache_entry_artifact(const kcache_entry* e, const char* name, const void** data, size_t* size) {
@@ -401,13 +453,16 @@ int kcache_entry_artifact(const kcache_entry* e, const char* name, const void** 
 size_t kcache_entry_artifact_count(const kcache_entry* e) { return e ? e->e.artifacts().size() : 0; }
 
 int kcache_entry_artifact_at(const kcache_entry* e, size_t i, const char** name, const void** data, size_t* size) {
-  if (!e || !name || !data || !size) return set_error(KCACHE_INVALID_ARGUMENT, "kcache_entry_artifact_at: NULL argument");
-  if (i >= e->e.artifacts().size()) return set_error(KCACHE_NOT_FOUND, "artifact index out of range");
-  const auto& a = e->e.artifacts()[i];
-  *name = a.name.c_str();
-  *data = a.data.data();
-  *size = a.data.size();
-  return KCACHE_OK;
+  return guard([&] {
+    if (!e || !name || !data || !size)
+      return set_error(KCACHE_INVALID_ARGUMENT, "kcache_entry_artifact_at: NULL argument");
+    if (i >= e->e.artifacts().size()) return set_error(KCACHE_NOT_FOUND, "artifact index out of range");
+    const auto& a = e->e.artifacts()[i];
+    *name = a.name.c_str();
+    *data = a.data.data();
+    *size = a.data.size();
+    return static_cast<int>(KCACHE_OK);
+  });
 }
 
 // ---- bundles ---------------------------------------------------------------

@@ -9,6 +9,9 @@
 //    write) counts as stale once its mtime is older than kPartialGraceMs.
 //  * renew: rewrite through a temp file and rename, if the record is ours.
 // No flock(2): on network file systems it is not reliable.
+// In a store folder shared with a group (setgid, group-writable), the
+// leases folder is group-writable and lease files group-readable, so every
+// member can judge and take over another's lease.
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -52,7 +55,7 @@ class FileLeases final : public Leases {
     // that finds the lease gone meanwhile may create it first: then it, not
     // we, holds it. Either way one process holds the lease.
     std::string tk = p + ".takeover";
-    int tfd = ::open(tk.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    int tfd = ::open(tk.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, file_mode());
     if (tfd < 0) {
       struct stat ts;
       if (errno == EEXIST && ::stat(tk.c_str(), &ts) == 0 &&
@@ -78,7 +81,9 @@ class FileLeases final : public Leases {
     lease::Holder h;
     ino_t ino;
     if (read(p, &h, &ino) != 1 || h.token != me) return false;
-    return util::write_file_atomic(p, lease::encode(lease::self(me, ttl_ms))).is_ok();
+    if (!util::write_file_atomic(p, lease::encode(lease::self(me, ttl_ms))).is_ok()) return false;
+    if (shared_) (void)::chmod(p.c_str(), file_mode());
+    return true;
   }
 
   void release(const Key& key) override {
@@ -89,15 +94,25 @@ class FileLeases final : public Leases {
     if (read(p, &h, &ino) == 1 && h.token == me) ::unlink(p.c_str());
   }
 
-  Status init() { return util::make_dirs(dir_ + "/leases"); }
+  Status init() {
+    shared_ = util::folder_is_shared(dir_);
+    std::string leases = dir_ + "/leases";
+    KCACHE_RETURN_IF_ERROR(util::make_dirs(leases, shared_ ? 02770 : 0700));
+    if (shared_) {
+      struct stat st;
+      if (::stat(leases.c_str(), &st) == 0 && st.st_uid == ::geteuid()) (void)::chmod(leases.c_str(), 02770);
+    }
+    return Status();
+  }
 
  private:
   std::string path(const Key& k) const { return dir_ + "/leases/" + k.hex() + ".lease"; }
 
   // Creates the lease file exclusively: acquired, busy (it exists) or error.
   LeaseResult create(const std::string& p, uint64_t me, uint64_t ttl_ms) {
-    int fd = ::open(p.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    int fd = ::open(p.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, file_mode());
     if (fd < 0) return errno == EEXIST ? LeaseResult::busy : LeaseResult::error;
+    if (shared_) (void)::fchmod(fd, file_mode());
     std::string rec = lease::encode(lease::self(me, ttl_ms));
     bool ok = ::write(fd, rec.data(), rec.size()) == static_cast<ssize_t>(rec.size());
     ::close(fd);
@@ -125,7 +140,10 @@ class FileLeases final : public Leases {
     return mt + kPartialGraceMs < util::now_unix_ms() ? 2 : 0;
   }
 
+  unsigned file_mode() const noexcept { return shared_ ? 0640 : 0600; }
+
   std::string dir_;
+  bool shared_ = false;  // dir_ is shared with its group
   lease::Token token_;
   std::atomic<uint64_t> takeovers_{0};
 };

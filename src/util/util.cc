@@ -1,6 +1,8 @@
 #include "util/util.h"
 
 #include <fcntl.h>
+#include <grp.h>
+#include <pwd.h>
 #include <pthread.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -14,6 +16,7 @@
 #include <cstring>
 #include <mutex>
 #include <random>
+#include <vector>
 
 namespace kcache {
 
@@ -308,6 +311,104 @@ std::string json_escape(std::string_view s) {
     }
   }
   return out;
+}
+
+// ---- trust ------------------------------------------------------------------
+
+namespace {
+
+bool process_in_group(gid_t g) {
+  if (::geteuid() == 0 || ::getegid() == g) return true;
+  int n = ::getgroups(0, nullptr);
+  if (n <= 0) return false;
+  std::vector<gid_t> groups(static_cast<size_t>(n));
+  n = ::getgroups(n, groups.data());
+  for (int i = 0; i < n; ++i)
+    if (groups[static_cast<size_t>(i)] == g) return true;
+  return false;
+}
+
+// Whether user `uid` belongs to group `g` (primary or listed member).
+bool user_in_group(uid_t uid, gid_t g) {
+  std::vector<char> buf(16384);
+  struct passwd pw, *pwp = nullptr;
+  if (::getpwuid_r(uid, &pw, buf.data(), buf.size(), &pwp) != 0 || !pwp) return false;
+  if (pw.pw_gid == g) return true;
+  std::vector<char> gbuf(65536);
+  struct group gr, *grp = nullptr;
+  if (::getgrgid_r(g, &gr, gbuf.data(), gbuf.size(), &grp) != 0 || !grp) return false;
+  for (char** m = gr.gr_mem; m && *m; ++m)
+    if (std::strcmp(*m, pw.pw_name) == 0) return true;
+  return false;
+}
+
+std::string mode_string(mode_t m) {
+  char b[8];
+  std::snprintf(b, sizeof b, "%04o", static_cast<unsigned>(m & 07777));
+  return b;
+}
+
+}  // namespace
+
+Expected<StoreTrust> shared_group_trust(const std::string& group) {
+  if (group.empty()) return StoreTrust{};
+  std::vector<char> buf(65536);
+  struct group gr, *grp = nullptr;
+  gid_t gid = 0;
+  if (group.find_first_not_of("0123456789") == std::string::npos) {
+    gid = static_cast<gid_t>(std::strtoul(group.c_str(), nullptr, 10));
+  } else if (::getgrnam_r(group.c_str(), &gr, buf.data(), buf.size(), &grp) == 0 && grp) {
+    gid = grp->gr_gid;
+  } else {
+    return Status(Errc::invalid_argument, "shared group '" + group + "' does not exist");
+  }
+  if (!process_in_group(gid))
+    return Status(Errc::invalid_argument, "this process is not a member of the shared group '" + group + "'");
+  return StoreTrust{true, static_cast<unsigned>(gid)};
+}
+
+Status check_trusted(const std::string& path, const StoreTrust& trust) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT) return Status(Errc::not_found, path + " does not exist");
+    return errno_status(errno, "stat " + path);
+  }
+  const bool in_group = trust.shared && st.st_gid == static_cast<gid_t>(trust.group);
+  const uid_t me = ::geteuid();
+  std::string why;
+  if (st.st_uid != me && st.st_uid != 0 && !(in_group && user_in_group(st.st_uid, st.st_gid))) {
+    why = "owned by uid " + std::to_string(st.st_uid);
+    if (!trust.shared) why += ", not by this user (uid " + std::to_string(me) + ")";
+    else if (!in_group) why += " in group " + std::to_string(st.st_gid) + ", not the shared group";
+    else why += ", who is not a member of the shared group";
+  } else if (st.st_mode & S_IWOTH) {
+    why = "writable by every user (mode " + mode_string(st.st_mode) + ")";
+  } else if ((st.st_mode & S_IWGRP) && !in_group) {
+    why = "writable by group " + std::to_string(st.st_gid) + " (mode " + mode_string(st.st_mode) + ")" +
+          (trust.shared ? ", not the shared group" : "");
+  }
+  if (why.empty()) return Status();
+  return Status(Errc::unavailable, "refusing " + path + ": " + why +
+                                       (trust.shared ? std::string()
+                                                     : "; another user could have written it (KCACHE_SHARED=GROUP "
+                                                       "shares a store within a group)"));
+}
+
+bool folder_is_shared(const std::string& dir) {
+  struct stat st;
+  return ::stat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode) && (st.st_mode & S_ISGID) && (st.st_mode & S_IWGRP);
+}
+
+void share_with_group(const std::string& path, const StoreTrust& trust) {
+  if (!trust.shared) return;
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0 || st.st_uid != ::geteuid()) return;
+  if (st.st_gid != static_cast<gid_t>(trust.group) &&
+      ::chown(path.c_str(), static_cast<uid_t>(-1), static_cast<gid_t>(trust.group)) != 0)
+    return;
+  mode_t want = (st.st_mode & 07777) | (S_ISDIR(st.st_mode) ? (S_ISGID | S_IRWXG) : (S_IRGRP | S_IWGRP));
+  want &= ~static_cast<mode_t>(S_IWOTH);
+  if ((st.st_mode & 07777) != want) (void)::chmod(path.c_str(), want);
 }
 
 }  // namespace util

@@ -51,6 +51,33 @@ Status write_file_atomic(const std::string& path, std::string_view data, bool sy
 // `mode` is the new file's permission bits (before the umask).
 Status write_file_atomic_via(const std::string& tmp_prefix, const std::string& path, std::string_view data,
                              bool sync = false, unsigned mode = 0600);
+// ---- trust: files another user could have written -----------------------
+// Who may own and write the files of a disk store. By default only this
+// user (or root), and no one may have write permission through the group
+// or others. A shared group also lets members of that group own the files
+// and write through the group; write permission for others is never
+// accepted.
+struct StoreTrust {
+  bool shared = false;
+  unsigned group = 0;  // the shared group's gid, when shared
+};
+// The trust for sharing with `group` (a name or a number); invalid_argument
+// when no such group exists or this process is not a member.
+Expected<StoreTrust> shared_group_trust(const std::string& group);
+// Ok when the file or folder at `path` (links followed) is owned and
+// writable only as `trust` allows; not_found when it does not exist;
+// unavailable with the reason (owner, mode) otherwise.
+Status check_trusted(const std::string& path, const StoreTrust& trust);
+// Gives a folder or file this process owns to the shared group with group
+// write (folders also setgid, so what is made inside inherits the group).
+// Does nothing without sharing or for a path owned by someone else.
+void share_with_group(const std::string& path, const StoreTrust& trust);
+// Whether `dir` is a folder shared with its group as share_with_group
+// leaves it (setgid, group-writable). Stores make what they create inside
+// such a folder readable (files) or writable (folders, counters, leases)
+// by the group, whatever the umask.
+bool folder_is_shared(const std::string& dir);
+
 // "1", "true", "yes", "on" / "0", "false", "no", "off"; nullopt otherwise.
 std::optional<bool> parse_bool(std::string_view s) noexcept;
 std::string getenv_str(const char* name);

@@ -1,9 +1,10 @@
 // Cached NVRTC compiles. A compile builds the key (library identity,
-// canonical options, headers, source, name expressions, outputs), asks the
-// Cache for it, and on a miss runs compile_uncached(), whose artifacts the
-// Cache stores as one entry. A hit is checked (the lowered names decode and
-// cover every requested expression) before it is handed out; an entry that
-// fails the check is recompiled and overwritten.
+// canonical options, headers, the files on disk its #includes can reach,
+// source, name expressions, outputs), asks the Cache for it, and on a miss
+// runs compile_uncached(), whose artifacts the Cache stores as one entry. A
+// hit is checked (PTX NUL-terminated, the lowered names decode and cover
+// every requested expression) before it is handed out; an entry that fails
+// the check is recompiled and overwritten.
 #include "kcache/nvrtc.h"
 
 #include <dlfcn.h>
@@ -19,6 +20,7 @@
 #include <set>
 #include <unordered_map>
 
+#include "integrations/nvrtc/includes.h"
 #include "util/util.h"
 
 namespace kcache::nvrtc {
@@ -26,9 +28,12 @@ namespace {
 
 bool starts_with(std::string_view s, std::string_view p) { return s.substr(0, p.size()) == p; }
 
-// The architecture named by an -arch option, or empty.
-std::string_view arch_value(std::string_view o) {
-  for (std::string_view p : {"-arch=", "--gpu-architecture=", "-arch", "--gpu-architecture"}) {
+// The architecture named by the -arch option at options[*i] ("-arch=X",
+// "-archX", or "-arch" "X" as two options, which advances *i), or empty.
+std::string_view arch_value(const std::vector<std::string>& options, size_t* i) {
+  std::string_view o = options[*i];
+  for (std::string_view p : {"--gpu-architecture", "-arch"}) {
+    if (o == p) return *i + 1 < options.size() ? std::string_view(options[++*i]) : std::string_view();
     if (starts_with(o, p)) {
       std::string_view v = o.substr(p.size());
       if (!v.empty() && v.front() == '=') v.remove_prefix(1);
@@ -113,10 +118,11 @@ std::string nvrtc_error(nvrtcResult r, std::string_view what) {
 
 Outputs outputs_for(const std::vector<std::string>& options) {
   Outputs o;
-  for (const auto& opt : options) {
-    std::string_view a = arch_value(opt);
-    // The last -arch wins, as in NVRTC.
-    if (!a.empty()) o.cubin = starts_with(a, "sm_");
+  for (size_t i = 0; i < options.size(); ++i) {
+    const std::string& opt = options[i];
+    // NVRTC makes a CUBIN when any -arch names a real architecture, even
+    // when a virtual one follows (-arch=sm_90 -arch=compute_90).
+    if (starts_with(arch_value(options, &i), "sm_")) o.cubin = true;
     if (opt == "-dlto" || opt == "--dlink-time-opt") o.ltoir = true;
   }
   if (o.ltoir) {
@@ -198,15 +204,20 @@ Expected<std::vector<Artifact>> compile_uncached(const Program& program) {
     std::string data(sz, '\0');
     rr = get_fn(prog, data.data());
     if (rr != NVRTC_SUCCESS) return Status(Errc::internal, nvrtc_error(rr, name));
-    if (text)
+    if (text) {
+      // Stored with exactly one terminating NUL (Result::ptx excludes it).
       while (!data.empty() && data.back() == '\0') data.pop_back();
+      if (data.empty()) return Status();
+      data.push_back('\0');
+    }
     if (!data.empty()) arts.push_back({name, std::move(data)});
     return Status();
   };
-  Outputs want = outputs_for(program.options);
-  if (want.ptx) KCACHE_RETURN_IF_ERROR(fetch("ptx", nvrtcGetPTXSize, nvrtcGetPTX, true));
-  if (want.cubin) KCACHE_RETURN_IF_ERROR(fetch("cubin", nvrtcGetCUBINSize, nvrtcGetCUBIN, false));
-  if (want.ltoir) KCACHE_RETURN_IF_ERROR(fetch("ltoir", nvrtcGetLTOIRSize, nvrtcGetLTOIR, false));
+  // Whatever NVRTC made, whatever the options look like: each output is
+  // asked for and kept when it is not empty.
+  KCACHE_RETURN_IF_ERROR(fetch("ptx", nvrtcGetPTXSize, nvrtcGetPTX, true));
+  KCACHE_RETURN_IF_ERROR(fetch("cubin", nvrtcGetCUBINSize, nvrtcGetCUBIN, false));
+  KCACHE_RETURN_IF_ERROR(fetch("ltoir", nvrtcGetLTOIRSize, nvrtcGetLTOIR, false));
 
   if (!program.name_expressions.empty()) {
     std::vector<std::pair<std::string, std::string>> lowered;
@@ -306,6 +317,11 @@ struct Compiler::Impl {
   }
 
   Expected<KeyInfo> key(const Program& p) {
+    KCACHE_TRY(detail::DiskInputs disk, detail::disk_inputs(p));
+    return key(p, disk);
+  }
+
+  Expected<KeyInfo> key(const Program& p, const detail::DiskInputs& disk) {
     const Identity& id = identity();
     if (!ident_error.is_ok()) return ident_error;
     std::map<std::string, std::string> headers;
@@ -327,6 +343,8 @@ struct Compiler::Impl {
         .add_list("options", co.options)
         .add_list("macros", co.macros)
         .add_map("headers", headers)
+        .add_list("disk_headers", disk.files)
+        .add_bool("disk_headers.whole_folders", disk.whole_folders)
         .add_bytes("source", p.source)
         .add_string("program_name", p.name.empty() ? "default_program" : p.name)
         .add_list("name_expressions", p.name_expressions)
@@ -344,10 +362,14 @@ struct Compiler::Impl {
     r.key = key;
     r.source = src;
     r.ptx = r.entry.artifact("ptx").value_or(std::string_view());
+    if (!r.ptx.empty()) {
+      if (r.ptx.back() != '\0') return std::nullopt;
+      r.ptx.remove_suffix(1);
+    }
     r.cubin = r.entry.artifact("cubin").value_or(std::string_view());
     r.ltoir = r.entry.artifact("ltoir").value_or(std::string_view());
     r.log = r.entry.artifact("log").value_or(std::string_view());
-    if (r.ptx.empty() && r.ltoir.empty()) return std::nullopt;
+    if (r.ptx.empty() && r.ltoir.empty() && r.cubin.empty()) return std::nullopt;
     if (!p.name_expressions.empty()) {
       auto ln = r.entry.artifact("lowered_names");
       if (!ln) return std::nullopt;
@@ -380,8 +402,28 @@ struct Compiler::Impl {
     }
   }
 
+  // A program whose include search holds too many files for a key: compiled
+  // without the cache, never with a partial key.
+  Expected<Result> compile_without_cache(const Program& p, const Status& why) {
+    KCACHE_LOG(LogLevel::warn, "nvrtc: compiling %s without the cache: %s",
+               p.name.empty() ? "default_program" : p.name.c_str(), why.to_string().c_str());
+    auto arts = compile_uncached(p);
+    if (!arts) return std::move(arts).error();
+    EntryBuilder b{Key{}};
+    for (auto& a : *arts) b.add(std::move(a));
+    auto e = b.build();
+    if (!e) return std::move(e).error();
+    if (auto r = make_result(std::move(e).value(), p, Key{}, Source::compiled)) return std::move(*r);
+    return Status(Errc::internal, "nvrtc: compile produced neither PTX, CUBIN nor LTO-IR");
+  }
+
   Expected<Result> compile(const Program& p) {
-    KCACHE_TRY(KeyInfo ki, key(p));
+    auto disk = detail::disk_inputs(p);
+    if (!disk) {
+      if (disk.error().code() == Errc::too_large) return compile_without_cache(p, disk.error());
+      return std::move(disk).error();
+    }
+    KCACHE_TRY(KeyInfo ki, key(p, *disk));
     if (auto f = remembered_failure(ki.key)) return *f;
     Source src = Source::compiled;
     auto e = cache.get_or_compile(ki, [&] { return compile_uncached(p); }, &src);
@@ -398,7 +440,7 @@ struct Compiler::Impl {
     auto stored = cache.put(ki, std::move(arts).value(), util::now_mono_us() - t0);
     if (!stored) return Status(Errc::internal, "nvrtc: could not build an entry for the compiled program");
     if (auto r = make_result(std::move(*stored), p, ki.key, Source::compiled)) return std::move(*r);
-    return Status(Errc::internal, "nvrtc: compile produced neither PTX nor LTO-IR");
+    return Status(Errc::internal, "nvrtc: compile produced neither PTX, CUBIN nor LTO-IR");
   }
 };
 

@@ -6,6 +6,7 @@
 #include <cstdio>
 
 #include "kcache/tier.h"
+#include "util/json.h"
 #include "util/util.h"
 
 namespace kcache {
@@ -37,6 +38,13 @@ Status Tier::put(const Entry& entry) {
   if (entry.encoded().size() < kEntryHeaderSize)
     return Status(Errc::invalid_argument, "put of an entry that was not built");
   return do_put(entry);
+}
+
+std::vector<Status> Tier::put_many(const std::vector<Entry>& entries) {
+  std::vector<Status> out;
+  out.reserve(entries.size());
+  for (const auto& e : entries) out.push_back(put(e));
+  return out;
 }
 
 Status Tier::list(const std::function<bool(const ListItem&)>&) {
@@ -170,15 +178,20 @@ std::vector<std::string> features() {
 const char* version_string() noexcept { return KCACHE_VERSION_STRING; }
 
 std::string tier_stats_json(const TierStats& s) {
-  char buf[512];
-  std::snprintf(buf, sizeof buf,
-                "{\"hits\":%llu,\"misses\":%llu,\"puts\":%llu,\"evictions\":%llu,\"corrupt\":%llu,"
-                "\"errors\":%llu,\"rejected\":%llu,\"entries\":%llu,\"bytes\":%llu,\"skipped\":%llu,\"dropped\":%llu}",
-                (unsigned long long)s.hits, (unsigned long long)s.misses, (unsigned long long)s.puts,
-                (unsigned long long)s.evictions, (unsigned long long)s.corrupt, (unsigned long long)s.errors,
-                (unsigned long long)s.rejected, (unsigned long long)s.entries, (unsigned long long)s.bytes,
-                (unsigned long long)s.skipped, (unsigned long long)s.dropped);
-  return buf;
+  util::JsonWriter w;
+  w.begin_object()
+      .field("hits", s.hits)
+      .field("misses", s.misses)
+      .field("puts", s.puts)
+      .field("evictions", s.evictions)
+      .field("corrupt", s.corrupt)
+      .field("errors", s.errors)
+      .field("rejected", s.rejected)
+      .field("entries", s.entries)
+      .field("bytes", s.bytes)
+      .field("skipped", s.skipped)
+      .field("dropped", s.dropped);
+  return w.end_object().take();
 }
 
 

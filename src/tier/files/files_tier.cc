@@ -13,6 +13,12 @@
 //   evict.lease       held by the one process evicting; a lease older than
 //                     60 s is taken over
 //
+// Files are made for this user only (0600, folders 0700). In a folder
+// shared with a group (setgid and group-writable: Options::shared_group),
+// entries are made group-readable, and folders, stats and the eviction
+// lease group-writable, with the modes set explicitly so the umask cannot
+// take the group's access away.
+//
 // A reader opens the final path, so it sees a whole old entry, a whole new
 // entry or nothing; every read is verified (header, key, checksum). Recency
 // is each file's mtime, which this engine sets itself (utimensat) in batches,
@@ -63,10 +69,11 @@ std::string temp_name(const std::string& prefix) {
 
 // Writes data to a fresh temp file (synced when `sync`); on failure nothing
 // is left behind.
-Status write_temp(const std::string& prefix, std::string_view data, bool sync, std::string* out) {
+Status write_temp(const std::string& prefix, std::string_view data, bool sync, unsigned mode, std::string* out) {
   std::string tmp = temp_name(prefix);
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode);
   if (fd < 0) return util::errno_status(errno, "create " + tmp);
+  if (mode != 0600) (void)::fchmod(fd, mode);
   size_t off = 0;
   int err = 0;
   while (off < data.size()) {
@@ -102,9 +109,10 @@ class FilesTier final : public Tier {
   ~FilesTier() override { (void)flush(); }
 
   Status init() {
-    Status st = util::make_dirs(dir_ + "/tmp");
+    shared_ = util::folder_is_shared(dir_);
+    Status st = make_dir(dir_ + "/tmp", /*parents=*/true);
     if (st.is_ok()) {
-      int fd = ::open((dir_ + "/stats").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+      int fd = open_shared_rw(dir_ + "/stats", O_RDWR | O_CREAT | O_CLOEXEC);
       if (fd < 0) st = util::errno_status(errno, "open " + dir_ + "/stats");
       else ::close(fd);
     }
@@ -258,8 +266,7 @@ class FilesTier final : public Tier {
     }
     std::string final_path = path_of(entry.key());
     std::string shard = final_path.substr(0, final_path.rfind('/'));
-    if (::mkdir(shard.c_str(), 0700) != 0 && errno != EEXIST) {
-      Status st = util::errno_status(errno, "mkdir " + shard);
+    if (Status st = make_dir(shard); !st.is_ok()) {
       count(c_errors);
       return st;
     }
@@ -268,12 +275,12 @@ class FilesTier final : public Tier {
     // key cannot both count it as new.
     std::string tmp_prefix = dir_ + "/tmp/" + entry.key().hex();
     std::string tmp;
-    Status st = write_temp(tmp_prefix, enc, sync_, &tmp);
+    Status st = write_temp(tmp_prefix, enc, sync_, entry_mode(), &tmp);
     if (st.code() == Errc::not_found) {
       // tmp/ was removed (a cleaner, a user): make it again rather than fail
       // every later write.
-      (void)util::make_dirs(dir_ + "/tmp");
-      st = write_temp(tmp_prefix, enc, sync_, &tmp);
+      (void)make_dir(dir_ + "/tmp", /*parents=*/true);
+      st = write_temp(tmp_prefix, enc, sync_, entry_mode(), &tmp);
     }
     if (!st.is_ok()) {
       count(c_errors);
@@ -357,6 +364,27 @@ class FilesTier final : public Tier {
   }
 
  private:
+  // Modes (see the top): this user only, or the group of a shared folder.
+  unsigned entry_mode() const noexcept { return shared_ ? 0640 : 0600; }
+  // With `parents`, missing folders above it are made too (as mkdir -p).
+  Status make_dir(const std::string& path, bool parents = false) const {
+    if (::mkdir(path.c_str(), shared_ ? 02770 : 0700) != 0) {
+      if (errno == EEXIST) return Status();
+      if (errno == ENOENT && parents) return util::make_dirs(path, shared_ ? 02770 : 0700);
+      return util::errno_status(errno, "mkdir " + path);
+    }
+    if (shared_) (void)::chmod(path.c_str(), 02770);
+    return Status();
+  }
+  int open_shared_rw(const std::string& path, int flags) const {
+    int fd = ::open(path.c_str(), flags, shared_ ? 0660 : 0600);
+    if (fd >= 0 && shared_ && (flags & O_CREAT)) {
+      struct stat st;
+      if (::fstat(fd, &st) == 0 && st.st_uid == ::geteuid() && (st.st_mode & 0777) != 0660) (void)::fchmod(fd, 0660);
+    }
+    return fd;
+  }
+
   std::string path_of(const Key& k) const {
     std::string h = k.hex();
     return dir_ + "/" + h.substr(0, 2) + "/" + h + ".kce";
@@ -450,7 +478,7 @@ class FilesTier final : public Tier {
       for (int i = 0; i < c_count; ++i) pending_[i] += d[i];
     };
     std::string p = dir_ + "/stats";
-    int fd = ::open(p.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    int fd = open_shared_rw(p, O_RDWR | O_CREAT | O_CLOEXEC);
     if (fd < 0) {
       Status st = util::errno_status(errno, "open " + p);
       restore();
@@ -566,7 +594,7 @@ class FilesTier final : public Tier {
   bool take_lease() {
     std::string p = dir_ + "/evict.lease";
     for (int attempt = 0; attempt < 2; ++attempt) {
-      int fd = ::open(p.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+      int fd = open_shared_rw(p, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC);
       if (fd >= 0) {
         ::close(fd);
         return true;
@@ -642,6 +670,7 @@ class FilesTier final : public Tier {
   }
 
   std::string dir_;
+  bool shared_ = false;  // dir_ is shared with its group (see the top)
   uint64_t max_bytes_, max_entries_, max_entry_, stale_temp_ms_;
   double low_water_;
   unsigned batch_;

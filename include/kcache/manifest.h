@@ -1,0 +1,89 @@
+// kcache/manifest.h — manifests as text and JSON, and how two differ.
+//
+// Every entry carries the Manifest of its key (kcache/key.h): the namespace
+// and each component's name, type and digest. When a lookup misses although
+// "nothing changed", print the lookup's manifest, or compare it with the
+// manifest of an entry that is stored, and the component that moved is named:
+//
+//   auto info = KeyBuilder("mytriton/3")...finish();
+//   if (!cache->get(info->key)) {
+//     save(manifest_to_text(info->manifest));   // `kcache explain --manifest` reads it
+//     // `earlier`: an Entry of the same kernel stored before (Entry::manifest)
+//     for (const auto& d : diff_manifests(earlier.manifest(), info->manifest))
+//       log(describe(d));                       // "opt: changed (stored ..., lookup ...)"
+//   }
+//
+// The same two formats are read by `kcache put --manifest` and
+// `kcache explain --manifest` (docs/cli.md):
+//
+//   JSON: {"namespace": NS, "items": [{"name": N, "type": T, "digest": HEX}]}
+//         (or any object with such a "manifest" member)
+//   text: one `namespace NS` line and one `NAME TYPE HEXDIGEST` line per
+//         component; `#` starts a comment, blank lines are ignored.
+//
+// TYPE is a component_type_name(): bytes string u64 i64 bool map list file
+// digest; a digest is 32 hex digits.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kcache/key.h"
+#include "kcache/status.h"
+
+namespace kcache {
+
+// The type called `name` by component_type_name ("string", "u64", ...).
+std::optional<ComponentType> parse_component_type(std::string_view name) noexcept;
+
+// Parses a manifest in either format (JSON when the first non-blank
+// character is '{'). Items come back sorted by name, as KeyBuilder sorts
+// them, so the result hashes to the key it describes (Manifest::key()).
+// Errors (invalid_argument): malformed JSON or line, unknown type, a digest
+// that is not 32 hex digits, an empty or repeated component name.
+Expected<Manifest> parse_manifest(std::string_view text);
+// Reads and parses a manifest file (at most 64 MiB). Errors name the path;
+// a file that does not exist is not_found.
+Expected<Manifest> read_manifest(const std::string& path);
+
+// {"namespace":NS,"items":[{"name":N,"type":T,"digest":HEX},...]}, compact,
+// items in the manifest's order.
+std::string manifest_to_json(const Manifest& m);
+// The text format: "namespace NS\n" and "NAME TYPE HEX\n" per item. Names
+// containing blanks or '#' do not read back from it (use JSON for those).
+std::string manifest_to_text(const Manifest& m);
+
+// How one component differs between a stored manifest and a lookup's.
+enum class ManifestChange : uint8_t {
+  added = 0,         // only the lookup has it
+  removed = 1,       // only the stored manifest has it
+  changed = 2,       // both have it with the same type, digests differ
+  type_changed = 3,  // both have it with different types
+};
+// "added", "removed", "changed", "type_changed".
+std::string_view manifest_change_name(ManifestChange c) noexcept;
+
+struct ManifestDifference {
+  std::string name;
+  ManifestChange change = ManifestChange::changed;
+  // The component's digest and type on each side; empty on the side that
+  // lacks it (added: no stored, removed: no lookup).
+  std::optional<Digest> stored, lookup;
+  std::optional<ComponentType> stored_type, lookup_type;
+  bool operator==(const ManifestDifference&) const = default;
+};
+
+// Every component that differs, ordered by name; empty when the components
+// are the same. Items need not be sorted. Namespaces are not compared
+// (compare stored.ns and lookup.ns directly).
+std::vector<ManifestDifference> diff_manifests(const Manifest& stored, const Manifest& lookup);
+
+// One line for people, e.g. "opt: changed (stored 1111..., lookup 3333...)",
+// "fast_math: added (bool 5d1a...)", "opt: type changed (stored string 11..,
+// lookup u64 33..)".
+std::string describe(const ManifestDifference& d);
+
+}  // namespace kcache

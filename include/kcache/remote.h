@@ -1,0 +1,205 @@
+// kcache/remote.h — a remote tier over any transport: the policy apart from
+// the wire.
+//
+// A remote tier is two parts:
+//  * a RemoteTransport: the wire to one kind of server (connect, get, set,
+//    delete, pipelined gets, the lease commands, routing). Redis is built in
+//    (kcache/redis.h); another server needs a transport only, and a line in
+//    the URL scheme table (remote_schemes(), kcache/assembly.h) for
+//    Options::remote_url to reach it.
+//  * the policy, made by make_remote_tier() over any transport and the same
+//    for all of them: timeouts, a circuit breaker, a bounded queue of
+//    asynchronous writes, HMAC-SHA256 value framing (docs/format.md,
+//    "Redis value"), statistics, pipelined multi-get and the leases for
+//    cross-machine single-flight.
+//
+// A remote never fails a compile, and a slow or dead one costs at most its
+// budget:
+//  * every transport call is bounded: a connect timeout, then a timeout on
+//    each socket read and write of a command;
+//  * a timeout is the whole budget of a request: it opens the circuit
+//    breaker at once (`breaker_timeouts`, default 1), so the lookup, the
+//    lease and the wait that follow in the same request skip the server.
+//    Cheap failures (connection refused or reset, error replies) count
+//    toward `breaker_threshold` consecutive failures. An open breaker skips
+//    every call (a miss, counted in TierStats::skipped) for
+//    `breaker_cooldown_ms`; then one call probes the server again;
+//  * put() only queues the write; a background thread sends it. A full
+//    queue drops the write (counted in TierStats::dropped);
+//  * the tier logs its own faults: one warn line per outage (the first
+//    failure after the server last answered), further failures of the same
+//    outage at info; a rejected or corrupt value once per key.
+//
+// Thread-safety: a remote tier and a transport may be used by many threads
+// at once.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kcache/entry.h"
+#include "kcache/key.h"
+#include "kcache/lease.h"
+#include "kcache/status.h"
+#include "kcache/tier.h"
+
+namespace kcache {
+
+struct RemoteTierOptions {
+  // Bound on establishing a connection. 0 means the default, 250 ms.
+  uint64_t connect_timeout_ms = 250;
+  // Bound on each socket read/write of a command. 0 means the default, 500 ms.
+  uint64_t command_timeout_ms = 500;
+  // Expiry of stored values. 0 (the default) means none.
+  uint64_t ttl_ms = 0;
+  // Look up, never write (put/remove refused as Errc::read_only).
+  bool read_only = false;
+  // Largest encoded entry stored or accepted from the server. 0 means the
+  // default, 64 MiB.
+  uint64_t max_entry_bytes = uint64_t(64) << 20;
+  // Consecutive failures that open the circuit breaker. 0 means the
+  // default, 3.
+  unsigned breaker_threshold = 3;
+  // Consecutive timeouts that open the circuit breaker. 0 means the
+  // default, 1: a server that stops answering costs one timeout.
+  unsigned breaker_timeouts = 1;
+  // How long an open breaker skips the server. 0 means the default, 10 s.
+  uint64_t breaker_cooldown_ms = 10000;
+  // Writes waiting for the background thread; more are dropped. 0 means the
+  // default, 64.
+  unsigned write_queue_depth = 64;
+  // HMAC-SHA256 secret. Empty (the default): values carry no MAC and none
+  // is checked.
+  std::string secret;
+};
+
+// Counters of a transport's routing (a clustered server).
+struct TransportCounters {
+  uint64_t moved = 0;           // MOVED redirections followed
+  uint64_t ask = 0;             // ASK redirections followed
+  uint64_t slot_refreshes = 0;  // slot maps loaded
+};
+
+// Counters beyond TierStats, for tests and `kcache stats`.
+struct RemoteCounters {
+  uint64_t breaker_opens = 0;   // times the breaker went from closed to open
+  uint64_t moved = 0;           // from the transport (TransportCounters)
+  uint64_t ask = 0;
+  uint64_t slot_refreshes = 0;
+  uint64_t leases_taken = 0;    // leases acquired (including takeovers)
+  uint64_t leases_busy = 0;     // acquire_lease calls that found another holder
+  uint64_t lease_waits = 0;     // wait_for calls that found the entry
+  // Failed transport calls, by kind (together TierStats::errors, less the
+  // values that could not be encoded).
+  uint64_t timeouts = 0;        // no answer within a timeout
+  uint64_t unreachable = 0;     // no connection: refused, reset, closed
+  uint64_t server_errors = 0;   // the server answered with an error
+  uint64_t bad_replies = 0;     // a reply of the wrong type for a key
+};
+
+// Bytes of one stored value (null: nothing stored under the key).
+using RemoteBytes = std::shared_ptr<const Buffer>;
+
+// The wire to one kind of server. Each call is one request (or one
+// pipeline) bounded by the timeouts given to set_timeouts(); the transport
+// keeps no policy: no retries beyond following the server's redirections,
+// no breaker, no logging. A failed call returns an error whose code says
+// what happened, and the policy acts on it:
+//   Errc::timeout      no answer within the connect or command timeout;
+//   Errc::unavailable  no connection: refused, reset, closed, unreadable
+//                      (garbled) stream;
+//   Errc::io_error     the server answered with an error reply;
+//   Errc::corrupt      the server answered, but with a reply of the wrong
+//                      type for this key (the connection is fine).
+// Keys are cache keys: the transport names them on its server (the value
+// and the lease of one key), and documents the naming.
+class RemoteTransport {
+ public:
+  virtual ~RemoteTransport() = default;
+  // Short name for stats and logs, e.g. "redis".
+  virtual std::string_view name() const noexcept = 0;
+  // Bounds every later call: establishing a connection, then each read and
+  // write of a command. Called by make_remote_tier before any other call.
+  virtual void set_timeouts(uint64_t connect_ms, uint64_t command_ms) = 0;
+
+  // The value stored under `key`, or null.
+  virtual Expected<RemoteBytes> get(const Key& key) = 0;
+  // Values for many keys in few round trips: on success `out` holds one
+  // result per key, in order (a per-key error has the codes above). An
+  // error return means the server could not be asked at all.
+  virtual Status get_many(std::span<const Key> keys, std::vector<Expected<RemoteBytes>>* out) = 0;
+  // Stores `value` under `key`, replacing it; ttl_ms 0 means no expiry.
+  virtual Status set(const Key& key, std::string_view value, uint64_t ttl_ms) = 0;
+  // Removes the value under `key` (absent is fine).
+  virtual Status remove(const Key& key) = 0;
+
+  // The lease of `key` is one record holding the holder's token, with an
+  // expiry. Each of these is one atomic step on the server.
+  // Takes the lease unless another token holds it; renews it if `token`
+  // holds it. True when `token` holds it afterwards.
+  virtual Expected<bool> lease_acquire(const Key& key, std::string_view token, uint64_t ttl_ms) = 0;
+  // Extends the lease if `token` holds it; false otherwise.
+  virtual Expected<bool> lease_renew(const Key& key, std::string_view token, uint64_t ttl_ms) = 0;
+  // Removes the lease if `token` holds it; false otherwise.
+  virtual Expected<bool> lease_release(const Key& key, std::string_view token) = 0;
+  // Whether anyone holds the lease of `key`.
+  virtual Expected<bool> lease_held(const Key& key) = 0;
+
+  virtual TransportCounters counters() const { return {}; }
+};
+
+// The remote tier's own interface, beyond Tier. Obtain it with
+// std::dynamic_pointer_cast<RemoteTier>(tier) on what make_remote_tier (or
+// make_redis_tier) returns.
+class RemoteTier : public Tier {
+ public:
+  // Entries for many keys in pipelined round trips; result[i] belongs to
+  // keys[i]. Faults are misses.
+  virtual std::vector<std::optional<Entry>> get_many(const std::vector<Key>& keys) = 0;
+
+  // Tries to become the one machine that compiles `key`: true if this tier
+  // object now holds the lease (it expires after ttl_ms unless renewed or
+  // released; acquiring a lease already held renews it), false if another
+  // holder has it. An expired lease is gone, so the next caller takes over.
+  // An error means the server could not be asked (or the breaker is open).
+  // REQUIRES: ttl_ms > 0.
+  virtual Expected<bool> acquire_lease(const Key& key, uint64_t ttl_ms) = 0;
+  // Extends a lease this object holds; false if it was lost or never held.
+  virtual bool renew_lease(const Key& key, uint64_t ttl_ms) = 0;
+  // Gives the lease back if this object still holds it. Queued behind this
+  // object's pending writes, so waiters see the entry before the lease goes.
+  virtual void release_lease(const Key& key) = 0;
+  // Waits, polling, until `key` is stored (returns it), or no lease is held
+  // on it any more (nullopt: the holder gave up or died; try to acquire), or
+  // `bound_ms` passes, or the server cannot be asked (nullopt).
+  virtual std::optional<Entry> wait_for(const Key& key, uint64_t bound_ms) = 0;
+
+  // Waits (bounded by lack of progress) until queued writes were sent.
+  Status flush() override = 0;
+  virtual RemoteCounters counters() const = 0;
+  // Whether the circuit breaker skips the server now.
+  virtual bool breaker_open() const = 0;
+};
+
+// The policy tier over `transport` (see the top of this file). The tier's
+// name is the transport's, with "(ro)" when read-only. Fails only when the
+// options cannot be honoured (no HMAC-SHA256 in OpenSSL).
+Expected<std::shared_ptr<Tier>> make_remote_tier(std::shared_ptr<RemoteTransport> transport,
+                                                 const RemoteTierOptions& options = {});
+
+// Leases for cross-machine single-flight (what the cache's assembly uses
+// when a remote tier is configured): a lease is held when both `local` (the
+// disk store's leases, for processes of this machine; may be null) and the
+// remote's lease are taken, so processes queue on their machine and machines
+// queue on the server. When the remote cannot be asked (breaker open),
+// `local` alone decides. Releases are queued behind the tier's pending
+// writes, so a waiter on another machine finds the entry before the lease
+// goes. A `remote` that is not a RemoteTier gives `local` back.
+std::shared_ptr<Leases> make_remote_leases(std::shared_ptr<Tier> remote, std::shared_ptr<Leases> local);
+
+}  // namespace kcache

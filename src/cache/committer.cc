@@ -1,0 +1,101 @@
+// The group committer: the Cache's writes to its slower tiers, off the
+// compile path. See committer.h.
+#include "cache/committer.h"
+
+namespace kcache {
+
+namespace {
+// Bounds of the queue and of one group.
+constexpr size_t kMaxQueued = 1024;
+constexpr uint64_t kMaxQueuedBytes = uint64_t(256) << 20;
+constexpr size_t kMaxGroup = 256;
+}  // namespace
+
+// A child of fork() writes none of its parent's queue (the parent does).
+void Committer::renew_after_fork() {
+  if (!worker_.renewed()) return;
+  // The inherited containers may be mid-update by a parent thread: leak
+  // them rather than destroy them.
+  new std::deque<Item>(std::move(queue_));
+  new std::unordered_map<Key, std::pair<uint64_t, Entry>>(std::move(inflight_));
+  queue_ = {};
+  inflight_ = {};
+  submitted_ = written_ = queued_bytes_ = 0;
+  stop_ = false;
+  waiting_.store(0);
+  (void)done_cv_.release();
+  done_cv_ = std::make_unique<std::condition_variable>();
+}
+
+void Committer::submit(Entry e, std::function<void()> then) {
+  renew_after_fork();
+  std::unique_lock lk(worker_.mu());
+  done_cv_->wait(lk, [&] { return queue_.size() < kMaxQueued && queued_bytes_ < kMaxQueuedBytes; });
+  uint64_t seq = ++submitted_;
+  queued_bytes_ += e.encoded().size();
+  inflight_[e.key()] = {seq, e};
+  queue_.push_back({std::move(e), std::move(then), seq});
+  waiting_.fetch_add(1, std::memory_order_release);
+  stop_ = false;
+  worker_.start([this] { run(); });
+  worker_.cv().notify_one();
+}
+
+std::optional<Entry> Committer::find(const Key& key) {
+  renew_after_fork();
+  std::lock_guard lk(worker_.mu());
+  auto it = inflight_.find(key);
+  if (it == inflight_.end()) return std::nullopt;
+  return it->second.second;
+}
+
+void Committer::flush() {
+  renew_after_fork();
+  std::unique_lock lk(worker_.mu());
+  uint64_t target = submitted_;
+  done_cv_->wait(lk, [&] { return written_ >= target; });
+}
+
+void Committer::stop() {
+  renew_after_fork();
+  flush();
+  {
+    std::lock_guard lk(worker_.mu());
+    stop_ = true;
+  }
+  worker_.cv().notify_all();
+  worker_.join();
+}
+
+void Committer::run() {
+  std::unique_lock lk(worker_.mu());
+  for (;;) {
+    worker_.cv().wait(lk, [&] { return stop_ || !queue_.empty(); });
+    if (queue_.empty()) return;  // stop_ and nothing left
+    std::vector<Item> group;
+    while (!queue_.empty() && group.size() < kMaxGroup) {
+      queued_bytes_ -= queue_.front().entry.encoded().size();
+      group.push_back(std::move(queue_.front()));
+      queue_.pop_front();
+    }
+    done_cv_->notify_all();  // room in the queue
+    lk.unlock();
+    std::vector<Entry> entries;
+    entries.reserve(group.size());
+    for (auto& it : group) entries.push_back(it.entry);
+    chain_.store_group(entries);
+    groups_.fetch_add(1, std::memory_order_relaxed);
+    for (auto& it : group)
+      if (it.then) it.then();
+    lk.lock();
+    for (auto& it : group) {
+      auto f = inflight_.find(it.entry.key());
+      if (f != inflight_.end() && f->second.first == it.seq) inflight_.erase(f);
+    }
+    written_ += group.size();
+    waiting_.fetch_sub(group.size(), std::memory_order_release);
+    done_cv_->notify_all();
+  }
+}
+
+}  // namespace kcache

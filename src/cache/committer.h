@@ -1,0 +1,72 @@
+// Private: puts off the compile path (group commit).
+//
+// The Cache puts a new entry into its memory tier at once and hands it to
+// the committer for the slower tiers (disk, remote); the compiling thread
+// goes on. The committer thread takes every entry waiting and writes them as
+// one group per tier (Tier::put_many: for LMDB one transaction and one
+// sync), then runs each entry's `then` (the Cache releases the key's
+// cross-process lease there, so another process that waited finds the entry
+// on disk). Until then find() still has the entry, so a lookup of a key in
+// flight to disk is served. flush() waits for everything handed over before
+// it; so does stop() (the Cache's close).
+//
+// The queue is bounded (entries and bytes): submit() waits when it is full,
+// so a compiler faster than its disk is slowed down, never left to grow
+// memory without bound.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <optional>
+#include <unordered_map>
+#include <vector>
+
+#include "cache/tier_chain.h"
+#include "util/worker.h"
+
+namespace kcache {
+
+class Committer {
+ public:
+  explicit Committer(TierChain& chain) : chain_(chain) {}
+  ~Committer() { stop(); }
+  Committer(const Committer&) = delete;
+  Committer& operator=(const Committer&) = delete;
+
+  // Queues e for the chain's tiers that are not memory tiers; `then` runs on
+  // the committer thread once they have it (or failed to take it).
+  void submit(Entry e, std::function<void()> then);
+  // The newest entry of `key` waiting to be written, if any.
+  std::optional<Entry> find(const Key& key);
+  bool idle() const noexcept { return waiting_.load(std::memory_order_acquire) == 0; }
+  // Waits until everything submitted before the call was written.
+  void flush();
+  // flush(), then ends the thread (a later submit() starts it again).
+  void stop();
+
+  uint64_t groups() const noexcept { return groups_.load(std::memory_order_relaxed); }
+
+ private:
+  struct Item {
+    Entry entry;
+    std::function<void()> then;
+    uint64_t seq;
+  };
+  void run();
+  void renew_after_fork();
+
+  TierChain& chain_;
+  util::Worker worker_;
+  std::deque<Item> queue_;                                    // GUARDED_BY(worker_.mu())
+  std::unordered_map<Key, std::pair<uint64_t, Entry>> inflight_;  // GUARDED_BY(worker_.mu()): key -> newest (seq, entry)
+  uint64_t submitted_ = 0, written_ = 0, queued_bytes_ = 0;  // GUARDED_BY(worker_.mu())
+  bool stop_ = false;                                          // GUARDED_BY(worker_.mu())
+  // written_ grew or the queue shrank; on the heap for the same reason as
+  // the worker's own (see util/worker.h).
+  std::unique_ptr<std::condition_variable> done_cv_ = std::make_unique<std::condition_variable>();
+  std::atomic<uint64_t> waiting_{0};
+  std::atomic<uint64_t> groups_{0};
+};
+
+}  // namespace kcache

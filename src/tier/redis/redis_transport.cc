@@ -1,0 +1,618 @@
+// The Redis transport (kcache/redis.h): standalone or Cluster, through
+// hiredis (blocking contexts). Transport only: the policy (breaker, write
+// queue, value framing, leases for the Cache) is src/tier/remote/.
+//
+// Structure:
+//  * Node: one server address and a pool of idle connections to it. A
+//    connection is borrowed for one command (or one pipeline) and returned
+//    only if it is still in a clean state; after any I/O error or timeout it
+//    is freed, because an unread reply would answer the next command.
+//  * Routing: standalone sends everything to node 0. Cluster keeps a slot
+//    table (slot -> node index) loaded with CLUSTER SLOTS; MOVED updates the
+//    slot and reloads the table, ASK sends ASKING + the command once to the
+//    named node. Every Redis key of one cache key shares the hash tag {hex},
+//    so an entry and its lease live in one slot.
+//  * Errors (kcache/remote.h): a socket timeout (errno EAGAIN, or a connect
+//    that timed out) is Errc::timeout; any other connection fault is
+//    Errc::unavailable; an error reply is Errc::io_error; a reply of the
+//    wrong type, or WRONGTYPE (a key holding another type), is Errc::corrupt.
+//  * URL: redis://[:password@]host[:port][/db][?option=value&...] and
+//    redis+cluster://host:port[,host:port...][?...]; the query sets the
+//    fields of RedisTierOptions.
+#include <hiredis/hiredis.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#include <array>
+#include <atomic>
+#include <cerrno>
+#include <charconv>
+#include <cstring>
+#include <mutex>
+#include <shared_mutex>
+#include <span>
+#include <unordered_map>
+
+#include "kcache/redis.h"
+#include "util/util.h"
+
+namespace kcache {
+
+uint16_t redis_key_slot(std::string_view key) noexcept {
+  if (auto open = key.find('{'); open != std::string_view::npos) {
+    auto close = key.find('}', open + 1);
+    if (close != std::string_view::npos && close != open + 1) key = key.substr(open + 1, close - open - 1);
+  }
+  uint16_t crc = 0;  // CRC16-CCITT (XMODEM): poly 0x1021, init 0, no reflection
+  for (char ch : key) {
+    crc ^= static_cast<uint16_t>(static_cast<uint8_t>(ch) << 8);
+    for (int b = 0; b < 8; ++b) crc = (crc & 0x8000) ? static_cast<uint16_t>((crc << 1) ^ 0x1021) : static_cast<uint16_t>(crc << 1);
+  }
+  return crc & 16383;
+}
+
+namespace {
+
+constexpr size_t kPipelineBatch = 128;
+constexpr int kMaxRedirects = 5;
+
+struct ReplyFree {
+  void operator()(redisReply* r) const noexcept { if (r) freeReplyObject(r); }
+};
+using Reply = std::unique_ptr<redisReply, ReplyFree>;
+struct ContextFree {
+  void operator()(redisContext* c) const noexcept { if (c) redisFree(c); }
+};
+using Conn = std::unique_ptr<redisContext, ContextFree>;
+
+timeval to_timeval(uint64_t ms) {
+  timeval tv;
+  tv.tv_sec = static_cast<time_t>(ms / 1000);
+  tv.tv_usec = static_cast<suseconds_t>((ms % 1000) * 1000);
+  return tv;
+}
+
+std::string_view reply_str(const redisReply* r) { return {r->str, r->len}; }
+
+// Value bytes that live inside a hiredis reply: a hit is not copied again.
+class ReplyBuffer final : public Buffer {
+ public:
+  ReplyBuffer(Reply r, size_t offset) : r_(std::move(r)), off_(offset) {}
+  std::string_view bytes() const noexcept override { return {r_->str + off_, r_->len - off_}; }
+
+ private:
+  Reply r_;
+  size_t off_;
+};
+
+struct Endpoint {
+  std::string host;
+  int port = 6379;
+};
+
+struct ParsedUrl {
+  bool cluster = false;
+  std::vector<Endpoint> seeds;
+  std::string user, password;
+  int db = 0;
+  RedisTierOptions opt;
+};
+
+bool parse_u64(std::string_view s, uint64_t* out) {
+  if (s.empty()) return false;
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), *out);
+  return ec == std::errc() && p == s.data() + s.size();
+}
+
+Status bad_url(const std::string& url, const std::string& why) {
+  // The URL may hold a password: name only the problem.
+  (void)url;
+  return Status(Errc::invalid_argument, "redis URL: " + why);
+}
+
+Status apply_query(std::string_view q, RedisTierOptions* o, const std::string& url) {
+  while (!q.empty()) {
+    auto amp = q.find('&');
+    std::string_view kv = q.substr(0, amp);
+    q = amp == std::string_view::npos ? std::string_view() : q.substr(amp + 1);
+    if (kv.empty()) continue;
+    auto eq = kv.find('=');
+    if (eq == std::string_view::npos) return bad_url(url, "option without a value: " + std::string(kv));
+    std::string_view k = kv.substr(0, eq), v = kv.substr(eq + 1);
+    uint64_t n = 0;
+    if (k == "key_prefix") {
+      o->key_prefix = std::string(v);
+      continue;
+    }
+    if (k == "read_only") {
+      if (v == "1" || v == "true" || v == "yes") o->read_only = true;
+      else if (v == "0" || v == "false" || v == "no") o->read_only = false;
+      else return bad_url(url, "read_only wants 0 or 1");
+      continue;
+    }
+    if (!parse_u64(v, &n)) return bad_url(url, "option " + std::string(k) + " wants a number");
+    if (k == "connect_timeout_ms") o->connect_timeout_ms = n;
+    else if (k == "command_timeout_ms") o->command_timeout_ms = n;
+    else if (k == "ttl_ms") o->ttl_ms = n;
+    else if (k == "max_entry_bytes") o->max_entry_bytes = n;
+    else if (k == "breaker_threshold") o->breaker_threshold = static_cast<unsigned>(n);
+    else if (k == "breaker_timeouts") o->breaker_timeouts = static_cast<unsigned>(n);
+    else if (k == "breaker_cooldown_ms") o->breaker_cooldown_ms = n;
+    else if (k == "write_queue_depth") o->write_queue_depth = static_cast<unsigned>(n);
+    else return bad_url(url, "unknown option " + std::string(k));
+  }
+  return Status();
+}
+
+Expected<ParsedUrl> parse_url(const std::string& url, const RedisTierOptions& base) {
+  ParsedUrl p;
+  p.opt = base;
+  std::string_view s = url;
+  if (s.starts_with("redis+cluster://")) {
+    p.cluster = true;
+    s.remove_prefix(16);
+  } else if (s.starts_with("redis://")) {
+    s.remove_prefix(8);
+  } else {
+    return bad_url(url, "scheme must be redis:// or redis+cluster://");
+  }
+  if (auto q = s.find('?'); q != std::string_view::npos) {
+    KCACHE_RETURN_IF_ERROR(apply_query(s.substr(q + 1), &p.opt, url));
+    s = s.substr(0, q);
+  }
+  if (auto at = s.rfind('@'); at != std::string_view::npos) {
+    std::string_view info = s.substr(0, at);
+    s = s.substr(at + 1);
+    if (auto c = info.find(':'); c != std::string_view::npos) {
+      p.user = std::string(info.substr(0, c));
+      p.password = std::string(info.substr(c + 1));
+    } else {
+      p.password = std::string(info);
+    }
+  }
+  if (auto slash = s.find('/'); slash != std::string_view::npos) {
+    std::string_view db = s.substr(slash + 1);
+    s = s.substr(0, slash);
+    uint64_t n = 0;
+    if (!db.empty()) {
+      if (!parse_u64(db, &n) || n > 1000000) return bad_url(url, "database must be a number");
+      if (p.cluster && n != 0) return bad_url(url, "Redis Cluster has only database 0");
+      p.db = static_cast<int>(n);
+    }
+  }
+  while (!s.empty()) {
+    auto comma = s.find(',');
+    std::string_view hp = s.substr(0, comma);
+    s = comma == std::string_view::npos ? std::string_view() : s.substr(comma + 1);
+    Endpoint e;
+    std::string_view host = hp, port;
+    if (hp.starts_with("[")) {  // [v6]:port
+      auto close = hp.find(']');
+      if (close == std::string_view::npos) return bad_url(url, "unclosed [ in host");
+      host = hp.substr(1, close - 1);
+      if (close + 1 < hp.size()) {
+        if (hp[close + 1] != ':') return bad_url(url, "junk after ]");
+        port = hp.substr(close + 2);
+      }
+    } else if (auto c = hp.rfind(':'); c != std::string_view::npos) {
+      host = hp.substr(0, c);
+      port = hp.substr(c + 1);
+    }
+    if (host.empty()) return bad_url(url, "empty host");
+    e.host = std::string(host);
+    if (!port.empty()) {
+      uint64_t n = 0;
+      if (!parse_u64(port, &n) || n == 0 || n > 65535) return bad_url(url, "bad port");
+      e.port = static_cast<int>(n);
+    }
+    p.seeds.push_back(std::move(e));
+  }
+  if (p.seeds.empty()) return bad_url(url, "no host");
+  if (!p.cluster && p.seeds.size() > 1) return bad_url(url, "several hosts need redis+cluster://");
+  if (!p.opt.connect_timeout_ms) p.opt.connect_timeout_ms = 250;
+  if (!p.opt.command_timeout_ms) p.opt.command_timeout_ms = 500;
+  return p;
+}
+
+struct Node {
+  Endpoint ep;
+  std::mutex mu;
+  std::vector<Conn> idle;  // GUARDED_BY(mu)
+};
+
+// Lua: the lease operations must compare the holder token and act in one step.
+constexpr const char* kAcquireLua =
+    "local v = redis.call('GET', KEYS[1]) "
+    "if not v then redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) return 1 end "
+    "if v == ARGV[1] then redis.call('PEXPIRE', KEYS[1], ARGV[2]) return 1 end "
+    "return 0";
+constexpr const char* kRenewLua =
+    "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end "
+    "return 0";
+constexpr const char* kReleaseLua =
+    "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end "
+    "return 0";
+
+// A GET reply to value bytes (null: nothing stored).
+Expected<RemoteBytes> value_of(Reply r) {
+  if (r->type == REDIS_REPLY_NIL) return RemoteBytes();
+  if (r->type != REDIS_REPLY_STRING)
+    return Status(Errc::corrupt, "redis: GET answered a reply of type " + std::to_string(r->type));
+  return RemoteBytes(std::make_shared<ReplyBuffer>(std::move(r), 0));
+}
+
+// An integer reply to a yes/no answer.
+Expected<bool> flag_of(const Reply& r, const char* what) {
+  if (r->type != REDIS_REPLY_INTEGER)
+    return Status(Errc::corrupt, std::string("redis: unexpected ") + what + " reply of type " + std::to_string(r->type));
+  return r->integer == 1;
+}
+
+class RedisTransport final : public RemoteTransport {
+ public:
+  explicit RedisTransport(ParsedUrl p)
+      : p_(std::move(p)), connect_ms_(p_.opt.connect_timeout_ms), command_ms_(p_.opt.command_timeout_ms) {
+    for (const auto& e : p_.seeds) node_index(e);
+    slots_.fill(-1);
+    // Without a slot map every key goes to the first node until a MOVED
+    // teaches better.
+    if (p_.cluster) (void)refresh_slots();
+  }
+
+  std::string_view name() const noexcept override { return "redis"; }
+
+  void set_timeouts(uint64_t connect_ms, uint64_t command_ms) override {
+    connect_ms_ = connect_ms;
+    command_ms_ = command_ms;
+    // Idle connections carry the old socket timeouts: let them go.
+    std::shared_lock lk(map_mu_);
+    for (auto& n : nodes_) {
+      std::lock_guard g(n->mu);
+      n->idle.clear();
+    }
+  }
+
+  Expected<RemoteBytes> get(const Key& key) override {
+    std::string k = entry_key(key);
+    KCACHE_TRY(Reply r, run(k, {"GET", k}));
+    return value_of(std::move(r));
+  }
+
+  Status get_many(std::span<const Key> keys, std::vector<Expected<RemoteBytes>>* out) override {
+    out->clear();
+    out->reserve(keys.size());
+    for (size_t i = 0; i < keys.size(); ++i) out->emplace_back(RemoteBytes());
+    std::vector<std::string> rkeys(keys.size());
+    // Group by node (all on node 0 when standalone).
+    std::unordered_map<int, std::vector<size_t>> groups;
+    for (size_t i = 0; i < keys.size(); ++i) {
+      rkeys[i] = entry_key(keys[i]);
+      groups[p_.cluster ? node_for_slot(redis_key_slot(rkeys[i])) : 0].push_back(i);
+    }
+    std::vector<size_t> retry;  // redirected keys, asked one by one
+    for (auto& [ni, idx] : groups) {
+      Node& n = node(ni);
+      for (size_t b = 0; b < idx.size(); b += kPipelineBatch) {
+        size_t e = std::min(idx.size(), b + kPipelineBatch);
+        KCACHE_TRY(Conn conn, borrow(n));
+        redisContext* c = conn.get();
+        for (size_t j = b; j < e; ++j) {
+          const char* argv[2] = {"GET", rkeys[idx[j]].data()};
+          size_t lens[2] = {3, rkeys[idx[j]].size()};
+          redisAppendCommandArgv(c, 2, argv, lens);
+        }
+        for (size_t j = b; j < e; ++j) {
+          void* raw = nullptr;
+          if (redisGetReply(c, &raw) != REDIS_OK || !raw)
+            return conn_error(n, c, errno);  // the connection is dropped with its unread replies
+          Reply r(static_cast<redisReply*>(raw));
+          size_t i = idx[j];
+          if (r->type == REDIS_REPLY_ERROR) {
+            std::string_view msg = reply_str(r.get());
+            if (p_.cluster && (msg.starts_with("MOVED ") || msg.starts_with("ASK ")))
+              retry.push_back(i);
+            else
+              (*out)[i] = Status(msg.starts_with("WRONGTYPE") ? Errc::corrupt : Errc::io_error,
+                                 "redis: " + std::string(msg));
+            continue;
+          }
+          (*out)[i] = value_of(std::move(r));
+        }
+        give_back(n, std::move(conn));
+      }
+    }
+    for (size_t i : retry) {
+      auto r = get(keys[i]);
+      if (!r && r.error().code() != Errc::corrupt && r.error().code() != Errc::io_error) return std::move(r).error();
+      (*out)[i] = std::move(r);
+    }
+    return Status();
+  }
+
+  Status set(const Key& key, std::string_view value, uint64_t ttl_ms) override {
+    std::string k = entry_key(key);
+    std::string ttl = std::to_string(ttl_ms);
+    KCACHE_TRY(Reply r, ttl_ms ? run(k, {"SET", k, value, "PX", ttl}) : run(k, {"SET", k, value}));
+    (void)r;
+    return Status();
+  }
+
+  Status remove(const Key& key) override {
+    std::string k = entry_key(key);
+    KCACHE_TRY(Reply r, run(k, {"DEL", k}));
+    (void)r;
+    return Status();
+  }
+
+  Expected<bool> lease_acquire(const Key& key, std::string_view token, uint64_t ttl_ms) override {
+    std::string lk = lease_key(key), ttl = std::to_string(ttl_ms);
+    KCACHE_TRY(Reply r, run(lk, {"EVAL", kAcquireLua, "1", lk, token, ttl}));
+    return flag_of(r, "lease");
+  }
+
+  Expected<bool> lease_renew(const Key& key, std::string_view token, uint64_t ttl_ms) override {
+    std::string lk = lease_key(key), ttl = std::to_string(ttl_ms);
+    KCACHE_TRY(Reply r, run(lk, {"EVAL", kRenewLua, "1", lk, token, ttl}));
+    return flag_of(r, "lease renewal");
+  }
+
+  Expected<bool> lease_release(const Key& key, std::string_view token) override {
+    std::string lk = lease_key(key);
+    KCACHE_TRY(Reply r, run(lk, {"EVAL", kReleaseLua, "1", lk, token}));
+    return flag_of(r, "lease release");
+  }
+
+  Expected<bool> lease_held(const Key& key) override {
+    std::string lk = lease_key(key);
+    KCACHE_TRY(Reply r, run(lk, {"EXISTS", lk}));
+    if (r->type != REDIS_REPLY_INTEGER) return Status(Errc::corrupt, "redis: unexpected EXISTS reply");
+    return r->integer != 0;
+  }
+
+  TransportCounters counters() const override {
+    TransportCounters c;
+    c.moved = moved_.load();
+    c.ask = ask_.load();
+    c.slot_refreshes = slot_refreshes_.load();
+    return c;
+  }
+
+ private:
+  std::string entry_key(const Key& k) const { return p_.opt.key_prefix + "{" + k.hex() + "}"; }
+  std::string lease_key(const Key& k) const { return p_.opt.key_prefix + "{" + k.hex() + "}:lease"; }
+
+  // ---- connections and routing ----------------------------------------------
+
+  int node_index(const Endpoint& e) {
+    std::string id = e.host + ":" + std::to_string(e.port);
+    std::unique_lock lk(map_mu_);
+    auto it = node_ids_.find(id);
+    if (it != node_ids_.end()) return it->second;
+    auto n = std::make_unique<Node>();
+    n->ep = e;
+    nodes_.push_back(std::move(n));
+    int i = static_cast<int>(nodes_.size() - 1);
+    node_ids_.emplace(id, i);
+    return i;
+  }
+
+  Node& node(int i) {
+    std::shared_lock lk(map_mu_);
+    return *nodes_[i];  // nodes_ never shrinks and its Nodes never move
+  }
+
+  int node_for_slot(uint16_t slot) {
+    std::shared_lock lk(map_mu_);
+    int i = slots_[slot];
+    return i < 0 ? 0 : i;
+  }
+
+  // `err` is errno right after the failed hiredis call. A read or write
+  // that ran out of its socket timeout fails with EAGAIN, a connect that ran
+  // out of its timeout with ETIMEDOUT; hiredis keeps the text of either.
+  static Status conn_error(Node& n, redisContext* c, int err) {
+    bool timed_out = false;
+    if (c->err == REDIS_ERR_IO) {
+      timed_out = err == EAGAIN || err == EWOULDBLOCK || err == ETIMEDOUT || err == EINPROGRESS;
+      std::string_view msg = c->errstr;
+      for (int e : {EAGAIN, ETIMEDOUT, EINPROGRESS})
+        if (msg == std::strerror(e)) timed_out = true;
+    }
+    return Status(timed_out ? Errc::timeout : Errc::unavailable,
+                  "redis " + n.ep.host + ":" + std::to_string(n.ep.port) + ": " +
+                      (c->errstr[0] ? c->errstr : "connection lost"));
+  }
+
+  Expected<Conn> borrow(Node& n) {
+    {
+      std::lock_guard lk(n.mu);
+      if (!n.idle.empty()) {
+        Conn c = std::move(n.idle.back());
+        n.idle.pop_back();
+        return c;
+      }
+    }
+    errno = 0;
+    Conn c(redisConnectWithTimeout(n.ep.host.c_str(), n.ep.port, to_timeval(connect_ms_.load())));
+    int err = errno;
+    if (!c) return Status(Errc::internal, "redis: out of memory");
+    if (c->err) return conn_error(n, c.get(), err);
+    redisSetTimeout(c.get(), to_timeval(command_ms_.load()));
+    auto simple = [&](std::vector<std::string> args) -> Status {
+      std::vector<const char*> argv;
+      std::vector<size_t> lens;
+      for (auto& a : args) {
+        argv.push_back(a.data());
+        lens.push_back(a.size());
+      }
+      Reply r(static_cast<redisReply*>(redisCommandArgv(c.get(), static_cast<int>(argv.size()), argv.data(), lens.data())));
+      if (!r) return conn_error(n, c.get(), errno);
+      if (r->type == REDIS_REPLY_ERROR) return Status(Errc::io_error, "redis: " + std::string(reply_str(r.get())));
+      return Status();
+    };
+    if (!p_.password.empty()) {
+      KCACHE_RETURN_IF_ERROR(p_.user.empty() ? simple({"AUTH", p_.password}) : simple({"AUTH", p_.user, p_.password}));
+    }
+    if (p_.db != 0) KCACHE_RETURN_IF_ERROR(simple({"SELECT", std::to_string(p_.db)}));
+    return c;
+  }
+
+  void give_back(Node& n, Conn c) {
+    std::lock_guard lk(n.mu);
+    if (n.idle.size() < 16) n.idle.push_back(std::move(c));
+  }
+
+  // One command on one node (with ASKING first when asked to).
+  Expected<Reply> exec_on(Node& n, const std::vector<std::string_view>& args, bool asking) {
+    KCACHE_TRY(Conn c, borrow(n));
+    std::vector<const char*> argv;
+    std::vector<size_t> lens;
+    for (auto a : args) {
+      argv.push_back(a.data());
+      lens.push_back(a.size());
+    }
+    if (asking) redisAppendCommand(c.get(), "ASKING");
+    redisAppendCommandArgv(c.get(), static_cast<int>(argv.size()), argv.data(), lens.data());
+    void* raw = nullptr;
+    if (asking) {
+      if (redisGetReply(c.get(), &raw) != REDIS_OK) return conn_error(n, c.get(), errno);
+      freeReplyObject(raw);
+      raw = nullptr;
+    }
+    if (redisGetReply(c.get(), &raw) != REDIS_OK || !raw) return conn_error(n, c.get(), errno);
+    give_back(n, std::move(c));
+    return Reply(static_cast<redisReply*>(raw));
+  }
+
+  static bool parse_redirect(std::string_view msg, uint16_t* slot, Endpoint* to) {
+    // "MOVED 3999 127.0.0.1:6381" / "ASK 3999 127.0.0.1:6381"
+    auto sp1 = msg.find(' ');
+    if (sp1 == std::string_view::npos) return false;
+    auto sp2 = msg.find(' ', sp1 + 1);
+    if (sp2 == std::string_view::npos) return false;
+    uint64_t s = 0, port = 0;
+    if (!parse_u64(msg.substr(sp1 + 1, sp2 - sp1 - 1), &s) || s > 16383) return false;
+    std::string_view addr = msg.substr(sp2 + 1);
+    auto colon = addr.rfind(':');
+    if (colon == std::string_view::npos || !parse_u64(addr.substr(colon + 1), &port) || port == 0 || port > 65535) return false;
+    *slot = static_cast<uint16_t>(s);
+    to->host = std::string(addr.substr(0, colon));
+    to->port = static_cast<int>(port);
+    return true;
+  }
+
+  // Runs one command on the node owning `rkey`, following redirections. An
+  // error reply other than a redirection is Errc::io_error.
+  Expected<Reply> run(std::string_view rkey, const std::vector<std::string_view>& args) {
+    int ni = p_.cluster ? node_for_slot(redis_key_slot(rkey)) : 0;
+    bool asking = false;
+    for (int hop = 0; hop <= kMaxRedirects; ++hop) {
+      auto r = exec_on(node(ni), args, asking);
+      if (!r) return std::move(r).error();
+      asking = false;
+      if ((*r)->type != REDIS_REPLY_ERROR) return r;
+      std::string_view msg = reply_str(r->get());
+      uint16_t slot = 0;
+      Endpoint to;
+      if (p_.cluster && msg.starts_with("MOVED ") && parse_redirect(msg, &slot, &to)) {
+        ni = node_index(to);
+        {
+          std::unique_lock lk(map_mu_);
+          slots_[slot] = ni;
+        }
+        moved_++;
+        (void)refresh_slots();  // one slot moved: others probably did too
+        continue;
+      }
+      if (p_.cluster && msg.starts_with("ASK ") && parse_redirect(msg, &slot, &to)) {
+        ni = node_index(to);
+        asking = true;
+        ask_++;
+        continue;
+      }
+      // A key of another type: that key is unusable, the server is fine.
+      if (msg.starts_with("WRONGTYPE")) return Status(Errc::corrupt, "redis: " + std::string(msg));
+      return Status(Errc::io_error, "redis: " + std::string(msg));
+    }
+    return Status(Errc::io_error, "redis: too many cluster redirections");
+  }
+
+  // Loads the slot table from the first node that answers CLUSTER SLOTS.
+  Status refresh_slots() {
+    size_t count;
+    {
+      std::shared_lock lk(map_mu_);
+      count = nodes_.size();
+    }
+    Status last(Errc::unavailable, "redis cluster: no node answered CLUSTER SLOTS");
+    for (size_t i = 0; i < count; ++i) {
+      Node& n = node(static_cast<int>(i));
+      auto r = exec_on(n, {"CLUSTER", "SLOTS"}, false);
+      if (!r) {
+        last = r.error();
+        continue;
+      }
+      const redisReply* top = r->get();
+      if (top->type != REDIS_REPLY_ARRAY) {
+        last = Status(Errc::io_error, "redis cluster: unexpected CLUSTER SLOTS reply");
+        continue;
+      }
+      std::array<int, 16384> table;
+      table.fill(-1);
+      for (size_t k = 0; k < top->elements; ++k) {
+        const redisReply* range = top->element[k];
+        if (range->type != REDIS_REPLY_ARRAY || range->elements < 3) continue;
+        const redisReply* lo = range->element[0];
+        const redisReply* hi = range->element[1];
+        const redisReply* master = range->element[2];
+        if (lo->type != REDIS_REPLY_INTEGER || hi->type != REDIS_REPLY_INTEGER || master->type != REDIS_REPLY_ARRAY ||
+            master->elements < 2 || master->element[1]->type != REDIS_REPLY_INTEGER)
+          continue;
+        Endpoint e;
+        if (master->element[0]->type == REDIS_REPLY_STRING) e.host = std::string(reply_str(master->element[0]));
+        // An empty or "?" host means "the node you asked".
+        if (e.host.empty() || e.host == "?") e.host = n.ep.host;
+        e.port = static_cast<int>(master->element[1]->integer);
+        int idx = node_index(e);
+        for (long long s = std::max(0LL, lo->integer); s <= std::min(16383LL, hi->integer); ++s) table[s] = idx;
+      }
+      {
+        std::unique_lock lk(map_mu_);
+        slots_ = table;
+      }
+      slot_refreshes_++;
+      return Status();
+    }
+    return last;
+  }
+
+
+  ParsedUrl p_;
+  std::atomic<uint64_t> connect_ms_, command_ms_;
+  std::atomic<uint64_t> moved_{0}, ask_{0}, slot_refreshes_{0};
+
+  std::shared_mutex map_mu_;
+  std::vector<std::unique_ptr<Node>> nodes_;          // GUARDED_BY(map_mu_)
+  std::unordered_map<std::string, int> node_ids_;     // GUARDED_BY(map_mu_)
+  std::array<int, 16384> slots_;                      // GUARDED_BY(map_mu_)
+};
+
+}  // namespace
+
+Expected<std::shared_ptr<RemoteTransport>> make_redis_transport(const std::string& url,
+                                                                const RedisTierOptions& options) {
+  KCACHE_TRY(ParsedUrl p, parse_url(url, options));
+  return std::shared_ptr<RemoteTransport>(std::make_shared<RedisTransport>(std::move(p)));
+}
+
+Expected<std::shared_ptr<Tier>> make_redis_tier(const std::string& url, const RedisTierOptions& options) {
+  KCACHE_TRY(ParsedUrl p, parse_url(url, options));
+  RemoteTierOptions policy = p.opt;  // the URL's query applied
+  return make_remote_tier(std::make_shared<RedisTransport>(std::move(p)), policy);
+}
+
+std::shared_ptr<Leases> make_redis_leases(std::shared_ptr<Tier> redis, std::shared_ptr<Leases> local) {
+  return make_remote_leases(std::move(redis), std::move(local));
+}
+
+}  // namespace kcache

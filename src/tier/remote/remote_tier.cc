@@ -1,0 +1,625 @@
+// The remote policy tier over any RemoteTransport (kcache/remote.h).
+//
+// Structure:
+//  * Breaker: `failures_` counts failed calls since the server last
+//    answered, `timeouts_` the timeouts among them; reaching
+//    breaker_threshold or breaker_timeouts sets `open_until_ms_`. While
+//    now < open_until_ms_ calls are skipped; afterwards one caller wins a CAS
+//    on open_until_ms_ and probes, the others keep skipping until its call
+//    succeeds (closing the breaker) or fails (reopening it). A timeout opens
+//    it at once by default, so one request (lookup, lease, wait) pays at most
+//    one timeout.
+//  * Logging: `outage_` is set by the first failure after the server last
+//    answered; that failure is the one warn line of the outage, the rest of
+//    the outage is logged at info. A rejected or corrupt value is logged once
+//    per key (`said_`, bounded), not on every read of it.
+//  * Writes: put() queues the entry; one background thread sends queued
+//    writes and lease releases in order, so a lease is released only after
+//    this object's write of the entry was sent.
+//  * Values: "KCRV" header, optional HMAC-SHA256, then the entry bytes
+//    (docs/format.md, "Redis value"). The MAC is checked before
+//    Entry::decode sees a byte.
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/params.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <random>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "kcache/remote.h"
+#include "util/util.h"
+
+namespace kcache {
+
+namespace {
+
+constexpr char kMagic[4] = {'K', 'C', 'R', 'V'};
+constexpr uint8_t kValueVersion = 1;
+constexpr uint8_t kMacNone = 0, kMacHmacSha256 = 1;
+constexpr size_t kValueHeader = 8, kMacSize = 32;
+constexpr std::string_view kMacContext = "kcache-redis-value/1";
+constexpr size_t kSaidKeys = 4096;
+
+uint64_t mono_ms() { return util::now_mono_us() / 1000; }
+
+// Entry bytes inside a value the transport handed over: a hit is not copied.
+class SliceBuffer final : public Buffer {
+ public:
+  SliceBuffer(RemoteBytes inner, size_t offset) : inner_(std::move(inner)), off_(offset) {}
+  std::string_view bytes() const noexcept override { return inner_->bytes().substr(off_); }
+
+ private:
+  RemoteBytes inner_;
+  size_t off_;
+};
+
+RemoteTierOptions with_defaults(RemoteTierOptions o) {
+  if (!o.connect_timeout_ms) o.connect_timeout_ms = 250;
+  if (!o.command_timeout_ms) o.command_timeout_ms = 500;
+  if (!o.max_entry_bytes) o.max_entry_bytes = uint64_t(64) << 20;
+  if (!o.breaker_threshold) o.breaker_threshold = 3;
+  if (!o.breaker_timeouts) o.breaker_timeouts = 1;
+  if (!o.breaker_cooldown_ms) o.breaker_cooldown_ms = 10000;
+  if (!o.write_queue_depth) o.write_queue_depth = 64;
+  return o;
+}
+
+class RemoteTierImpl final : public RemoteTier {
+ public:
+  RemoteTierImpl(std::shared_ptr<RemoteTransport> t, const RemoteTierOptions& o)
+      : t_(std::move(t)), o_(with_defaults(o)) {
+    name_ = std::string(t_->name()) + (o_.read_only ? "(ro)" : "");
+    t_->set_timeouts(o_.connect_timeout_ms, o_.command_timeout_ms);
+    std::random_device rd;
+    char host[256] = {0};
+    ::gethostname(host, sizeof host - 1);
+    token_ = std::string(host) + ":" + std::to_string(::getpid()) + ":" +
+             std::to_string((uint64_t(rd()) << 32) | rd());
+    if (!o_.secret.empty()) mac_ = EVP_MAC_fetch(nullptr, "HMAC", nullptr);
+    writer_ = std::thread([this] { write_loop(); });
+  }
+
+  ~RemoteTierImpl() override {
+    (void)flush();
+    {
+      std::lock_guard lk(q_mu_);
+      stop_ = true;
+    }
+    q_cv_.notify_all();
+    writer_.join();
+    if (mac_) EVP_MAC_free(mac_);
+  }
+
+  bool ok() const { return o_.secret.empty() || mac_ != nullptr; }
+  std::string_view name() const noexcept override { return name_; }
+  TierKind kind() const noexcept override { return TierKind::remote; }
+  bool writable() const noexcept override { return !o_.read_only; }
+
+  // ---- RemoteTier -----------------------------------------------------------
+
+  std::vector<std::optional<Entry>> get_many(const std::vector<Key>& keys) override {
+    std::vector<std::optional<Entry>> out(keys.size());
+    if (keys.empty()) return out;
+    if (!allow()) {
+      skipped_ += keys.size();
+      return out;
+    }
+    std::vector<Expected<RemoteBytes>> vals;
+    Status st = t_->get_many(keys, &vals);
+    if (!st.is_ok() || vals.size() != keys.size()) {
+      fail(st.is_ok() ? Status(Errc::internal, "transport answered a batch with the wrong count") : st);
+      return out;
+    }
+    succeed();
+    for (size_t i = 0; i < keys.size(); ++i) {
+      out[i] = accept(keys[i], std::move(vals[i]));
+      if (out[i]) hits_++;
+      else misses_++;
+    }
+    return out;
+  }
+
+  Expected<bool> acquire_lease(const Key& key, uint64_t ttl_ms) override {
+    bool releasing;
+    {
+      std::lock_guard g(q_mu_);
+      releasing = pending_releases_.count(key) != 0;
+    }
+    // A queued release of this key must not remove the lease taken now.
+    if (releasing) (void)flush();
+    if (!allow()) {
+      skipped_++;
+      return Status(Errc::unavailable, name_ + ": circuit breaker open");
+    }
+    KCACHE_TRY(bool held, call(t_->lease_acquire(key, token_, ttl_ms ? ttl_ms : 1)));
+    std::lock_guard g(c_mu_);
+    ++(held ? c_.leases_taken : c_.leases_busy);
+    return held;
+  }
+
+  bool renew_lease(const Key& key, uint64_t ttl_ms) override {
+    if (!allow()) {
+      skipped_++;
+      return false;
+    }
+    auto r = call(t_->lease_renew(key, token_, ttl_ms ? ttl_ms : 1));
+    return r && *r;
+  }
+
+  void release_lease(const Key& key) override {
+    // Never dropped, even with a full queue: a lost release makes every
+    // waiter sit out the lease's TTL.
+    Task t;
+    t.kind = Task::release;
+    t.key = key;
+    {
+      std::lock_guard lk(q_mu_);
+      ++pending_releases_[key];
+      q_.push_back(std::move(t));
+    }
+    q_cv_.notify_one();
+  }
+
+  std::optional<Entry> wait_for(const Key& key, uint64_t bound_ms) override {
+    uint64_t deadline = mono_ms() + bound_ms, sleep_ms = 2;
+    for (;;) {
+      if (!allow()) {
+        skipped_++;
+        return std::nullopt;
+      }
+      auto r = fetch(key);
+      if (!r) return std::nullopt;  // the server cannot be asked: stop waiting
+      if (r->has_value()) {
+        hits_++;
+        std::lock_guard g(c_mu_);
+        ++c_.lease_waits;
+        return std::move(*r);
+      }
+      auto held = call(t_->lease_held(key));
+      if (!held) return std::nullopt;
+      if (!*held) {
+        // The holder is gone; it may have stored the entry just before.
+        auto again = fetch(key);
+        if (again && again->has_value()) {
+          hits_++;
+          return std::move(*again);
+        }
+        return std::nullopt;
+      }
+      uint64_t now = mono_ms();
+      if (now >= deadline) return std::nullopt;
+      std::this_thread::sleep_for(std::chrono::milliseconds(std::min(sleep_ms, deadline - now)));
+      sleep_ms = std::min<uint64_t>(sleep_ms * 2, 50);
+    }
+  }
+
+  Status flush() override {
+    // Bounded by progress: each write either completes or fails within the
+    // timeouts, so a stall longer than that means something is wrong.
+    const uint64_t stall_ms = 2 * (o_.connect_timeout_ms + o_.command_timeout_ms) + 100;
+    std::unique_lock lk(q_mu_);
+    uint64_t seen = done_;
+    while (!q_.empty() || busy_) {
+      if (!idle_cv_.wait_for(lk, std::chrono::milliseconds(stall_ms),
+                             [&] { return (q_.empty() && !busy_) || done_ != seen; })) {
+        return Status(Errc::timeout, name_ + ": queued writes made no progress for " + std::to_string(stall_ms) + " ms");
+      }
+      seen = done_;
+    }
+    return Status();
+  }
+
+  RemoteCounters counters() const override {
+    RemoteCounters c;
+    {
+      std::lock_guard g(c_mu_);
+      c = c_;
+    }
+    TransportCounters tc = t_->counters();
+    c.moved = tc.moved;
+    c.ask = tc.ask;
+    c.slot_refreshes = tc.slot_refreshes;
+    c.breaker_opens = breaker_opens_.load();
+    c.timeouts = timeouts_total_.load();
+    c.unreachable = unreachable_.load();
+    c.server_errors = server_errors_.load();
+    c.bad_replies = bad_replies_.load();
+    return c;
+  }
+
+  bool breaker_open() const override {
+    uint64_t until = open_until_ms_.load(std::memory_order_relaxed);
+    return until != 0 && mono_ms() < until;
+  }
+
+ protected:
+  Expected<std::optional<Entry>> do_get(const Key& key, MissCount count) override {
+    if (!allow()) {
+      skipped_++;
+      return std::optional<Entry>();
+    }
+    auto r = fetch(key);
+    if (!r) return std::move(r).error();
+    if (r->has_value()) hits_++;
+    else if (count == MissCount::counted) misses_++;
+    return r;
+  }
+
+  Status do_put(const Entry& entry) override {
+    if (o_.read_only) {
+      rejected_++;
+      return Status(Errc::read_only, name_ + " tier is read-only");
+    }
+    if (entry.encoded().size() > o_.max_entry_bytes) {
+      rejected_++;
+      return Status(Errc::too_large, "entry of " + std::to_string(entry.encoded().size()) + " bytes is larger than the " +
+                                         name_ + " tier's max_entry_bytes");
+    }
+    forget_said(entry.key());
+    if (breaker_open()) {
+      skipped_++;
+      return Status();
+    }
+    Task t;
+    t.kind = Task::put;
+    t.key = entry.key();
+    t.entry = entry.pinned() ? entry.detach() : entry;
+    {
+      std::lock_guard lk(q_mu_);
+      if (q_.size() >= o_.write_queue_depth) {
+        if (dropped_.fetch_add(1) == 0)
+          KCACHE_LOG(LogLevel::info, "%s: write queue full (%u); dropping writes", name_.c_str(), o_.write_queue_depth);
+        return Status();
+      }
+      q_.push_back(std::move(t));
+    }
+    q_cv_.notify_one();
+    return Status();
+  }
+
+  Status do_remove(const Key& key) override {
+    if (o_.read_only) {
+      rejected_++;
+      return Status(Errc::read_only, name_ + " tier is read-only");
+    }
+    if (!allow()) {
+      skipped_++;
+      return Status(Errc::unavailable, name_ + ": circuit breaker open");
+    }
+    KCACHE_RETURN_IF_ERROR(call_status(t_->remove(key)));
+    return Status();
+  }
+
+  TierStats do_stats() override {
+    TierStats s;
+    s.hits = hits_.load();
+    s.misses = misses_.load();
+    s.puts = puts_.load();
+    s.corrupt = corrupt_.load();
+    s.errors = errors_.load();
+    s.rejected = rejected_.load();
+    s.skipped = skipped_.load();
+    s.dropped = dropped_.load();
+    return s;
+  }
+
+ private:
+  struct Task {
+    enum Kind { put, release } kind = put;
+    Key key;
+    Entry entry;
+  };
+
+  // ---- values ---------------------------------------------------------------
+
+  bool compute_mac(const Key& key, std::string_view header, std::string_view body, unsigned char out[kMacSize]) const {
+    EVP_MAC_CTX* ctx = EVP_MAC_CTX_new(mac_);
+    if (!ctx) return false;
+    char digest[] = "SHA256";
+    OSSL_PARAM params[] = {OSSL_PARAM_construct_utf8_string("digest", digest, 0), OSSL_PARAM_construct_end()};
+    size_t len = 0;
+    bool ok = EVP_MAC_init(ctx, reinterpret_cast<const unsigned char*>(o_.secret.data()), o_.secret.size(), params) == 1 &&
+              EVP_MAC_update(ctx, reinterpret_cast<const unsigned char*>(kMacContext.data()), kMacContext.size()) == 1 &&
+              EVP_MAC_update(ctx, key.bytes.data(), key.bytes.size()) == 1 &&
+              EVP_MAC_update(ctx, reinterpret_cast<const unsigned char*>(header.data()), header.size()) == 1 &&
+              EVP_MAC_update(ctx, reinterpret_cast<const unsigned char*>(body.data()), body.size()) == 1 &&
+              EVP_MAC_final(ctx, out, &len, kMacSize) == 1 && len == kMacSize;
+    EVP_MAC_CTX_free(ctx);
+    return ok;
+  }
+
+  Expected<std::string> encode_value(const Entry& e) const {
+    std::string_view body = e.encoded();
+    std::string v;
+    bool mac = !o_.secret.empty();
+    v.reserve(kValueHeader + (mac ? kMacSize : 0) + body.size());
+    v.append(kMagic, 4);
+    v.push_back(static_cast<char>(kValueVersion));
+    v.push_back(static_cast<char>(mac ? kMacHmacSha256 : kMacNone));
+    v.append(2, '\0');
+    if (mac) {
+      unsigned char m[kMacSize];
+      if (!compute_mac(e.key(), std::string_view(v.data(), kValueHeader), body, m))
+        return Status(Errc::internal, "HMAC-SHA256 failed");
+      v.append(reinterpret_cast<const char*>(m), kMacSize);
+    }
+    v.append(body);
+    return v;
+  }
+
+  // True the first time `key` is named in a log line (until it is stored
+  // again, or the bounded set is full and starts over).
+  bool first_word(const Key& key) {
+    std::lock_guard g(said_mu_);
+    if (said_.size() >= kSaidKeys) said_.clear();
+    return said_.insert(key).second;
+  }
+  void forget_said(const Key& key) {
+    std::lock_guard g(said_mu_);
+    said_.erase(key);
+  }
+
+  // A value from the transport to an entry, or a miss with a counter.
+  // Nothing past the value header is parsed before the MAC (when
+  // configured) is checked.
+  std::optional<Entry> accept(const Key& key, Expected<RemoteBytes> got) {
+    if (!got) {  // a reply of the wrong type for this key
+      errors_++;
+      bad_replies_++;
+      if (first_word(key))
+        KCACHE_LOG(LogLevel::warn, "%s: bad reply for %s: %s", name_.c_str(), key.hex().c_str(),
+                   got.error().to_string().c_str());
+      return std::nullopt;
+    }
+    RemoteBytes bytes = std::move(got).value();
+    if (!bytes) return std::nullopt;
+    std::string_view v = bytes->bytes();
+    auto reject = [&](const char* why) -> std::optional<Entry> {
+      rejected_++;
+      if (first_word(key))
+        KCACHE_LOG(LogLevel::warn, "%s: rejected value for %s: %s", name_.c_str(), key.hex().c_str(), why);
+      return std::nullopt;
+    };
+    if (v.size() > o_.max_entry_bytes + kValueHeader + kMacSize) return reject("larger than max_entry_bytes");
+    if (v.size() < kValueHeader || std::memcmp(v.data(), kMagic, 4) != 0 || static_cast<uint8_t>(v[4]) != kValueVersion)
+      return reject("not a kcache value");
+    uint8_t alg = static_cast<uint8_t>(v[5]);
+    size_t off = kValueHeader;
+    if (alg == kMacHmacSha256) {
+      if (v.size() < kValueHeader + kMacSize) return reject("truncated MAC");
+      off += kMacSize;
+    } else if (alg != kMacNone) {
+      return reject("unknown MAC algorithm");
+    }
+    if (!o_.secret.empty()) {
+      if (alg != kMacHmacSha256) return reject("no MAC, and a secret is configured");
+      unsigned char m[kMacSize];
+      if (!compute_mac(key, v.substr(0, kValueHeader), v.substr(off), m)) return reject("HMAC-SHA256 failed");
+      if (CRYPTO_memcmp(m, v.data() + kValueHeader, kMacSize) != 0) return reject("MAC mismatch");
+    }
+    auto e = Entry::decode(std::make_shared<SliceBuffer>(std::move(bytes), off), &key);
+    if (!e) {
+      corrupt_++;
+      if (first_word(key))
+        KCACHE_LOG(LogLevel::warn, "%s: corrupt entry %s: %s", name_.c_str(), key.hex().c_str(),
+                   e.error().to_string().c_str());
+      return std::nullopt;
+    }
+    return std::move(e).value();
+  }
+
+  // GET and accept; an error only when the server could not be asked.
+  Expected<std::optional<Entry>> fetch(const Key& key) {
+    auto r = t_->get(key);
+    if (!r && r.error().code() != Errc::corrupt) {
+      fail(r.error());
+      return std::move(r).error();
+    }
+    succeed();
+    return accept(key, std::move(r));
+  }
+
+  // Breaker bookkeeping around one transport call. A reply of the wrong
+  // type still means the server answered.
+  template <class T>
+  Expected<T> call(Expected<T> r) {
+    if (r) {
+      succeed();
+    } else if (r.error().code() == Errc::corrupt) {
+      succeed();
+      errors_++;
+      bad_replies_++;
+    } else {
+      fail(r.error());
+    }
+    return r;
+  }
+  Status call_status(Status st) {
+    if (st.is_ok()) succeed();
+    else fail(st);
+    return st;
+  }
+
+  // ---- breaker --------------------------------------------------------------
+
+  // False: skip the server (the caller counts it as skipped).
+  bool allow() {
+    uint64_t until = open_until_ms_.load(std::memory_order_relaxed);
+    if (until == 0) return true;
+    uint64_t now = mono_ms();
+    if (now < until) return false;
+    // Cool-down over: one caller probes, the rest skip until it answers.
+    return open_until_ms_.compare_exchange_strong(until, now + o_.breaker_cooldown_ms);
+  }
+
+  void succeed() {
+    if (failures_.load(std::memory_order_relaxed)) failures_.store(0, std::memory_order_relaxed);
+    if (timeouts_.load(std::memory_order_relaxed)) timeouts_.store(0, std::memory_order_relaxed);
+    if (open_until_ms_.load(std::memory_order_relaxed)) open_until_ms_.store(0);
+    if (outage_.load(std::memory_order_relaxed) && outage_.exchange(false))
+      KCACHE_LOG(LogLevel::info, "%s: server answers again%s", name_.c_str(),
+                 breaker_opens_.load() ? "; circuit breaker closed" : "");
+  }
+
+  void fail(const Status& st) {
+    errors_++;
+    bool timeout = st.code() == Errc::timeout;
+    switch (st.code()) {
+      case Errc::timeout: timeouts_total_++; break;
+      case Errc::unavailable: unreachable_++; break;
+      default: server_errors_++; break;
+    }
+    uint64_t f = failures_.fetch_add(1) + 1;
+    uint64_t t = timeout ? timeouts_.fetch_add(1) + 1 : timeouts_.load();
+    bool opened = false;
+    if (f >= o_.breaker_threshold || t >= o_.breaker_timeouts) {
+      uint64_t now = mono_ms(), until = open_until_ms_.load();
+      if (until == 0) {
+        if (open_until_ms_.compare_exchange_strong(until, now + o_.breaker_cooldown_ms)) {
+          breaker_opens_++;
+          opened = true;
+        }
+      } else {
+        open_until_ms_.store(now + o_.breaker_cooldown_ms);  // a failed probe, or a call begun before it opened
+      }
+    }
+    // One warn line per outage: its first failure. The rest at info.
+    bool first = !outage_.exchange(true);
+    if (first) {
+      if (opened)
+        KCACHE_LOG(LogLevel::warn, "%s: %s; skipping the server for %llu ms", name_.c_str(), st.to_string().c_str(),
+                   static_cast<unsigned long long>(o_.breaker_cooldown_ms));
+      else
+        KCACHE_LOG(LogLevel::warn, "%s: %s (a miss; the server is skipped after %u failures)", name_.c_str(),
+                   st.to_string().c_str(), o_.breaker_threshold);
+    } else if (opened) {
+      KCACHE_LOG(LogLevel::info, "%s: %s; skipping the server for %llu ms", name_.c_str(), st.to_string().c_str(),
+                 static_cast<unsigned long long>(o_.breaker_cooldown_ms));
+    } else {
+      KCACHE_LOG(LogLevel::info, "%s: %s", name_.c_str(), st.to_string().c_str());
+    }
+  }
+
+  // ---- background writes ------------------------------------------------------
+
+  void write_loop() {
+    std::unique_lock lk(q_mu_);
+    for (;;) {
+      q_cv_.wait(lk, [&] { return stop_ || !q_.empty(); });
+      if (q_.empty()) return;  // stop_ and nothing left
+      Task t = std::move(q_.front());
+      q_.pop_front();
+      busy_ = true;
+      lk.unlock();
+      send(t);
+      lk.lock();
+      if (t.kind == Task::release) {
+        auto it = pending_releases_.find(t.key);
+        if (it != pending_releases_.end() && --it->second == 0) pending_releases_.erase(it);
+      }
+      busy_ = false;
+      ++done_;
+      idle_cv_.notify_all();
+    }
+  }
+
+  void send(const Task& t) {
+    if (!allow()) {
+      skipped_++;
+      return;
+    }
+    if (t.kind == Task::release) {
+      (void)call(t_->lease_release(t.key, token_));
+      return;
+    }
+    auto v = encode_value(t.entry);
+    if (!v) {
+      errors_++;
+      return;
+    }
+    if (call_status(t_->set(t.key, *v, o_.ttl_ms)).is_ok()) puts_++;
+  }
+
+  std::shared_ptr<RemoteTransport> t_;
+  const RemoteTierOptions o_;
+  std::string name_;
+  std::string token_;  // this object's lease holder identity
+  EVP_MAC* mac_ = nullptr;
+
+  std::atomic<uint64_t> failures_{0}, timeouts_{0}, open_until_ms_{0}, breaker_opens_{0};
+  std::atomic<bool> outage_{false};
+  std::atomic<uint64_t> hits_{0}, misses_{0}, puts_{0}, corrupt_{0}, errors_{0}, rejected_{0}, skipped_{0}, dropped_{0};
+  std::atomic<uint64_t> timeouts_total_{0}, unreachable_{0}, server_errors_{0}, bad_replies_{0};
+  mutable std::mutex c_mu_;
+  RemoteCounters c_;  // GUARDED_BY(c_mu_): the lease counters
+
+  std::mutex said_mu_;
+  std::unordered_set<Key> said_;  // GUARDED_BY(said_mu_): keys named in a log line
+
+  std::mutex q_mu_;
+  std::condition_variable q_cv_, idle_cv_;
+  std::deque<Task> q_;     // GUARDED_BY(q_mu_)
+  bool busy_ = false;      // GUARDED_BY(q_mu_): the writer is sending a task
+  bool stop_ = false;      // GUARDED_BY(q_mu_)
+  uint64_t done_ = 0;      // GUARDED_BY(q_mu_): tasks finished
+  std::unordered_map<Key, int> pending_releases_;  // GUARDED_BY(q_mu_): queued releases per key
+  std::thread writer_;
+};
+
+class RemoteLeases final : public Leases {
+ public:
+  RemoteLeases(std::shared_ptr<RemoteTier> remote, std::shared_ptr<Leases> local)
+      : remote_(std::move(remote)), local_(std::move(local)), name_(remote_->name()) {}
+  std::string_view name() const noexcept override { return name_; }
+
+  LeaseResult acquire(const Key& key, uint64_t ttl_ms) override {
+    LeaseResult l = local_ ? local_->acquire(key, ttl_ms) : LeaseResult::acquired;
+    if (l == LeaseResult::busy) return l;  // a process of this machine has it
+    auto r = remote_->acquire_lease(key, ttl_ms);
+    if (!r) return local_ ? l : LeaseResult::error;
+    if (*r) return LeaseResult::acquired;
+    if (local_ && l == LeaseResult::acquired) local_->release(key);
+    return LeaseResult::busy;  // another machine has it
+  }
+  bool renew(const Key& key, uint64_t ttl_ms) override {
+    bool remote = remote_->renew_lease(key, ttl_ms);
+    return local_ ? local_->renew(key, ttl_ms) : remote;
+  }
+  void release(const Key& key) override {
+    remote_->release_lease(key);
+    if (local_) local_->release(key);
+  }
+  uint64_t takeovers() const noexcept override { return local_ ? local_->takeovers() : 0; }
+
+ private:
+  std::shared_ptr<RemoteTier> remote_;
+  std::shared_ptr<Leases> local_;
+  std::string name_;
+};
+
+}  // namespace
+
+Expected<std::shared_ptr<Tier>> make_remote_tier(std::shared_ptr<RemoteTransport> transport,
+                                                 const RemoteTierOptions& options) {
+  if (!transport) return Status(Errc::invalid_argument, "make_remote_tier: no transport");
+  auto t = std::make_shared<RemoteTierImpl>(std::move(transport), options);
+  if (!t->ok()) return Status(Errc::internal, "OpenSSL has no HMAC");
+  return std::shared_ptr<Tier>(std::move(t));
+}
+
+std::shared_ptr<Leases> make_remote_leases(std::shared_ptr<Tier> remote, std::shared_ptr<Leases> local) {
+  auto r = std::dynamic_pointer_cast<RemoteTier>(std::move(remote));
+  if (!r) return local;
+  return std::make_shared<RemoteLeases>(std::move(r), std::move(local));
+}
+
+}  // namespace kcache

@@ -1,0 +1,172 @@
+// The kcache tool with KCACHE_REMOTE, against a real redis-server started by
+// the test: put stores in Redis too, and get, show and run in another cache
+// folder find it there; stats lists the remote tier; a remote that is down
+// is a miss, never a failed run, and a put that could not reach it says so.
+// For each disk engine.
+#include <string>
+#include <vector>
+
+#include "cli_util.h"
+#include "redis_server.h"
+
+namespace kcache::test {
+namespace {
+
+class CliRemoteTest : public CliTest {
+ protected:
+  void SetUp() override {
+    server_ = std::make_unique<RedisServer>(redis_dir_.path());
+    if (!server_->ok()) {
+      if (find_program("redis-server").empty()) GTEST_SKIP() << server_->error();
+      FAIL() << server_->error();
+    }
+  }
+  std::map<std::string, std::string> remote_env() const { return {{"KCACHE_REMOTE", server_->url()}}; }
+  // The Redis key of an entry (kcache/redis.h: prefix "kcache:", key in braces).
+  std::string redis_key(const Key& k) const { return "kcache:{" + k.hex() + "}"; }
+  bool in_redis(const Key& k) {
+    RedisClient c("127.0.0.1", server_->port());
+    return c.str({"EXISTS", redis_key(k)}) == "1";
+  }
+
+  TempDir redis_dir_;
+  std::unique_ptr<RedisServer> server_;
+};
+
+TEST_P(CliRemoteTest, PutStoresInRedisAndGetInAnotherFolderHits) {
+  Key k = key_of(31);
+  std::string data = binary_payload(31, 50000);
+  spit(file("obj"), data);
+  std::string a = file("cache-a"), b = file("cache-b");
+  Result r = run_in(a, {"put", "--json", "--key", k.hex(), "obj=" + file("obj")}, remote_env());
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.err, "");
+  EXPECT_NE(r.out.find("\"tiers\":[\"" + engine() + "\",\"redis\"]"), std::string::npos) << r.out;
+  EXPECT_TRUE(in_redis(k)) << "put did not reach Redis";
+
+  // Another folder, same Redis: a hit with the exact bytes, and the read
+  // creates no store there.
+  r = run_in(b, {"get", "--key", k.hex(), "--artifact", "obj"}, remote_env());
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.out, data);
+  struct stat st;
+  EXPECT_NE(::stat(b.c_str(), &st), 0) << "get created " << b;
+  r = run_in(b, {"show", "--json", "--key", k.hex()}, remote_env());
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("\"tier\":\"redis\""), std::string::npos) << r.out;
+  EXPECT_EQ(json_num(r.out, "payload_bytes"), 50000);
+  r = run_in(b, {"explain", "--key", k.hex()}, remote_env());
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("is stored (in redis)"), std::string::npos) << r.out;
+
+  // Without KCACHE_REMOTE the other folder has nothing.
+  expect_failure(run_in(b, {"get", "--key", k.hex(), "--artifact", "obj"}), 1, "no entry for key " + k.hex());
+  // And the first folder has it on its own disk store.
+  r = run_in(a, {"get", "--key", k.hex(), "--artifact", "obj"});
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.out, data);
+}
+
+TEST_P(CliRemoteTest, RunStoresThroughTheRemote) {
+  Key k = key_of(32);
+  std::string out = file("out.o"), count = file("count");
+  std::vector<std::string> args = {"run", "--key", k.hex(), "--artifact", "obj=" + out, "--",
+                                   "sh", "-c", "printf compiled > \"$0\"; echo ran >> \"$1\"", out, count};
+  Result r = run_in(file("cache-a"), args, remote_env());
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(lines(slurp(count)), 1u);
+  EXPECT_TRUE(in_redis(k)) << "run did not store in Redis";
+
+  // A second machine (another folder, same Redis) gets the files without
+  // running the command.
+  ::unlink(out.c_str());
+  r = run_in(file("cache-b"), args, remote_env());
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(lines(slurp(count)), 1u) << "a remote hit must not run the command";
+  EXPECT_EQ(slurp(out), "compiled");
+  r = run_in(file("cache-b"), {"get", "--key", k.hex(), "--artifact", "obj"}, remote_env());
+  EXPECT_EQ(r.out, "compiled");
+}
+
+TEST_P(CliRemoteTest, StatsListsEveryTier) {
+  put(key_of(33), "local");
+  Result r = run({"stats", "--json"}, true, remote_env());
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(json_num(r.out, "entries"), 1);  // the disk store's totals stay at the top
+  EXPECT_NE(r.out.find("\"tiers\":[{\"name\":\"" + engine() + "\",\"kind\":\"disk\",\"stats\":{\"hits\":"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("{\"name\":\"redis\",\"kind\":\"remote\",\"stats\":{\"hits\":0,"), std::string::npos) << r.out;
+  r = run({"stats"}, true, remote_env());
+  EXPECT_EQ(r.rc, 0);
+  EXPECT_NE(r.out.find("\nremote      redis: "), std::string::npos) << r.out;
+  // Without KCACHE_REMOTE only the disk store is listed.
+  r = run({"stats", "--json"});
+  EXPECT_EQ(r.out.find("redis"), std::string::npos) << r.out;
+  EXPECT_EQ(count_of(r.out, "\"kind\":"), 1u) << r.out;
+}
+
+TEST_P(CliRemoteTest, ARemoteThatIsDownIsAMissAndRunStillRuns) {
+  int port = server_->port();
+  server_->stop();
+  std::map<std::string, std::string> env = {{"KCACHE_REMOTE", "redis://127.0.0.1:" + std::to_string(port)},
+                                            {"KCACHE_LOG", "off"}};
+  Key k = key_of(34);
+  expect_failure(run({"get", "--key", k.hex(), "--artifact", "obj"}, true, env), 1, k.hex());
+  std::string out = file("out.o");
+  Result r = run({"run", "--key", k.hex(), "--artifact", "obj=" + out, "--", "sh", "-c", "printf x > \"$0\"", out},
+                 true, env);
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(slurp(out), "x");
+  // Stored on the disk store all the same.
+  r = run({"get", "--key", k.hex(), "--artifact", "obj"});
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.out, "x");
+
+  // An explicit put says what it could not do: exit 3, naming the remote
+  // and where the entry did go.
+  spit(file("in"), "put while down");
+  r = run({"put", "--key", key_of(35).hex(), "obj=" + file("in")}, true, env);
+  expect_failure(r, 3, "redis: ");
+  EXPECT_NE(r.err.find("(stored in " + engine() + ")"), std::string::npos) << r.err;
+  EXPECT_EQ(run({"get", "--key", key_of(35).hex(), "--artifact", "obj"}).out, "put while down");
+}
+
+// KCACHE_REMOTE_SECRET_FILE signs what put stores: a reader with the same
+// secret hits, one with another secret does not take the bytes.
+TEST_P(CliRemoteTest, SignedValuesNeedTheSameSecret) {
+  spit(file("secret"), "s3cret\n");
+  spit(file("other"), "not-the-secret\n");
+  spit(file("in"), "signed bytes");
+  Key k = key_of(36);
+  auto env = remote_env();
+  env["KCACHE_REMOTE_SECRET_FILE"] = file("secret");
+  Result r = run_in(file("cache-a"), {"put", "--key", k.hex(), "obj=" + file("in")}, env);
+  ASSERT_EQ(r.rc, 0) << r.err;
+  ASSERT_TRUE(in_redis(k));
+  r = run_in(file("cache-b"), {"get", "--key", k.hex(), "--artifact", "obj"}, env);
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.out, "signed bytes");
+  env["KCACHE_REMOTE_SECRET_FILE"] = file("other");
+  env["KCACHE_LOG"] = "off";
+  r = run_in(file("cache-c"), {"get", "--key", k.hex(), "--artifact", "obj"}, env);
+  EXPECT_EQ(r.rc, 1) << r.err;
+  EXPECT_EQ(r.out, "");
+  // A secret file that cannot be read leaves the remote out (never used
+  // unsigned), so put fails and says so.
+  env["KCACHE_REMOTE_SECRET_FILE"] = file("no-such-secret");
+  r = run_in(file("cache-d"), {"put", "--key", key_of(37).hex(), "obj=" + file("in")}, env);
+  expect_failure(r, 3, "KCACHE_REMOTE");
+  EXPECT_FALSE(in_redis(key_of(37)));
+}
+
+INSTANTIATE_TEST_SUITE_P(Engines, CliRemoteTest,
+                         ::testing::Values(
+#if KCACHE_HAVE_LMDB
+                             std::string("lmdb"),
+#endif
+                             std::string("files")),
+                         [](const auto& info) { return info.param; });
+
+}  // namespace
+}  // namespace kcache::test

@@ -1,0 +1,176 @@
+// kcache tool — the shared part: output helpers, Options and tiers for a
+// command, lookups through every tier.
+#include "cli.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdarg>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+
+#include "util/util.h"
+
+namespace kcache::cli {
+
+std::string fmt(const char* f, ...) {
+  char buf[512];
+  va_list ap;
+  va_start(ap, f);
+  int n = std::vsnprintf(buf, sizeof buf, f, ap);
+  va_end(ap);
+  if (n < 0) return std::string();
+  if (static_cast<size_t>(n) < sizeof buf) return std::string(buf, static_cast<size_t>(n));
+  std::string out(static_cast<size_t>(n) + 1, '\0');
+  va_start(ap, f);
+  std::vsnprintf(out.data(), out.size(), f, ap);
+  va_end(ap);
+  out.resize(static_cast<size_t>(n));
+  return out;
+}
+
+std::string format_time(uint64_t unix_ms) {
+  if (unix_ms == 0) return "-";
+  time_t t = static_cast<time_t>(unix_ms / 1000);
+  struct tm tm;
+  if (!::localtime_r(&t, &tm)) return std::to_string(unix_ms);
+  char buf[64];
+  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S", &tm);
+  return buf;
+}
+
+std::string entries_word(uint64_t n) { return std::to_string(n) + (n == 1 ? " entry" : " entries"); }
+
+int exit_for(const Status& st) {
+  switch (st.code()) {
+    case Errc::ok: return kExitOk;
+    case Errc::not_found: return kExitMiss;
+    case Errc::invalid_argument: return kExitUsage;
+    default: return kExitError;
+  }
+}
+
+int Ctx::fail(int code, const std::string& msg) const {
+  std::string line = "kcache: " + (args.command.empty() ? std::string() : args.command + ": ") + msg;
+  std::replace(line.begin(), line.end(), '\n', ' ');
+  std::fprintf(stderr, "%s\n", line.c_str());
+  return code;
+}
+
+int Ctx::fail(const Status& st) const { return fail(exit_for(st), st.message()); }
+
+int Ctx::out(std::string_view s) const {
+  bool ok = s.empty() || std::fwrite(s.data(), 1, s.size(), stdout) == s.size();
+  if (std::fflush(stdout) != 0) ok = false;
+  if (!ok) return fail(kExitError, std::string("writing to stdout: ") + std::strerror(errno));
+  return kExitOk;
+}
+
+int usage_error(const std::string& command, const std::string& msg) {
+  std::fprintf(stderr, "kcache: %s%s (see kcache --help)\n", command.empty() ? "" : (command + ": ").c_str(),
+               msg.c_str());
+  return kExitUsage;
+}
+
+std::optional<Key> key_flag(const Ctx& c) {
+  const std::string* v = c.args.get("--key");
+  if (!v) {
+    usage_error(c.args.command, "--key HEX is required");
+    return std::nullopt;
+  }
+  auto k = Digest::from_hex(*v);
+  if (!k) usage_error(c.args.command, "--key '" + *v + "' is not a 32-digit hex key");
+  return k;
+}
+
+int open_tiers(Ctx& c, const Reach& reach) {
+  // The engine is checked here, as bad usage: the library would only warn
+  // about KCACHE_ENGINE and fall back to the default.
+  std::optional<Engine> engine;
+  std::string from = "--engine", name;
+  if (const std::string* e = c.args.get("--engine")) {
+    name = *e;
+  } else {
+    name = util::getenv_str("KCACHE_ENGINE");
+    from = "KCACHE_ENGINE";
+  }
+  if (!name.empty()) {
+    engine = parse_engine(name);
+    if (!engine) return usage_error(c.args.command, from + " '" + name + "' is not lmdb or files");
+    if (!engine_built(*engine))
+      return usage_error(c.args.command, "this kcache was built without the " + name + " engine");
+  }
+
+  Options o = Options::from_env();
+  if (const std::string* d = c.args.get("--dir")) o.dir = *d;
+  if (engine) o.engine = engine;
+  o.memory_tier = false;  // one process, one lookup: what is printed is what is stored
+  o.create_dir = reach.create;
+  if (!reach.remote) o.remote_url.clear();
+  if (!reach.honour_disable) o.disabled = false;
+  util::set_log(o.log_level, o.log_file);
+
+  Opened& s = c.store;
+  s.where = disk_store_location(o);
+  if (s.where.dir.empty())
+    return c.fail(kExitError, "no cache folder: pass --dir (HOME and XDG_CACHE_HOME are unset)");
+  s.options = o;
+  s.cache = Cache::open(assemble(o), o);
+  for (const auto& t : s.cache->tiers()) {
+    if (t->kind() == TierKind::disk && !s.disk) s.disk = t;
+    if (t->kind() == TierKind::remote && !s.remote) s.remote = t;
+  }
+  return kExitOk;
+}
+
+std::string disk_failure(const Ctx& c) {
+  const Opened& s = c.store;
+  if (s.options.disabled) return "caching is disabled (KCACHE_DISABLE)";
+  auto d = open_disk_store(s.where.dir, s.where.engine, s.options.disk, false, s.options.create_dir);
+  if (d) return "the store at " + s.where.path + " opened only on a second attempt";
+  return "cannot open " + s.where.path + ": " + d.error().to_string();
+}
+
+Lookup lookup(const Ctx& c, const Key& k) {
+  Lookup l;
+  if (!c.store.cache) return l;
+  for (const auto& t : c.store.cache->tiers()) {
+    auto r = t->get(k);
+    if (r && r->has_value()) {
+      l.entry = std::move(*r);
+      l.tier = std::string(t->name());
+      return l;
+    }
+    if (r) {
+      ++l.missed;
+    } else {
+      if (r.error().code() == Errc::corrupt) {
+        if (l.corrupt.empty()) l.corrupt = r.error().message();
+      } else {
+        l.faults.push_back(std::string(t->name()) + ": " + r.error().to_string());
+        if (t->kind() == TierKind::disk) l.local_fault = true;
+      }
+    }
+  }
+  return l;
+}
+
+int report_miss(const Ctx& c, const Key& k, const Lookup& l) {
+  if (!l.corrupt.empty()) return c.fail(kExitMiss, "entry " + k.hex() + " is corrupt (" + l.corrupt + ")");
+  std::string faults;
+  for (const auto& f : l.faults) faults += (faults.empty() ? "" : "; ") + f;
+  if (l.local_fault && l.missed == 0) return c.fail(kExitError, "looking up " + k.hex() + ": " + faults);
+  std::string msg = "no entry for key " + k.hex();
+  if (c.store.options.disabled) msg += " (caching is disabled: KCACHE_DISABLE)";
+  if (!faults.empty()) msg += " (" + faults + ")";
+  return c.fail(kExitMiss, msg);
+}
+
+Status write_output(const std::string& path, std::string_view data) {
+  return util::write_file_atomic_via(path + ".kcache-tmp", path, data, /*sync=*/false, 0666);
+}
+
+}  // namespace kcache::cli

@@ -1,0 +1,126 @@
+// kcache tool — what the command groups share: the exit codes, the parsed
+// command line, the tiers a command opened, and the output helpers.
+//
+// Each command builds its Options as the library does (Options::from_env,
+// then --dir and --engine on top) and opens its tiers with assemble(), so it
+// honours every KCACHE_* variable (docs/cli.md says which tiers each one
+// reads and writes).
+#pragma once
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "kcache/assembly.h"
+#include "kcache/cache.h"
+#include "kcache/entry.h"
+#include "kcache/key.h"
+#include "kcache/status.h"
+#include "kcache/tier.h"
+
+namespace kcache::cli {
+
+enum ExitCode : int { kExitOk = 0, kExitMiss = 1, kExitUsage = 2, kExitError = 3 };
+
+struct FlagSpec {
+  const char* name;  // "--key"
+  bool takes_value;
+};
+
+struct Args {
+  std::string command;
+  std::map<std::string, std::string> flags;                    // "--key" -> value ("" for switches)
+  std::vector<std::pair<std::string, std::string>> all_flags;  // every occurrence, in order
+  std::vector<std::string> positional;
+  std::vector<std::string> after_dashes;  // words after "--"
+  bool saw_dashes = false;
+  bool has(const char* f) const { return flags.count(f) != 0; }
+  const std::string* get(const char* f) const {
+    auto it = flags.find(f);
+    return it == flags.end() ? nullptr : &it->second;
+  }
+};
+
+// Which tiers a command opens (docs/cli.md, "Tiers per command").
+struct Reach {
+  bool create = false;          // create a missing cache folder and store
+  bool remote = true;           // include the remote tier (KCACHE_REMOTE)
+  bool honour_disable = false;  // KCACHE_DISABLE leaves every tier out
+};
+
+// The tiers a command opened, as the library assembled them.
+struct Opened {
+  Options options;
+  DiskStore where;                // the disk store's folder, engine and path
+  std::unique_ptr<Cache> cache;   // every tier, fastest first (read-only wrapped under KCACHE_READONLY)
+  std::shared_ptr<Tier> disk;     // the disk tier in cache; null when the store does not exist or failed
+  std::shared_ptr<Tier> remote;   // the remote tier in cache; null when none
+};
+
+struct Ctx {
+  Args args;
+  bool json = false;
+  Opened store;
+
+  // Prints "kcache: COMMAND: msg" on stderr (one line) and returns code.
+  int fail(int code, const std::string& msg) const;
+  int fail(const Status& st) const;
+  // Writes s to stdout; kExitOk, or kExitError (said on stderr) when stdout refused it.
+  int out(std::string_view s) const;
+};
+
+// printf into a std::string.
+std::string fmt(const char* f, ...) __attribute__((format(printf, 1, 2)));
+std::string format_time(uint64_t unix_ms);
+// "1 entry" / "3 entries".
+std::string entries_word(uint64_t n);
+int exit_for(const Status& st);
+// "kcache: COMMAND: msg (see kcache --help)" on stderr; returns kExitUsage.
+int usage_error(const std::string& command, const std::string& msg);
+
+// Parses --key; on failure has printed the usage line and returns nullopt.
+std::optional<Key> key_flag(const Ctx& c);
+
+// Builds the Options and opens the tiers `reach` asks for. Returns kExitOk,
+// or the exit code after saying why on stderr (bad --engine, no folder).
+int open_tiers(Ctx& c, const Reach& reach);
+// Why the disk store of c.store could not be opened (for a command that
+// needs it), from a second attempt.
+std::string disk_failure(const Ctx& c);
+
+// A lookup through every tier of c.store, fastest first.
+struct Lookup {
+  std::optional<Entry> entry;
+  std::string tier;            // the tier that answered
+  std::string corrupt;         // a tier held a corrupt entry for the key (why)
+  std::vector<std::string> faults;  // "tier: error" of tiers that could not answer
+  size_t missed = 0;           // tiers that answered "not here"
+  bool local_fault = false;    // the disk store could not answer
+};
+Lookup lookup(const Ctx& c, const Key& k);
+// Prints the failure for a lookup that found nothing; returns the exit code:
+// 1 for a miss (a remote that cannot answer is a miss too), 3 when the disk
+// store could not answer and no tier said "not here".
+int report_miss(const Ctx& c, const Key& k, const Lookup& l);
+
+// Writes data to path through a temp file in the same folder and a rename,
+// so a reader of path never sees a partial artifact (mode 0666 & ~umask).
+Status write_output(const std::string& path, std::string_view data);
+
+// The commands, by group.
+int cmd_put(Ctx& c);      // store_cmds.cc
+int cmd_get(Ctx& c);
+int cmd_show(Ctx& c);
+int cmd_ls(Ctx& c);       // maintenance_cmds.cc
+int cmd_stats(Ctx& c);
+int cmd_verify(Ctx& c);
+int cmd_trim(Ctx& c);
+int cmd_clear(Ctx& c);
+int cmd_explain(Ctx& c);  // explain_cmd.cc
+int cmd_run(Ctx& c);      // run_cmd.cc
+
+}  // namespace kcache::cli

@@ -1,0 +1,224 @@
+// kcache — the command-line tool: inspect and maintain kcache's stores.
+//
+// Every command opens its tiers as the library does (Options::from_env,
+// --dir and --engine on top, assemble()), so KCACHE_REMOTE, KCACHE_READONLY
+// and the rest mean here what they mean to a JIT. It is meant for scripts
+// as much as for people, so its contract is fixed (docs/cli.md):
+//   exit 0 success, 1 a miss or not-found, 2 bad usage, 3 any other error;
+//   every failure is one line on stderr, "kcache: <command>: <why>";
+//   --json on every command that prints data, tables for people otherwise.
+// Only put and run create the cache folder: for the others a folder that
+// does not exist reads as an empty store. A corrupt entry is reported,
+// never fatal.
+//
+// This file: the usage text, help, version, and the command line. The
+// commands live in one file per group (store_cmds.cc, maintenance_cmds.cc,
+// explain_cmd.cc, run_cmd.cc).
+#include <cstdio>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "cli.h"
+#include "util/json.h"
+
+namespace kcache::cli {
+namespace {
+
+const char kUsage[] =
+    "usage: kcache [--dir DIR] [--engine lmdb|files] COMMAND [OPTIONS]\n"
+    "\n"
+    "Inspect and maintain kcache's stores: the disk store, and the remote of\n"
+    "KCACHE_REMOTE for put, get, show, explain, run and stats.\n"
+    "\n"
+    "Commands:\n"
+    "  put --key HEX NAME=PATH...      store one entry whose artifacts are those files\n"
+    "      [--manifest FILE]           (with --manifest, the entry carries that manifest\n"
+    "                                   and --key defaults to the manifest's key)\n"
+    "  get --key HEX --artifact NAME [-o PATH]\n"
+    "                                  write an artifact's bytes to stdout or to PATH\n"
+    "                                  (PATH is replaced atomically)\n"
+    "  ls [--json]                     list entries: key, size, last use (newest first)\n"
+    "  show --key HEX [--json]         one entry: sizes, artifacts, metadata, manifest\n"
+    "  stats [--json]                  counters and totals of the store\n"
+    "  verify [--fix] [--json]         check every entry; list the bad ones;\n"
+    "                                  --fix removes them. Exit 1 whenever bad entries\n"
+    "                                  were found, even when --fix removed them all\n"
+    "  trim [--max-size SIZE] [--json] evict least recently used entries down to SIZE\n"
+    "                                  (e.g. 500M, 2G; default: the configured limit)\n"
+    "  clear [--json]                  remove every entry\n"
+    "  explain [--key HEX] [--manifest FILE] [--json]\n"
+    "                                  why does this key miss? Exit 0 if it is stored;\n"
+    "                                  else compare FILE with the stored manifests of the\n"
+    "                                  same namespace, name the components that differ\n"
+    "                                  from the nearest one, and exit 1\n"
+    "  run --key HEX --artifact NAME=PATH... -- COMMAND [ARGS...]\n"
+    "                                  on a hit, write the stored artifacts to their\n"
+    "                                  paths and do not run COMMAND; on a miss, run it\n"
+    "                                  once across processes (others wait for it), then\n"
+    "                                  store the files it left at those paths. Exit:\n"
+    "                                  COMMAND's own status when it ran, else 0\n"
+    "  help, --help                    this text\n"
+    "  version, --version [--json]     version and features built in\n"
+    "\n"
+    "Global options (anywhere on the line):\n"
+    "  --dir DIR          cache folder (default $KCACHE_DIR, else the library default:\n"
+    "                     $XDG_CACHE_HOME/kcache or ~/.cache/kcache)\n"
+    "  --engine E         disk engine, lmdb or files (default $KCACHE_ENGINE, else lmdb)\n"
+    "\n"
+    "Manifest files (--manifest): either JSON, as printed by `kcache show --json`\n"
+    "(the whole object or its \"manifest\" member):\n"
+    "  {\"namespace\": \"NS\", \"items\": [{\"name\": N, \"type\": T, \"digest\": HEX}, ...]}\n"
+    "or text, one component per line, `#` starts a comment:\n"
+    "  namespace NS\n"
+    "  NAME TYPE HEXDIGEST\n"
+    "TYPE is one of bytes string u64 i64 bool map list file digest.\n"
+    "\n"
+    "Exit status: 0 success, 1 a miss or not-found, 2 bad usage, 3 any other error.\n"
+    "Every failure prints one line on stderr.\n"
+    "Environment: every KCACHE_* variable the library reads (docs/cli.md), among\n"
+    "them KCACHE_DIR, KCACHE_ENGINE, KCACHE_MAX_SIZE (the configured limit),\n"
+    "KCACHE_REMOTE, KCACHE_REMOTE_SECRET_FILE, KCACHE_READONLY, KCACHE_DISABLE,\n"
+    "KCACHE_LOG.\n";
+
+int cmd_help(Ctx& c) { return c.out(kUsage); }
+
+int cmd_version(Ctx& c) {
+  auto f = features();
+  if (c.json) {
+    util::JsonWriter w;
+    w.begin_object().field("version", version_string()).key("features").begin_array();
+    for (const auto& x : f) w.value(x);
+    return c.out(w.end_array().end_object().take() + "\n");
+  }
+  std::string out = std::string("kcache ") + version_string() + "\nfeatures:";
+  for (const auto& x : f) out += " " + x;
+  return c.out(out + "\n");
+}
+
+// ---- dispatch ----------------------------------------------------------------
+
+struct Command {
+  const char* name;
+  int (*run)(Ctx&);
+  bool json;  // accepts --json
+  std::vector<FlagSpec> flags;
+};
+
+const std::vector<Command>& commands() {
+  static const std::vector<Command> cmds = {
+      {"help", cmd_help, false, {}},
+      {"version", cmd_version, true, {}},
+      {"put", cmd_put, true, {{"--key", true}, {"--manifest", true}}},
+      {"get", cmd_get, false, {{"--key", true}, {"--artifact", true}, {"-o", true}, {"--output", true}}},
+      {"ls", cmd_ls, true, {}},
+      {"show", cmd_show, true, {{"--key", true}}},
+      {"stats", cmd_stats, true, {}},
+      {"verify", cmd_verify, true, {{"--fix", false}}},
+      {"trim", cmd_trim, true, {{"--max-size", true}}},
+      {"clear", cmd_clear, true, {}},
+      {"explain", cmd_explain, true, {{"--key", true}, {"--manifest", true}}},
+      {"run", cmd_run, false, {{"--key", true}, {"--artifact", true}}},
+  };
+  return cmds;
+}
+
+const FlagSpec kGlobalFlags[] = {{"--dir", true}, {"--engine", true}};
+
+bool global_takes_value(std::string_view a) {
+  for (const auto& f : kGlobalFlags)
+    if (a == f.name) return f.takes_value;
+  return false;
+}
+
+int run(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  // The command is the first word that is not an option or an option's value.
+  size_t cmd_at = args.size();
+  bool want_help = false, want_version = false;
+  for (const auto& a : args) {
+    if (a == "--") break;
+    if (a == "--help" || a == "-h") want_help = true;
+  }
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a == "--") break;
+    if (a == "--version") want_version = true;
+    if (global_takes_value(a)) {
+      ++i;
+      continue;
+    }
+    if (!a.empty() && a[0] == '-') continue;
+    cmd_at = i;
+    break;
+  }
+  std::string name = cmd_at < args.size() ? args[cmd_at] : std::string();
+  if (want_help) name = "help";
+  else if (name.empty() && want_version) name = "version";
+  if (name.empty()) return usage_error("", "no command given");
+  const Command* cmd = nullptr;
+  for (const auto& c : commands())
+    if (name == c.name) cmd = &c;
+  if (!cmd) return usage_error("", "unknown command '" + name + "'");
+
+  Ctx ctx;
+  ctx.args.command = name;
+  if (cmd->run == cmd_help) return cmd_help(ctx);
+  bool only_positional = false;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (i == cmd_at) continue;
+    std::string a = args[i];
+    if (only_positional) {
+      ctx.args.after_dashes.push_back(a);
+      continue;
+    }
+    if (a.empty() || a[0] != '-' || a == "-") {
+      ctx.args.positional.push_back(a);
+      continue;
+    }
+    if (a == "--") {
+      only_positional = true;
+      ctx.args.saw_dashes = true;
+      continue;
+    }
+    if (a == "--version" && cmd->run == cmd_version) continue;
+    if (a == "--json" && cmd->json) {
+      ctx.json = true;
+      continue;
+    }
+    std::optional<std::string> value;
+    if (auto eq = a.find('='); eq != std::string::npos && a.starts_with("--")) {
+      value = a.substr(eq + 1);
+      a = a.substr(0, eq);
+    }
+    const FlagSpec* spec = nullptr;
+    for (const auto& f : kGlobalFlags)
+      if (a == f.name) spec = &f;
+    for (const auto& f : cmd->flags)
+      if (a == f.name) spec = &f;
+    if (!spec) return usage_error(name, "unknown option '" + a + "'");
+    if (spec->takes_value && !value) {
+      if (i + 1 >= args.size() || i + 1 == cmd_at) return usage_error(name, "option " + a + " needs a value");
+      value = args[++i];
+    }
+    if (!spec->takes_value && value) return usage_error(name, "option " + a + " takes no value");
+    std::string key = a == "--output" ? "-o" : a;
+    ctx.args.flags[key] = value.value_or("");
+    ctx.args.all_flags.emplace_back(key, value.value_or(""));
+  }
+  if (cmd->run == cmd_put) {  // put takes NAME=PATH words, "--" included
+    for (auto& w : ctx.args.after_dashes) ctx.args.positional.push_back(std::move(w));
+    ctx.args.after_dashes.clear();
+  }
+  if (!ctx.args.positional.empty() && cmd->run != cmd_put)
+    return usage_error(name, "unexpected argument '" + ctx.args.positional.front() + "'");
+  if (!ctx.args.after_dashes.empty() && cmd->run != cmd_run)
+    return usage_error(name, "unexpected argument '" + ctx.args.after_dashes.front() + "'");
+  return cmd->run(ctx);
+}
+
+}  // namespace
+}  // namespace kcache::cli
+
+int main(int argc, char** argv) { return kcache::cli::run(argc, argv); }

@@ -1,0 +1,206 @@
+// kcache tool — the commands of the whole store: ls, stats, verify, trim,
+// clear. ls, verify, trim and clear act on the disk store only (a remote
+// cannot list its entries); stats shows every tier.
+#include <algorithm>
+#include <cinttypes>
+
+#include "cli.h"
+#include "util/json.h"
+#include "util/util.h"
+
+namespace kcache::cli {
+
+namespace {
+
+const Reach kDiskOnly{.create = false, .remote = false, .honour_disable = false};
+
+// Every entry of the disk store; an absent store has none.
+Status list_disk(const Ctx& c, std::vector<ListItem>* items) {
+  if (!c.store.disk) return Status();
+  return c.store.disk->list([&](const ListItem& it) {
+    items->push_back(it);
+    return true;
+  });
+}
+
+}  // namespace
+
+int cmd_ls(Ctx& c) {
+  if (int rc = open_tiers(c, kDiskOnly)) return rc;
+  std::vector<ListItem> items;
+  Status st = list_disk(c, &items);
+  if (!st.is_ok()) return c.fail(kExitError, "listing " + c.store.where.path + ": " + st.to_string());
+  std::sort(items.begin(), items.end(), [](const ListItem& a, const ListItem& b) {
+    return a.last_use_ms != b.last_use_ms ? a.last_use_ms > b.last_use_ms : a.key < b.key;
+  });
+  uint64_t total = 0;
+  for (const auto& it : items) total += it.size;
+  if (c.json) {
+    util::JsonWriter w;
+    w.begin_object().field("count", items.size()).field("bytes", total).key("entries").begin_array();
+    for (const auto& it : items)
+      w.begin_object().field("key", it.key.hex()).field("size", it.size).field("last_use_ms", it.last_use_ms).end_object();
+    return c.out(w.end_array().end_object().take() + "\n");
+  }
+  std::string out = fmt("%-32s  %10s  %s\n", "KEY", "SIZE", "LAST USE");
+  for (const auto& it : items)
+    out += fmt("%-32s  %10s  %s\n", it.key.hex().c_str(), util::format_size(it.size).c_str(),
+               format_time(it.last_use_ms).c_str());
+  out += fmt("%zu entr%s, %s\n", items.size(), items.size() == 1 ? "y" : "ies", util::format_size(total).c_str());
+  return c.out(out);
+}
+
+int cmd_stats(Ctx& c) {
+  if (int rc = open_tiers(c, {.create = false, .remote = true, .honour_disable = false})) return rc;
+  const Opened& s = c.store;
+  TierStats t;
+  if (s.disk) t = s.disk->stats();
+  const std::string engine(engine_name(s.where.engine));
+  uint64_t max_bytes = effective_max_bytes(s.options.disk), max_entries = effective_max_entries(s.options.disk);
+  uint64_t lookups = t.hits + t.misses;
+  double rate = lookups ? static_cast<double>(t.hits) / static_cast<double>(lookups) : 0.0;
+  // Every tier after the disk store: the remote (its counters are this
+  // process's own, so mostly zero here; the server keeps none).
+  std::vector<std::pair<std::shared_ptr<Tier>, TierStats>> others;
+  for (const auto& tier : s.cache->tiers())
+    if (tier != s.disk) others.emplace_back(tier, tier->stats());
+  if (c.json) {
+    util::JsonWriter w;
+    w.begin_object()
+        .field("entries", t.entries)
+        .field("bytes", t.bytes)
+        .field("hits", t.hits)
+        .field("misses", t.misses)
+        .field("evictions", t.evictions)
+        .field("corrupt", t.corrupt)
+        .field("puts", t.puts)
+        .field("errors", t.errors)
+        .field("rejected", t.rejected)
+        .key("hit_rate")
+        .number(rate, 4)
+        .field("max_bytes", max_bytes)
+        .field("max_entries", max_entries)
+        .field("tier", s.disk ? std::string(s.disk->name()) : engine)
+        .field("engine", engine)
+        .field("dir", s.where.dir)
+        .field("path", s.where.path)
+        .field("exists", s.disk != nullptr)
+        .key("tiers")
+        .begin_array();
+    if (s.disk)
+      w.begin_object()
+          .field("name", s.disk->name())
+          .field("kind", tier_kind_name(s.disk->kind()))
+          .key("stats")
+          .raw(tier_stats_json(t))
+          .end_object();
+    for (const auto& [tier, ts] : others)
+      w.begin_object()
+          .field("name", tier->name())
+          .field("kind", tier_kind_name(tier->kind()))
+          .key("stats")
+          .raw(tier_stats_json(ts))
+          .end_object();
+    return c.out(w.end_array().end_object().take() + "\n");
+  }
+  std::string out;
+  out += fmt("store       %s (%s engine)%s\n", s.where.path.c_str(), engine.c_str(), s.disk ? "" : ", not created yet");
+  out += fmt("entries     %" PRIu64 " of %" PRIu64 " allowed\n", t.entries, max_entries);
+  out += fmt("size        %s of %s (%.1f%%)\n", util::format_size(t.bytes).c_str(), util::format_size(max_bytes).c_str(),
+             100.0 * static_cast<double>(t.bytes) / static_cast<double>(max_bytes));
+  out += fmt("hits        %" PRIu64 "\n", t.hits);
+  out += fmt("misses      %" PRIu64 "\n", t.misses);
+  out += fmt("hit rate    %.1f%%\n", 100.0 * rate);
+  out += fmt("puts        %" PRIu64 "\n", t.puts);
+  out += fmt("evictions   %" PRIu64 "\n", t.evictions);
+  out += fmt("corrupt     %" PRIu64 "\n", t.corrupt);
+  out += fmt("errors      %" PRIu64 "\n", t.errors);
+  out += fmt("rejected    %" PRIu64 "\n", t.rejected);
+  for (const auto& [tier, ts] : others) {
+    out += fmt("%-11s %s: %" PRIu64 " hits, %" PRIu64 " misses, %" PRIu64 " puts, %" PRIu64 " errors, %" PRIu64
+               " skipped, %" PRIu64 " dropped (this process)\n",
+               std::string(tier_kind_name(tier->kind())).c_str(), std::string(tier->name()).c_str(), ts.hits,
+               ts.misses, ts.puts, ts.errors, ts.skipped, ts.dropped);
+  }
+  return c.out(out);
+}
+
+int cmd_verify(Ctx& c) {
+  bool fix = c.args.has("--fix");
+  if (int rc = open_tiers(c, kDiskOnly)) return rc;
+  VerifyReport rep;
+  if (c.store.disk) {
+    auto r = c.store.disk->verify(fix);
+    if (!r) return c.fail(kExitError, "verifying " + c.store.where.path + ": " + r.error().to_string());
+    rep = std::move(r).value();
+  }
+  std::string out;
+  if (c.json) {
+    util::JsonWriter w;
+    w.begin_object()
+        .field("checked", rep.checked)
+        .field("bad_count", rep.bad.size())
+        .field("removed", rep.removed)
+        .field("fix", fix)
+        .key("bad")
+        .begin_array();
+    for (const auto& [k, why] : rep.bad) w.begin_object().field("key", k.hex()).field("reason", why).end_object();
+    out = w.end_array().end_object().take() + "\n";
+  } else {
+    for (const auto& [k, why] : rep.bad) out += "bad " + k.hex() + "  " + why + "\n";
+    out += "checked " + entries_word(rep.checked) + ": " +
+           (rep.bad.empty() ? "all good" : std::to_string(rep.bad.size()) + " bad");
+    if (fix && !rep.bad.empty()) out += ", " + std::to_string(rep.removed) + " removed";
+    out += "\n";
+  }
+  if (int rc = c.out(out)) return rc;
+  if (fix && rep.removed < rep.bad.size())
+    return c.fail(kExitError, std::to_string(rep.bad.size() - rep.removed) + " bad entries could not be removed");
+  // Bad entries found is exit 1 even when all were removed: scripts notice.
+  return rep.bad.empty() ? kExitOk : kExitMiss;
+}
+
+int cmd_trim(Ctx& c) {
+  if (int rc = open_tiers(c, kDiskOnly)) return rc;
+  uint64_t limit = effective_max_bytes(c.store.options.disk);
+  if (const std::string* v = c.args.get("--max-size")) {
+    auto s = util::parse_size(*v);
+    if (!s) return usage_error("trim", "--max-size '" + *v + "' is not a size (e.g. 500M, 2G)");
+    limit = *s;
+  }
+  uint64_t evicted = 0;
+  TierStats t;
+  if (c.store.disk) {
+    auto r = c.store.disk->trim(limit);
+    if (!r) return c.fail(kExitError, "trimming " + c.store.where.path + ": " + r.error().to_string());
+    evicted = *r;
+    t = c.store.disk->stats();
+  }
+  if (c.json) {
+    util::JsonWriter w;
+    w.begin_object()
+        .field("evicted", evicted)
+        .field("entries", t.entries)
+        .field("bytes", t.bytes)
+        .field("max_bytes", limit);
+    return c.out(w.end_object().take() + "\n");
+  }
+  return c.out("evicted " + entries_word(evicted) + "; now " +
+               util::format_size(t.bytes) + " in " + entries_word(t.entries) + " (limit " + util::format_size(limit) +
+               ")\n");
+}
+
+int cmd_clear(Ctx& c) {
+  if (int rc = open_tiers(c, kDiskOnly)) return rc;
+  std::vector<ListItem> items;
+  Status st = list_disk(c, &items);
+  if (st.is_ok() && c.store.disk) st = c.store.disk->clear();
+  if (!st.is_ok()) return c.fail(kExitError, "clearing " + c.store.where.path + ": " + st.to_string());
+  if (c.json) {
+    util::JsonWriter w;
+    return c.out(w.begin_object().field("removed", items.size()).end_object().take() + "\n");
+  }
+  return c.out("removed " + entries_word(items.size()) + "\n");
+}
+
+}  // namespace kcache::cli
