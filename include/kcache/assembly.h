@@ -5,6 +5,7 @@
 // variable the same way. In order, fastest first:
 //
 //   memory tier        (Options::memory_tier)
+//   bundles            (Options::bundles), read-only
 //   disk store         (Options::dir, Options::engine), with its leases
 //   remote tier        (Options::remote_url, chosen by URL scheme)
 //

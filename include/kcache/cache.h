@@ -14,7 +14,8 @@
 // Configuration comes from Options, then the environment overrides it
 // (Options::from_env): KCACHE_DIR, KCACHE_DISABLE, KCACHE_READONLY,
 // KCACHE_MAX_SIZE, KCACHE_RECOMPILE, KCACHE_STATS, KCACHE_LOG, KCACHE_ENGINE,
-// KCACHE_REMOTE, KCACHE_REMOTE_SECRET_FILE, KCACHE_SHARED.
+// KCACHE_REMOTE, KCACHE_REMOTE_SECRET_FILE, KCACHE_SHARED, KCACHE_BUNDLES,
+// KCACHE_BUNDLE_TRUST.
 //
 // Thread-safety: all methods may be called concurrently. set_leases and
 // add_tier belong to set-up, before the Cache is shared between threads.
@@ -32,6 +33,7 @@
 #include <string>
 #include <vector>
 
+#include "kcache/bundle.h"
 #include "kcache/entry.h"
 #include "kcache/key.h"
 #include "kcache/lease.h"
@@ -100,6 +102,10 @@ struct Options {
   // but unreadable, the remote tier is left out rather than used unsigned.
   // KCACHE_REMOTE_SECRET_FILE.
   std::string remote_secret_file;
+  // Read-only bundles of shipped entries, mounted after the memory tier and
+  // before the disk store, and the keys they must be signed with
+  // (kcache/bundle.h). KCACHE_BUNDLES, KCACHE_BUNDLE_TRUST.
+  BundleOptions bundles;
   // Log level (default warn) and destination (empty: stderr).
   LogLevel log_level = LogLevel::warn;
   std::string log_file;
@@ -113,7 +119,7 @@ struct Options {
 };
 
 // Where a get_or_compile result came from.
-enum class Source : uint8_t { compiled = 0, memory = 1, disk = 2, remote = 3, other = 4, waited = 5 };
+enum class Source : uint8_t { compiled = 0, memory = 1, disk = 2, remote = 3, other = 4, waited = 5, bundle = 6 };
 std::string_view source_name(Source s) noexcept;
 
 struct CacheStats {
@@ -248,11 +254,19 @@ class Cache {
                                                     const BatchOptions& options = {},
                                                     std::vector<Source>* sources = nullptr);
 
+  // A position in the disk store's recency records that any process can use
+  // later: bundle_since(mark) selects what was created or used after it
+  // (kcache/bundle.h). Flushes this process's recency first. Unavailable
+  // without a disk store.
+  Expected<uint64_t> mark();
+
   // Uses `leases` for cross-process single-flight (Cache::open sets up the
   // disk tier's own; nullptr turns it off).
   void set_leases(std::shared_ptr<Leases> leases);
 
-  // Adds a slower tier after the existing ones (e.g. a remote tier).
+  // Adds a slower tier after the existing ones (e.g. a remote tier); a
+  // bundle tier (TierKind::bundle) goes after the memory tier and the
+  // bundles already there, before the disk store.
   void add_tier(std::shared_ptr<Tier> tier);
   const std::vector<std::shared_ptr<Tier>>& tiers() const noexcept;
   CacheStats stats() const;

@@ -78,6 +78,7 @@ enum kcache_source {
   KCACHE_SOURCE_REMOTE = 3,
   KCACHE_SOURCE_OTHER = 4,
   KCACHE_SOURCE_WAITED = 5, /* another thread compiled it meanwhile */
+  KCACHE_SOURCE_BUNDLE = 6, /* a mounted bundle (KCACHE_BUNDLES, kcache_bundle_load) */
 };
 
 /* A 128-bit key (kcache::Key), bytes[0] first when printed as hex. */
@@ -251,6 +252,30 @@ KCACHE_EXPORT size_t kcache_entry_artifact_count(const kcache_entry* e);
 /* The i-th artifact (0 <= i < count); `name` is NUL-terminated. */
 KCACHE_EXPORT int kcache_entry_artifact_at(const kcache_entry* e, size_t i, const char** name, const void** data,
                                            size_t* size);
+
+/* ---- bundles (kcache/bundle.h) ---------------------------------------------------- */
+
+/* A position in the disk store's recency records (kcache::Cache::mark): a
+ * number any process may pass later as `since`. KCACHE_UNAVAILABLE without
+ * a disk store. */
+KCACHE_EXPORT int kcache_mark(kcache_cache* c, uint64_t* out);
+/* A bundle of the cache's disk store: the entries created or used at or
+ * after `since` (0: the whole store), signed with the Ed25519 private key
+ * file `sign_key_file` unless it is NULL. As bytes (*data freed with
+ * kcache_free), or written to `path`. */
+KCACHE_EXPORT int kcache_bundle_save(kcache_cache* c, uint64_t since, const char* sign_key_file, void** data,
+                                     size_t* size);
+KCACHE_EXPORT int kcache_bundle_write(kcache_cache* c, uint64_t since, const char* sign_key_file, const char* path);
+/* Mounts bundle bytes (copied) in the cache, after its memory tier and
+ * before its disk store; call before the cache is shared between threads.
+ * KCACHE_CORRUPT when the bundle is refused (damaged, or not signed by a key
+ * of KCACHE_BUNDLE_TRUST when that is set). */
+KCACHE_EXPORT int kcache_bundle_load(kcache_cache* c, const void* data, size_t size);
+/* Copies every entry of the bundle file `path` into the disk store;
+ * *stored (may be NULL) says how many. */
+KCACHE_EXPORT int kcache_bundle_import(kcache_cache* c, const char* path, uint64_t* stored);
+/* Writes an Ed25519 key pair: `key_file` (private, 0600) and `key_file`.pub. */
+KCACHE_EXPORT int kcache_bundle_keygen(const char* key_file);
 
 #ifdef __cplusplus
 } /* extern "C" */

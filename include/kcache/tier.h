@@ -119,8 +119,18 @@ class Tier {
   virtual Status clear();
   // Pushes buffered recency/statistics records to the store.
   virtual Status flush() { return Status(); }
+  // A position in the store's recency records, for bundles of what was made
+  // or used after it (kcache/bundle.h): a wall-clock time in ms that any
+  // process may use later. Once recency is flushed, every entry created or
+  // used after mark() returns lists with last_use_ms >= the mark, and every
+  // entry last used before it with a smaller one. Default: unavailable; the
+  // disk tiers implement it.
+  virtual Expected<uint64_t> mark();
 
  protected:
+  // mark() for tiers whose recency records are wall-clock ms: flushes, then
+  // waits for the clock to pass the current millisecond and returns the new one.
+  Expected<uint64_t> recency_mark();
   virtual Expected<std::optional<Entry>> do_get(const Key& key, MissCount count) = 0;
   virtual Status do_put(const Entry& entry) = 0;
   virtual Status do_remove(const Key& key) = 0;

@@ -8,6 +8,7 @@
 
 #include <array>
 
+#include "kcache/bundle.h"
 #include "util/util.h"
 #if KCACHE_HAVE_REDIS
 #include "kcache/redis.h"
@@ -178,6 +179,13 @@ Assembly assemble(const Options& options) {
     MemoryTierOptions mo;
     mo.max_bytes = options.memory_bytes;
     a.tiers.push_back(make_memory_tier(mo));
+  }
+  // Shipped bundles: read-only, after memory and before the stores. A
+  // refused bundle (damaged, or not signed by a trusted key) is left out.
+  for (const auto& f : options.bundles.files) {
+    auto b = open_bundle(f, options.bundles.trusted_keys);
+    if (b) a.tiers.push_back(std::move(b).value());
+    else KCACHE_LOG(LogLevel::warn, "%s (left out)", b.error().to_string().c_str());
   }
   if (options.disk_tier) {
     DiskStore where = disk_store_location(options);

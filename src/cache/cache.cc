@@ -20,6 +20,7 @@ std::string_view source_name(Source s) noexcept {
     case Source::remote: return "remote";
     case Source::other: return "other";
     case Source::waited: return "waited";
+    case Source::bundle: return "bundle";
   }
   return "?";
 }

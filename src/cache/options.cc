@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #include "kcache/cache.h"
 #include "util/util.h"
@@ -29,6 +30,19 @@ std::string Options::default_dir() {
   }
   if (home.empty()) return std::string();
   return home + "/.cache/kcache";
+}
+
+// "a:b::c" -> {"a", "b", "c"}: a list of paths (empty parts dropped).
+static std::vector<std::string> split_paths(const std::string& v) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (start <= v.size()) {
+    size_t end = v.find(':', start);
+    if (end == std::string::npos) end = v.size();
+    if (end > start) out.push_back(v.substr(start, end - start));
+    start = end + 1;
+  }
+  return out;
 }
 
 static std::optional<LogLevel> parse_level(const std::string& s) {
@@ -68,6 +82,8 @@ Options Options::from_env(Options o) {
   if (!(v = util::getenv_str("KCACHE_SHARED")).empty()) o.shared_group = v;
   if (!(v = util::getenv_str("KCACHE_REMOTE")).empty()) o.remote_url = v;
   if (!(v = util::getenv_str("KCACHE_REMOTE_SECRET_FILE")).empty()) o.remote_secret_file = v;
+  if (!(v = util::getenv_str("KCACHE_BUNDLES")).empty()) o.bundles.files = split_paths(v);
+  if (!(v = util::getenv_str("KCACHE_BUNDLE_TRUST")).empty()) o.bundles.trusted_keys = split_paths(v);
   if (!(v = util::getenv_str("KCACHE_ENGINE")).empty()) {
     if (auto e = parse_engine(v)) o.engine = *e;
     else KCACHE_LOG(LogLevel::warn, "ignoring KCACHE_ENGINE='%s' (want lmdb|files)", v.c_str());

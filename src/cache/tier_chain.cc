@@ -12,15 +12,23 @@ Source source_of(const Tier& t) noexcept {
     case TierKind::memory: return Source::memory;
     case TierKind::disk: return Source::disk;
     case TierKind::remote: return Source::remote;
-    case TierKind::bundle:
+    case TierKind::bundle: return Source::bundle;
     case TierKind::other: return Source::other;
   }
   return Source::other;
 }
 
 void TierChain::add(std::shared_ptr<Tier> t) {
-  tiers_.push_back(std::move(t));
-  no_writes_.push_back(std::make_unique<std::atomic<bool>>(false));
+  // A bundle goes after the memory tiers and the bundles already there,
+  // before the stores; any other tier after the existing ones.
+  size_t at = tiers_.size();
+  if (t->kind() == TierKind::bundle) {
+    at = 0;
+    while (at < tiers_.size() && (tiers_[at]->kind() == TierKind::memory || tiers_[at]->kind() == TierKind::bundle))
+      ++at;
+  }
+  tiers_.insert(tiers_.begin() + static_cast<std::ptrdiff_t>(at), std::move(t));
+  no_writes_.insert(no_writes_.begin() + static_cast<std::ptrdiff_t>(at), std::make_unique<std::atomic<bool>>(false));
 }
 
 std::optional<Entry> TierChain::lookup(const Key& key, Source* src, MissCount count) {

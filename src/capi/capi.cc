@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "kcache/bundle.h"
 #include "kcache/cache.h"
 #include "kcache/entry.h"
 #include "kcache/key.h"
@@ -57,6 +58,7 @@ static_assert(static_cast<int>(Errc::internal) == KCACHE_INTERNAL, "C codes mirr
 static_assert(static_cast<int>(Errc::compile_failed) == KCACHE_COMPILE_FAILED, "C codes mirror kcache::Errc");
 static_assert(static_cast<int>(Errc::stale_format) == KCACHE_STALE_FORMAT, "C codes mirror kcache::Errc");
 static_assert(static_cast<int>(kcache::Source::waited) == KCACHE_SOURCE_WAITED, "C sources mirror kcache::Source");
+static_assert(static_cast<int>(kcache::Source::bundle) == KCACHE_SOURCE_BUNDLE, "C sources mirror kcache::Source");
 static_assert(sizeof(kcache_key) == sizeof(kcache::Key), "kcache_key is a Key's 16 bytes");
 
 thread_local std::string t_last_error;
@@ -520,6 +522,85 @@ int kcache_entry_artifact_at(const kcache_entry* e, size_t i, const char** name,
     *data = a.data.data();
     *size = a.data.size();
     return static_cast<int>(KCACHE_OK);
+  });
+}
+
+// ---- bundles ---------------------------------------------------------------
+
+namespace {
+kcache::BundleSelection since_selection(uint64_t since) {
+  kcache::BundleSelection s;
+  if (since) s.since = since;
+  return s;
+}
+kcache::BundleWriteOptions sign_options(const char* key_file) {
+  kcache::BundleWriteOptions o;
+  if (key_file) o.sign_key_file = key_file;
+  return o;
+}
+}  // namespace
+
+int kcache_mark(kcache_cache* c, uint64_t* out) {
+  return guard([&] {
+    if (!c || !out) return set_error(KCACHE_INVALID_ARGUMENT, "kcache_mark: NULL argument");
+    auto m = c->cache->mark();
+    if (!m) return set_error(m.error());
+    *out = *m;
+    return static_cast<int>(KCACHE_OK);
+  });
+}
+
+int kcache_bundle_save(kcache_cache* c, uint64_t since, const char* sign_key_file, void** data, size_t* size) {
+  return guard([&] {
+    if (!c || !data || !size) return set_error(KCACHE_INVALID_ARGUMENT, "kcache_bundle_save: NULL argument");
+    *data = nullptr;
+    *size = 0;
+    auto b = kcache::save_bundle(*c->cache, since_selection(since), sign_options(sign_key_file));
+    if (!b) return set_error(b.error());
+    void* out = std::malloc(b->size() ? b->size() : 1);
+    if (!out) return set_error(KCACHE_INTERNAL, "out of memory");
+    std::memcpy(out, b->data(), b->size());
+    *data = out;
+    *size = b->size();
+    return static_cast<int>(KCACHE_OK);
+  });
+}
+
+int kcache_bundle_write(kcache_cache* c, uint64_t since, const char* sign_key_file, const char* path) {
+  return guard([&] {
+    if (!c || !path) return set_error(KCACHE_INVALID_ARGUMENT, "kcache_bundle_write: NULL argument");
+    auto b = kcache::write_bundle(*c->cache, since_selection(since), path, sign_options(sign_key_file));
+    return b ? static_cast<int>(KCACHE_OK) : set_error(b.error());
+  });
+}
+
+int kcache_bundle_load(kcache_cache* c, const void* data, size_t size) {
+  return guard([&] {
+    if (!c || (!data && size)) return set_error(KCACHE_INVALID_ARGUMENT, "kcache_bundle_load: NULL argument");
+    kcache::Status st = kcache::load_bundle(*c->cache, std::string(static_cast<const char*>(data), size));
+    return st.is_ok() ? static_cast<int>(KCACHE_OK) : set_error(st);
+  });
+}
+
+int kcache_bundle_import(kcache_cache* c, const char* path, uint64_t* stored) {
+  return guard([&] {
+    if (!c || !path) return set_error(KCACHE_INVALID_ARGUMENT, "kcache_bundle_import: NULL argument");
+    std::shared_ptr<kcache::Tier> disk;
+    for (const auto& t : c->cache->tiers())
+      if (t->kind() == kcache::TierKind::disk && t->writable()) disk = t;
+    if (!disk) return set_error(KCACHE_UNAVAILABLE, "the cache has no writable disk store to import into");
+    auto n = kcache::import_bundle(path, *disk, c->cache->options().bundles.trusted_keys);
+    if (!n) return set_error(n.error());
+    if (stored) *stored = *n;
+    return static_cast<int>(KCACHE_OK);
+  });
+}
+
+int kcache_bundle_keygen(const char* key_file) {
+  return guard([&] {
+    if (!key_file) return set_error(KCACHE_INVALID_ARGUMENT, "kcache_bundle_keygen: NULL argument");
+    kcache::Status st = kcache::bundle_keygen(key_file);
+    return st.is_ok() ? static_cast<int>(KCACHE_OK) : set_error(st);
   });
 }
 

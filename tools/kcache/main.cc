@@ -13,7 +13,7 @@
 //
 // This file: the usage text, help, version, and the command line. The
 // commands live in one file per group (store_cmds.cc, maintenance_cmds.cc,
-// explain_cmd.cc, run_cmd.cc).
+// explain_cmd.cc, run_cmd.cc, bundle_cmds.cc).
 #include <cstdio>
 #include <optional>
 #include <string>
@@ -59,6 +59,17 @@ const char kUsage[] =
     "                                  once across processes (others wait for it), then\n"
     "                                  store the files it left at those paths. Exit:\n"
     "                                  COMMAND's own status when it ran, else 0\n"
+    "  mark [--json]                   print a mark: a position in the store's recency\n"
+    "                                  records (for bundle create --since)\n"
+    "  bundle create -o FILE [--since MARK] [--namespace NS]... [--keys FILE]\n"
+    "                [--sign KEYFILE] [--json]\n"
+    "                                  write the selected entries (default: all) to a\n"
+    "                                  bundle file, signed with KEYFILE if given\n"
+    "  bundle keygen KEYFILE           write an Ed25519 key pair: KEYFILE, KEYFILE.pub\n"
+    "  bundle import FILE [--json]     copy a bundle's entries into the store\n"
+    "  bundle ls|show|verify FILE [--json]\n"
+    "                                  a bundle's entries, header and signature, or a\n"
+    "                                  check of every entry (exit 1 if any is bad)\n"
     "  help, --help                    this text\n"
     "  version, --version [--json]     version and features built in\n"
     "\n"
@@ -80,7 +91,7 @@ const char kUsage[] =
     "Environment: every KCACHE_* variable the library reads (docs/cli.md), among\n"
     "them KCACHE_DIR, KCACHE_ENGINE, KCACHE_MAX_SIZE (the configured limit),\n"
     "KCACHE_REMOTE, KCACHE_REMOTE_SECRET_FILE, KCACHE_READONLY, KCACHE_DISABLE,\n"
-    "KCACHE_LOG.\n";
+    "KCACHE_LOG, KCACHE_BUNDLES, KCACHE_BUNDLE_TRUST.\n";
 
 int cmd_help(Ctx& c) { return c.out(kUsage); }
 
@@ -120,6 +131,9 @@ const std::vector<Command>& commands() {
       {"clear", cmd_clear, true, {}},
       {"explain", cmd_explain, true, {{"--key", true}, {"--manifest", true}}},
       {"run", cmd_run, false, {{"--key", true}, {"--artifact", true}}},
+      {"mark", cmd_mark, true, {}},
+      {"bundle", cmd_bundle, true,
+       {{"-o", true}, {"--output", true}, {"--since", true}, {"--namespace", true}, {"--keys", true}, {"--sign", true}}},
   };
   return cmds;
 }
@@ -211,7 +225,7 @@ int run(int argc, char** argv) {
     for (auto& w : ctx.args.after_dashes) ctx.args.positional.push_back(std::move(w));
     ctx.args.after_dashes.clear();
   }
-  if (!ctx.args.positional.empty() && cmd->run != cmd_put)
+  if (!ctx.args.positional.empty() && cmd->run != cmd_put && cmd->run != cmd_bundle)
     return usage_error(name, "unexpected argument '" + ctx.args.positional.front() + "'");
   if (!ctx.args.after_dashes.empty() && cmd->run != cmd_run)
     return usage_error(name, "unexpected argument '" + ctx.args.after_dashes.front() + "'");

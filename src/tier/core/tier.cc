@@ -1,5 +1,7 @@
 // Tier base behaviour (argument checks, generic list/verify/trim) and the
 // read-only wrapper.
+#include <unistd.h>
+
 #include <atomic>
 #include <cstdio>
 
@@ -68,6 +70,19 @@ Expected<VerifyReport> Tier::verify(bool fix) {
   return rep;
 }
 
+Expected<uint64_t> Tier::mark() {
+  return Status(Errc::unavailable, std::string(name()) + " tier keeps no recency records to mark");
+}
+
+Expected<uint64_t> Tier::recency_mark() {
+  KCACHE_RETURN_IF_ERROR(flush());
+  // Everything recorded so far carries a time <= now; everything recorded
+  // from here on carries one > now.
+  uint64_t now = util::now_unix_ms();
+  while (util::now_unix_ms() <= now) ::usleep(100);
+  return now + 1;
+}
+
 Expected<uint64_t> Tier::trim(uint64_t) {
   return Status(Errc::unavailable, std::string(name()) + " tier cannot trim");
 }
@@ -99,6 +114,7 @@ class ReadOnlyTier final : public Tier {
     return inner_->verify(false);
   }
   Expected<uint64_t> trim(uint64_t) override { return refuse("trim"); }
+  Expected<uint64_t> mark() override { return inner_->mark(); }
   Status clear() override { return refuse("clear"); }
   Status flush() override { return Status(); }
 

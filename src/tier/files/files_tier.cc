@@ -153,14 +153,18 @@ class FilesTier final : public Tier {
         pending_[i] = 0;
       }
     }
-    for (const auto& [k, ms] : touched) {
-      struct timespec ts[2];
-      ts[0].tv_nsec = UTIME_OMIT;
-      ts[1].tv_sec = static_cast<time_t>(ms / 1000);
-      ts[1].tv_nsec = static_cast<long>((ms % 1000) * 1000000);
-      ::utimensat(AT_FDCWD, path_of(k).c_str(), ts, 0);  // gone meanwhile: fine
-    }
+    for (const auto& [k, ms] : touched) set_mtime_ms(path_of(k), ms);  // gone meanwhile: fine
     return add_counters(d);
+  }
+
+  Expected<uint64_t> mark() override { return recency_mark(); }
+
+  static void set_mtime_ms(const std::string& path, uint64_t ms) {
+    struct timespec ts[2];
+    ts[0].tv_nsec = UTIME_OMIT;
+    ts[1].tv_sec = static_cast<time_t>(ms / 1000);
+    ts[1].tv_nsec = static_cast<long>((ms % 1000) * 1000000);
+    ::utimensat(AT_FDCWD, path.c_str(), ts, 0);
   }
 
   Status list(const std::function<bool(const ListItem&)>& fn) override {
@@ -282,6 +286,9 @@ class FilesTier final : public Tier {
       count(c_errors);
       return st;
     }
+    // The recency record starts at kcache's own clock, not the file
+    // system's coarser one, so marks (Tier::mark) compare exactly.
+    set_mtime_ms(tmp, util::now_unix_ms());
     uint64_t totals[c_count];
     st = with_counters(
         [&](uint64_t* v) {

@@ -262,6 +262,12 @@ class LmdbTier final : public Tier {
     return rc ? mdb_status(rc, "commit flush") : Status();
   }
 
+  // Recency records (meta/lru) hold wall-clock ms of a put or a hit.
+  Expected<uint64_t> mark() override {
+    if (env_->inherited()) return env_->inherited_error();
+    return recency_mark();
+  }
+
   Status list(const std::function<bool(const ListItem&)>& fn) override {
     if (env_->inherited()) return env_->inherited_error();
     KCACHE_TRY(MDB_txn * txn, env_->begin_read());

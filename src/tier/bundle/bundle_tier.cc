@@ -1,0 +1,375 @@
+// The bundle reader: maps a bundle file (or holds bundle bytes), checks its
+// header, index checksum and signature, and serves entries as a read-only
+// tier (TierKind::bundle) by binary search in the index. Also bundle_info,
+// verify_bundle and import_bundle, which read through the same checks.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <mutex>
+
+#include "entry/buffer.h"
+#include "kcache/bundle.h"
+#include "tier/bundle/bundle_format.h"
+#include "tier/bundle/bundle_reader.h"
+#include "util/util.h"
+
+namespace kcache::bundle {
+
+namespace {
+
+class MappedFile final : public Image {
+ public:
+  MappedFile(void* p, size_t n) : p_(p), n_(n) {}
+  ~MappedFile() override { ::munmap(p_, n_); }
+  std::string_view bytes() const noexcept override { return {static_cast<const char*>(p_), n_}; }
+
+ private:
+  void* p_;
+  size_t n_;
+};
+
+class HeapImage final : public Image {
+ public:
+  explicit HeapImage(std::string_view s) : buf_(s.size()) { std::memcpy(buf_.data(), s.data(), s.size()); }
+  std::string_view bytes() const noexcept override { return buf_.bytes(); }
+
+ private:
+  AlignedBuffer buf_;
+};
+
+// An entry's bytes inside the image; keeps the image alive.
+class Slice final : public Buffer {
+ public:
+  Slice(std::shared_ptr<const Image> img, std::string_view v) : img_(std::move(img)), v_(v) {}
+  std::string_view bytes() const noexcept override { return v_; }
+
+ private:
+  std::shared_ptr<const Image> img_;
+  std::string_view v_;
+};
+
+Status refused(const std::string& what, const std::string& why) {
+  return Status(Errc::corrupt, "bundle " + what + " refused: " + why);
+}
+
+bool add_overflows(uint64_t a, uint64_t b, uint64_t* out) { return __builtin_add_overflow(a, b, out); }
+
+}  // namespace
+
+Expected<std::shared_ptr<Reader>> Reader::open(std::shared_ptr<const Image> img, std::string name,
+                                               const std::vector<std::string>& trusted_keys) {
+  std::string_view all = img->bytes();
+  const char* p = all.data();
+  if (all.size() < kHeaderSize) return refused(name, "shorter than its header");
+  if (std::memcmp(p, kMagic, 8) != 0) return refused(name, "not a kcache bundle (bad magic)");
+  auto hsum = xxh128(all.substr(0, h_header_checksum));
+  if (std::memcmp(hsum.data(), p + h_header_checksum, 16) != 0) return refused(name, "header checksum mismatch");
+  auto r = std::shared_ptr<Reader>(new Reader);
+  r->img_ = img;
+  r->name_ = std::move(name);
+  r->info_.version = util::get_u32(p + h_version);
+  if (r->info_.version != kVersion)
+    return Status(Errc::stale_format, "bundle " + r->name_ + " refused: bundle format version " +
+                                          std::to_string(r->info_.version) + " (this build reads " +
+                                          std::to_string(kVersion) + ")");
+  uint32_t flags = util::get_u32(p + h_flags);
+  if (flags & ~kFlagSigned) return refused(r->name_, "unknown flags");
+  r->signed_ = flags & kFlagSigned;
+  r->info_.entry_version = util::get_u32(p + h_entry_version);
+  uint32_t block_records = util::get_u32(p + h_block_records);
+  r->count_ = util::get_u64(p + h_count);
+  uint64_t index_off = util::get_u64(p + h_index_offset), blocks_off = util::get_u64(p + h_blocks_offset);
+  uint64_t sig_off = util::get_u64(p + h_sig_offset), data_off = util::get_u64(p + h_data_offset);
+  uint64_t file_size = util::get_u64(p + h_file_size);
+  r->info_.created_unix_ms = util::get_u64(p + h_created);
+  if (file_size != all.size())
+    return refused(r->name_, "size " + std::to_string(all.size()) + " differs from the " + std::to_string(file_size) +
+                                 " bytes its header gives (truncated or extended)");
+  // The layout is fixed by the count; every offset must be what it implies.
+  if (block_records != kBlockRecords || index_off != kHeaderSize || r->count_ > (all.size() / kRecordSize))
+    return refused(r->name_, "index does not fit the file");
+  r->blocks_ = (r->count_ + kBlockRecords - 1) / kBlockRecords;
+  uint64_t sig_end = sig_off + (r->signed_ ? kSigSize : 0);
+  if (blocks_off != index_off + r->count_ * kRecordSize || sig_off != blocks_off + r->blocks_ * 32 ||
+      data_off < sig_end || data_off % kAlign != 0 || data_off > all.size())
+    return refused(r->name_, "inconsistent layout");
+  auto isum = xxh128(all.substr(index_off, sig_off - index_off));
+  if (std::memcmp(isum.data(), p + h_index_checksum, 16) != 0) return refused(r->name_, "index checksum mismatch");
+  r->index_ = p + index_off;
+  r->block_sums_ = p + blocks_off;
+  r->data_off_ = data_off;
+  r->info_.entries = r->count_;
+  r->info_.bytes = all.size();
+
+  std::vector<PublicKey> trusted;
+  for (const auto& f : trusted_keys) {
+    auto k = read_public_key(f);
+    if (!k) return refused(r->name_, "trusted key " + k.error().message());
+    trusted.push_back(*k);
+  }
+  if (r->signed_) {
+    const char* s = p + sig_off;
+    static constexpr char kZero[16] = {};
+    if (std::memcmp(s, kSigMagic, 8) != 0 || util::get_u32(s + 8) != kAlgEd25519 || util::get_u32(s + 12) != 0 ||
+        std::memcmp(s + 112, kZero, 16) != 0)
+      return refused(r->name_, "unknown signature block");
+    PublicKey pub;
+    std::memcpy(pub.data(), s + 16, 32);
+    r->info_.is_signed = true;
+    r->info_.signer = fingerprint(pub);
+    bool known = false;
+    for (const auto& t : trusted) known = known || t == pub;
+    if (!trusted.empty() && !known) return refused(r->name_, "signed by an untrusted key " + r->info_.signer);
+    std::string msg(kSignContext);
+    msg.append(p, kHeaderSize);
+    msg.append(r->block_sums_, r->blocks_ * 32);
+    if (!verify_signature(pub, msg, reinterpret_cast<const unsigned char*>(s + 48)))
+      return refused(r->name_, "signature does not verify");
+    r->info_.trusted = known;
+    r->block_ok_ = std::make_unique<std::atomic<uint8_t>[]>(r->blocks_);
+    r->entry_ok_ = std::make_unique<std::atomic<uint8_t>[]>(r->count_);
+  } else if (!trusted.empty()) {
+    return refused(r->name_, "not signed, and trusted keys are configured");
+  }
+  return r;
+}
+
+// 0: unchecked, 1: good, 2: bad. Checked once per process.
+bool Reader::block_good(uint64_t b) const {
+  uint8_t s = block_ok_[b].load(std::memory_order_acquire);
+  if (s == 0) {
+    uint64_t first = b * kBlockRecords, n = std::min<uint64_t>(kBlockRecords, count_ - first);
+    Sha256 h = sha256(std::string_view(index_ + first * kRecordSize, n * kRecordSize));
+    s = std::memcmp(h.data(), block_sums_ + b * 32, 32) == 0 ? 1 : 2;
+    block_ok_[b].store(s, std::memory_order_release);
+  }
+  return s == 1;
+}
+
+Expected<int64_t> Reader::find(const Key& key) const {
+  uint64_t lo = 0, hi = count_;
+  while (lo < hi) {
+    uint64_t mid = lo + (hi - lo) / 2;
+    if (signed_ && !block_good(mid / kBlockRecords))
+      return Status(Errc::corrupt, "index block " + std::to_string(mid / kBlockRecords) + " fails its signed digest");
+    int c = std::memcmp(index_ + mid * kRecordSize + r_key, key.bytes.data(), 16);
+    if (c == 0) return static_cast<int64_t>(mid);
+    if (c < 0) lo = mid + 1;
+    else hi = mid;
+  }
+  return int64_t(-1);
+}
+
+Key Reader::key_at(uint64_t i) const {
+  Key k;
+  std::memcpy(k.bytes.data(), index_ + i * kRecordSize + r_key, 16);
+  return k;
+}
+
+Expected<std::string_view> Reader::bytes_at(uint64_t i, bool check_sha) const {
+  const char* rec = index_ + i * kRecordSize;
+  uint64_t off = util::get_u64(rec + r_offset), len = util::get_u64(rec + r_length), end;
+  std::string_view all = img_->bytes();
+  if (off < data_off_ || off % kAlign != 0 || add_overflows(off, len, &end) || end > all.size())
+    return Status(Errc::corrupt, "index record points outside the bundle");
+  std::string_view v = all.substr(off, len);
+  if (signed_ && !block_good(i / kBlockRecords))
+    return Status(Errc::corrupt, "index block fails its signed digest");
+  bool need = check_sha || (signed_ && entry_ok_[i].load(std::memory_order_acquire) == 0);
+  if (need) {
+    Sha256 h = sha256(v);
+    if (std::memcmp(h.data(), rec + r_sha, 32) != 0) return Status(Errc::corrupt, "SHA-256 mismatch");
+    if (signed_) entry_ok_[i].store(1, std::memory_order_release);
+  }
+  return v;
+}
+
+Expected<Entry> Reader::entry_at(uint64_t i, bool check_sha) const {
+  KCACHE_TRY(std::string_view v, bytes_at(i, check_sha));
+  Key k = key_at(i);
+  return Entry::decode(std::make_shared<Slice>(img_, v), &k);
+}
+
+namespace {
+
+class BundleTier final : public Tier {
+ public:
+  explicit BundleTier(std::shared_ptr<Reader> r) : r_(std::move(r)) {}
+  std::string_view name() const noexcept override { return "bundle"; }
+  TierKind kind() const noexcept override { return TierKind::bundle; }
+  bool writable() const noexcept override { return false; }
+
+  Status list(const std::function<bool(const ListItem&)>& fn) override {
+    for (uint64_t i = 0; i < r_->count(); ++i)
+      if (!fn(ListItem{r_->key_at(i), r_->length_at(i), 0})) break;
+    return Status();
+  }
+  Expected<VerifyReport> verify(bool fix) override {
+    if (fix) return refuse("verify --fix");
+    VerifyReport rep;
+    for (uint64_t i = 0; i < r_->count(); ++i) {
+      ++rep.checked;
+      auto e = r_->entry_at(i, true);
+      if (!e && e.error().code() != Errc::stale_format) rep.bad.emplace_back(r_->key_at(i), e.error().message());
+    }
+    return rep;
+  }
+  Expected<uint64_t> trim(uint64_t) override { return refuse("trim"); }
+  Status clear() override { return refuse("clear"); }
+
+ protected:
+  Expected<std::optional<Entry>> do_get(const Key& key, MissCount miss) override {
+    auto i = r_->find(key);
+    if (i && *i >= 0) {
+      auto e = r_->entry_at(static_cast<uint64_t>(*i), false);
+      if (e) {
+        hits_.fetch_add(1, std::memory_order_relaxed);
+        return std::optional<Entry>(std::move(e).value());
+      }
+      if (e.error().code() != Errc::stale_format) {
+        corrupt_.fetch_add(1, std::memory_order_relaxed);
+        return Status(Errc::corrupt, r_->name() + " entry " + key.hex() + ": " + e.error().message());
+      }
+    } else if (!i) {
+      corrupt_.fetch_add(1, std::memory_order_relaxed);
+      return Status(Errc::corrupt, r_->name() + ": " + i.error().message());
+    }
+    if (miss == MissCount::counted) misses_.fetch_add(1, std::memory_order_relaxed);
+    return std::optional<Entry>();
+  }
+  Status do_put(const Entry&) override { return refuse("put"); }
+  Status do_remove(const Key&) override { return refuse("remove"); }
+  TierStats do_stats() override {
+    TierStats s;
+    s.hits = hits_.load(std::memory_order_relaxed);
+    s.misses = misses_.load(std::memory_order_relaxed);
+    s.corrupt = corrupt_.load(std::memory_order_relaxed);
+    s.rejected = rejected_.load(std::memory_order_relaxed);
+    s.entries = r_->count();
+    s.bytes = r_->info().bytes;
+    return s;
+  }
+
+ private:
+  Status refuse(const char* what) {
+    rejected_.fetch_add(1, std::memory_order_relaxed);
+    return Status(Errc::read_only, std::string(what) + " refused: a bundle is read-only");
+  }
+  std::shared_ptr<Reader> r_;
+  std::atomic<uint64_t> hits_{0}, misses_{0}, corrupt_{0}, rejected_{0};
+};
+
+}  // namespace
+
+uint64_t Reader::length_at(uint64_t i) const { return util::get_u64(index_ + i * kRecordSize + r_length); }
+
+Expected<std::shared_ptr<Reader>> open_file(const std::string& path, const std::vector<std::string>& trusted_keys) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return util::errno_status(errno, "open bundle " + path);
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    Status s = util::errno_status(errno, "stat bundle " + path);
+    ::close(fd);
+    return s;
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return Status(Errc::invalid_argument, "bundle " + path + " is not a regular file");
+  }
+  size_t n = static_cast<size_t>(st.st_size);
+  if (n < kHeaderSize) {
+    ::close(fd);
+    return refused(path, "shorter than its header");
+  }
+  void* p = ::mmap(nullptr, n, PROT_READ, MAP_SHARED, fd, 0);
+  int err = errno;
+  ::close(fd);
+  if (p == MAP_FAILED) return util::errno_status(err, "map bundle " + path);
+  return Reader::open(std::make_shared<MappedFile>(p, n), path, trusted_keys);
+}
+
+Expected<std::shared_ptr<Reader>> open_bytes(std::string_view bytes, const std::vector<std::string>& trusted_keys) {
+  std::shared_ptr<const Image> img;
+  try {
+    img = std::make_shared<HeapImage>(bytes);
+  } catch (const std::bad_alloc&) {
+    return Status(Errc::too_large, "no memory for a bundle of " + std::to_string(bytes.size()) + " bytes");
+  }
+  return Reader::open(std::move(img), "(bytes)", trusted_keys);
+}
+
+std::shared_ptr<Tier> make_tier(std::shared_ptr<Reader> r) { return std::make_shared<BundleTier>(std::move(r)); }
+
+}  // namespace kcache::bundle
+
+namespace kcache {
+
+Expected<std::shared_ptr<Tier>> open_bundle(const std::string& path, const std::vector<std::string>& trusted_keys) {
+  KCACHE_TRY(auto r, bundle::open_file(path, trusted_keys));
+  return bundle::make_tier(std::move(r));
+}
+
+Expected<std::shared_ptr<Tier>> open_bundle_bytes(std::string bytes, const std::vector<std::string>& trusted_keys) {
+  KCACHE_TRY(auto r, bundle::open_bytes(bytes, trusted_keys));
+  return bundle::make_tier(std::move(r));
+}
+
+Expected<BundleInfo> bundle_info(const std::string& path, const std::vector<std::string>& trusted_keys) {
+  KCACHE_TRY(auto r, bundle::open_file(path, trusted_keys));
+  return r->info();
+}
+
+Expected<BundleVerifyReport> verify_bundle(const std::string& path, const std::vector<std::string>& trusted_keys,
+                                           const BundleProgress& progress) {
+  KCACHE_TRY(auto r, bundle::open_file(path, trusted_keys));
+  BundleVerifyReport rep;
+  rep.info = r->info();
+  Key prev{};
+  for (uint64_t i = 0; i < r->count(); ++i) {
+    ++rep.checked;
+    Key k = r->key_at(i);
+    if (i > 0 && !(prev < k)) rep.bad.emplace_back(k, "index out of order");
+    prev = k;
+    auto e = r->entry_at(i, true);
+    if (!e && e.error().code() == Errc::stale_format) ++rep.other_format;
+    else if (!e) rep.bad.emplace_back(k, e.error().message());
+    if (progress && (i % 256 == 255 || i + 1 == r->count())) progress(i + 1, r->count());
+  }
+  return rep;
+}
+
+Expected<uint64_t> import_bundle(const std::string& path, Tier& to, const std::vector<std::string>& trusted_keys,
+                                 const BundleProgress& progress) {
+  KCACHE_TRY(auto r, bundle::open_file(path, trusted_keys));
+  uint64_t stored = 0, skipped = 0;
+  for (uint64_t i = 0; i < r->count(); ++i) {
+    auto e = r->entry_at(i, true);
+    if (e) {
+      KCACHE_RETURN_IF_ERROR(to.put(*e));
+      ++stored;
+    } else {
+      ++skipped;
+    }
+    if (progress && (i % 256 == 255 || i + 1 == r->count())) progress(i + 1, r->count());
+  }
+  if (skipped)
+    KCACHE_LOG(LogLevel::warn, "bundle import %s: %llu damaged or other-format entries skipped", path.c_str(),
+               static_cast<unsigned long long>(skipped));
+  return stored;
+}
+
+std::optional<uint64_t> parse_mark(std::string_view s) noexcept {
+  if (s.empty() || s.size() > 19) return std::nullopt;
+  uint64_t v = 0;
+  for (char c : s) {
+    if (c < '0' || c > '9') return std::nullopt;
+    v = v * 10 + static_cast<uint64_t>(c - '0');
+  }
+  return v;
+}
+
+}  // namespace kcache

@@ -1,0 +1,246 @@
+// The bundle writer: selects entries of a tier (all, a namespace, a list of
+// keys, or what was created or used since a mark), lays them out behind a
+// header and a sorted index (bundle_format.h), and signs header and index
+// digests with Ed25519 when a private key is given.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <set>
+
+#include "kcache/bundle.h"
+#include "tier/bundle/bundle_format.h"
+#include "util/util.h"
+
+namespace kcache::bundle {
+
+namespace {
+
+void put_at(std::string& s, size_t at, const void* p, size_t n) { std::memcpy(s.data() + at, p, n); }
+void put_u32_at(std::string& s, size_t at, uint32_t v) {
+  for (int i = 0; i < 4; ++i) s[at + i] = static_cast<char>(v >> (8 * i));
+}
+void put_u64_at(std::string& s, size_t at, uint64_t v) {
+  for (int i = 0; i < 8; ++i) s[at + i] = static_cast<char>(v >> (8 * i));
+}
+uint64_t align(uint64_t n) { return (n + kAlign - 1) & ~uint64_t(kAlign - 1); }
+
+// Where the entries go while the bundle is made: memory (bytes) or a temp
+// file (a bundle file), so a large bundle is never held in memory whole.
+class DataSink {
+ public:
+  virtual ~DataSink() = default;
+  virtual Status append(std::string_view bytes) = 0;
+  uint64_t size = 0;
+};
+
+class StringSink final : public DataSink {
+ public:
+  Status append(std::string_view bytes) override {
+    data += bytes;
+    size += bytes.size();
+    return Status();
+  }
+  std::string data;
+};
+
+Status write_all(int fd, std::string_view bytes, const std::string& what) {
+  while (!bytes.empty()) {
+    ssize_t n = ::write(fd, bytes.data(), bytes.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return util::errno_status(errno, "write " + what);
+    bytes.remove_prefix(static_cast<size_t>(n));
+  }
+  return Status();
+}
+
+class FileSink final : public DataSink {
+ public:
+  FileSink(int fd, std::string what) : fd_(fd), what_(std::move(what)) {}
+  Status append(std::string_view bytes) override {
+    KCACHE_RETURN_IF_ERROR(write_all(fd_, bytes, what_));
+    size += bytes.size();
+    return Status();
+  }
+
+ private:
+  int fd_;
+  std::string what_;
+};
+
+struct Picked {
+  Key key;
+  uint64_t offset;  // within the data section
+  uint64_t length;
+  Sha256 sha;
+};
+
+// Selects and writes the entries to `data`; returns everything before them
+// (header, index, block digests, signature, padding up to data_offset).
+Expected<std::string> build(Tier& from, const BundleSelection& sel, const BundleWriteOptions& opt, DataSink& data,
+                            BundleInfo* info) {
+  // Candidates: the listed store filtered by mark and key list, or the key
+  // list itself when no mark needs the recency records.
+  std::set<Key> wanted(sel.keys.begin(), sel.keys.end());
+  std::vector<Key> keys;
+  if (!wanted.empty() && !sel.since) {
+    keys.assign(wanted.begin(), wanted.end());
+  } else {
+    KCACHE_RETURN_IF_ERROR(from.list([&](const ListItem& it) {
+      if (sel.since && it.last_use_ms < *sel.since) return true;
+      if (!wanted.empty() && !wanted.count(it.key)) return true;
+      keys.push_back(it.key);
+      return true;
+    }));
+    std::sort(keys.begin(), keys.end());
+    keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
+  }
+  std::set<std::string, std::less<>> spaces(sel.namespaces.begin(), sel.namespaces.end());
+
+  std::vector<Picked> picked;
+  uint64_t unreadable = 0;
+  static constexpr char kZeros[kAlign] = {};
+  for (size_t i = 0; i < keys.size(); ++i) {
+    auto r = from.get(keys[i], MissCount::uncounted);
+    if (!r) ++unreadable;
+    if (r && r->has_value() && (spaces.empty() || spaces.count((*r)->manifest().ns))) {
+      std::string_view enc = (*r)->encoded();
+      KCACHE_RETURN_IF_ERROR(data.append(std::string_view(kZeros, align(data.size) - data.size)));
+      picked.push_back(Picked{keys[i], data.size, enc.size(), sha256(enc)});
+      KCACHE_RETURN_IF_ERROR(data.append(enc));
+    }
+    if (opt.progress && (i % 256 == 255 || i + 1 == keys.size())) opt.progress(i + 1, keys.size());
+  }
+  if (unreadable)
+    KCACHE_LOG(LogLevel::warn, "bundle: %llu selected entries could not be read and were left out",
+               static_cast<unsigned long long>(unreadable));
+
+  const uint64_t count = picked.size(), blocks = (count + kBlockRecords - 1) / kBlockRecords;
+  const bool sign = !opt.sign_key_file.empty();
+  const uint64_t index_off = kHeaderSize, blocks_off = index_off + count * kRecordSize;
+  const uint64_t sig_off = blocks_off + blocks * 32;
+  const uint64_t data_off = align(sig_off + (sign ? kSigSize : 0));
+  const uint64_t file_size = data_off + data.size;
+  std::string out(data_off, '\0');
+  for (uint64_t i = 0; i < count; ++i) {
+    size_t at = index_off + i * kRecordSize;
+    put_at(out, at + r_key, picked[i].key.bytes.data(), 16);
+    put_u64_at(out, at + r_offset, data_off + picked[i].offset);
+    put_u64_at(out, at + r_length, picked[i].length);
+    put_at(out, at + r_sha, picked[i].sha.data(), 32);
+  }
+  for (uint64_t b = 0; b < blocks; ++b) {
+    uint64_t first = b * kBlockRecords, n = std::min<uint64_t>(kBlockRecords, count - first);
+    Sha256 h = sha256(std::string_view(out).substr(index_off + first * kRecordSize, n * kRecordSize));
+    put_at(out, blocks_off + b * 32, h.data(), 32);
+  }
+  put_at(out, 0, kMagic, 8);
+  put_u32_at(out, h_version, kVersion);
+  put_u32_at(out, h_flags, sign ? kFlagSigned : 0);
+  put_u32_at(out, h_entry_version, kEntryFormatVersion);
+  put_u32_at(out, h_block_records, kBlockRecords);
+  put_u64_at(out, h_count, count);
+  put_u64_at(out, h_index_offset, index_off);
+  put_u64_at(out, h_blocks_offset, blocks_off);
+  put_u64_at(out, h_sig_offset, sig_off);
+  put_u64_at(out, h_data_offset, data_off);
+  put_u64_at(out, h_file_size, file_size);
+  uint64_t created = util::now_unix_ms();
+  put_u64_at(out, h_created, created);
+  auto isum = xxh128(std::string_view(out).substr(index_off, sig_off - index_off));
+  put_at(out, h_index_checksum, isum.data(), 16);
+  auto hsum = xxh128(std::string_view(out).substr(0, h_header_checksum));
+  put_at(out, h_header_checksum, hsum.data(), 16);
+
+  info->version = kVersion;
+  info->entry_version = kEntryFormatVersion;
+  info->entries = count;
+  info->bytes = file_size;
+  info->created_unix_ms = created;
+  info->is_signed = sign;
+  if (sign) {
+    std::string msg(kSignContext);
+    msg.append(out, 0, kHeaderSize);
+    msg.append(out, blocks_off, blocks * 32);
+    PublicKey pub;
+    KCACHE_TRY(auto sig, bundle::sign(opt.sign_key_file, msg, &pub));
+    put_at(out, sig_off, kSigMagic, 8);
+    put_u32_at(out, sig_off + 8, kAlgEd25519);
+    put_at(out, sig_off + 16, pub.data(), 32);
+    put_at(out, sig_off + 48, sig.data(), 64);
+    info->signer = fingerprint(pub);
+  }
+  return out;
+}
+
+}  // namespace
+
+}  // namespace kcache::bundle
+
+namespace kcache {
+
+Expected<std::string> save_bundle(Tier& from, const BundleSelection& selection, const BundleWriteOptions& options) {
+  BundleInfo info;
+  bundle::StringSink data;
+  KCACHE_TRY(std::string out, bundle::build(from, selection, options, data, &info));
+  out += data.data;
+  return out;
+}
+
+Expected<BundleInfo> write_bundle(Tier& from, const BundleSelection& selection, const std::string& path,
+                                  const BundleWriteOptions& options) {
+  if (path.empty()) return Status(Errc::invalid_argument, "no bundle file named");
+  size_t slash = path.rfind('/');
+  std::string dir = slash == std::string::npos ? std::string(".") : path.substr(0, slash ? slash : 1);
+  // The entries go to an unnamed temp file beside the bundle first (the
+  // index comes before them and is known only at the end); then header,
+  // index and entries are copied into a named temp file renamed into place.
+  int data_fd = ::open(dir.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+  if (data_fd < 0) return util::errno_status(errno, "temp file in " + dir);
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } close_data{data_fd};
+  bundle::FileSink data(data_fd, "temp file in " + dir);
+  BundleInfo info;
+  KCACHE_TRY(std::string head, bundle::build(from, selection, options, data, &info));
+
+  char suffix[17];
+  std::snprintf(suffix, sizeof suffix, "%016llx", static_cast<unsigned long long>(util::random_u64()));
+  std::string tmp = path + ".tmp." + suffix;
+  // Shipped to others: readable by all, like any file one ships.
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) return util::errno_status(errno, "create " + tmp);
+  Status st = bundle::write_all(fd, head, tmp);
+  loff_t in = 0;
+  uint64_t left = data.size;
+  while (st.is_ok() && left > 0) {
+    ssize_t n = ::copy_file_range(data_fd, &in, fd, nullptr, left, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      // No in-kernel copy here: read and write.
+      std::string buf(std::min<uint64_t>(left, 1 << 20), '\0');
+      ssize_t r = ::pread(data_fd, buf.data(), buf.size(), in);
+      if (r <= 0) {
+        st = util::errno_status(r < 0 ? errno : EIO, "read back " + tmp);
+        break;
+      }
+      st = bundle::write_all(fd, std::string_view(buf.data(), static_cast<size_t>(r)), tmp);
+      n = r;
+      in += r;
+    }
+    left -= static_cast<uint64_t>(n);
+  }
+  if (st.is_ok() && ::fdatasync(fd) != 0) st = util::errno_status(errno, "fsync " + tmp);
+  if (::close(fd) != 0 && st.is_ok()) st = util::errno_status(errno, "close " + tmp);
+  if (st.is_ok() && ::rename(tmp.c_str(), path.c_str()) != 0) st = util::errno_status(errno, "rename " + tmp);
+  if (!st.is_ok()) {
+    ::unlink(tmp.c_str());
+    return st;
+  }
+  return info;
+}
+
+}  // namespace kcache
