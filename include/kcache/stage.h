@@ -80,7 +80,7 @@ std::optional<Entry> get_staged(Cache& cache, const Key& front, Source* source =
 
 // Stores the link front -> (ir, backend). False when no tier took it (a
 // fault, counted and logged by the Cache, or a disabled cache).
-bool put_stage_link(Cache& cache, const KeyInfo& front, const Digest& ir, const Key& backend);
+bool put_stage_link(Cache& cache, const Key& front, const Digest& ir, const Key& backend);
 
 using FrontendFn = std::function<Expected<StageOutput>()>;
 

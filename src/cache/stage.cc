@@ -72,9 +72,9 @@ std::optional<Entry> get_staged(Cache& cache, const Key& front, Source* source, 
   return e;
 }
 
-bool put_stage_link(Cache& cache, const KeyInfo& front, const Digest& ir, const Key& backend) {
-  KeyInfo k = link_key_info(front.key);
-  auto e = EntryBuilder(k.key).add(kLinkArtifact, encode_link(front.key, ir, backend)).manifest(k.manifest).build();
+bool put_stage_link(Cache& cache, const Key& front, const Digest& ir, const Key& backend) {
+  KeyInfo k = link_key_info(front);
+  auto e = EntryBuilder(k.key).add(kLinkArtifact, encode_link(front, ir, backend)).manifest(k.manifest).build();
   return e && cache.put(*e);
 }
 
@@ -98,7 +98,7 @@ Expected<StagedResult> get_or_compile_staged(Cache& cache, const KeyInfo& front,
   r.backend_ran = ran;
   r.entry = std::move(*e);
   r.link = StageLink{front.key, out->ir, out->backend.key};
-  put_stage_link(cache, front, out->ir, out->backend.key);
+  put_stage_link(cache, front.key, out->ir, out->backend.key);
   return r;
 }
 
