@@ -124,9 +124,9 @@ int run_once(const Args& a) {
     kcache::KeyInfo front;
     if (fkeys) {
       double k0 = now_s(), c0 = cpu_s();
-      // The source says everything the front end (lower) reads; its
-      // version is in the key through key_extra ("client").
-      front = fkeys->key(kcache::hash_bytes(ks.back().to_string()));
+      // The kernel's exact bytes are everything the front end (lower)
+      // reads; its version is in the key through key_extra ("client").
+      front = fkeys->key(kcache::hash_bytes(ks.back().encode()));
       counters->key_ns += static_cast<uint64_t>((now_s() - k0) * 1e9);
       counters->key_cpu_ns += static_cast<uint64_t>((cpu_s() - c0) * 1e9);
       if (auto obj = fkeys->find(*cache, front.key, counters.get())) {
