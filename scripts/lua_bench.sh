@@ -16,11 +16,15 @@ if [ ! -f "$OUT/src/lapi.c" ]; then
   if [ -n "${LUA_SRC:-}" ]; then
     SRC="$LUA_SRC"
   else
-    rm -rf "$OUT/dl" && mkdir -p "$OUT/dl"
-    # The sdist only: pip prepares its metadata, then we take the C files.
-    python3 -m pip download --quiet --no-deps --no-binary :all: --no-build-isolation lupa==2.8 -d "$OUT/dl"
-    tar -xzf "$OUT"/dl/lupa-2.8.tar.gz -C "$OUT/dl"
-    SRC="$OUT/dl/lupa-2.8/third-party/lua54"
+    rm -rf "$OUT/dl" && mkdir -p "$OUT/dl/tmp"
+    # The sdist only. pip unpacks it, then prepares its metadata, which
+    # needs Cython and builds LuaJIT and may fail: the unpacked sources are
+    # all we need, so keep them (--no-clean) whatever pip says.
+    TMPDIR="$(cd "$OUT/dl/tmp" && pwd)" python3 -m pip download --quiet --no-clean --no-deps --no-binary :all: \
+      --no-build-isolation lupa==2.8 -d "$OUT/dl" >"$OUT/dl/pip.log" 2>&1 || true
+    if [ -f "$OUT/dl/lupa-2.8.tar.gz" ]; then tar -xzf "$OUT/dl/lupa-2.8.tar.gz" -C "$OUT/dl"; fi
+    SRC=$(find "$OUT/dl" -path '*third-party/lua54/lapi.c' -printf '%h\n' | head -1)
+    [ -n "$SRC" ] || { echo "lua_bench: no Lua 5.4 sources from the lupa sdist (see $OUT/dl/pip.log); set LUA_SRC" >&2; exit 1; }
   fi
   mkdir -p "$OUT/src"
   cp "$SRC"/*.c "$SRC"/*.h "$OUT/src/"

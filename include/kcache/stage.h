@@ -33,6 +33,10 @@
 // key at once both run it; the backend runs once per backend key
 // (Cache::get_or_compile).
 //
+// Links are stored as entries through Cache::put, so they reach the disk
+// through the Cache's committer: a Cache without a memory tier may not see a
+// link it just stored until flush().
+//
 // Link entry format (artifact "stage-link", 52 bytes, little-endian):
 //   "KCSL" | u32 version (1) | front-end key (16) | IR digest (16) | final key (16)
 //

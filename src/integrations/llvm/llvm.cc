@@ -4,7 +4,9 @@
 // The hit path is: bitcode of the unoptimised module -> key -> Cache lookup
 // -> check the bytes parse as an object file for our architecture -> a
 // MemoryBuffer over the entry's bytes (the buffer owns a copy of the Entry,
-// which keeps the tier's bytes alive until the linking layer drops it).
+// which keeps the tier's bytes alive until the linking layer drops it). A
+// module tagged with its IR digest skips the bitcode; FrontendKeys::find
+// skips the module altogether (front-end key -> stage link -> object).
 #include "kcache/llvm.h"
 
 #include <dlfcn.h>
