@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # `make demo`: the JIT demo. kcache-demo compiles a few hundred generated
-# kernels through LLVM ORC at -O2 into an empty temporary cache (cold run,
-# one process), then loads them all from it (warm run, a second process),
-# checks every result against the interpreter, and prints the time until all
-# kernels are ready in both runs, the speedup and the cache's statistics.
+# kernels through LLVM ORC at -O2 three times, each in a process of its own:
+# with the cache disabled (KCACHE_DISABLE=1), into an empty temporary cache
+# (cold), and from that cache (warm: every kernel found by a stage key on its
+# source, none lowered to IR). It checks every result against the
+# interpreter and prints the time (wall and CPU) until all kernels are ready
+# in the three runs, the speedup and the cache's statistics.
 set -euo pipefail
 B=${1:-build}
 DEMO="$B/examples/jit/kcache-demo"

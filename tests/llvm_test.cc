@@ -11,6 +11,8 @@
 #include <thread>
 
 #include <llvm/AsmParser/Parser.h>
+#include <llvm/Bitcode/BitcodeReader.h>
+#include <llvm/Bitcode/BitcodeWriter.h>
 #include <llvm/ExecutionEngine/ExecutionEngine.h>
 #include <llvm/ExecutionEngine/MCJIT.h>
 #include <llvm/ExecutionEngine/Orc/CompileUtils.h>
@@ -560,4 +562,205 @@ TEST(LlvmObjectCache, McjitUsesIt) {
   }
   EXPECT_EQ(oc->counters().codegen_runs.load(), 1u);
   EXPECT_EQ(oc->counters().hits.load(), 1u);
+}
+
+// ---- keys from what the client has, and front-end (stage) keys -------------------
+
+namespace {
+
+std::string bitcode_of(const std::string& text) {
+  llvm::LLVMContext ctx;
+  auto m = parse(text, ctx);
+  llvm::SmallVector<char, 0> bc;
+  llvm::BitcodeWriter w(bc);
+  w.writeModule(*m);
+  w.writeStrtab();
+  return std::string(bc.data(), bc.size());
+}
+
+// A module parsed from bitcode bytes, as a JIT that reads .bc files has it.
+llvm::orc::ThreadSafeModule tsm_from_bitcode(const std::string& bc, const std::string& id) {
+  auto ctx = std::make_unique<llvm::LLVMContext>();
+  auto m = llvm::parseBitcodeFile(llvm::MemoryBufferRef(bc, id), *ctx);
+  EXPECT_TRUE(bool(m));
+  return llvm::orc::ThreadSafeModule(std::move(*m), std::move(ctx));
+}
+
+uint64_t call(llvm::orc::LLJIT& jit, const std::string& fn, int64_t x) {
+  auto sym = jit.lookup(fn);
+  EXPECT_TRUE(bool(sym)) << (sym ? "" : llvm::toString(sym.takeError()));
+  return sym ? reinterpret_cast<Fn>(sym->getAddress())(x) : 0;
+}
+
+}  // namespace
+
+TEST(LlvmKey, DigestAndBitcodeKeysCoverTheTargetAndDifferFromModuleKeys) {
+  auto tm = make_tm(kTriple, "x86-64", "");
+  auto t = kl::TargetDesc::of(*tm);
+  std::string bc = bitcode_of(ir_text("f", 1));
+  auto by_bytes = kl::object_key_of_bitcode(bc, t);
+  auto by_digest = kl::object_key(kcache::hash_bytes(bc), t);
+  ASSERT_TRUE(by_bytes && by_digest);
+  EXPECT_EQ(by_bytes->key, by_digest->key);
+  EXPECT_NE(by_bytes->key, kl::object_key_of_bitcode(bitcode_of(ir_text("f", 2)), t)->key);
+  auto t2 = t;
+  t2.cpu = "skylake";
+  EXPECT_NE(by_bytes->key, kl::object_key_of_bitcode(bc, t2)->key);
+  kl::KeyOptions ko;
+  ko.ir_opt_level = 3;
+  EXPECT_NE(by_bytes->key, kl::object_key_of_bitcode(bc, t, ko)->key);
+  llvm::LLVMContext ctx;
+  auto m = parse(ir_text("f", 1), ctx);
+  EXPECT_NE(by_bytes->key, kl::object_key(*m, t)->key);
+}
+
+TEST(LlvmCompiler, IrDigestTagSkipsSerialisingAndHitsAcrossProcesses) {
+  TempDir d;
+  std::string bc = bitcode_of(ir_text("g", 7));
+  auto digest = kcache::hash_bytes(bc);
+  for (int run = 0; run < 2; ++run) {
+    auto cache = open_cache(d.path(), "lmdb");
+    auto counters = std::make_shared<kl::CompileCounters>();
+    kl::JitOptions jo;
+    jo.counters = counters;
+    auto jit = kl::make_cached_lljit(*cache, jo);
+    ASSERT_TRUE(bool(jit));
+    auto t = tsm_from_bitcode(bc, "g.bc");
+    t.withModuleDo([&](llvm::Module& m) { kl::set_ir_digest(m, digest); });
+    ASSERT_FALSE((*jit)->addIRModule(std::move(t)));
+    EXPECT_EQ(call(**jit, "g", 50), reference(7, 50));
+    EXPECT_EQ(counters->codegen_runs.load(), run == 0 ? 1u : 0u);
+    EXPECT_EQ(counters->hits.load(), run == 0 ? 0u : 1u);
+    cache->flush();
+    // The entry is under the digest key (the tag never reached the key).
+    auto tmb = llvm::orc::JITTargetMachineBuilder::detectHost();
+    ASSERT_TRUE(bool(tmb));
+    tmb->setCodeGenOptLevel(llvm::CodeGenOpt::Default);
+    auto tm = tmb->createTargetMachine();
+    ASSERT_TRUE(bool(tm));
+    kl::KeyOptions ko;
+    ko.ir_opt_level = 2;
+    EXPECT_TRUE(cache->get(kl::object_key(digest, kl::TargetDesc::of(**tm), ko)->key));
+  }
+}
+
+TEST(LlvmFrontend, HitByFrontEndKeyNeedsNoModuleAndUnchangedIrSkipsCodegen) {
+  TempDir d;
+  kl::JitOptions jo;
+  jo.key_extra = {{"frontend", "test/1"}};
+  auto fk = kl::FrontendKeys::for_jit(jo);
+  ASSERT_TRUE(fk);
+  const auto front_a = fk->key(kcache::hash_bytes("source A"));
+  const auto front_b = fk->key(kcache::hash_bytes("source B, same IR"));
+  const auto front_c = fk->key(kcache::hash_bytes("source C, other IR"));
+  EXPECT_NE(front_a.key, front_b.key);
+
+  // Adds the module of `src` the way a front end would: found by its front-end
+  // key, else lowered (here: parsed), tagged and compiled by the JIT.
+  auto add = [&](kcache::Cache& cache, llvm::orc::LLJIT& jit, kl::CompileCounters& c, const kcache::KeyInfo& front,
+                 const std::string& ir, int* lowered) {
+    if (auto obj = fk->find(cache, front.key, &c)) {
+      ASSERT_FALSE(jit.addObjectFile(std::move(obj)));
+      return;
+    }
+    ++*lowered;
+    auto t = tsm(ir, "h");
+    t.withModuleDo([&](llvm::Module& m) { kl::set_frontend_key(m, front.key); });
+    ASSERT_FALSE(jit.addIRModule(std::move(t)));
+  };
+
+  for (int run = 0; run < 2; ++run) {
+    auto cache = open_cache(d.path(), "lmdb");
+    auto c = std::make_shared<kl::CompileCounters>();
+    auto jo2 = jo;
+    jo2.counters = c;
+    auto jit = kl::make_cached_lljit(*cache, jo2);
+    ASSERT_TRUE(bool(jit));
+    int lowered = 0;
+    add(*cache, **jit, *c, front_a, ir_text("h", 3), &lowered);
+    EXPECT_EQ(call(**jit, "h", 20), reference(3, 20));
+    if (run == 0) {
+      EXPECT_EQ(lowered, 1);
+      EXPECT_EQ(c->codegen_runs.load(), 1u);
+      EXPECT_EQ(c->links_stored.load(), 1u);
+    } else {
+      EXPECT_EQ(lowered, 0);  // neither the front end nor codegen ran
+      EXPECT_EQ(c->codegen_runs.load(), 0u);
+      EXPECT_EQ(c->frontend_hits.load(), 1u);
+    }
+    cache->flush();
+  }
+  {
+    // Another source, the same IR: the front end runs, codegen does not.
+    auto cache = open_cache(d.path(), "lmdb");
+    auto c = std::make_shared<kl::CompileCounters>();
+    auto jo2 = jo;
+    jo2.counters = c;
+    auto jit = kl::make_cached_lljit(*cache, jo2);
+    ASSERT_TRUE(bool(jit));
+    int lowered = 0;
+    add(*cache, **jit, *c, front_b, ir_text("h", 3), &lowered);
+    EXPECT_EQ(call(**jit, "h", 21), reference(3, 21));
+    EXPECT_EQ(lowered, 1);
+    EXPECT_EQ(c->codegen_runs.load(), 0u);
+    EXPECT_EQ(c->links_stored.load(), 1u);
+    cache->flush();
+    EXPECT_TRUE(kcache::find_stage_link(*cache, front_b.key));
+  }
+  {
+    // A source whose IR changed: both run, and the right code comes back.
+    auto cache = open_cache(d.path(), "lmdb");
+    auto c = std::make_shared<kl::CompileCounters>();
+    auto jo2 = jo;
+    jo2.counters = c;
+    auto jit = kl::make_cached_lljit(*cache, jo2);
+    ASSERT_TRUE(bool(jit));
+    int lowered = 0;
+    add(*cache, **jit, *c, front_c, ir_text("h", 9), &lowered);
+    EXPECT_EQ(call(**jit, "h", 22), reference(9, 22));
+    EXPECT_EQ(lowered, 1);
+    EXPECT_EQ(c->codegen_runs.load(), 1u);
+  }
+}
+
+TEST(LlvmFrontend, KeysCoverTheJitConfiguration) {
+  kl::JitOptions a, b, c;
+  b.opt_level = 1;
+  c.key_extra = {{"frontend", "v2"}};
+  auto in = kcache::hash_bytes("src");
+  auto ka = kl::FrontendKeys::for_jit(a)->key(in).key;
+  EXPECT_EQ(ka, kl::FrontendKeys::for_jit(a)->key(in).key);
+  EXPECT_NE(ka, kl::FrontendKeys::for_jit(b)->key(in).key);
+  EXPECT_NE(ka, kl::FrontendKeys::for_jit(c)->key(in).key);
+}
+
+TEST(LlvmFrontend, ALinkToAnObjectForAnotherTargetIsAMiss) {
+  TempDir d;
+  auto cache = open_cache(d.path(), "lmdb");
+  auto fk = kl::FrontendKeys::for_jit({});
+  ASSERT_TRUE(fk);
+  auto front = fk->key(kcache::hash_bytes("src"));
+  // A well-formed link to an entry whose "obj" is not an object file.
+  auto junk = *kcache::KeyBuilder("junk").add_string("x", "y").finish();
+  ASSERT_TRUE(cache->put(junk, {{"obj", std::string(256, '\x7f')}}));
+  ASSERT_TRUE(kcache::put_stage_link(*cache, front.key, kcache::hash_bytes("ir"), junk.key));
+  cache->flush();
+  kl::CompileCounters c;
+  EXPECT_EQ(fk->find(*cache, front.key, &c), nullptr);
+  EXPECT_EQ(c.bad_objects.load(), 1u);
+  EXPECT_EQ(c.hits.load(), 0u);
+}
+
+TEST(LlvmCompiler, DisabledCacheComputesNoKey) {
+  TempDir d;
+  kcache::Options o;
+  o.dir = d.path();
+  o.disabled = true;
+  auto cache = kcache::Cache::open(o);
+  auto counters = std::make_shared<kl::CompileCounters>();
+  auto r = run_jit(*cache, 2, counters);
+  ASSERT_EQ(r.size(), 2u);
+  EXPECT_EQ(r[0], reference(1000, 100));
+  EXPECT_EQ(counters->codegen_runs.load(), 2u);
+  EXPECT_EQ(counters->key_ns.load(), 0u);
 }

@@ -1,16 +1,21 @@
 // kcache-demo: a kernel JIT (kernels.h) on LLVM ORC at -O2 with a kcache.
 //
-//   kcache-demo                      cold run then warm run, each in its own
-//                                    process, on a fresh temporary folder
+//   kcache-demo                      three runs, each in its own process, on a
+//                                    fresh temporary folder: no cache
+//                                    (KCACHE_DISABLE=1), cold, warm
 //   kcache-demo --dir DIR            one run on DIR (cold if DIR is empty)
-//   kcache-demo --dir DIR --both     cold then warm on DIR (must be empty)
+//   kcache-demo --dir DIR --both     the three runs on DIR (must be empty)
 //   --kernels N (default 240)  --engine lmdb|files  --copy (no zero-copy)
 //   --json                           one JSON object on stdout
 //
 // A run: open the cache, build an LLJIT whose compiler is kcache's
-// CachingCompiler, generate N kernels, lower each to its own module, look
-// every kernel up (which compiles or loads it) -- that is "ready" -- then run
-// each kernel on data and compare with the interpreter.
+// CachingCompiler, generate N kernels and, for each, look its object up by
+// a stage key on the kernel's source (kcache/stage.h): a hit goes to the JIT
+// as an object, without lowering the kernel to IR; a miss is lowered to its
+// own module, tagged with its front-end key, and compiled (or found by its
+// IR) by the CachingCompiler, which stores the link. Then every kernel is
+// looked up -- that is "ready" -- and run on data and compared with the
+// interpreter.
 #include <stdlib.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -20,6 +25,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -47,6 +53,13 @@ struct Args {
 double cpu_s() {
   timespec ts;
   ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + ts.tv_nsec * 1e-9;
+}
+
+// CPU time of the whole process (every thread: ORC's, the cache's committer).
+double process_cpu_s() {
+  timespec ts;
+  ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
   return static_cast<double>(ts.tv_sec) + ts.tv_nsec * 1e-9;
 }
 
@@ -91,26 +104,53 @@ int run_once(const Args& a) {
   jo.key_extra = {{"client", "kcache-demo/1"}};
   auto jit = kcache::llvm::make_cached_lljit(*cache, jo);
   if (!jit) die("LLJIT: " + llvm::toString(jit.takeError()));
+  // Front-end keys: the kernel's source text under this JIT's target and
+  // options. A disabled cache looks nothing up.
+  std::optional<kcache::llvm::FrontendKeys> fkeys;
+  if (!cache->options().disabled) {
+    auto f = kcache::llvm::FrontendKeys::for_jit(jo);
+    if (!f) die("front-end keys: " + f.error().to_string());
+    fkeys = std::move(*f);
+  }
   double t_setup = now_s();
 
   std::vector<kjit::Kernel> ks;
   ks.reserve(a.kernels);
   // One context for all modules: compiles run on this thread, one at a time.
   llvm::orc::ThreadSafeContext tsc(std::make_unique<llvm::LLVMContext>());
+  uint64_t lowered = 0;
   for (unsigned i = 0; i < a.kernels; ++i) {
     ks.push_back(kjit::generate(i));
+    kcache::KeyInfo front;
+    if (fkeys) {
+      double k0 = now_s(), c0 = cpu_s();
+      // The kernel's exact bytes are everything the front end (lower)
+      // reads; its version is in the key through key_extra ("client").
+      front = fkeys->key(kcache::hash_bytes(ks.back().encode()));
+      counters->key_ns += static_cast<uint64_t>((now_s() - k0) * 1e9);
+      counters->key_cpu_ns += static_cast<uint64_t>((cpu_s() - c0) * 1e9);
+      if (auto obj = fkeys->find(*cache, front.key, counters.get())) {
+        if (auto err = (*jit)->addObjectFile(std::move(obj)))
+          die("addObjectFile: " + llvm::toString(std::move(err)));
+        continue;
+      }
+    }
     auto m = kjit::lower(ks.back(), *tsc.getContext());
+    ++lowered;
+    if (fkeys) kcache::llvm::set_frontend_key(*m, front.key);
     if (auto err = (*jit)->addIRModule(llvm::orc::ThreadSafeModule(std::move(m), tsc)))
       die("addIRModule: " + llvm::toString(std::move(err)));
   }
   double t_ir = now_s(), cpu_ir = cpu_s();
+  const double pre_key = counters->key_ns.load() / 1e9, pre_cache = counters->lookup_ns.load() / 1e9;
+  const double pre_key_cpu = counters->key_cpu_ns.load() / 1e9, pre_cache_cpu = counters->lookup_cpu_ns.load() / 1e9;
   std::vector<kjit::KernelFn> fns(a.kernels);
   for (unsigned i = 0; i < a.kernels; ++i) {
     auto sym = (*jit)->lookup(ks[i].name);
     if (!sym) die("lookup " + ks[i].name + ": " + llvm::toString(sym.takeError()));
     fns[i] = reinterpret_cast<kjit::KernelFn>(sym->getAddress());
   }
-  double t_ready = now_s(), cpu_ready = cpu_s();
+  double t_ready = now_s(), cpu_ready = cpu_s(), process_cpu_ready = process_cpu_s();
 
   // Run and check every kernel.
   std::vector<double> in_a(kElems), in_b(kElems), in_c(kElems), got(kElems), want(kElems);
@@ -132,42 +172,46 @@ int run_once(const Args& a) {
   }
 
   const auto& C = *counters;
+  // Front-end key lookups happen before t_ir (they replace lowering); the
+  // compiler's own key and lookup time falls after it, within materialising.
   double key_s = C.key_ns.load() / 1e9;
   double cache_s = C.lookup_ns.load() / 1e9;
   double compile_s = C.compile_ns.load() / 1e9;
   // Materialisation is key + cache + compile + link; what is left after
   // the compiler's own measured parts is ORC linking the objects in.
-  double link_s = (t_ready - t_ir) - key_s - cache_s - compile_s;
+  double link_s = (t_ready - t_ir) - (key_s - pre_key) - (cache_s - pre_cache) - compile_s;
   // The same split in this thread's CPU time (compiles run on this thread),
   // which other processes on the machine do not inflate.
   double key_cpu = C.key_cpu_ns.load() / 1e9, cache_cpu = C.lookup_cpu_ns.load() / 1e9;
-  double link_cpu = (cpu_ready - cpu_ir) - key_cpu - cache_cpu - C.compile_cpu_ns.load() / 1e9;
+  double link_cpu = (cpu_ready - cpu_ir) - (key_cpu - pre_key_cpu) - (cache_cpu - pre_cache_cpu) -
+                    C.compile_cpu_ns.load() / 1e9;
   cache->flush();
   kcache::CacheStats st = cache->stats();
   bool warm = C.codegen_runs.load() == 0;
+  const char* run = cache->options().disabled ? "nocache" : warm ? "warm" : "cold";
 
   if (a.json) {
     std::printf(
-        "{\"run\":\"%s\",\"kernels\":%u,\"ready_s\":%.6f,\"setup_s\":%.6f,\"frontend_s\":%.6f,"
+        "{\"run\":\"%s\",\"kernels\":%u,\"lowered\":%llu,\"ready_s\":%.6f,\"ready_cpu_s\":%.6f,\"setup_s\":%.6f,\"frontend_s\":%.6f,"
         "\"materialize_s\":%.6f,\"key_s\":%.6f,\"cache_s\":%.6f,\"compile_s\":%.6f,\"link_s\":%.6f,"
         "\"cache_share_of_link\":%.4f,\"key_cpu_s\":%.6f,\"cache_cpu_s\":%.6f,\"link_cpu_s\":%.6f,"
         "\"cache_cpu_share_of_link\":%.4f,\"results_match\":%s,\"mismatched\":%u,\"jit\":%s,\"cache\":%s}\n",
-        warm ? "warm" : "cold", a.kernels, t_ready - t0, t_setup - t0, t_ir - t_setup, t_ready - t_ir, key_s,
+        run, a.kernels, (unsigned long long)lowered, t_ready - t0, process_cpu_ready, t_setup - t0, t_ir - t_setup, t_ready - t_ir, key_s,
         cache_s, compile_s, link_s, link_s > 0 ? cache_s / link_s : 0.0, key_cpu, cache_cpu, link_cpu,
         link_cpu > 0 ? cache_cpu / link_cpu : 0.0, mismatched ? "false" : "true",
         mismatched, C.to_json().c_str(), st.to_json().c_str());
   } else {
     std::printf("%s run: %u kernels ready in %.3f s (%llu compiled, %llu from the cache), results %s\n",
-                warm ? "warm" : "cold", a.kernels, t_ready - t0, (unsigned long long)C.codegen_runs.load(),
+                run, a.kernels, t_ready - t0, (unsigned long long)C.codegen_runs.load(),
                 (unsigned long long)C.hits.load(), mismatched ? "DIFFER" : "match the interpreter");
     std::printf("%s", st.to_string().c_str());
   }
   return mismatched ? 2 : 0;
 }
 
-// ---- both runs, each in a child process ----------------------------------------
+// ---- the three runs, each in a child process ------------------------------------
 
-std::string run_child(const Args& a, const char* self) {
+std::string run_child(const Args& a, const char* self, bool disabled = false) {
   std::vector<std::string> argv = {self, "--dir", a.dir, "--kernels", std::to_string(a.kernels), "--json"};
   if (!a.engine.empty()) argv.insert(argv.end(), {"--engine", a.engine});
   if (!a.zero_copy) argv.push_back("--copy");
@@ -176,6 +220,8 @@ std::string run_child(const Args& a, const char* self) {
   pid_t pid = ::fork();
   if (pid < 0) die("fork failed");
   if (pid == 0) {
+    if (disabled) ::setenv("KCACHE_DISABLE", "1", 1);
+    else ::unsetenv("KCACHE_DISABLE");
     ::dup2(fd[1], 1);
     ::close(fd[0]);
     ::close(fd[1]);
@@ -218,36 +264,46 @@ std::string object(const std::string& json, const std::string& field) {
 }
 
 int run_both(Args a, const char* self, bool temp) {
+  std::string nocache = run_child(a, self, /*disabled=*/true);
   std::string cold = run_child(a, self);
   std::string warm = run_child(a, self);
-  bool match = cold.find("\"results_match\":true") != std::string::npos &&
+  bool match = nocache.find("\"results_match\":true") != std::string::npos &&
+               cold.find("\"results_match\":true") != std::string::npos &&
                warm.find("\"results_match\":true") != std::string::npos;
-  double cold_s = num(cold, "ready_s"), warm_s = num(warm, "ready_s");
+  double nocache_s = num(nocache, "ready_s"), cold_s = num(cold, "ready_s"), warm_s = num(warm, "ready_s");
+  double nocache_cpu = num(nocache, "ready_cpu_s"), cold_cpu = num(cold, "ready_cpu_s"),
+         warm_cpu = num(warm, "ready_cpu_s");
   double speedup = warm_s > 0 ? cold_s / warm_s : 0;
+  double cold_ratio = nocache_s > 0 ? cold_s / nocache_s : 0;
   if (a.json) {
-    std::printf("{\"kernels\":%u,\"cold_s\":%.6f,\"warm_s\":%.6f,\"speedup\":%.2f,\"results_match\":%s,"
+    std::printf("{\"kernels\":%u,\"nocache_s\":%.6f,\"cold_s\":%.6f,\"warm_s\":%.6f,\"speedup\":%.2f,"
+                "\"cold_over_nocache\":%.4f,\"nocache_cpu_s\":%.6f,\"cold_cpu_s\":%.6f,\"warm_cpu_s\":%.6f,"
+                "\"results_match\":%s,"
                 "\"warm_cache_s\":%.6f,\"warm_link_s\":%.6f,\"warm_cache_share_of_link\":%.4f,"
                 "\"warm_cache_cpu_s\":%.6f,\"warm_link_cpu_s\":%.6f,\"warm_cache_cpu_share_of_link\":%.4f,"
-                "\"cache\":%s,\"cold\":%s,\"warm\":%s}\n",
-                a.kernels, cold_s, warm_s, speedup, match ? "true" : "false", num(warm, "cache_s"),
-                num(warm, "link_s"), num(warm, "cache_share_of_link"), num(warm, "cache_cpu_s"),
+                "\"cache\":%s,\"nocache\":%s,\"cold\":%s,\"warm\":%s}\n",
+                a.kernels, nocache_s, cold_s, warm_s, speedup, cold_ratio, nocache_cpu, cold_cpu, warm_cpu,
+                match ? "true" : "false",
+                num(warm, "cache_s"), num(warm, "link_s"), num(warm, "cache_share_of_link"), num(warm, "cache_cpu_s"),
                 num(warm, "link_cpu_s"), num(warm, "cache_cpu_share_of_link"), object(warm, "cache").c_str(),
-                cold.c_str(), warm.c_str());
+                nocache.c_str(), cold.c_str(), warm.c_str());
   } else {
     std::printf("kcache-demo: %u kernels, LLVM ORC at -O2, cache in %s%s\n", a.kernels, a.dir.c_str(),
                 temp ? " (temporary)" : "");
-    std::printf("  cold run (empty cache, new process): %4.0f compiled, ready in %8.3f s\n",
-                num(cold, "codegen_runs"), cold_s);
-    std::printf("  warm run (same folder, new process): %4.0f loaded,   ready in %8.3f s\n", num(warm, "hits"),
-                warm_s);
-    std::printf("  speedup: %.1fx    results match the interpreter in both runs: %s\n", speedup,
-                match ? "yes" : "NO");
-    std::printf("  warm run: key %.1f ms, cache lookup+read %.1f ms, linking %.1f ms (cache = %.1f%% of linking)\n",
-                num(warm, "key_s") * 1e3, num(warm, "cache_s") * 1e3, num(warm, "link_s") * 1e3,
-                100 * num(warm, "cache_share_of_link"));
-    std::printf("            in CPU time: key %.1f ms, cache lookup+read %.1f ms, linking %.1f ms (cache = %.1f%% of linking)\n",
-                num(warm, "key_cpu_s") * 1e3, num(warm, "cache_cpu_s") * 1e3, num(warm, "link_cpu_s") * 1e3,
-                100 * num(warm, "cache_cpu_share_of_link"));
+    std::printf("  no cache (KCACHE_DISABLE=1, new process): %4.0f compiled, ready in %8.3f s (CPU %.3f s)\n",
+                num(nocache, "codegen_runs"), nocache_s, nocache_cpu);
+    std::printf("  cold run (empty cache, new process):      %4.0f compiled, ready in %8.3f s (CPU %.3f s), "
+                "%.3fx no cache\n",
+                num(cold, "codegen_runs"), cold_s, cold_cpu, cold_ratio);
+    std::printf("  warm run (same folder, new process):      %4.0f loaded,   ready in %8.3f s (CPU %.3f s)\n",
+                num(warm, "hits"), warm_s, warm_cpu);
+    std::printf("  speedup: %.1fx    results match the interpreter in all runs: %s\n", speedup, match ? "yes" : "NO");
+    std::printf("  warm run: %.0f kernels found by their source (none lowered to IR); keys %.1f ms, cache lookup+read "
+                "%.1f ms, linking %.1f ms\n",
+                num(warm, "frontend_hits"), num(warm, "key_s") * 1e3, num(warm, "cache_s") * 1e3,
+                num(warm, "link_s") * 1e3);
+    std::printf("            in CPU time: keys %.1f ms, cache lookup+read %.1f ms, linking %.1f ms\n",
+                num(warm, "key_cpu_s") * 1e3, num(warm, "cache_cpu_s") * 1e3, num(warm, "link_cpu_s") * 1e3);
     std::string cs = object(warm, "cache");
     std::printf("  cache statistics after the warm run: %.0f hits, %.0f misses, %.0f compiles, %.0f faults\n",
                 num(cs, "hits"), num(cs, "misses"), num(cs, "compiles"), num(cs, "faults"));

@@ -136,6 +136,20 @@ std::string Kernel::to_string() const {
   return s + " }";
 }
 
+std::string Kernel::encode() const {
+  // Field by field (a Node has padding bytes, which must not be hashed).
+  std::string out = name;
+  out.push_back('\0');
+  out.push_back(static_cast<char>(reduce));
+  out.reserve(out.size() + nodes.size() * 25);
+  for (const Node& n : nodes) {
+    out.push_back(static_cast<char>(n.op));
+    for (int v : {n.x, n.y, n.p, n.q}) out.append(reinterpret_cast<const char*>(&v), sizeof v);
+    out.append(reinterpret_cast<const char*>(&n.value), sizeof n.value);
+  }
+  return out;
+}
+
 void evaluate(const Kernel& k, const double* a, const double* b, const double* c, double* out, int64_t n) {
   std::vector<double> v(k.nodes.size());
   double acc = k.reduce == Reduce::max ? -INFINITY : 0.0;

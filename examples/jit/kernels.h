@@ -42,6 +42,9 @@ struct Kernel {
   Reduce reduce = Reduce::none;
   std::vector<Node> nodes;
   std::string to_string() const;  // readable source form
+  // Compact, exact bytes of the kernel (name, reduction, every node): what
+  // the front end reads, for hashing into a front-end key.
+  std::string encode() const;
 };
 
 // Kernel number `index`, the same in every process.

@@ -34,6 +34,24 @@
 // up); name kernels by their content or a stable id, and leave private
 // globals unnamed (LLVM numbers them by position).
 //
+// Keys from what the client has. Serialising a module to bitcode is most of
+// what a warm start spends on keys, and a JIT that read the module from a
+// file, or generated it from source it still holds, already has cheaper
+// bytes to hash:
+//
+//  * object_key(Digest, ...) keys on a digest the caller supplies (of the
+//    bitcode file it read, say). set_ir_digest() puts one on a module so the
+//    CachingCompiler keys on it instead of serialising the module.
+//  * object_key_of_bitcode(bytes, ...) hashes bitcode bytes as they are.
+//    The module identifier is not part of bitcode; the source file name is
+//    (see that function).
+//  * FrontendKeys: stage keys (kcache/stage.h) for make_cached_lljit users.
+//    A key on the front end's input (source text, front-end version) finds
+//    the object without running the front end or building IR (find(), then
+//    LLJIT::addObjectFile); a module tagged with set_frontend_key() gets its
+//    link stored when the CachingCompiler has its object, and a new source
+//    that lowers to IR seen before skips code generation.
+//
 // A cache fault never fails a compile: a corrupt or unreadable entry, or a
 // stored object that does not parse as an object file for this target, is a
 // miss (counted in CompileCounters::bad_objects and logged once per event)
@@ -53,6 +71,7 @@
 
 #include "kcache/cache.h"
 #include "kcache/key.h"
+#include "kcache/stage.h"
 #include "kcache/status.h"
 
 #include <llvm/ExecutionEngine/ObjectCache.h>
@@ -101,6 +120,62 @@ const std::string& llvm_identity();
 kcache::Expected<KeyInfo> object_key(::llvm::Module& m, const TargetDesc& target,
                                      const KeyOptions& options = {});
 
+// The key of a module whose IR the caller has hashed already: `ir` must
+// change whenever the module would (e.g. hash_bytes of the bitcode file it
+// was read from). Same target and option components as above; the "ir"
+// component is a digest, so these keys never equal keys of the module's
+// own bitcode.
+kcache::Expected<KeyInfo> object_key(const Digest& ir, const TargetDesc& target, const KeyOptions& options = {});
+
+// The key of the module that `bitcode` (a .bc file's bytes) holds, without
+// parsing or re-serialising it: object_key(hash_bytes(bitcode), ...). The
+// module identifier is not part of bitcode. Caveat: the source file name
+// is; two files that differ only in it key apart (a miss, never a wrong
+// object), unlike object_key(Module&), which sets it aside.
+kcache::Expected<KeyInfo> object_key_of_bitcode(std::string_view bitcode, const TargetDesc& target,
+                                                const KeyOptions& options = {});
+
+// Tags `m` with the digest of its IR, so the CachingCompiler (and
+// ObjectCache) key it with object_key(ir, ...) and do not serialise it. The
+// tag is named metadata ("kcache.ir_digest"), which the compiler removes
+// before compiling. REQUIRES: `ir` changes whenever the module would.
+void set_ir_digest(::llvm::Module& m, const Digest& ir);
+
+// Tags `m` with the front-end key it was made under (FrontendKeys::key):
+// once the CachingCompiler has the module's object (compiled or found), it
+// stores the stage link front -> object key. Named metadata
+// ("kcache.front"), removed before the module is keyed or compiled, so it
+// never changes the object key.
+void set_frontend_key(::llvm::Module& m, const Key& front);
+
+struct CompileCounters;
+struct JitOptions;
+
+// Front-end keys for the modules of one JIT configuration (see the header
+// comment). A front-end key covers the caller's digest of the front end's
+// input and everything object_key covers besides the IR: LLVM, target, IR
+// optimisation level, the client's extra components.
+class FrontendKeys {
+ public:
+  FrontendKeys(const TargetDesc& target, const KeyOptions& options);
+  // For the LLJIT that make_cached_lljit(cache, options) builds.
+  static kcache::Expected<FrontendKeys> for_jit(const JitOptions& options);
+
+  // The front-end key of `input` (the caller's digest of the source text
+  // and of whatever else decides the IR its front end makes).
+  KeyInfo key(const Digest& input) const;
+  // The object stored for `front`, through its stage link, ready for
+  // LLJIT::addObjectFile (the buffer holds the entry); null on a miss, a bad
+  // link or an object that is not for this target. `counters`, when given,
+  // count the lookup (lookups, hits, lookup time).
+  std::unique_ptr<::llvm::MemoryBuffer> find(Cache& cache, const Key& front,
+                                             CompileCounters* counters = nullptr) const;
+
+ private:
+  Digest backend_;  // digest of the target and option components
+  ::llvm::Triple::ArchType arch_;
+};
+
 // What the integration did; every field only grows. Times in nanoseconds.
 struct CompileCounters {
   std::atomic<uint64_t> lookups{0};      // modules asked for
@@ -108,6 +183,8 @@ struct CompileCounters {
   std::atomic<uint64_t> misses{0};       // compiled here (or waited for a compile)
   std::atomic<uint64_t> codegen_runs{0}; // optimiser + code generator runs
   std::atomic<uint64_t> bad_objects{0};  // stored objects rejected (then recompiled)
+  std::atomic<uint64_t> frontend_hits{0};  // of the hits, found by front-end key (FrontendKeys::find)
+  std::atomic<uint64_t> links_stored{0};   // stage links stored for tagged modules
   std::atomic<uint64_t> key_ns{0};       // bitcode + hashing
   std::atomic<uint64_t> lookup_ns{0};    // cache lookup + read (+ store on a miss)
   std::atomic<uint64_t> compile_ns{0};   // optimiser + code generator

@@ -4,7 +4,9 @@
 // The hit path is: bitcode of the unoptimised module -> key -> Cache lookup
 // -> check the bytes parse as an object file for our architecture -> a
 // MemoryBuffer over the entry's bytes (the buffer owns a copy of the Entry,
-// which keeps the tier's bytes alive until the linking layer drops it).
+// which keeps the tier's bytes alive until the linking layer drops it). A
+// module tagged with its IR digest skips the bitcode; FrontendKeys::find
+// skips the module altogether (front-end key -> stage link -> object).
 #include "kcache/llvm.h"
 
 #include <dlfcn.h>
@@ -208,6 +210,59 @@ const std::string& llvm_identity() {
   return id;
 }
 
+namespace {
+
+// The components every object key has besides the IR.
+void add_target(KeyBuilder& kb, const TargetDesc& t, const KeyOptions& options) {
+  kb.add_string("llvm", llvm_identity())
+      .add_string("triple", t.triple)
+      .add_string("cpu", t.cpu)
+      .add_string("features", t.features)
+      .add_u64("codegen_opt_level", t.codegen_opt_level)
+      .add_i64("ir_opt_level", options.ir_opt_level)
+      .add_string("code_model", t.code_model)
+      .add_string("reloc_model", t.reloc_model)
+      .add_map("target_options", t.target_options);
+  if (!options.extra.empty()) kb.add_map("extra", options.extra);
+}
+
+constexpr char kIrDigestMd[] = "kcache.ir_digest";
+constexpr char kFrontMd[] = "kcache.front";
+
+void set_digest_md(::llvm::Module& m, const char* name, const Digest& d) {
+  if (auto* old = m.getNamedMetadata(name)) m.eraseNamedMetadata(old);
+  auto* md = m.getOrInsertNamedMetadata(name);
+  md->addOperand(::llvm::MDNode::get(m.getContext(), {::llvm::MDString::get(m.getContext(), d.hex())}));
+}
+
+// Reads the digest tag `name`; nullopt when absent or malformed.
+std::optional<Digest> read_digest_md(const ::llvm::Module& m, const char* name) {
+  auto* md = m.getNamedMetadata(name);
+  if (!md) return std::nullopt;
+  std::optional<Digest> d;
+  if (md->getNumOperands() == 1 && md->getOperand(0)->getNumOperands() == 1)
+    if (auto* s = ::llvm::dyn_cast<::llvm::MDString>(md->getOperand(0)->getOperand(0)))
+      d = Digest::from_hex(s->getString().str());
+  if (!d) KCACHE_LOG(LogLevel::warn, "llvm: module tag %s is malformed (ignored)", name);
+  return d;
+}
+
+// Reads and removes the digest tag `name`.
+std::optional<Digest> take_digest_md(::llvm::Module& m, const char* name) {
+  auto d = read_digest_md(m, name);
+  if (auto* md = m.getNamedMetadata(name)) m.eraseNamedMetadata(md);
+  return d;
+}
+
+// The IR digest in an object key's manifest ("ir" or "ir_digest").
+Digest ir_of(const KeyInfo& k) {
+  for (const auto& it : k.manifest.items)
+    if (it.name == "ir" || it.name == "ir_digest") return it.digest;
+  return Digest{};
+}
+
+}  // namespace
+
 kcache::Expected<KeyInfo> object_key(::llvm::Module& m, const TargetDesc& t, const KeyOptions& options) {
   // Set aside what does not change the code (see the header), hash, restore.
   std::string module_id = m.getModuleIdentifier();
@@ -226,30 +281,78 @@ kcache::Expected<KeyInfo> object_key(::llvm::Module& m, const TargetDesc& t, con
   m.setSourceFileName(source_file);
 
   KeyBuilder kb(kKeyNamespace);
-  kb.add_bytes("ir", std::string_view(bc.data(), bc.size()))
-      .add_string("llvm", llvm_identity())
-      .add_string("triple", t.triple)
-      .add_string("module_triple", m.getTargetTriple())
-      .add_string("cpu", t.cpu)
-      .add_string("features", t.features)
-      .add_u64("codegen_opt_level", t.codegen_opt_level)
-      .add_i64("ir_opt_level", options.ir_opt_level)
-      .add_string("code_model", t.code_model)
-      .add_string("reloc_model", t.reloc_model)
-      .add_map("target_options", t.target_options);
-  if (!options.extra.empty()) kb.add_map("extra", options.extra);
+  kb.add_bytes("ir", std::string_view(bc.data(), bc.size())).add_string("module_triple", m.getTargetTriple());
+  add_target(kb, t, options);
   return kb.finish();
+}
+
+kcache::Expected<KeyInfo> object_key(const Digest& ir, const TargetDesc& t, const KeyOptions& options) {
+  KeyBuilder kb(kKeyNamespace);
+  kb.add_digest("ir_digest", ir);
+  add_target(kb, t, options);
+  return kb.finish();
+}
+
+kcache::Expected<KeyInfo> object_key_of_bitcode(std::string_view bitcode, const TargetDesc& t,
+                                                const KeyOptions& options) {
+  return object_key(hash_bytes(bitcode), t, options);
+}
+
+void set_ir_digest(::llvm::Module& m, const Digest& ir) { set_digest_md(m, kIrDigestMd, ir); }
+
+void set_frontend_key(::llvm::Module& m, const Key& front) { set_digest_md(m, kFrontMd, front); }
+
+FrontendKeys::FrontendKeys(const TargetDesc& target, const KeyOptions& options) {
+  // The target part is the same for every key: hash it once.
+  KeyBuilder kb("kcache-llvm-front-target/1");
+  add_target(kb, target, options);
+  auto k = kb.finish();
+  backend_ = k ? k->key : Digest{};
+  arch_ = ::llvm::Triple(target.triple).getArch();
+}
+
+KeyInfo FrontendKeys::key(const Digest& input) const {
+  // Cannot fail: two fixed, distinct names.
+  return *KeyBuilder("kcache-llvm-front/1").add_digest("frontend", input).add_digest("target", backend_).finish();
+}
+
+std::unique_ptr<::llvm::MemoryBuffer> FrontendKeys::find(Cache& cache, const Key& front,
+                                                         CompileCounters* counters) const {
+  uint64_t t0 = now_ns(), u0 = cpu_ns();
+  std::unique_ptr<::llvm::MemoryBuffer> buf;
+  if (auto e = get_staged(cache, front)) {
+    std::string why;
+    Key k = e->key();
+    // ORC frees an object buffer once it is linked, so a pinned view is fine.
+    buf = object_buffer(std::move(*e), arch_, /*zero_copy=*/true, &why);
+    if (!buf) {
+      if (counters) counters->bad_objects.fetch_add(1, std::memory_order_relaxed);
+      KCACHE_LOG(LogLevel::warn, "llvm: stored object %s rejected: %s", k.hex().c_str(), why.c_str());
+    }
+  }
+  if (counters) {
+    counters->lookups.fetch_add(1, std::memory_order_relaxed);
+    if (buf) {
+      counters->hits.fetch_add(1, std::memory_order_relaxed);
+      counters->frontend_hits.fetch_add(1, std::memory_order_relaxed);
+    }
+    counters->lookup_ns.fetch_add(now_ns() - t0, std::memory_order_relaxed);
+    counters->lookup_cpu_ns.fetch_add(cpu_ns() - u0, std::memory_order_relaxed);
+  }
+  return buf;
 }
 
 std::string CompileCounters::to_json() const {
   char buf[512];
   std::snprintf(buf, sizeof buf,
                 "{\"lookups\":%llu,\"hits\":%llu,\"misses\":%llu,\"codegen_runs\":%llu,\"bad_objects\":%llu,"
+                "\"frontend_hits\":%llu,\"links_stored\":%llu,"
                 "\"key_s\":%.6f,\"lookup_s\":%.6f,\"compile_s\":%.6f,\"key_cpu_s\":%.6f,\"lookup_cpu_s\":%.6f,"
                 "\"compile_cpu_s\":%.6f}",
                 (unsigned long long)lookups.load(), (unsigned long long)hits.load(),
                 (unsigned long long)misses.load(), (unsigned long long)codegen_runs.load(),
-                (unsigned long long)bad_objects.load(), key_ns.load() / 1e9, lookup_ns.load() / 1e9,
+                (unsigned long long)bad_objects.load(), (unsigned long long)frontend_hits.load(),
+                (unsigned long long)links_stored.load(), key_ns.load() / 1e9, lookup_ns.load() / 1e9,
                 compile_ns.load() / 1e9, key_cpu_ns.load() / 1e9, lookup_cpu_ns.load() / 1e9,
                 compile_cpu_ns.load() / 1e9);
   return buf;
@@ -271,8 +374,11 @@ std::unique_ptr<::llvm::MemoryBuffer> ObjectCache::getObject(const ::llvm::Modul
   C.lookups.fetch_add(1, std::memory_order_relaxed);
   uint64_t t0 = now_ns(), u0 = cpu_ns();
   // The JIT owns the module and is compiling it on this thread; the key
-  // function renames and restores two fields (see object_key).
-  auto key = object_key(const_cast<::llvm::Module&>(*cm), target_, opt_.key);
+  // function renames and restores two fields (see object_key). A module
+  // tagged with its IR digest is keyed on that (the tag stays: this
+  // interface may not change the module).
+  auto ird = cm->getNamedMetadata(kIrDigestMd) ? read_digest_md(*cm, kIrDigestMd) : std::nullopt;
+  auto key = ird ? object_key(*ird, target_, opt_.key) : object_key(const_cast<::llvm::Module&>(*cm), target_, opt_.key);
   uint64_t t1 = now_ns(), u1 = cpu_ns();
   C.key_ns.fetch_add(t1 - t0, std::memory_order_relaxed);
   C.key_cpu_ns.fetch_add(u1 - u0, std::memory_order_relaxed);
@@ -403,15 +509,6 @@ kcache::Expected<std::string> CachingCompiler::compile(::llvm::Module& m) {
 ::llvm::Expected<std::unique_ptr<::llvm::MemoryBuffer>> CachingCompiler::operator()(::llvm::Module& m) {
   CompileCounters& C = *counters_;
   C.lookups.fetch_add(1, std::memory_order_relaxed);
-  uint64_t t0 = now_ns(), u0 = cpu_ns();
-  KeyOptions ko;
-  ko.ir_opt_level = opt_.ir_opt_level;
-  ko.extra = opt_.key_extra;
-  auto key = object_key(m, target_, ko);
-  uint64_t t1 = now_ns(), u1 = cpu_ns();
-  C.key_ns.fetch_add(t1 - t0, std::memory_order_relaxed);
-  C.key_cpu_ns.fetch_add(u1 - u0, std::memory_order_relaxed);
-
   auto compile_here = [&]() -> ::llvm::Expected<std::unique_ptr<::llvm::MemoryBuffer>> {
     uint64_t c0 = now_ns(), v0 = cpu_ns();
     auto obj = compile(m);
@@ -420,6 +517,29 @@ kcache::Expected<std::string> CachingCompiler::compile(::llvm::Module& m) {
     if (!obj) return make_error(obj.error().to_string());
     return ::llvm::MemoryBuffer::getMemBufferCopy(*obj, m.getModuleIdentifier() + "-jitted");
   };
+  uint64_t t0 = now_ns(), u0 = cpu_ns();
+  // Tags come off before anything else sees the module: they never reach
+  // the object key or the code generator.
+  std::optional<Digest> front = take_digest_md(m, kFrontMd);
+  std::optional<Digest> ird = take_digest_md(m, kIrDigestMd);
+  if (cache_.options().disabled) {
+    // Nothing would be looked up or stored: a key would be pure cost.
+    C.misses.fetch_add(1, std::memory_order_relaxed);
+    return compile_here();
+  }
+  KeyOptions ko;
+  ko.ir_opt_level = opt_.ir_opt_level;
+  ko.extra = opt_.key_extra;
+  auto key = ird ? object_key(*ird, target_, ko) : object_key(m, target_, ko);
+  uint64_t t1 = now_ns(), u1 = cpu_ns();
+  C.key_ns.fetch_add(t1 - t0, std::memory_order_relaxed);
+  C.key_cpu_ns.fetch_add(u1 - u0, std::memory_order_relaxed);
+  auto link = [&] {
+    if (!front) return;
+    if (put_stage_link(cache_, *front, ir_of(*key), key->key))
+      C.links_stored.fetch_add(1, std::memory_order_relaxed);
+  };
+
   if (!key) {
     KCACHE_LOG(LogLevel::warn, "llvm: no key for module: %s (compiling uncached)", key.error().to_string().c_str());
     C.misses.fetch_add(1, std::memory_order_relaxed);
@@ -458,6 +578,7 @@ kcache::Expected<std::string> CachingCompiler::compile(::llvm::Module& m) {
   C.lookup_cpu_ns.fetch_add(u2 - u1 - compile_cpu, std::memory_order_relaxed);
   if (buf) {
     (src == Source::compiled || src == Source::waited ? C.misses : C.hits).fetch_add(1, std::memory_order_relaxed);
+    link();
     return buf;
   }
   if (compiled_here) return make_error("code generator produced no usable object: " + why);
@@ -477,12 +598,16 @@ kcache::Expected<std::string> CachingCompiler::compile(::llvm::Module& m) {
   std::vector<Artifact> arts;
   arts.push_back({"obj", *obj});
   cache_.put(*key, std::move(arts), dt / 1000);
+  link();
   return ::llvm::MemoryBuffer::getMemBufferCopy(*obj, "kcache:" + key->key.hex());
 }
 
 // ---- LLJIT -----------------------------------------------------------------------
 
-::llvm::Expected<std::unique_ptr<::llvm::orc::LLJIT>> make_cached_lljit(Cache& cache, JitOptions options) {
+namespace {
+
+// The target machine builder make_cached_lljit uses for `options`.
+::llvm::Expected<::llvm::orc::JITTargetMachineBuilder> jit_tmb(const JitOptions& options) {
   auto jtmb = ::llvm::orc::JITTargetMachineBuilder::detectHost();
   if (!jtmb) return jtmb.takeError();
   if (!options.cpu.empty()) jtmb->setCPU(options.cpu);
@@ -495,6 +620,25 @@ kcache::Expected<std::string> CachingCompiler::compile(::llvm::Module& m) {
     default: cg = ::llvm::CodeGenOpt::Aggressive; break;
   }
   jtmb->setCodeGenOptLevel(cg);
+  return jtmb;
+}
+
+}  // namespace
+
+kcache::Expected<FrontendKeys> FrontendKeys::for_jit(const JitOptions& options) {
+  auto jtmb = jit_tmb(options);
+  if (!jtmb) return Status(Errc::invalid_argument, ::llvm::toString(jtmb.takeError()));
+  auto tm = jtmb->createTargetMachine();
+  if (!tm) return Status(Errc::invalid_argument, ::llvm::toString(tm.takeError()));
+  KeyOptions ko;
+  ko.ir_opt_level = static_cast<int>(std::min(options.opt_level, 3u));
+  ko.extra = options.key_extra;
+  return FrontendKeys(TargetDesc::of(**tm), ko);
+}
+
+::llvm::Expected<std::unique_ptr<::llvm::orc::LLJIT>> make_cached_lljit(Cache& cache, JitOptions options) {
+  auto jtmb = jit_tmb(options);
+  if (!jtmb) return jtmb.takeError();
 
   CompilerOptions co;
   co.ir_opt_level = static_cast<int>(std::min(options.opt_level, 3u));
