@@ -14,7 +14,7 @@
 // Configuration comes from Options, then the environment overrides it
 // (Options::from_env): KCACHE_DIR, KCACHE_DISABLE, KCACHE_READONLY,
 // KCACHE_MAX_SIZE, KCACHE_RECOMPILE, KCACHE_STATS, KCACHE_LOG, KCACHE_ENGINE,
-// KCACHE_REMOTE, KCACHE_REMOTE_SECRET_FILE, KCACHE_SHARED.
+// KCACHE_REMOTE, KCACHE_REMOTE_SECRET_FILE, KCACHE_SHARED, KCACHE_EXPLAIN.
 //
 // Thread-safety: all methods may be called concurrently. set_leases and
 // add_tier belong to set-up, before the Cache is shared between threads.
@@ -100,6 +100,16 @@ struct Options {
   // but unreadable, the remote tier is left out rather than used unsigned.
   // KCACHE_REMOTE_SECRET_FILE.
   std::string remote_secret_file;
+  // Why did it miss? Every counted miss of a key with a manifest is
+  // appended to the store's miss journal (`kcache misses`), which keeps the
+  // last `miss_journal` misses (default 1000; 0: no journal). Not written
+  // under read_only, nor without a disk store.
+  size_t miss_journal = 1000;
+  // Also log one line (warn) per such miss when the store holds entries of
+  // its namespace: the label, the nearest stored entry and each component
+  // that differs, with values where kept. Costs a walk of the store's index
+  // per miss; for finding out, not for production. KCACHE_EXPLAIN.
+  bool explain = false;
   // Log level (default warn) and destination (empty: stderr).
   LogLevel log_level = LogLevel::warn;
   std::string log_file;
