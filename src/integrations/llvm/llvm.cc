@@ -198,6 +198,15 @@ TargetDesc TargetDesc::of(const ::llvm::TargetMachine& tm) {
   return d;
 }
 
+// The label of a module's entries: its identifier, else its first defined
+// function's name (explaining a miss compares it with the same module first).
+static std::string module_label(const ::llvm::Module& m, const std::string& module_id) {
+  if (!module_id.empty()) return module_id;
+  for (const auto& f : m.functions())
+    if (!f.isDeclaration()) return f.getName().str();
+  return std::string();
+}
+
 const std::string& llvm_identity() {
   static const std::string id = [] {
     // Taken through the GOT (the project builds PIC), so this is the
@@ -238,6 +247,7 @@ kcache::Expected<KeyInfo> object_key(::llvm::Module& m, const TargetDesc& t, con
       .add_string("reloc_model", t.reloc_model)
       .add_map("target_options", t.target_options);
   if (!options.extra.empty()) kb.add_map("extra", options.extra);
+  kb.label(module_label(m, module_id));
   return kb.finish();
 }
 
