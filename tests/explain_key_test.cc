@@ -123,6 +123,8 @@ TEST(ExplainKey, EntriesWithoutLabelOrValuesKeepTheOldBytes) {
   auto e2 = EntryBuilder(k.key).add("obj", "hello").meta(m).manifest(k.manifest).build();
   ASSERT_TRUE(e2);
   EXPECT_NE(e2->encoded().find("KCX1"), std::string_view::npos);
+  EXPECT_EQ(e2->encoded().size(), 197u);  // docs/format.md: the block fits in the padding
+  EXPECT_EQ(e2->encoded().substr(64 + 128, 5), "hello");
   EXPECT_EQ(*e2->artifact("obj"), "hello");
   EXPECT_EQ(item(e2->manifest(), "src")->value, "x");
 }
