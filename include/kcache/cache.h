@@ -230,6 +230,9 @@ class Cache {
   Cache& operator=(const Cache&) = delete;
 
   std::optional<Entry> get(const Key& key, Source* source = nullptr);
+  // The same; a miss also goes to the miss journal (Options::miss_journal,
+  // Options::explain), as the misses of get_or_compile do.
+  std::optional<Entry> get(const KeyInfo& key, Source* source = nullptr);
   // Stores into every writable tier. Faults are counted and logged; never
   // returned as errors (the result says whether any tier took it).
   bool put(const Entry& entry);

@@ -95,6 +95,12 @@ std::optional<Entry> Cache::get(const Key& key, Source* source) {
   return impl_->chain.lookup(key, source, MissCount::counted);
 }
 
+std::optional<Entry> Cache::get(const KeyInfo& key, Source* source) {
+  auto e = get(key.key, source);
+  if (!e && !impl_->opt.disabled) impl_->explain_miss(key);
+  return e;
+}
+
 bool Cache::put(const Entry& entry) {
   if (impl_->opt.disabled) return false;
   return impl_->store(entry);

@@ -189,6 +189,7 @@ Status MissJournal::open_locked() {
       fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, mode_);
       if (fd_ < 0) return util::errno_status(errno, path_);
       fd_pid_ = ::getpid();
+      if (mode_ != 0600) (void)::fchmod(fd_, mode_);  // the group's write, whatever the umask (owner only)
     }
     int rc;
     while ((rc = ::flock(fd_, LOCK_EX)) != 0 && errno == EINTR) {
@@ -227,6 +228,7 @@ Status MissJournal::append(const MissRecord& r) {
       // its header in place is renamed in, and we lock that one.
       std::string tmp = path_ + ".tmp" + std::to_string(::getpid());
       int t = ::open(tmp.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, mode_);
+      if (t >= 0 && mode_ != 0600) (void)::fchmod(t, mode_);
       Status s = t < 0 ? util::errno_status(errno, tmp) : write_all_at(t, header_bytes(0, kHeader), 0, tmp);
       if (t >= 0) ::close(t);
       if (s.is_ok() && ::rename(path_.c_str(), (path_ + ".1").c_str()) != 0) s = util::errno_status(errno, path_);

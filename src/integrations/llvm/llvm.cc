@@ -292,7 +292,7 @@ std::unique_ptr<::llvm::MemoryBuffer> ObjectCache::getObject(const ::llvm::Modul
     return nullptr;
   }
   std::unique_ptr<::llvm::MemoryBuffer> buf;
-  if (auto e = cache_.get(key->key)) {
+  if (auto e = cache_.get(*key)) {  // a miss is journaled with the key's manifest
     std::string why;
     bool zero_copy = opt_.zero_copy && (!e->pinned() || opt_.short_lived_buffers);
     buf = object_buffer(std::move(*e), arch_, zero_copy, &why);
