@@ -81,7 +81,7 @@ struct ManifestItem {
   // of at most kMaxReadableValue bytes, an integer in decimal, a boolean as
   // "true"/"false". Empty for other types, private components and
   // manifests stored without values.
-  std::optional<std::string> value;
+  std::optional<std::string> value = std::nullopt;
   // Name, type and digest: what the key is made of (value is not compared).
   bool operator==(const ManifestItem& o) const { return name == o.name && type == o.type && digest == o.digest; }
 };
@@ -101,7 +101,7 @@ struct KeyInfo {
   Manifest manifest;
   // What is compiled, e.g. the module's or kernel's name (not part of the
   // key; stored in the entry's metadata). May be empty.
-  std::string label;
+  std::string label = {};
 };
 
 // Longest label kept (longer ones are cut).

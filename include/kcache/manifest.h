@@ -77,7 +77,7 @@ struct ManifestDifference {
   std::optional<Digest> stored, lookup;
   std::optional<ComponentType> stored_type, lookup_type;
   // The readable values (ManifestItem::value), where each side kept one.
-  std::optional<std::string> stored_value, lookup_value;
+  std::optional<std::string> stored_value = std::nullopt, lookup_value = std::nullopt;
   bool operator==(const ManifestDifference&) const = default;
 };
 

@@ -377,7 +377,9 @@ std::string explain_line(const Key& key, const std::string& label, const std::st
   if (!label.empty()) out += " \"" + label + "\"";
   out += " (" + ns + "): ";
   if (!n.entry) return out + "no earlier entry of this namespace";
-  out += "nearest " + n.entry->key.hex();
+  if (!label.empty() && !n.same_label) out += "no earlier entry of its label; nearest of another label ";
+  else out += "nearest ";
+  out += n.entry->key.hex();
   if (!n.entry->label.empty()) out += " \"" + n.entry->label + "\"";
   out += ": ";
   out += n.entry->differences.empty() ? std::string("same components (stored under another key)")

@@ -115,7 +115,9 @@ std::string describe_all(const std::vector<ManifestDifference>& d);
 // candidate has (a new module or kernel), "no earlier entry of namespace NS"
 // without any candidate.
 std::string miss_cause(const Nearest& n, const std::string& ns, const std::string& label);
-// One line for the log: `miss KEY "label" (NS): nearest KEY2 "label2": DIFFS`.
+// One line for the log: `miss KEY "label" (NS): nearest KEY2 "label2": DIFFS`
+// (for a label no stored entry has: `...: no earlier entry of its label;
+// nearest of another label KEY2 ...`).
 std::string explain_line(const Key& key, const std::string& label, const std::string& ns, const Nearest& n);
 
 // What the Cache calls on each counted miss of a key with a manifest:

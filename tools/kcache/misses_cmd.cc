@@ -119,7 +119,11 @@ int cmd_misses(Ctx& c) {
     text += format_time(x.rec.time_ms) + "  " + x.rec.key.hex();
     if (!x.rec.label.empty()) text += "  \"" + x.rec.label + "\"";
     text += "  " + x.rec.manifest.ns + "  " + x.rec.process + "[" + std::to_string(x.rec.pid) + "]\n";
-    if (x.near.entry) {
+    if (x.near.entry && !x.rec.label.empty() && !x.near.same_label) {
+      // A first compile of its label: the nearest entry is another module's.
+      text += "    " + x.cause + " (nearest, of another label: " + x.near.entry->key.hex() + ", " +
+              std::to_string(x.near.entry->differences.size()) + " components differ)\n";
+    } else if (x.near.entry) {
       text += "    nearest " + x.near.entry->key.hex();
       if (!x.near.entry->label.empty()) text += " \"" + x.near.entry->label + "\"";
       text += ": " + (x.near.entry->differences.empty() ? std::string("same components (stored under another key)")

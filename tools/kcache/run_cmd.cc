@@ -82,7 +82,7 @@ int cmd_run(Ctx& c) {
     if (!e->artifact(name)) {
       auto arts = compile();  // runs COMMAND once and reads its outputs
       if (command_status == -1) return c.fail(kExitError, arts.error().message());
-      if (arts) cache.put(KeyInfo{*key, {}, {}}, std::move(arts).value());
+      if (arts) cache.put(KeyInfo{*key, {}}, std::move(arts).value());
       return command_status;
     }
   for (const auto& [name, path] : files) {
