@@ -6,6 +6,9 @@
 //   kcache-demo --dir DIR            one run on DIR (cold if DIR is empty)
 //   kcache-demo --dir DIR --both     the three runs on DIR (must be empty)
 //   --kernels N (default 240)  --engine lmdb|files  --copy (no zero-copy)
+//   --opt-level N (default 2)        the IR optimisation level: a warm run at
+//                                    another level misses every kernel, and
+//                                    `kcache misses` says why
 //   --json                           one JSON object on stdout
 //
 // A run: open the cache, build an LLJIT whose compiler is kcache's
@@ -48,6 +51,7 @@ struct Args {
   bool json = false;
   bool both = false;
   bool zero_copy = true;
+  unsigned opt_level = 2;
 };
 
 double cpu_s() {
@@ -98,7 +102,7 @@ int run_once(const Args& a) {
 
   auto counters = std::make_shared<kcache::llvm::CompileCounters>();
   kcache::llvm::JitOptions jo;
-  jo.opt_level = 2;
+  jo.opt_level = a.opt_level;
   jo.counters = counters;
   jo.zero_copy = a.zero_copy;
   jo.key_extra = {{"client", "kcache-demo/1"}};
@@ -215,6 +219,7 @@ std::string run_child(const Args& a, const char* self, bool disabled = false) {
   std::vector<std::string> argv = {self, "--dir", a.dir, "--kernels", std::to_string(a.kernels), "--json"};
   if (!a.engine.empty()) argv.insert(argv.end(), {"--engine", a.engine});
   if (!a.zero_copy) argv.push_back("--copy");
+  if (a.opt_level != 2) argv.insert(argv.end(), {"--opt-level", std::to_string(a.opt_level)});
   int fd[2];
   if (::pipe(fd) != 0) die("pipe failed");
   pid_t pid = ::fork();
@@ -325,6 +330,7 @@ int main(int argc, char** argv) {
     if (s == "--dir") a.dir = val();
     else if (s == "--kernels") a.kernels = static_cast<unsigned>(std::stoul(val()));
     else if (s == "--engine") a.engine = val();
+    else if (s == "--opt-level") a.opt_level = static_cast<unsigned>(std::stoul(val()));
     else if (s == "--json") a.json = true;
     else if (s == "--both") a.both = true;
     else if (s == "--copy") a.zero_copy = false;

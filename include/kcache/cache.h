@@ -15,7 +15,7 @@
 // (Options::from_env): KCACHE_DIR, KCACHE_DISABLE, KCACHE_READONLY,
 // KCACHE_MAX_SIZE, KCACHE_RECOMPILE, KCACHE_STATS, KCACHE_LOG, KCACHE_ENGINE,
 // KCACHE_REMOTE, KCACHE_REMOTE_SECRET_FILE, KCACHE_SHARED, KCACHE_BUNDLES,
-// KCACHE_BUNDLE_TRUST.
+// KCACHE_BUNDLE_TRUST, KCACHE_EXPLAIN.
 //
 // Thread-safety: all methods may be called concurrently. set_leases and
 // add_tier belong to set-up, before the Cache is shared between threads.
@@ -106,6 +106,16 @@ struct Options {
   // before the disk store, and the keys they must be signed with
   // (kcache/bundle.h). KCACHE_BUNDLES, KCACHE_BUNDLE_TRUST.
   BundleOptions bundles;
+  // Why did it miss? Every counted miss of a key with a manifest is
+  // appended to the store's miss journal (`kcache misses`), which keeps the
+  // last `miss_journal` misses (default 1000; 0: no journal). Not written
+  // under read_only, nor without a disk store.
+  size_t miss_journal = 1000;
+  // Also log one line (warn) per such miss when the store holds entries of
+  // its namespace: the label, the nearest stored entry and each component
+  // that differs, with values where kept. Costs a walk of the store's index
+  // per miss; for finding out, not for production. KCACHE_EXPLAIN.
+  bool explain = false;
   // Log level (default warn) and destination (empty: stderr).
   LogLevel log_level = LogLevel::warn;
   std::string log_file;
@@ -228,6 +238,9 @@ class Cache {
   Cache& operator=(const Cache&) = delete;
 
   std::optional<Entry> get(const Key& key, Source* source = nullptr);
+  // The same; a miss also goes to the miss journal (Options::miss_journal,
+  // Options::explain), as the misses of get_or_compile do.
+  std::optional<Entry> get(const KeyInfo& key, Source* source = nullptr);
   // Stores into every writable tier. Faults are counted and logged; never
   // returned as errors (the result says whether any tier took it).
   bool put(const Entry& entry);

@@ -30,6 +30,7 @@ struct EntryMeta {
   uint64_t created_unix_ms = 0;  // wall-clock creation time
   uint64_t compile_cost_us = 0;  // how long the compile took
   std::string producer;          // free text, e.g. "llvm-14 orc"
+  std::string label = {};        // what was compiled (KeyInfo::label); not part of the key
 };
 
 struct Artifact {

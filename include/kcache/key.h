@@ -9,7 +9,18 @@
 //
 // The list (component name, type, component digest) is the key's Manifest.
 // It is stored beside each entry so that "why did this miss?" can be answered
-// by comparing manifests (kcache explain).
+// by comparing manifests (kcache explain, kcache misses).
+//
+// Readable values: a small scalar component (a string of at most 256 bytes,
+// an integer, a boolean) also keeps its value in the manifest, so that a
+// miss can be explained as `cpu: znver3 -> x86-64` rather than by digests.
+// The value is for display only: it is never hashed, so keys do not depend
+// on it. mark_private(name) keeps a component's value out of the manifest
+// (and so out of every store); only its digest is kept.
+//
+// A label (the kernel's or module's name) travels with the key in KeyInfo
+// and is stored in the entry's metadata; it is not part of the key either.
+// Explaining a miss compares it first with entries of the same label.
 //
 // What a KeyBuilder cannot know: it hashes exactly the bytes it is given. Do
 // not add pointers, PIDs, times or absolute paths; hash a file's *contents*
@@ -59,11 +70,20 @@ enum class ComponentType : uint8_t {
 };
 std::string_view component_type_name(ComponentType t) noexcept;
 
+// Longest string value a manifest keeps for display.
+inline constexpr size_t kMaxReadableValue = 256;
+
 struct ManifestItem {
   std::string name;
   ComponentType type;
   Digest digest;
-  bool operator==(const ManifestItem&) const = default;
+  // The component's value as text, for display only (not hashed): a string
+  // of at most kMaxReadableValue bytes, an integer in decimal, a boolean as
+  // "true"/"false". Empty for other types, private components and
+  // manifests stored without values.
+  std::optional<std::string> value = std::nullopt;
+  // Name, type and digest: what the key is made of (value is not compared).
+  bool operator==(const ManifestItem& o) const { return name == o.name && type == o.type && digest == o.digest; }
 };
 
 // The namespace and each component's digest, sorted by name.
@@ -79,7 +99,13 @@ struct Manifest {
 struct KeyInfo {
   Key key;
   Manifest manifest;
+  // What is compiled, e.g. the module's or kernel's name (not part of the
+  // key; stored in the entry's metadata). May be empty.
+  std::string label = {};
 };
+
+// Longest label kept (longer ones are cut).
+inline constexpr size_t kMaxLabel = 1024;
 
 class KeyBuilder {
  public:
@@ -97,14 +123,24 @@ class KeyBuilder {
   // Hashes the file's contents. An unreadable file makes finish() fail.
   KeyBuilder& add_file(std::string_view name, const std::string& path);
 
+  // Keeps the value of component `name` (added before or after this call)
+  // out of the manifest: only its digest is stored. For values that must
+  // not be written to a cache (tokens, user names, paths).
+  KeyBuilder& mark_private(std::string_view name);
+  // The label of what is compiled (KeyInfo::label); not part of the key.
+  KeyBuilder& label(std::string_view label);
+
   // Fails (invalid_argument) when a name was added twice or is empty, or
   // (io_error) when add_file could not read its file.
   Expected<KeyInfo> finish() const;
 
  private:
-  void push(std::string_view name, ComponentType type, const Digest& d);
+  void push(std::string_view name, ComponentType type, const Digest& d,
+            std::optional<std::string> value = std::nullopt);
   std::string ns_;
+  std::string label_;
   std::vector<ManifestItem> items_;
+  std::vector<std::string> private_;
   Status error_;
 };
 

@@ -25,6 +25,10 @@
 // components the client adds. Components are named, so `kcache explain` can
 // say which one changed.
 //
+// The key's label (KeyInfo::label, not part of the key) is the module
+// identifier, else the name of the module's first defined function, so that
+// a miss is compared with the previous version of the same module.
+//
 // Normalised (not part of the key): the module identifier and the source
 // file name. They change no instruction; a hit may carry another module's
 // STT_FILE symbol name, which nothing at run time reads.

@@ -17,7 +17,8 @@
 // `kcache explain --manifest` (docs/cli.md):
 //
 //   JSON: {"namespace": NS, "items": [{"name": N, "type": T, "digest": HEX}]}
-//         (or any object with such a "manifest" member)
+//         (or any object with such a "manifest" member); an item may also
+//         carry its readable "value" (a string; display only)
 //   text: one `namespace NS` line and one `NAME TYPE HEXDIGEST` line per
 //         component; `#` starts a comment, blank lines are ignored.
 //
@@ -50,10 +51,12 @@ Expected<Manifest> parse_manifest(std::string_view text);
 Expected<Manifest> read_manifest(const std::string& path);
 
 // {"namespace":NS,"items":[{"name":N,"type":T,"digest":HEX},...]}, compact,
-// items in the manifest's order.
+// items in the manifest's order; an item with a readable value also has
+// "value":TEXT.
 std::string manifest_to_json(const Manifest& m);
 // The text format: "namespace NS\n" and "NAME TYPE HEX\n" per item. Names
 // containing blanks or '#' do not read back from it (use JSON for those).
+// Readable values are not part of the text format.
 std::string manifest_to_text(const Manifest& m);
 
 // How one component differs between a stored manifest and a lookup's.
@@ -73,6 +76,8 @@ struct ManifestDifference {
   // lacks it (added: no stored, removed: no lookup).
   std::optional<Digest> stored, lookup;
   std::optional<ComponentType> stored_type, lookup_type;
+  // The readable values (ManifestItem::value), where each side kept one.
+  std::optional<std::string> stored_value = std::nullopt, lookup_value = std::nullopt;
   bool operator==(const ManifestDifference&) const = default;
 };
 
@@ -81,9 +86,15 @@ struct ManifestDifference {
 // (compare stored.ns and lookup.ns directly).
 std::vector<ManifestDifference> diff_manifests(const Manifest& stored, const Manifest& lookup);
 
-// One line for people, e.g. "opt: changed (stored 1111..., lookup 3333...)",
+// One line for people. With readable values on both sides:
+// "cpu: znver3 → x86-64", "fast_math: added (true)", "gone: removed (1)";
+// else digests: "opt: changed (stored 1111..., lookup 3333...)",
 // "fast_math: added (bool 5d1a...)", "opt: type changed (stored string 11..,
 // lookup u64 33..)".
 std::string describe(const ManifestDifference& d);
+
+// How one side of a difference reads: the readable value when kept, else
+// the digest's hex; "" when that side lacks the component.
+std::string shown_value(const std::optional<std::string>& value, const std::optional<Digest>& digest);
 
 }  // namespace kcache

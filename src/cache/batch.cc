@@ -39,6 +39,7 @@ std::vector<Expected<Entry>> Cache::get_or_compile_batch(const std::vector<Batch
       std::lock_guard lk(mu);
       report(i);
     } else {
+      if (!impl_->opt.disabled) impl_->explain_miss(items[i].key);
       todo.push_back(i);
     }
   }

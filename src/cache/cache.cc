@@ -50,6 +50,13 @@ std::unique_ptr<Cache> Cache::open(const Options& options) {
 std::unique_ptr<Cache> Cache::open(Assembly assembly, const Options& options) {
   auto c = with_tiers(std::move(assembly.tiers), options);
   c->set_leases(std::move(assembly.leases));
+  // Why did it miss (cache/journal.h): the store's miss journal, KCACHE_EXPLAIN.
+  if (assembly.disk && !options.read_only && (options.miss_journal > 0 || options.explain)) {
+    std::unique_ptr<MissJournal> journal;
+    if (options.miss_journal > 0)
+      journal = std::make_unique<MissJournal>(assembly.disk->path, options.miss_journal, !options.shared_group.empty());
+    c->impl_->explainer = std::make_unique<MissExplainer>(assembly.disk->tier, std::move(journal), options.explain);
+  }
   return c;
 }
 
@@ -89,6 +96,12 @@ std::optional<Entry> Cache::get(const Key& key, Source* source) {
   return impl_->chain.lookup(key, source, MissCount::counted);
 }
 
+std::optional<Entry> Cache::get(const KeyInfo& key, Source* source) {
+  auto e = get(key.key, source);
+  if (!e && !impl_->opt.disabled) impl_->explain_miss(key);
+  return e;
+}
+
 bool Cache::put(const Entry& entry) {
   if (impl_->opt.disabled) return false;
   return impl_->store(entry);
@@ -111,6 +124,7 @@ Expected<Entry> Cache::Impl::build(const KeyInfo& key, std::vector<Artifact> art
   m.created_unix_ms = util::now_unix_ms();
   m.compile_cost_us = cost_us;
   m.producer = opt.producer;
+  m.label = key.label;
   b.meta(std::move(m)).manifest(key.manifest).compression(opt.compression);
   return b.build();
 }
@@ -134,6 +148,7 @@ Expected<Entry> Cache::Impl::resolve(const KeyInfo& key, const CompileFn& compil
   if (source) *source = Source::compiled;
   if (opt.disabled) return compile_entry(key, compile);
   if (auto hit = look_up(key.key, source, count)) return std::move(*hit);
+  if (count == MissCount::counted) explain_miss(key);
 
   Turn turn = take_turn(key.key, source, wait_for_others);
   if (turn.busy) *outcome = Outcome::busy;
@@ -287,6 +302,7 @@ Flight Cache::begin(const KeyInfo& key) {
     s->entry = std::move(*hit);
     return Flight(std::move(s));
   }
+  impl_->explain_miss(key);
   for (;;) {
     Impl::Turn turn = impl_->take_turn(key.key, &s->source, /*wait=*/true);
     if (turn.leader) {

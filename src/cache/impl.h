@@ -13,6 +13,7 @@
 
 #include "cache/committer.h"
 #include "cache/flight.h"
+#include "cache/journal.h"
 #include "cache/lease_wait.h"
 #include "cache/tier_chain.h"
 #include "kcache/cache.h"
@@ -29,6 +30,14 @@ struct Cache::Impl {
   LeaseWait lease;
   Committer committer{chain};
   std::atomic<uint64_t> compiles{0}, compile_failures{0}, waits{0}, compile_us{0};
+
+  // Why did it miss: the miss journal and KCACHE_EXPLAIN (cache/journal.h);
+  // null when neither applies. Called once per counted miss (not for the
+  // lookups that recompile skips).
+  std::unique_ptr<MissExplainer> explainer;
+  void explain_miss(const KeyInfo& key) {
+    if (explainer && !opt.recompile) explainer->miss(key);
+  }
 
   // What the leader of a key's flight holds until it finishes: the
   // in-process flight and, when it was claimed, the cross-process lease.

@@ -75,6 +75,7 @@ Options Options::from_env(Options o) {
   env_flag(util::getenv_str("KCACHE_READONLY"), &o.read_only);
   env_flag(util::getenv_str("KCACHE_RECOMPILE"), &o.recompile);
   env_flag(util::getenv_str("KCACHE_STATS"), &o.print_stats);
+  env_flag(util::getenv_str("KCACHE_EXPLAIN"), &o.explain);
   if (!(v = util::getenv_str("KCACHE_MAX_SIZE")).empty()) {
     if (auto s = util::parse_size(v); s && *s > 0) o.disk.max_bytes = *s;
     else KCACHE_LOG(LogLevel::warn, "ignoring KCACHE_MAX_SIZE='%s' (want e.g. 2G, 500M)", v.c_str());

@@ -8,7 +8,11 @@
 //   raw     := u64 created_ms | u64 cost_us | str32 producer
 //              | str32 namespace | u32 n_items | n_items * (str16 name, u8 type, digest[16])
 //              | u32 n_artifacts | n_artifacts * (str16 name, u64 offset, u64 size)
-//              | zero padding | artifact bytes, each at a 64-byte aligned offset
+//              | [ext] | zero padding | artifact bytes, each at a 64-byte aligned offset
+//   ext     := "KCX1" | u32 ext_len | str16 label | u32 n | n * (u32 item index, str16 value)
+//              (optional; the label and the manifest's readable values.
+//              Readers that do not know it skip it: artifacts are found
+//              by their offsets. It must end before the first artifact.)
 //   offsets are relative to the start of raw; all integers little-endian.
 //
 // The header is verified (size, magic, version, flags, lengths, checksum)
@@ -34,6 +38,7 @@ namespace kcache {
 namespace {
 
 constexpr char kMagic[8] = {'K', 'C', 'E', 'N', 'T', 'R', 'Y', '\x1a'};
+constexpr char kExtMagic[4] = {'K', 'C', 'X', '1'};
 constexpr uint32_t kFlagZstd = 1;
 
 class StringBuffer final : public Buffer {
@@ -136,6 +141,53 @@ Expected<Header> verify_header(std::string_view enc, const Key* expected) {
   return h;
 }
 
+std::string encode_extension(const EntryMeta& meta, const Manifest& m) {
+  size_t n = 0;
+  for (const auto& it : m.items) n += it.value ? 1 : 0;
+  if (meta.label.empty() && n == 0) return std::string();
+  std::string x(kExtMagic, 4);
+  util::put_u32(x, 0);  // ext_len, set below
+  put_str16(x, std::string_view(meta.label).substr(0, kMaxLabel));
+  util::put_u32(x, static_cast<uint32_t>(n));
+  for (size_t i = 0; i < m.items.size(); ++i) {
+    if (!m.items[i].value) continue;
+    util::put_u32(x, static_cast<uint32_t>(i));
+    put_str16(x, std::string_view(*m.items[i].value).substr(0, 65535));
+  }
+  uint32_t len = static_cast<uint32_t>(x.size());
+  std::string l;
+  util::put_u32(l, len);
+  std::memcpy(x.data() + 4, l.data(), 4);
+  return x;
+}
+
+// The optional extension after the artifact table, at `at` of raw. Only
+// taken when it is whole and ends before every artifact (an older entry
+// has zero padding or artifact bytes there); anything else is ignored,
+// never an error: it is for display only.
+void read_extension(std::string_view raw, size_t at, EntryMeta& meta, Manifest& m,
+                    const std::vector<Entry::ArtifactRef>& arts) {
+  if (raw.size() - at < 8 || std::memcmp(raw.data() + at, kExtMagic, 4) != 0) return;
+  uint64_t len = util::get_u32(raw.data() + at + 4);
+  uint64_t limit = raw.size();
+  for (const auto& a : arts) limit = std::min<uint64_t>(limit, static_cast<uint64_t>(a.data.data() - raw.data()));
+  if (len < 8 || at + len > limit) return;
+  Reader r(raw.substr(at + 8, len - 8));
+  uint16_t n16;
+  uint32_t n;
+  std::string_view label;
+  if (!r.u16(n16) || !r.bytes(n16, label) || !r.u32(n) || n > r.remaining() / 6) return;
+  std::vector<std::pair<uint32_t, std::string_view>> values;
+  for (uint32_t i = 0; i < n; ++i) {
+    uint32_t index;
+    std::string_view v;
+    if (!r.u32(index) || !r.u16(n16) || !r.bytes(n16, v) || index >= m.items.size()) return;
+    values.emplace_back(index, v);
+  }
+  meta.label = std::string(label);
+  for (const auto& [index, v] : values) m.items[index].value = std::string(v);
+}
+
 }  // namespace
 
 std::shared_ptr<const Buffer> make_heap_buffer(std::string bytes) {
@@ -230,6 +282,7 @@ Expected<Entry> Entry::decode(std::shared_ptr<const Buffer> buf, const Key* expe
     if (off > raw.size() || size > raw.size() - off) return corrupt("artifact out of bounds");
     e.artifacts_.push_back(ArtifactRef{std::string(s), raw.substr(off, size)});
   }
+  read_extension(raw, raw.size() - r.remaining(), e.meta_, e.manifest_, e.artifacts_);
   e.buffer_ = std::move(buf);
   return e;
 }
@@ -273,7 +326,8 @@ Expected<Entry> EntryBuilder::build() const {
   }
   util::put_u32(raw, static_cast<uint32_t>(artifacts_.size()));
   // The table's size is known, so offsets can be laid out before writing.
-  size_t table_end = raw.size();
+  const std::string ext = encode_extension(meta_, manifest_);
+  size_t table_end = raw.size() + ext.size();
   for (const auto& a : artifacts_) table_end += 2 + a.name.size() + 16;
   uint64_t off = (table_end + 63) & ~uint64_t(63);
   std::vector<uint64_t> offsets;
@@ -286,6 +340,7 @@ Expected<Entry> EntryBuilder::build() const {
     util::put_u64(raw, offsets[i]);
     util::put_u64(raw, artifacts_[i].data.size());
   }
+  raw += ext;
   uint64_t total = artifacts_.empty() ? raw.size() : offsets.back() + artifacts_.back().data.size();
   if (total > kMaxEntrySize) return Status(Errc::too_large, "entry larger than 4 GiB");
   raw.resize(total, '\0');

@@ -9,6 +9,8 @@
 //   digest: the 16 digest bytes
 // Key = XXH3_128("kcache-key-v1" 0x00, u64 len(ns), ns, u32 count,
 //                per item sorted by name: u64 len(name), name, u8 type, 16 bytes)
+// Readable values and the label are kept beside the manifest for display
+// and are never hashed.
 #include "kcache/key.h"
 
 #include "util/fast_xxhash.h"
@@ -95,9 +97,9 @@ Key Manifest::key() const noexcept {
 
 KeyBuilder::KeyBuilder(std::string_view ns) : ns_(ns) {}
 
-void KeyBuilder::push(std::string_view name, ComponentType type, const Digest& d) {
+void KeyBuilder::push(std::string_view name, ComponentType type, const Digest& d, std::optional<std::string> value) {
   if (name.empty() && error_.is_ok()) error_ = Status(Errc::invalid_argument, "empty component name");
-  items_.push_back(ManifestItem{std::string(name), type, d});
+  items_.push_back(ManifestItem{std::string(name), type, d, std::move(value)});
 }
 
 KeyBuilder& KeyBuilder::add_bytes(std::string_view name, std::string_view data) {
@@ -105,24 +107,27 @@ KeyBuilder& KeyBuilder::add_bytes(std::string_view name, std::string_view data) 
   return *this;
 }
 KeyBuilder& KeyBuilder::add_string(std::string_view name, std::string_view value) {
-  push(name, ComponentType::string, hash_typed(ComponentType::string, value));
+  std::optional<std::string> shown;
+  if (value.size() <= kMaxReadableValue) shown = std::string(value);
+  push(name, ComponentType::string, hash_typed(ComponentType::string, value), std::move(shown));
   return *this;
 }
 KeyBuilder& KeyBuilder::add_u64(std::string_view name, uint64_t value) {
   std::string b;
   util::put_u64(b, value);
-  push(name, ComponentType::u64, hash_typed(ComponentType::u64, b));
+  push(name, ComponentType::u64, hash_typed(ComponentType::u64, b), std::to_string(value));
   return *this;
 }
 KeyBuilder& KeyBuilder::add_i64(std::string_view name, int64_t value) {
   std::string b;
   util::put_u64(b, static_cast<uint64_t>(value));
-  push(name, ComponentType::i64, hash_typed(ComponentType::i64, b));
+  push(name, ComponentType::i64, hash_typed(ComponentType::i64, b), std::to_string(value));
   return *this;
 }
 KeyBuilder& KeyBuilder::add_bool(std::string_view name, bool value) {
   char c = value ? 1 : 0;
-  push(name, ComponentType::boolean, hash_typed(ComponentType::boolean, std::string_view(&c, 1)));
+  push(name, ComponentType::boolean, hash_typed(ComponentType::boolean, std::string_view(&c, 1)),
+       std::string(value ? "true" : "false"));
   return *this;
 }
 KeyBuilder& KeyBuilder::add_map(std::string_view name, const std::map<std::string, std::string>& value) {
@@ -164,11 +169,23 @@ KeyBuilder& KeyBuilder::add_file(std::string_view name, const std::string& path)
   return *this;
 }
 
+KeyBuilder& KeyBuilder::mark_private(std::string_view name) {
+  private_.emplace_back(name);
+  return *this;
+}
+
+KeyBuilder& KeyBuilder::label(std::string_view label) {
+  label_ = std::string(label.substr(0, kMaxLabel));
+  return *this;
+}
+
 Expected<KeyInfo> KeyBuilder::finish() const {
   if (!error_.is_ok()) return error_;
   Manifest m;
   m.ns = ns_;
   m.items = items_;
+  for (auto& it : m.items)
+    if (std::find(private_.begin(), private_.end(), it.name) != private_.end()) it.value.reset();
   std::sort(m.items.begin(), m.items.end(),
             [](const ManifestItem& a, const ManifestItem& b) { return a.name < b.name; });
   for (size_t i = 1; i < m.items.size(); ++i)
@@ -177,6 +194,7 @@ Expected<KeyInfo> KeyBuilder::finish() const {
   KeyInfo info;
   info.key = m.key();
   info.manifest = std::move(m);
+  info.label = label_;
   return info;
 }
 

@@ -16,7 +16,7 @@ Expected<ManifestItem> make_item(std::string name, std::string_view type, std::s
   if (!t) return Status(Errc::invalid_argument, "component '" + name + "': unknown type '" + std::string(type) + "'");
   auto d = Digest::from_hex(hex);
   if (!d) return Status(Errc::invalid_argument, "component '" + name + "': digest is not 32 hex digits");
-  return ManifestItem{std::move(name), *t, *d};
+  return ManifestItem{std::move(name), *t, *d, std::nullopt};
 }
 
 Expected<Manifest> from_json(std::string_view text) {
@@ -39,6 +39,7 @@ Expected<Manifest> from_json(std::string_view text) {
     if (!n || !t || !d || n->type != T::string || t->type != T::string || d->type != T::string)
       return Status(Errc::invalid_argument, "each item needs string \"name\", \"type\" and \"digest\"");
     KCACHE_TRY(ManifestItem mi, make_item(n->string, t->string, d->string));
+    if (const util::JsonValue* v = it.member("value"); v && v->type == T::string) mi.value = v->string;
     out.items.push_back(std::move(mi));
   }
   return out;
@@ -112,12 +113,14 @@ Expected<Manifest> read_manifest(const std::string& path) {
 std::string manifest_to_json(const Manifest& m) {
   util::JsonWriter w;
   w.begin_object().field("namespace", m.ns).key("items").begin_array();
-  for (const auto& it : m.items)
+  for (const auto& it : m.items) {
     w.begin_object()
         .field("name", it.name)
         .field("type", component_type_name(it.type))
-        .field("digest", it.digest.hex())
-        .end_object();
+        .field("digest", it.digest.hex());
+    if (it.value) w.field("value", *it.value);
+    w.end_object();
+  }
   return w.end_array().end_object().take();
 }
 
@@ -146,16 +149,20 @@ std::vector<ManifestDifference> diff_manifests(const Manifest& stored, const Man
   size_t i = 0, j = 0;
   while (i < a.size() || j < b.size()) {
     if (j == b.size() || (i < a.size() && a[i].name < b[j].name)) {
-      out.push_back({a[i].name, ManifestChange::removed, a[i].digest, std::nullopt, a[i].type, std::nullopt});
+      out.push_back({a[i].name, ManifestChange::removed, a[i].digest, std::nullopt, a[i].type, std::nullopt,
+                     a[i].value, std::nullopt});
       ++i;
     } else if (i == a.size() || b[j].name < a[i].name) {
-      out.push_back({b[j].name, ManifestChange::added, std::nullopt, b[j].digest, std::nullopt, b[j].type});
+      out.push_back({b[j].name, ManifestChange::added, std::nullopt, b[j].digest, std::nullopt, b[j].type,
+                     std::nullopt, b[j].value});
       ++j;
     } else {
       if (a[i].type != b[j].type)
-        out.push_back({a[i].name, ManifestChange::type_changed, a[i].digest, b[j].digest, a[i].type, b[j].type});
+        out.push_back({a[i].name, ManifestChange::type_changed, a[i].digest, b[j].digest, a[i].type, b[j].type,
+                       a[i].value, b[j].value});
       else if (a[i].digest != b[j].digest)
-        out.push_back({a[i].name, ManifestChange::changed, a[i].digest, b[j].digest, a[i].type, b[j].type});
+        out.push_back({a[i].name, ManifestChange::changed, a[i].digest, b[j].digest, a[i].type, b[j].type,
+                       a[i].value, b[j].value});
       ++i;
       ++j;
     }
@@ -163,10 +170,31 @@ std::vector<ManifestDifference> diff_manifests(const Manifest& stored, const Man
   return out;
 }
 
+std::string shown_value(const std::optional<std::string>& value, const std::optional<Digest>& digest) {
+  if (value) return *value;
+  return digest ? digest->hex() : std::string();
+}
+
 std::string describe(const ManifestDifference& d) {
   auto type = [](const std::optional<ComponentType>& t) {
     return t ? std::string(component_type_name(*t)) + " " : std::string();
   };
+  switch (d.change) {
+    case ManifestChange::added:
+      if (d.lookup_value) return d.name + ": added (" + *d.lookup_value + ")";
+      break;
+    case ManifestChange::removed:
+      if (d.stored_value) return d.name + ": removed (" + *d.stored_value + ")";
+      break;
+    case ManifestChange::changed:
+      if (d.stored_value && d.lookup_value) return d.name + ": " + *d.stored_value + " \u2192 " + *d.lookup_value;
+      break;
+    case ManifestChange::type_changed:
+      if (d.stored_value && d.lookup_value)
+        return d.name + ": " + type(d.stored_type) + *d.stored_value + " \u2192 " + type(d.lookup_type) +
+               *d.lookup_value;
+      break;
+  }
   switch (d.change) {
     case ManifestChange::added: return d.name + ": added (" + type(d.lookup_type) + short_hex(d.lookup) + ")";
     case ManifestChange::removed: return d.name + ": removed (" + type(d.stored_type) + short_hex(d.stored) + ")";

@@ -121,6 +121,7 @@ int cmd_verify(Ctx& c);
 int cmd_trim(Ctx& c);
 int cmd_clear(Ctx& c);
 int cmd_explain(Ctx& c);  // explain_cmd.cc
+int cmd_misses(Ctx& c);   // misses_cmd.cc
 int cmd_run(Ctx& c);      // run_cmd.cc
 int cmd_mark(Ctx& c);     // bundle_cmds.cc
 int cmd_bundle(Ctx& c);

@@ -13,7 +13,7 @@
 //
 // This file: the usage text, help, version, and the command line. The
 // commands live in one file per group (store_cmds.cc, maintenance_cmds.cc,
-// explain_cmd.cc, run_cmd.cc, bundle_cmds.cc).
+// explain_cmd.cc, misses_cmd.cc, run_cmd.cc, bundle_cmds.cc).
 #include <cstdio>
 #include <optional>
 #include <string>
@@ -52,7 +52,11 @@ const char kUsage[] =
     "                                  why does this key miss? Exit 0 if it is stored;\n"
     "                                  else compare FILE with the stored manifests of the\n"
     "                                  same namespace, name the components that differ\n"
-    "                                  from the nearest one, and exit 1\n"
+    "                                  from the nearest one, and exit 1. Without\n"
+    "                                  --manifest: the manifest the miss journal kept\n"
+    "  misses [--limit N] [--json]     the last N misses of the store (default 1000), each\n"
+    "                                  with the nearest entry stored before it and what\n"
+    "                                  differs, then grouped by cause\n"
     "  run --key HEX --artifact NAME=PATH... -- COMMAND [ARGS...]\n"
     "                                  on a hit, write the stored artifacts to their\n"
     "                                  paths and do not run COMMAND; on a miss, run it\n"
@@ -130,6 +134,7 @@ const std::vector<Command>& commands() {
       {"trim", cmd_trim, true, {{"--max-size", true}}},
       {"clear", cmd_clear, true, {}},
       {"explain", cmd_explain, true, {{"--key", true}, {"--manifest", true}}},
+      {"misses", cmd_misses, true, {{"--limit", true}}},
       {"run", cmd_run, false, {{"--key", true}, {"--artifact", true}}},
       {"mark", cmd_mark, true, {}},
       {"bundle", cmd_bundle, true,

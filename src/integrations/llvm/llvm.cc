@@ -200,6 +200,15 @@ TargetDesc TargetDesc::of(const ::llvm::TargetMachine& tm) {
   return d;
 }
 
+// The label of a module's entries: its identifier, else its first defined
+// function's name (explaining a miss compares it with the same module first).
+static std::string module_label(const ::llvm::Module& m, const std::string& module_id) {
+  if (!module_id.empty()) return module_id;
+  for (const auto& f : m.functions())
+    if (!f.isDeclaration()) return f.getName().str();
+  return std::string();
+}
+
 const std::string& llvm_identity() {
   static const std::string id = [] {
     // Taken through the GOT (the project builds PIC), so this is the
@@ -283,6 +292,7 @@ kcache::Expected<KeyInfo> object_key(::llvm::Module& m, const TargetDesc& t, con
   KeyBuilder kb(kKeyNamespace);
   kb.add_bytes("ir", std::string_view(bc.data(), bc.size())).add_string("module_triple", m.getTargetTriple());
   add_target(kb, t, options);
+  kb.label(module_label(m, module_id));
   return kb.finish();
 }
 
@@ -388,7 +398,7 @@ std::unique_ptr<::llvm::MemoryBuffer> ObjectCache::getObject(const ::llvm::Modul
     return nullptr;
   }
   std::unique_ptr<::llvm::MemoryBuffer> buf;
-  if (auto e = cache_.get(key->key)) {
+  if (auto e = cache_.get(*key)) {  // a miss is journaled with the key's manifest
     std::string why;
     bool zero_copy = opt_.zero_copy && (!e->pinned() || opt_.short_lived_buffers);
     buf = object_buffer(std::move(*e), arch_, zero_copy, &why);

@@ -350,6 +350,7 @@ struct Compiler::Impl {
         .add_list("name_expressions", p.name_expressions)
         .add_list("outputs", outs);
     for (const auto& [k, v] : p.extra_key) kb.add_string("extra." + k, v);
+    kb.label(p.name.empty() ? "default_program" : p.name);  // not part of the key: compared first on a miss
     return kb.finish();
   }
 

@@ -1,0 +1,415 @@
+// The miss journal, the nearest stored entry and the miss explainer
+// (cache/journal.h). The journal's byte format is in docs/format.md.
+#include "cache/journal.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "util/util.h"
+
+namespace kcache {
+
+namespace {
+
+constexpr char kMagic[8] = {'K', 'C', 'M', 'I', 'S', 'S', '1', '\n'};
+constexpr size_t kHeader = 24;                 // magic, count:u64, end:u64
+constexpr uint32_t kMaxRecord = 1u << 20;      // larger records are not journaled
+
+void put_str16(std::string& out, std::string_view s) {
+  s = s.substr(0, 65535);
+  out.push_back(static_cast<char>(s.size() & 0xff));
+  out.push_back(static_cast<char>(s.size() >> 8));
+  out += s;
+}
+
+class Reader {
+ public:
+  explicit Reader(std::string_view s) : s_(s) {}
+  bool u8(uint8_t& v) {
+    if (s_.size() - pos_ < 1) return false;
+    v = static_cast<uint8_t>(s_[pos_++]);
+    return true;
+  }
+  bool u32(uint32_t& v) {
+    if (s_.size() - pos_ < 4) return false;
+    v = util::get_u32(s_.data() + pos_);
+    pos_ += 4;
+    return true;
+  }
+  bool u64(uint64_t& v) {
+    if (s_.size() - pos_ < 8) return false;
+    v = util::get_u64(s_.data() + pos_);
+    pos_ += 8;
+    return true;
+  }
+  bool bytes(size_t n, std::string_view& out) {
+    if (s_.size() - pos_ < n) return false;
+    out = s_.substr(pos_, n);
+    pos_ += n;
+    return true;
+  }
+  bool str16(std::string& out) {
+    std::string_view b;
+    if (!bytes(2, b)) return false;
+    size_t n = static_cast<uint8_t>(b[0]) | (static_cast<size_t>(static_cast<uint8_t>(b[1])) << 8);
+    if (!bytes(n, b)) return false;
+    out = std::string(b);
+    return true;
+  }
+
+ private:
+  std::string_view s_;
+  size_t pos_ = 0;
+};
+
+uint32_t record_check(std::string_view body) {
+  Digest d = hash_bytes(body);
+  return util::get_u32(reinterpret_cast<const char*>(d.bytes.data()));
+}
+
+//   record := len:u32 check:u32 body(len)
+//   body   := time_ms:u64 pid:u32 key:16 process:str16 label:str16 ns:str16
+//             n:u32 (name:str16 type:u8 digest:16 has_value:u8 [value:str16]){n}
+std::string encode_record(const MissRecord& r) {
+  std::string b;
+  util::put_u64(b, r.time_ms);
+  util::put_u32(b, r.pid);
+  b.append(reinterpret_cast<const char*>(r.key.bytes.data()), 16);
+  put_str16(b, r.process);
+  put_str16(b, r.label);
+  put_str16(b, r.manifest.ns);
+  util::put_u32(b, static_cast<uint32_t>(r.manifest.items.size()));
+  for (const auto& it : r.manifest.items) {
+    put_str16(b, it.name);
+    b.push_back(static_cast<char>(it.type));
+    b.append(reinterpret_cast<const char*>(it.digest.bytes.data()), 16);
+    b.push_back(it.value ? 1 : 0);
+    if (it.value) put_str16(b, *it.value);
+  }
+  std::string out;
+  util::put_u32(out, static_cast<uint32_t>(b.size()));
+  util::put_u32(out, record_check(b));
+  return out + b;
+}
+
+std::optional<MissRecord> decode_body(std::string_view body) {
+  Reader rd(body);
+  MissRecord r;
+  std::string_view k;
+  uint32_t n;
+  if (!rd.u64(r.time_ms) || !rd.u32(r.pid) || !rd.bytes(16, k) || !rd.str16(r.process) || !rd.str16(r.label) ||
+      !rd.str16(r.manifest.ns) || !rd.u32(n) || n > body.size() / 20)
+    return std::nullopt;
+  std::memcpy(r.key.bytes.data(), k.data(), 16);
+  for (uint32_t i = 0; i < n; ++i) {
+    ManifestItem it;
+    uint8_t type, has;
+    std::string_view d;
+    if (!rd.str16(it.name) || !rd.u8(type) || !rd.bytes(16, d) || !rd.u8(has)) return std::nullopt;
+    it.type = static_cast<ComponentType>(type);
+    std::memcpy(it.digest.bytes.data(), d.data(), 16);
+    if (has) {
+      std::string v;
+      if (!rd.str16(v)) return std::nullopt;
+      it.value = std::move(v);
+    }
+    r.manifest.items.push_back(std::move(it));
+  }
+  return r;
+}
+
+// Every committed record of one journal file, oldest first. A file that
+// does not exist, or has no valid header, holds none.
+void read_records(int fd, std::vector<MissRecord>& out) {
+  struct stat st;
+  if (::fstat(fd, &st) != 0 || st.st_size < static_cast<off_t>(kHeader)) return;
+  char h[kHeader];
+  if (::pread(fd, h, kHeader, 0) != static_cast<ssize_t>(kHeader) || std::memcmp(h, kMagic, 8) != 0) return;
+  uint64_t end = std::min<uint64_t>(util::get_u64(h + 16), static_cast<uint64_t>(st.st_size));
+  if (end <= kHeader) return;
+  std::string data(end - kHeader, '\0');
+  if (::pread(fd, data.data(), data.size(), kHeader) != static_cast<ssize_t>(data.size())) return;
+  size_t pos = 0;
+  while (data.size() - pos >= 8) {
+    uint32_t len = util::get_u32(data.data() + pos), check = util::get_u32(data.data() + pos + 4);
+    if (len > kMaxRecord || data.size() - pos - 8 < len) break;
+    std::string_view body(data.data() + pos + 8, len);
+    pos += 8 + len;
+    if (record_check(body) != check) continue;  // cannot happen below `end`, unless the disk lies
+    if (auto r = decode_body(body)) out.push_back(std::move(*r));
+  }
+}
+
+bool same_file(int fd, const std::string& path) {
+  struct stat a, b;
+  return ::fstat(fd, &a) == 0 && ::stat(path.c_str(), &b) == 0 && a.st_ino == b.st_ino && a.st_dev == b.st_dev;
+}
+
+Status write_all_at(int fd, std::string_view s, off_t at, const std::string& path) {
+  while (!s.empty()) {
+    ssize_t n = ::pwrite(fd, s.data(), s.size(), at);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return util::errno_status(errno, path);
+    }
+    s.remove_prefix(static_cast<size_t>(n));
+    at += n;
+  }
+  return Status();
+}
+
+std::string header_bytes(uint64_t count, uint64_t end) {
+  std::string h(kMagic, 8);
+  util::put_u64(h, count);
+  util::put_u64(h, end);
+  return h;
+}
+
+}  // namespace
+
+// ---- the journal ---------------------------------------------------------------
+
+MissJournal::MissJournal(const std::string& store_path, size_t keep, bool shared)
+    : path_(path_for(store_path)), keep_(std::max<size_t>(keep, 1)), mode_(shared ? 0660 : 0600) {}
+
+MissJournal::~MissJournal() {
+  if (fd_ >= 0 && fd_pid_ == ::getpid()) ::close(fd_);
+}
+
+Status MissJournal::open_locked() {
+  for (int attempt = 0; attempt < 8; ++attempt) {
+    if (fd_ >= 0 && fd_pid_ != ::getpid()) fd_ = -1;  // the parent's: its lock would be shared with us
+    if (fd_ < 0) {
+      fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, mode_);
+      if (fd_ < 0) return util::errno_status(errno, path_);
+      fd_pid_ = ::getpid();
+      if (mode_ != 0600) (void)::fchmod(fd_, mode_);  // the group's write, whatever the umask (owner only)
+    }
+    int rc;
+    while ((rc = ::flock(fd_, LOCK_EX)) != 0 && errno == EINTR) {
+    }
+    if (rc != 0) return util::errno_status(errno, path_);
+    if (same_file(fd_, path_)) return Status();
+    // Rotated (or removed) since we opened it: open the current one.
+    ::flock(fd_, LOCK_UN);
+    ::close(fd_);
+    fd_ = -1;
+  }
+  return Status(Errc::unavailable, path_ + ": changes too often to be locked");
+}
+
+Status MissJournal::append(const MissRecord& r) {
+  std::string rec = encode_record(r);
+  if (rec.size() - 8 > kMaxRecord) return Status(Errc::too_large, "manifest too large for the miss journal");
+  std::lock_guard<std::mutex> g(mu_);
+  for (int round = 0; round < 2; ++round) {
+    KCACHE_RETURN_IF_ERROR(open_locked());
+    struct stat st;
+    if (::fstat(fd_, &st) != 0) {
+      Status s = util::errno_status(errno, path_);
+      ::flock(fd_, LOCK_UN);
+      return s;
+    }
+    uint64_t count = 0, end = kHeader;
+    char h[kHeader];
+    if (st.st_size >= static_cast<off_t>(kHeader) && ::pread(fd_, h, kHeader, 0) == static_cast<ssize_t>(kHeader) &&
+        std::memcmp(h, kMagic, 8) == 0) {
+      count = util::get_u64(h + 8);
+      end = std::clamp<uint64_t>(util::get_u64(h + 16), kHeader, static_cast<uint64_t>(st.st_size));
+    }
+    if (count >= keep_ && round == 0) {
+      // Full: this generation becomes the previous one; a fresh file with
+      // its header in place is renamed in, and we lock that one.
+      std::string tmp = path_ + ".tmp" + std::to_string(::getpid());
+      int t = ::open(tmp.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, mode_);
+      if (t >= 0 && mode_ != 0600) (void)::fchmod(t, mode_);
+      Status s = t < 0 ? util::errno_status(errno, tmp) : write_all_at(t, header_bytes(0, kHeader), 0, tmp);
+      if (t >= 0) ::close(t);
+      if (s.is_ok() && ::rename(path_.c_str(), (path_ + ".1").c_str()) != 0) s = util::errno_status(errno, path_);
+      if (s.is_ok() && ::rename(tmp.c_str(), path_.c_str()) != 0) s = util::errno_status(errno, path_);
+      if (!s.is_ok()) ::unlink(tmp.c_str());
+      ::flock(fd_, LOCK_UN);
+      if (!s.is_ok()) return s;
+      continue;  // open_locked() finds the new file
+    }
+    // The record first, then the header that commits it: a crash between
+    // the two leaves bytes past `end` that the next append overwrites.
+    Status s = write_all_at(fd_, rec, static_cast<off_t>(end), path_);
+    if (s.is_ok()) s = write_all_at(fd_, header_bytes(count + 1, end + rec.size()), 0, path_);
+    ::flock(fd_, LOCK_UN);
+    return s;
+  }
+  return Status(Errc::unavailable, path_ + ": could not rotate");
+}
+
+Expected<std::vector<MissRecord>> MissJournal::read(const std::string& store_path, size_t limit) {
+  const std::string path = path_for(store_path);
+  std::vector<MissRecord> out;
+  int fd = -1;
+  for (int attempt = 0; attempt < 8; ++attempt) {
+    fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0) {
+      if (errno == ENOENT) break;
+      return util::errno_status(errno, path);
+    }
+    while (::flock(fd, LOCK_SH) != 0 && errno == EINTR) {
+    }
+    if (same_file(fd, path)) break;
+    ::close(fd);
+    fd = -1;
+  }
+  // Under the current file's lock no append or rotation runs.
+  int old = ::open((path + ".1").c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  if (old >= 0) {
+    read_records(old, out);
+    ::close(old);
+  }
+  if (fd >= 0) {
+    read_records(fd, out);
+    ::close(fd);  // drops the lock
+  }
+  if (out.size() > limit) out.erase(out.begin(), out.end() - static_cast<ptrdiff_t>(limit));
+  return out;
+}
+
+// ---- the nearest stored entry -------------------------------------------------------
+
+Status StoredManifests::load(Tier& tier, uint64_t* unreadable) {
+  std::vector<ListItem> items;
+  Status st = tier.list([&](const ListItem& it) {
+    items.push_back(it);
+    return true;
+  });
+  if (!st.is_ok()) return st;
+  std::unordered_map<Key, StoredManifest> next;
+  next.reserve(items.size());
+  for (const auto& it : items) {
+    if (auto known = by_key_.find(it.key); known != by_key_.end()) {
+      known->second.last_use_ms = it.last_use_ms;
+      next.emplace(it.key, std::move(known->second));
+      continue;
+    }
+    auto e = tier.get(it.key, MissCount::uncounted);
+    if (!e || !e->has_value()) {
+      if (unreadable) ++*unreadable;  // corrupt, or removed meanwhile
+      continue;
+    }
+    const Entry& entry = **e;
+    if (entry.manifest().ns.empty() && entry.manifest().items.empty()) continue;  // nothing to compare
+    next.emplace(it.key, StoredManifest{it.key, entry.meta().label, entry.manifest(), entry.meta().created_unix_ms,
+                                        it.last_use_ms});
+  }
+  by_key_ = std::move(next);
+  return Status();
+}
+
+Nearest StoredManifests::nearest(const Manifest& want, const std::string& label, const Key& self,
+                                 uint64_t before_ms) const {
+  Nearest n;
+  std::vector<const StoredManifest*> cands;
+  bool same_label = false;
+  for (const auto& [k, s] : by_key_) {
+    if (s.manifest.ns != want.ns) {
+      ++n.other_ns[s.manifest.ns];
+      continue;
+    }
+    if (k == self || (before_ms && s.created_ms > before_ms)) continue;
+    cands.push_back(&s);
+    same_label |= !label.empty() && s.label == label;
+  }
+  n.compared = cands.size();
+  const StoredManifest* best = nullptr;
+  std::vector<ManifestDifference> best_diff;
+  for (const StoredManifest* s : cands) {
+    if (same_label && s->label != label) continue;
+    auto d = diff_manifests(s->manifest, want);
+    bool better = !best || d.size() < best_diff.size() ||
+                  (d.size() == best_diff.size() &&
+                   (s->created_ms > best->created_ms ||
+                    (s->created_ms == best->created_ms &&
+                     (s->last_use_ms > best->last_use_ms ||
+                      (s->last_use_ms == best->last_use_ms && s->key < best->key)))));
+    if (better) {
+      best = s;
+      best_diff = std::move(d);
+    }
+  }
+  if (best) n.entry = NearestEntry{best->key, best->label, std::move(best_diff)};
+  n.same_label = same_label;
+  return n;
+}
+
+std::string describe_all(const std::vector<ManifestDifference>& d) {
+  std::string out;
+  for (const auto& x : d) out += (out.empty() ? "" : "; ") + describe(x);
+  return out;
+}
+
+std::string miss_cause(const Nearest& n, const std::string& ns, const std::string& label) {
+  if (!label.empty() && !n.same_label) return "no earlier entry of its label";
+  if (!n.entry) return "no earlier entry of namespace \"" + ns + "\"";
+  if (n.entry->differences.empty()) return "same components as a stored entry";
+  std::string out;
+  for (const auto& d : n.entry->differences) {
+    std::string one = d.name + " ";
+    switch (d.change) {
+      case ManifestChange::added: one += "added" + (d.lookup_value ? " (" + *d.lookup_value + ")" : ""); break;
+      case ManifestChange::removed: one += "removed" + (d.stored_value ? " (" + *d.stored_value + ")" : ""); break;
+      case ManifestChange::changed:
+      case ManifestChange::type_changed:
+        if (d.stored_value && d.lookup_value) one += *d.stored_value + " \u2192 " + *d.lookup_value;
+        else one += d.change == ManifestChange::changed ? "changed" : "type changed";
+        break;
+    }
+    out += (out.empty() ? "" : ", ") + one;
+  }
+  return out;
+}
+
+std::string explain_line(const Key& key, const std::string& label, const std::string& ns, const Nearest& n) {
+  std::string out = "miss " + key.hex();
+  if (!label.empty()) out += " \"" + label + "\"";
+  out += " (" + ns + "): ";
+  if (!n.entry) return out + "no earlier entry of this namespace";
+  if (!label.empty() && !n.same_label) out += "no earlier entry of its label; nearest of another label ";
+  else out += "nearest ";
+  out += n.entry->key.hex();
+  if (!n.entry->label.empty()) out += " \"" + n.entry->label + "\"";
+  out += ": ";
+  out += n.entry->differences.empty() ? std::string("same components (stored under another key)")
+                                      : describe_all(n.entry->differences);
+  return out;
+}
+
+// ---- the explainer ------------------------------------------------------------------
+
+MissExplainer::MissExplainer(std::shared_ptr<Tier> disk, std::unique_ptr<MissJournal> journal, bool explain)
+    : disk_(std::move(disk)), journal_(std::move(journal)), explain_(explain) {}
+
+void MissExplainer::miss(const KeyInfo& key) {
+  if (key.manifest.ns.empty() && key.manifest.items.empty()) return;  // nothing to explain with
+  if (journal_) {
+    MissRecord r{key.key, key.label, key.manifest, util::now_unix_ms(), static_cast<uint32_t>(::getpid()),
+                 program_invocation_short_name};
+    Status st = journal_->append(r);
+    if (!st.is_ok()) KCACHE_LOG(LogLevel::info, "miss journal: %s", st.to_string().c_str());
+  }
+  if (!explain_ || !disk_) return;
+  std::lock_guard<std::mutex> g(mu_);
+  Status st = stored_.load(*disk_);
+  if (!st.is_ok()) {
+    KCACHE_LOG(LogLevel::info, "explain: listing the store: %s", st.to_string().c_str());
+    return;
+  }
+  Nearest n = stored_.nearest(key.manifest, key.label, key.key);
+  if (!n.entry) return;  // nothing of this namespace is stored
+  KCACHE_LOG(LogLevel::warn, "%s", explain_line(key.key, key.label, key.manifest.ns, n).c_str());
+}
+
+}  // namespace kcache

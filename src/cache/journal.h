@@ -1,0 +1,139 @@
+// Private: why a lookup missed. The miss journal (the last misses of a
+// store, shared by its processes), the search for the stored entry nearest
+// to a lookup, and the explainer the Cache calls on each counted miss.
+//
+// The journal is a file beside the disk store, `<dir>/<engine>.misses`
+// (docs/format.md, "Miss journal"), plus the previous generation
+// `<dir>/<engine>.misses.1`. Records are appended under flock(2); the
+// header says where the committed records end, so a record torn by a crash
+// is never read and is overwritten by the next one. When the current file
+// holds `keep` records it becomes the previous generation, so the journal
+// keeps between `keep` and 2 x `keep` records and never grows further.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "kcache/key.h"
+#include "kcache/manifest.h"
+#include "kcache/status.h"
+#include "kcache/tier.h"
+
+namespace kcache {
+
+struct MissRecord {
+  Key key;
+  std::string label;
+  Manifest manifest;  // with the readable values the lookup kept
+  uint64_t time_ms = 0;  // wall clock
+  uint32_t pid = 0;
+  std::string process;   // the program's short name
+};
+
+class MissJournal {
+ public:
+  // `store_path` is the disk store's folder (DiskStore::path); the journal
+  // is that path + ".misses". keep: records kept (at least 1). shared: the
+  // files are made group-writable (a store shared with a group).
+  MissJournal(const std::string& store_path, size_t keep, bool shared = false);
+  ~MissJournal();
+  MissJournal(const MissJournal&) = delete;
+  MissJournal& operator=(const MissJournal&) = delete;
+
+  static std::string path_for(const std::string& store_path) { return store_path + ".misses"; }
+  const std::string& path() const noexcept { return path_; }
+
+  // Appends one record (under the journal's lock). Thread-safe.
+  Status append(const MissRecord& r);
+
+  // The last `limit` records of the journal at `store_path`, oldest first.
+  // A journal that does not exist reads as empty.
+  static Expected<std::vector<MissRecord>> read(const std::string& store_path, size_t limit);
+
+ private:
+  Status open_locked();  // opens (again) and locks the current file; REQUIRES mu_
+  std::string path_;
+  size_t keep_;
+  unsigned mode_;
+  std::mutex mu_;
+  int fd_ = -1;          // GUARDED_BY(mu_)
+  int fd_pid_ = 0;       // the process that opened fd_ (flock is per open file)
+};
+
+// A stored entry's manifest and label, for comparisons.
+struct StoredManifest {
+  Key key;
+  std::string label;
+  Manifest manifest;
+  uint64_t created_ms = 0;
+  uint64_t last_use_ms = 0;
+};
+
+struct NearestEntry {
+  Key key;
+  std::string label;
+  std::vector<ManifestDifference> differences;
+};
+
+struct Nearest {
+  std::optional<NearestEntry> entry;         // none: no candidate of the namespace
+  bool same_label = false;                   // entry has the lookup's (non-empty) label
+  uint64_t compared = 0;                     // candidates of the namespace
+  std::map<std::string, uint64_t> other_ns;  // entries of other namespaces, by namespace
+};
+
+// The manifests of a tier's entries, each entry decoded once.
+class StoredManifests {
+ public:
+  // Lists the tier and decodes the entries not seen before; forgets keys no
+  // longer listed. Entries stored without a manifest are left out.
+  // `unreadable` counts entries that could not be read.
+  Status load(Tier& tier, uint64_t* unreadable = nullptr);
+  size_t size() const noexcept { return by_key_.size(); }
+
+  // The candidate nearest to `want`: an entry of the same namespace, not
+  // `self`, created no later than `before_ms` (0: any time). Among them the
+  // entries with the same label (when `label` is set and any has it), then
+  // the fewest differing components, then the most recently created, then
+  // the most recently used.
+  Nearest nearest(const Manifest& want, const std::string& label, const Key& self, uint64_t before_ms = 0) const;
+
+ private:
+  std::unordered_map<Key, StoredManifest> by_key_;
+};
+
+// "ir_opt_level: 2 → 3; cpu: znver3 → x86-64" (describe() of each).
+std::string describe_all(const std::vector<ManifestDifference>& d);
+// The cause shared by misses, for grouping: each difference by name and,
+// where kept, values ("ir_opt_level 2 → 3", "ir changed"), joined by ", ";
+// "no earlier entry of its label" when the lookup has a label that no
+// candidate has (a new module or kernel), "no earlier entry of namespace NS"
+// without any candidate.
+std::string miss_cause(const Nearest& n, const std::string& ns, const std::string& label);
+// One line for the log: `miss KEY "label" (NS): nearest KEY2 "label2": DIFFS`
+// (for a label no stored entry has: `...: no earlier entry of its label;
+// nearest of another label KEY2 ...`).
+std::string explain_line(const Key& key, const std::string& label, const std::string& ns, const Nearest& n);
+
+// What the Cache calls on each counted miss of a key with a manifest:
+// appends it to the journal (when there is one) and, with explain on,
+// compares it with the disk store's entries and logs one line (warn).
+class MissExplainer {
+ public:
+  MissExplainer(std::shared_ptr<Tier> disk, std::unique_ptr<MissJournal> journal, bool explain);
+  void miss(const KeyInfo& key);
+
+ private:
+  std::shared_ptr<Tier> disk_;
+  std::unique_ptr<MissJournal> journal_;
+  bool explain_;
+  std::mutex mu_;
+  StoredManifests stored_;  // GUARDED_BY(mu_)
+};
+
+}  // namespace kcache

@@ -1,0 +1,338 @@
+// The miss journal (shared by processes, bounded, a torn record never read),
+// the nearest stored entry (same label first), and the Cache's miss path:
+// every counted miss journaled, and with explain on one log line naming the
+// nearest entry and the values that changed.
+#include <gtest/gtest.h>
+
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "cache/journal.h"
+#include "kcache/assembly.h"
+#include "kcache/cache.h"
+#include "test_util.h"
+#include "util/util.h"
+
+namespace kcache {
+namespace {
+
+MissRecord record(uint64_t i, const std::string& label = "") {
+  MissRecord r;
+  auto k = *KeyBuilder("journal/1").add_u64("i", i).add_string("cpu", "znver3").add_bytes("ir", "x").label(label).finish();
+  r.key = k.key;
+  r.manifest = k.manifest;
+  r.label = label;
+  r.time_ms = 1000 + i;
+  r.pid = static_cast<uint32_t>(::getpid());
+  r.process = "journal-test";
+  return r;
+}
+
+uint64_t index_of(const MissRecord& r) {
+  for (const auto& it : r.manifest.items)
+    if (it.name == "i") return std::stoull(*it.value);
+  return UINT64_MAX;
+}
+
+off_t file_size(const std::string& p) {
+  struct stat st;
+  return ::stat(p.c_str(), &st) == 0 ? st.st_size : -1;
+}
+
+TEST(MissJournal, RecordsReadBackWhole) {
+  test::TempDir tmp;
+  std::string store = tmp.path() + "/lmdb";
+  auto none = MissJournal::read(store, 10);
+  ASSERT_TRUE(none);
+  EXPECT_TRUE(none->empty());
+  MissJournal j(store, 100);
+  for (uint64_t i = 0; i < 5; ++i) ASSERT_TRUE(j.append(record(i, "k" + std::to_string(i))).is_ok());
+  auto recs = MissJournal::read(store, 10);
+  ASSERT_TRUE(recs);
+  ASSERT_EQ(recs->size(), 5u);
+  for (uint64_t i = 0; i < 5; ++i) {
+    const MissRecord& r = (*recs)[i];
+    MissRecord want = record(i, "k" + std::to_string(i));
+    EXPECT_EQ(r.key, want.key);
+    EXPECT_EQ(r.label, "k" + std::to_string(i));
+    EXPECT_EQ(r.manifest, want.manifest);
+    EXPECT_EQ(r.manifest.items[0].value, "znver3");
+    EXPECT_EQ(r.time_ms, 1000 + i);
+    EXPECT_EQ(r.pid, static_cast<uint32_t>(::getpid()));
+    EXPECT_EQ(r.process, "journal-test");
+  }
+  // --limit: the newest.
+  auto last2 = MissJournal::read(store, 2);
+  ASSERT_TRUE(last2);
+  ASSERT_EQ(last2->size(), 2u);
+  EXPECT_EQ(index_of((*last2)[0]), 3u);
+  EXPECT_EQ(index_of((*last2)[1]), 4u);
+}
+
+TEST(MissJournal, BoundedKeepsTheNewest) {
+  test::TempDir tmp;
+  std::string store = tmp.path() + "/lmdb";
+  MissJournal j(store, 10);
+  off_t one = 0;
+  for (uint64_t i = 0; i < 1000; ++i) {
+    ASSERT_TRUE(j.append(record(i)).is_ok());
+    if (i == 0) one = file_size(MissJournal::path_for(store)) - 24;
+  }
+  auto recs = MissJournal::read(store, 100000);
+  ASSERT_TRUE(recs);
+  // Between keep and 2 x keep records: the current file and the previous one.
+  EXPECT_GE(recs->size(), 10u);
+  EXPECT_LE(recs->size(), 20u);
+  EXPECT_EQ(index_of(recs->back()), 999u);
+  for (size_t i = 1; i < recs->size(); ++i) EXPECT_EQ(index_of((*recs)[i]), index_of((*recs)[i - 1]) + 1);
+  // Records differ by a few digits of "i": allow for them.
+  EXPECT_LE(file_size(MissJournal::path_for(store)), 24 + 10 * (one + 8));
+  EXPECT_LE(file_size(MissJournal::path_for(store) + ".1"), 24 + 10 * (one + 8));
+}
+
+TEST(MissJournal, TornRecordIsNeverReadAndIsOverwritten) {
+  test::TempDir tmp;
+  std::string store = tmp.path() + "/lmdb";
+  {
+    MissJournal j(store, 100);
+    ASSERT_TRUE(j.append(record(1)).is_ok());
+  }
+  // A crash in the middle of an append: bytes past the committed end.
+  {
+    std::ofstream f(MissJournal::path_for(store), std::ios::binary | std::ios::app);
+    f << std::string("\x40\0\0\0garbage-of-a-torn-record", 29);
+  }
+  auto recs = MissJournal::read(store, 100);
+  ASSERT_TRUE(recs);
+  ASSERT_EQ(recs->size(), 1u);
+  MissJournal j(store, 100);
+  ASSERT_TRUE(j.append(record(2)).is_ok());
+  recs = MissJournal::read(store, 100);
+  ASSERT_TRUE(recs);
+  ASSERT_EQ(recs->size(), 2u);
+  EXPECT_EQ(index_of((*recs)[1]), 2u);
+}
+
+// Two processes append at once; every record read back is whole and each
+// process's records are in their order.
+std::vector<MissRecord> two_writers(const std::string& store, size_t keep, int per_child) {
+  std::vector<pid_t> kids;
+  for (int c = 0; c < 2; ++c) {
+    pid_t p = ::fork();
+    EXPECT_GE(p, 0);
+    if (p == 0) {
+      MissJournal j(store, keep);
+      int bad = 0;
+      for (int i = 0; i < per_child; ++i) {
+        MissRecord r = record(static_cast<uint64_t>(c) * 100000 + i);
+        r.pid = static_cast<uint32_t>(::getpid());
+        bad += !j.append(r).is_ok();
+      }
+      ::_exit(bad ? 1 : 0);
+    }
+    kids.push_back(p);
+  }
+  for (pid_t p : kids) {
+    int st = 0;
+    EXPECT_EQ(::waitpid(p, &st, 0), p);
+    EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  }
+  auto recs = MissJournal::read(store, 100000);
+  EXPECT_TRUE(recs);
+  if (!recs) return {};
+  std::map<uint32_t, uint64_t> last;
+  for (const auto& r : *recs) {
+    uint64_t i = index_of(r);
+    EXPECT_NE(i, UINT64_MAX);
+    EXPECT_EQ(r.key, record(i).key);  // whole: the manifest still hashes to its key
+    EXPECT_EQ(r.manifest.key(), r.key);
+    if (last.count(r.pid)) {
+      EXPECT_GT(i, last[r.pid]);
+    }
+    last[r.pid] = i;
+  }
+  return *recs;
+}
+
+TEST(MissJournal, SharedByProcesses) {
+  test::TempDir tmp;
+  auto recs = two_writers(tmp.path() + "/lmdb", 1000, 400);
+  EXPECT_EQ(recs.size(), 800u);  // none lost
+  std::set<uint32_t> pids;
+  for (const auto& r : recs) pids.insert(r.pid);
+  EXPECT_EQ(pids.size(), 2u);
+}
+
+TEST(MissJournal, BoundedWhileProcessesRotateIt) {
+  test::TempDir tmp;
+  auto recs = two_writers(tmp.path() + "/lmdb", 64, 400);
+  EXPECT_GE(recs.size(), 64u);
+  EXPECT_LE(recs.size(), 128u);
+  // The newest record is one process's last append.
+  ASSERT_FALSE(recs.empty());
+  EXPECT_EQ(index_of(recs.back()) % 100000, 399u);
+}
+
+// ---- nearest -------------------------------------------------------------------
+
+KeyInfo module_key(const std::string& label, const std::string& ir, int opt) {
+  return *KeyBuilder("interp/1").add_bytes("ir", ir).add_i64("ir_opt_level", opt).add_string("cpu", "znver3")
+              .label(label).finish();
+}
+
+Entry stored_entry(const KeyInfo& k, uint64_t created_ms) {
+  EntryMeta m;
+  m.created_unix_ms = created_ms;
+  m.label = k.label;
+  return *EntryBuilder(k.key).add("obj", "o").meta(m).manifest(k.manifest).build();
+}
+
+TEST(Nearest, PrefersTheSameLabel) {
+  auto mem = make_memory_tier();
+  KeyInfo lexer = module_key("lexer.c", "lexer -DA", 2);
+  KeyInfo parser = module_key("parser.c", "parser", 2);  // stored later: the most recent
+  ASSERT_TRUE(mem->put(stored_entry(lexer, 1000)).is_ok());
+  ASSERT_TRUE(mem->put(stored_entry(parser, 2000)).is_ok());
+  StoredManifests sm;
+  ASSERT_TRUE(sm.load(*mem).is_ok());
+  EXPECT_EQ(sm.size(), 2u);
+  // lexer.c rebuilt with another -D: its IR alone differs, as it does from
+  // every other module. The nearest is its own previous version.
+  KeyInfo lookup = module_key("lexer.c", "lexer -DB", 2);
+  Nearest n = sm.nearest(lookup.manifest, lookup.label, lookup.key);
+  ASSERT_TRUE(n.entry);
+  EXPECT_EQ(n.entry->key, lexer.key);
+  EXPECT_EQ(n.entry->label, "lexer.c");
+  ASSERT_EQ(n.entry->differences.size(), 1u);
+  EXPECT_EQ(n.entry->differences[0].name, "ir");
+  EXPECT_EQ(n.compared, 2u);
+  // Without a label the tie goes to the most recent (parser).
+  Nearest u = sm.nearest(lookup.manifest, "", lookup.key);
+  ASSERT_TRUE(u.entry);
+  EXPECT_EQ(u.entry->key, parser.key);
+  // A label nothing has: every entry of the namespace is a candidate.
+  Nearest other = sm.nearest(lookup.manifest, "main.c", lookup.key);
+  ASSERT_TRUE(other.entry);
+  EXPECT_EQ(other.entry->key, parser.key);
+  // Fewer differences beat the label-less ordering; values come along.
+  KeyInfo o3 = module_key("lexer.c", "lexer -DA", 3);
+  Nearest v = sm.nearest(o3.manifest, o3.label, o3.key);
+  ASSERT_TRUE(v.entry);
+  EXPECT_EQ(v.entry->key, lexer.key);
+  EXPECT_EQ(describe_all(v.entry->differences), "ir_opt_level: 2 \u2192 3");
+  EXPECT_EQ(miss_cause(v, "interp/1", "lexer.c"), "ir_opt_level 2 \u2192 3");
+  // Only entries made before the miss count, and never the key itself.
+  Nearest before = sm.nearest(lookup.manifest, lookup.label, lexer.key, 1500);
+  EXPECT_FALSE(before.entry);
+  EXPECT_EQ(miss_cause(before, "interp/1", ""), "no earlier entry of namespace \"interp/1\"");
+  EXPECT_EQ(miss_cause(before, "interp/1", "lexer.c"), "no earlier entry of its label");
+  EXPECT_EQ(miss_cause(other, "interp/1", "main.c"), "no earlier entry of its label");
+  // Another namespace is not a candidate.
+  auto elsewhere = *KeyBuilder("other/1").add_bytes("ir", "lexer -DA").label("lexer.c").finish();
+  Nearest ns = sm.nearest(elsewhere.manifest, elsewhere.label, elsewhere.key);
+  EXPECT_FALSE(ns.entry);
+  EXPECT_EQ(ns.other_ns.at("interp/1"), 2u);
+}
+
+// ---- the Cache's miss path -------------------------------------------------------
+
+std::string slurp(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+size_t test_count(const std::string& s, const std::string& what) {
+  size_t n = 0;
+  for (size_t p = s.find(what); p != std::string::npos; p = s.find(what, p + 1)) ++n;
+  return n;
+}
+
+class ExplainCache : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ExplainCache, MissesAreJournaledAndExplained) {
+  test::TempDir tmp;
+  Options o = test::disk_options(tmp.path() + "/cache");
+  o.engine = parse_engine(GetParam());
+  o.memory_tier = false;
+  auto compile = [] { return std::vector<Artifact>{{"obj", "code"}}; };
+  {
+    auto cache = Cache::open(o);
+    for (const char* m : {"lexer.c", "parser.c", "eval.c"})
+      ASSERT_TRUE(cache->get_or_compile(module_key(m, std::string("ir of ") + m, 2), compile));
+    // A hit is not journaled.
+    ASSERT_TRUE(cache->get_or_compile(module_key("eval.c", "ir of eval.c", 2), compile));
+  }
+  std::string store = tmp.path() + "/cache/" + GetParam();
+  auto recs = MissJournal::read(store, 100);
+  ASSERT_TRUE(recs);
+  ASSERT_EQ(recs->size(), 3u);
+  EXPECT_EQ((*recs)[0].label, "lexer.c");
+  EXPECT_EQ((*recs)[2].label, "eval.c");
+  EXPECT_EQ((*recs)[0].key, module_key("lexer.c", "ir of lexer.c", 2).key);
+
+  // Explain on: each miss logs one line with the nearest entry of its label.
+  std::string log = tmp.path() + "/log";
+  Options e = o;
+  e.explain = true;
+  e.log_level = LogLevel::warn;
+  e.log_file = log;
+  {
+    auto cache = Cache::open(e);
+    ASSERT_TRUE(cache->get_or_compile(module_key("parser.c", "ir of parser.c", 3), compile));
+    auto batch = cache->get_or_compile_batch({{module_key("lexer.c", "ir of lexer.c", 3), compile},
+                                              {module_key("eval.c", "ir of eval.c", 2), compile}});
+    ASSERT_TRUE(batch[0] && batch[1]);
+    // A namespace with nothing stored: journaled, no line.
+    ASSERT_TRUE(cache->get_or_compile(*KeyBuilder("fresh/1").add_u64("n", 1).finish(), compile));
+  }
+  util::set_log(LogLevel::error, "");
+  std::string text = slurp(log);
+  KeyInfo parser2 = module_key("parser.c", "ir of parser.c", 2);
+  KeyInfo lexer3 = module_key("lexer.c", "ir of lexer.c", 3);
+  EXPECT_NE(text.find("miss " + module_key("parser.c", "ir of parser.c", 3).key.hex() +
+                      " \"parser.c\" (interp/1): nearest " + parser2.key.hex() +
+                      " \"parser.c\": ir_opt_level: 2 \u2192 3"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("miss " + lexer3.key.hex() + " \"lexer.c\""), std::string::npos) << text;
+  EXPECT_EQ(test_count(text, "\n"), 2u) << text;  // one line per explained miss; the hit and fresh/1: none
+  recs = MissJournal::read(store, 100);
+  ASSERT_TRUE(recs);
+  EXPECT_EQ(recs->size(), 6u);
+
+  // Read-only: nothing journaled.
+  Options ro = o;
+  ro.read_only = true;
+  {
+    auto cache = Cache::open(ro);
+    ASSERT_TRUE(cache->get_or_compile(module_key("main.c", "ir of main.c", 2), compile));
+  }
+  // miss_journal = 0: none either.
+  Options off = o;
+  off.miss_journal = 0;
+  {
+    auto cache = Cache::open(off);
+    ASSERT_TRUE(cache->get_or_compile(module_key("main.c", "ir of main.c", 1), compile));
+  }
+  recs = MissJournal::read(store, 100);
+  ASSERT_TRUE(recs);
+  EXPECT_EQ(recs->size(), 6u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Engines, ExplainCache,
+                         ::testing::Values(
+#if KCACHE_HAVE_LMDB
+                             std::string("lmdb"),
+#endif
+                             std::string("files")),
+                         [](const auto& info) { return info.param; });
+
+}  // namespace
+}  // namespace kcache
