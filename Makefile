@@ -5,7 +5,7 @@ BUILD ?= build
 JOBS  ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: all deps configure build demo test bench sanitize install-check clean python
+.PHONY: all deps configure build demo test bench sanitize install-check clean python format format-check
 
 all: build
 
@@ -48,6 +48,13 @@ install-check: build
 # ThreadSanitizer on the concurrency tests.
 sanitize: deps
 	@bash scripts/sanitize.sh
+
+# The C and C++ sources in the layout of .clang-format.
+FORMAT_FILES = $(shell git ls-files '*.h' '*.cc' '*.c' | grep -v '^tests/fixtures/')
+format: deps
+	@clang-format -i $(FORMAT_FILES)
+format-check: deps
+	@clang-format --dry-run -Werror $(FORMAT_FILES) && echo "format-check: $(words $(FORMAT_FILES)) files formatted"
 
 clean:
 	rm -rf $(BUILD) build-asan build-tsan

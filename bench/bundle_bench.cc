@@ -158,15 +158,25 @@ void BM_Hit(benchmark::State& state, Which which) {
   auto check = t.get(key_of(n / 2));
   if (!check || !check->has_value() || *(**check).artifact("obj") != bytes_of(n / 2, kHitBytes))
     state.SkipWithError("wrong bytes");
-  if (which == Which::lmdb) g_lmdb_ns = ns;
-  else if (g_lmdb_ns > 0) state.counters["vs_lmdb"] = ns / g_lmdb_ns;
+  if (which == Which::lmdb)
+    g_lmdb_ns = ns;
+  else if (g_lmdb_ns > 0)
+    state.counters["vs_lmdb"] = ns / g_lmdb_ns;
 }
 
 }  // namespace
 
-BENCHMARK_CAPTURE(BM_Open, unsigned, false)->Name("open/unsigned")->Arg(1000)->Arg(10000)->Arg(100000)
+BENCHMARK_CAPTURE(BM_Open, unsigned, false)
+    ->Name("open/unsigned")
+    ->Arg(1000)
+    ->Arg(10000)
+    ->Arg(100000)
     ->Unit(benchmark::kMicrosecond);
-BENCHMARK_CAPTURE(BM_Open, signed, true)->Name("open/signed")->Arg(1000)->Arg(10000)->Arg(100000)
+BENCHMARK_CAPTURE(BM_Open, signed, true)
+    ->Name("open/signed")
+    ->Arg(1000)
+    ->Arg(10000)
+    ->Arg(100000)
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK_CAPTURE(BM_Hit, lmdb, Which::lmdb)->Name("hit/lmdb")->Arg(10000);
 BENCHMARK_CAPTURE(BM_Hit, bundle, Which::bundle)->Name("hit/bundle")->Arg(10000);

@@ -169,9 +169,10 @@ struct Stores {
     mo.max_bytes = uint64_t(2) << 30;
     memory = kcache::make_memory_tier(mo);
     lmdb = open_or_die(kcache::open_lmdb_tier(root_dir() + "/lmdb", disk_options(kcache::Durability::normal)), "lmdb");
-    lmdb_nosync =
-        open_or_die(kcache::open_lmdb_tier(root_dir() + "/lmdb-nosync", disk_options(kcache::Durability::none)), "lmdb");
-    files = open_or_die(kcache::open_files_tier(root_dir() + "/files", disk_options(kcache::Durability::normal)), "files");
+    lmdb_nosync = open_or_die(
+        kcache::open_lmdb_tier(root_dir() + "/lmdb-nosync", disk_options(kcache::Durability::none)), "lmdb");
+    files =
+        open_or_die(kcache::open_files_tier(root_dir() + "/files", disk_options(kcache::Durability::normal)), "files");
     cache_lmdb = kcache::Cache::with_tiers({lmdb});
 #if KCACHE_BENCH_HAVE_LLVM
     std::string err;
@@ -238,8 +239,10 @@ inline void consume(std::string_view v) {
 enum class Pattern { same, vary, read };
 
 inline void use(Pattern p, std::string_view v) {
-  if (p == Pattern::read) consume(v);
-  else touch(v);
+  if (p == Pattern::read)
+    consume(v);
+  else
+    touch(v);
 }
 
 // Runs `hit(i)` (which must look key i up and touch its bytes) in the
@@ -526,15 +529,14 @@ void register_all() {
     std::shared_ptr<kcache::Tier> S::*which;
   };
   const TierCase hit_tiers[] = {{"memory", &S::memory}, {"lmdb", &S::lmdb}, {"files", &S::files}};
-  for (auto [pattern, p] : {std::pair{"same", Pattern::same}, std::pair{"vary", Pattern::vary},
-                            std::pair{"read", Pattern::read}}) {
+  for (auto [pattern, p] :
+       {std::pair{"same", Pattern::same}, std::pair{"vary", Pattern::vary}, std::pair{"read", Pattern::read}}) {
     auto add = [](benchmark::internal::Benchmark* b) {
       for (int64_t s : kSizes) b->Arg(s);
     };
     add(benchmark::RegisterBenchmark((std::string("hit/memcpy/") + pattern).c_str(), BM_HitMemcpy, p));
     for (const auto& t : hit_tiers)
-      add(benchmark::RegisterBenchmark((std::string("hit/") + t.name + "/" + pattern).c_str(), BM_HitTier, t.which,
-                                       p));
+      add(benchmark::RegisterBenchmark((std::string("hit/") + t.name + "/" + pattern).c_str(), BM_HitTier, t.which, p));
     add(benchmark::RegisterBenchmark((std::string("hit/cache_lmdb/") + pattern).c_str(), BM_HitCache, p));
 #if KCACHE_BENCH_HAVE_LLVM
     add(benchmark::RegisterBenchmark((std::string("hit/llvm_localcache/") + pattern).c_str(), BM_HitLlvm, p));
@@ -561,8 +563,8 @@ void register_all() {
 
   const char* kinds[] = {"ptx", "elf"};
   for (int which = 0; which < 2; ++which) {
-    for (auto [mode, c] : {std::pair{"none", kcache::Compression::none},
-                           std::pair{"automatic", kcache::Compression::automatic}}) {
+    for (auto [mode, c] :
+         {std::pair{"none", kcache::Compression::none}, std::pair{"automatic", kcache::Compression::automatic}}) {
       std::string base = std::string("compress/") + kinds[which] + "/" + mode;
       benchmark::RegisterBenchmark((base + "/hit").c_str(), BM_CompressHit, which, c)
           ->Arg(16 << 10)

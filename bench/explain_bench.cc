@@ -66,7 +66,8 @@ void BM_MissExplain(benchmark::State& state) {
     auto k = module_key(i, 2);
     kcache::EntryMeta m;
     m.label = k.label;
-    (void)store->tier->put(*kcache::EntryBuilder(k.key).add("obj", std::string(2000, 'o')).meta(m).manifest(k.manifest).build());
+    (void)store->tier->put(
+        *kcache::EntryBuilder(k.key).add("obj", std::string(2000, 'o')).meta(m).manifest(k.manifest).build());
   }
   kcache::MissExplainer ex(store->tier, std::make_unique<kcache::MissJournal>(store->path, 1000), explain);
   std::vector<kcache::KeyInfo> misses;
@@ -78,7 +79,12 @@ void BM_MissExplain(benchmark::State& state) {
   state.SetLabel(explain ? "journal + explain" : "journal");
   std::system(("rm -rf " + dir).c_str());
 }
-BENCHMARK(BM_MissExplain)->Args({100, 0})->Args({100, 1})->Args({1000, 0})->Args({1000, 1})->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_MissExplain)
+    ->Args({100, 0})
+    ->Args({100, 1})
+    ->Args({1000, 0})
+    ->Args({1000, 1})
+    ->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 

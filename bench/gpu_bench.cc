@@ -176,8 +176,8 @@ struct ChildTimes {
 
 ChildTimes run_child(const std::string& mode) {
   std::string dir = g_tmp + "/opencl-" + mode;
-  std::string env = std::string("POCL_KERNEL_CACHE=") + (mode.ends_with("pocl") ? "1" : "0") + " POCL_CACHE_DIR='" + dir +
-                    "/pocl' ";
+  std::string env =
+      std::string("POCL_KERNEL_CACHE=") + (mode.ends_with("pocl") ? "1" : "0") + " POCL_CACHE_DIR='" + dir + "/pocl' ";
   std::string cmd = env + "'" + g_self + "' --opencl-child " + mode + " '" + dir + "'";
   ChildTimes t;
   FILE* f = ::popen(cmd.c_str(), "r");

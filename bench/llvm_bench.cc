@@ -247,8 +247,8 @@ void BM_JitLinkOnly(benchmark::State& state) {
     state.PauseTiming();
     auto jit = llvm::orc::LLJITBuilder().create();
     if (!jit) std::abort();
-    auto gen = llvm::orc::DynamicLibrarySearchGenerator::GetForCurrentProcess(
-        (*jit)->getDataLayout().getGlobalPrefix());
+    auto gen =
+        llvm::orc::DynamicLibrarySearchGenerator::GetForCurrentProcess((*jit)->getDataLayout().getGlobalPrefix());
     (*jit)->getMainJITDylib().addGenerator(std::move(*gen));
     state.ResumeTiming();
     auto t0 = std::chrono::steady_clock::now();
@@ -292,16 +292,18 @@ int main(int argc, char** argv) {
                 g_us["warm_copy_cache"]);
   }
   if (g_us.count("link") && g_us.count("warm_zc")) {
-    std::printf("ratio: cache lookup+read is %.1f%% of link-only time (%.2f us vs %.1f us per kernel); "
-                "with key hashing %.1f%%\n",
-                100 * g_us["warm_zc_cache"] / g_us["link"], g_us["warm_zc_cache"], g_us["link"],
-                100 * (g_us["warm_zc_cache"] + g_us["warm_zc_key"]) / g_us["link"]);
+    std::printf(
+        "ratio: cache lookup+read is %.1f%% of link-only time (%.2f us vs %.1f us per kernel); "
+        "with key hashing %.1f%%\n",
+        100 * g_us["warm_zc_cache"] / g_us["link"], g_us["warm_zc_cache"], g_us["link"],
+        100 * (g_us["warm_zc_cache"] + g_us["warm_zc_key"]) / g_us["link"]);
   }
   if (g_us.count("link_cpu") && g_us.count("warm_zc")) {
-    std::printf("ratio: in CPU time, cache lookup+read is %.1f%% of link-only time (%.2f us vs %.1f us per kernel); "
-                "with key hashing %.1f%%\n",
-                100 * g_us["warm_zc_cache_cpu"] / g_us["link_cpu"], g_us["warm_zc_cache_cpu"], g_us["link_cpu"],
-                100 * (g_us["warm_zc_cache_cpu"] + g_us["warm_zc_key_cpu"]) / g_us["link_cpu"]);
+    std::printf(
+        "ratio: in CPU time, cache lookup+read is %.1f%% of link-only time (%.2f us vs %.1f us per kernel); "
+        "with key hashing %.1f%%\n",
+        100 * g_us["warm_zc_cache_cpu"] / g_us["link_cpu"], g_us["warm_zc_cache_cpu"], g_us["link_cpu"],
+        100 * (g_us["warm_zc_cache_cpu"] + g_us["warm_zc_key_cpu"]) / g_us["link_cpu"]);
   }
   return 0;
 }

@@ -49,9 +49,7 @@ struct Args {
   bool run = false, json = false;
 };
 
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
+double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 double clock_s(clockid_t id) {
   timespec ts;
   ::clock_gettime(id, &ts);
@@ -189,7 +187,8 @@ int run_once(const Args& a) {
   void* L = reinterpret_cast<NewState>(addr("luaL_newstate"))();
   reinterpret_cast<OpenLibs>(addr("luaL_openlibs"))(L);
   long long result = -1;
-  if (reinterpret_cast<LoadString>(addr("luaL_loadstring"))(L, "local t = {} for i = 1, 6 do t[i] = i end return #t * 7") == 0 &&
+  if (reinterpret_cast<LoadString>(addr("luaL_loadstring"))(
+          L, "local t = {} for i = 1, 6 do t[i] = i end return #t * 7") == 0 &&
       reinterpret_cast<PCallK>(addr("lua_pcallk"))(L, 0, 1, 0, 0, nullptr) == 0)
     result = reinterpret_cast<ToIntegerX>(addr("lua_tointegerx"))(L, -1, nullptr);
 
@@ -197,13 +196,15 @@ int run_once(const Args& a) {
   double key_s = c.key_ns / 1e9, cache_s = c.lookup_ns / 1e9, compile_s = c.compile_ns / 1e9;
   double link_s = (t_ready - t_add) - (key_s - pre_key) - (cache_s - pre_cache) - compile_s;
   double key_cpu = c.key_cpu_ns / 1e9, cache_cpu = c.lookup_cpu_ns / 1e9;
-  double link_cpu = (cpu_ready - cpu_add) - (key_cpu - pre_key_cpu) - (cache_cpu - pre_cache_cpu) - c.compile_cpu_ns / 1e9;
+  double link_cpu =
+      (cpu_ready - cpu_add) - (key_cpu - pre_key_cpu) - (cache_cpu - pre_cache_cpu) - c.compile_cpu_ns / 1e9;
   cache->flush();
-  std::printf("{\"files\":%zu,\"parsed\":%llu,\"ready_s\":%.6f,\"ready_cpu_s\":%.6f,\"key_s\":%.6f,\"cache_s\":%.6f,"
-              "\"compile_s\":%.6f,\"link_s\":%.6f,\"key_cpu_s\":%.6f,\"cache_cpu_s\":%.6f,\"link_cpu_s\":%.6f,"
-              "\"lua_result\":%lld,\"jit\":%s}\n",
-              files.size(), (unsigned long long)parsed, t_ready - t0, pcpu, key_s, cache_s, compile_s, link_s, key_cpu,
-              cache_cpu, link_cpu, result, c.to_json().c_str());
+  std::printf(
+      "{\"files\":%zu,\"parsed\":%llu,\"ready_s\":%.6f,\"ready_cpu_s\":%.6f,\"key_s\":%.6f,\"cache_s\":%.6f,"
+      "\"compile_s\":%.6f,\"link_s\":%.6f,\"key_cpu_s\":%.6f,\"cache_cpu_s\":%.6f,\"link_cpu_s\":%.6f,"
+      "\"lua_result\":%lld,\"jit\":%s}\n",
+      files.size(), (unsigned long long)parsed, t_ready - t0, pcpu, key_s, cache_s, compile_s, link_s, key_cpu,
+      cache_cpu, link_cpu, result, c.to_json().c_str());
   return result == 42 ? 0 : 2;
 }
 
@@ -213,8 +214,10 @@ std::string run_child(const Args& a, const char* self, const std::string& cache,
   if (::pipe(fd) != 0) die("pipe");
   pid_t pid = ::fork();
   if (pid == 0) {
-    if (disabled) ::setenv("KCACHE_DISABLE", "1", 1);
-    else ::unsetenv("KCACHE_DISABLE");
+    if (disabled)
+      ::setenv("KCACHE_DISABLE", "1", 1);
+    else
+      ::unsetenv("KCACHE_DISABLE");
     ::dup2(fd[1], 1);
     ::close(fd[0]);
     ::close(fd[1]);
@@ -258,13 +261,20 @@ int main(int argc, char** argv) {
       if (i + 1 >= argc) die("missing value after " + s);
       return argv[++i];
     };
-    if (s == "--bc") a.bc = val();
-    else if (s == "--cache") a.cache = val();
-    else if (s == "--keys") a.keys = val();
-    else if (s == "--reps") a.reps = static_cast<unsigned>(std::stoul(val()));
-    else if (s == "--run") a.run = true;
-    else if (s == "--json") a.json = true;
-    else die("unknown argument " + s + " (see the comment at the top of bench/lua_jit_bench.cc)");
+    if (s == "--bc")
+      a.bc = val();
+    else if (s == "--cache")
+      a.cache = val();
+    else if (s == "--keys")
+      a.keys = val();
+    else if (s == "--reps")
+      a.reps = static_cast<unsigned>(std::stoul(val()));
+    else if (s == "--run")
+      a.run = true;
+    else if (s == "--json")
+      a.json = true;
+    else
+      die("unknown argument " + s + " (see the comment at the top of bench/lua_jit_bench.cc)");
   }
   if (a.bc.empty()) die("--bc DIR is required (scripts/lua_bench.sh makes it)");
   if (a.keys != "frontend" && a.keys != "module") die("--keys frontend|module");
@@ -298,17 +308,19 @@ int main(int argc, char** argv) {
     wlc.push_back(num(w, "link_cpu_s"));
     if (num(w, "codegen_runs") != 0) die("warm run compiled: " + w);
     if (!a.json)
-      std::printf("rep %u: nocache %.3f s (cpu %.3f), cold %.3f s (cpu %.3f), warm %.4f s (cpu %.4f); warm keys+lookups "
-                  "%.2f ms (cpu %.2f), linking %.2f ms (cpu %.2f)\n",
-                  r + 1, nc.back(), nc_cpu.back(), cold.back(), cold_cpu.back(), warm.back(), warm_cpu.back(),
-                  wk.back() * 1e3, wkc.back() * 1e3, wl.back() * 1e3, wlc.back() * 1e3);
+      std::printf(
+          "rep %u: nocache %.3f s (cpu %.3f), cold %.3f s (cpu %.3f), warm %.4f s (cpu %.4f); warm keys+lookups "
+          "%.2f ms (cpu %.2f), linking %.2f ms (cpu %.2f)\n",
+          r + 1, nc.back(), nc_cpu.back(), cold.back(), cold_cpu.back(), warm.back(), warm_cpu.back(), wk.back() * 1e3,
+          wkc.back() * 1e3, wl.back() * 1e3, wlc.back() * 1e3);
   }
-  std::printf("{\"keys\":\"%s\",\"reps\":%zu,\"nocache_s\":%.4f,\"cold_s\":%.4f,\"warm_s\":%.5f,"
-              "\"nocache_cpu_s\":%.4f,\"cold_cpu_s\":%.4f,\"warm_cpu_s\":%.5f,\"cold_over_nocache\":%.4f,"
-              "\"cold_over_nocache_cpu\":%.4f,\"warm_kcache_s\":%.5f,\"warm_link_s\":%.5f,\"warm_kcache_share_of_link\":%.4f,"
-              "\"warm_kcache_cpu_s\":%.5f,\"warm_link_cpu_s\":%.5f,\"warm_kcache_cpu_share_of_link\":%.4f}\n",
-              a.keys.c_str(), nc.size(), median(nc), median(cold), median(warm), median(nc_cpu), median(cold_cpu),
-              median(warm_cpu), median(cold) / median(nc), median(cold_cpu) / median(nc_cpu), median(wk), median(wl),
-              median(wk) / median(wl), median(wkc), median(wlc), median(wkc) / median(wlc));
+  std::printf(
+      "{\"keys\":\"%s\",\"reps\":%zu,\"nocache_s\":%.4f,\"cold_s\":%.4f,\"warm_s\":%.5f,"
+      "\"nocache_cpu_s\":%.4f,\"cold_cpu_s\":%.4f,\"warm_cpu_s\":%.5f,\"cold_over_nocache\":%.4f,"
+      "\"cold_over_nocache_cpu\":%.4f,\"warm_kcache_s\":%.5f,\"warm_link_s\":%.5f,\"warm_kcache_share_of_link\":%.4f,"
+      "\"warm_kcache_cpu_s\":%.5f,\"warm_link_cpu_s\":%.5f,\"warm_kcache_cpu_share_of_link\":%.4f}\n",
+      a.keys.c_str(), nc.size(), median(nc), median(cold), median(warm), median(nc_cpu), median(cold_cpu),
+      median(warm_cpu), median(cold) / median(nc), median(cold_cpu) / median(nc_cpu), median(wk), median(wl),
+      median(wk) / median(wl), median(wkc), median(wlc), median(wkc) / median(wlc));
   return 0;
 }

@@ -49,7 +49,9 @@ World& world() {
   return *w;
 }
 
-Key key_of(uint64_t i, uint64_t salt) { return KeyBuilder("bench").add_u64("i", i).add_u64("salt", salt).finish()->key; }
+Key key_of(uint64_t i, uint64_t salt) {
+  return KeyBuilder("bench").add_u64("i", i).add_u64("salt", salt).finish()->key;
+}
 
 Entry entry_of(const Key& k, size_t n) {
   std::string data(n, '\0');

@@ -62,12 +62,13 @@ Result run(bool single_flight) {
       std::vector<BatchItem> items;
       for (int j = 0; j < kKeys; ++j) {
         uint64_t i = static_cast<uint64_t>(j);  // every process asks in the same order
-        items.push_back({*KeyBuilder("bench-sf").add_u64("i", i).finish(), [i, &cpu]() -> Expected<std::vector<Artifact>> {
-                           double t = thread_cpu_s();
-                           std::string s = compile(i);
-                           cpu += thread_cpu_s() - t;  // one worker thread: no race
-                           return std::vector<Artifact>{{"obj", std::move(s)}};
-                         }});
+        items.push_back(
+            {*KeyBuilder("bench-sf").add_u64("i", i).finish(), [i, &cpu]() -> Expected<std::vector<Artifact>> {
+               double t = thread_cpu_s();
+               std::string s = compile(i);
+               cpu += thread_cpu_s() - t;  // one worker thread: no race
+               return std::vector<Artifact>{{"obj", std::move(s)}};
+             }});
       }
       BatchOptions bo;
       bo.threads = 1;
@@ -79,8 +80,7 @@ Result run(bool single_flight) {
     }
   }
   ::close(fd[1]);
-  while (::wait(nullptr) > 0) {
-  }
+  while (::wait(nullptr) > 0) {}
   Result res;
   res.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   double v[2];

@@ -30,7 +30,8 @@ TEST(Batch, ResultsInRequestOrderWithProgressAndErrorsInPlace) {
   std::atomic<int> calls{0};
   // Pre-store three so some are hits.
   for (int i = 0; i < 3; ++i)
-    ASSERT_TRUE(c->get_or_compile(*KeyBuilder("b").add_u64("i", i).finish(), value_fn(&calls, "v" + std::to_string(i))));
+    ASSERT_TRUE(
+        c->get_or_compile(*KeyBuilder("b").add_u64("i", i).finish(), value_fn(&calls, "v" + std::to_string(i))));
   calls = 0;
   std::vector<BatchItem> items;
   for (int i = 0; i < 40; ++i) {
@@ -85,8 +86,7 @@ TEST(Batch, UsesSeveralWorkers) {
     items.push_back({*KeyBuilder("w").add_u64("i", i).finish(), [&]() -> Expected<std::vector<Artifact>> {
                        int now = ++running;
                        int p = peak.load();
-                       while (now > p && !peak.compare_exchange_weak(p, now)) {
-                       }
+                       while (now > p && !peak.compare_exchange_weak(p, now)) {}
                        std::this_thread::sleep_for(std::chrono::milliseconds(30));
                        --running;
                        return std::vector<Artifact>{{"obj", "x"}};
@@ -130,6 +130,7 @@ TEST(BatchRegression, ThrowingCompileReachesTheCallerNotTerminate) {
   bad.threads = 2;
   bad.progress = [](size_t, size_t, size_t, Source) { throw std::logic_error("progress"); };
   std::vector<BatchItem> fresh;
-  for (int i = 100; i < 104; ++i) fresh.push_back({*KeyBuilder("throw").add_u64("i", i).finish(), value_fn(&calls, "y")});
+  for (int i = 100; i < 104; ++i)
+    fresh.push_back({*KeyBuilder("throw").add_u64("i", i).finish(), value_fn(&calls, "y")});
   EXPECT_THROW((void)c->get_or_compile_batch(fresh, bad), std::logic_error);
 }

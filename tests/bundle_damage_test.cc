@@ -108,9 +108,10 @@ TEST(BundleDamage, ChangedTruncatedAndExtendedBytesNeverGiveWrongBytes) {
   EXPECT_EQ(t.wrong, 0u);
   EXPECT_GT(t.refused, 0u);
   EXPECT_GT(t.hits, 0u);
-  std::printf("bundle damage: %llu trials, %llu refused, %llu opened; reads: %llu right, %llu misses, "
-              "%llu faults, %llu wrong\n",
-              (unsigned long long)t.trials, (unsigned long long)t.refused, (unsigned long long)t.opened,
-              (unsigned long long)t.hits, (unsigned long long)t.misses, (unsigned long long)t.faults,
-              (unsigned long long)t.wrong);
+  std::printf(
+      "bundle damage: %llu trials, %llu refused, %llu opened; reads: %llu right, %llu misses, "
+      "%llu faults, %llu wrong\n",
+      (unsigned long long)t.trials, (unsigned long long)t.refused, (unsigned long long)t.opened,
+      (unsigned long long)t.hits, (unsigned long long)t.misses, (unsigned long long)t.faults,
+      (unsigned long long)t.wrong);
 }

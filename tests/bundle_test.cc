@@ -222,7 +222,9 @@ TEST(Bundle, MarkOnTheFilesEngine) {
 TEST(Bundle, OtherFormatVersionAndOtherCompilerMiss) {
   TempDir d;
   auto store = open_store(d.path());
-  auto key_for = [](const char* compiler) { return KeyBuilder("jit").add_string("compiler", compiler).add_string("src", "k").finish(); };
+  auto key_for = [](const char* compiler) {
+    return KeyBuilder("jit").add_string("compiler", compiler).add_string("src", "k").finish();
+  };
   auto k14 = key_for("clang-14"), k15 = key_for("clang-15");
   ASSERT_TRUE(store->put(*EntryBuilder(k14->key).add("obj", "code14").manifest(k14->manifest).build()).is_ok());
   fill(*store, 0, 3);
@@ -377,9 +379,9 @@ TEST(Bundle, ServedThroughCacheOpenWithEnvironment) {
   EXPECT_EQ(cache->tiers()[1]->kind(), TierKind::bundle);
   for (uint64_t i = 0; i < 30; ++i) {
     Source s = Source::compiled;
-    auto e = cache->get_or_compile(KeyInfo{key_of(i), {}}, [] {
-      return Expected<std::vector<Artifact>>(Status(Errc::compile_failed, "must not compile"));
-    }, &s);
+    auto e = cache->get_or_compile(
+        KeyInfo{key_of(i), {}},
+        [] { return Expected<std::vector<Artifact>>(Status(Errc::compile_failed, "must not compile")); }, &s);
     ASSERT_TRUE(e.has_value()) << i;
     EXPECT_TRUE(entry_ok(*e, i));
     EXPECT_EQ(s, Source::bundle);

@@ -15,32 +15,31 @@
 
 static int failures = 0;
 
-#define CHECK(cond)                                                        \
-  do {                                                                     \
-    if (!(cond)) {                                                         \
-      fprintf(stderr, "%s:%d: CHECK failed: %s (last error: %s)\n", __FILE__, \
-              __LINE__, #cond, kcache_last_error());                       \
-      ++failures;                                                          \
-    }                                                                      \
+#define CHECK(cond)                                                                                                  \
+  do {                                                                                                               \
+    if (!(cond)) {                                                                                                   \
+      fprintf(stderr, "%s:%d: CHECK failed: %s (last error: %s)\n", __FILE__, __LINE__, #cond, kcache_last_error()); \
+      ++failures;                                                                                                    \
+    }                                                                                                                \
   } while (0)
 
-#define CHECK_EQ_INT(a, b)                                                          \
-  do {                                                                              \
-    long long a_ = (long long)(a), b_ = (long long)(b);                             \
-    if (a_ != b_) {                                                                 \
-      fprintf(stderr, "%s:%d: %s == %lld, want %s == %lld (last error: %s)\n",      \
-              __FILE__, __LINE__, #a, a_, #b, b_, kcache_last_error());             \
-      ++failures;                                                                   \
-    }                                                                               \
+#define CHECK_EQ_INT(a, b)                                                                                         \
+  do {                                                                                                             \
+    long long a_ = (long long)(a), b_ = (long long)(b);                                                            \
+    if (a_ != b_) {                                                                                                \
+      fprintf(stderr, "%s:%d: %s == %lld, want %s == %lld (last error: %s)\n", __FILE__, __LINE__, #a, a_, #b, b_, \
+              kcache_last_error());                                                                                \
+      ++failures;                                                                                                  \
+    }                                                                                                              \
   } while (0)
 
 /* A compile callback: the artifacts of "kernel" number `n`. */
 struct job {
   int n;
-  int fail;          /* non-zero: report a failed compile */
-  int sleep_ms;      /* widen the window for concurrent callers */
+  int fail;     /* non-zero: report a failed compile */
+  int sleep_ms; /* widen the window for concurrent callers */
   pthread_mutex_t mu;
-  int calls;         /* GUARDED_BY(mu) */
+  int calls; /* GUARDED_BY(mu) */
 };
 
 static void make_obj(int n, unsigned char* buf, size_t size) {
@@ -201,7 +200,7 @@ static void test_engine(const char* root, const char* engine) {
   struct job j1, j2, jfail, jrace;
   int source = -1, i;
   char* stats;
-  const char *name;
+  const char* name;
   const void* data;
   size_t size;
   kcache_artifact arts[2];
@@ -321,15 +320,15 @@ static void test_engine(const char* root, const char* engine) {
 }
 
 /* A failing call sets a message, a succeeding one clears it. */
-#define CHECK_FAILS(call, code)                  \
-  do {                                           \
-    CHECK_EQ_INT((call), (code));                \
-    CHECK(strlen(kcache_last_error()) > 0);      \
+#define CHECK_FAILS(call, code)             \
+  do {                                      \
+    CHECK_EQ_INT((call), (code));           \
+    CHECK(strlen(kcache_last_error()) > 0); \
   } while (0)
-#define CHECK_OK(call)                           \
-  do {                                           \
-    CHECK_EQ_INT((call), KCACHE_OK);             \
-    CHECK(strlen(kcache_last_error()) == 0);     \
+#define CHECK_OK(call)                       \
+  do {                                       \
+    CHECK_EQ_INT((call), KCACHE_OK);         \
+    CHECK(strlen(kcache_last_error()) == 0); \
   } while (0)
 
 /* Callbacks that misuse the artifact sink. */

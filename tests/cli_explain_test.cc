@@ -79,20 +79,22 @@ TEST_P(CliTest, ExplainNamesTheComponentThatDiffers) {
 // A component whose type changed (u64 -> i64) is told apart from a changed
 // value, with both types; a removed one is "missing".
 TEST_P(CliTest, ExplainTellsATypeChangeAndAMissingComponent) {
-  KeyInfo stored = *KeyBuilder("clitest/1").add_u64("compiler", 14).add_string("opt", "-O2").add_u64("gone", 1).finish();
+  KeyInfo stored =
+      *KeyBuilder("clitest/1").add_u64("compiler", 14).add_string("opt", "-O2").add_u64("gone", 1).finish();
   put(stored.key, "ptx", write_text_manifest(file("stored.txt"), stored));
   KeyInfo lookup = *KeyBuilder("clitest/1").add_i64("compiler", 14).add_string("opt", "-O2").finish();
   std::string mf = write_text_manifest(file("lookup.txt"), lookup);
   Result r = run({"explain", "--manifest", mf, "--json"});
   EXPECT_EQ(r.rc, 1) << r.err;
-  EXPECT_NE(r.out.find("\"nearest\":{\"key\":\"" + stored.key.hex() + "\",\"components\":2,\"differences\":["
-                       "{\"name\":\"compiler\",\"change\":\"type_changed\",\"stored\":\"" +
-                       stored.manifest.items[0].digest.hex() + "\",\"lookup\":\"" +
-                       lookup.manifest.items[0].digest.hex() +
-                       "\",\"stored_type\":\"u64\",\"lookup_type\":\"i64\"},"
-                       "{\"name\":\"gone\",\"change\":\"missing\",\"stored\":\"" +
-                       stored.manifest.items[1].digest.hex() + "\",\"lookup\":null}]}"),
-            std::string::npos)
+  EXPECT_NE(
+      r.out.find("\"nearest\":{\"key\":\"" + stored.key.hex() +
+                 "\",\"components\":2,\"differences\":["
+                 "{\"name\":\"compiler\",\"change\":\"type_changed\",\"stored\":\"" +
+                 stored.manifest.items[0].digest.hex() + "\",\"lookup\":\"" + lookup.manifest.items[0].digest.hex() +
+                 "\",\"stored_type\":\"u64\",\"lookup_type\":\"i64\"},"
+                 "{\"name\":\"gone\",\"change\":\"missing\",\"stored\":\"" +
+                 stored.manifest.items[1].digest.hex() + "\",\"lookup\":null}]}"),
+      std::string::npos)
       << r.out;
   r = run({"explain", "--manifest", mf});
   EXPECT_EQ(r.rc, 1);
@@ -101,12 +103,7 @@ TEST_P(CliTest, ExplainTellsATypeChangeAndAMissingComponent) {
   EXPECT_NE(r.out.find("  gone                 missing  only in the stored entry\n"), std::string::npos) << r.out;
 }
 
-INSTANTIATE_TEST_SUITE_P(Engines, CliTest,
-                         ::testing::Values(
-#if KCACHE_HAVE_LMDB
-                             std::string("lmdb"),
-#endif
-                             std::string("files")),
+INSTANTIATE_TEST_SUITE_P(Engines, CliTest, ::testing::ValuesIn(engine_names()),
                          [](const auto& info) { return info.param; });
 
 }  // namespace

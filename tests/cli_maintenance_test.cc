@@ -134,12 +134,7 @@ TEST_P(CliTest, ClearRemovesEverything) {
   expect_failure(run({"get", "--key", key_of(1).hex(), "--artifact", "obj"}), 1);
 }
 
-INSTANTIATE_TEST_SUITE_P(Engines, CliTest,
-                         ::testing::Values(
-#if KCACHE_HAVE_LMDB
-                             std::string("lmdb"),
-#endif
-                             std::string("files")),
+INSTANTIATE_TEST_SUITE_P(Engines, CliTest, ::testing::ValuesIn(engine_names()),
                          [](const auto& info) { return info.param; });
 
 }  // namespace

@@ -70,8 +70,10 @@ TEST_P(CliRemoteTest, PutStoresInRedisAndGetInAnotherFolderHits) {
 TEST_P(CliRemoteTest, RunStoresThroughTheRemote) {
   Key k = key_of(32);
   std::string out = file("out.o"), count = file("count");
-  std::vector<std::string> args = {"run", "--key", k.hex(), "--artifact", "obj=" + out, "--",
-                                   "sh", "-c", "printf compiled > \"$0\"; echo ran >> \"$1\"", out, count};
+  std::vector<std::string> args = {"run",        "--key",      k.hex(),
+                                   "--artifact", "obj=" + out, "--",
+                                   "sh",         "-c",         "printf compiled > \"$0\"; echo ran >> \"$1\"",
+                                   out,          count};
   Result r = run_in(file("cache-a"), args, remote_env());
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_EQ(lines(slurp(count)), 1u);
@@ -114,8 +116,8 @@ TEST_P(CliRemoteTest, ARemoteThatIsDownIsAMissAndRunStillRuns) {
   Key k = key_of(34);
   expect_failure(run({"get", "--key", k.hex(), "--artifact", "obj"}, true, env), 1, k.hex());
   std::string out = file("out.o");
-  Result r = run({"run", "--key", k.hex(), "--artifact", "obj=" + out, "--", "sh", "-c", "printf x > \"$0\"", out},
-                 true, env);
+  Result r =
+      run({"run", "--key", k.hex(), "--artifact", "obj=" + out, "--", "sh", "-c", "printf x > \"$0\"", out}, true, env);
   EXPECT_EQ(r.rc, 0) << r.err;
   EXPECT_EQ(slurp(out), "x");
   // Stored on the disk store all the same.
@@ -160,12 +162,7 @@ TEST_P(CliRemoteTest, SignedValuesNeedTheSameSecret) {
   EXPECT_FALSE(in_redis(key_of(37)));
 }
 
-INSTANTIATE_TEST_SUITE_P(Engines, CliRemoteTest,
-                         ::testing::Values(
-#if KCACHE_HAVE_LMDB
-                             std::string("lmdb"),
-#endif
-                             std::string("files")),
+INSTANTIATE_TEST_SUITE_P(Engines, CliRemoteTest, ::testing::ValuesIn(engine_names()),
                          [](const auto& info) { return info.param; });
 
 }  // namespace

@@ -41,12 +41,11 @@ class Run : public ::testing::TestWithParam<std::string> {
   }
   // A "compiler": writes two outputs and counts its runs.
   std::string compiler(int sleep_ms = 0) {
-    return "-- sh -c 'sleep " + std::to_string(sleep_ms / 1000.0) + "; printf obj-bytes > \"$0/out.o\"; printf meta > \"$0/out.json\"; echo ran >> \"$0/count\"' '" +
-           d_.path() + "'";
+    return "-- sh -c 'sleep " + std::to_string(sleep_ms / 1000.0) +
+           "; printf obj-bytes > \"$0/out.o\"; printf meta > \"$0/out.json\"; echo ran >> \"$0/count\"' '" + d_.path() +
+           "'";
   }
-  std::string arts() {
-    return "--artifact obj='" + d_.path() + "/out.o' --artifact meta='" + d_.path() + "/out.json'";
-  }
+  std::string arts() { return "--artifact obj='" + d_.path() + "/out.o' --artifact meta='" + d_.path() + "/out.json'"; }
   TempDir d_;
 };
 
@@ -102,8 +101,8 @@ TEST_P(Run, ConcurrentRunsCompileOnce) {
 }
 
 TEST_P(Run, UsageErrors) {
-  EXPECT_EQ(sh(cli("run --artifact a=b -- true 2>/dev/null")), 2);                    // no key
-  EXPECT_EQ(sh(cli(std::string("run --key ") + kKey + " -- true 2>/dev/null")), 2);   // no artifact
+  EXPECT_EQ(sh(cli("run --artifact a=b -- true 2>/dev/null")), 2);                          // no key
+  EXPECT_EQ(sh(cli(std::string("run --key ") + kKey + " -- true 2>/dev/null")), 2);         // no artifact
   EXPECT_EQ(sh(cli(std::string("run --key ") + kKey + " --artifact a=b 2>/dev/null")), 2);  // no command
   EXPECT_EQ(sh(cli(std::string("run --key ") + kKey + " --artifact ab -- true 2>/dev/null")), 2);
   EXPECT_EQ(sh(cli("ls -- x 2>/dev/null")), 2);

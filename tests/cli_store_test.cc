@@ -140,8 +140,8 @@ TEST_P(CliTest, KcacheDirAndEngineComeFromTheEnvironment) {
   std::string d = file("envcache");
   std::string in = file("in.txt");
   spit(in, "from env");
-  Result r = run({"put", "--key", key_of(3).hex(), "obj=" + in}, false,
-                 {{"KCACHE_DIR", d}, {"KCACHE_ENGINE", engine()}});
+  Result r =
+      run({"put", "--key", key_of(3).hex(), "obj=" + in}, false, {{"KCACHE_DIR", d}, {"KCACHE_ENGINE", engine()}});
   ASSERT_EQ(r.rc, 0) << r.err;
   struct stat st;
   EXPECT_EQ(::stat((d + "/" + engine()).c_str(), &st), 0) << "store not under KCACHE_DIR/" << engine();
@@ -175,8 +175,10 @@ TEST_P(CliTest, ReadonlyAndDisableAreHonoured) {
   expect_failure(run({"get", "--key", key_of(41).hex(), "--artifact", "obj"}, true, off), 1, "KCACHE_DISABLE");
   expect_failure(run({"put", "--key", key_of(43).hex(), "obj=" + file("in")}, true, off), 3, "disabled");
   std::string out = file("out"), count = file("count");
-  std::vector<std::string> cmd = {"run", "--key", key_of(41).hex(), "--artifact", "obj=" + out, "--",
-                                  "sh", "-c", "printf ran > \"$0\"; echo x >> \"$1\"", out, count};
+  std::vector<std::string> cmd = {"run",        "--key",      key_of(41).hex(),
+                                  "--artifact", "obj=" + out, "--",
+                                  "sh",         "-c",         "printf ran > \"$0\"; echo x >> \"$1\"",
+                                  out,          count};
   r = run(cmd, true, off);
   EXPECT_EQ(r.rc, 0) << r.err;
   EXPECT_EQ(slurp(out), "ran");
@@ -187,12 +189,7 @@ TEST_P(CliTest, ReadonlyAndDisableAreHonoured) {
   EXPECT_EQ(r.out, "stored before") << "a disabled run must not overwrite the entry";
 }
 
-INSTANTIATE_TEST_SUITE_P(Engines, CliTest,
-                         ::testing::Values(
-#if KCACHE_HAVE_LMDB
-                             std::string("lmdb"),
-#endif
-                             std::string("files")),
+INSTANTIATE_TEST_SUITE_P(Engines, CliTest, ::testing::ValuesIn(engine_names()),
                          [](const auto& info) { return info.param; });
 
 }  // namespace

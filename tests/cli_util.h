@@ -25,7 +25,6 @@ extern char** environ;
 
 namespace kcache::test {
 
-
 struct Result {
   int rc = -1;
   std::string out, err;
@@ -106,8 +105,7 @@ class CliTest : public ::testing::TestWithParam<std::string> {
     EXPECT_EQ(sp, 0) << "spawn " << KCACHE_CLI;
     if (sp != 0) return r;
     int status = 0;
-    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-    }
+    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
     EXPECT_TRUE(WIFEXITED(status)) << "kcache died with signal " << (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
     r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
     r.out = slurp(out_path);

@@ -12,8 +12,8 @@
 // trims and clears the store in a child under a watchdog, and reads it once
 // more from a new process (which may move it aside and salvage it): no
 // abort, no hang, no wrong byte.
-#include <gtest/gtest.h>
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <sys/stat.h>
 
 #include <array>
@@ -37,7 +37,7 @@ constexpr uint64_t kProbeKey = 100000;
 size_t size_for(uint64_t k) {
   if (k % 13 == 7) return (1u << 20) + k * 37;  // large: LMDB overflow runs
   if (k % 2 == 0) return 100 + k * 29;          // small: inside LMDB leaf pages
-  return 3000 + k * 977;                         // medium: one to a few overflow pages
+  return 3000 + k * 977;                        // medium: one to a few overflow pages
 }
 
 DiskTierOptions options() {
@@ -48,10 +48,10 @@ DiskTierOptions options() {
 
 struct Outcome {
   uint32_t correct = 0, miss = 0, fault = 0, wrong = 0;
-  uint32_t silent_miss = 0;   // a miss with no corrupt/errors counter moved
-  uint32_t open_failed = 0;   // the tier did not open (Cache would run without it)
-  uint32_t usable = 0;        // a fresh put then get worked afterwards
-  uint32_t verify_ok = 0;     // verify(false) ran without error
+  uint32_t silent_miss = 0;  // a miss with no corrupt/errors counter moved
+  uint32_t open_failed = 0;  // the tier did not open (Cache would run without it)
+  uint32_t usable = 0;       // a fresh put then get worked afterwards
+  uint32_t verify_ok = 0;    // verify(false) ran without error
 };
 
 // For the files engine: whether the entry file of `k` exists and its header
@@ -237,11 +237,12 @@ void run_trial(const DiskEngine& eng, const std::string& dir, const std::string&
 }
 
 void report(const char* engine, const char* cls, const Tally& t) {
-  printf("[ %s %-9s ] %4d trials: %d crashes, %llu wrong, %llu correct, %llu faults, %llu misses (%llu silent), "
-         "%d quarantined, %d open failures, %d unusable afterwards\n",
-         engine, cls, t.trials, t.crashes, (unsigned long long)t.wrong, (unsigned long long)t.correct,
-         (unsigned long long)t.fault, (unsigned long long)t.miss, (unsigned long long)t.silent_miss, t.quarantined,
-         t.open_failed, t.not_usable);
+  printf(
+      "[ %s %-9s ] %4d trials: %d crashes, %llu wrong, %llu correct, %llu faults, %llu misses (%llu silent), "
+      "%d quarantined, %d open failures, %d unusable afterwards\n",
+      engine, cls, t.trials, t.crashes, (unsigned long long)t.wrong, (unsigned long long)t.correct,
+      (unsigned long long)t.fault, (unsigned long long)t.miss, (unsigned long long)t.silent_miss, t.quarantined,
+      t.open_failed, t.not_usable);
   for (const auto& n : t.crash_notes) printf("    crash: %s\n", n.c_str());
 }
 
@@ -401,8 +402,7 @@ TEST(LmdbGarbage, RandomBytesOverPagesNeverAbortHangOrGiveWrongBytes) {
   {
     auto t = open_lmdb_tier(tpl, options());
     ASSERT_TRUE(t.has_value()) << t.error().to_string();
-    for (uint64_t k = 0; k < kGarbageKeys + 10; ++k)
-      ASSERT_TRUE((*t)->put(make_entry(k, garbage_size(k))).is_ok());
+    for (uint64_t k = 0; k < kGarbageKeys + 10; ++k) ASSERT_TRUE((*t)->put(make_entry(k, garbage_size(k))).is_ok());
     for (uint64_t k = kGarbageKeys; k < kGarbageKeys + 10; ++k) ASSERT_TRUE((*t)->remove(key_of(k)).is_ok());
     ASSERT_TRUE((*t)->flush().is_ok());
   }
@@ -442,9 +442,12 @@ TEST(LmdbGarbage, RandomBytesOverPagesNeverAbortHangOrGiveWrongBytes) {
     static const char* kClasses[] = {"overflow", "leaf", "anywhere"};
     std::string cls = kClasses[trial % 3];
     uint64_t off;
-    if (cls == "overflow") off = overflow[rng() % overflow.size()] * 4096 + rng() % 64;
-    else if (cls == "leaf") off = leaf[rng() % leaf.size()] * 4096 + rng() % 4096;
-    else off = 2 * 4096 + rng() % (tpl_bytes.size() - 2 * 4096);
+    if (cls == "overflow")
+      off = overflow[rng() % overflow.size()] * 4096 + rng() % 64;
+    else if (cls == "leaf")
+      off = leaf[rng() % leaf.size()] * 4096 + rng() % 4096;
+    else
+      off = 2 * 4096 + rng() % (tpl_bytes.size() - 2 * 4096);
     size_t len = 1 + rng() % 8192;
     std::string bytes = tpl_bytes;
     for (size_t i = 0; i < len && off + i < bytes.size(); ++i) bytes[off + i] = static_cast<char>(rng());
@@ -456,8 +459,8 @@ TEST(LmdbGarbage, RandomBytesOverPagesNeverAbortHangOrGiveWrongBytes) {
     }
     Count& c = by_class[cls];
     ++c.trials;
-    std::string what = cls + " #" + std::to_string(trial) + " (" + std::to_string(len) + " bytes at " +
-                       std::to_string(off) + ")";
+    std::string what =
+        cls + " #" + std::to_string(trial) + " (" + std::to_string(len) + " bytes at " + std::to_string(off) + ")";
     // First process: reads and repairs; second: a new open, reads only.
     for (int pass = 0; pass < 2; ++pass) {
       int p[2];
@@ -509,10 +512,11 @@ TEST(LmdbGarbage, RandomBytesOverPagesNeverAbortHangOrGiveWrongBytes) {
   }
   Count all;
   for (const auto& [cls, c] : by_class) {
-    printf("[ lmdb garbage %-8s ] %4d trials: %d aborts, %d hangs, %llu wrong, %llu correct, %llu faults, "
-           "%llu misses, %d moved aside\n",
-           cls.c_str(), c.trials, c.aborts, c.hangs, (unsigned long long)c.wrong, (unsigned long long)c.correct,
-           (unsigned long long)c.fault, (unsigned long long)c.miss, c.quarantined);
+    printf(
+        "[ lmdb garbage %-8s ] %4d trials: %d aborts, %d hangs, %llu wrong, %llu correct, %llu faults, "
+        "%llu misses, %d moved aside\n",
+        cls.c_str(), c.trials, c.aborts, c.hangs, (unsigned long long)c.wrong, (unsigned long long)c.correct,
+        (unsigned long long)c.fault, (unsigned long long)c.miss, c.quarantined);
     all.trials += c.trials;
     all.aborts += c.aborts;
     all.hangs += c.hangs;

@@ -53,7 +53,8 @@ class Mount {
 // Stands in for a file system that refuses writes when none can be mounted.
 class FaultyTier final : public Tier {
  public:
-  FaultyTier(std::shared_ptr<Tier> inner, Errc code, int ok_puts) : inner_(std::move(inner)), code_(code), left_(ok_puts) {}
+  FaultyTier(std::shared_ptr<Tier> inner, Errc code, int ok_puts)
+      : inner_(std::move(inner)), code_(code), left_(ok_puts) {}
   std::string_view name() const noexcept override { return inner_->name(); }
 
  protected:
@@ -94,7 +95,7 @@ class DiskFullFs : public ::testing::TestWithParam<DiskEngine> {
     Options o;
     o.dir = dir;
     o.engine = parse_engine(GetParam().name);
-    o.memory_tier = false;  // every lookup goes to the disk tier
+    o.memory_tier = false;        // every lookup goes to the disk tier
     o.disk.max_bytes = 64 << 20;  // the file system fills long before the limit
     o.disk.durability = Durability::none;
     o.log_file = log_;
@@ -102,7 +103,13 @@ class DiskFullFs : public ::testing::TestWithParam<DiskEngine> {
   }
   void TearDown() override { util_reset_log(); }
   // Sends the library's log back to stderr (Cache::open sets it).
-  static void util_reset_log() { (void)Cache::open([] { Options o; o.disabled = true; return o; }()); }
+  static void util_reset_log() {
+    (void)Cache::open([] {
+      Options o;
+      o.disabled = true;
+      return o;
+    }());
+  }
   TempDir dir_;
   std::string log_ = dir_.path() + "/kcache.log";
 };
@@ -120,13 +127,17 @@ TEST_P(DiskFullFs, CompilesSucceedWhenTheDiskFillsAndWritesTurnOffOnce) {
     cache = Cache::open(options(mnt));
     ASSERT_EQ(cache->tiers().size(), 1u) << "the disk tier did not open on an empty tmpfs";
   } else {
-    printf("[ %s ] full disk: mount failed (%s); using an injected no_space fault instead\n",
-           GetParam().name.c_str(), m.error().c_str());
+    printf("[ %s ] full disk: mount failed (%s); using an injected no_space fault instead\n", GetParam().name.c_str(),
+           m.error().c_str());
     auto inner = GetParam().open(mnt, options(mnt).disk);
     ASSERT_TRUE(inner.has_value());
     Options o = options(mnt);
     cache = Cache::with_tiers({std::make_shared<FaultyTier>(*inner, Errc::no_space, 40)}, o);
-    (void)Cache::open([&] { Options q = o; q.disabled = true; return q; }());  // route the log to the file
+    (void)Cache::open([&] {
+      Options q = o;
+      q.disabled = true;
+      return q;
+    }());  // route the log to the file
   }
 
   const uint64_t kKeys = 300;  // 300 x 20 KB: three times the file system
@@ -143,9 +154,9 @@ TEST_P(DiskFullFs, CompilesSucceedWhenTheDiskFillsAndWritesTurnOffOnce) {
   CacheStats s = cache->stats();
   ASSERT_EQ(s.tiers.size(), 1u);
   const TierStats& ts = s.tiers[0].stats;
-  printf("[ %s ] %llu compiles; disk tier: %llu puts stored, %llu errors; cache faults %llu\n",
-         GetParam().name.c_str(), (unsigned long long)s.compiles, (unsigned long long)ts.puts,
-         (unsigned long long)ts.errors, (unsigned long long)s.faults);
+  printf("[ %s ] %llu compiles; disk tier: %llu puts stored, %llu errors; cache faults %llu\n", GetParam().name.c_str(),
+         (unsigned long long)s.compiles, (unsigned long long)ts.puts, (unsigned long long)ts.errors,
+         (unsigned long long)s.faults);
   EXPECT_EQ(s.compiles, kKeys);
   EXPECT_GT(ts.puts, 0u) << "nothing was stored before the disk filled";
   EXPECT_LT(ts.puts, kKeys) << "the disk never filled";
@@ -186,8 +197,8 @@ TEST_P(DiskFullFs, ReadOnlyFolderStillCompiles) {
     printf("[ %s ] read-only folder: a read-only bind mount of %s\n", GetParam().name.c_str(), d.c_str());
     cache = Cache::open(options(d));
   } else {
-    printf("[ %s ] read-only folder: bind mount failed (%s); using make_read_only instead\n",
-           GetParam().name.c_str(), m.error().c_str());
+    printf("[ %s ] read-only folder: bind mount failed (%s); using make_read_only instead\n", GetParam().name.c_str(),
+           m.error().c_str());
     auto inner = GetParam().open(d, options(d).disk);
     ASSERT_TRUE(inner.has_value());
     cache = Cache::with_tiers({make_read_only(*inner)}, options(d));

@@ -1,7 +1,7 @@
 // Regression tests, one per disk-tier bug found by the robustness tests,
 // each named after what broke.
-#include <gtest/gtest.h>
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
 

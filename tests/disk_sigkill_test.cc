@@ -12,8 +12,8 @@
 // A second suite kills three writers and a reader at random instants, then
 // opens the store in a new process under a watchdog: the open, a read and a
 // put must end in bounded time, whatever lock a dead process held.
-#include <gtest/gtest.h>
 #include <fcntl.h>
+#include <gtest/gtest.h>
 
 #include <algorithm>
 #include <chrono>
@@ -111,7 +111,8 @@ TEST_P(DiskSigkill, KilledWriterLeavesNoTornEntryAndLosesNothingCommitted) {
       ++killed_mid_run;
     } else {
       ++child_exits;
-      ASSERT_TRUE(WIFEXITED(ws) && WEXITSTATUS(ws) == 0) << "trial " << trial << ": writer failed, " << describe_wait(ws);
+      ASSERT_TRUE(WIFEXITED(ws) && WEXITSTATUS(ws) == 0)
+          << "trial " << trial << ": writer failed, " << describe_wait(ws);
     }
     Record r;
     ssize_t n;

@@ -30,8 +30,7 @@ TEST(Entry, RoundTrip) {
 
 TEST(Entry, ArtifactsAre64ByteAlignedWithinTheEntry) {
   Entry e = make_entry(1, 333);
-  for (const auto& a : e.artifacts())
-    EXPECT_EQ((a.data.data() - e.encoded().data()) % 64, 0) << a.name;
+  for (const auto& a : e.artifacts()) EXPECT_EQ((a.data.data() - e.encoded().data()) % 64, 0) << a.name;
   EXPECT_EQ(reinterpret_cast<uintptr_t>(e.encoded().data()) % 64, 0u);
 }
 

@@ -25,8 +25,9 @@ class ExplainCli : public CliTest {
     o.engine = parse_engine(engine());
     auto cache = Cache::open(o);
     for (int i = 0; i < modules; ++i) {
-      auto r = cache->get_or_compile(module_key("mod" + std::to_string(i) + ".c", opt, cpu),
-                                     [] { return std::vector<Artifact>{{"obj", "code"}}; });
+      auto r = cache->get_or_compile(module_key("mod" + std::to_string(i) + ".c", opt, cpu), [] {
+        return std::vector<Artifact>{{"obj", "code"}};
+      });
       ASSERT_TRUE(r);
     }
   }
@@ -57,7 +58,8 @@ TEST_P(ExplainCli, MissesAreExplainedAndGrouped) {
   EXPECT_NE(r.out.find("{\"key\":\"" + m0.key.hex() + "\",\"label\":\"mod0.c\",\"time_ms\":"), std::string::npos)
       << r.out;
   EXPECT_NE(r.out.find("\"namespace\":\"interp/1\""), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("\"nearest\":{\"key\":\"" + was.key.hex() + "\",\"label\":\"mod0.c\",\"differences\":[{"
+  EXPECT_NE(r.out.find("\"nearest\":{\"key\":\"" + was.key.hex() +
+                       "\",\"label\":\"mod0.c\",\"differences\":[{"
                        "\"name\":\"ir_opt_level\",\"change\":\"changed\",\"stored\":\"2\",\"lookup\":\"3\"}]}"),
             std::string::npos)
       << r.out;
@@ -105,12 +107,7 @@ TEST_P(ExplainCli, ACpuChangeReadsAsNames) {
   EXPECT_NE(r.out.find(": cpu: znver3 \u2192 x86-64\n"), std::string::npos) << r.out;
 }
 
-INSTANTIATE_TEST_SUITE_P(Engines, ExplainCli,
-                         ::testing::Values(
-#if KCACHE_HAVE_LMDB
-                             std::string("lmdb"),
-#endif
-                             std::string("files")),
+INSTANTIATE_TEST_SUITE_P(Engines, ExplainCli, ::testing::ValuesIn(engine_names()),
                          [](const auto& info) { return info.param; });
 
 }  // namespace

@@ -23,7 +23,8 @@ namespace {
 
 MissRecord record(uint64_t i, const std::string& label = "") {
   MissRecord r;
-  auto k = *KeyBuilder("journal/1").add_u64("i", i).add_string("cpu", "znver3").add_bytes("ir", "x").label(label).finish();
+  auto k =
+      *KeyBuilder("journal/1").add_u64("i", i).add_string("cpu", "znver3").add_bytes("ir", "x").label(label).finish();
   r.key = k.key;
   r.manifest = k.manifest;
   r.label = label;
@@ -181,8 +182,12 @@ TEST(MissJournal, BoundedWhileProcessesRotateIt) {
 // ---- nearest -------------------------------------------------------------------
 
 KeyInfo module_key(const std::string& label, const std::string& ir, int opt) {
-  return *KeyBuilder("interp/1").add_bytes("ir", ir).add_i64("ir_opt_level", opt).add_string("cpu", "znver3")
-              .label(label).finish();
+  return *KeyBuilder("interp/1")
+              .add_bytes("ir", ir)
+              .add_i64("ir_opt_level", opt)
+              .add_string("cpu", "znver3")
+              .label(label)
+              .finish();
 }
 
 Entry stored_entry(const KeyInfo& k, uint64_t created_ms) {
@@ -286,8 +291,8 @@ TEST_P(ExplainCache, MissesAreJournaledAndExplained) {
   {
     auto cache = Cache::open(e);
     ASSERT_TRUE(cache->get_or_compile(module_key("parser.c", "ir of parser.c", 3), compile));
-    auto batch = cache->get_or_compile_batch({{module_key("lexer.c", "ir of lexer.c", 3), compile},
-                                              {module_key("eval.c", "ir of eval.c", 2), compile}});
+    auto batch = cache->get_or_compile_batch(
+        {{module_key("lexer.c", "ir of lexer.c", 3), compile}, {module_key("eval.c", "ir of eval.c", 2), compile}});
     ASSERT_TRUE(batch[0] && batch[1]);
     // A namespace with nothing stored: journaled, no line.
     ASSERT_TRUE(cache->get_or_compile(*KeyBuilder("fresh/1").add_u64("n", 1).finish(), compile));
@@ -296,10 +301,10 @@ TEST_P(ExplainCache, MissesAreJournaledAndExplained) {
   std::string text = slurp(log);
   KeyInfo parser2 = module_key("parser.c", "ir of parser.c", 2);
   KeyInfo lexer3 = module_key("lexer.c", "ir of lexer.c", 3);
-  EXPECT_NE(text.find("miss " + module_key("parser.c", "ir of parser.c", 3).key.hex() +
-                      " \"parser.c\" (interp/1): nearest " + parser2.key.hex() +
-                      " \"parser.c\": ir_opt_level: 2 \u2192 3"),
-            std::string::npos)
+  EXPECT_NE(
+      text.find("miss " + module_key("parser.c", "ir of parser.c", 3).key.hex() + " \"parser.c\" (interp/1): nearest " +
+                parser2.key.hex() + " \"parser.c\": ir_opt_level: 2 \u2192 3"),
+      std::string::npos)
       << text;
   EXPECT_NE(text.find("miss " + lexer3.key.hex() + " \"lexer.c\""), std::string::npos) << text;
   EXPECT_EQ(test_count(text, "\n"), 2u) << text;  // one line per explained miss; the hit and fresh/1: none
@@ -326,12 +331,7 @@ TEST_P(ExplainCache, MissesAreJournaledAndExplained) {
   EXPECT_EQ(recs->size(), 6u);
 }
 
-INSTANTIATE_TEST_SUITE_P(Engines, ExplainCache,
-                         ::testing::Values(
-#if KCACHE_HAVE_LMDB
-                             std::string("lmdb"),
-#endif
-                             std::string("files")),
+INSTANTIATE_TEST_SUITE_P(Engines, ExplainCache, ::testing::ValuesIn(test::engine_names()),
                          [](const auto& info) { return info.param; });
 
 }  // namespace

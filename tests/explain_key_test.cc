@@ -47,7 +47,8 @@ TEST(ExplainKey, LongStringsKeepNoValue) {
 
 TEST(ExplainKey, PrivateAndLabelDoNotChangeTheKey) {
   auto plain = KeyBuilder("t/1").add_string("token", "s3cr3t").add_u64("n", 5).finish();
-  auto hidden = KeyBuilder("t/1").mark_private("token").add_string("token", "s3cr3t").add_u64("n", 5).label("kern").finish();
+  auto hidden =
+      KeyBuilder("t/1").mark_private("token").add_string("token", "s3cr3t").add_u64("n", 5).label("kern").finish();
   auto hidden_after = KeyBuilder("t/1").add_string("token", "s3cr3t").add_u64("n", 5).mark_private("token").finish();
   ASSERT_TRUE(plain && hidden && hidden_after);
   EXPECT_EQ(plain->key, hidden->key);
@@ -67,8 +68,12 @@ TEST(ExplainKey, PrivateAndLabelDoNotChangeTheKey) {
 
 TEST(ExplainKey, DescribeShowsValues) {
   auto a = *KeyBuilder("llvm/1").add_string("cpu", "znver3").add_i64("ir_opt_level", 2).add_bytes("ir", "x").finish();
-  auto b = *KeyBuilder("llvm/1").add_string("cpu", "x86-64").add_i64("ir_opt_level", 3).add_bytes("ir", "y")
-                .add_bool("fast", true).finish();
+  auto b = *KeyBuilder("llvm/1")
+                .add_string("cpu", "x86-64")
+                .add_i64("ir_opt_level", 3)
+                .add_bytes("ir", "y")
+                .add_bool("fast", true)
+                .finish();
   auto d = diff_manifests(a.manifest, b.manifest);
   ASSERT_EQ(d.size(), 4u);
   EXPECT_EQ(describe(d[0]), "cpu: znver3 \u2192 x86-64");
@@ -81,8 +86,9 @@ TEST(ExplainKey, DescribeShowsValues) {
   auto back = parse_manifest(manifest_to_json(b.manifest));
   ASSERT_TRUE(back);
   EXPECT_EQ(item(*back, "cpu")->value, "x86-64");
-  EXPECT_NE(manifest_to_json(b.manifest).find("\"name\":\"ir_opt_level\",\"type\":\"i64\",\"digest\":\"" +
-                                              item(b.manifest, "ir_opt_level")->digest.hex() + "\",\"value\":\"3\""),
+  EXPECT_NE(manifest_to_json(b.manifest)
+                .find("\"name\":\"ir_opt_level\",\"type\":\"i64\",\"digest\":\"" +
+                      item(b.manifest, "ir_opt_level")->digest.hex() + "\",\"value\":\"3\""),
             std::string::npos);
 }
 
@@ -160,8 +166,10 @@ void each_file(const std::string& dir, const std::function<void(const std::strin
     std::string p = dir + "/" + n;
     struct stat st;
     if (::lstat(p.c_str(), &st) != 0) continue;
-    if (S_ISDIR(st.st_mode)) each_file(p, fn);
-    else if (S_ISREG(st.st_mode)) fn(p, read_all(p));
+    if (S_ISDIR(st.st_mode))
+      each_file(p, fn);
+    else if (S_ISREG(st.st_mode))
+      fn(p, read_all(p));
   }
   ::closedir(d);
 }
@@ -184,7 +192,11 @@ TEST_P(ExplainPrivate, PrivateValueNeverReachesTheStore) {
     auto r = cache->get_or_compile(k, [] { return std::vector<Artifact>{{"obj", "code"}}; });
     ASSERT_TRUE(r);
     // A second key of the namespace misses too (journal record).
-    auto k2 = *KeyBuilder("priv/1").add_string("token", secret + "2").mark_private("token").add_string("shown", visible).finish();
+    auto k2 = *KeyBuilder("priv/1")
+                   .add_string("token", secret + "2")
+                   .mark_private("token")
+                   .add_string("shown", visible)
+                   .finish();
     ASSERT_TRUE(cache->get_or_compile(k2, [] { return std::vector<Artifact>{{"obj", "code2"}}; }));
     cache->flush();
   }
@@ -199,12 +211,7 @@ TEST_P(ExplainPrivate, PrivateValueNeverReachesTheStore) {
   EXPECT_TRUE(saw_visible);  // the check above looked where values are stored
 }
 
-INSTANTIATE_TEST_SUITE_P(Engines, ExplainPrivate,
-                         ::testing::Values(
-#if KCACHE_HAVE_LMDB
-                             std::string("lmdb"),
-#endif
-                             std::string("files")),
+INSTANTIATE_TEST_SUITE_P(Engines, ExplainPrivate, ::testing::ValuesIn(test::engine_names()),
                          [](const auto& info) { return info.param; });
 
 }  // namespace

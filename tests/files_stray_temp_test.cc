@@ -1,9 +1,9 @@
 // Temp files left in <dir>/tmp by writers that died: collected once older
 // than stale_temp_ms, and never in the way of later writes (an orphan file
 // once made every later write of a cache fail while reads still worked).
-#include <gtest/gtest.h>
 #include <dirent.h>
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <sys/stat.h>
 
 #include <filesystem>
@@ -60,7 +60,9 @@ TEST(FilesStrayTemp, KilledWritersTempIsCollectedWhenStaleAndNeverBlocksWrites) 
   ASSERT_FALSE(orphans.empty()) << "the writer was not caught inside a write";
   // Orphans named as the next writers of the same keys would name theirs,
   // and one that is not even ours to parse.
-  for (const char* name : {"/tmp/" "0000000000000000000000000000000a", "/tmp/junk"}) {
+  for (const char* name : {"/tmp/"
+                           "0000000000000000000000000000000a",
+                           "/tmp/junk"}) {
     int fd = ::open((d + name).c_str(), O_WRONLY | O_CREAT, 0600);
     ASSERT_GE(fd, 0);
     ::close(fd);

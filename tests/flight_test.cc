@@ -108,7 +108,10 @@ TEST(Flight, AbandonHandsTheKeyToAWaiter) {
 TEST(Flight, DroppedFlightAbandons) {
   TempDir d;
   auto c = Cache::open(disk_options(d.path()));
-  { Flight f = c->begin(info_of(4)); ASSERT_TRUE(f.owner()); }
+  {
+    Flight f = c->begin(info_of(4));
+    ASSERT_TRUE(f.owner());
+  }
   EXPECT_FALSE(c->get(info_of(4).key).has_value());
   // The key is free again, in this process and for others.
   Flight g = c->begin(info_of(4));

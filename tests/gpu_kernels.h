@@ -11,7 +11,7 @@
 namespace kcache::gpu_kernels {
 
 struct CudaKernel {
-  std::string name;        // short label
+  std::string name;  // short label
   kcache::nvrtc::Program program;
   std::vector<std::string> entry_points;  // extern "C" kernels in the PTX
 };
@@ -53,13 +53,15 @@ inline std::vector<CudaKernel> cuda_kernels(const std::string& arch = "-arch=sm_
 extern "C" __global__ void vector_add(const float* a, const float* b, float* c, int n) {
   int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i < n) c[i] = a[i] + b[i];
-})", {"vector_add"});
+})",
+      {"vector_add"});
 
   add("saxpy", R"(
 extern "C" __global__ void saxpy(float alpha, const float* __restrict__ x, float* __restrict__ y, int n) {
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
     y[i] = alpha * x[i] + y[i];
-})", {"saxpy"});
+})",
+      {"saxpy"});
 
   add("reduce_sum", R"(
 #include "kc_common.cuh"
@@ -76,7 +78,8 @@ __global__ void reduce_sum(const T* __restrict__ in, T* __restrict__ out, int n)
     v = kc_warp_sum(v);
     if (threadIdx.x == 0) atomicAdd(out, v);
   }
-})", {}, {"reduce_sum<float, 256>", "reduce_sum<double, 128>", "reduce_sum<int, 512>"});
+})",
+      {}, {"reduce_sum<float, 256>", "reduce_sum<double, 128>", "reduce_sum<int, 512>"});
 
   add("reduce_max", R"(
 #include "kc_common.cuh"
@@ -92,7 +95,8 @@ extern "C" __global__ void reduce_max(const float* in, float* block_max, int n) 
     v = kc_warp_max(v);
     if (threadIdx.x == 0) block_max[blockIdx.x] = v;
   }
-})", {"reduce_max"});
+})",
+      {"reduce_max"});
 
   add("sgemm_tiled", R"(
 #define TILE 16
@@ -112,7 +116,8 @@ extern "C" __global__ void sgemm_tiled(int M, int N, int K, float alpha, const f
     __syncthreads();
   }
   if (row < M && col < N) C[row * N + col] = alpha * acc + beta * C[row * N + col];
-})", {"sgemm_tiled"});
+})",
+      {"sgemm_tiled"});
 
   add("sgemm_regblock", R"(
 template <int BM, int BN, int BK, int TM, int TN>
@@ -153,7 +158,8 @@ __global__ void sgemm_regblock(int M, int N, int K, const float* __restrict__ A,
       int r = row0 + ty * TM + m, c = col0 + tx * TN + n;
       if (r < M && c < N) C[r * N + c] = acc[m][n];
     }
-})", {}, {"sgemm_regblock<64, 64, 8, 4, 4>", "sgemm_regblock<128, 128, 8, 8, 8>"});
+})",
+      {}, {"sgemm_regblock<64, 64, 8, 4, 4>", "sgemm_regblock<128, 128, 8, 8, 8>"});
 
   add("softmax", R"(
 #include "kc_common.cuh"
@@ -187,7 +193,8 @@ extern "C" __global__ void softmax_rows(const float* __restrict__ x, float* __re
   __syncthreads();
   float inv = 1.f / red[0];
   for (int c = threadIdx.x; c < cols; c += blockDim.x) yr[c] = __expf(xr[c] - m) * inv;
-})", {"softmax_rows"});
+})",
+      {"softmax_rows"});
 
   add("layer_norm", R"(
 #include "kc_common.cuh"
@@ -211,7 +218,8 @@ extern "C" __global__ void layer_norm(const float* __restrict__ x, const float* 
   __syncthreads();
   for (int c = threadIdx.x; c < cols; c += blockDim.x)
     y[blockIdx.x * cols + c] = (xr[c] - s_mean) * s_rstd * gamma[c] + beta[c];
-})", {"layer_norm"});
+})",
+      {"layer_norm"});
 
   add("rms_norm", R"(
 #include "kc_common.cuh"
@@ -231,7 +239,8 @@ __global__ void rms_norm(const T* __restrict__ x, const T* __restrict__ w, T* __
   }
   __syncthreads();
   for (int c = threadIdx.x; c < cols; c += blockDim.x) y[blockIdx.x * cols + c] = T(float(xr[c]) * red[0] * float(w[c]));
-})", {}, {"rms_norm<float>", "rms_norm<double>"});
+})",
+      {}, {"rms_norm<float>", "rms_norm<double>"});
 
   add("scan_inclusive", R"(
 extern "C" __global__ void scan_inclusive(const int* in, int* out, int n) {
@@ -246,7 +255,8 @@ extern "C" __global__ void scan_inclusive(const int* in, int* out, int n) {
     __syncthreads();
   }
   if (t < n) out[t] = buf[t];
-})", {"scan_inclusive"});
+})",
+      {"scan_inclusive"});
 
   add("scan_blelloch", R"(
 template <int N>
@@ -270,7 +280,8 @@ __global__ void scan_exclusive(const float* in, float* out) {
   __syncthreads();
   out[2 * i] = t[2 * i];
   out[2 * i + 1] = t[2 * i + 1];
-})", {}, {"scan_exclusive<512>", "scan_exclusive<1024>"});
+})",
+      {}, {"scan_exclusive<512>", "scan_exclusive<1024>"});
 
   add("transpose", R"(
 #define TD 32
@@ -284,7 +295,8 @@ extern "C" __global__ void transpose(const float* __restrict__ in, float* __rest
   x = blockIdx.y * TD + threadIdx.x; y = blockIdx.x * TD + threadIdx.y;
   for (int j = 0; j < TD; j += RB)
     if (x < rows && y + j < cols) out[(y + j) * rows + x] = tile[threadIdx.x][threadIdx.y + j];
-})", {"transpose"});
+})",
+      {"transpose"});
 
   add("histogram", R"(
 extern "C" __global__ void histogram256(const unsigned char* data, unsigned int* hist, int n) {
@@ -294,7 +306,8 @@ extern "C" __global__ void histogram256(const unsigned char* data, unsigned int*
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) atomicAdd(&local[data[i]], 1u);
   __syncthreads();
   for (int i = threadIdx.x; i < 256; i += blockDim.x) atomicAdd(&hist[i], local[i]);
-})", {"histogram256"});
+})",
+      {"histogram256"});
 
   add("conv2d_3x3", R"(
 extern "C" __global__ void conv2d_3x3(const float* __restrict__ img, const float* __restrict__ w, float* out,
@@ -310,7 +323,8 @@ extern "C" __global__ void conv2d_3x3(const float* __restrict__ img, const float
       acc += img[yy * W + xx] * w[(dy + 1) * 3 + dx + 1];
     }
   out[y * W + x] = acc;
-})", {"conv2d_3x3"});
+})",
+      {"conv2d_3x3"});
 
   add("elementwise", R"(
 #include "kc_common.cuh"
@@ -321,7 +335,8 @@ template <typename Op>
 __global__ void apply(const float* in, float* out, int n) {
   int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i < n) out[i] = Op()(in[i]);
-})", {}, {"apply<Relu>", "apply<Gelu>", "apply<Silu>"});
+})",
+      {}, {"apply<Relu>", "apply<Gelu>", "apply<Silu>"});
 
   add("bias_gelu", R"(
 #include "kc_common.cuh"
@@ -329,7 +344,8 @@ extern "C" __global__ void bias_gelu(const float* __restrict__ x, const float* _
                                      int rows, int cols) {
   int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i < rows * cols) y[i] = kc_gelu(x[i] + bias[i % cols]);
-})", {"bias_gelu"});
+})",
+      {"bias_gelu"});
 
   add("bitonic_step", R"(
 extern "C" __global__ void bitonic_step(float* data, int j, int k) {
@@ -339,7 +355,8 @@ extern "C" __global__ void bitonic_step(float* data, int j, int k) {
     float a = data[i], b = data[p];
     if ((a > b) == up) { data[i] = b; data[p] = a; }
   }
-})", {"bitonic_step"});
+})",
+      {"bitonic_step"});
 
   add("stencil_1d", R"(
 #ifndef RADIUS
@@ -357,7 +374,8 @@ extern "C" __global__ void stencil_1d(const float* in, float* out, int n) {
   float acc = 0.f;
   for (int o = -RADIUS; o <= RADIUS; ++o) acc += s[l + o];
   if (g < n) out[g] = acc;
-})", {"stencil_1d"}, {}, {"-DRADIUS=4"});
+})",
+      {"stencil_1d"}, {}, {"-DRADIUS=4"});
 
   add("dot", R"(
 #include "kc_common.cuh"
@@ -366,7 +384,8 @@ extern "C" __global__ void dot(const float* a, const float* b, float* out, int n
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) v += a[i] * b[i];
   v = kc_warp_sum(v);
   if (threadIdx.x % 32 == 0) atomicAdd(out, v);
-})", {"dot"});
+})",
+      {"dot"});
 
   add("argmax", R"(
 extern "C" __global__ void argmax_rows(const float* x, int* idx, int cols) {
@@ -385,7 +404,8 @@ extern "C" __global__ void argmax_rows(const float* x, int* idx, int cols) {
     __syncthreads();
   }
   if (threadIdx.x == 0) idx[blockIdx.x] = si[0];
-})", {"argmax_rows"});
+})",
+      {"argmax_rows"});
 
   add("gemv", R"(
 #include "kc_common.cuh"
@@ -397,7 +417,8 @@ extern "C" __global__ void gemv(const float* __restrict__ A, const float* __rest
   for (int c = lane; c < cols; c += 32) acc += A[row * cols + c] * x[c];
   acc = kc_warp_sum(acc);
   if (lane == 0) y[row] = acc;
-})", {"gemv"});
+})",
+      {"gemv"});
 
   add("cross_entropy", R"(
 extern "C" __global__ void cross_entropy(const float* logits, const int* labels, float* loss, int rows, int cols) {
@@ -409,7 +430,8 @@ extern "C" __global__ void cross_entropy(const float* logits, const int* labels,
   float s = 0.f;
   for (int c = 0; c < cols; ++c) s += expf(l[c] - m);
   loss[r] = logf(s) + m - l[labels[r]];
-})", {"cross_entropy"});
+})",
+      {"cross_entropy"});
 
   add("rope", R"(
 extern "C" __global__ void rope(float* q, const int* pos, int heads, int dim, float base) {
@@ -421,7 +443,8 @@ extern "C" __global__ void rope(float* q, const int* pos, int heads, int dim, fl
   float a = v[2 * i], b = v[2 * i + 1];
   v[2 * i] = a * c - b * s;
   v[2 * i + 1] = a * s + b * c;
-})", {"rope"});
+})",
+      {"rope"});
 
   add("attention_scores", R"(
 template <int D>
@@ -437,7 +460,8 @@ __global__ void attn_scores(const float* __restrict__ Q, const float* __restrict
     for (int d = 0; d < D; ++d) acc += q[d] * K[j * D + d];
     S[i * n + j] = j <= i ? acc * scale : -1e30f;
   }
-})", {}, {"attn_scores<64>", "attn_scores<128>"});
+})",
+      {}, {"attn_scores<64>", "attn_scores<128>"});
 
   add("adam_step", R"(
 extern "C" __global__ void adam_step(float* p, const float* g, float* m, float* v, int n, float lr, float b1,
@@ -448,7 +472,8 @@ extern "C" __global__ void adam_step(float* p, const float* g, float* m, float* 
   v[i] = b2 * v[i] + (1.f - b2) * g[i] * g[i];
   float mh = m[i] / (1.f - powf(b1, t)), vh = v[i] / (1.f - powf(b2, t));
   p[i] -= lr * mh / (sqrtf(vh) + eps);
-})", {"adam_step"});
+})",
+      {"adam_step"});
 
   return k;
 }

@@ -54,13 +54,25 @@ TEST(Key, EveryComponentChangesTheKey) {
     Key k = base(fn).key;
     EXPECT_TRUE(seen.insert(k).second) << "collision for a one-component change";
   };
-  variant([](KeyBuilder& b) { b.add_bytes("ir", "abd").add_string("cpu", "znver3").add_u64("opt", 2).add_bool("fm", true); });
-  variant([](KeyBuilder& b) { b.add_bytes("ir", "abc").add_string("cpu", "znver4").add_u64("opt", 2).add_bool("fm", true); });
-  variant([](KeyBuilder& b) { b.add_bytes("ir", "abc").add_string("cpu", "znver3").add_u64("opt", 3).add_bool("fm", true); });
-  variant([](KeyBuilder& b) { b.add_bytes("ir", "abc").add_string("cpu", "znver3").add_u64("opt", 2).add_bool("fm", false); });
+  variant([](KeyBuilder& b) {
+    b.add_bytes("ir", "abd").add_string("cpu", "znver3").add_u64("opt", 2).add_bool("fm", true);
+  });
+  variant([](KeyBuilder& b) {
+    b.add_bytes("ir", "abc").add_string("cpu", "znver4").add_u64("opt", 2).add_bool("fm", true);
+  });
+  variant([](KeyBuilder& b) {
+    b.add_bytes("ir", "abc").add_string("cpu", "znver3").add_u64("opt", 3).add_bool("fm", true);
+  });
+  variant([](KeyBuilder& b) {
+    b.add_bytes("ir", "abc").add_string("cpu", "znver3").add_u64("opt", 2).add_bool("fm", false);
+  });
   // Same bytes under another name, or another type, are different keys.
-  variant([](KeyBuilder& b) { b.add_bytes("IR", "abc").add_string("cpu", "znver3").add_u64("opt", 2).add_bool("fm", true); });
-  variant([](KeyBuilder& b) { b.add_string("ir", "abc").add_string("cpu", "znver3").add_u64("opt", 2).add_bool("fm", true); });
+  variant([](KeyBuilder& b) {
+    b.add_bytes("IR", "abc").add_string("cpu", "znver3").add_u64("opt", 2).add_bool("fm", true);
+  });
+  variant([](KeyBuilder& b) {
+    b.add_string("ir", "abc").add_string("cpu", "znver3").add_u64("opt", 2).add_bool("fm", true);
+  });
   // An added component changes the key.
   variant([](KeyBuilder& b) {
     b.add_bytes("ir", "abc").add_string("cpu", "znver3").add_u64("opt", 2).add_bool("fm", true).add_string("x", "");

@@ -43,11 +43,14 @@ const LlvmInit kInit;
 
 // A loop that is worth optimising: acc = acc * 31 + i for i in [0, x).
 std::string ir_text(const std::string& fn, uint64_t start, const std::string& extra = "") {
-  return extra + "define i64 @" + fn + "(i64 %x) {\n"
+  return extra + "define i64 @" + fn +
+         "(i64 %x) {\n"
          "entry:\n  br label %loop\n"
          "loop:\n"
          "  %i = phi i64 [0, %entry], [%i1, %loop]\n"
-         "  %acc = phi i64 [" + std::to_string(start) + ", %entry], [%acc1, %loop]\n"
+         "  %acc = phi i64 [" +
+         std::to_string(start) +
+         ", %entry], [%acc1, %loop]\n"
          "  %m = mul i64 %acc, 31\n"
          "  %acc1 = add i64 %m, %i\n"
          "  %i1 = add i64 %i, 1\n"
@@ -66,8 +69,7 @@ uint64_t reference(uint64_t start, int64_t x) {
   return acc;
 }
 
-std::unique_ptr<llvm::Module> parse(const std::string& text, llvm::LLVMContext& ctx,
-                                    const std::string& id = "m") {
+std::unique_ptr<llvm::Module> parse(const std::string& text, llvm::LLVMContext& ctx, const std::string& id = "m") {
   llvm::SMDiagnostic err;
   auto m = llvm::parseAssemblyString(text, err, ctx);
   EXPECT_TRUE(m) << err.getMessage().str();
@@ -206,7 +208,9 @@ TEST_P(LlvmEngines, CorruptStoredObjectIsAMissAndARecompile) {
     ASSERT_TRUE(io.good()) << f;
     std::string bytes((std::istreambuf_iterator<char>(io)), std::istreambuf_iterator<char>());
     // The ELF magic of the stored object: corrupt the object right there.
-    size_t p = bytes.find("\x7f" "ELF");
+    size_t p = bytes.find(
+        "\x7f"
+        "ELF");
     if (p == std::string::npos) continue;
     for (size_t k = p + 64; k < p + 96 && k < bytes.size(); ++k) bytes[k] = static_cast<char>(bytes[k] ^ 0x5a);
     io.seekp(0);
@@ -400,8 +404,8 @@ TEST(LlvmKey, ChangingIrOptLevelCpuFeaturesOrTripleIsAMiss) {
   };
   std::vector<Variant> vs;
   vs.push_back({"ir", make_tm(kTriple, "x86-64", "+sse2"), ir_text("k", 2), "ir"});
-  vs.push_back({"opt level", make_tm(kTriple, "x86-64", "+sse2", llvm::CodeGenOpt::Less), ir_text("k", 1),
-                "codegen_opt_level"});
+  vs.push_back(
+      {"opt level", make_tm(kTriple, "x86-64", "+sse2", llvm::CodeGenOpt::Less), ir_text("k", 1), "codegen_opt_level"});
   vs.push_back({"cpu", make_tm(kTriple, "skylake", "+sse2"), ir_text("k", 1), "cpu"});
   vs.push_back({"features", make_tm(kTriple, "x86-64", "+sse2,+avx2"), ir_text("k", 1), "features"});
   vs.push_back({"triple", make_tm("i686-pc-linux-gnu", "x86-64", "+sse2"), ir_text("k", 1), "triple"});
@@ -497,13 +501,14 @@ TEST(LlvmKey, CounterGeneratedNamesAreInTheKeyAsDocumented) {
 TEST(LlvmKey, ManifestNamesEveryComponent) {
   llvm::LLVMContext ctx;
   auto tm = make_tm(kTriple, "x86-64", "");
-  auto k = kl::object_key(*parse(ir_text("z", 1), ctx), kl::TargetDesc::of(*tm), kl::KeyOptions{2, {{"client", "t/1"}}});
+  auto k =
+      kl::object_key(*parse(ir_text("z", 1), ctx), kl::TargetDesc::of(*tm), kl::KeyOptions{2, {{"client", "t/1"}}});
   ASSERT_TRUE(k.has_value());
   std::vector<std::string> names;
   for (auto& it : k->manifest.items) names.push_back(it.name);
-  std::vector<std::string> want = {"code_model", "codegen_opt_level", "cpu", "extra", "features", "ir",
-                                   "ir_opt_level", "llvm", "module_triple", "reloc_model", "target_options",
-                                   "triple"};
+  std::vector<std::string> want = {
+      "code_model", "codegen_opt_level", "cpu",         "extra",          "features", "ir", "ir_opt_level",
+      "llvm",       "module_triple",     "reloc_model", "target_options", "triple"};
   EXPECT_EQ(names, want);
   EXPECT_EQ(k->manifest.ns, kl::kKeyNamespace);
   EXPECT_TRUE(kl::llvm_identity().starts_with("14."));
@@ -547,10 +552,8 @@ TEST(LlvmObjectCache, McjitUsesIt) {
     llvm::LLVMContext ctx;
     auto m = parse(ir_text("mc", 4), ctx);
     std::string err;
-    std::unique_ptr<llvm::ExecutionEngine> ee(llvm::EngineBuilder(std::move(m))
-                                                  .setErrorStr(&err)
-                                                  .setEngineKind(llvm::EngineKind::JIT)
-                                                  .create());
+    std::unique_ptr<llvm::ExecutionEngine> ee(
+        llvm::EngineBuilder(std::move(m)).setErrorStr(&err).setEngineKind(llvm::EngineKind::JIT).create());
     ASSERT_TRUE(ee) << err;
     // MCJIT keeps object buffers for its lifetime: the default copies
     // bytes pinned by an LMDB read.

@@ -10,9 +10,9 @@
 // the one in original/.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <cstring>
 #include <map>
 
 #include "robust_util.h"

@@ -17,8 +17,8 @@
 #include <thread>
 
 #include "gpu_kernels.h"
-#include "kcache/cache.h"
 #include "integrations/nvrtc/includes.h"
+#include "kcache/cache.h"
 #include "kcache/nvrtc.h"
 #include "test_util.h"
 
@@ -66,8 +66,7 @@ std::vector<nvrtc::Result>* NvrtcCorpus::cold_ = nullptr;
 TEST_F(NvrtcCorpus, CorpusHasTwentyKernelsAllCompiledCold) {
   ASSERT_GE(kernels_->size(), 20u);
   ASSERT_EQ(cold_->size(), kernels_->size());
-  for (size_t i = 0; i < cold_->size(); ++i)
-    EXPECT_EQ((*cold_)[i].source, Source::compiled) << (*kernels_)[i].name;
+  for (size_t i = 0; i < cold_->size(); ++i) EXPECT_EQ((*cold_)[i].source, Source::compiled) << (*kernels_)[i].name;
 }
 
 TEST_F(NvrtcCorpus, ColdOutputsAreRealPtxAndCubin) {
@@ -78,7 +77,10 @@ TEST_F(NvrtcCorpus, ColdOutputsAreRealPtxAndCubin) {
     EXPECT_NE(r.ptx.find(".version"), std::string_view::npos) << k.name;
     EXPECT_NE(r.ptx.find(".target sm_80"), std::string_view::npos) << k.name;
     ASSERT_GE(r.cubin.size(), 64u) << k.name;
-    EXPECT_EQ(r.cubin.substr(0, 4), std::string_view("\x7f" "ELF", 4)) << k.name;
+    EXPECT_EQ(r.cubin.substr(0, 4), std::string_view("\x7f"
+                                                     "ELF",
+                                                     4))
+        << k.name;
     EXPECT_TRUE(r.ltoir.empty()) << k.name;
     for (const auto& ep : k.entry_points)
       EXPECT_NE(r.ptx.find(".entry " + ep + "("), std::string_view::npos) << k.name << " lacks " << ep;
@@ -250,7 +252,8 @@ TEST_F(NvrtcCorpus, CanonicalOptionsAreDocumentedShape) {
 TEST_F(NvrtcCorpus, CompileErrorReturnsTheFullLogAndIsNotStored) {
   nvrtc::Program bad;
   bad.name = "broken_kernel.cu";
-  bad.source = "#include \"kc_common.cuh\"\nextern \"C\" __global__ void k(float* x) { x[0] = not_declared_here(x); }\n";
+  bad.source =
+      "#include \"kc_common.cuh\"\nextern \"C\" __global__ void k(float* x) { x[0] = not_declared_here(x); }\n";
   bad.headers = {{"kc_common.cuh", gpu_kernels::kCommonHeader}};
   bad.options = {"-arch=sm_80"};
   uint64_t compiles = cache_->stats().compiles;
@@ -606,8 +609,10 @@ TEST(NvrtcIncludeScan, DirectivesAreFoundWhereverTheyHide) {
   std::set<std::string> names;
   bool computed = false;
   for (const auto& x : d) {
-    if (x.computed) computed = true;
-    else names.insert(x.name);
+    if (x.computed)
+      computed = true;
+    else
+      names.insert(x.name);
   }
   EXPECT_TRUE(computed);
   for (const char* n : {"a.h", "b/c.h", "d.h", "e.h", "in_comment.h", "spliced.h"}) EXPECT_TRUE(names.count(n)) << n;
@@ -636,7 +641,10 @@ TEST(NvrtcOutputs, EveryArchSpellingGivesACubinFromCompileAndFromTheCache) {
     ASSERT_TRUE(r.has_value()) << what << ": " << r.error().to_string();
     EXPECT_EQ(r->source, Source::compiled) << what;
     ASSERT_GE(r->cubin.size(), 64u) << what;
-    EXPECT_EQ(r->cubin.substr(0, 4), std::string_view("\x7f" "ELF", 4)) << what;
+    EXPECT_EQ(r->cubin.substr(0, 4), std::string_view("\x7f"
+                                                      "ELF",
+                                                      4))
+        << what;
     EXPECT_NE(r->ptx.find(".target sm_90"), std::string_view::npos) << what;
     auto again = compiler.compile(p);
     ASSERT_TRUE(again.has_value());

@@ -170,17 +170,17 @@ TEST_F(OpenclTest, DeviceOrDriverChangeIsAMiss) {
   auto b = build_and_check(pc, k, 1e-4, &other);
   EXPECT_EQ(b.source, Source::compiled);
   EXPECT_NE(b.key, a.key);
-  EXPECT_EQ(manifest_diff(opencl::program_key(real, k.program)->manifest,
-                          opencl::program_key(other, k.program)->manifest),
-            std::vector<std::string>{"device.name"});
+  EXPECT_EQ(
+      manifest_diff(opencl::program_key(real, k.program)->manifest, opencl::program_key(other, k.program)->manifest),
+      std::vector<std::string>{"device.name"});
 
   opencl::DeviceDescription newer = real;
   newer.driver_version += ".1";
   auto c = build_and_check(pc, k, 1e-4, &newer);
   EXPECT_EQ(c.source, Source::compiled);
-  EXPECT_EQ(manifest_diff(opencl::program_key(real, k.program)->manifest,
-                          opencl::program_key(newer, k.program)->manifest),
-            std::vector<std::string>{"device.driver_version"});
+  EXPECT_EQ(
+      manifest_diff(opencl::program_key(real, k.program)->manifest, opencl::program_key(newer, k.program)->manifest),
+      std::vector<std::string>{"device.driver_version"});
   opencl::DeviceDescription plat = real;
   plat.platform_version += " patched";
   EXPECT_NE(opencl::program_key(plat, k.program)->key, a.key);

@@ -62,7 +62,9 @@ inline int pick_port() {
 }
 
 struct ReplyDel {
-  void operator()(redisReply* r) const { if (r) freeReplyObject(r); }
+  void operator()(redisReply* r) const {
+    if (r) freeReplyObject(r);
+  }
 };
 using ReplyPtr = std::unique_ptr<redisReply, ReplyDel>;
 
@@ -74,7 +76,9 @@ class RedisClient {
     c_ = redisConnectWithTimeout(host.c_str(), port, tv);
     if (c_ && !c_->err) redisSetTimeout(c_, tv);
   }
-  ~RedisClient() { if (c_) redisFree(c_); }
+  ~RedisClient() {
+    if (c_) redisFree(c_);
+  }
   bool ok() const { return c_ && !c_->err; }
   ReplyPtr cmd(const std::vector<std::string>& args) {
     if (!ok()) return nullptr;
@@ -84,7 +88,8 @@ class RedisClient {
       argv.push_back(a.data());
       lens.push_back(a.size());
     }
-    return ReplyPtr(static_cast<redisReply*>(redisCommandArgv(c_, static_cast<int>(argv.size()), argv.data(), lens.data())));
+    return ReplyPtr(
+        static_cast<redisReply*>(redisCommandArgv(c_, static_cast<int>(argv.size()), argv.data(), lens.data())));
   }
   // The reply as text: strings and statuses, integers in decimal, "(nil)",
   // "ERR..." for errors, "" on a dead connection.
@@ -94,10 +99,14 @@ class RedisClient {
     switch (r->type) {
       case REDIS_REPLY_STRING:
       case REDIS_REPLY_STATUS:
-      case REDIS_REPLY_ERROR: return std::string(r->str, r->len);
-      case REDIS_REPLY_INTEGER: return std::to_string(r->integer);
-      case REDIS_REPLY_NIL: return "(nil)";
-      default: return "(array)";
+      case REDIS_REPLY_ERROR:
+        return std::string(r->str, r->len);
+      case REDIS_REPLY_INTEGER:
+        return std::to_string(r->integer);
+      case REDIS_REPLY_NIL:
+        return "(nil)";
+      default:
+        return "(array)";
     }
   }
 
@@ -117,8 +126,9 @@ class RedisServer {
     for (int attempt = 0; attempt < 5 && !ok(); ++attempt) {
       port_ = pick_port();
       if (!port_) continue;
-      std::vector<std::string> args = {bin, "--port", std::to_string(port_), "--bind", "127.0.0.1", "--save", "",
-                                       "--appendonly", "no", "--dir", dir_, "--daemonize", "no"};
+      std::vector<std::string> args = {
+          bin,     "--port", std::to_string(port_), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+          "--dir", dir_,     "--daemonize",         "no"};
       args.insert(args.end(), extra.begin(), extra.end());
       start(args);
       if (wait_ping(10000)) return;

@@ -25,14 +25,14 @@ uint64_t now_ms() {
 }
 
 // Starts a server or skips the test, loudly, when redis-server is missing.
-#define START_REDIS(var, dir)                                                        \
-  RedisServer var((dir).path());                                                     \
-  if (!var.ok()) {                                                                   \
-    if (find_program("redis-server").empty()) {                                      \
-      std::fprintf(stderr, "*** SKIPPED: %s\n", var.error().c_str());                \
-      GTEST_SKIP() << var.error();                                                   \
-    }                                                                                \
-    FAIL() << var.error();                                                           \
+#define START_REDIS(var, dir)                                         \
+  RedisServer var((dir).path());                                      \
+  if (!var.ok()) {                                                    \
+    if (find_program("redis-server").empty()) {                       \
+      std::fprintf(stderr, "*** SKIPPED: %s\n", var.error().c_str()); \
+      GTEST_SKIP() << var.error();                                    \
+    }                                                                 \
+    FAIL() << var.error();                                            \
   }
 
 std::shared_ptr<RedisTier> redis(const std::string& url, RedisTierOptions o = {}) {
@@ -47,9 +47,9 @@ std::string entry_redis_key(const Key& k) { return "kcache:{" + k.hex() + "}"; }
 }  // namespace
 
 TEST(RedisUrl, ParsesAndRejects) {
-  for (const char* bad : {"http://x", "redis://", "redis://h:0", "redis://h:99999", "redis://h/x",
-                          "redis://a:1,b:2", "redis+cluster://h:1/3", "redis://h?nope=1",
-                          "redis://h?ttl_ms=abc", "redis://h?read_only=maybe", "redis://[::1"}) {
+  for (const char* bad : {"http://x", "redis://", "redis://h:0", "redis://h:99999", "redis://h/x", "redis://a:1,b:2",
+                          "redis+cluster://h:1/3", "redis://h?nope=1", "redis://h?ttl_ms=abc",
+                          "redis://h?read_only=maybe", "redis://[::1"}) {
     auto t = make_redis_tier(bad);
     ASSERT_FALSE(t.has_value()) << bad;
     EXPECT_EQ(t.error().code(), Errc::invalid_argument) << bad;
@@ -127,10 +127,13 @@ TEST(Redis, RemoteHitIsPromotedIntoLocalTiers) {
   auto cache = Cache::with_tiers({mem, *lmdb, remote});
   std::atomic<int> compiles{0};
   Source src;
-  auto e = cache->get_or_compile(key_of(7), [&]() -> Expected<std::vector<Artifact>> {
-    ++compiles;
-    return std::vector<Artifact>{{"obj", "x"}};
-  }, &src);
+  auto e = cache->get_or_compile(
+      key_of(7),
+      [&]() -> Expected<std::vector<Artifact>> {
+        ++compiles;
+        return std::vector<Artifact>{{"obj", "x"}};
+      },
+      &src);
   ASSERT_TRUE(e.has_value());
   EXPECT_EQ(src, Source::remote);
   EXPECT_TRUE(entry_ok(*e, 7));
@@ -310,8 +313,8 @@ TEST(Redis, KilledServerNeverFailsACompileAndOpensTheBreaker) {
   TierStats s = remote->stats();
   EXPECT_EQ(remote->counters().breaker_opens, 1u);
   EXPECT_GE(s.errors, 3u);
-  EXPECT_LE(s.errors, 6u);   // the breaker stopped the attempts
-  EXPECT_GE(s.skipped, 50u); // 30 gets and 30 puts, less the few that failed
+  EXPECT_LE(s.errors, 6u);    // the breaker stopped the attempts
+  EXPECT_GE(s.skipped, 50u);  // 30 gets and 30 puts, less the few that failed
   EXPECT_EQ(cache->stats().compiles, 35u);
   std::printf("killed server: worst call %llu ms (bound %llu ms), %llu errors, %llu skipped\n",
               (unsigned long long)worst, (unsigned long long)bound, (unsigned long long)s.errors,
@@ -505,13 +508,16 @@ TEST(RedisChild, Run) {
   EXPECT_EQ(cache->tiers().back()->name(), "redis");
   KeyInfo k = *KeyBuilder("two-machines").add_string("src", std::getenv("KCACHE_CHILD_KEY")).finish();
   Source src;
-  auto e = cache->get_or_compile(k, [&]() -> Expected<std::vector<Artifact>> {
-    std::this_thread::sleep_for(Ms(compile_ms));
-    FILE* f = std::fopen(log.c_str(), "a");
-    std::fprintf(f, "%d\n", static_cast<int>(::getpid()));
-    std::fclose(f);
-    return std::vector<Artifact>{{"obj", "built once for everyone"}};
-  }, &src);
+  auto e = cache->get_or_compile(
+      k,
+      [&]() -> Expected<std::vector<Artifact>> {
+        std::this_thread::sleep_for(Ms(compile_ms));
+        FILE* f = std::fopen(log.c_str(), "a");
+        std::fprintf(f, "%d\n", static_cast<int>(::getpid()));
+        std::fclose(f);
+        return std::vector<Artifact>{{"obj", "built once for everyone"}};
+      },
+      &src);
   ASSERT_TRUE(e.has_value());
   FILE* f = std::fopen(out, "w");
   std::fprintf(f, "%s %s", std::string(source_name(src)).c_str(), std::string(*e->artifact("obj")).c_str());
@@ -527,10 +533,10 @@ TEST(Redis, TwoMachinesOneCompilesTheOtherHits) {
   std::fclose(f);
   std::string compiles = d.path() + "/compiles";
   auto env = [&](const TempDir& dir, const std::string& out) {
-    return std::vector<std::string>{"KCACHE_DIR=" + dir.path(), "KCACHE_REMOTE=" + srv.url(),
-                                    "KCACHE_REMOTE_SECRET_FILE=" + secret, "KCACHE_LOG=error",
-                                    "KCACHE_CHILD_OUT=" + out, "KCACHE_CHILD_COMPILES=" + compiles,
-                                    "KCACHE_CHILD_COMPILE_MS=50", "KCACHE_CHILD_KEY=kernel-1"};
+    return std::vector<std::string>{
+        "KCACHE_DIR=" + dir.path(),   "KCACHE_REMOTE=" + srv.url(), "KCACHE_REMOTE_SECRET_FILE=" + secret,
+        "KCACHE_LOG=error",           "KCACHE_CHILD_OUT=" + out,    "KCACHE_CHILD_COMPILES=" + compiles,
+        "KCACHE_CHILD_COMPILE_MS=50", "KCACHE_CHILD_KEY=kernel-1"};
   };
   ASSERT_EQ(wait_child(spawn_child(env(a, d.path() + "/out-a"))), 0);
   EXPECT_EQ(slurp(d.path() + "/out-a"), "compiled built once for everyone");

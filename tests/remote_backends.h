@@ -25,9 +25,9 @@ class RemoteServer {
   virtual std::string error() const = 0;
   // A new client of this server.
   virtual std::shared_ptr<RemoteTransport> transport() = 0;
-  virtual void hang() = 0;    // stops answering; calls run into their timeout
+  virtual void hang() = 0;  // stops answering; calls run into their timeout
   virtual void unhang() = 0;
-  virtual void kill() = 0;    // gone: connections reset, connects refused
+  virtual void kill() = 0;  // gone: connections reset, connects refused
   virtual void put_raw(const Key& key, const std::string& bytes) = 0;
   virtual std::string get_raw(const Key& key) = 0;
   virtual void set_wrong_type(const Key& key) = 0;

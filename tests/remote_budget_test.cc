@@ -8,7 +8,7 @@
 // breaker). KCACHE_REMOTE_TRIALS sets the trials per fault (default 2),
 // KCACHE_REMOTE_COMMAND_MS / KCACHE_REMOTE_CONNECT_MS the tier's timeouts
 // (default 300 / 200); each fault prints a summary line
-// (docs/reliability-remote.md quotes them).
+// (docs/reliability.md, "Remote tier", quotes them).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -37,11 +37,16 @@ constexpr int kCallsPerTrial = 4;
 enum class Fault { hung, paused, dead, refused, connect_hangs };
 const char* fault_name(Fault f) {
   switch (f) {
-    case Fault::hung: return "hung (SIGSTOP)";
-    case Fault::paused: return "paused (CLIENT PAUSE)";
-    case Fault::dead: return "dead (SIGKILL)";
-    case Fault::refused: return "refused (nothing listening)";
-    case Fault::connect_hangs: return "connect hangs (full backlog)";
+    case Fault::hung:
+      return "hung (SIGSTOP)";
+    case Fault::paused:
+      return "paused (CLIENT PAUSE)";
+    case Fault::dead:
+      return "dead (SIGKILL)";
+    case Fault::refused:
+      return "refused (nothing listening)";
+    case Fault::connect_hangs:
+      return "connect hangs (full backlog)";
   }
   return "?";
 }
@@ -108,21 +113,27 @@ void run_trial(Fault fault, const std::string& log_path, Tally* tally) {
     std::ifstream f(log_path);
     std::string s((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
     uint64_t n = 0;
-    for (size_t at = s.find("kcache: warning: "); at != std::string::npos; at = s.find("kcache: warning: ", at + 1)) ++n;
+    for (size_t at = s.find("kcache: warning: "); at != std::string::npos; at = s.find("kcache: warning: ", at + 1))
+      ++n;
     return n;
   };
   uint64_t before = warn_lines();
 
   switch (fault) {
-    case Fault::hung: srv->freeze(); break;
+    case Fault::hung:
+      srv->freeze();
+      break;
     case Fault::paused: {
       RedisClient admin("127.0.0.1", srv->port());
       ASSERT_EQ(admin.str({"CLIENT", "PAUSE", "20000"}), "OK");
       break;
     }
-    case Fault::dead: srv->stop(); break;
+    case Fault::dead:
+      srv->stop();
+      break;
     case Fault::refused:
-    case Fault::connect_hangs: break;
+    case Fault::connect_hangs:
+      break;
   }
 
   for (int c = 1; c <= kCallsPerTrial; ++c) {
@@ -187,14 +198,15 @@ void run_fault(Fault fault) {
     if (::testing::Test::HasFatalFailure()) break;
   }
   util::set_log(LogLevel::warn, "");
-  std::printf("remote budget: %s: %d trials, %llu calls, %llu failed compiles, worst call %llu ms (first call "
-              "%llu ms; without a remote %llu ms; bound %llu ms); failures: %llu timeouts, %llu unreachable, %llu "
-              "server errors; %llu skipped calls; %llu warn lines for %llu events\n",
-              fault_name(fault), n, (unsigned long long)t.calls, (unsigned long long)t.failed_compiles,
-              (unsigned long long)t.worst_ms, (unsigned long long)t.worst_first_ms, (unsigned long long)t.worst_local_ms,
-              (unsigned long long)(kCommandMs + kConnectMs + kMarginMs), (unsigned long long)t.timeouts,
-              (unsigned long long)t.unreachable, (unsigned long long)t.server_errors,
-              (unsigned long long)t.skipped, (unsigned long long)t.warn_lines, (unsigned long long)t.events);
+  std::printf(
+      "remote budget: %s: %d trials, %llu calls, %llu failed compiles, worst call %llu ms (first call "
+      "%llu ms; without a remote %llu ms; bound %llu ms); failures: %llu timeouts, %llu unreachable, %llu "
+      "server errors; %llu skipped calls; %llu warn lines for %llu events\n",
+      fault_name(fault), n, (unsigned long long)t.calls, (unsigned long long)t.failed_compiles,
+      (unsigned long long)t.worst_ms, (unsigned long long)t.worst_first_ms, (unsigned long long)t.worst_local_ms,
+      (unsigned long long)(kCommandMs + kConnectMs + kMarginMs), (unsigned long long)t.timeouts,
+      (unsigned long long)t.unreachable, (unsigned long long)t.server_errors, (unsigned long long)t.skipped,
+      (unsigned long long)t.warn_lines, (unsigned long long)t.events);
   // A hang costs exactly one timeout per trial; a dead or refusing server
   // none (its cheap failures reach the threshold).
   if (fault == Fault::hung || fault == Fault::paused || fault == Fault::connect_hangs) {

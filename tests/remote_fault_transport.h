@@ -81,8 +81,10 @@ class FaultTransport final : public RemoteTransport {
         continue;
       }
       auto it = values_.find(k);
-      if (it == values_.end() || expired(it->second.expiry_ms)) out->emplace_back(RemoteBytes());
-      else out->emplace_back(make_heap_buffer(it->second.bytes));
+      if (it == values_.end() || expired(it->second.expiry_ms))
+        out->emplace_back(RemoteBytes());
+      else
+        out->emplace_back(make_heap_buffer(it->second.bytes));
     }
     return Status();
   }
@@ -133,13 +135,13 @@ class FaultTransport final : public RemoteTransport {
 
  private:
   struct Record {
-    std::string bytes;        // the value, or the lease holder's token
-    uint64_t expiry_ms = 0;   // 0: none
+    std::string bytes;       // the value, or the lease holder's token
+    uint64_t expiry_ms = 0;  // 0: none
   };
   static uint64_t now_ms() {
-    return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                     std::chrono::steady_clock::now().time_since_epoch())
-                                     .count());
+    return static_cast<uint64_t>(
+        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
+            .count());
   }
   static bool expired(uint64_t expiry_ms) { return expiry_ms != 0 && now_ms() >= expiry_ms; }
 
@@ -147,15 +149,21 @@ class FaultTransport final : public RemoteTransport {
   Status enter() {
     calls_++;
     switch (fault_.load()) {
-      case Fault::none: return Status();
+      case Fault::none:
+        return Status();
       case Fault::timeout:
         std::this_thread::sleep_for(std::chrono::milliseconds(command_ms_.load()));
         return Status(Errc::timeout, "memory-remote: Resource temporarily unavailable");
-      case Fault::reset: return Status(Errc::unavailable, "memory-remote: Connection reset by peer");
-      case Fault::refused: return Status(Errc::unavailable, "memory-remote: Connection refused");
-      case Fault::garbage: return Status(Errc::unavailable, "memory-remote: Protocol error, got \"\\x17\" as reply type byte");
-      case Fault::error_reply: return Status(Errc::io_error, "memory-remote: ERR out of memory");
-      case Fault::wrong_type: return Status(Errc::corrupt, "memory-remote: reply of the wrong type");
+      case Fault::reset:
+        return Status(Errc::unavailable, "memory-remote: Connection reset by peer");
+      case Fault::refused:
+        return Status(Errc::unavailable, "memory-remote: Connection refused");
+      case Fault::garbage:
+        return Status(Errc::unavailable, "memory-remote: Protocol error, got \"\\x17\" as reply type byte");
+      case Fault::error_reply:
+        return Status(Errc::io_error, "memory-remote: ERR out of memory");
+      case Fault::wrong_type:
+        return Status(Errc::corrupt, "memory-remote: reply of the wrong type");
       case Fault::slow: {
         uint64_t slow = slow_ms_.load(), limit = command_ms_.load();
         std::this_thread::sleep_for(std::chrono::milliseconds(std::min(slow, limit)));
@@ -169,9 +177,9 @@ class FaultTransport final : public RemoteTransport {
   std::atomic<Fault> fault_{Fault::none};
   std::atomic<uint64_t> slow_ms_{0}, connect_ms_{250}, command_ms_{500}, calls_{0};
   std::mutex mu_;
-  std::map<Key, Record> values_;           // GUARDED_BY(mu_)
-  std::map<Key, Record> leases_;           // GUARDED_BY(mu_)
-  std::map<Key, bool> wrong_type_keys_;    // GUARDED_BY(mu_)
+  std::map<Key, Record> values_;         // GUARDED_BY(mu_)
+  std::map<Key, Record> leases_;         // GUARDED_BY(mu_)
+  std::map<Key, bool> wrong_type_keys_;  // GUARDED_BY(mu_)
 };
 
 }  // namespace kcache::test

@@ -132,8 +132,10 @@ TEST_P(RemoteConformance, ManyThreadsReadAndWrite) {
         uint64_t k = w * 1000 + i;
         if (!t->put(make_entry(k, 300)).is_ok()) bad++;
         auto r = t->get(key_of(w * 1000 + (i ? i - 1 : 0)));
-        if (!r) bad++;
-        else if (r->has_value() && !entry_ok(**r, w * 1000 + (i ? i - 1 : 0), 300)) bad++;
+        if (!r)
+          bad++;
+        else if (r->has_value() && !entry_ok(**r, w * 1000 + (i ? i - 1 : 0), 300))
+          bad++;
       }
     });
   }
@@ -507,10 +509,13 @@ TEST_P(RemoteFaults, APoisonedKeyIsOneLinePerCompile) {
   for (int round = 1; round <= 2; ++round) {
     server_->put_raw(key_of(7), "KCRV\x01\x01\x00\x00 forged bytes without a valid MAC");
     Source s;
-    auto e = cache->get_or_compile(key_of(7), [&]() -> Expected<std::vector<Artifact>> {
-      ++compiles;
-      return std::vector<Artifact>{{"obj", "good"}};
-    }, &s);
+    auto e = cache->get_or_compile(
+        key_of(7),
+        [&]() -> Expected<std::vector<Artifact>> {
+          ++compiles;
+          return std::vector<Artifact>{{"obj", "good"}};
+        },
+        &s);
     ASSERT_TRUE(e.has_value());
     EXPECT_EQ(s, Source::compiled);
     cache->flush();  // the committer's writes, then the remote's queue

@@ -64,8 +64,7 @@ inline int run_child(const std::function<int()>& fn) {
   pid_t pid = ::fork();
   if (pid == 0) _exit(fn());
   int ws = 0;
-  while (::waitpid(pid, &ws, 0) < 0 && errno == EINTR) {
-  }
+  while (::waitpid(pid, &ws, 0) < 0 && errno == EINTR) {}
   return ws;
 }
 
@@ -102,8 +101,7 @@ inline bool wait_or_kill(pid_t pid, int limit_ms, int* ws, const std::string& wh
   fprintf(stderr, "HANG: %s: process %d still running after %d ms; its stacks:\n%s\n", what.c_str(),
           static_cast<int>(pid), limit_ms, st.empty() ? "(gdb not installed)" : st.c_str());
   ::kill(pid, SIGKILL);
-  while (::waitpid(pid, ws, 0) < 0 && errno == EINTR) {
-  }
+  while (::waitpid(pid, ws, 0) < 0 && errno == EINTR) {}
   return false;
 }
 

@@ -1,6 +1,6 @@
 // Cross-process single-flight: leases in the LMDB store and lease files.
-#include <gtest/gtest.h>
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -156,7 +156,7 @@ TEST(FileLeases, PartialLeaseFileFromACrashIsCollected) {
   Key k = key_of(4);
   std::string p = d.path() + "/leases/" + k.hex() + ".lease";
   ASSERT_TRUE(util::write_file_atomic(p, "").is_ok());  // creator died before writing
-  EXPECT_EQ(l->acquire(k, 60000), LeaseResult::busy);    // young: maybe being written
+  EXPECT_EQ(l->acquire(k, 60000), LeaseResult::busy);   // young: maybe being written
   struct timespec old[2] = {{0, UTIME_OMIT}, {static_cast<time_t>(util::now_unix_ms() / 1000 - 10), 0}};
   ASSERT_EQ(::utimensat(AT_FDCWD, p.c_str(), old, 0), 0);
   EXPECT_EQ(l->acquire(k, 60000), LeaseResult::acquired);
@@ -355,8 +355,7 @@ TEST(SingleFlightRegression, StaleFileLeaseTakeoverHasOneWinner) {
     std::vector<std::thread> th;
     for (int c = 0; c < contenders; ++c)
       th.emplace_back([&, c] {
-        while (!go.load()) {
-        }
+        while (!go.load()) {}
         if (ls[c]->acquire(k, 60000) == LeaseResult::acquired) ++winners;
       });
     go = 1;
@@ -387,9 +386,12 @@ TEST_P(SingleFlight, WaitingCountsOneMiss) {
   ASSERT_GT(holder, 0);
   auto c = Cache::open(opts(dir_.path(), GetParam()));
   Source s;
-  auto e = c->get_or_compile(k, []() -> Expected<std::vector<Artifact>> {
-    return std::vector<Artifact>{{"obj", "waiter"}};
-  }, &s);
+  auto e = c->get_or_compile(
+      k,
+      []() -> Expected<std::vector<Artifact>> {
+        return std::vector<Artifact>{{"obj", "waiter"}};
+      },
+      &s);
   ASSERT_TRUE(e.has_value());
   EXPECT_EQ(*e->artifact("obj"), "held");
   EXPECT_EQ(s, Source::waited);

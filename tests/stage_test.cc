@@ -277,7 +277,9 @@ TEST(StageTest, FrontEndAndBackendErrorsReachTheCaller) {
   auto front = *KeyBuilder("stage-test-front/1").add_string("source", "bad").finish();
   auto r = kcache::get_or_compile_staged(
       *cache, front, []() -> Expected<StageOutput> { return kcache::Status(kcache::Errc::compile_failed, "syntax"); },
-      []() -> Expected<std::vector<kcache::Artifact>> { return std::vector<kcache::Artifact>{{"obj", "x"}}; });
+      []() -> Expected<std::vector<kcache::Artifact>> {
+        return std::vector<kcache::Artifact>{{"obj", "x"}};
+      });
   ASSERT_FALSE(r);
   EXPECT_EQ(r.error().code(), kcache::Errc::compile_failed);
   EXPECT_FALSE(kcache::find_stage_link(*cache, front.key));

@@ -35,8 +35,8 @@ constexpr int kEntries = 10;
 
 struct Ids {
   uid_t uid = 0;
-  gid_t gid = 0;       // the user's own group
-  gid_t shared = 0;    // kShared
+  gid_t gid = 0;     // the user's own group
+  gid_t shared = 0;  // kShared
 };
 
 // Adds the user and group once (idempotent); nullopt with *why when not root.
@@ -47,8 +47,9 @@ std::optional<Ids> foreign_user(std::string* why) {
   }
   if (!::getgrnam(kShared)) (void)std::system((std::string("groupadd ") + kShared + " >/dev/null 2>&1").c_str());
   if (!::getpwnam(kForeign))
-    (void)std::system((std::string("useradd -M -r -s /usr/sbin/nologin -G ") + kShared + " " + kForeign +
-                       " >/dev/null 2>&1").c_str());
+    (void)std::system(
+        (std::string("useradd -M -r -s /usr/sbin/nologin -G ") + kShared + " " + kForeign + " >/dev/null 2>&1")
+            .c_str());
   struct passwd* pw = ::getpwnam(kForeign);
   struct group* gr = ::getgrnam(kShared);
   if (!pw || !gr) {
@@ -161,10 +162,11 @@ TEST_P(StoreOwnership, AStoreAnotherUserMadeIsRefusedWithOneLogLineAndCompilesSt
 
   // The refusal comes from the owner: with the owner's own rights the
   // entries are all there (so the refusal above is what hid them).
-  EXPECT_EQ(run_as(ids_, [&] {
-              auto own = Cache::open(store_options(dir, GetParam()));
-              return own->tiers().empty() ? 20 : disk_hits(*own) == kEntries ? 0 : 21;
-            }),
+  EXPECT_EQ(run_as(ids_,
+                   [&] {
+                     auto own = Cache::open(store_options(dir, GetParam()));
+                     return own->tiers().empty() ? 20 : disk_hits(*own) == kEntries ? 0 : 21;
+                   }),
             0);
 }
 
@@ -191,8 +193,8 @@ TEST_P(StoreOwnership, AForeignFileInsideAnOwnStoreIsRefused) {
   ASSERT_EQ(fill(store_options(dir, GetParam())), 0);
   std::string engine_dir = dir + "/" + std::string(engine_name(GetParam()));
   // LMDB's data file; a shard folder of the files engine.
-  std::string inner = GetParam() == Engine::lmdb ? engine_dir + "/data.mdb"
-                                                 : engine_dir + "/" + test::key_of(3).hex().substr(0, 2);
+  std::string inner =
+      GetParam() == Engine::lmdb ? engine_dir + "/data.mdb" : engine_dir + "/" + test::key_of(3).hex().substr(0, 2);
   ASSERT_EQ(::chown(inner.c_str(), ids_.uid, ids_.gid), 0);
   auto c = Cache::open(store_options(dir, GetParam(), log_));
   EXPECT_TRUE(c->tiers().empty());
@@ -231,13 +233,14 @@ TEST_P(StoreOwnership, ASharedGroupSharesOneStoreBothWaysAndStillRefusesOthers) 
   }
   EXPECT_EQ(log_lines(log_, "refusing").size(), 0u);
   // The other user reads this user's entry back from the shared store.
-  EXPECT_EQ(run_as(ids_, [&] {
-              auto c = Cache::open(store_options(dir, GetParam(), {}, kShared));
-              if (c->tiers().empty()) return 30;
-              Source src = Source::compiled;
-              auto e = c->get_or_compile(test::key_of(100), compile_of(100), &src);
-              return e.has_value() && src == Source::disk ? 0 : 31;
-            }),
+  EXPECT_EQ(run_as(ids_,
+                   [&] {
+                     auto c = Cache::open(store_options(dir, GetParam(), {}, kShared));
+                     if (c->tiers().empty()) return 30;
+                     Source src = Source::compiled;
+                     auto e = c->get_or_compile(test::key_of(100), compile_of(100), &src);
+                     return e.has_value() && src == Source::disk ? 0 : 31;
+                   }),
             0);
 
   // Write permission for another group, or for everyone, is still refused.

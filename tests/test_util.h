@@ -7,6 +7,7 @@
 
 #include <random>
 #include <string>
+#include <vector>
 
 #include "kcache/cache.h"
 #include "kcache/entry.h"
@@ -34,6 +35,15 @@ class TempDir {
   std::string path_;
 };
 
+// The disk engines built in, by name, for tests parameterised over them.
+inline std::vector<std::string> engine_names() {
+#if KCACHE_HAVE_LMDB
+  return {"lmdb", "files"};
+#else
+  return {"files"};
+#endif
+}
+
 // Options for a cache in `dir` that logs only errors.
 inline Options disk_options(const std::string& dir, bool memory = true) {
   Options o;
@@ -43,9 +53,7 @@ inline Options disk_options(const std::string& dir, bool memory = true) {
   return o;
 }
 
-inline Key key_of(uint64_t i) {
-  return KeyBuilder("test").add_u64("i", i).finish()->key;
-}
+inline Key key_of(uint64_t i) { return KeyBuilder("test").add_u64("i", i).finish()->key; }
 
 // Deterministic bytes for key i (so any process can check them).
 inline std::string bytes_for(uint64_t i, size_t n) {

@@ -167,8 +167,10 @@ TEST_P(Conformance, ManyThreadsReadAndWrite) {
           if (!t->put(make_entry(k, 2000)).is_ok()) ++bad;
         } else {
           auto r = t->get(key_of(k));
-          if (!r.has_value()) ++bad;
-          else if (r->has_value() && !entry_ok(**r, k, 2000)) ++bad;
+          if (!r.has_value())
+            ++bad;
+          else if (r->has_value() && !entry_ok(**r, k, 2000))
+            ++bad;
         }
       }
     });

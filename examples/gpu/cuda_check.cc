@@ -266,7 +266,8 @@ int main() {
       double mx = -1e30, s = 0;
       for (int j = 0; j < cols; ++j) mx = std::max(mx, double(x[r * cols + j]));
       for (int j = 0; j < cols; ++j) s += std::exp(x[r * cols + j] - mx);
-      for (int j = 0; j < cols; ++j) err = std::max(err, std::fabs(std::exp(x[r * cols + j] - mx) / s - y[r * cols + j]));
+      for (int j = 0; j < cols; ++j)
+        err = std::max(err, std::fabs(std::exp(x[r * cols + j] - mx) / s - y[r * cols + j]));
     }
     report("softmax_rows", err, 1e-4);
     cu.module_unload(m);

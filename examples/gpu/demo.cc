@@ -177,14 +177,16 @@ int main(int argc, char** argv) {
                 all_ok ? "true" : "false");
     for (size_t i = 0; i < rows.size(); ++i) {
       const auto& r = rows[i];
-      std::printf("%s{\"part\":\"%s\",\"kernel\":\"%s\",\"cold_ms\":%.3f,\"warm_ms\":%.4f,\"warm_source\":\"%s\","
-                  "\"ok\":%s}",
-                  i ? "," : "", r.part.c_str(), r.kernel.c_str(), r.cold_ms, r.warm_ms, r.warm_source.c_str(),
-                  r.ok ? "true" : "false");
+      std::printf(
+          "%s{\"part\":\"%s\",\"kernel\":\"%s\",\"cold_ms\":%.3f,\"warm_ms\":%.4f,\"warm_source\":\"%s\","
+          "\"ok\":%s}",
+          i ? "," : "", r.part.c_str(), r.kernel.c_str(), r.cold_ms, r.warm_ms, r.warm_source.c_str(),
+          r.ok ? "true" : "false");
     }
-    std::printf("],\"totals\":{\"nvrtc\":{\"cold_ms\":%.3f,\"warm_ms\":%.3f},\"opencl\":{\"cold_ms\":%.3f,"
-                "\"warm_ms\":%.3f}}",
-                cold_sum[0], warm_sum[0], cold_sum[1], warm_sum[1]);
+    std::printf(
+        "],\"totals\":{\"nvrtc\":{\"cold_ms\":%.3f,\"warm_ms\":%.3f},\"opencl\":{\"cold_ms\":%.3f,"
+        "\"warm_ms\":%.3f}}",
+        cold_sum[0], warm_sum[0], cold_sum[1], warm_sum[1]);
     if (!opencl_skipped.empty())
       std::printf(",\"opencl_skipped\":\"%s\"", kcache::util::json_escape(opencl_skipped).c_str());
     std::printf("}\n");
@@ -196,8 +198,8 @@ int main(int argc, char** argv) {
                   r.warm_ms > 0 ? r.cold_ms / r.warm_ms : 0.0, r.warm_source.c_str(), r.ok ? "" : "  FAILED");
     std::printf("\nNVRTC : %zu kernels, cold %.1f ms, warm %.2f ms\n", count[0], cold_sum[0], warm_sum[0]);
     if (opencl_skipped.empty())
-      std::printf("OpenCL: %zu programs, cold %.1f ms, warm %.2f ms (builds; every kernel run and checked)\n",
-                  count[1], cold_sum[1], warm_sum[1]);
+      std::printf("OpenCL: %zu programs, cold %.1f ms, warm %.2f ms (builds; every kernel run and checked)\n", count[1],
+                  cold_sum[1], warm_sum[1]);
     else
       std::printf("OpenCL: skipped (%s)\n", opencl_skipped.c_str());
   }

@@ -67,9 +67,7 @@ double process_cpu_s() {
   return static_cast<double>(ts.tv_sec) + ts.tv_nsec * 1e-9;
 }
 
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
+double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
 [[noreturn]] void die(const std::string& msg) {
   std::fprintf(stderr, "kcache-demo: %s\n", msg.c_str());
@@ -134,8 +132,7 @@ int run_once(const Args& a) {
       counters->key_ns += static_cast<uint64_t>((now_s() - k0) * 1e9);
       counters->key_cpu_ns += static_cast<uint64_t>((cpu_s() - c0) * 1e9);
       if (auto obj = fkeys->find(*cache, front.key, counters.get())) {
-        if (auto err = (*jit)->addObjectFile(std::move(obj)))
-          die("addObjectFile: " + llvm::toString(std::move(err)));
+        if (auto err = (*jit)->addObjectFile(std::move(obj))) die("addObjectFile: " + llvm::toString(std::move(err)));
         continue;
       }
     }
@@ -187,8 +184,8 @@ int run_once(const Args& a) {
   // The same split in this thread's CPU time (compiles run on this thread),
   // which other processes on the machine do not inflate.
   double key_cpu = C.key_cpu_ns.load() / 1e9, cache_cpu = C.lookup_cpu_ns.load() / 1e9;
-  double link_cpu = (cpu_ready - cpu_ir) - (key_cpu - pre_key_cpu) - (cache_cpu - pre_cache_cpu) -
-                    C.compile_cpu_ns.load() / 1e9;
+  double link_cpu =
+      (cpu_ready - cpu_ir) - (key_cpu - pre_key_cpu) - (cache_cpu - pre_cache_cpu) - C.compile_cpu_ns.load() / 1e9;
   cache->flush();
   kcache::CacheStats st = cache->stats();
   bool warm = C.codegen_runs.load() == 0;
@@ -196,18 +193,19 @@ int run_once(const Args& a) {
 
   if (a.json) {
     std::printf(
-        "{\"run\":\"%s\",\"kernels\":%u,\"lowered\":%llu,\"ready_s\":%.6f,\"ready_cpu_s\":%.6f,\"setup_s\":%.6f,\"frontend_s\":%.6f,"
+        "{\"run\":\"%s\",\"kernels\":%u,\"lowered\":%llu,\"ready_s\":%.6f,\"ready_cpu_s\":%.6f,\"setup_s\":%.6f,"
+        "\"frontend_s\":%.6f,"
         "\"materialize_s\":%.6f,\"key_s\":%.6f,\"cache_s\":%.6f,\"compile_s\":%.6f,\"link_s\":%.6f,"
         "\"cache_share_of_link\":%.4f,\"key_cpu_s\":%.6f,\"cache_cpu_s\":%.6f,\"link_cpu_s\":%.6f,"
         "\"cache_cpu_share_of_link\":%.4f,\"results_match\":%s,\"mismatched\":%u,\"jit\":%s,\"cache\":%s}\n",
-        run, a.kernels, (unsigned long long)lowered, t_ready - t0, process_cpu_ready, t_setup - t0, t_ir - t_setup, t_ready - t_ir, key_s,
-        cache_s, compile_s, link_s, link_s > 0 ? cache_s / link_s : 0.0, key_cpu, cache_cpu, link_cpu,
-        link_cpu > 0 ? cache_cpu / link_cpu : 0.0, mismatched ? "false" : "true",
-        mismatched, C.to_json().c_str(), st.to_json().c_str());
+        run, a.kernels, (unsigned long long)lowered, t_ready - t0, process_cpu_ready, t_setup - t0, t_ir - t_setup,
+        t_ready - t_ir, key_s, cache_s, compile_s, link_s, link_s > 0 ? cache_s / link_s : 0.0, key_cpu, cache_cpu,
+        link_cpu, link_cpu > 0 ? cache_cpu / link_cpu : 0.0, mismatched ? "false" : "true", mismatched,
+        C.to_json().c_str(), st.to_json().c_str());
   } else {
-    std::printf("%s run: %u kernels ready in %.3f s (%llu compiled, %llu from the cache), results %s\n",
-                run, a.kernels, t_ready - t0, (unsigned long long)C.codegen_runs.load(),
-                (unsigned long long)C.hits.load(), mismatched ? "DIFFER" : "match the interpreter");
+    std::printf("%s run: %u kernels ready in %.3f s (%llu compiled, %llu from the cache), results %s\n", run, a.kernels,
+                t_ready - t0, (unsigned long long)C.codegen_runs.load(), (unsigned long long)C.hits.load(),
+                mismatched ? "DIFFER" : "match the interpreter");
     std::printf("%s", st.to_string().c_str());
   }
   return mismatched ? 2 : 0;
@@ -225,8 +223,10 @@ std::string run_child(const Args& a, const char* self, bool disabled = false) {
   pid_t pid = ::fork();
   if (pid < 0) die("fork failed");
   if (pid == 0) {
-    if (disabled) ::setenv("KCACHE_DISABLE", "1", 1);
-    else ::unsetenv("KCACHE_DISABLE");
+    if (disabled)
+      ::setenv("KCACHE_DISABLE", "1", 1);
+    else
+      ::unsetenv("KCACHE_DISABLE");
     ::dup2(fd[1], 1);
     ::close(fd[0]);
     ::close(fd[1]);
@@ -244,8 +244,7 @@ std::string run_child(const Args& a, const char* self, bool disabled = false) {
   ::close(fd[0]);
   int status = 0;
   ::waitpid(pid, &status, 0);
-  if (!WIFEXITED(status) || (WEXITSTATUS(status) != 0 && WEXITSTATUS(status) != 2))
-    die("child run failed");
+  if (!WIFEXITED(status) || (WEXITSTATUS(status) != 0 && WEXITSTATUS(status) != 2)) die("child run failed");
   while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
   return out;
 }
@@ -281,38 +280,40 @@ int run_both(Args a, const char* self, bool temp) {
   double speedup = warm_s > 0 ? cold_s / warm_s : 0;
   double cold_ratio = nocache_s > 0 ? cold_s / nocache_s : 0;
   if (a.json) {
-    std::printf("{\"kernels\":%u,\"nocache_s\":%.6f,\"cold_s\":%.6f,\"warm_s\":%.6f,\"speedup\":%.2f,"
-                "\"cold_over_nocache\":%.4f,\"nocache_cpu_s\":%.6f,\"cold_cpu_s\":%.6f,\"warm_cpu_s\":%.6f,"
-                "\"results_match\":%s,"
-                "\"warm_cache_s\":%.6f,\"warm_link_s\":%.6f,\"warm_cache_share_of_link\":%.4f,"
-                "\"warm_cache_cpu_s\":%.6f,\"warm_link_cpu_s\":%.6f,\"warm_cache_cpu_share_of_link\":%.4f,"
-                "\"cache\":%s,\"nocache\":%s,\"cold\":%s,\"warm\":%s}\n",
-                a.kernels, nocache_s, cold_s, warm_s, speedup, cold_ratio, nocache_cpu, cold_cpu, warm_cpu,
-                match ? "true" : "false",
-                num(warm, "cache_s"), num(warm, "link_s"), num(warm, "cache_share_of_link"), num(warm, "cache_cpu_s"),
-                num(warm, "link_cpu_s"), num(warm, "cache_cpu_share_of_link"), object(warm, "cache").c_str(),
-                nocache.c_str(), cold.c_str(), warm.c_str());
+    std::printf(
+        "{\"kernels\":%u,\"nocache_s\":%.6f,\"cold_s\":%.6f,\"warm_s\":%.6f,\"speedup\":%.2f,"
+        "\"cold_over_nocache\":%.4f,\"nocache_cpu_s\":%.6f,\"cold_cpu_s\":%.6f,\"warm_cpu_s\":%.6f,"
+        "\"results_match\":%s,"
+        "\"warm_cache_s\":%.6f,\"warm_link_s\":%.6f,\"warm_cache_share_of_link\":%.4f,"
+        "\"warm_cache_cpu_s\":%.6f,\"warm_link_cpu_s\":%.6f,\"warm_cache_cpu_share_of_link\":%.4f,"
+        "\"cache\":%s,\"nocache\":%s,\"cold\":%s,\"warm\":%s}\n",
+        a.kernels, nocache_s, cold_s, warm_s, speedup, cold_ratio, nocache_cpu, cold_cpu, warm_cpu,
+        match ? "true" : "false", num(warm, "cache_s"), num(warm, "link_s"), num(warm, "cache_share_of_link"),
+        num(warm, "cache_cpu_s"), num(warm, "link_cpu_s"), num(warm, "cache_cpu_share_of_link"),
+        object(warm, "cache").c_str(), nocache.c_str(), cold.c_str(), warm.c_str());
   } else {
     std::printf("kcache-demo: %u kernels, LLVM ORC at -O2, cache in %s%s\n", a.kernels, a.dir.c_str(),
                 temp ? " (temporary)" : "");
     std::printf("  no cache (KCACHE_DISABLE=1, new process): %4.0f compiled, ready in %8.3f s (CPU %.3f s)\n",
                 num(nocache, "codegen_runs"), nocache_s, nocache_cpu);
-    std::printf("  cold run (empty cache, new process):      %4.0f compiled, ready in %8.3f s (CPU %.3f s), "
-                "%.3fx no cache\n",
-                num(cold, "codegen_runs"), cold_s, cold_cpu, cold_ratio);
+    std::printf(
+        "  cold run (empty cache, new process):      %4.0f compiled, ready in %8.3f s (CPU %.3f s), "
+        "%.3fx no cache\n",
+        num(cold, "codegen_runs"), cold_s, cold_cpu, cold_ratio);
     std::printf("  warm run (same folder, new process):      %4.0f loaded,   ready in %8.3f s (CPU %.3f s)\n",
                 num(warm, "hits"), warm_s, warm_cpu);
     std::printf("  speedup: %.1fx    results match the interpreter in all runs: %s\n", speedup, match ? "yes" : "NO");
-    std::printf("  warm run: %.0f kernels found by their source (none lowered to IR); keys %.1f ms, cache lookup+read "
-                "%.1f ms, linking %.1f ms\n",
-                num(warm, "frontend_hits"), num(warm, "key_s") * 1e3, num(warm, "cache_s") * 1e3,
-                num(warm, "link_s") * 1e3);
+    std::printf(
+        "  warm run: %.0f kernels found by their source (none lowered to IR); keys %.1f ms, cache lookup+read "
+        "%.1f ms, linking %.1f ms\n",
+        num(warm, "frontend_hits"), num(warm, "key_s") * 1e3, num(warm, "cache_s") * 1e3, num(warm, "link_s") * 1e3);
     std::printf("            in CPU time: keys %.1f ms, cache lookup+read %.1f ms, linking %.1f ms\n",
                 num(warm, "key_cpu_s") * 1e3, num(warm, "cache_cpu_s") * 1e3, num(warm, "link_cpu_s") * 1e3);
     std::string cs = object(warm, "cache");
     std::printf("  cache statistics after the warm run: %.0f hits, %.0f misses, %.0f compiles, %.0f faults\n",
                 num(cs, "hits"), num(cs, "misses"), num(cs, "compiles"), num(cs, "faults"));
-    std::printf("  per tier: %s\n", cs.substr(cs.find("\"tiers\":") + 8, cs.size() - cs.find("\"tiers\":") - 9).c_str());
+    std::printf("  per tier: %s\n",
+                cs.substr(cs.find("\"tiers\":") + 8, cs.size() - cs.find("\"tiers\":") - 9).c_str());
   }
   return match ? 0 : 2;
 }
@@ -327,13 +328,20 @@ int main(int argc, char** argv) {
       if (i + 1 >= argc) die("missing value after " + s);
       return argv[++i];
     };
-    if (s == "--dir") a.dir = val();
-    else if (s == "--kernels") a.kernels = static_cast<unsigned>(std::stoul(val()));
-    else if (s == "--engine") a.engine = val();
-    else if (s == "--opt-level") a.opt_level = static_cast<unsigned>(std::stoul(val()));
-    else if (s == "--json") a.json = true;
-    else if (s == "--both") a.both = true;
-    else if (s == "--copy") a.zero_copy = false;
+    if (s == "--dir")
+      a.dir = val();
+    else if (s == "--kernels")
+      a.kernels = static_cast<unsigned>(std::stoul(val()));
+    else if (s == "--engine")
+      a.engine = val();
+    else if (s == "--opt-level")
+      a.opt_level = static_cast<unsigned>(std::stoul(val()));
+    else if (s == "--json")
+      a.json = true;
+    else if (s == "--both")
+      a.both = true;
+    else if (s == "--copy")
+      a.zero_copy = false;
     else if (s == "-h" || s == "--help") {
       std::printf("usage: kcache-demo [--dir DIR [--both]] [--kernels N] [--engine lmdb|files] [--copy] [--json]\n");
       return 0;
@@ -348,8 +356,8 @@ int main(int argc, char** argv) {
   self[n] = '\0';
 
   if (a.dir.empty()) {
-    std::string tmpl = (std::getenv("TMPDIR") ? std::string(std::getenv("TMPDIR")) : std::string("/tmp")) +
-                       "/kcache-demo-XXXXXX";
+    std::string tmpl =
+        (std::getenv("TMPDIR") ? std::string(std::getenv("TMPDIR")) : std::string("/tmp")) + "/kcache-demo-XXXXXX";
     if (!::mkdtemp(tmpl.data())) die("mkdtemp failed");
     a.dir = tmpl;
     int rc = run_both(a, self, true);

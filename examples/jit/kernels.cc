@@ -30,44 +30,76 @@ struct Rng {
 
 double apply(const Node& nd, const std::vector<double>& v, double a, double b, double c) {
   switch (nd.op) {
-    case Op::in_a: return a;
-    case Op::in_b: return b;
-    case Op::in_c: return c;
-    case Op::constant: return nd.value;
-    case Op::add: return v[nd.x] + v[nd.y];
-    case Op::sub: return v[nd.x] - v[nd.y];
-    case Op::mul: return v[nd.x] * v[nd.y];
-    case Op::div: return v[nd.x] / (std::fabs(v[nd.y]) + 1.0);
-    case Op::neg: return -v[nd.x];
-    case Op::exp: return std::exp(std::fmin(v[nd.x], 30.0));
-    case Op::log: return std::log(std::fabs(v[nd.x]) + 1.0);
-    case Op::sqrt: return std::sqrt(std::fabs(v[nd.x]));
-    case Op::tanh: return std::tanh(v[nd.x]);
-    case Op::min: return std::fmin(v[nd.x], v[nd.y]);
-    case Op::max: return std::fmax(v[nd.x], v[nd.y]);
-    case Op::select: return v[nd.p] < v[nd.q] ? v[nd.x] : v[nd.y];
+    case Op::in_a:
+      return a;
+    case Op::in_b:
+      return b;
+    case Op::in_c:
+      return c;
+    case Op::constant:
+      return nd.value;
+    case Op::add:
+      return v[nd.x] + v[nd.y];
+    case Op::sub:
+      return v[nd.x] - v[nd.y];
+    case Op::mul:
+      return v[nd.x] * v[nd.y];
+    case Op::div:
+      return v[nd.x] / (std::fabs(v[nd.y]) + 1.0);
+    case Op::neg:
+      return -v[nd.x];
+    case Op::exp:
+      return std::exp(std::fmin(v[nd.x], 30.0));
+    case Op::log:
+      return std::log(std::fabs(v[nd.x]) + 1.0);
+    case Op::sqrt:
+      return std::sqrt(std::fabs(v[nd.x]));
+    case Op::tanh:
+      return std::tanh(v[nd.x]);
+    case Op::min:
+      return std::fmin(v[nd.x], v[nd.y]);
+    case Op::max:
+      return std::fmax(v[nd.x], v[nd.y]);
+    case Op::select:
+      return v[nd.p] < v[nd.q] ? v[nd.x] : v[nd.y];
   }
   return 0;
 }
 
 const char* op_name(Op op) {
   switch (op) {
-    case Op::in_a: return "a";
-    case Op::in_b: return "b";
-    case Op::in_c: return "c";
-    case Op::constant: return "const";
-    case Op::add: return "+";
-    case Op::sub: return "-";
-    case Op::mul: return "*";
-    case Op::div: return "div";
-    case Op::neg: return "neg";
-    case Op::exp: return "exp";
-    case Op::log: return "log";
-    case Op::sqrt: return "sqrt";
-    case Op::tanh: return "tanh";
-    case Op::min: return "min";
-    case Op::max: return "max";
-    case Op::select: return "select";
+    case Op::in_a:
+      return "a";
+    case Op::in_b:
+      return "b";
+    case Op::in_c:
+      return "c";
+    case Op::constant:
+      return "const";
+    case Op::add:
+      return "+";
+    case Op::sub:
+      return "-";
+    case Op::mul:
+      return "*";
+    case Op::div:
+      return "div";
+    case Op::neg:
+      return "neg";
+    case Op::exp:
+      return "exp";
+    case Op::log:
+      return "log";
+    case Op::sqrt:
+      return "sqrt";
+    case Op::tanh:
+      return "tanh";
+    case Op::min:
+      return "min";
+    case Op::max:
+      return "max";
+    case Op::select:
+      return "select";
   }
   return "?";
 }
@@ -91,7 +123,7 @@ Kernel generate(uint64_t index) {
     int w = std::min(n, 6);
     return n - 1 - static_cast<int>(r.below(static_cast<unsigned>(w)));
   };
-  static const Op kOps[] = {Op::add, Op::add, Op::sub, Op::mul, Op::mul, Op::div, Op::neg, Op::exp,
+  static const Op kOps[] = {Op::add, Op::add,  Op::sub,  Op::mul,  Op::mul, Op::div, Op::neg,    Op::exp,
                             Op::log, Op::sqrt, Op::tanh, Op::tanh, Op::min, Op::max, Op::select, Op::constant};
   for (unsigned i = 0; i < n_ops; ++i) {
     Node nd{kOps[r.below(sizeof kOps / sizeof kOps[0])]};
@@ -156,9 +188,12 @@ void evaluate(const Kernel& k, const double* a, const double* b, const double* c
   for (int64_t i = 0; i < n; ++i) {
     for (size_t j = 0; j < k.nodes.size(); ++j) v[j] = apply(k.nodes[j], v, a[i], b[i], c[i]);
     double r = v.back();
-    if (k.reduce == Reduce::none) out[i] = r;
-    else if (k.reduce == Reduce::sum) acc = acc + r;
-    else acc = std::fmax(acc, r);
+    if (k.reduce == Reduce::none)
+      out[i] = r;
+    else if (k.reduce == Reduce::sum)
+      acc = acc + r;
+    else
+      acc = std::fmax(acc, r);
   }
   if (k.reduce != Reduce::none) out[0] = acc;
 }
@@ -214,22 +249,54 @@ std::unique_ptr<llvm::Module> lower(const Kernel& k, llvm::LLVMContext& ctx) {
     Value* x = nd.x >= 0 ? v[nd.x] : nullptr;
     Value* y = nd.y >= 0 ? v[nd.y] : nullptr;
     switch (nd.op) {
-      case Op::in_a: v[j] = bld.CreateLoad(f64, bld.CreateInBoundsGEP(f64, pa, iv)); break;
-      case Op::in_b: v[j] = bld.CreateLoad(f64, bld.CreateInBoundsGEP(f64, pb, iv)); break;
-      case Op::in_c: v[j] = bld.CreateLoad(f64, bld.CreateInBoundsGEP(f64, pc, iv)); break;
-      case Op::constant: v[j] = ConstantFP::get(f64, nd.value); break;
-      case Op::add: v[j] = bld.CreateFAdd(x, y); break;
-      case Op::sub: v[j] = bld.CreateFSub(x, y); break;
-      case Op::mul: v[j] = bld.CreateFMul(x, y); break;
-      case Op::div: v[j] = bld.CreateFDiv(x, bld.CreateFAdd(bld.CreateCall(fabs_i, {y}), one)); break;
-      case Op::neg: v[j] = bld.CreateFNeg(x); break;
-      case Op::exp: v[j] = bld.CreateCall(exp_i, {bld.CreateCall(min_i, {x, ConstantFP::get(f64, 30.0)})}); break;
-      case Op::log: v[j] = bld.CreateCall(log_i, {bld.CreateFAdd(bld.CreateCall(fabs_i, {x}), one)}); break;
-      case Op::sqrt: v[j] = bld.CreateCall(sqrt_i, {bld.CreateCall(fabs_i, {x})}); break;
-      case Op::tanh: v[j] = bld.CreateCall(tanh_fn, {x}); break;
-      case Op::min: v[j] = bld.CreateCall(min_i, {x, y}); break;
-      case Op::max: v[j] = bld.CreateCall(max_i, {x, y}); break;
-      case Op::select: v[j] = bld.CreateSelect(bld.CreateFCmpOLT(v[nd.p], v[nd.q]), x, y); break;
+      case Op::in_a:
+        v[j] = bld.CreateLoad(f64, bld.CreateInBoundsGEP(f64, pa, iv));
+        break;
+      case Op::in_b:
+        v[j] = bld.CreateLoad(f64, bld.CreateInBoundsGEP(f64, pb, iv));
+        break;
+      case Op::in_c:
+        v[j] = bld.CreateLoad(f64, bld.CreateInBoundsGEP(f64, pc, iv));
+        break;
+      case Op::constant:
+        v[j] = ConstantFP::get(f64, nd.value);
+        break;
+      case Op::add:
+        v[j] = bld.CreateFAdd(x, y);
+        break;
+      case Op::sub:
+        v[j] = bld.CreateFSub(x, y);
+        break;
+      case Op::mul:
+        v[j] = bld.CreateFMul(x, y);
+        break;
+      case Op::div:
+        v[j] = bld.CreateFDiv(x, bld.CreateFAdd(bld.CreateCall(fabs_i, {y}), one));
+        break;
+      case Op::neg:
+        v[j] = bld.CreateFNeg(x);
+        break;
+      case Op::exp:
+        v[j] = bld.CreateCall(exp_i, {bld.CreateCall(min_i, {x, ConstantFP::get(f64, 30.0)})});
+        break;
+      case Op::log:
+        v[j] = bld.CreateCall(log_i, {bld.CreateFAdd(bld.CreateCall(fabs_i, {x}), one)});
+        break;
+      case Op::sqrt:
+        v[j] = bld.CreateCall(sqrt_i, {bld.CreateCall(fabs_i, {x})});
+        break;
+      case Op::tanh:
+        v[j] = bld.CreateCall(tanh_fn, {x});
+        break;
+      case Op::min:
+        v[j] = bld.CreateCall(min_i, {x, y});
+        break;
+      case Op::max:
+        v[j] = bld.CreateCall(max_i, {x, y});
+        break;
+      case Op::select:
+        v[j] = bld.CreateSelect(bld.CreateFCmpOLT(v[nd.p], v[nd.q]), x, y);
+        break;
     }
   }
   Value* r = v.back();

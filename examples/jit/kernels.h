@@ -34,7 +34,7 @@ enum class Reduce : uint8_t { none, sum, max };
 struct Node {
   Op op;
   int x = -1, y = -1, p = -1, q = -1;  // operands (node indices)
-  double value = 0;                     // constants
+  double value = 0;                    // constants
 };
 
 struct Kernel {

@@ -30,8 +30,8 @@ namespace kcache {
 // A disk store opened together with its leases.
 struct DiskStore {
   Engine engine = Engine::lmdb;
-  std::string dir;                 // the cache folder
-  std::string path;                // dir + "/" + engine_name(engine)
+  std::string dir;   // the cache folder
+  std::string path;  // dir + "/" + engine_name(engine)
   std::shared_ptr<Tier> tier;
   std::shared_ptr<Leases> leases;  // null unless asked for and available
 };
@@ -47,8 +47,8 @@ struct DiskStore {
 // root) and writable by no one else, or with `shared_group` (see
 // Options::shared_group) by members of that group (invalid_argument when
 // the group is unknown or this process is not in it).
-Expected<DiskStore> open_disk_store(const std::string& dir, Engine engine, const DiskTierOptions& options,
-                                    bool leases, bool create = true, const std::string& shared_group = {});
+Expected<DiskStore> open_disk_store(const std::string& dir, Engine engine, const DiskTierOptions& options, bool leases,
+                                    bool create = true, const std::string& shared_group = {});
 
 // Where the disk store of `options` lives, whether or not it exists:
 // folder, engine and path. dir is empty when no folder can be named.

@@ -81,14 +81,14 @@ struct BundleWriteOptions {
 };
 
 struct BundleInfo {
-  uint32_t version = 0;          // bundle format version
-  uint32_t entry_version = 0;    // entry format version of the writer
+  uint32_t version = 0;        // bundle format version
+  uint32_t entry_version = 0;  // entry format version of the writer
   uint64_t entries = 0;
-  uint64_t bytes = 0;            // file size
+  uint64_t bytes = 0;  // file size
   uint64_t created_unix_ms = 0;
   bool is_signed = false;
-  std::string signer;            // hex SHA-256 of the signer's raw public key (empty if unsigned)
-  bool trusted = false;          // signed by a trusted key (false when none are configured)
+  std::string signer;    // hex SHA-256 of the signer's raw public key (empty if unsigned)
+  bool trusted = false;  // signed by a trusted key (false when none are configured)
 };
 
 // Writes the selected entries of `from` to `path` (atomically: a temp file
@@ -101,8 +101,7 @@ Expected<BundleInfo> write_bundle(Tier& from, const BundleSelection& selection, 
 Expected<BundleInfo> write_bundle(Cache& from, const BundleSelection& selection, const std::string& path,
                                   const BundleWriteOptions& options = {});
 // The same bundle as bytes.
-Expected<std::string> save_bundle(Tier& from, const BundleSelection& selection,
-                                  const BundleWriteOptions& options = {});
+Expected<std::string> save_bundle(Tier& from, const BundleSelection& selection, const BundleWriteOptions& options = {});
 Expected<std::string> save_bundle(Cache& from, const BundleSelection& selection,
                                   const BundleWriteOptions& options = {});
 
@@ -110,8 +109,7 @@ Expected<std::string> save_bundle(Cache& from, const BundleSelection& selection,
 // Refused (an error) when the header or index is damaged, the signature
 // fails, or trusted keys are given and the bundle is not signed by one.
 Expected<std::shared_ptr<Tier>> open_bundle(const std::string& path, const std::vector<std::string>& trusted_keys = {});
-Expected<std::shared_ptr<Tier>> open_bundle_bytes(std::string bytes,
-                                                  const std::vector<std::string>& trusted_keys = {});
+Expected<std::shared_ptr<Tier>> open_bundle_bytes(std::string bytes, const std::vector<std::string>& trusted_keys = {});
 // Mounts bundle bytes in `cache`, after its memory tier and other bundles,
 // before its disk store; trusted keys are the cache's Options::bundles ones.
 Status load_bundle(Cache& cache, std::string bytes);
@@ -122,7 +120,7 @@ Expected<BundleInfo> bundle_info(const std::string& path, const std::vector<std:
 struct BundleVerifyReport {
   BundleInfo info;
   uint64_t checked = 0;
-  uint64_t other_format = 0;                      // entries of another entry format version
+  uint64_t other_format = 0;                     // entries of another entry format version
   std::vector<std::pair<Key, std::string>> bad;  // key, reason
 };
 // Checks every entry (checksum, key, and SHA-256 against the index).

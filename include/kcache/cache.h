@@ -142,12 +142,12 @@ struct CacheStats {
   uint64_t misses = 0;         // lookups no tier answered
   uint64_t compiles = 0;       // compile functions run
   uint64_t compile_failures = 0;
-  uint64_t waits = 0;          // get_or_compile calls that waited for another thread
-  uint64_t faults = 0;         // cache faults turned into misses
-  uint64_t compile_us = 0;     // time spent in compile functions
-  uint64_t lease_waits = 0;    // misses that waited for another process's compile
-  uint64_t lease_timeouts = 0; // waits that reached wait_bound_ms and compiled
-  uint64_t lease_takeovers = 0;  // leases taken from dead or expired holders
+  uint64_t waits = 0;             // get_or_compile calls that waited for another thread
+  uint64_t faults = 0;            // cache faults turned into misses
+  uint64_t compile_us = 0;        // time spent in compile functions
+  uint64_t lease_waits = 0;       // misses that waited for another process's compile
+  uint64_t lease_timeouts = 0;    // waits that reached wait_bound_ms and compiled
+  uint64_t lease_takeovers = 0;   // leases taken from dead or expired holders
   std::string to_string() const;  // human table
   std::string to_json() const;
 };
@@ -231,8 +231,7 @@ class Cache {
   // looked into first, as the `kcache` tool does).
   static std::unique_ptr<Cache> open(Assembly assembly, const Options& options);
   // Only the given tiers, fastest first (for tests and custom set-ups).
-  static std::unique_ptr<Cache> with_tiers(std::vector<std::shared_ptr<Tier>> tiers,
-                                           const Options& options = {});
+  static std::unique_ptr<Cache> with_tiers(std::vector<std::shared_ptr<Tier>> tiers, const Options& options = {});
   ~Cache();
   Cache(const Cache&) = delete;
   Cache& operator=(const Cache&) = delete;
@@ -245,15 +244,12 @@ class Cache {
   // returned as errors (the result says whether any tier took it).
   bool put(const Entry& entry);
   // Builds the entry (with metadata and manifest) and puts it.
-  std::optional<Entry> put(const KeyInfo& key, std::vector<Artifact> artifacts,
-                           uint64_t compile_cost_us = 0);
+  std::optional<Entry> put(const KeyInfo& key, std::vector<Artifact> artifacts, uint64_t compile_cost_us = 0);
 
   // The artifacts for `key`: from a tier, or from `compile` (run at most once
   // at a time per key in this process) and then stored.
-  Expected<Entry> get_or_compile(const KeyInfo& key, const CompileFn& compile,
-                                 Source* source = nullptr);
-  Expected<Entry> get_or_compile(const Key& key, const CompileFn& compile,
-                                 Source* source = nullptr);
+  Expected<Entry> get_or_compile(const KeyInfo& key, const CompileFn& compile, Source* source = nullptr);
+  Expected<Entry> get_or_compile(const Key& key, const CompileFn& compile, Source* source = nullptr);
 
   // The key's entry, or ownership of its compile (see Flight). May block
   // while another thread or process compiles the key.

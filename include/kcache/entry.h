@@ -39,8 +39,8 @@ struct Artifact {
 };
 
 enum class Compression : uint8_t {
-  none = 0,  // never compress (zero-copy reads)
-  zstd = 1,  // always try zstd; kept only if it saves >= 1/8
+  none = 0,       // never compress (zero-copy reads)
+  zstd = 1,       // always try zstd; kept only if it saves >= 1/8
   automatic = 2,  // zstd only for payloads >= 64 KiB that shrink by >= 1/4
 };
 
@@ -85,8 +85,7 @@ class Entry {
   // Verifies and parses encoded bytes. When `expected` is given the key in
   // the header must equal it. Never reads or allocates outside the bounds
   // the verified header gives; corrupt input is Errc::corrupt.
-  static Expected<Entry> decode(std::shared_ptr<const Buffer> bytes,
-                                const Key* expected = nullptr);
+  static Expected<Entry> decode(std::shared_ptr<const Buffer> bytes, const Key* expected = nullptr);
   // Header and checksum check only (no parsing); used by `verify`.
   static Status check(std::string_view encoded, const Key* expected = nullptr);
   // Reads just the key from a header that passes the size/magic check.
@@ -102,7 +101,7 @@ class Entry {
   Manifest manifest_;
   std::vector<ArtifactRef> artifacts_;
   bool compressed_ = false;
-  std::shared_ptr<const Buffer> buffer_;   // the encoded bytes
+  std::shared_ptr<const Buffer> buffer_;    // the encoded bytes
   std::shared_ptr<const std::string> raw_;  // decompressed payload, if any
 };
 
@@ -111,9 +110,18 @@ class EntryBuilder {
   explicit EntryBuilder(const Key& key) : key_(key) {}
   EntryBuilder& add(std::string name, std::string data);
   EntryBuilder& add(Artifact a) { return add(std::move(a.name), std::move(a.data)); }
-  EntryBuilder& meta(EntryMeta m) { meta_ = std::move(m); return *this; }
-  EntryBuilder& manifest(Manifest m) { manifest_ = std::move(m); return *this; }
-  EntryBuilder& compression(Compression c) { compression_ = c; return *this; }
+  EntryBuilder& meta(EntryMeta m) {
+    meta_ = std::move(m);
+    return *this;
+  }
+  EntryBuilder& manifest(Manifest m) {
+    manifest_ = std::move(m);
+    return *this;
+  }
+  EntryBuilder& compression(Compression c) {
+    compression_ = c;
+    return *this;
+  }
 
   // Fails (invalid_argument) on duplicate or empty artifact names, or names
   // longer than 255 bytes.

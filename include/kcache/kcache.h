@@ -197,9 +197,8 @@ KCACHE_EXPORT int kcache_get_or_compile(kcache_cache* c, const kcache_key* key, 
                                         void* user_data, kcache_entry** out, int* source);
 /* The same, keyed by a builder: the entry also records the key's manifest,
  * so `kcache explain` can say why a later lookup missed. */
-KCACHE_EXPORT int kcache_get_or_compile_built(kcache_cache* c, const kcache_key_builder* key,
-                                              kcache_compile_fn compile, void* user_data, kcache_entry** out,
-                                              int* source);
+KCACHE_EXPORT int kcache_get_or_compile_built(kcache_cache* c, const kcache_key_builder* key, kcache_compile_fn compile,
+                                              void* user_data, kcache_entry** out, int* source);
 
 /* ---- flights: the caller compiles between two calls (kcache::Flight) ----------------
  *

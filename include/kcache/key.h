@@ -46,7 +46,7 @@ namespace kcache {
 struct Digest {
   std::array<uint8_t, 16> bytes{};
 
-  std::string hex() const;                 // 32 lowercase hex characters
+  std::string hex() const;  // 32 lowercase hex characters
   static std::optional<Digest> from_hex(std::string_view hex);
   auto operator<=>(const Digest&) const = default;
   bool operator==(const Digest&) const = default;

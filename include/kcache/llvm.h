@@ -121,8 +121,7 @@ const std::string& llvm_identity();
 // source file name are set aside while the bitcode is hashed and restored
 // before returning, hence the non-const module.
 // REQUIRES: no other thread uses `m` during the call.
-kcache::Expected<KeyInfo> object_key(::llvm::Module& m, const TargetDesc& target,
-                                     const KeyOptions& options = {});
+kcache::Expected<KeyInfo> object_key(::llvm::Module& m, const TargetDesc& target, const KeyOptions& options = {});
 
 // The key of a module whose IR the caller has hashed already: `ir` must
 // change whenever the module would (e.g. hash_bytes of the bitcode file it
@@ -172,8 +171,7 @@ class FrontendKeys {
   // LLJIT::addObjectFile (the buffer holds the entry); null on a miss, a bad
   // link or an object that is not for this target. `counters`, when given,
   // count the lookup (lookups, hits, lookup time).
-  std::unique_ptr<::llvm::MemoryBuffer> find(Cache& cache, const Key& front,
-                                             CompileCounters* counters = nullptr) const;
+  std::unique_ptr<::llvm::MemoryBuffer> find(Cache& cache, const Key& front, CompileCounters* counters = nullptr) const;
 
  private:
   Digest backend_;  // digest of the target and option components
@@ -182,16 +180,16 @@ class FrontendKeys {
 
 // What the integration did; every field only grows. Times in nanoseconds.
 struct CompileCounters {
-  std::atomic<uint64_t> lookups{0};      // modules asked for
-  std::atomic<uint64_t> hits{0};         // answered from the cache
-  std::atomic<uint64_t> misses{0};       // compiled here (or waited for a compile)
-  std::atomic<uint64_t> codegen_runs{0}; // optimiser + code generator runs
-  std::atomic<uint64_t> bad_objects{0};  // stored objects rejected (then recompiled)
+  std::atomic<uint64_t> lookups{0};        // modules asked for
+  std::atomic<uint64_t> hits{0};           // answered from the cache
+  std::atomic<uint64_t> misses{0};         // compiled here (or waited for a compile)
+  std::atomic<uint64_t> codegen_runs{0};   // optimiser + code generator runs
+  std::atomic<uint64_t> bad_objects{0};    // stored objects rejected (then recompiled)
   std::atomic<uint64_t> frontend_hits{0};  // of the hits, found by front-end key (FrontendKeys::find)
   std::atomic<uint64_t> links_stored{0};   // stage links stored for tagged modules
-  std::atomic<uint64_t> key_ns{0};       // bitcode + hashing
-  std::atomic<uint64_t> lookup_ns{0};    // cache lookup + read (+ store on a miss)
-  std::atomic<uint64_t> compile_ns{0};   // optimiser + code generator
+  std::atomic<uint64_t> key_ns{0};         // bitcode + hashing
+  std::atomic<uint64_t> lookup_ns{0};      // cache lookup + read (+ store on a miss)
+  std::atomic<uint64_t> compile_ns{0};     // optimiser + code generator
   // The same three in CPU time of the compiling thread (CLOCK_THREAD_CPUTIME_ID):
   // unlike wall time, not inflated when other processes take the cores.
   std::atomic<uint64_t> key_cpu_ns{0};
@@ -254,8 +252,9 @@ struct CompilerOptions {
 class CachingCompiler final : public ::llvm::orc::IRCompileLayer::IRCompiler {
  public:
   // `cache` must outlive the compiler.
-  static ::llvm::Expected<std::unique_ptr<CachingCompiler>> create(
-      Cache& cache, ::llvm::orc::JITTargetMachineBuilder jtmb, CompilerOptions options = {});
+  static ::llvm::Expected<std::unique_ptr<CachingCompiler>> create(Cache& cache,
+                                                                   ::llvm::orc::JITTargetMachineBuilder jtmb,
+                                                                   CompilerOptions options = {});
 
   ::llvm::Expected<std::unique_ptr<::llvm::MemoryBuffer>> operator()(::llvm::Module& m) override;
 
@@ -296,7 +295,6 @@ struct JitOptions {
 // An ORC LLJIT whose IR compile layer is a CachingCompiler over `cache`.
 // REQUIRES: the native target was initialised (InitializeNativeTarget,
 // InitializeNativeTargetAsmPrinter); `cache` outlives the LLJIT.
-::llvm::Expected<std::unique_ptr<::llvm::orc::LLJIT>> make_cached_lljit(Cache& cache,
-                                                                        JitOptions options = {});
+::llvm::Expected<std::unique_ptr<::llvm::orc::LLJIT>> make_cached_lljit(Cache& cache, JitOptions options = {});
 
 }  // namespace kcache::llvm

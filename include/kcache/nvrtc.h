@@ -88,7 +88,7 @@ namespace kcache::nvrtc {
 inline constexpr std::string_view kNamespace = "kcache.nvrtc/2";
 
 struct Header {
-  std::string name;      // the name the source #includes it by
+  std::string name;  // the name the source #includes it by
   std::string contents;
 };
 
@@ -142,9 +142,9 @@ struct Result {
   // ptx.data()[ptx.size()] == '\0', so ptx_cstr() (or ptx.data()) can go
   // straight to cuModuleLoadData. Empty when NVRTC made none (-dlto).
   std::string_view ptx;
-  std::string_view cubin;  // empty unless NVRTC made one (a real arch)
-  std::string_view ltoir;  // empty unless NVRTC made it (-dlto)
-  std::string_view log;    // NVRTC's warnings (may be empty)
+  std::string_view cubin;                                          // empty unless NVRTC made one (a real arch)
+  std::string_view ltoir;                                          // empty unless NVRTC made it (-dlto)
+  std::string_view log;                                            // NVRTC's warnings (may be empty)
   std::vector<std::pair<std::string, std::string>> lowered_names;  // expression, lowered
 
   // The PTX as a NUL-terminated string ("" when there is none), valid as

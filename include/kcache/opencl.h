@@ -80,8 +80,8 @@ struct Header {
 
 struct ProgramSource {
   std::string source;
-  std::string options;          // as for clBuildProgram
-  std::vector<Header> headers;  // REQUIRES: names distinct and non-empty
+  std::string options;                           // as for clBuildProgram
+  std::vector<Header> headers;                   // REQUIRES: names distinct and non-empty
   std::map<std::string, std::string> extra_key;  // "extra." in the manifest
 };
 
@@ -103,10 +103,10 @@ struct BuildResult {
 };
 
 struct ProgramCacheStats {
-  uint64_t source_builds = 0;      // builds that ran the compiler
-  uint64_t binary_loads = 0;       // programs made from a stored binary
-  uint64_t refused_binaries = 0;   // stored binaries the driver refused
-  uint64_t failed_builds = 0;      // source builds that failed
+  uint64_t source_builds = 0;     // builds that ran the compiler
+  uint64_t binary_loads = 0;      // programs made from a stored binary
+  uint64_t refused_binaries = 0;  // stored binaries the driver refused
+  uint64_t failed_builds = 0;     // source builds that failed
 };
 
 class ProgramCache {
@@ -134,7 +134,7 @@ class ProgramCache {
 
 // Builds from source with no cache (the baseline, and what a miss runs).
 // On success the caller owns *out and it is built for `device`.
-Status build_from_source(cl_context context, cl_device_id device, const ProgramSource& program,
-                         cl_program* out, std::string* log);
+Status build_from_source(cl_context context, cl_device_id device, const ProgramSource& program, cl_program* out,
+                         std::string* log);
 
 }  // namespace kcache::opencl

@@ -87,19 +87,19 @@ struct TransportCounters {
 
 // Counters beyond TierStats, for tests and `kcache stats`.
 struct RemoteCounters {
-  uint64_t breaker_opens = 0;   // times the breaker went from closed to open
-  uint64_t moved = 0;           // from the transport (TransportCounters)
+  uint64_t breaker_opens = 0;  // times the breaker went from closed to open
+  uint64_t moved = 0;          // from the transport (TransportCounters)
   uint64_t ask = 0;
   uint64_t slot_refreshes = 0;
-  uint64_t leases_taken = 0;    // leases acquired (including takeovers)
-  uint64_t leases_busy = 0;     // acquire_lease calls that found another holder
-  uint64_t lease_waits = 0;     // wait_for calls that found the entry
+  uint64_t leases_taken = 0;  // leases acquired (including takeovers)
+  uint64_t leases_busy = 0;   // acquire_lease calls that found another holder
+  uint64_t lease_waits = 0;   // wait_for calls that found the entry
   // Failed transport calls, by kind (together TierStats::errors, less the
   // values that could not be encoded).
-  uint64_t timeouts = 0;        // no answer within a timeout
-  uint64_t unreachable = 0;     // no connection: refused, reset, closed
-  uint64_t server_errors = 0;   // the server answered with an error
-  uint64_t bad_replies = 0;     // a reply of the wrong type for a key
+  uint64_t timeouts = 0;       // no answer within a timeout
+  uint64_t unreachable = 0;    // no connection: refused, reset, closed
+  uint64_t server_errors = 0;  // the server answered with an error
+  uint64_t bad_replies = 0;    // a reply of the wrong type for a key
 };
 
 // Bytes of one stored value (null: nothing stored under the key).

@@ -79,8 +79,7 @@ std::optional<StageLink> find_stage_link(Cache& cache, const Key& front);
 // The final entry through the link of `front`, or nullopt (no link, a bad
 // link, or its entry is no longer stored). `link`, when given, receives the
 // link on a hit.
-std::optional<Entry> get_staged(Cache& cache, const Key& front, Source* source = nullptr,
-                                StageLink* link = nullptr);
+std::optional<Entry> get_staged(Cache& cache, const Key& front, Source* source = nullptr, StageLink* link = nullptr);
 
 // Stores the link front -> (ir, backend). False when no tier took it (a
 // fault, counted and logged by the Cache, or a disabled cache).

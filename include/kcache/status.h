@@ -60,7 +60,7 @@ class [[nodiscard]] Status {
 template <class T>
 class [[nodiscard]] Expected {
  public:
-  Expected(T value) : v_(std::in_place_index<0>, std::move(value)) {}  // NOLINT
+  Expected(T value) : v_(std::in_place_index<0>, std::move(value)) {}      // NOLINT
   Expected(Status error) : v_(std::in_place_index<1>, std::move(error)) {  // NOLINT
     assert(!std::get<1>(v_).is_ok() && "Expected built from an ok Status");
   }
@@ -69,9 +69,18 @@ class [[nodiscard]] Expected {
   explicit operator bool() const noexcept { return has_value(); }
 
   // REQUIRES: has_value()
-  T& value() & { assert(has_value()); return std::get<0>(v_); }
-  const T& value() const& { assert(has_value()); return std::get<0>(v_); }
-  T&& value() && { assert(has_value()); return std::get<0>(std::move(v_)); }
+  T& value() & {
+    assert(has_value());
+    return std::get<0>(v_);
+  }
+  const T& value() const& {
+    assert(has_value());
+    return std::get<0>(v_);
+  }
+  T&& value() && {
+    assert(has_value());
+    return std::get<0>(std::move(v_));
+  }
   T& operator*() & { return value(); }
   const T& operator*() const& { return value(); }
   T&& operator*() && { return std::move(*this).value(); }
@@ -79,8 +88,14 @@ class [[nodiscard]] Expected {
   const T* operator->() const { return &value(); }
 
   // REQUIRES: !has_value()
-  const Status& error() const& { assert(!has_value()); return std::get<1>(v_); }
-  Status&& error() && { assert(!has_value()); return std::get<1>(std::move(v_)); }
+  const Status& error() const& {
+    assert(!has_value());
+    return std::get<1>(v_);
+  }
+  Status&& error() && {
+    assert(!has_value());
+    return std::get<1>(std::move(v_));
+  }
   Status status() const { return has_value() ? Status() : std::get<1>(v_); }
 
  private:
@@ -93,15 +108,14 @@ class [[nodiscard]] Expected {
 // Status from the enclosing function, else moves the value into `x`.
 #define KCACHE_CONCAT_INNER(a, b) a##b
 #define KCACHE_CONCAT(a, b) KCACHE_CONCAT_INNER(a, b)
-#define KCACHE_TRY(lhs, expr)                                   \
-  auto KCACHE_CONCAT(kcache_try_, __LINE__) = (expr);           \
-  if (!KCACHE_CONCAT(kcache_try_, __LINE__))                    \
-    return std::move(KCACHE_CONCAT(kcache_try_, __LINE__)).error(); \
+#define KCACHE_TRY(lhs, expr)                                                                                \
+  auto KCACHE_CONCAT(kcache_try_, __LINE__) = (expr);                                                        \
+  if (!KCACHE_CONCAT(kcache_try_, __LINE__)) return std::move(KCACHE_CONCAT(kcache_try_, __LINE__)).error(); \
   lhs = std::move(KCACHE_CONCAT(kcache_try_, __LINE__)).value()
 
 // KCACHE_RETURN_IF_ERROR(status_expr)
-#define KCACHE_RETURN_IF_ERROR(expr)                           \
-  do {                                                         \
-    ::kcache::Status kcache_st_ = (expr);                      \
-    if (!kcache_st_.is_ok()) return kcache_st_;                \
+#define KCACHE_RETURN_IF_ERROR(expr)            \
+  do {                                          \
+    ::kcache::Status kcache_st_ = (expr);       \
+    if (!kcache_st_.is_ok()) return kcache_st_; \
   } while (0)

@@ -55,13 +55,13 @@ struct TierStats {
   uint64_t misses = 0;
   uint64_t puts = 0;
   uint64_t evictions = 0;
-  uint64_t corrupt = 0;    // entries that failed verification
-  uint64_t errors = 0;     // other faults (I/O, full disk, ...)
-  uint64_t rejected = 0;   // writes refused (read-only, too large)
-  uint64_t entries = 0;    // entries now stored
-  uint64_t bytes = 0;      // encoded bytes now stored
-  uint64_t skipped = 0;    // calls not made: remote switched off (circuit breaker open)
-  uint64_t dropped = 0;    // queued writes dropped (write queue full)
+  uint64_t corrupt = 0;   // entries that failed verification
+  uint64_t errors = 0;    // other faults (I/O, full disk, ...)
+  uint64_t rejected = 0;  // writes refused (read-only, too large)
+  uint64_t entries = 0;   // entries now stored
+  uint64_t bytes = 0;     // encoded bytes now stored
+  uint64_t skipped = 0;   // calls not made: remote switched off (circuit breaker open)
+  uint64_t dropped = 0;   // queued writes dropped (write queue full)
 };
 
 // {"hits":..,"misses":..,...} with every TierStats field.
@@ -69,8 +69,8 @@ std::string tier_stats_json(const TierStats& s);
 
 struct ListItem {
   Key key;
-  uint64_t size = 0;          // encoded bytes
-  uint64_t last_use_ms = 0;   // recency record (0 when unknown)
+  uint64_t size = 0;         // encoded bytes
+  uint64_t last_use_ms = 0;  // recency record (0 when unknown)
 };
 
 struct VerifyReport {
@@ -163,9 +163,9 @@ enum class Durability : uint8_t {
 // The disk engines. LMDB is the default where it is built; files is for
 // network file systems.
 enum class Engine : uint8_t { lmdb = 0, files = 1 };
-std::string_view engine_name(Engine e) noexcept;            // "lmdb", "files"
+std::string_view engine_name(Engine e) noexcept;  // "lmdb", "files"
 std::optional<Engine> parse_engine(std::string_view name) noexcept;
-Engine default_engine() noexcept;                           // lmdb where built, else files
+Engine default_engine() noexcept;  // lmdb where built, else files
 bool engine_built(Engine e) noexcept;
 
 struct DiskTierOptions {
@@ -196,12 +196,10 @@ uint64_t effective_max_entries(const DiskTierOptions& o) noexcept;
 
 // LMDB engine: one memory-mapped file in `dir`. Recommended. Must not live on
 // a network file system (LMDB's locks rely on shared memory).
-Expected<std::shared_ptr<Tier>> open_lmdb_tier(const std::string& dir,
-                                               const DiskTierOptions& options = {});
+Expected<std::shared_ptr<Tier>> open_lmdb_tier(const std::string& dir, const DiskTierOptions& options = {});
 // File-per-entry engine: sharded folders under `dir`, publish by rename,
 // content verified on read. For NFS-style shared folders.
-Expected<std::shared_ptr<Tier>> open_files_tier(const std::string& dir,
-                                                const DiskTierOptions& options = {});
+Expected<std::shared_ptr<Tier>> open_files_tier(const std::string& dir, const DiskTierOptions& options = {});
 // Read-only view: get passes through; put/remove/clear/trim are refused
 // (counted as rejected) and never touch the inner tier; a corrupt entry is
 // skipped, never deleted.

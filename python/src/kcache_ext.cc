@@ -11,9 +11,9 @@
 // stay misses, as everywhere in kcache.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/optional.h>
-#include <nanobind/stl/unique_ptr.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/string_view.h>
+#include <nanobind/stl/unique_ptr.h>
 #include <nanobind/stl/vector.h>
 
 #include <atomic>
@@ -80,13 +80,27 @@ void append_json_string(std::string& out, std::string_view s) {
   out.push_back('"');
   for (unsigned char c : s) {
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      case '\b': out += "\\b"; break;
-      case '\f': out += "\\f"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      case '\b':
+        out += "\\b";
+        break;
+      case '\f':
+        out += "\\f";
+        break;
       default:
         if (c < 0x20) {
           out += "\\u00";
@@ -165,7 +179,8 @@ PyKey make_key(const std::string& ns, nb::dict components) {
     } else {
       std::string tn = nb::cast<std::string>(nb::str(nb::handle(reinterpret_cast<PyObject*>(Py_TYPE(v.ptr())))));
       throw nb::type_error(("kcache.key: component '" + name + "' has unsupported type " + tn +
-                            " (bytes, str, int, bool, dict, list or kcache.Key)").c_str());
+                            " (bytes, str, int, bool, dict, list or kcache.Key)")
+                               .c_str());
     }
   }
   auto r = b.finish();
@@ -253,7 +268,8 @@ std::vector<kcache::Artifact> to_artifacts(nb::handle obj, const char* what) {
 uint64_t size_arg(nb::handle v, const char* what) {
   if (nb::isinstance<nb::str>(v)) {
     auto s = kcache::util::parse_size(nb::cast<std::string>(v));
-    if (!s) throw nb::value_error((std::string(what) + ": cannot parse size '" + nb::cast<std::string>(v) + "'").c_str());
+    if (!s)
+      throw nb::value_error((std::string(what) + ": cannot parse size '" + nb::cast<std::string>(v) + "'").c_str());
     return *s;
   }
   if (PyLong_Check(v.ptr()) && !PyBool_Check(v.ptr())) {
@@ -294,12 +310,13 @@ class PyCache {
   std::shared_ptr<kcache::Cache> c_;
 };
 
-std::unique_ptr<PyCache> open_cache(std::optional<std::string> dir, nb::object max_size, std::optional<std::string> remote,
-                                    std::optional<std::string> remote_secret_file, std::optional<bool> read_only,
-                                    std::optional<std::string> engine, bool memory, nb::object memory_size, bool disk,
-                                    std::optional<bool> process_single_flight, std::optional<uint64_t> lease_ttl_ms,
-                                    std::optional<uint64_t> wait_bound_ms, std::optional<std::string> compression,
-                                    std::optional<std::string> producer, bool env) {
+std::unique_ptr<PyCache> open_cache(std::optional<std::string> dir, nb::object max_size,
+                                    std::optional<std::string> remote, std::optional<std::string> remote_secret_file,
+                                    std::optional<bool> read_only, std::optional<std::string> engine, bool memory,
+                                    nb::object memory_size, bool disk, std::optional<bool> process_single_flight,
+                                    std::optional<uint64_t> lease_ttl_ms, std::optional<uint64_t> wait_bound_ms,
+                                    std::optional<std::string> compression, std::optional<std::string> producer,
+                                    bool env) {
   kcache::Options o = env ? kcache::Options::from_env() : kcache::Options();
   if (dir) {
     if (dir->empty()) throw nb::value_error("kcache.Cache: dir must not be empty");
@@ -326,10 +343,14 @@ std::unique_ptr<PyCache> open_cache(std::optional<std::string> dir, nb::object m
   if (lease_ttl_ms) o.lease_ttl_ms = *lease_ttl_ms;
   if (wait_bound_ms) o.wait_bound_ms = *wait_bound_ms;
   if (compression) {
-    if (*compression == "none") o.compression = kcache::Compression::none;
-    else if (*compression == "zstd") o.compression = kcache::Compression::zstd;
-    else if (*compression == "auto") o.compression = kcache::Compression::automatic;
-    else throw nb::value_error("kcache.Cache: compression must be 'none', 'zstd' or 'auto'");
+    if (*compression == "none")
+      o.compression = kcache::Compression::none;
+    else if (*compression == "zstd")
+      o.compression = kcache::Compression::zstd;
+    else if (*compression == "auto")
+      o.compression = kcache::Compression::automatic;
+    else
+      throw nb::value_error("kcache.Cache: compression must be 'none', 'zstd' or 'auto'");
   }
   o.producer = producer ? *producer : std::string("python");
   std::unique_ptr<kcache::Cache> c;
@@ -534,16 +555,17 @@ NB_MODULE(_kcache, m) {
       .def_prop_ro("hex", [](const PyKey& k) { return k.info.key.hex(); })
       .def_prop_ro("namespace", [](const PyKey& k) { return k.info.manifest.ns; })
       .def_prop_ro("manifest", [](const PyKey& k) { return manifest_list(k.info.manifest); })
-      .def("__bytes__", [](const PyKey& k) {
-        return nb::bytes(reinterpret_cast<const char*>(k.info.key.bytes.data()), k.info.key.bytes.size());
-      })
-      .def("__eq__", [](const PyKey& a, nb::handle b) {
-        return nb::isinstance<PyKey>(b) && a.info.key == nb::cast<const PyKey&>(b).info.key;
-      })
+      .def("__bytes__",
+           [](const PyKey& k) {
+             return nb::bytes(reinterpret_cast<const char*>(k.info.key.bytes.data()), k.info.key.bytes.size());
+           })
+      .def("__eq__",
+           [](const PyKey& a, nb::handle b) {
+             return nb::isinstance<PyKey>(b) && a.info.key == nb::cast<const PyKey&>(b).info.key;
+           })
       .def("__hash__", [](const PyKey& k) { return static_cast<Py_ssize_t>(std::hash<kcache::Digest>()(k.info.key)); })
-      .def("__repr__", [](const PyKey& k) {
-        return "kcache.Key('" + k.info.manifest.ns + "', " + k.info.key.hex() + ")";
-      });
+      .def("__repr__",
+           [](const PyKey& k) { return "kcache.Key('" + k.info.manifest.ns + "', " + k.info.key.hex() + ")"; });
 
   m.def("key", &make_key, "namespace"_a, "components"_a);
 
@@ -551,41 +573,51 @@ NB_MODULE(_kcache, m) {
   nb::class_<ArtifactView>(m, "_ArtifactBytes", nb::type_slots(artifact_slots));
 
   nb::class_<PyEntry>(m, "Entry")
-      .def("__getitem__", [](const PyEntry& e, std::string_view name) {
-        auto a = e.entry.artifact(name);
-        if (!a) throw nb::key_error(std::string(name).c_str());
-        return artifact_memoryview(e.entry, *a);
-      })
-      .def("get", [](const PyEntry& e, std::string_view name, nb::object dflt) -> nb::object {
-        auto a = e.entry.artifact(name);
-        if (!a) return dflt;
-        return artifact_memoryview(e.entry, *a);
-      }, "name"_a, "default"_a = nb::none())
-      .def("__contains__", [](const PyEntry& e, nb::handle name) {
-        return nb::isinstance<nb::str>(name) && e.entry.artifact(nb::cast<std::string_view>(name)).has_value();
-      })
+      .def("__getitem__",
+           [](const PyEntry& e, std::string_view name) {
+             auto a = e.entry.artifact(name);
+             if (!a) throw nb::key_error(std::string(name).c_str());
+             return artifact_memoryview(e.entry, *a);
+           })
+      .def(
+          "get",
+          [](const PyEntry& e, std::string_view name, nb::object dflt) -> nb::object {
+            auto a = e.entry.artifact(name);
+            if (!a) return dflt;
+            return artifact_memoryview(e.entry, *a);
+          },
+          "name"_a, "default"_a = nb::none())
+      .def("__contains__",
+           [](const PyEntry& e, nb::handle name) {
+             return nb::isinstance<nb::str>(name) && e.entry.artifact(nb::cast<std::string_view>(name)).has_value();
+           })
       .def("__len__", [](const PyEntry& e) { return e.entry.artifacts().size(); })
-      .def("keys", [](const PyEntry& e) {
-        nb::list l;
-        for (const auto& a : e.entry.artifacts()) l.append(nb::str(a.name.c_str()));
-        return l;
-      })
-      .def("__iter__", [](const PyEntry& e) {
-        nb::list l;
-        for (const auto& a : e.entry.artifacts()) l.append(nb::str(a.name.c_str()));
-        return nb::iter(l);
-      })
-      .def("items", [](const PyEntry& e) {
-        nb::list l;
-        for (const auto& a : e.entry.artifacts())
-          l.append(nb::make_tuple(nb::str(a.name.c_str()), artifact_memoryview(e.entry, a.data)));
-        return l;
-      })
-      .def("to_dict", [](const PyEntry& e) {
-        nb::dict d;
-        for (const auto& a : e.entry.artifacts()) d[nb::str(a.name.c_str())] = nb::bytes(a.data.data(), a.data.size());
-        return d;
-      })
+      .def("keys",
+           [](const PyEntry& e) {
+             nb::list l;
+             for (const auto& a : e.entry.artifacts()) l.append(nb::str(a.name.c_str()));
+             return l;
+           })
+      .def("__iter__",
+           [](const PyEntry& e) {
+             nb::list l;
+             for (const auto& a : e.entry.artifacts()) l.append(nb::str(a.name.c_str()));
+             return nb::iter(l);
+           })
+      .def("items",
+           [](const PyEntry& e) {
+             nb::list l;
+             for (const auto& a : e.entry.artifacts())
+               l.append(nb::make_tuple(nb::str(a.name.c_str()), artifact_memoryview(e.entry, a.data)));
+             return l;
+           })
+      .def("to_dict",
+           [](const PyEntry& e) {
+             nb::dict d;
+             for (const auto& a : e.entry.artifacts())
+               d[nb::str(a.name.c_str())] = nb::bytes(a.data.data(), a.data.size());
+             return d;
+           })
       .def_prop_ro("source", [](const PyEntry& e) { return std::string(kcache::source_name(e.source)); })
       .def_prop_ro("key_hex", [](const PyEntry& e) { return e.entry.key().hex(); })
       .def_prop_ro("size", [](const PyEntry& e) { return e.entry.payload_size(); })
@@ -604,13 +636,16 @@ NB_MODULE(_kcache, m) {
       .def_prop_ro("hit", [](const PyFlight& f) { return f.state == PyFlight::hit; })
       .def_prop_ro("owner", [](const PyFlight& f) { return f.state == PyFlight::owner; })
       .def_prop_ro("done", [](const PyFlight& f) { return f.state != PyFlight::owner; })
-      .def_prop_ro("source", [](const PyFlight& f) {
-        return f.state == PyFlight::owner ? std::string("pending") : std::string(kcache::source_name(f.source));
-      })
-      .def_prop_ro("entry", [](const PyFlight& f) -> std::optional<PyEntry> {
-        if (!f.entry) return std::nullopt;
-        return make_entry(*f.entry, f.source);
-      })
+      .def_prop_ro("source",
+                   [](const PyFlight& f) {
+                     return f.state == PyFlight::owner ? std::string("pending")
+                                                       : std::string(kcache::source_name(f.source));
+                   })
+      .def_prop_ro("entry",
+                   [](const PyFlight& f) -> std::optional<PyEntry> {
+                     if (!f.entry) return std::nullopt;
+                     return make_entry(*f.entry, f.source);
+                   })
       .def_prop_ro("key", [](const PyFlight& f) { return PyKey{f.key}; })
       .def("commit", &commit_flight, "artifacts"_a)
       .def("abandon", &abandon_flight)
@@ -627,65 +662,78 @@ NB_MODULE(_kcache, m) {
                   "remote_secret_file"_a.none(), "read_only"_a.none(), "engine"_a.none(), "memory"_a,
                   "memory_size"_a.none(), "disk"_a, "process_single_flight"_a.none(), "lease_ttl_ms"_a.none(),
                   "wait_bound_ms"_a.none(), "compression"_a.none(), "producer"_a.none(), "env"_a)
-      .def("get", [](PyCache& self, const PyKey& key) -> std::optional<PyEntry> {
-        auto c = self.get_cache();
-        std::optional<kcache::Entry> e;
-        kcache::Source s = kcache::Source::other;
-        {
-          nb::gil_scoped_release nogil;
-          e = c->get(key.info.key, &s);
-        }
-        if (!e) return std::nullopt;
-        return make_entry(std::move(*e), s);
-      }, "key"_a)
-      .def("put", [](PyCache& self, const PyKey& key, nb::handle artifacts) -> std::optional<PyEntry> {
-        auto c = self.get_cache();
-        std::vector<kcache::Artifact> a = to_artifacts(artifacts, "Cache.put");
-        std::optional<kcache::Entry> e;
-        {
-          nb::gil_scoped_release nogil;
-          e = c->put(key.info, std::move(a));
-        }
-        if (!e) return std::nullopt;
-        return make_entry(std::move(*e), kcache::Source::compiled);
-      }, "key"_a, "artifacts"_a)
-      .def("get_or_compile", [](PyCache& self, const PyKey& key, nb::object fn) {
-        if (!PyCallable_Check(fn.ptr())) throw nb::type_error("Cache.get_or_compile: compile must be callable");
-        auto c = self.get_cache();
-        std::optional<nb::python_error> error;
-        kcache::Source s = kcache::Source::other;
-        std::optional<kcache::Expected<kcache::Entry>> r;
-        {
-          nb::gil_scoped_release nogil;
-          r.emplace(c->get_or_compile(key.info, PyCompile{fn, &error}, &s));
-        }
-        if (error) {
-          error->restore();
-          throw nb::python_error();
-        }
-        if (!*r) raise_compile_error(r->error());
-        return make_entry(std::move(**r), s);
-      }, "key"_a, "compile"_a)
-      .def("begin", [](PyCache& self, const PyKey& key) { return begin_flight(self.get_cache(), key.info); }, "key"_a)
-      .def("stats", [](PyCache& self) {
-        auto c = self.get_cache();
-        kcache::CacheStats s;
-        {
-          nb::gil_scoped_release nogil;
-          s = c->stats();
-        }
-        return stats_dict(s);
-      })
-      .def("flush", [](PyCache& self) {
-        auto c = self.get_cache();
-        nb::gil_scoped_release nogil;
-        c->flush();
-      })
-      .def("tiers", [](PyCache& self) {
-        nb::list l;
-        for (const auto& t : self.get_cache()->tiers()) l.append(nb::str(std::string(t->name()).c_str()));
-        return l;
-      })
+      .def(
+          "get",
+          [](PyCache& self, const PyKey& key) -> std::optional<PyEntry> {
+            auto c = self.get_cache();
+            std::optional<kcache::Entry> e;
+            kcache::Source s = kcache::Source::other;
+            {
+              nb::gil_scoped_release nogil;
+              e = c->get(key.info.key, &s);
+            }
+            if (!e) return std::nullopt;
+            return make_entry(std::move(*e), s);
+          },
+          "key"_a)
+      .def(
+          "put",
+          [](PyCache& self, const PyKey& key, nb::handle artifacts) -> std::optional<PyEntry> {
+            auto c = self.get_cache();
+            std::vector<kcache::Artifact> a = to_artifacts(artifacts, "Cache.put");
+            std::optional<kcache::Entry> e;
+            {
+              nb::gil_scoped_release nogil;
+              e = c->put(key.info, std::move(a));
+            }
+            if (!e) return std::nullopt;
+            return make_entry(std::move(*e), kcache::Source::compiled);
+          },
+          "key"_a, "artifacts"_a)
+      .def(
+          "get_or_compile",
+          [](PyCache& self, const PyKey& key, nb::object fn) {
+            if (!PyCallable_Check(fn.ptr())) throw nb::type_error("Cache.get_or_compile: compile must be callable");
+            auto c = self.get_cache();
+            std::optional<nb::python_error> error;
+            kcache::Source s = kcache::Source::other;
+            std::optional<kcache::Expected<kcache::Entry>> r;
+            {
+              nb::gil_scoped_release nogil;
+              r.emplace(c->get_or_compile(key.info, PyCompile{fn, &error}, &s));
+            }
+            if (error) {
+              error->restore();
+              throw nb::python_error();
+            }
+            if (!*r) raise_compile_error(r->error());
+            return make_entry(std::move(**r), s);
+          },
+          "key"_a, "compile"_a)
+      .def(
+          "begin", [](PyCache& self, const PyKey& key) { return begin_flight(self.get_cache(), key.info); }, "key"_a)
+      .def("stats",
+           [](PyCache& self) {
+             auto c = self.get_cache();
+             kcache::CacheStats s;
+             {
+               nb::gil_scoped_release nogil;
+               s = c->stats();
+             }
+             return stats_dict(s);
+           })
+      .def("flush",
+           [](PyCache& self) {
+             auto c = self.get_cache();
+             nb::gil_scoped_release nogil;
+             c->flush();
+           })
+      .def("tiers",
+           [](PyCache& self) {
+             nb::list l;
+             for (const auto& t : self.get_cache()->tiers()) l.append(nb::str(std::string(t->name()).c_str()));
+             return l;
+           })
       .def_prop_ro("dir", [](PyCache& self) { return self.get_cache()->options().dir; })
       .def_prop_ro("closed", &PyCache::closed)
       .def("close", &PyCache::close);

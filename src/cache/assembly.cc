@@ -119,11 +119,11 @@ DiskStore disk_store_location(const Options& options) {
   return d;
 }
 
-Expected<DiskStore> open_disk_store(const std::string& dir, Engine engine, const DiskTierOptions& options,
-                                    bool leases, bool create, const std::string& shared_group) {
+Expected<DiskStore> open_disk_store(const std::string& dir, Engine engine, const DiskTierOptions& options, bool leases,
+                                    bool create, const std::string& shared_group) {
   if (!engine_built(engine))
-    return Status(Errc::unavailable, "this kcache was built without the " + std::string(engine_name(engine)) +
-                                         " engine");
+    return Status(Errc::unavailable,
+                  "this kcache was built without the " + std::string(engine_name(engine)) + " engine");
   if (dir.empty()) return Status(Errc::unavailable, "no cache folder (HOME and XDG_CACHE_HOME unset)");
   DiskStore d;
   d.engine = engine;
@@ -149,7 +149,9 @@ Expected<DiskStore> open_disk_store(const std::string& dir, Engine engine, const
   }
   Expected<std::shared_ptr<Tier>> tier = Status(Errc::unavailable, "no engine");
   switch (engine) {
-    case Engine::files: tier = open_files_tier(d.path, options); break;
+    case Engine::files:
+      tier = open_files_tier(d.path, options);
+      break;
     case Engine::lmdb:
 #if KCACHE_HAVE_LMDB
       tier = open_lmdb_tier(d.path, options);
@@ -165,8 +167,10 @@ Expected<DiskStore> open_disk_store(const std::string& dir, Engine engine, const
   d.tier = std::move(tier).value();
   if (leases) {
     auto l = open_leases(engine, d.path);
-    if (l) d.leases = std::move(l).value();
-    else KCACHE_LOG(LogLevel::warn, "no cross-process single-flight: %s", l.error().to_string().c_str());
+    if (l)
+      d.leases = std::move(l).value();
+    else
+      KCACHE_LOG(LogLevel::warn, "no cross-process single-flight: %s", l.error().to_string().c_str());
   }
   return d;
 }
@@ -184,13 +188,15 @@ Assembly assemble(const Options& options) {
   // refused bundle (damaged, or not signed by a trusted key) is left out.
   for (const auto& f : options.bundles.files) {
     auto b = open_bundle(f, options.bundles.trusted_keys);
-    if (b) a.tiers.push_back(std::move(b).value());
-    else KCACHE_LOG(LogLevel::warn, "%s (left out)", b.error().to_string().c_str());
+    if (b)
+      a.tiers.push_back(std::move(b).value());
+    else
+      KCACHE_LOG(LogLevel::warn, "%s (left out)", b.error().to_string().c_str());
   }
   if (options.disk_tier) {
     DiskStore where = disk_store_location(options);
-    auto disk = open_disk_store(where.dir, where.engine, options.disk, coordinate, options.create_dir,
-                                options.shared_group);
+    auto disk =
+        open_disk_store(where.dir, where.engine, options.disk, coordinate, options.create_dir, options.shared_group);
     if (disk) {
       a.tiers.push_back(disk->tier);
       a.leases = disk->leases;

@@ -17,8 +17,7 @@
 namespace kcache {
 
 std::vector<Expected<Entry>> Cache::get_or_compile_batch(const std::vector<BatchItem>& items,
-                                                         const BatchOptions& options,
-                                                         std::vector<Source>* sources) {
+                                                         const BatchOptions& options, std::vector<Source>* sources) {
   const size_t n = items.size();
   std::vector<std::optional<Expected<Entry>>> out(n);
   std::vector<Source> src(n, Source::compiled);
@@ -33,7 +32,8 @@ std::vector<Expected<Entry>> Cache::get_or_compile_batch(const std::vector<Batch
   std::deque<size_t> todo;
   for (size_t i = 0; i < n; ++i) {
     std::optional<Entry> hit;
-    if (!impl_->opt.disabled && !impl_->opt.recompile) hit = impl_->look_up(items[i].key.key, &src[i], MissCount::counted);
+    if (!impl_->opt.disabled && !impl_->opt.recompile)
+      hit = impl_->look_up(items[i].key.key, &src[i], MissCount::counted);
     if (hit) {
       out[i].emplace(std::move(*hit));
       std::lock_guard lk(mu);
@@ -106,8 +106,10 @@ std::vector<Expected<Entry>> Cache::get_or_compile_batch(const std::vector<Batch
   std::vector<Expected<Entry>> results;
   results.reserve(n);
   for (size_t i = 0; i < n; ++i) {
-    if (out[i]) results.push_back(std::move(*out[i]));
-    else results.push_back(Status(Errc::internal, "batch item not resolved"));
+    if (out[i])
+      results.push_back(std::move(*out[i]));
+    else
+      results.push_back(Status(Errc::internal, "batch item not resolved"));
   }
   if (sources) *sources = std::move(src);
   return results;

@@ -14,13 +14,20 @@ namespace kcache {
 
 std::string_view source_name(Source s) noexcept {
   switch (s) {
-    case Source::compiled: return "compiled";
-    case Source::memory: return "memory";
-    case Source::disk: return "disk";
-    case Source::remote: return "remote";
-    case Source::other: return "other";
-    case Source::waited: return "waited";
-    case Source::bundle: return "bundle";
+    case Source::compiled:
+      return "compiled";
+    case Source::memory:
+      return "memory";
+    case Source::disk:
+      return "disk";
+    case Source::remote:
+      return "remote";
+    case Source::other:
+      return "other";
+    case Source::waited:
+      return "waited";
+    case Source::bundle:
+      return "bundle";
   }
   return "?";
 }
@@ -142,8 +149,8 @@ Expected<Entry> Cache::get_or_compile(const KeyInfo& key, const CompileFn& compi
   return impl_->resolve(key, compile, source, true, &o);
 }
 
-Expected<Entry> Cache::Impl::resolve(const KeyInfo& key, const CompileFn& compile, Source* source,
-                                     bool wait_for_others, Outcome* outcome, MissCount count) {
+Expected<Entry> Cache::Impl::resolve(const KeyInfo& key, const CompileFn& compile, Source* source, bool wait_for_others,
+                                     Outcome* outcome, MissCount count) {
   *outcome = Outcome::done;
   if (source) *source = Source::compiled;
   if (opt.disabled) return compile_entry(key, compile);
@@ -211,7 +218,8 @@ Cache::Impl::Turn Cache::Impl::take_turn(const Key& key, Source* source, bool wa
           return t;
         }
         case LeaseWait::Claim::timed_out:
-        case LeaseWait::Claim::uncoordinated: break;  // compile without coordination
+        case LeaseWait::Claim::uncoordinated:
+          break;  // compile without coordination
       }
     }
     t.leader.emplace(std::move(leader));
@@ -285,8 +293,8 @@ Expected<Entry> Flight::commit(std::vector<Artifact> artifacts, uint64_t compile
 void Flight::abandon() noexcept {
   if (!s_ || !s_->owner) return;
   s_->owner = false;
-  if (s_->leader) s_->leader->finish(Status(Errc::compile_failed, "the key's flight was abandoned"),
-                                     FlightTable::End::abandoned);
+  if (s_->leader)
+    s_->leader->finish(Status(Errc::compile_failed, "the key's flight was abandoned"), FlightTable::End::abandoned);
   s_->leader.reset();
 }
 

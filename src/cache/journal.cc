@@ -18,8 +18,8 @@ namespace kcache {
 namespace {
 
 constexpr char kMagic[8] = {'K', 'C', 'M', 'I', 'S', 'S', '1', '\n'};
-constexpr size_t kHeader = 24;                 // magic, count:u64, end:u64
-constexpr uint32_t kMaxRecord = 1u << 20;      // larger records are not journaled
+constexpr size_t kHeader = 24;             // magic, count:u64, end:u64
+constexpr uint32_t kMaxRecord = 1u << 20;  // larger records are not journaled
 
 void put_str16(std::string& out, std::string_view s) {
   s = s.substr(0, 65535);
@@ -192,8 +192,7 @@ Status MissJournal::open_locked() {
       if (mode_ != 0600) (void)::fchmod(fd_, mode_);  // the group's write, whatever the umask (owner only)
     }
     int rc;
-    while ((rc = ::flock(fd_, LOCK_EX)) != 0 && errno == EINTR) {
-    }
+    while ((rc = ::flock(fd_, LOCK_EX)) != 0 && errno == EINTR) {}
     if (rc != 0) return util::errno_status(errno, path_);
     if (same_file(fd_, path_)) return Status();
     // Rotated (or removed) since we opened it: open the current one.
@@ -258,8 +257,7 @@ Expected<std::vector<MissRecord>> MissJournal::read(const std::string& store_pat
       if (errno == ENOENT) break;
       return util::errno_status(errno, path);
     }
-    while (::flock(fd, LOCK_SH) != 0 && errno == EINTR) {
-    }
+    while (::flock(fd, LOCK_SH) != 0 && errno == EINTR) {}
     if (same_file(fd, path)) break;
     ::close(fd);
     fd = -1;
@@ -329,12 +327,12 @@ Nearest StoredManifests::nearest(const Manifest& want, const std::string& label,
   for (const StoredManifest* s : cands) {
     if (same_label && s->label != label) continue;
     auto d = diff_manifests(s->manifest, want);
-    bool better = !best || d.size() < best_diff.size() ||
-                  (d.size() == best_diff.size() &&
-                   (s->created_ms > best->created_ms ||
-                    (s->created_ms == best->created_ms &&
-                     (s->last_use_ms > best->last_use_ms ||
-                      (s->last_use_ms == best->last_use_ms && s->key < best->key)))));
+    bool better =
+        !best || d.size() < best_diff.size() ||
+        (d.size() == best_diff.size() &&
+         (s->created_ms > best->created_ms ||
+          (s->created_ms == best->created_ms &&
+           (s->last_use_ms > best->last_use_ms || (s->last_use_ms == best->last_use_ms && s->key < best->key)))));
     if (better) {
       best = s;
       best_diff = std::move(d);
@@ -359,12 +357,18 @@ std::string miss_cause(const Nearest& n, const std::string& ns, const std::strin
   for (const auto& d : n.entry->differences) {
     std::string one = d.name + " ";
     switch (d.change) {
-      case ManifestChange::added: one += "added" + (d.lookup_value ? " (" + *d.lookup_value + ")" : ""); break;
-      case ManifestChange::removed: one += "removed" + (d.stored_value ? " (" + *d.stored_value + ")" : ""); break;
+      case ManifestChange::added:
+        one += "added" + (d.lookup_value ? " (" + *d.lookup_value + ")" : "");
+        break;
+      case ManifestChange::removed:
+        one += "removed" + (d.stored_value ? " (" + *d.stored_value + ")" : "");
+        break;
       case ManifestChange::changed:
       case ManifestChange::type_changed:
-        if (d.stored_value && d.lookup_value) one += *d.stored_value + " \u2192 " + *d.lookup_value;
-        else one += d.change == ManifestChange::changed ? "changed" : "type changed";
+        if (d.stored_value && d.lookup_value)
+          one += *d.stored_value + " \u2192 " + *d.lookup_value;
+        else
+          one += d.change == ManifestChange::changed ? "changed" : "type changed";
         break;
     }
     out += (out.empty() ? "" : ", ") + one;
@@ -377,8 +381,10 @@ std::string explain_line(const Key& key, const std::string& label, const std::st
   if (!label.empty()) out += " \"" + label + "\"";
   out += " (" + ns + "): ";
   if (!n.entry) return out + "no earlier entry of this namespace";
-  if (!label.empty() && !n.same_label) out += "no earlier entry of its label; nearest of another label ";
-  else out += "nearest ";
+  if (!label.empty() && !n.same_label)
+    out += "no earlier entry of its label; nearest of another label ";
+  else
+    out += "nearest ";
   out += n.entry->key.hex();
   if (!n.entry->label.empty()) out += " \"" + n.entry->label + "\"";
   out += ": ";
@@ -395,7 +401,11 @@ MissExplainer::MissExplainer(std::shared_ptr<Tier> disk, std::unique_ptr<MissJou
 void MissExplainer::miss(const KeyInfo& key) {
   if (key.manifest.ns.empty() && key.manifest.items.empty()) return;  // nothing to explain with
   if (journal_) {
-    MissRecord r{key.key, key.label, key.manifest, util::now_unix_ms(), static_cast<uint32_t>(::getpid()),
+    MissRecord r{key.key,
+                 key.label,
+                 key.manifest,
+                 util::now_unix_ms(),
+                 static_cast<uint32_t>(::getpid()),
                  program_invocation_short_name};
     Status st = journal_->append(r);
     if (!st.is_ok()) KCACHE_LOG(LogLevel::info, "miss journal: %s", st.to_string().c_str());

@@ -29,10 +29,10 @@ namespace kcache {
 struct MissRecord {
   Key key;
   std::string label;
-  Manifest manifest;  // with the readable values the lookup kept
+  Manifest manifest;     // with the readable values the lookup kept
   uint64_t time_ms = 0;  // wall clock
   uint32_t pid = 0;
-  std::string process;   // the program's short name
+  std::string process;  // the program's short name
 };
 
 class MissJournal {
@@ -61,8 +61,8 @@ class MissJournal {
   size_t keep_;
   unsigned mode_;
   std::mutex mu_;
-  int fd_ = -1;          // GUARDED_BY(mu_)
-  int fd_pid_ = 0;       // the process that opened fd_ (flock is per open file)
+  int fd_ = -1;     // GUARDED_BY(mu_)
+  int fd_pid_ = 0;  // the process that opened fd_ (flock is per open file)
 };
 
 // A stored entry's manifest and label, for comparisons.

@@ -32,9 +32,9 @@ class LeaseWait {
   bool active() const noexcept { return leases_ != nullptr; }
 
   enum class Claim {
-    held,       // this process holds the lease (release() it)
-    busy,       // another process holds it and the caller would not wait
-    timed_out,  // waited the bound; compile without the lease
+    held,           // this process holds the lease (release() it)
+    busy,           // another process holds it and the caller would not wait
+    timed_out,      // waited the bound; compile without the lease
     uncoordinated,  // the lease store failed; compile without it
   };
   // wait=false: answer busy at once instead of waiting. *waited says

@@ -77,8 +77,10 @@ Options Options::from_env(Options o) {
   env_flag(util::getenv_str("KCACHE_STATS"), &o.print_stats);
   env_flag(util::getenv_str("KCACHE_EXPLAIN"), &o.explain);
   if (!(v = util::getenv_str("KCACHE_MAX_SIZE")).empty()) {
-    if (auto s = util::parse_size(v); s && *s > 0) o.disk.max_bytes = *s;
-    else KCACHE_LOG(LogLevel::warn, "ignoring KCACHE_MAX_SIZE='%s' (want e.g. 2G, 500M)", v.c_str());
+    if (auto s = util::parse_size(v); s && *s > 0)
+      o.disk.max_bytes = *s;
+    else
+      KCACHE_LOG(LogLevel::warn, "ignoring KCACHE_MAX_SIZE='%s' (want e.g. 2G, 500M)", v.c_str());
   }
   if (!(v = util::getenv_str("KCACHE_SHARED")).empty()) o.shared_group = v;
   if (!(v = util::getenv_str("KCACHE_REMOTE")).empty()) o.remote_url = v;
@@ -86,8 +88,10 @@ Options Options::from_env(Options o) {
   if (!(v = util::getenv_str("KCACHE_BUNDLES")).empty()) o.bundles.files = split_paths(v);
   if (!(v = util::getenv_str("KCACHE_BUNDLE_TRUST")).empty()) o.bundles.trusted_keys = split_paths(v);
   if (!(v = util::getenv_str("KCACHE_ENGINE")).empty()) {
-    if (auto e = parse_engine(v)) o.engine = *e;
-    else KCACHE_LOG(LogLevel::warn, "ignoring KCACHE_ENGINE='%s' (want lmdb|files)", v.c_str());
+    if (auto e = parse_engine(v))
+      o.engine = *e;
+    else
+      KCACHE_LOG(LogLevel::warn, "ignoring KCACHE_ENGINE='%s' (want lmdb|files)", v.c_str());
   }
   return o;
 }

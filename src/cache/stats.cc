@@ -9,18 +9,19 @@ namespace kcache {
 std::string CacheStats::to_string() const {
   std::string out;
   char buf[256];
-  std::snprintf(buf, sizeof buf, "kcache: %llu hits, %llu misses, %llu compiles (%llu failed, %.3f s), %llu waits, %llu faults\n",
-                (unsigned long long)hits, (unsigned long long)misses, (unsigned long long)compiles,
-                (unsigned long long)compile_failures, compile_us / 1e6, (unsigned long long)waits,
-                (unsigned long long)faults);
+  std::snprintf(
+      buf, sizeof buf, "kcache: %llu hits, %llu misses, %llu compiles (%llu failed, %.3f s), %llu waits, %llu faults\n",
+      (unsigned long long)hits, (unsigned long long)misses, (unsigned long long)compiles,
+      (unsigned long long)compile_failures, compile_us / 1e6, (unsigned long long)waits, (unsigned long long)faults);
   out += buf;
   for (const auto& t : tiers) {
-    std::snprintf(buf, sizeof buf,
-                  "  %-10s %8llu hits %8llu misses %8llu puts %6llu evictions %4llu corrupt %4llu errors %8llu entries %12s\n",
-                  t.name.c_str(), (unsigned long long)t.stats.hits, (unsigned long long)t.stats.misses,
-                  (unsigned long long)t.stats.puts, (unsigned long long)t.stats.evictions,
-                  (unsigned long long)t.stats.corrupt, (unsigned long long)t.stats.errors,
-                  (unsigned long long)t.stats.entries, util::format_size(t.stats.bytes).c_str());
+    std::snprintf(
+        buf, sizeof buf,
+        "  %-10s %8llu hits %8llu misses %8llu puts %6llu evictions %4llu corrupt %4llu errors %8llu entries %12s\n",
+        t.name.c_str(), (unsigned long long)t.stats.hits, (unsigned long long)t.stats.misses,
+        (unsigned long long)t.stats.puts, (unsigned long long)t.stats.evictions, (unsigned long long)t.stats.corrupt,
+        (unsigned long long)t.stats.errors, (unsigned long long)t.stats.entries,
+        util::format_size(t.stats.bytes).c_str());
     out += buf;
   }
   return out;
@@ -35,8 +36,8 @@ std::string CacheStats::to_json() const {
                 "\"lease_takeovers\":%llu,\"tiers\":[",
                 (unsigned long long)hits, (unsigned long long)misses, (unsigned long long)compiles,
                 (unsigned long long)compile_failures, (unsigned long long)waits, (unsigned long long)faults,
-                (unsigned long long)compile_us, (unsigned long long)lease_waits,
-                (unsigned long long)lease_timeouts, (unsigned long long)lease_takeovers);
+                (unsigned long long)compile_us, (unsigned long long)lease_waits, (unsigned long long)lease_timeouts,
+                (unsigned long long)lease_takeovers);
   out += buf;
   for (size_t i = 0; i < tiers.size(); ++i) {
     if (i) out += ",";

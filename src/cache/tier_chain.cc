@@ -9,11 +9,16 @@ namespace kcache {
 
 Source source_of(const Tier& t) noexcept {
   switch (t.kind()) {
-    case TierKind::memory: return Source::memory;
-    case TierKind::disk: return Source::disk;
-    case TierKind::remote: return Source::remote;
-    case TierKind::bundle: return Source::bundle;
-    case TierKind::other: return Source::other;
+    case TierKind::memory:
+      return Source::memory;
+    case TierKind::disk:
+      return Source::disk;
+    case TierKind::remote:
+      return Source::remote;
+    case TierKind::bundle:
+      return Source::bundle;
+    case TierKind::other:
+      return Source::other;
   }
   return Source::other;
 }
@@ -96,8 +101,8 @@ void TierChain::fault(const Tier& t, const char* op, const Status& st) {
     std::lock_guard lk(said_mu_);
     if (!said_unavailable_.insert(&t).second) return;
   }
-  KCACHE_LOG(LogLevel::warn, "%.*s %s: %s (treated as a miss)", static_cast<int>(t.name().size()), t.name().data(),
-             op, st.to_string().c_str());
+  KCACHE_LOG(LogLevel::warn, "%.*s %s: %s (treated as a miss)", static_cast<int>(t.name().size()), t.name().data(), op,
+             st.to_string().c_str());
 }
 
 bool TierChain::put_into(size_t i, const Entry& e) {

@@ -85,8 +85,10 @@ int guard(F&& f) noexcept {
   try {
     t_last_error.clear();
     int rc = f();
-    if (rc == KCACHE_OK) t_last_error.clear();
-    else if (t_last_error.empty()) set_error(rc, std::string_view("failed without a message"));
+    if (rc == KCACHE_OK)
+      t_last_error.clear();
+    else if (t_last_error.empty())
+      set_error(rc, std::string_view("failed without a message"));
     return rc;
   } catch (const std::bad_alloc&) {
     return set_error(KCACHE_INTERNAL, "out of memory");
@@ -109,9 +111,11 @@ void from_key(const kcache::Key& k, kcache_key* out) { std::memcpy(out->bytes, k
 kcache::Status check_artifact_name(const char* name, const std::vector<kcache::Artifact>& have) {
   size_t n = std::strlen(name);
   if (n == 0 || n > 255)
-    return kcache::Status(Errc::invalid_argument, "artifact name must be 1 to 255 bytes (got " + std::to_string(n) + ")");
+    return kcache::Status(Errc::invalid_argument,
+                          "artifact name must be 1 to 255 bytes (got " + std::to_string(n) + ")");
   for (const auto& a : have)
-    if (a.name == name) return kcache::Status(Errc::invalid_argument, std::string("artifact '") + name + "' added twice");
+    if (a.name == name)
+      return kcache::Status(Errc::invalid_argument, std::string("artifact '") + name + "' added twice");
   return kcache::Status();
 }
 
@@ -142,8 +146,10 @@ kcache::CompileFn compile_fn(kcache_compile_fn fn, void* user) {
     // A callback that ignored a refused kcache_artifacts_add would store an
     // entry without that artifact: fail instead, and store nothing.
     if (!arts.rejected.empty())
-      return kcache::Status(Errc::invalid_argument, "compile callback returned 0 after a refused "
-                                                    "kcache_artifacts_add: " + arts.rejected);
+      return kcache::Status(Errc::invalid_argument,
+                            "compile callback returned 0 after a refused "
+                            "kcache_artifacts_add: " +
+                                arts.rejected);
     return std::move(arts.items);
   };
 }
@@ -217,10 +223,14 @@ int kcache_options_set(kcache_options* o, const char* name, const char* value) {
     } else if (n == "producer") {
       opt.producer = v;
     } else if (n == "compression") {
-      if (v == "none") opt.compression = kcache::Compression::none;
-      else if (v == "zstd") opt.compression = kcache::Compression::zstd;
-      else if (v == "auto") opt.compression = kcache::Compression::automatic;
-      else return bad();
+      if (v == "none")
+        opt.compression = kcache::Compression::none;
+      else if (v == "zstd")
+        opt.compression = kcache::Compression::zstd;
+      else if (v == "auto")
+        opt.compression = kcache::Compression::automatic;
+      else
+        return bad();
     } else if (n == "env") {
       if (!flag(value, &b)) return bad();
       o->env = b;
@@ -335,8 +345,7 @@ void kcache_close(kcache_cache* c) {
   // The Cache destructor flushes; it does not throw, but keep C frames safe.
   try {
     delete c;
-  } catch (...) {
-  }
+  } catch (...) {}
 }
 
 int kcache_get(kcache_cache* c, const kcache_key* key, kcache_entry** out) {
@@ -380,8 +389,10 @@ int kcache_artifacts_add(kcache_artifacts* a, const char* name, const void* data
   return guard([&] {
     if (!a) return set_error(KCACHE_INVALID_ARGUMENT, "kcache_artifacts_add: NULL sink");
     std::string why;
-    if (!name || (size && !data)) why = "NULL argument";
-    else if (auto st = check_artifact_name(name, a->items); !st.is_ok()) why = st.message();
+    if (!name || (size && !data))
+      why = "NULL argument";
+    else if (auto st = check_artifact_name(name, a->items); !st.is_ok())
+      why = st.message();
     if (!why.empty()) {
       if (a->rejected.empty()) a->rejected = why;
       return set_error(KCACHE_INVALID_ARGUMENT, "kcache_artifacts_add: " + why);
@@ -394,7 +405,8 @@ int kcache_artifacts_add(kcache_artifacts* a, const char* name, const void* data
 int kcache_get_or_compile(kcache_cache* c, const kcache_key* key, kcache_compile_fn compile, void* user_data,
                           kcache_entry** out, int* source) {
   return guard([&] {
-    if (!c || !key || !compile || !out) return set_error(KCACHE_INVALID_ARGUMENT, "kcache_get_or_compile: NULL argument");
+    if (!c || !key || !compile || !out)
+      return set_error(KCACHE_INVALID_ARGUMENT, "kcache_get_or_compile: NULL argument");
     *out = nullptr;
     kcache::Source src = kcache::Source::compiled;
     auto r = c->cache->get_or_compile(to_key(key), compile_fn(compile, user_data), &src);
@@ -445,13 +457,16 @@ int kcache_flight_commit(kcache_flight* f, const kcache_artifact* artifacts, siz
   return guard([&] {
     if (out) *out = nullptr;
     if (!f || (n && !artifacts)) return set_error(KCACHE_INVALID_ARGUMENT, "kcache_flight_commit: NULL argument");
-    if (!f->f.owner()) return set_error(KCACHE_INVALID_ARGUMENT, "kcache_flight_commit: the flight does not own its key");
+    if (!f->f.owner())
+      return set_error(KCACHE_INVALID_ARGUMENT, "kcache_flight_commit: the flight does not own its key");
     std::vector<kcache::Artifact> arts;
     for (size_t i = 0; i < n; ++i) {
       const kcache_artifact& a = artifacts[i];
       kcache::Status st;
-      if (!a.name || (a.size && !a.data)) st = kcache::Status(Errc::invalid_argument, "has a NULL pointer");
-      else st = check_artifact_name(a.name, arts);
+      if (!a.name || (a.size && !a.data))
+        st = kcache::Status(Errc::invalid_argument, "has a NULL pointer");
+      else
+        st = check_artifact_name(a.name, arts);
       if (!st.is_ok()) {
         f->f.abandon();
         return set_error(KCACHE_INVALID_ARGUMENT,
@@ -497,7 +512,8 @@ int kcache_entry_key(const kcache_entry* e, kcache_key* out) {
 
 int kcache_entry_artifact(const kcache_entry* e, const char* name, const void** data, size_t* size) {
   return guard([&] {
-    if (!e || !name || !data || !size) return set_error(KCACHE_INVALID_ARGUMENT, "kcache_entry_artifact: NULL argument");
+    if (!e || !name || !data || !size)
+      return set_error(KCACHE_INVALID_ARGUMENT, "kcache_entry_artifact: NULL argument");
     auto a = e->e.artifact(name);
     if (!a) {
       *data = nullptr;

@@ -22,7 +22,9 @@ class AlignedBuffer final : public Buffer {
   std::string_view bytes() const noexcept override { return {data_, size_}; }
   char* data() noexcept { return data_; }
   size_t size() const noexcept { return size_; }
-  void shrink(size_t n) noexcept { if (n < size_) size_ = n; }
+  void shrink(size_t n) noexcept {
+    if (n < size_) size_ = n;
+  }
 
  private:
   static size_t round_up(size_t n) { return (n + 63) & ~size_t(63); }

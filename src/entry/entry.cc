@@ -306,8 +306,7 @@ Expected<Entry> EntryBuilder::build() const {
   for (const auto& a : artifacts_) {
     if (a.name.empty() || a.name.size() > 255)
       return Status(Errc::invalid_argument, "artifact name must be 1 to 255 bytes");
-    if (!names.insert(a.name).second)
-      return Status(Errc::invalid_argument, "artifact '" + a.name + "' added twice");
+    if (!names.insert(a.name).second) return Status(Errc::invalid_argument, "artifact '" + a.name + "' added twice");
   }
   if (meta_.producer.size() > (1u << 20) || manifest_.ns.size() > (1u << 20))
     return Status(Errc::invalid_argument, "producer or namespace too long");
@@ -350,14 +349,13 @@ Expected<Entry> EntryBuilder::build() const {
   uint32_t flags = 0;
   std::string stored;
 #if KCACHE_HAVE_ZSTD
-  bool try_zstd = compression_ == Compression::zstd ||
-                  (compression_ == Compression::automatic && raw.size() >= 64 * 1024);
+  bool try_zstd =
+      compression_ == Compression::zstd || (compression_ == Compression::automatic && raw.size() >= 64 * 1024);
   if (try_zstd) {
     std::string z;
     z.resize(ZSTD_compressBound(raw.size()));
     size_t n = ZSTD_compress(z.data(), z.size(), raw.data(), raw.size(), 1);
-    size_t keep_below = compression_ == Compression::zstd ? raw.size() - raw.size() / 8
-                                                          : raw.size() - raw.size() / 4;
+    size_t keep_below = compression_ == Compression::zstd ? raw.size() - raw.size() / 8 : raw.size() - raw.size() / 4;
     if (!ZSTD_isError(n) && n < keep_below) {
       z.resize(n);
       stored = std::move(z);

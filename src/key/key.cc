@@ -30,9 +30,7 @@ static Digest from_xxh(XXH128_hash_t h) {
   return d;
 }
 
-Digest hash_bytes(std::string_view data) noexcept {
-  return from_xxh(XXH3_128bits(data.data(), data.size()));
-}
+Digest hash_bytes(std::string_view data) noexcept { return from_xxh(XXH3_128bits(data.data(), data.size())); }
 
 static Digest hash_typed(ComponentType t, std::string_view data) {
   return from_xxh(XXH3_128bits_withSeed(data.data(), data.size(), static_cast<uint64_t>(t)));
@@ -54,10 +52,14 @@ std::optional<Digest> Digest::from_hex(std::string_view hex) {
   for (size_t i = 0; i < 32; ++i) {
     char c = hex[i];
     int v;
-    if (c >= '0' && c <= '9') v = c - '0';
-    else if (c >= 'a' && c <= 'f') v = c - 'a' + 10;
-    else if (c >= 'A' && c <= 'F') v = c - 'A' + 10;
-    else return std::nullopt;
+    if (c >= '0' && c <= '9')
+      v = c - '0';
+    else if (c >= 'a' && c <= 'f')
+      v = c - 'a' + 10;
+    else if (c >= 'A' && c <= 'F')
+      v = c - 'A' + 10;
+    else
+      return std::nullopt;
     d.bytes[i / 2] = static_cast<uint8_t>((d.bytes[i / 2] << 4) | v);
   }
   return d;
@@ -65,15 +67,24 @@ std::optional<Digest> Digest::from_hex(std::string_view hex) {
 
 std::string_view component_type_name(ComponentType t) noexcept {
   switch (t) {
-    case ComponentType::bytes: return "bytes";
-    case ComponentType::string: return "string";
-    case ComponentType::u64: return "u64";
-    case ComponentType::i64: return "i64";
-    case ComponentType::boolean: return "bool";
-    case ComponentType::map: return "map";
-    case ComponentType::list: return "list";
-    case ComponentType::file: return "file";
-    case ComponentType::digest: return "digest";
+    case ComponentType::bytes:
+      return "bytes";
+    case ComponentType::string:
+      return "string";
+    case ComponentType::u64:
+      return "u64";
+    case ComponentType::i64:
+      return "i64";
+    case ComponentType::boolean:
+      return "bool";
+    case ComponentType::map:
+      return "map";
+    case ComponentType::list:
+      return "list";
+    case ComponentType::file:
+      return "file";
+    case ComponentType::digest:
+      return "digest";
   }
   return "?";
 }
@@ -153,15 +164,14 @@ KeyBuilder& KeyBuilder::add_list(std::string_view name, const std::vector<std::s
 }
 KeyBuilder& KeyBuilder::add_digest(std::string_view name, const Digest& value) {
   push(name, ComponentType::digest,
-       hash_typed(ComponentType::digest,
-                  std::string_view(reinterpret_cast<const char*>(value.bytes.data()), 16)));
+       hash_typed(ComponentType::digest, std::string_view(reinterpret_cast<const char*>(value.bytes.data()), 16)));
   return *this;
 }
 KeyBuilder& KeyBuilder::add_file(std::string_view name, const std::string& path) {
   auto data = util::read_file(path);
   if (!data) {
-    if (error_.is_ok()) error_ = Status(Errc::io_error, "key component '" + std::string(name) + "': " +
-                                                           data.error().to_string());
+    if (error_.is_ok())
+      error_ = Status(Errc::io_error, "key component '" + std::string(name) + "': " + data.error().to_string());
     push(name, ComponentType::file, Digest{});
     return *this;
   }
@@ -208,8 +218,7 @@ std::vector<std::string> manifest_diff(const Manifest& a, const Manifest& b) {
     } else if (i == a.items.size() || b.items[j].name < a.items[i].name) {
       out.push_back(b.items[j++].name);
     } else {
-      if (a.items[i].digest != b.items[j].digest || a.items[i].type != b.items[j].type)
-        out.push_back(a.items[i].name);
+      if (a.items[i].digest != b.items[j].digest || a.items[i].type != b.items[j].type) out.push_back(a.items[i].name);
       ++i;
       ++j;
     }

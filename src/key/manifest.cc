@@ -133,10 +133,14 @@ std::string manifest_to_text(const Manifest& m) {
 
 std::string_view manifest_change_name(ManifestChange c) noexcept {
   switch (c) {
-    case ManifestChange::added: return "added";
-    case ManifestChange::removed: return "removed";
-    case ManifestChange::changed: return "changed";
-    case ManifestChange::type_changed: return "type_changed";
+    case ManifestChange::added:
+      return "added";
+    case ManifestChange::removed:
+      return "removed";
+    case ManifestChange::changed:
+      return "changed";
+    case ManifestChange::type_changed:
+      return "type_changed";
   }
   return "changed";
 }
@@ -149,20 +153,20 @@ std::vector<ManifestDifference> diff_manifests(const Manifest& stored, const Man
   size_t i = 0, j = 0;
   while (i < a.size() || j < b.size()) {
     if (j == b.size() || (i < a.size() && a[i].name < b[j].name)) {
-      out.push_back({a[i].name, ManifestChange::removed, a[i].digest, std::nullopt, a[i].type, std::nullopt,
-                     a[i].value, std::nullopt});
+      out.push_back({a[i].name, ManifestChange::removed, a[i].digest, std::nullopt, a[i].type, std::nullopt, a[i].value,
+                     std::nullopt});
       ++i;
     } else if (i == a.size() || b[j].name < a[i].name) {
-      out.push_back({b[j].name, ManifestChange::added, std::nullopt, b[j].digest, std::nullopt, b[j].type,
-                     std::nullopt, b[j].value});
+      out.push_back({b[j].name, ManifestChange::added, std::nullopt, b[j].digest, std::nullopt, b[j].type, std::nullopt,
+                     b[j].value});
       ++j;
     } else {
       if (a[i].type != b[j].type)
         out.push_back({a[i].name, ManifestChange::type_changed, a[i].digest, b[j].digest, a[i].type, b[j].type,
                        a[i].value, b[j].value});
       else if (a[i].digest != b[j].digest)
-        out.push_back({a[i].name, ManifestChange::changed, a[i].digest, b[j].digest, a[i].type, b[j].type,
-                       a[i].value, b[j].value});
+        out.push_back({a[i].name, ManifestChange::changed, a[i].digest, b[j].digest, a[i].type, b[j].type, a[i].value,
+                       b[j].value});
       ++i;
       ++j;
     }
@@ -196,8 +200,10 @@ std::string describe(const ManifestDifference& d) {
       break;
   }
   switch (d.change) {
-    case ManifestChange::added: return d.name + ": added (" + type(d.lookup_type) + short_hex(d.lookup) + ")";
-    case ManifestChange::removed: return d.name + ": removed (" + type(d.stored_type) + short_hex(d.stored) + ")";
+    case ManifestChange::added:
+      return d.name + ": added (" + type(d.lookup_type) + short_hex(d.lookup) + ")";
+    case ManifestChange::removed:
+      return d.name + ": removed (" + type(d.stored_type) + short_hex(d.stored) + ")";
     case ManifestChange::changed:
       return d.name + ": changed (stored " + short_hex(d.stored) + ", lookup " + short_hex(d.lookup) + ")";
     case ManifestChange::type_changed:

@@ -46,7 +46,7 @@ class FileLeases final : public Leases {
     int st = read(p, &h, &judged);
     if (st == 1 && h.token == me) return renew(key, ttl_ms) ? LeaseResult::acquired : LeaseResult::error;
     if (st == 1 && lease::alive(h, util::now_unix_ms())) return LeaseResult::busy;
-    if (st == 0) return LeaseResult::busy;       // being written right now
+    if (st == 0) return LeaseResult::busy;      // being written right now
     if (st == 3) return create(p, me, ttl_ms);  // just released
 
     // Stale: a dead or expired holder, or a partial record that is old.
@@ -66,8 +66,8 @@ class FileLeases final : public Leases {
     ::close(tfd);
     ino_t now_ino = 0;
     st = read(p, &h, &now_ino);
-    bool stale = st == 3 || (now_ino == judged && (st == 2 || (st == 1 && h.token != me &&
-                                                                !lease::alive(h, util::now_unix_ms()))));
+    bool stale = st == 3 || (now_ino == judged &&
+                             (st == 2 || (st == 1 && h.token != me && !lease::alive(h, util::now_unix_ms()))));
     if (stale && st != 3) ::unlink(p.c_str());
     r = stale ? create(p, me, ttl_ms) : LeaseResult::busy;
     ::unlink(tk.c_str());
@@ -164,7 +164,8 @@ Expected<std::shared_ptr<Leases>> open_leases(Engine engine, const std::string& 
 #else
       break;
 #endif
-    case Engine::files: return open_file_leases(dir);
+    case Engine::files:
+      return open_file_leases(dir);
   }
   return Status(Errc::unavailable, "this kcache was built without the lmdb engine");
 }

@@ -39,10 +39,7 @@ class JsonWriter {
   JsonWriter& value(const std::string& s) { return value(std::string_view(s)); }
   JsonWriter& value(bool b);
   template <std::integral T>
-    requires(!std::same_as<T, bool>)
-  JsonWriter& value(T v) {
-    return raw(std::to_string(v));
-  }
+  requires(!std::same_as<T, bool>) JsonWriter& value(T v) { return raw(std::to_string(v)); }
   // A finite number with `decimals` digits after the point ("%.*f").
   JsonWriter& number(double v, int decimals);
   JsonWriter& null();

@@ -2,8 +2,8 @@
 
 #include <fcntl.h>
 #include <grp.h>
-#include <pwd.h>
 #include <pthread.h>
+#include <pwd.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -22,19 +22,32 @@ namespace kcache {
 
 std::string_view errc_name(Errc e) noexcept {
   switch (e) {
-    case Errc::ok: return "ok";
-    case Errc::not_found: return "not found";
-    case Errc::invalid_argument: return "invalid argument";
-    case Errc::corrupt: return "corrupt";
-    case Errc::io_error: return "I/O error";
-    case Errc::no_space: return "no space";
-    case Errc::read_only: return "read-only";
-    case Errc::unavailable: return "unavailable";
-    case Errc::timeout: return "timeout";
-    case Errc::too_large: return "too large";
-    case Errc::compile_failed: return "compile failed";
-    case Errc::internal: return "internal error";
-    case Errc::stale_format: return "other format version";
+    case Errc::ok:
+      return "ok";
+    case Errc::not_found:
+      return "not found";
+    case Errc::invalid_argument:
+      return "invalid argument";
+    case Errc::corrupt:
+      return "corrupt";
+    case Errc::io_error:
+      return "I/O error";
+    case Errc::no_space:
+      return "no space";
+    case Errc::read_only:
+      return "read-only";
+    case Errc::unavailable:
+      return "unavailable";
+    case Errc::timeout:
+      return "timeout";
+    case Errc::too_large:
+      return "too large";
+    case Errc::compile_failed:
+      return "compile failed";
+    case Errc::internal:
+      return "internal error";
+    case Errc::stale_format:
+      return "other format version";
   }
   return "unknown";
 }
@@ -76,8 +89,7 @@ void log(LogLevel level, const char* fmt, ...) {
   std::vsnprintf(buf, sizeof buf, fmt, ap);
   va_end(ap);
   std::lock_guard lk(g_log_mu);
-  std::fprintf(g_log_file ? g_log_file : stderr, "kcache: %s: %s\n",
-               names[static_cast<int>(level)], buf);
+  std::fprintf(g_log_file ? g_log_file : stderr, "kcache: %s: %s\n", names[static_cast<int>(level)], buf);
   if (g_log_file) std::fflush(g_log_file);
 }
 
@@ -108,12 +120,25 @@ std::optional<uint64_t> parse_size(std::string_view s) noexcept {
     char u = static_cast<char>(std::toupper(static_cast<unsigned char>(unit[0])));
     std::string_view rest = unit.substr(1);
     switch (u) {
-      case 'B': mult = 1; if (!rest.empty()) return std::nullopt; rest = {}; break;
-      case 'K': mult = 1024.0; break;
-      case 'M': mult = 1024.0 * 1024; break;
-      case 'G': mult = 1024.0 * 1024 * 1024; break;
-      case 'T': mult = 1024.0 * 1024 * 1024 * 1024; break;
-      default: return std::nullopt;
+      case 'B':
+        mult = 1;
+        if (!rest.empty()) return std::nullopt;
+        rest = {};
+        break;
+      case 'K':
+        mult = 1024.0;
+        break;
+      case 'M':
+        mult = 1024.0 * 1024;
+        break;
+      case 'G':
+        mult = 1024.0 * 1024 * 1024;
+        break;
+      case 'T':
+        mult = 1024.0 * 1024 * 1024 * 1024;
+        break;
+      default:
+        return std::nullopt;
     }
     if (!(rest.empty() || rest == "B" || rest == "b" || rest == "iB" || rest == "ib" || rest == "IB"))
       return std::nullopt;
@@ -141,9 +166,12 @@ std::string format_size(uint64_t b) {
 
 Status errno_status(int err, std::string_view what) {
   Errc c = Errc::io_error;
-  if (err == ENOSPC || err == EDQUOT || err == EFBIG) c = Errc::no_space;
-  else if (err == EROFS || err == EACCES || err == EPERM) c = Errc::read_only;
-  else if (err == ENOENT) c = Errc::not_found;
+  if (err == ENOSPC || err == EDQUOT || err == EFBIG)
+    c = Errc::no_space;
+  else if (err == EROFS || err == EACCES || err == EPERM)
+    c = Errc::read_only;
+  else if (err == ENOENT)
+    c = Errc::not_found;
   return Status(c, std::string(what) + ": " + std::strerror(err));
 }
 
@@ -249,8 +277,8 @@ std::optional<bool> parse_bool(std::string_view v) noexcept {
   return std::nullopt;
 }
 
-Status write_file_atomic_via(const std::string& tmp_prefix, const std::string& path, std::string_view data,
-                             bool sync, unsigned mode) {
+Status write_file_atomic_via(const std::string& tmp_prefix, const std::string& path, std::string_view data, bool sync,
+                             unsigned mode) {
   std::string tmp = tmp_prefix + "." + random_suffix();
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode);
   if (fd < 0) return errno_status(errno, "create " + tmp);
@@ -295,11 +323,21 @@ std::string json_escape(std::string_view s) {
   out.reserve(s.size() + 2);
   for (char c : s) {
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
       default:
         if (static_cast<unsigned char>(c) < 0x20) {
           char b[8];
@@ -378,9 +416,12 @@ Status check_trusted(const std::string& path, const StoreTrust& trust) {
   std::string why;
   if (st.st_uid != me && st.st_uid != 0 && !(in_group && user_in_group(st.st_uid, st.st_gid))) {
     why = "owned by uid " + std::to_string(st.st_uid);
-    if (!trust.shared) why += ", not by this user (uid " + std::to_string(me) + ")";
-    else if (!in_group) why += " in group " + std::to_string(st.st_gid) + ", not the shared group";
-    else why += ", who is not a member of the shared group";
+    if (!trust.shared)
+      why += ", not by this user (uid " + std::to_string(me) + ")";
+    else if (!in_group)
+      why += " in group " + std::to_string(st.st_gid) + ", not the shared group";
+    else
+      why += ", who is not a member of the shared group";
   } else if (st.st_mode & S_IWOTH) {
     why = "writable by every user (mode " + mode_string(st.st_mode) + ")";
   } else if ((st.st_mode & S_IWGRP) && !in_group) {

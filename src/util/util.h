@@ -15,8 +15,8 @@ namespace kcache::util {
 void set_log(LogLevel level, const std::string& file);
 LogLevel log_level() noexcept;
 void log(LogLevel level, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
-#define KCACHE_LOG(level, ...)                                           \
-  do {                                                                   \
+#define KCACHE_LOG(level, ...)                                                             \
+  do {                                                                                     \
     if (::kcache::util::log_level() >= (level)) ::kcache::util::log((level), __VA_ARGS__); \
   } while (0)
 

@@ -83,7 +83,9 @@ int bundle_create(Ctx& c) {
       while (!w.empty() && (w.back() == '\r' || w.back() == ' ' || w.back() == '\t')) w.pop_back();
       if (w.empty() || w[0] == '#') continue;
       auto k = Digest::from_hex(w);
-      if (!k) return usage_error(c.args.command, fmt("--keys %s line %zu: '%s' is not a 32-digit hex key", f->c_str(), line, w.c_str()));
+      if (!k)
+        return usage_error(c.args.command,
+                           fmt("--keys %s line %zu: '%s' is not a 32-digit hex key", f->c_str(), line, w.c_str()));
       sel.keys.push_back(*k);
     }
     if (sel.keys.empty()) return usage_error(c.args.command, "--keys " + *f + " names no key");
@@ -134,8 +136,13 @@ int bundle_import(Ctx& c, const std::string& file) {
   c.store.cache->flush();
   if (c.json) {
     util::JsonWriter w;
-    return c.out(w.begin_object().field("path", file).field("imported", *n).field("store", c.store.where.path)
-                     .end_object().take() + "\n");
+    return c.out(w.begin_object()
+                     .field("path", file)
+                     .field("imported", *n)
+                     .field("store", c.store.where.path)
+                     .end_object()
+                     .take() +
+                 "\n");
   }
   return c.out(fmt("imported %s into %s\n", entries_word(*n).c_str(), c.store.where.path.c_str()));
 }
@@ -152,7 +159,11 @@ int bundle_ls(Ctx& c, const std::string& file) {
   for (const auto& it : items) total += it.size;
   if (c.json) {
     util::JsonWriter w;
-    w.begin_object().field("path", file).field("count", items.size()).field("bytes", total).key("entries")
+    w.begin_object()
+        .field("path", file)
+        .field("count", items.size())
+        .field("bytes", total)
+        .key("entries")
         .begin_array();
     for (const auto& it : items) w.begin_object().field("key", it.key.hex()).field("size", it.size).end_object();
     return c.out(w.end_array().end_object().take() + "\n");
@@ -172,11 +183,13 @@ int bundle_show(Ctx& c, const std::string& file) {
     info_json(w, *i);
     return c.out(w.end_object().take() + "\n");
   }
-  return c.out(fmt("bundle      %s\nversion     %u (entry format %u)\nentries     %llu\nsize        %s\n"
-                   "created     %s\nsignature   %s%s\n",
-                   file.c_str(), i->version, i->entry_version, static_cast<unsigned long long>(i->entries),
-                   util::format_size(i->bytes).c_str(), format_time(i->created_unix_ms).c_str(),
-                   i->is_signed ? "Ed25519, signer " : "none", i->is_signed ? (i->signer + (i->trusted ? " (trusted)" : "")).c_str() : ""));
+  return c.out(
+      fmt("bundle      %s\nversion     %u (entry format %u)\nentries     %llu\nsize        %s\n"
+          "created     %s\nsignature   %s%s\n",
+          file.c_str(), i->version, i->entry_version, static_cast<unsigned long long>(i->entries),
+          util::format_size(i->bytes).c_str(), format_time(i->created_unix_ms).c_str(),
+          i->is_signed ? "Ed25519, signer " : "none",
+          i->is_signed ? (i->signer + (i->trusted ? " (trusted)" : "")).c_str() : ""));
 }
 
 int bundle_verify(Ctx& c, const std::string& file) {
@@ -203,7 +216,8 @@ int bundle_verify(Ctx& c, const std::string& file) {
   }
   std::string out = fmt("checked %s of %s (%s): %zu bad", entries_word(rep->checked).c_str(), file.c_str(),
                         signature_words(rep->info).c_str(), rep->bad.size());
-  if (rep->other_format) out += fmt(", %llu of another entry format", static_cast<unsigned long long>(rep->other_format));
+  if (rep->other_format)
+    out += fmt(", %llu of another entry format", static_cast<unsigned long long>(rep->other_format));
   out += "\n";
   for (const auto& [k, why] : rep->bad) out += "  " + k.hex() + "  " + why + "\n";
   int o = c.out(out);

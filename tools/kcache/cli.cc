@@ -46,10 +46,14 @@ std::string entries_word(uint64_t n) { return std::to_string(n) + (n == 1 ? " en
 
 int exit_for(const Status& st) {
   switch (st.code()) {
-    case Errc::ok: return kExitOk;
-    case Errc::not_found: return kExitMiss;
-    case Errc::invalid_argument: return kExitUsage;
-    default: return kExitError;
+    case Errc::ok:
+      return kExitOk;
+    case Errc::not_found:
+      return kExitMiss;
+    case Errc::invalid_argument:
+      return kExitUsage;
+    default:
+      return kExitError;
   }
 }
 
@@ -115,8 +119,7 @@ int open_tiers(Ctx& c, const Reach& reach) {
 
   Opened& s = c.store;
   s.where = disk_store_location(o);
-  if (s.where.dir.empty())
-    return c.fail(kExitError, "no cache folder: pass --dir (HOME and XDG_CACHE_HOME are unset)");
+  if (s.where.dir.empty()) return c.fail(kExitError, "no cache folder: pass --dir (HOME and XDG_CACHE_HOME are unset)");
   s.options = o;
   s.cache = Cache::open(assemble(o), o);
   for (const auto& t : s.cache->tiers()) {
@@ -171,6 +174,22 @@ int report_miss(const Ctx& c, const Key& k, const Lookup& l) {
 
 Status write_output(const std::string& path, std::string_view data) {
   return util::write_file_atomic_via(path + ".kcache-tmp", path, data, /*sync=*/false, 0666);
+}
+
+// The tool's words for a change (docs/cli.md): "missing" is what the
+// library calls removed, only in the stored entry.
+const char* change_word(ManifestChange c) {
+  switch (c) {
+    case ManifestChange::added:
+      return "added";
+    case ManifestChange::removed:
+      return "missing";
+    case ManifestChange::changed:
+      return "changed";
+    case ManifestChange::type_changed:
+      return "type_changed";
+  }
+  return "changed";
 }
 
 }  // namespace kcache::cli

@@ -19,6 +19,7 @@
 #include "kcache/cache.h"
 #include "kcache/entry.h"
 #include "kcache/key.h"
+#include "kcache/manifest.h"
 #include "kcache/status.h"
 #include "kcache/tier.h"
 
@@ -55,10 +56,10 @@ struct Reach {
 // The tiers a command opened, as the library assembled them.
 struct Opened {
   Options options;
-  DiskStore where;                // the disk store's folder, engine and path
-  std::unique_ptr<Cache> cache;   // every tier, fastest first (read-only wrapped under KCACHE_READONLY)
-  std::shared_ptr<Tier> disk;     // the disk tier in cache; null when the store does not exist or failed
-  std::shared_ptr<Tier> remote;   // the remote tier in cache; null when none
+  DiskStore where;               // the disk store's folder, engine and path
+  std::unique_ptr<Cache> cache;  // every tier, fastest first (read-only wrapped under KCACHE_READONLY)
+  std::shared_ptr<Tier> disk;    // the disk tier in cache; null when the store does not exist or failed
+  std::shared_ptr<Tier> remote;  // the remote tier in cache; null when none
 };
 
 struct Ctx {
@@ -95,11 +96,11 @@ std::string disk_failure(const Ctx& c);
 // A lookup through every tier of c.store, fastest first.
 struct Lookup {
   std::optional<Entry> entry;
-  std::string tier;            // the tier that answered
-  std::string corrupt;         // a tier held a corrupt entry for the key (why)
+  std::string tier;                 // the tier that answered
+  std::string corrupt;              // a tier held a corrupt entry for the key (why)
   std::vector<std::string> faults;  // "tier: error" of tiers that could not answer
-  size_t missed = 0;           // tiers that answered "not here"
-  bool local_fault = false;    // the disk store could not answer
+  size_t missed = 0;                // tiers that answered "not here"
+  bool local_fault = false;         // the disk store could not answer
 };
 Lookup lookup(const Ctx& c, const Key& k);
 // Prints the failure for a lookup that found nothing; returns the exit code:
@@ -112,10 +113,10 @@ int report_miss(const Ctx& c, const Key& k, const Lookup& l);
 Status write_output(const std::string& path, std::string_view data);
 
 // The commands, by group.
-int cmd_put(Ctx& c);      // store_cmds.cc
+int cmd_put(Ctx& c);  // store_cmds.cc
 int cmd_get(Ctx& c);
 int cmd_show(Ctx& c);
-int cmd_ls(Ctx& c);       // maintenance_cmds.cc
+int cmd_ls(Ctx& c);  // maintenance_cmds.cc
 int cmd_stats(Ctx& c);
 int cmd_verify(Ctx& c);
 int cmd_trim(Ctx& c);
@@ -125,5 +126,8 @@ int cmd_misses(Ctx& c);   // misses_cmd.cc
 int cmd_run(Ctx& c);      // run_cmd.cc
 int cmd_mark(Ctx& c);     // bundle_cmds.cc
 int cmd_bundle(Ctx& c);
+
+// The tool's word for a manifest change ("missing" for removed).
+const char* change_word(ManifestChange c);
 
 }  // namespace kcache::cli

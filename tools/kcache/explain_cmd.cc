@@ -17,18 +17,6 @@ namespace kcache::cli {
 
 namespace {
 
-// The tool's words for a change (docs/cli.md): "missing" is what the
-// library calls removed, only in the stored entry.
-const char* change_word(ManifestChange c) {
-  switch (c) {
-    case ManifestChange::added: return "added";
-    case ManifestChange::removed: return "missing";
-    case ManifestChange::changed: return "changed";
-    case ManifestChange::type_changed: return "type_changed";
-  }
-  return "changed";
-}
-
 std::string hex_or_empty(const std::optional<Digest>& d) { return d ? d->hex() : std::string(); }
 
 std::string type_or_empty(const std::optional<ComponentType>& t) {
@@ -41,7 +29,9 @@ int cmd_explain(Ctx& c) {
   std::optional<Manifest> want;
   if (const std::string* mf = c.args.get("--manifest")) {
     auto m = read_manifest(*mf);
-    if (!m) return m.error().code() == Errc::invalid_argument ? usage_error("explain", m.error().message()) : c.fail(m.error());
+    if (!m)
+      return m.error().code() == Errc::invalid_argument ? usage_error("explain", m.error().message())
+                                                        : c.fail(m.error());
     want = std::move(m).value();
     if (want->ns.empty() && want->items.empty())
       return usage_error("explain", *mf + " holds no namespace and no component");
@@ -98,8 +88,9 @@ int cmd_explain(Ctx& c) {
     std::string out = "key " + key->hex() + " is " + why + "\n";
     if (!note.empty()) out += "note: " + note + "\n";
     if (!stored)
-      out += "the miss journal has no record of it: pass --manifest FILE (the lookup's manifest) to compare it "
-             "with what is stored\n";
+      out +=
+          "the miss journal has no record of it: pass --manifest FILE (the lookup's manifest) to compare it "
+          "with what is stored\n";
     if (int rc = c.out(out)) return rc;
     return stored ? kExitOk : kExitMiss;
   }
@@ -136,9 +127,7 @@ int cmd_explain(Ctx& c) {
     if (best) {
       w.begin_object().field("key", best->hex());
       if (!best_label.empty()) w.field("label", best_label);
-      w.field("components", want->items.size())
-          .key("differences")
-          .begin_array();
+      w.field("components", want->items.size()).key("differences").begin_array();
       for (const auto& d : best_diff) {
         w.begin_object().field("name", d.name).field("change", change_word(d.change));
         w.key("stored");
@@ -160,7 +149,8 @@ int cmd_explain(Ctx& c) {
     return kExitMiss;
   }
 
-  std::string out = "key " + key->hex() + " is " + (corrupt.empty() ? "not stored" : "corrupt (" + corrupt + ")") + "\n";
+  std::string out =
+      "key " + key->hex() + " is " + (corrupt.empty() ? "not stored" : "corrupt (" + corrupt + ")") + "\n";
   if (!note.empty()) out += "note: " + note + "\n";
   if (!from_journal.empty()) out += from_journal + "\n";
   if (!best) {
@@ -190,9 +180,9 @@ int cmd_explain(Ctx& c) {
                        hex_or_empty(d.lookup).c_str());
           break;
         case ManifestChange::type_changed:
-          out += fmt("  %-20s type     stored %s %s, lookup %s %s\n", name, type_or_empty(d.stored_type).c_str(),
-                     hex_or_empty(d.stored).c_str(), type_or_empty(d.lookup_type).c_str(),
-                     hex_or_empty(d.lookup).c_str());
+          out +=
+              fmt("  %-20s type     stored %s %s, lookup %s %s\n", name, type_or_empty(d.stored_type).c_str(),
+                  hex_or_empty(d.stored).c_str(), type_or_empty(d.lookup_type).c_str(), hex_or_empty(d.lookup).c_str());
           break;
         case ManifestChange::added:
           out += fmt("  %-20s added    only in the lookup%s\n", name,

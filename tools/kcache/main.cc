@@ -137,8 +137,15 @@ const std::vector<Command>& commands() {
       {"misses", cmd_misses, true, {{"--limit", true}}},
       {"run", cmd_run, false, {{"--key", true}, {"--artifact", true}}},
       {"mark", cmd_mark, true, {}},
-      {"bundle", cmd_bundle, true,
-       {{"-o", true}, {"--output", true}, {"--since", true}, {"--namespace", true}, {"--keys", true}, {"--sign", true}}},
+      {"bundle",
+       cmd_bundle,
+       true,
+       {{"-o", true},
+        {"--output", true},
+        {"--since", true},
+        {"--namespace", true},
+        {"--keys", true},
+        {"--sign", true}}},
   };
   return cmds;
 }
@@ -173,8 +180,10 @@ int run(int argc, char** argv) {
     break;
   }
   std::string name = cmd_at < args.size() ? args[cmd_at] : std::string();
-  if (want_help) name = "help";
-  else if (name.empty() && want_version) name = "version";
+  if (want_help)
+    name = "help";
+  else if (name.empty() && want_version)
+    name = "version";
   if (name.empty()) return usage_error("", "no command given");
   const Command* cmd = nullptr;
   for (const auto& c : commands())

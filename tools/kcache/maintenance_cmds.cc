@@ -39,7 +39,11 @@ int cmd_ls(Ctx& c) {
     util::JsonWriter w;
     w.begin_object().field("count", items.size()).field("bytes", total).key("entries").begin_array();
     for (const auto& it : items)
-      w.begin_object().field("key", it.key.hex()).field("size", it.size).field("last_use_ms", it.last_use_ms).end_object();
+      w.begin_object()
+          .field("key", it.key.hex())
+          .field("size", it.size)
+          .field("last_use_ms", it.last_use_ms)
+          .end_object();
     return c.out(w.end_array().end_object().take() + "\n");
   }
   std::string out = fmt("%-32s  %10s  %s\n", "KEY", "SIZE", "LAST USE");
@@ -106,8 +110,9 @@ int cmd_stats(Ctx& c) {
   std::string out;
   out += fmt("store       %s (%s engine)%s\n", s.where.path.c_str(), engine.c_str(), s.disk ? "" : ", not created yet");
   out += fmt("entries     %" PRIu64 " of %" PRIu64 " allowed\n", t.entries, max_entries);
-  out += fmt("size        %s of %s (%.1f%%)\n", util::format_size(t.bytes).c_str(), util::format_size(max_bytes).c_str(),
-             100.0 * static_cast<double>(t.bytes) / static_cast<double>(max_bytes));
+  out +=
+      fmt("size        %s of %s (%.1f%%)\n", util::format_size(t.bytes).c_str(), util::format_size(max_bytes).c_str(),
+          100.0 * static_cast<double>(t.bytes) / static_cast<double>(max_bytes));
   out += fmt("hits        %" PRIu64 "\n", t.hits);
   out += fmt("misses      %" PRIu64 "\n", t.misses);
   out += fmt("hit rate    %.1f%%\n", 100.0 * rate);
@@ -119,8 +124,8 @@ int cmd_stats(Ctx& c) {
   for (const auto& [tier, ts] : others) {
     out += fmt("%-11s %s: %" PRIu64 " hits, %" PRIu64 " misses, %" PRIu64 " puts, %" PRIu64 " errors, %" PRIu64
                " skipped, %" PRIu64 " dropped (this process)\n",
-               std::string(tier_kind_name(tier->kind())).c_str(), std::string(tier->name()).c_str(), ts.hits,
-               ts.misses, ts.puts, ts.errors, ts.skipped, ts.dropped);
+               std::string(tier_kind_name(tier->kind())).c_str(), std::string(tier->name()).c_str(), ts.hits, ts.misses,
+               ts.puts, ts.errors, ts.skipped, ts.dropped);
   }
   return c.out(out);
 }
@@ -185,9 +190,8 @@ int cmd_trim(Ctx& c) {
         .field("max_bytes", limit);
     return c.out(w.end_object().take() + "\n");
   }
-  return c.out("evicted " + entries_word(evicted) + "; now " +
-               util::format_size(t.bytes) + " in " + entries_word(t.entries) + " (limit " + util::format_size(limit) +
-               ")\n");
+  return c.out("evicted " + entries_word(evicted) + "; now " + util::format_size(t.bytes) + " in " +
+               entries_word(t.entries) + " (limit " + util::format_size(limit) + ")\n");
 }
 
 int cmd_clear(Ctx& c) {

@@ -16,16 +16,6 @@ namespace kcache::cli {
 
 namespace {
 
-const char* change_word(ManifestChange c) {
-  switch (c) {
-    case ManifestChange::added: return "added";
-    case ManifestChange::removed: return "missing";
-    case ManifestChange::changed: return "changed";
-    case ManifestChange::type_changed: return "type_changed";
-  }
-  return "changed";
-}
-
 struct Explained {
   MissRecord rec;
   Nearest near;
@@ -126,8 +116,9 @@ int cmd_misses(Ctx& c) {
     } else if (x.near.entry) {
       text += "    nearest " + x.near.entry->key.hex();
       if (!x.near.entry->label.empty()) text += " \"" + x.near.entry->label + "\"";
-      text += ": " + (x.near.entry->differences.empty() ? std::string("same components (stored under another key)")
-                                                        : describe_all(x.near.entry->differences)) +
+      text += ": " +
+              (x.near.entry->differences.empty() ? std::string("same components (stored under another key)")
+                                                 : describe_all(x.near.entry->differences)) +
               "\n";
     } else {
       text += "    nothing of its namespace was stored before it\n";

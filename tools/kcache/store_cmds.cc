@@ -33,7 +33,8 @@ int cmd_put(Ctx& c) {
   std::optional<Manifest> manifest;
   if (const std::string* mf = c.args.get("--manifest")) {
     auto m = read_manifest(*mf);
-    if (!m) return m.error().code() == Errc::invalid_argument ? usage_error("put", m.error().message()) : c.fail(m.error());
+    if (!m)
+      return m.error().code() == Errc::invalid_argument ? usage_error("put", m.error().message()) : c.fail(m.error());
     manifest = std::move(m).value();
   }
   std::optional<Key> key;
@@ -165,7 +166,8 @@ int cmd_show(Ctx& c) {
         .end_object()
         .key("artifacts")
         .begin_array();
-    for (const auto& a : e.artifacts()) w.begin_object().field("name", a.name).field("size", a.data.size()).end_object();
+    for (const auto& a : e.artifacts())
+      w.begin_object().field("name", a.name).field("size", a.data.size()).end_object();
     w.end_array().key("manifest").raw(manifest_to_json(e.manifest())).field("tier", l.tier);
     return c.out(w.end_object().take() + "\n");
   }

@@ -38,9 +38,9 @@ namespace kcache::llvm {
 namespace {
 
 uint64_t now_ns() {
-  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                   std::chrono::steady_clock::now().time_since_epoch())
-                                   .count());
+  return static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+          .count());
 }
 
 uint64_t cpu_ns() {
@@ -51,23 +51,34 @@ uint64_t cpu_ns() {
 
 const char* code_model_name(::llvm::CodeModel::Model m) {
   switch (m) {
-    case ::llvm::CodeModel::Tiny: return "tiny";
-    case ::llvm::CodeModel::Small: return "small";
-    case ::llvm::CodeModel::Kernel: return "kernel";
-    case ::llvm::CodeModel::Medium: return "medium";
-    case ::llvm::CodeModel::Large: return "large";
+    case ::llvm::CodeModel::Tiny:
+      return "tiny";
+    case ::llvm::CodeModel::Small:
+      return "small";
+    case ::llvm::CodeModel::Kernel:
+      return "kernel";
+    case ::llvm::CodeModel::Medium:
+      return "medium";
+    case ::llvm::CodeModel::Large:
+      return "large";
   }
   return "?";
 }
 
 const char* reloc_model_name(::llvm::Reloc::Model m) {
   switch (m) {
-    case ::llvm::Reloc::Static: return "static";
-    case ::llvm::Reloc::PIC_: return "pic";
-    case ::llvm::Reloc::DynamicNoPIC: return "dynamic-no-pic";
-    case ::llvm::Reloc::ROPI: return "ropi";
-    case ::llvm::Reloc::RWPI: return "rwpi";
-    case ::llvm::Reloc::ROPI_RWPI: return "ropi-rwpi";
+    case ::llvm::Reloc::Static:
+      return "static";
+    case ::llvm::Reloc::PIC_:
+      return "pic";
+    case ::llvm::Reloc::DynamicNoPIC:
+      return "dynamic-no-pic";
+    case ::llvm::Reloc::ROPI:
+      return "ropi";
+    case ::llvm::Reloc::RWPI:
+      return "rwpi";
+    case ::llvm::Reloc::ROPI_RWPI:
+      return "ropi-rwpi";
   }
   return "?";
 }
@@ -140,8 +151,8 @@ class EntryObjectBuffer final : public ::llvm::MemoryBuffer {
 
 // The stored object as a MemoryBuffer, or null when it is not an object file
 // for `arch` (a bad entry: the caller recompiles).
-std::unique_ptr<::llvm::MemoryBuffer> object_buffer(Entry&& e, ::llvm::Triple::ArchType arch,
-                                                    bool zero_copy, std::string* why) {
+std::unique_ptr<::llvm::MemoryBuffer> object_buffer(Entry&& e, ::llvm::Triple::ArchType arch, bool zero_copy,
+                                                    std::string* why) {
   auto obj = e.artifact("obj");
   if (!obj) {
     *why = "entry has no 'obj' artifact";
@@ -159,8 +170,7 @@ std::unique_ptr<::llvm::MemoryBuffer> object_buffer(Entry&& e, ::llvm::Triple::A
   }
   bool aligned = (reinterpret_cast<uintptr_t>(obj->data()) & 7) == 0;
   if (zero_copy && aligned) return std::make_unique<EntryObjectBuffer>(std::move(e), *obj);
-  return ::llvm::MemoryBuffer::getMemBufferCopy(::llvm::StringRef(obj->data(), obj->size()),
-                                                "kcache:" + e.key().hex());
+  return ::llvm::MemoryBuffer::getMemBufferCopy(::llvm::StringRef(obj->data(), obj->size()), "kcache:" + e.key().hex());
 }
 
 ::llvm::Error make_error(const std::string& msg) {
@@ -359,11 +369,10 @@ std::string CompileCounters::to_json() const {
                 "\"frontend_hits\":%llu,\"links_stored\":%llu,"
                 "\"key_s\":%.6f,\"lookup_s\":%.6f,\"compile_s\":%.6f,\"key_cpu_s\":%.6f,\"lookup_cpu_s\":%.6f,"
                 "\"compile_cpu_s\":%.6f}",
-                (unsigned long long)lookups.load(), (unsigned long long)hits.load(),
-                (unsigned long long)misses.load(), (unsigned long long)codegen_runs.load(),
-                (unsigned long long)bad_objects.load(), (unsigned long long)frontend_hits.load(),
-                (unsigned long long)links_stored.load(), key_ns.load() / 1e9, lookup_ns.load() / 1e9,
-                compile_ns.load() / 1e9, key_cpu_ns.load() / 1e9, lookup_cpu_ns.load() / 1e9,
+                (unsigned long long)lookups.load(), (unsigned long long)hits.load(), (unsigned long long)misses.load(),
+                (unsigned long long)codegen_runs.load(), (unsigned long long)bad_objects.load(),
+                (unsigned long long)frontend_hits.load(), (unsigned long long)links_stored.load(), key_ns.load() / 1e9,
+                lookup_ns.load() / 1e9, compile_ns.load() / 1e9, key_cpu_ns.load() / 1e9, lookup_cpu_ns.load() / 1e9,
                 compile_cpu_ns.load() / 1e9);
   return buf;
 }
@@ -388,7 +397,8 @@ std::unique_ptr<::llvm::MemoryBuffer> ObjectCache::getObject(const ::llvm::Modul
   // tagged with its IR digest is keyed on that (the tag stays: this
   // interface may not change the module).
   auto ird = cm->getNamedMetadata(kIrDigestMd) ? read_digest_md(*cm, kIrDigestMd) : std::nullopt;
-  auto key = ird ? object_key(*ird, target_, opt_.key) : object_key(const_cast<::llvm::Module&>(*cm), target_, opt_.key);
+  auto key =
+      ird ? object_key(*ird, target_, opt_.key) : object_key(const_cast<::llvm::Module&>(*cm), target_, opt_.key);
   uint64_t t1 = now_ns(), u1 = cpu_ns();
   C.key_ns.fetch_add(t1 - t0, std::memory_order_relaxed);
   C.key_cpu_ns.fetch_add(u1 - u0, std::memory_order_relaxed);
@@ -464,8 +474,9 @@ CachingCompiler::CachingCompiler(Cache& cache, ::llvm::orc::JITTargetMachineBuil
   counters_ = opt_.counters ? opt_.counters : std::make_shared<CompileCounters>();
 }
 
-::llvm::Expected<std::unique_ptr<CachingCompiler>> CachingCompiler::create(
-    Cache& cache, ::llvm::orc::JITTargetMachineBuilder jtmb, CompilerOptions options) {
+::llvm::Expected<std::unique_ptr<CachingCompiler>> CachingCompiler::create(Cache& cache,
+                                                                           ::llvm::orc::JITTargetMachineBuilder jtmb,
+                                                                           CompilerOptions options) {
   // One TargetMachine up front gives the exact target description (the
   // builder does not expose its codegen level); compiles make their own.
   auto tm = jtmb.createTargetMachine();
@@ -493,14 +504,21 @@ kcache::Expected<std::string> CachingCompiler::compile(::llvm::Module& m) {
     pb.crossRegisterProxies(lam, fam, cgam, mam);
     ::llvm::OptimizationLevel level = ::llvm::OptimizationLevel::O0;
     switch (opt_.ir_opt_level) {
-      case 0: level = ::llvm::OptimizationLevel::O0; break;
-      case 1: level = ::llvm::OptimizationLevel::O1; break;
-      case 2: level = ::llvm::OptimizationLevel::O2; break;
-      default: level = ::llvm::OptimizationLevel::O3; break;
+      case 0:
+        level = ::llvm::OptimizationLevel::O0;
+        break;
+      case 1:
+        level = ::llvm::OptimizationLevel::O1;
+        break;
+      case 2:
+        level = ::llvm::OptimizationLevel::O2;
+        break;
+      default:
+        level = ::llvm::OptimizationLevel::O3;
+        break;
     }
-    ::llvm::ModulePassManager mpm = level == ::llvm::OptimizationLevel::O0
-                                        ? pb.buildO0DefaultPipeline(level)
-                                        : pb.buildPerModuleDefaultPipeline(level);
+    ::llvm::ModulePassManager mpm = level == ::llvm::OptimizationLevel::O0 ? pb.buildO0DefaultPipeline(level)
+                                                                           : pb.buildPerModuleDefaultPipeline(level);
     mpm.run(m, mam);
   }
   ::llvm::SmallVector<char, 0> out;
@@ -508,8 +526,7 @@ kcache::Expected<std::string> CachingCompiler::compile(::llvm::Module& m) {
     ::llvm::raw_svector_ostream os(out);
     ::llvm::legacy::PassManager pm;
     ::llvm::MCContext* ctx = nullptr;
-    if ((*tm)->addPassesToEmitMC(pm, ctx, os))
-      return Status(Errc::compile_failed, "target cannot emit machine code");
+    if ((*tm)->addPassesToEmitMC(pm, ctx, os)) return Status(Errc::compile_failed, "target cannot emit machine code");
     pm.run(m);
   }
   counters_->codegen_runs.fetch_add(1, std::memory_order_relaxed);
@@ -546,8 +563,7 @@ kcache::Expected<std::string> CachingCompiler::compile(::llvm::Module& m) {
   C.key_cpu_ns.fetch_add(u1 - u0, std::memory_order_relaxed);
   auto link = [&] {
     if (!front) return;
-    if (put_stage_link(cache_, *front, ir_of(*key), key->key))
-      C.links_stored.fetch_add(1, std::memory_order_relaxed);
+    if (put_stage_link(cache_, *front, ir_of(*key), key->key)) C.links_stored.fetch_add(1, std::memory_order_relaxed);
   };
 
   if (!key) {
@@ -597,8 +613,7 @@ kcache::Expected<std::string> CachingCompiler::compile(::llvm::Module& m) {
   // so compile it and replace the bad entry.
   C.bad_objects.fetch_add(1, std::memory_order_relaxed);
   C.misses.fetch_add(1, std::memory_order_relaxed);
-  KCACHE_LOG(LogLevel::warn, "llvm: stored object %s rejected: %s (recompiling)", key->key.hex().c_str(),
-             why.c_str());
+  KCACHE_LOG(LogLevel::warn, "llvm: stored object %s rejected: %s (recompiling)", key->key.hex().c_str(), why.c_str());
   uint64_t c0 = now_ns(), v0 = cpu_ns();
   auto obj = compile(m);
   uint64_t dt = now_ns() - c0;
@@ -624,10 +639,18 @@ namespace {
   if (!options.features.empty()) jtmb->getFeatures() = ::llvm::SubtargetFeatures(options.features);
   ::llvm::CodeGenOpt::Level cg = ::llvm::CodeGenOpt::Default;
   switch (options.opt_level) {
-    case 0: cg = ::llvm::CodeGenOpt::None; break;
-    case 1: cg = ::llvm::CodeGenOpt::Less; break;
-    case 2: cg = ::llvm::CodeGenOpt::Default; break;
-    default: cg = ::llvm::CodeGenOpt::Aggressive; break;
+    case 0:
+      cg = ::llvm::CodeGenOpt::None;
+      break;
+    case 1:
+      cg = ::llvm::CodeGenOpt::Less;
+      break;
+    case 2:
+      cg = ::llvm::CodeGenOpt::Default;
+      break;
+    default:
+      cg = ::llvm::CodeGenOpt::Aggressive;
+      break;
   }
   jtmb->setCodeGenOptLevel(cg);
   return jtmb;
@@ -659,19 +682,18 @@ kcache::Expected<FrontendKeys> FrontendKeys::for_jit(const JitOptions& options) 
   ::llvm::orc::LLJITBuilder b;
   b.setJITTargetMachineBuilder(std::move(*jtmb));
   Cache* c = &cache;
-  b.setCompileFunctionCreator(
-      [c, co](::llvm::orc::JITTargetMachineBuilder j)
-          -> ::llvm::Expected<std::unique_ptr<::llvm::orc::IRCompileLayer::IRCompiler>> {
-        auto cc = CachingCompiler::create(*c, std::move(j), co);
-        if (!cc) return cc.takeError();
-        return std::unique_ptr<::llvm::orc::IRCompileLayer::IRCompiler>(std::move(*cc));
-      });
+  b.setCompileFunctionCreator([c, co](::llvm::orc::JITTargetMachineBuilder j)
+                                  -> ::llvm::Expected<std::unique_ptr<::llvm::orc::IRCompileLayer::IRCompiler>> {
+    auto cc = CachingCompiler::create(*c, std::move(j), co);
+    if (!cc) return cc.takeError();
+    return std::unique_ptr<::llvm::orc::IRCompileLayer::IRCompiler>(std::move(*cc));
+  });
   if (options.compile_threads) b.setNumCompileThreads(options.compile_threads);
   auto jit = b.create();
   if (!jit) return jit.takeError();
   if (options.process_symbols) {
-    auto gen = ::llvm::orc::DynamicLibrarySearchGenerator::GetForCurrentProcess(
-        (*jit)->getDataLayout().getGlobalPrefix());
+    auto gen =
+        ::llvm::orc::DynamicLibrarySearchGenerator::GetForCurrentProcess((*jit)->getDataLayout().getGlobalPrefix());
     if (!gen) return gen.takeError();
     (*jit)->getMainJITDylib().addGenerator(std::move(*gen));
   }

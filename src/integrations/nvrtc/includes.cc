@@ -22,9 +22,7 @@ namespace {
 
 bool starts_with(std::string_view s, std::string_view p) { return s.substr(0, p.size()) == p; }
 bool is_space(char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\f' || c == '\v'; }
-bool is_ident(char c) {
-  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_';
-}
+bool is_ident(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_'; }
 
 // The text with line splices joined and comments replaced by a space
 // (newlines kept), string and character literals left as they are.
@@ -34,7 +32,8 @@ std::string clean(std::string_view in) {
   enum { code, line_comment, block_comment, str, chr } st = code;
   for (size_t i = 0; i < in.size(); ++i) {
     char c = in[i];
-    if (c == '\\' && i + 1 < in.size() && (in[i + 1] == '\n' || (in[i + 1] == '\r' && i + 2 < in.size() && in[i + 2] == '\n'))) {
+    if (c == '\\' && i + 1 < in.size() &&
+        (in[i + 1] == '\n' || (in[i + 1] == '\r' && i + 2 < in.size() && in[i + 2] == '\n'))) {
       i += in[i + 1] == '\r' ? 2 : 1;
       continue;
     }
@@ -125,8 +124,10 @@ void scan_lines(std::string_view text, std::vector<Directive>* out) {
       size_t j = at + 13;
       if (starts_with(line.substr(j), "_next")) j += 5;
       while (j < line.size() && is_space(line[j])) ++j;
-      if (j < line.size() && line[j] == '(') out->push_back(header_at(line.substr(j + 1)));
-      else out->push_back(Directive{std::string(), false, true});
+      if (j < line.size() && line[j] == '(')
+        out->push_back(header_at(line.substr(j + 1)));
+      else
+        out->push_back(Directive{std::string(), false, true});
     }
   }
 }
@@ -299,8 +300,10 @@ class Closure {
       candidates.push_back(d.name);
     } else {
       if (d.quoted) {
-        if (from) candidates.push_back(join(dir_of(*from), d.name));
-        else if (s_.source_dir_searched) candidates.push_back(join(s_.source_dir, d.name));
+        if (from)
+          candidates.push_back(join(dir_of(*from), d.name));
+        else if (s_.source_dir_searched)
+          candidates.push_back(join(s_.source_dir, d.name));
       }
       for (const auto& dir : s_.dirs) candidates.push_back(join(dir, d.name));
     }

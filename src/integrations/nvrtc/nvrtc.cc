@@ -164,9 +164,9 @@ Expected<std::vector<Artifact>> compile_uncached(const Program& program) {
     hdr_names.push_back(h.name.c_str());
   }
   nvrtcProgram prog = nullptr;
-  nvrtcResult r = nvrtcCreateProgram(&prog, program.source.c_str(),
-                                     program.name.empty() ? nullptr : program.name.c_str(),
-                                     static_cast<int>(hdr_src.size()), hdr_src.data(), hdr_names.data());
+  nvrtcResult r =
+      nvrtcCreateProgram(&prog, program.source.c_str(), program.name.empty() ? nullptr : program.name.c_str(),
+                         static_cast<int>(hdr_src.size()), hdr_src.data(), hdr_names.data());
   if (r != NVRTC_SUCCESS) return Status(Errc::internal, nvrtc_error(r, "nvrtcCreateProgram"));
   struct Destroy {
     nvrtcProgram* p;
@@ -305,8 +305,8 @@ struct Compiler::Impl {
     ident.library_path = ::realpath(info.dli_fname, real) ? real : info.dli_fname;
     std::vector<std::string> files{ident.library_path};
     std::string dir = ident.library_path.substr(0, ident.library_path.rfind('/') + 1);
-    std::string builtins = dir + "libnvrtc-builtins.so." + std::to_string(ident.major) + "." +
-                           std::to_string(ident.minor);
+    std::string builtins =
+        dir + "libnvrtc-builtins.so." + std::to_string(ident.major) + "." + std::to_string(ident.minor);
     if (::access(builtins.c_str(), R_OK) == 0) files.push_back(builtins);
     ident.library_digest = library_digest(files);
   }
@@ -427,7 +427,8 @@ struct Compiler::Impl {
     KCACHE_TRY(KeyInfo ki, key(p, *disk));
     if (auto f = remembered_failure(ki.key)) return *f;
     Source src = Source::compiled;
-    auto e = cache.get_or_compile(ki, [&] { return compile_uncached(p); }, &src);
+    auto e = cache.get_or_compile(
+        ki, [&] { return compile_uncached(p); }, &src);
     if (!e) {
       remember_failure(ki.key, e.error());
       return std::move(e).error();

@@ -14,25 +14,44 @@ namespace {
 
 const char* cl_error_name(cl_int e) {
   switch (e) {
-    case CL_SUCCESS: return "CL_SUCCESS";
-    case CL_DEVICE_NOT_FOUND: return "CL_DEVICE_NOT_FOUND";
-    case CL_OUT_OF_RESOURCES: return "CL_OUT_OF_RESOURCES";
-    case CL_OUT_OF_HOST_MEMORY: return "CL_OUT_OF_HOST_MEMORY";
-    case CL_BUILD_PROGRAM_FAILURE: return "CL_BUILD_PROGRAM_FAILURE";
-    case CL_COMPILE_PROGRAM_FAILURE: return "CL_COMPILE_PROGRAM_FAILURE";
-    case CL_LINK_PROGRAM_FAILURE: return "CL_LINK_PROGRAM_FAILURE";
-    case CL_INVALID_VALUE: return "CL_INVALID_VALUE";
-    case CL_INVALID_DEVICE: return "CL_INVALID_DEVICE";
-    case CL_INVALID_CONTEXT: return "CL_INVALID_CONTEXT";
-    case CL_INVALID_BINARY: return "CL_INVALID_BINARY";
-    case CL_INVALID_BUILD_OPTIONS: return "CL_INVALID_BUILD_OPTIONS";
-    case CL_INVALID_COMPILER_OPTIONS: return "CL_INVALID_COMPILER_OPTIONS";
-    case CL_INVALID_LINKER_OPTIONS: return "CL_INVALID_LINKER_OPTIONS";
-    case CL_INVALID_PROGRAM: return "CL_INVALID_PROGRAM";
-    case CL_INVALID_OPERATION: return "CL_INVALID_OPERATION";
-    case CL_COMPILER_NOT_AVAILABLE: return "CL_COMPILER_NOT_AVAILABLE";
-    case CL_LINKER_NOT_AVAILABLE: return "CL_LINKER_NOT_AVAILABLE";
-    default: return "CL_ERROR";
+    case CL_SUCCESS:
+      return "CL_SUCCESS";
+    case CL_DEVICE_NOT_FOUND:
+      return "CL_DEVICE_NOT_FOUND";
+    case CL_OUT_OF_RESOURCES:
+      return "CL_OUT_OF_RESOURCES";
+    case CL_OUT_OF_HOST_MEMORY:
+      return "CL_OUT_OF_HOST_MEMORY";
+    case CL_BUILD_PROGRAM_FAILURE:
+      return "CL_BUILD_PROGRAM_FAILURE";
+    case CL_COMPILE_PROGRAM_FAILURE:
+      return "CL_COMPILE_PROGRAM_FAILURE";
+    case CL_LINK_PROGRAM_FAILURE:
+      return "CL_LINK_PROGRAM_FAILURE";
+    case CL_INVALID_VALUE:
+      return "CL_INVALID_VALUE";
+    case CL_INVALID_DEVICE:
+      return "CL_INVALID_DEVICE";
+    case CL_INVALID_CONTEXT:
+      return "CL_INVALID_CONTEXT";
+    case CL_INVALID_BINARY:
+      return "CL_INVALID_BINARY";
+    case CL_INVALID_BUILD_OPTIONS:
+      return "CL_INVALID_BUILD_OPTIONS";
+    case CL_INVALID_COMPILER_OPTIONS:
+      return "CL_INVALID_COMPILER_OPTIONS";
+    case CL_INVALID_LINKER_OPTIONS:
+      return "CL_INVALID_LINKER_OPTIONS";
+    case CL_INVALID_PROGRAM:
+      return "CL_INVALID_PROGRAM";
+    case CL_INVALID_OPERATION:
+      return "CL_INVALID_OPERATION";
+    case CL_COMPILER_NOT_AVAILABLE:
+      return "CL_COMPILER_NOT_AVAILABLE";
+    case CL_LINKER_NOT_AVAILABLE:
+      return "CL_LINKER_NOT_AVAILABLE";
+    default:
+      return "CL_ERROR";
   }
 }
 
@@ -40,8 +59,8 @@ std::string cl_error(cl_int e, std::string_view what) {
   return std::string(what) + ": " + cl_error_name(e) + " (" + std::to_string(e) + ")";
 }
 
-Expected<std::string> info_string(cl_int (*fn)(void*, cl_uint, size_t, void*, size_t*), void* obj,
-                                  cl_uint param, const char* what) {
+Expected<std::string> info_string(cl_int (*fn)(void*, cl_uint, size_t, void*, size_t*), void* obj, cl_uint param,
+                                  const char* what) {
   size_t n = 0;
   cl_int e = fn(obj, param, 0, nullptr, &n);
   if (e != CL_SUCCESS) return Status(Errc::io_error, cl_error(e, what));
@@ -201,8 +220,8 @@ Status build_from_source(cl_context ctx, cl_device_id dev, const ProgramSource& 
     hdrs.push_back(hp);
     names.push_back(h.name.c_str());
   }
-  err = clCompileProgram(prog, 1, &dev, p.options.c_str(), static_cast<cl_uint>(hdrs.size()), hdrs.data(),
-                         names.data(), nullptr, nullptr);
+  err = clCompileProgram(prog, 1, &dev, p.options.c_str(), static_cast<cl_uint>(hdrs.size()), hdrs.data(), names.data(),
+                         nullptr, nullptr);
   std::string l = build_log(prog, dev);
   if (err != CL_SUCCESS) {
     release_all();
@@ -238,8 +257,7 @@ struct ProgramCache::Impl {
       return st;
     }
     auto bin = program_binary(r.program);
-    if (bin && !bin->empty())
-      cache.put(key, {{"binary", std::move(*bin)}, {"log", r.log}}, util::now_mono_us() - t0);
+    if (bin && !bin->empty()) cache.put(key, {{"binary", std::move(*bin)}, {"log", r.log}}, util::now_mono_us() - t0);
     return r;
   }
 
@@ -284,8 +302,8 @@ struct ProgramCache::Impl {
     auto loaded = load_binary(ctx, dev, *bin, p.options);
     if (!loaded) {
       refused.fetch_add(1, std::memory_order_relaxed);
-      KCACHE_LOG(LogLevel::warn, "opencl: stored binary %s refused (%s); building from source",
-                 key.key.hex().c_str(), loaded.error().message().c_str());
+      KCACHE_LOG(LogLevel::warn, "opencl: stored binary %s refused (%s); building from source", key.key.hex().c_str(),
+                 loaded.error().message().c_str());
       return rebuild(ctx, dev, p, key);
     }
     binary_loads.fetch_add(1, std::memory_order_relaxed);

@@ -35,7 +35,8 @@ Expected<Pkey> read_pem(const std::string& path, bool private_key) {
   if (!bio) return Status(Errc::internal, "out of memory reading " + path);
   EVP_PKEY* k = private_key ? PEM_read_bio_PrivateKey(bio.get(), nullptr, nullptr, nullptr)
                             : PEM_read_bio_PUBKEY(bio.get(), nullptr, nullptr, nullptr);
-  if (!k) return Status(Errc::invalid_argument, path + " is not a PEM " + (private_key ? "private" : "public") + " key");
+  if (!k)
+    return Status(Errc::invalid_argument, path + " is not a PEM " + (private_key ? "private" : "public") + " key");
   Pkey key(k);
   if (EVP_PKEY_id(k) != EVP_PKEY_ED25519) return Status(Errc::invalid_argument, path + " is not an Ed25519 key");
   return key;
@@ -82,7 +83,8 @@ Expected<std::array<unsigned char, 64>> sign(const std::string& key_file, std::s
   std::array<unsigned char, 64> sig{};
   size_t len = sig.size();
   if (!ctx || EVP_DigestSignInit(ctx.get(), nullptr, nullptr, nullptr, key.get()) != 1 ||
-      EVP_DigestSign(ctx.get(), sig.data(), &len, reinterpret_cast<const unsigned char*>(msg.data()), msg.size()) != 1 ||
+      EVP_DigestSign(ctx.get(), sig.data(), &len, reinterpret_cast<const unsigned char*>(msg.data()), msg.size()) !=
+          1 ||
       len != 64)
     return Status(Errc::internal, "Ed25519 signing failed");
   return sig;

@@ -39,9 +39,20 @@ inline constexpr size_t kAlign = 64;
 
 // Header field offsets.
 enum : size_t {
-  h_version = 8, h_flags = 12, h_entry_version = 16, h_block_records = 20, h_count = 24, h_index_offset = 32,
-  h_blocks_offset = 40, h_sig_offset = 48, h_data_offset = 56, h_file_size = 64, h_created = 72,
-  h_index_checksum = 80, h_reserved = 96, h_header_checksum = 112,
+  h_version = 8,
+  h_flags = 12,
+  h_entry_version = 16,
+  h_block_records = 20,
+  h_count = 24,
+  h_index_offset = 32,
+  h_blocks_offset = 40,
+  h_sig_offset = 48,
+  h_data_offset = 56,
+  h_file_size = 64,
+  h_created = 72,
+  h_index_checksum = 80,
+  h_reserved = 96,
+  h_header_checksum = 112,
 };
 // Index record field offsets.
 enum : size_t { r_key = 0, r_offset = 16, r_length = 24, r_sha = 32 };

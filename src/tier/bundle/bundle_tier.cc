@@ -158,8 +158,10 @@ Expected<int64_t> Reader::find(const Key& key) const {
       return Status(Errc::corrupt, "index block " + std::to_string(mid / kBlockRecords) + " fails its signed digest");
     int c = std::memcmp(index_ + mid * kRecordSize + r_key, key.bytes.data(), 16);
     if (c == 0) return static_cast<int64_t>(mid);
-    if (c < 0) lo = mid + 1;
-    else hi = mid;
+    if (c < 0)
+      lo = mid + 1;
+    else
+      hi = mid;
   }
   return int64_t(-1);
 }
@@ -177,8 +179,7 @@ Expected<std::string_view> Reader::bytes_at(uint64_t i, bool check_sha) const {
   if (off < data_off_ || off % kAlign != 0 || add_overflows(off, len, &end) || end > all.size())
     return Status(Errc::corrupt, "index record points outside the bundle");
   std::string_view v = all.substr(off, len);
-  if (signed_ && !block_good(i / kBlockRecords))
-    return Status(Errc::corrupt, "index block fails its signed digest");
+  if (signed_ && !block_good(i / kBlockRecords)) return Status(Errc::corrupt, "index block fails its signed digest");
   bool need = check_sha || (signed_ && entry_ok_[i].load(std::memory_order_acquire) == 0);
   if (need) {
     Sha256 h = sha256(v);
@@ -335,8 +336,10 @@ Expected<BundleVerifyReport> verify_bundle(const std::string& path, const std::v
     if (i > 0 && !(prev < k)) rep.bad.emplace_back(k, "index out of order");
     prev = k;
     auto e = r->entry_at(i, true);
-    if (!e && e.error().code() == Errc::stale_format) ++rep.other_format;
-    else if (!e) rep.bad.emplace_back(k, e.error().message());
+    if (!e && e.error().code() == Errc::stale_format)
+      ++rep.other_format;
+    else if (!e)
+      rep.bad.emplace_back(k, e.error().message());
     if (progress && (i % 256 == 255 || i + 1 == r->count())) progress(i + 1, r->count());
   }
   return rep;

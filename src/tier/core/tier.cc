@@ -13,11 +13,16 @@ namespace kcache {
 
 std::string_view tier_kind_name(TierKind k) noexcept {
   switch (k) {
-    case TierKind::memory: return "memory";
-    case TierKind::disk: return "disk";
-    case TierKind::remote: return "remote";
-    case TierKind::bundle: return "bundle";
-    case TierKind::other: return "other";
+    case TierKind::memory:
+      return "memory";
+    case TierKind::disk:
+      return "disk";
+    case TierKind::remote:
+      return "remote";
+    case TierKind::bundle:
+      return "bundle";
+    case TierKind::other:
+      return "other";
   }
   return "other";
 }
@@ -83,9 +88,7 @@ Expected<uint64_t> Tier::recency_mark() {
   return now + 1;
 }
 
-Expected<uint64_t> Tier::trim(uint64_t) {
-  return Status(Errc::unavailable, std::string(name()) + " tier cannot trim");
-}
+Expected<uint64_t> Tier::trim(uint64_t) { return Status(Errc::unavailable, std::string(name()) + " tier cannot trim"); }
 
 Status Tier::clear() {
   std::vector<Key> keys;
@@ -147,9 +150,7 @@ std::shared_ptr<Tier> make_read_only(std::shared_ptr<Tier> inner) {
 uint64_t effective_max_bytes(const DiskTierOptions& o) noexcept {
   return o.max_bytes ? o.max_bytes : (uint64_t(4) << 30);
 }
-uint64_t effective_max_entries(const DiskTierOptions& o) noexcept {
-  return o.max_entries ? o.max_entries : 200000;
-}
+uint64_t effective_max_entries(const DiskTierOptions& o) noexcept { return o.max_entries ? o.max_entries : 200000; }
 
 std::vector<std::string> features() {
   std::vector<std::string> f;
@@ -193,6 +194,5 @@ std::string tier_stats_json(const TierStats& s) {
       .field("dropped", s.dropped);
   return w.end_object().take();
 }
-
 
 }  // namespace kcache

@@ -40,8 +40,8 @@
 #include <vector>
 
 #include "entry/buffer.h"
-#include "tier/files/files_probe.h"
 #include "kcache/tier.h"
+#include "tier/files/files_probe.h"
 #include "util/util.h"
 
 namespace kcache {
@@ -113,8 +113,10 @@ class FilesTier final : public Tier {
     Status st = make_dir(dir_ + "/tmp", /*parents=*/true);
     if (st.is_ok()) {
       int fd = open_shared_rw(dir_ + "/stats", O_RDWR | O_CREAT | O_CLOEXEC);
-      if (fd < 0) st = util::errno_status(errno, "open " + dir_ + "/stats");
-      else ::close(fd);
+      if (fd < 0)
+        st = util::errno_status(errno, "open " + dir_ + "/stats");
+      else
+        ::close(fd);
     }
     if (!st.is_ok()) {
       // A store this process may only read (a read-only mount, a shipped
@@ -180,7 +182,8 @@ class FilesTier final : public Tier {
     (void)flush();
     VerifyReport rep;
     std::vector<std::pair<Key, std::string>> paths;
-    KCACHE_RETURN_IF_ERROR(scan([&](const Key& k, const std::string& p, const struct stat&) { paths.emplace_back(k, p); }));
+    KCACHE_RETURN_IF_ERROR(
+        scan([&](const Key& k, const std::string& p, const struct stat&) { paths.emplace_back(k, p); }));
     uint64_t other_format = 0;
     for (const auto& [k, p] : paths) {
       ++rep.checked;
@@ -198,8 +201,8 @@ class FilesTier final : public Tier {
       }
     }
     if (other_format)
-      KCACHE_LOG(LogLevel::info, "files verify %s: %llu entries of another format version left in place",
-                 dir_.c_str(), static_cast<unsigned long long>(other_format));
+      KCACHE_LOG(LogLevel::info, "files verify %s: %llu entries of another format version left in place", dir_.c_str(),
+                 static_cast<unsigned long long>(other_format));
     if (fix) {
       int64_t d[c_count] = {};
       d[c_corrupt] = static_cast<int64_t>(rep.removed);
@@ -484,8 +487,7 @@ class FilesTier final : public Tier {
       restore();
       return st;
     }
-    while (::flock(fd, LOCK_EX) != 0 && errno == EINTR) {
-    }
+    while (::flock(fd, LOCK_EX) != 0 && errno == EINTR) {}
     char b[8 * c_count] = {};
     ssize_t n = ::pread(fd, b, sizeof b, 0);
     uint64_t v[c_count];
@@ -639,8 +641,10 @@ class FilesTier final : public Tier {
       uint64_t cur[c_count] = {};
       if (read_counters(cur).is_ok() &&
           (cur[c_entries] > 2 * items.size() + 1024 || cur[c_bytes] > walked_bytes + max_bytes_ / 2)) {
-        KCACHE_LOG(LogLevel::warn, "files tier %s: stored totals (%llu entries, %llu bytes) disagree with the store; "
-                   "recounting", dir_.c_str(), static_cast<unsigned long long>(cur[c_entries]),
+        KCACHE_LOG(LogLevel::warn,
+                   "files tier %s: stored totals (%llu entries, %llu bytes) disagree with the store; "
+                   "recounting",
+                   dir_.c_str(), static_cast<unsigned long long>(cur[c_entries]),
                    static_cast<unsigned long long>(cur[c_bytes]));
         st = recount();
       }

@@ -124,8 +124,8 @@ class TreeChecker {
         if (off + kNodeHdr + ksize + dsize > psize_) return fail("data size damaged");
         if (nflags & kFSubData) {
           if (!allow_subdb || dsize != kDbRecord) return fail("named database record damaged");
-          subdbs_.push_back({rd64(data + 40), rd16(data + 6),
-                             std::string(reinterpret_cast<const char*>(node + kNodeHdr), ksize)});
+          subdbs_.push_back(
+              {rd64(data + 40), rd16(data + 6), std::string(reinterpret_cast<const char*>(node + kNodeHdr), ksize)});
         } else if (free_list && !free_ids(data, dsize)) {
           return false;
         }
@@ -231,8 +231,7 @@ Status check_metas_before_open(const std::string& data_path) {
       res = Status(Errc::corrupt, "lmdb meta pages of " + data_path + " are damaged");
     } else {
       const MetaInfo& m = m0.txnid >= m1.txnid ? m0 : m1;
-      if (m.last_pg < 1 || m.last_pg > (uint64_t(1) << 40) ||
-          (m.last_pg + 1) * ps > static_cast<uint64_t>(st.st_size))
+      if (m.last_pg < 1 || m.last_pg > (uint64_t(1) << 40) || (m.last_pg + 1) * ps > static_cast<uint64_t>(st.st_size))
         res = Status(Errc::corrupt, "lmdb data file " + data_path + " is truncated or its meta page is damaged");
     }
   }

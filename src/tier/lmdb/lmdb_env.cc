@@ -8,8 +8,8 @@
 #include <fcntl.h>
 #include <stdio.h>
 #include <sys/file.h>
-#include <sys/sysmacros.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -26,11 +26,14 @@ namespace kcache {
 
 Status mdb_status(int rc, std::string_view what) {
   Errc c = Errc::io_error;
-  if (rc == MDB_MAP_FULL) c = Errc::no_space;
+  if (rc == MDB_MAP_FULL)
+    c = Errc::no_space;
   else if (rc == MDB_CORRUPTED || rc == MDB_PAGE_NOTFOUND || rc == MDB_INVALID || rc == MDB_VERSION_MISMATCH)
     c = Errc::corrupt;
-  else if (rc == EACCES || rc == EROFS) c = Errc::read_only;
-  else if (rc == ENOSPC || rc == EDQUOT) c = Errc::no_space;
+  else if (rc == EACCES || rc == EROFS)
+    c = Errc::read_only;
+  else if (rc == ENOSPC || rc == EDQUOT)
+    c = Errc::no_space;
   return Status(c, std::string("lmdb ") + std::string(what) + ": " + mdb_strerror(rc));
 }
 
@@ -152,8 +155,10 @@ Expected<std::shared_ptr<LmdbEnv>> LmdbEnv::open(const std::string& dir, uint64_
     return Status(Errc::corrupt, "lmdb store " + dir + " was marked damaged (" + damaged_marker(dir) + ")");
   KCACHE_RETURN_IF_ERROR(check_metas_before_open(data));
   unsigned flags = MDB_NOTLS | MDB_NORDAHEAD;
-  if (!sync_data) flags |= MDB_NOSYNC;
-  else if (!sync_meta) flags |= MDB_NOMETASYNC;
+  if (!sync_data)
+    flags |= MDB_NOSYNC;
+  else if (!sync_meta)
+    flags |= MDB_NOMETASYNC;
   rc = mdb_env_open(env->env_, dir.c_str(), flags, 0600);
   if (rc) return mdb_status(rc, "open " + dir);
   set_cloexec_on_store_fds(env->env_, dir);
@@ -262,8 +267,8 @@ void LmdbEnv::find_map(const struct stat& data_st) {
     unsigned maj, mnr;
     char perms[8];
     if (::sscanf(line, "%llx-%llx %7s %llx %x:%x %llu", &lo, &hi, perms, &off, &maj, &mnr, &ino) != 7) continue;
-    if (ino != static_cast<unsigned long long>(data_st.st_ino) || off != 0 ||
-        ::makedev(maj, mnr) != data_st.st_dev || hi - lo != map_size_)
+    if (ino != static_cast<unsigned long long>(data_st.st_ino) || off != 0 || ::makedev(maj, mnr) != data_st.st_dev ||
+        hi - lo != map_size_)
       continue;
     map_base_ = reinterpret_cast<const unsigned char*>(static_cast<uintptr_t>(lo));
     map_len_ = hi - lo;
@@ -276,7 +281,7 @@ bool LmdbEnv::overflow_run_intact(const MDB_val& v) const noexcept {
   constexpr uint64_t kPageHdr = 16;
   constexpr uint16_t kPOverflow = 0x04;
   const auto* p = static_cast<const unsigned char*>(v.mv_data);
-  if (!map_base_ || psize_ == 0) return true;  // no map found: nothing to compare with
+  if (!map_base_ || psize_ == 0) return true;                   // no map found: nothing to compare with
   if (p < map_base_ || p >= map_base_ + map_len_) return true;  // a page this transaction wrote
   uint64_t off = static_cast<uint64_t>(p - map_base_);
   if (off % psize_ != kPageHdr) return true;  // inside a leaf page: no run

@@ -31,8 +31,8 @@
 //
 // The environment it shares with the leases is lmdb_env.cc; the structural
 // check of the file at open is lmdb_check.cc.
-#include <lmdb.h>
 #include <fcntl.h>
+#include <lmdb.h>
 #include <sys/file.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
@@ -46,8 +46,8 @@
 #include <unordered_map>
 #include <vector>
 
-#include "kcache/tier.h"
 #include "entry/buffer.h"
+#include "kcache/tier.h"
 #include "tier/lmdb/lmdb_env.h"
 #include "util/util.h"
 
@@ -76,7 +76,8 @@ constexpr int kRunDamaged = MDB_LAST_ERRCODE + 1000;
 
 Status tier_status(int rc, std::string_view what) {
   if (rc == kRunDamaged)
-    return Status(Errc::corrupt, "lmdb " + std::string(what) + ": an entry's overflow pages are damaged; left in place");
+    return Status(Errc::corrupt,
+                  "lmdb " + std::string(what) + ": an entry's overflow pages are damaged; left in place");
   return mdb_status(rc, what);
 }
 
@@ -245,8 +246,7 @@ class LmdbTier final : public Tier {
         pending_[i] = 0;
       }
     }
-    if (touched.empty() && std::all_of(counts, counts + c_count, [](uint64_t v) { return v == 0; }))
-      return Status();
+    if (touched.empty() && std::all_of(counts, counts + c_count, [](uint64_t v) { return v == 0; })) return Status();
     KCACHE_TRY(MDB_txn * txn, env_->begin_write());
     int rc = 0;
     for (const auto& [k, ms] : touched) {
@@ -314,7 +314,7 @@ class LmdbTier final : public Tier {
         Key key{};
         if (k.mv_size == 16) std::memcpy(key.bytes.data(), k.mv_data, 16);
         std::string_view enc(static_cast<const char*>(v.mv_data), v.mv_size);
-        Status st = k.mv_size != 16                    ? Status(Errc::corrupt, "bad key length")
+        Status st = k.mv_size != 16                 ? Status(Errc::corrupt, "bad key length")
                     : !env_->overflow_run_intact(v) ? Status(Errc::corrupt, "overflow page header damaged")
                                                     : Entry::check(enc, &key);
         if (st.is_ok()) {
@@ -458,8 +458,8 @@ class LmdbTier final : public Tier {
     std::string_view enc = entry.encoded();
     if (enc.size() > max_entry_) {
       count(c_errors);
-      return Status(Errc::too_large, "entry of " + util::format_size(enc.size()) + " exceeds the largest entry stored (" +
-                                         util::format_size(max_entry_) + ")");
+      return Status(Errc::too_large, "entry of " + util::format_size(enc.size()) +
+                                         " exceeds the largest entry stored (" + util::format_size(max_entry_) + ")");
     }
     Status st = put_group({{entry.key(), enc}});
     if (!st.is_ok()) count(c_errors);
@@ -483,8 +483,9 @@ class LmdbTier final : public Tier {
         out[i] = Status(Errc::invalid_argument, "put of an entry that was not built");
       } else if (enc.size() > max_entry_) {
         count(c_errors);
-        out[i] = Status(Errc::too_large, "entry of " + util::format_size(enc.size()) +
-                                             " exceeds the largest entry stored (" + util::format_size(max_entry_) + ")");
+        out[i] =
+            Status(Errc::too_large, "entry of " + util::format_size(enc.size()) +
+                                        " exceeds the largest entry stored (" + util::format_size(max_entry_) + ")");
       } else {
         group.emplace_back(entries[i].key(), enc);
         index.push_back(i);
@@ -498,7 +499,6 @@ class LmdbTier final : public Tier {
   }
 
  protected:
-
   Status do_remove(const Key& key) override {
     if (env_->inherited()) return env_->inherited_error();
     return remove_entry(key, false);
@@ -778,8 +778,8 @@ class LmdbTier final : public Tier {
       std::vector<Key> victims;
       MDB_val k, v;
       uint64_t b = bytes, e = entries;
-      for (rc = rc ? rc : mdb_cursor_get(cur, &k, &v, MDB_FIRST); rc == 0 && victims.size() < 512 &&
-                                                                  (b > target_bytes || e > target_entries);
+      for (rc = rc ? rc : mdb_cursor_get(cur, &k, &v, MDB_FIRST);
+           rc == 0 && victims.size() < 512 && (b > target_bytes || e > target_entries);
            rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
         g_records_visited.fetch_add(1, std::memory_order_relaxed);
         if (k.mv_size != 24) continue;
@@ -870,8 +870,8 @@ class LmdbTier final : public Tier {
   // On the heap so that a child of fork() can leak it (see ~LmdbTier).
   std::unique_ptr<std::condition_variable> pend_cv_ = std::make_unique<std::condition_variable>();
   std::unordered_map<Key, uint64_t> touched_;  // GUARDED_BY(pend_mu_): key -> last hit ms
-  uint64_t pending_[c_count] = {};              // GUARDED_BY(pend_mu_): counter deltas not yet stored
-  bool stop_ = false;                           // GUARDED_BY(pend_mu_)
+  uint64_t pending_[c_count] = {};             // GUARDED_BY(pend_mu_): counter deltas not yet stored
+  bool stop_ = false;                          // GUARDED_BY(pend_mu_)
   std::thread flusher_;
 };
 
@@ -896,8 +896,7 @@ Expected<std::shared_ptr<Tier>> open_lmdb_tier(const std::string& dir, const Dis
     std::string lock_path = dir + ".quarantine-lock";
     int lfd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
     if (lfd >= 0) {
-      while (::flock(lfd, LOCK_EX) != 0 && errno == EINTR) {
-      }
+      while (::flock(lfd, LOCK_EX) != 0 && errno == EINTR) {}
       env = LmdbEnv::open(dir, map_size, sync_data, sync_meta, options.check_on_open);
     }
     if (!env && env.error().code() == Errc::corrupt) {

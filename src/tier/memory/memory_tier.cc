@@ -135,8 +135,8 @@ class MemoryTier final : public Tier {
   };
   struct Shard {
     std::mutex mu;
-    std::list<Key> lru;                    // GUARDED_BY(mu)
-    std::unordered_map<Key, Node> map;     // GUARDED_BY(mu)
+    std::list<Key> lru;                                                               // GUARDED_BY(mu)
+    std::unordered_map<Key, Node> map;                                                // GUARDED_BY(mu)
     uint64_t bytes = 0, hits = 0, misses = 0, puts = 0, evictions = 0, rejected = 0;  // GUARDED_BY(mu)
   };
 

@@ -46,7 +46,8 @@ uint16_t redis_key_slot(std::string_view key) noexcept {
   uint16_t crc = 0;  // CRC16-CCITT (XMODEM): poly 0x1021, init 0, no reflection
   for (char ch : key) {
     crc ^= static_cast<uint16_t>(static_cast<uint8_t>(ch) << 8);
-    for (int b = 0; b < 8; ++b) crc = (crc & 0x8000) ? static_cast<uint16_t>((crc << 1) ^ 0x1021) : static_cast<uint16_t>(crc << 1);
+    for (int b = 0; b < 8; ++b)
+      crc = (crc & 0x8000) ? static_cast<uint16_t>((crc << 1) ^ 0x1021) : static_cast<uint16_t>(crc << 1);
   }
   return crc & 16383;
 }
@@ -57,11 +58,15 @@ constexpr size_t kPipelineBatch = 128;
 constexpr int kMaxRedirects = 5;
 
 struct ReplyFree {
-  void operator()(redisReply* r) const noexcept { if (r) freeReplyObject(r); }
+  void operator()(redisReply* r) const noexcept {
+    if (r) freeReplyObject(r);
+  }
 };
 using Reply = std::unique_ptr<redisReply, ReplyFree>;
 struct ContextFree {
-  void operator()(redisContext* c) const noexcept { if (c) redisFree(c); }
+  void operator()(redisContext* c) const noexcept {
+    if (c) redisFree(c);
+  }
 };
 using Conn = std::unique_ptr<redisContext, ContextFree>;
 
@@ -125,21 +130,33 @@ Status apply_query(std::string_view q, RedisTierOptions* o, const std::string& u
       continue;
     }
     if (k == "read_only") {
-      if (v == "1" || v == "true" || v == "yes") o->read_only = true;
-      else if (v == "0" || v == "false" || v == "no") o->read_only = false;
-      else return bad_url(url, "read_only wants 0 or 1");
+      if (v == "1" || v == "true" || v == "yes")
+        o->read_only = true;
+      else if (v == "0" || v == "false" || v == "no")
+        o->read_only = false;
+      else
+        return bad_url(url, "read_only wants 0 or 1");
       continue;
     }
     if (!parse_u64(v, &n)) return bad_url(url, "option " + std::string(k) + " wants a number");
-    if (k == "connect_timeout_ms") o->connect_timeout_ms = n;
-    else if (k == "command_timeout_ms") o->command_timeout_ms = n;
-    else if (k == "ttl_ms") o->ttl_ms = n;
-    else if (k == "max_entry_bytes") o->max_entry_bytes = n;
-    else if (k == "breaker_threshold") o->breaker_threshold = static_cast<unsigned>(n);
-    else if (k == "breaker_timeouts") o->breaker_timeouts = static_cast<unsigned>(n);
-    else if (k == "breaker_cooldown_ms") o->breaker_cooldown_ms = n;
-    else if (k == "write_queue_depth") o->write_queue_depth = static_cast<unsigned>(n);
-    else return bad_url(url, "unknown option " + std::string(k));
+    if (k == "connect_timeout_ms")
+      o->connect_timeout_ms = n;
+    else if (k == "command_timeout_ms")
+      o->command_timeout_ms = n;
+    else if (k == "ttl_ms")
+      o->ttl_ms = n;
+    else if (k == "max_entry_bytes")
+      o->max_entry_bytes = n;
+    else if (k == "breaker_threshold")
+      o->breaker_threshold = static_cast<unsigned>(n);
+    else if (k == "breaker_timeouts")
+      o->breaker_timeouts = static_cast<unsigned>(n);
+    else if (k == "breaker_cooldown_ms")
+      o->breaker_cooldown_ms = n;
+    else if (k == "write_queue_depth")
+      o->write_queue_depth = static_cast<unsigned>(n);
+    else
+      return bad_url(url, "unknown option " + std::string(k));
   }
   return Status();
 }
@@ -244,7 +261,8 @@ Expected<RemoteBytes> value_of(Reply r) {
 // An integer reply to a yes/no answer.
 Expected<bool> flag_of(const Reply& r, const char* what) {
   if (r->type != REDIS_REPLY_INTEGER)
-    return Status(Errc::corrupt, std::string("redis: unexpected ") + what + " reply of type " + std::to_string(r->type));
+    return Status(Errc::corrupt,
+                  std::string("redis: unexpected ") + what + " reply of type " + std::to_string(r->type));
   return r->integer == 1;
 }
 
@@ -312,8 +330,8 @@ class RedisTransport final : public RemoteTransport {
             if (p_.cluster && (msg.starts_with("MOVED ") || msg.starts_with("ASK ")))
               retry.push_back(i);
             else
-              (*out)[i] = Status(msg.starts_with("WRONGTYPE") ? Errc::corrupt : Errc::io_error,
-                                 "redis: " + std::string(msg));
+              (*out)[i] =
+                  Status(msg.starts_with("WRONGTYPE") ? Errc::corrupt : Errc::io_error, "redis: " + std::string(msg));
             continue;
           }
           (*out)[i] = value_of(std::move(r));
@@ -418,9 +436,9 @@ class RedisTransport final : public RemoteTransport {
       for (int e : {EAGAIN, ETIMEDOUT, EINPROGRESS})
         if (msg == std::strerror(e)) timed_out = true;
     }
-    return Status(timed_out ? Errc::timeout : Errc::unavailable,
-                  "redis " + n.ep.host + ":" + std::to_string(n.ep.port) + ": " +
-                      (c->errstr[0] ? c->errstr : "connection lost"));
+    return Status(
+        timed_out ? Errc::timeout : Errc::unavailable,
+        "redis " + n.ep.host + ":" + std::to_string(n.ep.port) + ": " + (c->errstr[0] ? c->errstr : "connection lost"));
   }
 
   Expected<Conn> borrow(Node& n) {
@@ -445,7 +463,8 @@ class RedisTransport final : public RemoteTransport {
         argv.push_back(a.data());
         lens.push_back(a.size());
       }
-      Reply r(static_cast<redisReply*>(redisCommandArgv(c.get(), static_cast<int>(argv.size()), argv.data(), lens.data())));
+      Reply r(
+          static_cast<redisReply*>(redisCommandArgv(c.get(), static_cast<int>(argv.size()), argv.data(), lens.data())));
       if (!r) return conn_error(n, c.get(), errno);
       if (r->type == REDIS_REPLY_ERROR) return Status(Errc::io_error, "redis: " + std::string(reply_str(r.get())));
       return Status();
@@ -494,7 +513,8 @@ class RedisTransport final : public RemoteTransport {
     if (!parse_u64(msg.substr(sp1 + 1, sp2 - sp1 - 1), &s) || s > 16383) return false;
     std::string_view addr = msg.substr(sp2 + 1);
     auto colon = addr.rfind(':');
-    if (colon == std::string_view::npos || !parse_u64(addr.substr(colon + 1), &port) || port == 0 || port > 65535) return false;
+    if (colon == std::string_view::npos || !parse_u64(addr.substr(colon + 1), &port) || port == 0 || port > 65535)
+      return false;
     *slot = static_cast<uint16_t>(s);
     to->host = std::string(addr.substr(0, colon));
     to->port = static_cast<int>(port);
@@ -586,15 +606,14 @@ class RedisTransport final : public RemoteTransport {
     return last;
   }
 
-
   ParsedUrl p_;
   std::atomic<uint64_t> connect_ms_, command_ms_;
   std::atomic<uint64_t> moved_{0}, ask_{0}, slot_refreshes_{0};
 
   std::shared_mutex map_mu_;
-  std::vector<std::unique_ptr<Node>> nodes_;          // GUARDED_BY(map_mu_)
-  std::unordered_map<std::string, int> node_ids_;     // GUARDED_BY(map_mu_)
-  std::array<int, 16384> slots_;                      // GUARDED_BY(map_mu_)
+  std::vector<std::unique_ptr<Node>> nodes_;       // GUARDED_BY(map_mu_)
+  std::unordered_map<std::string, int> node_ids_;  // GUARDED_BY(map_mu_)
+  std::array<int, 16384> slots_;                   // GUARDED_BY(map_mu_)
 };
 
 }  // namespace

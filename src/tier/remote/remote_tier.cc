@@ -82,8 +82,7 @@ class RemoteTierImpl final : public RemoteTier {
     std::random_device rd;
     char host[256] = {0};
     ::gethostname(host, sizeof host - 1);
-    token_ = std::string(host) + ":" + std::to_string(::getpid()) + ":" +
-             std::to_string((uint64_t(rd()) << 32) | rd());
+    token_ = std::string(host) + ":" + std::to_string(::getpid()) + ":" + std::to_string((uint64_t(rd()) << 32) | rd());
     if (!o_.secret.empty()) mac_ = EVP_MAC_fetch(nullptr, "HMAC", nullptr);
     writer_ = std::thread([this] { write_loop(); });
   }
@@ -122,8 +121,10 @@ class RemoteTierImpl final : public RemoteTier {
     succeed();
     for (size_t i = 0; i < keys.size(); ++i) {
       out[i] = accept(keys[i], std::move(vals[i]));
-      if (out[i]) hits_++;
-      else misses_++;
+      if (out[i])
+        hits_++;
+      else
+        misses_++;
     }
     return out;
   }
@@ -211,7 +212,8 @@ class RemoteTierImpl final : public RemoteTier {
     while (!q_.empty() || busy_) {
       if (!idle_cv_.wait_for(lk, std::chrono::milliseconds(stall_ms),
                              [&] { return (q_.empty() && !busy_) || done_ != seen; })) {
-        return Status(Errc::timeout, name_ + ": queued writes made no progress for " + std::to_string(stall_ms) + " ms");
+        return Status(Errc::timeout,
+                      name_ + ": queued writes made no progress for " + std::to_string(stall_ms) + " ms");
       }
       seen = done_;
     }
@@ -249,8 +251,10 @@ class RemoteTierImpl final : public RemoteTier {
     }
     auto r = fetch(key);
     if (!r) return std::move(r).error();
-    if (r->has_value()) hits_++;
-    else if (count == MissCount::counted) misses_++;
+    if (r->has_value())
+      hits_++;
+    else if (count == MissCount::counted)
+      misses_++;
     return r;
   }
 
@@ -261,8 +265,8 @@ class RemoteTierImpl final : public RemoteTier {
     }
     if (entry.encoded().size() > o_.max_entry_bytes) {
       rejected_++;
-      return Status(Errc::too_large, "entry of " + std::to_string(entry.encoded().size()) + " bytes is larger than the " +
-                                         name_ + " tier's max_entry_bytes");
+      return Status(Errc::too_large, "entry of " + std::to_string(entry.encoded().size()) +
+                                         " bytes is larger than the " + name_ + " tier's max_entry_bytes");
     }
     forget_said(entry.key());
     if (breaker_open()) {
@@ -327,12 +331,13 @@ class RemoteTierImpl final : public RemoteTier {
     char digest[] = "SHA256";
     OSSL_PARAM params[] = {OSSL_PARAM_construct_utf8_string("digest", digest, 0), OSSL_PARAM_construct_end()};
     size_t len = 0;
-    bool ok = EVP_MAC_init(ctx, reinterpret_cast<const unsigned char*>(o_.secret.data()), o_.secret.size(), params) == 1 &&
-              EVP_MAC_update(ctx, reinterpret_cast<const unsigned char*>(kMacContext.data()), kMacContext.size()) == 1 &&
-              EVP_MAC_update(ctx, key.bytes.data(), key.bytes.size()) == 1 &&
-              EVP_MAC_update(ctx, reinterpret_cast<const unsigned char*>(header.data()), header.size()) == 1 &&
-              EVP_MAC_update(ctx, reinterpret_cast<const unsigned char*>(body.data()), body.size()) == 1 &&
-              EVP_MAC_final(ctx, out, &len, kMacSize) == 1 && len == kMacSize;
+    bool ok =
+        EVP_MAC_init(ctx, reinterpret_cast<const unsigned char*>(o_.secret.data()), o_.secret.size(), params) == 1 &&
+        EVP_MAC_update(ctx, reinterpret_cast<const unsigned char*>(kMacContext.data()), kMacContext.size()) == 1 &&
+        EVP_MAC_update(ctx, key.bytes.data(), key.bytes.size()) == 1 &&
+        EVP_MAC_update(ctx, reinterpret_cast<const unsigned char*>(header.data()), header.size()) == 1 &&
+        EVP_MAC_update(ctx, reinterpret_cast<const unsigned char*>(body.data()), body.size()) == 1 &&
+        EVP_MAC_final(ctx, out, &len, kMacSize) == 1 && len == kMacSize;
     EVP_MAC_CTX_free(ctx);
     return ok;
   }
@@ -444,8 +449,10 @@ class RemoteTierImpl final : public RemoteTier {
     return r;
   }
   Status call_status(Status st) {
-    if (st.is_ok()) succeed();
-    else fail(st);
+    if (st.is_ok())
+      succeed();
+    else
+      fail(st);
     return st;
   }
 
@@ -474,9 +481,15 @@ class RemoteTierImpl final : public RemoteTier {
     errors_++;
     bool timeout = st.code() == Errc::timeout;
     switch (st.code()) {
-      case Errc::timeout: timeouts_total_++; break;
-      case Errc::unavailable: unreachable_++; break;
-      default: server_errors_++; break;
+      case Errc::timeout:
+        timeouts_total_++;
+        break;
+      case Errc::unavailable:
+        unreachable_++;
+        break;
+      default:
+        server_errors_++;
+        break;
     }
     uint64_t f = failures_.fetch_add(1) + 1;
     uint64_t t = timeout ? timeouts_.fetch_add(1) + 1 : timeouts_.load();
@@ -567,10 +580,10 @@ class RemoteTierImpl final : public RemoteTier {
 
   std::mutex q_mu_;
   std::condition_variable q_cv_, idle_cv_;
-  std::deque<Task> q_;     // GUARDED_BY(q_mu_)
-  bool busy_ = false;      // GUARDED_BY(q_mu_): the writer is sending a task
-  bool stop_ = false;      // GUARDED_BY(q_mu_)
-  uint64_t done_ = 0;      // GUARDED_BY(q_mu_): tasks finished
+  std::deque<Task> q_;                             // GUARDED_BY(q_mu_)
+  bool busy_ = false;                              // GUARDED_BY(q_mu_): the writer is sending a task
+  bool stop_ = false;                              // GUARDED_BY(q_mu_)
+  uint64_t done_ = 0;                              // GUARDED_BY(q_mu_): tasks finished
   std::unordered_map<Key, int> pending_releases_;  // GUARDED_BY(q_mu_): queued releases per key
   std::thread writer_;
 };
