@@ -307,3 +307,26 @@ TEST(CacheRegression, ForkedChildCanDestroyItsInheritedCache) {
   EXPECT_EQ(WEXITSTATUS(st), 0);
   EXPECT_TRUE(c->get_or_compile(k, artifact_fn(&calls, "P")).has_value());
 }
+
+// Puts return before the disk has the entry (the committer writes it);
+// until then every lookup of this Cache still finds it, without a memory
+// tier too, and after flush() another Cache finds it on disk.
+TEST(Cache, EntriesOnTheirWayToDiskAreFound) {
+  TempDir d;
+  Options o = kcache::test::disk_options(d.path(), /*memory=*/false);
+  auto c = Cache::open(o);
+  for (uint64_t i = 0; i < 64; ++i) {
+    KeyInfo k = *KeyBuilder("committer").add_u64("i", i).finish();
+    ASSERT_TRUE(c->put(k, {{"obj", kcache::test::bytes_for(i, 4096)}}).has_value());
+    auto e = c->get(k.key);
+    ASSERT_TRUE(e.has_value()) << i;
+    EXPECT_EQ(*e->artifact("obj"), kcache::test::bytes_for(i, 4096));
+  }
+  c->flush();
+  auto other = Cache::open(o);
+  for (uint64_t i = 0; i < 64; ++i) {
+    Source s = Source::compiled;
+    ASSERT_TRUE(other->get(KeyBuilder("committer").add_u64("i", i).finish()->key, &s).has_value()) << i;
+    EXPECT_EQ(s, Source::disk);
+  }
+}

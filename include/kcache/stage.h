@@ -34,8 +34,8 @@
 // (Cache::get_or_compile).
 //
 // Links are stored as entries through Cache::put, so they reach the disk
-// through the Cache's committer: a Cache without a memory tier may not see a
-// link it just stored until flush().
+// through the Cache's committer; until then Cache::get serves them from the
+// committer's queue.
 //
 // Link entry format (artifact "stage-link", 52 bytes, little-endian):
 //   "KCSL" | u32 version (1) | front-end key (16) | IR digest (16) | final key (16)

@@ -100,6 +100,7 @@ bool Cache::Impl::store(const Entry& e, Leadership* owner) {
 
 std::optional<Entry> Cache::get(const Key& key, Source* source) {
   if (impl_->opt.disabled) return std::nullopt;
+  if (auto e = impl_->in_flight(key, source)) return e;
   return impl_->chain.lookup(key, source, MissCount::counted);
 }
 

@@ -76,14 +76,19 @@ struct Cache::Impl {
   // on its way to disk is served from the committer's queue.
   std::optional<Entry> look_up(const Key& key, Source* source, MissCount count) {
     if (opt.recompile) return std::nullopt;
-    if (!committer.idle()) {
-      if (auto e = committer.find(key)) {
-        chain.note_hit();
-        if (source) *source = Source::memory;
-        return e;
-      }
-    }
+    if (auto e = in_flight(key, source)) return e;
     return chain.lookup(key, source, count);
+  }
+  // An entry handed to the committer and not yet written (one atomic load
+  // when its queue is empty).
+  std::optional<Entry> in_flight(const Key& key, Source* source) {
+    if (committer.idle()) return std::nullopt;
+    auto e = committer.find(key);
+    if (e) {
+      chain.note_hit();
+      if (source) *source = Source::memory;
+    }
+    return e;
   }
   // Step 2. wait=false: a key another process is compiling is answered busy
   // (with an unavailable status) instead of waiting, so a batch can do other
