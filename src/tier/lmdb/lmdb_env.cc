@@ -311,7 +311,11 @@ void LmdbEnv::mark_damaged(const std::string& why) {
 
 bool LmdbEnv::gate_lock(int wait_ms) {
   auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(wait_ms);
-  if (!gate_mu_.try_lock_until(deadline)) return false;
+  {
+    std::unique_lock lk(gate_mu_);
+    if (!gate_cv_.wait_until(lk, deadline, [&] { return !gate_held_; })) return false;
+    gate_held_ = true;
+  }
   if (gate_fd_ < 0) return true;
   for (int nap_us = 100;; nap_us = std::min(nap_us * 2, 2000)) {
     if (::flock(gate_fd_, LOCK_EX | LOCK_NB) == 0) return true;
@@ -319,13 +323,21 @@ bool LmdbEnv::gate_lock(int wait_ms) {
     if (std::chrono::steady_clock::now() >= deadline) break;
     ::usleep(static_cast<useconds_t>(nap_us));
   }
-  gate_mu_.unlock();
+  gate_release();
   return false;
+}
+
+void LmdbEnv::gate_release() {
+  {
+    std::lock_guard lk(gate_mu_);
+    gate_held_ = false;
+  }
+  gate_cv_.notify_one();
 }
 
 void LmdbEnv::gate_unlock() {
   if (gate_fd_ >= 0) ::flock(gate_fd_, LOCK_UN);
-  gate_mu_.unlock();
+  gate_release();
 }
 
 Expected<MDB_txn*> LmdbEnv::begin_write(int wait_ms) {

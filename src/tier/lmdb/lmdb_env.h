@@ -7,6 +7,7 @@
 #include <sys/types.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -109,6 +110,7 @@ class LmdbEnv {
   void find_map(const struct stat& data_st);
   bool gate_lock(int wait_ms);
   void gate_unlock();
+  void gate_release();  // the in-process half only
 
   MDB_env* env_ = nullptr;
   uint64_t fork_gen_ = 0;  // util::fork_generation() when opened
@@ -121,7 +123,12 @@ class LmdbEnv {
   // The writer gate: the flock'ed descriptor of lock.mdb (-1: none could be
   // opened; LMDB's own mutex still orders writers), and its in-process half.
   int gate_fd_ = -1;
-  std::timed_mutex gate_mu_;
+  // The in-process half of the gate: a flag under a mutex, waited for with a
+  // condition variable (a std::timed_mutex's timed lock is invisible to
+  // ThreadSanitizer, which then reports its unlock).
+  std::mutex gate_mu_;
+  std::condition_variable gate_cv_;
+  bool gate_held_ = false;  // GUARDED_BY(gate_mu_)
   std::atomic<bool> busy_logged_{false};
   std::atomic<bool> damaged_{false};
   // LMDB's map of data.mdb (found in /proc/self/maps; null if it was not)
