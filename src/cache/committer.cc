@@ -14,6 +14,7 @@ constexpr size_t kMaxGroup = 256;
 // A child of fork() writes none of its parent's queue (the parent does).
 void Committer::renew_after_fork() {
   if (!worker_.renewed()) return;
+  inherited_ = true;
   // The inherited containers may be mid-update by a parent thread: leak
   // them rather than destroy them.
   new std::deque<Item>(std::move(queue_));
@@ -29,6 +30,13 @@ void Committer::renew_after_fork() {
 
 void Committer::submit(Entry e, std::function<void()> then) {
   renew_after_fork();
+  if (inherited_) {
+    // A child of fork() using its parent's Cache (whose disk handles refuse
+    // it) writes in the caller's thread instead of starting one.
+    chain_.store_group({e});
+    if (then) then();
+    return;
+  }
   std::unique_lock lk(worker_.mu());
   done_cv_->wait(lk, [&] { return queue_.size() < kMaxQueued && queued_bytes_ < kMaxQueuedBytes; });
   uint64_t seq = ++submitted_;

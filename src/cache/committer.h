@@ -63,6 +63,7 @@ class Committer {
       inflight_;                                             // GUARDED_BY(worker_.mu()): key -> newest (seq, entry)
   uint64_t submitted_ = 0, written_ = 0, queued_bytes_ = 0;  // GUARDED_BY(worker_.mu())
   bool stop_ = false;                                        // GUARDED_BY(worker_.mu())
+  bool inherited_ = false;                                   // this object was inherited across fork()
   // written_ grew or the queue shrank; on the heap for the same reason as
   // the worker's own (see util/worker.h).
   std::unique_ptr<std::condition_variable> done_cv_ = std::make_unique<std::condition_variable>();
