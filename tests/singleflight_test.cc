@@ -6,9 +6,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <thread>
+#include <vector>
 
 #include "kcache/cache.h"
 #include "kcache/lease.h"
@@ -160,6 +162,101 @@ TEST(FileLeases, PartialLeaseFileFromACrashIsCollected) {
   struct timespec old[2] = {{0, UTIME_OMIT}, {static_cast<time_t>(util::now_unix_ms() / 1000 - 10), 0}};
   ASSERT_EQ(::utimensat(AT_FDCWD, p.c_str(), old, 0), 0);
   EXPECT_EQ(l->acquire(k, 60000), LeaseResult::acquired);
+}
+
+// ---- the lease table (the LMDB engine's leases) -------------------------
+
+// A key whose first 8 bytes are `lead` (which picks its bucket) and whose
+// other bytes are `tail`.
+Key table_key(uint64_t lead, uint64_t tail) {
+  Key k;
+  std::memcpy(k.bytes.data(), &lead, 8);
+  std::memcpy(k.bytes.data() + 8, &tail, 8);
+  return k;
+}
+
+// Eight slots a bucket: a ninth live lease in one bucket is an error (the
+// caller compiles uncoordinated), never a wait on an unrelated key; a
+// released slot is reused, and so is one whose holder died.
+TEST(TableLeases, BucketFullOfLiveLeasesIsAnErrorNotAWait) {
+  TempDir d;
+  auto a = *open_table_leases(d.path());
+  auto b = *open_table_leases(d.path());
+  for (uint64_t i = 0; i < 8; ++i) ASSERT_EQ(a->acquire(table_key(7, i), 60000), LeaseResult::acquired) << i;
+  EXPECT_EQ(b->acquire(table_key(7, 100), 60000), LeaseResult::error);
+  EXPECT_EQ(b->acquire(table_key(7 + 256, 101), 60000), LeaseResult::error) << "same bucket";
+  EXPECT_EQ(b->acquire(table_key(8, 100), 60000), LeaseResult::acquired) << "another bucket";
+  a->release(table_key(7, 3));
+  EXPECT_EQ(b->acquire(table_key(7, 100), 60000), LeaseResult::acquired);
+  EXPECT_EQ(b->takeovers(), 0u);
+
+  // A process that dies holding every slot of a bucket frees them all.
+  pid_t pid = spawn([&] {
+    auto l = *open_table_leases(d.path());
+    for (uint64_t i = 0; i < 8; ++i)
+      if (l->acquire(table_key(9, i), 600000) != LeaseResult::acquired) return 1;
+    return 0;
+  });
+  ASSERT_EQ(wait_exit(pid), 0);
+  EXPECT_EQ(b->acquire(table_key(9, 100), 60000), LeaseResult::acquired) << "a dead holder's slot of another key";
+  EXPECT_EQ(b->acquire(table_key(9, 5), 60000), LeaseResult::acquired) << "the dead holder's own key";
+  EXPECT_EQ(b->takeovers(), 1u);
+}
+
+// A process stopped while it holds a bucket's lock (here: a lock taken by
+// hand on the bucket's bytes) blocks nobody for long: acquire gives up
+// within its bound and answers error.
+TEST(TableLeases, ABucketLockedForeverIsAnErrorWithinTheBound) {
+  TempDir d;
+  auto l = *open_table_leases(d.path());
+  Key k = table_key(3, 1);
+  int fd = ::open((d.path() + "/leases.tab").c_str(), O_RDWR | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  struct flock fl {};
+  fl.l_type = F_WRLCK;
+  fl.l_whence = SEEK_SET;
+  fl.l_start = 3 * 512;
+  fl.l_len = 512;
+  ASSERT_EQ(::fcntl(fd, F_OFD_SETLK, &fl), 0);
+  auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(l->acquire(k, 60000), LeaseResult::error);
+  EXPECT_LT(seconds_since(t0), 10.0);
+  EXPECT_EQ(l->acquire(table_key(4, 1), 60000), LeaseResult::acquired) << "other buckets are free";
+  fl.l_type = F_UNLCK;
+  ASSERT_EQ(::fcntl(fd, F_OFD_SETLK, &fl), 0);
+  ::close(fd);
+  EXPECT_EQ(l->acquire(k, 60000), LeaseResult::acquired);
+}
+
+// Threads of one process share a Leases object's descriptor, whose lock
+// does not exclude them: its mutex must, or two threads that write one
+// bucket at once can both take the same free slot, and one lease is lost.
+// 8 threads on 2 objects, each with a key of its own in one bucket, take
+// and give up their leases; a third object checks each held lease is
+// still seen as held.
+TEST(TableLeases, ThreadsOfOneObjectDoNotLoseEachOthersLeases) {
+  TempDir d;
+  std::shared_ptr<Leases> objs[2] = {*open_table_leases(d.path()), *open_table_leases(d.path())};
+  auto observer = *open_table_leases(d.path());
+  std::atomic<int> lost{0}, held{0};
+  std::vector<std::thread> ts;
+  for (int t = 0; t < 8; ++t)
+    ts.emplace_back([&, t] {
+      Leases& l = *objs[t % 2];
+      Key k = table_key(5, static_cast<uint64_t>(t));
+      for (int r = 0; r < 3000; ++r) {
+        if (l.acquire(k, 60000) != LeaseResult::acquired) continue;
+        held.fetch_add(1);
+        if (observer->acquire(k, 60000) == LeaseResult::acquired) {
+          lost.fetch_add(1);
+          observer->release(k);
+        }
+        l.release(k);
+      }
+    });
+  for (auto& t : ts) t.join();
+  EXPECT_EQ(lost.load(), 0);
+  EXPECT_EQ(held.load(), 8 * 3000);
 }
 
 // 8 processes x 200 shared keys on an empty cache: exactly 200 compiles.

@@ -279,6 +279,8 @@ class Cache {
   void add_tier(std::shared_ptr<Tier> tier);
   const std::vector<std::shared_ptr<Tier>>& tiers() const noexcept;
   CacheStats stats() const;
+  // Waits until every entry stored so far is in the slower tiers (and its
+  // lease released), and every miss so far is in the miss journal.
   void flush();
   const Options& options() const noexcept;
 

@@ -9,11 +9,14 @@
 // TTL detects dead holders quickly without limiting compile time. Nothing a
 // crash leaves behind ever needs manual clean-up.
 //
-// Implementations: in the LMDB store (a `leases` database, updated in write
-// transactions), and as lease files for the file-per-entry engine (created
+// Implementations: a lease table beside the LMDB store (one small file of
+// buckets, each updated under an fcntl open-file-description lock on its
+// byte range, which the kernel drops when its process dies; no sync and no
+// database writer lock, so a lease never waits for the store's commits), and
+// lease files for the file-per-entry engine, which may be on NFS (created
 // with O_EXCL; a stale one is taken over under a takeover marker, itself
 // created with O_EXCL, so one process at a time judges, removes and
-// re-creates it; no flock, which NFS does not honour reliably). The remote
+// re-creates it; no locks, which NFS does not honour reliably). The remote
 // tier's leases (SET NX PX, kcache/remote.h) extend this across machines.
 //
 // Thread-safety: safe for concurrent use. Each Leases object has its own
@@ -52,8 +55,9 @@ class Leases {
   virtual uint64_t takeovers() const noexcept = 0;
 };
 
-// Leases stored in the LMDB environment at `dir` (the LMDB tier's folder).
-Expected<std::shared_ptr<Leases>> open_lmdb_leases(const std::string& dir);
+// The lease table `dir`/leases.tab (the LMDB tier's folder: a local file
+// system).
+Expected<std::shared_ptr<Leases>> open_table_leases(const std::string& dir);
 // Lease files under `dir`/leases (the files tier's folder).
 Expected<std::shared_ptr<Leases>> open_file_leases(const std::string& dir);
 // The leases that go with a disk engine whose tier lives in `dir`.

@@ -82,7 +82,7 @@ std::vector<std::string> store_paths(const DiskStore& d) {
   std::vector<std::string> p{d.dir, d.path};
   switch (d.engine) {
     case Engine::lmdb:
-      for (const char* f : {"/data.mdb", "/lock.mdb"}) p.push_back(d.path + f);
+      for (const char* f : {"/data.mdb", "/lock.mdb", "/leases.tab"}) p.push_back(d.path + f);
       p.push_back(d.path + ".quarantine-lock");
       break;
     case Engine::files: {

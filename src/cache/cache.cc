@@ -81,6 +81,7 @@ const Options& Cache::options() const noexcept { return impl_->opt; }
 void Cache::flush() {
   impl_->committer.flush();
   impl_->chain.flush();
+  if (impl_->explainer) impl_->explainer->flush();
 }
 
 bool Cache::Impl::store(const Entry& e, Leadership* owner) {

@@ -9,6 +9,11 @@ namespace {
 constexpr size_t kMaxQueued = 1024;
 constexpr uint64_t kMaxQueuedBytes = uint64_t(256) << 20;
 constexpr size_t kMaxGroup = 256;
+// How long the committer lets a group gather before it writes it. Entries
+// of one compiling thread come one compile apart; without the wait each is
+// a group of its own, a transaction and a sync, and the syncs' I/O slows the
+// compiling thread itself. flush() and close cut the wait short.
+constexpr auto kLinger = std::chrono::milliseconds(25);
 }  // namespace
 
 // A child of fork() writes none of its parent's queue (the parent does).
@@ -22,6 +27,7 @@ void Committer::renew_after_fork() {
   queue_ = {};
   inflight_ = {};
   submitted_ = written_ = queued_bytes_ = 0;
+  flushing_ = 0;
   stop_ = false;
   waiting_.store(0);
   (void)done_cv_.release();
@@ -46,8 +52,12 @@ void Committer::submit(Entry e, std::function<void()> then) {
   waiting_.fetch_add(1, std::memory_order_release);
   stop_ = false;
   worker_.start([this] { run(); });
-  worker_.cv().notify_one();
+  // The first entry starts a group; later ones join it without a wake-up
+  // (a system call on the compiling thread) until the group is full.
+  if (queue_.size() == 1 || group_full()) worker_.cv().notify_one();
 }
+
+bool Committer::group_full() const { return queue_.size() >= kMaxGroup || queued_bytes_ >= kMaxQueuedBytes / 4; }
 
 std::optional<Entry> Committer::find(const Key& key) {
   renew_after_fork();
@@ -61,7 +71,11 @@ void Committer::flush() {
   renew_after_fork();
   std::unique_lock lk(worker_.mu());
   uint64_t target = submitted_;
+  if (written_ >= target) return;
+  ++flushing_;
+  worker_.cv().notify_all();  // no lingering: someone waits
   done_cv_->wait(lk, [&] { return written_ >= target; });
+  --flushing_;
 }
 
 void Committer::stop() {
@@ -80,6 +94,7 @@ void Committer::run() {
   for (;;) {
     worker_.cv().wait(lk, [&] { return stop_ || !queue_.empty(); });
     if (queue_.empty()) return;  // stop_ and nothing left
+    worker_.cv().wait_for(lk, kLinger, [&] { return stop_ || flushing_ > 0 || group_full(); });
     std::vector<Item> group;
     while (!queue_.empty() && group.size() < kMaxGroup) {
       queued_bytes_ -= queue_.front().entry.encoded().size();

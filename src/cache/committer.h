@@ -2,9 +2,10 @@
 //
 // The Cache puts a new entry into its memory tier at once and hands it to
 // the committer for the slower tiers (disk, remote); the compiling thread
-// goes on. The committer thread takes every entry waiting and writes them as
-// one group per tier (Tier::put_many: for LMDB one transaction and one
-// sync), then runs each entry's `then` (the Cache releases the key's
+// goes on. The committer thread lets a group gather for up to 25 ms (less
+// when flush() waits, at close, or when 256 entries or 64 MiB wait), takes every
+// entry waiting and writes them as one group per tier (Tier::put_many: for
+// LMDB one transaction and one sync), then runs each entry's `then` (the Cache releases the key's
 // cross-process lease there, so another process that waited finds the entry
 // on disk). Until then find() still has the entry, so a lookup of a key in
 // flight to disk is served. flush() waits for everything handed over before
@@ -55,6 +56,7 @@ class Committer {
   };
   void run();
   void renew_after_fork();
+  bool group_full() const;  // REQUIRES: worker_.mu() held
 
   TierChain& chain_;
   util::Worker worker_;
@@ -62,6 +64,7 @@ class Committer {
   std::unordered_map<Key, std::pair<uint64_t, Entry>>
       inflight_;                                             // GUARDED_BY(worker_.mu()): key -> newest (seq, entry)
   uint64_t submitted_ = 0, written_ = 0, queued_bytes_ = 0;  // GUARDED_BY(worker_.mu())
+  unsigned flushing_ = 0;                                    // GUARDED_BY(worker_.mu()): flush() callers waiting
   bool stop_ = false;                                        // GUARDED_BY(worker_.mu())
   bool inherited_ = false;                                   // this object was inherited across fork()
   // written_ grew or the queue shrank; on the heap for the same reason as

@@ -179,7 +179,67 @@ MissJournal::MissJournal(const std::string& store_path, size_t keep, bool shared
     : path_(path_for(store_path)), keep_(std::max<size_t>(keep, 1)), mode_(shared ? 0660 : 0600) {}
 
 MissJournal::~MissJournal() {
+  renew_after_fork();
+  {
+    std::lock_guard lk(writer_.mu());
+    stop_ = true;
+  }
+  writer_.cv().notify_all();
+  writer_.join();  // after it has written what was posted
   if (fd_ >= 0 && fd_pid_ == ::getpid()) ::close(fd_);
+}
+
+// A child of fork() leaves its parent's posted records to the parent. The
+// inherited vector may be mid-update by a parent thread: leaked, not freed.
+void MissJournal::renew_after_fork() {
+  if (!writer_.renewed()) return;
+  new std::vector<MissRecord>(std::move(posted_));
+  posted_ = {};
+  n_posted_ = n_done_ = 0;
+  flushing_ = 0;
+  stop_ = false;
+}
+
+void MissJournal::post(MissRecord r) {
+  renew_after_fork();
+  std::lock_guard lk(writer_.mu());
+  if (posted_.size() >= kMaxPosted) return;
+  posted_.push_back(std::move(r));
+  ++n_posted_;
+  writer_.start([this] { write_posted(); });
+  // The first record wakes the writer, which lets more gather before it
+  // writes; later ones cost the compiling thread no wake-up (a system call).
+  if (posted_.size() == 1) writer_.cv().notify_all();  // notify_all: flush() waits on it too
+}
+
+void MissJournal::flush() {
+  renew_after_fork();
+  std::unique_lock lk(writer_.mu());
+  const uint64_t target = n_posted_;
+  if (n_done_ >= target) return;
+  ++flushing_;
+  writer_.cv().notify_all();  // no lingering
+  writer_.cv().wait(lk, [&] { return n_done_ >= target; });
+  --flushing_;
+}
+
+void MissJournal::write_posted() {
+  std::unique_lock lk(writer_.mu());
+  for (;;) {
+    writer_.cv().wait(lk, [&] { return stop_ || !posted_.empty(); });
+    if (posted_.empty()) return;  // stopped, nothing left
+    writer_.cv().wait_for(lk, kLinger, [&] { return stop_ || flushing_ > 0 || posted_.size() >= kMaxPosted / 2; });
+    std::vector<MissRecord> batch;
+    batch.swap(posted_);
+    lk.unlock();
+    for (const auto& r : batch) {
+      Status st = append(r);
+      if (!st.is_ok()) KCACHE_LOG(LogLevel::info, "miss journal: %s", st.to_string().c_str());
+    }
+    lk.lock();
+    n_done_ += batch.size();
+    writer_.cv().notify_all();
+  }
 }
 
 Status MissJournal::open_locked() {
@@ -230,7 +290,17 @@ Status MissJournal::append(const MissRecord& r) {
       if (t >= 0 && mode_ != 0600) (void)::fchmod(t, mode_);
       Status s = t < 0 ? util::errno_status(errno, tmp) : write_all_at(t, header_bytes(0, kHeader), 0, tmp);
       if (t >= 0) ::close(t);
-      if (s.is_ok() && ::rename(path_.c_str(), (path_ + ".1").c_str()) != 0) s = util::errno_status(errno, path_);
+      // The current name never goes missing: another process opening it
+      // in a gap would create a file of its own there and append to it
+      // under a lock no one else takes. So the previous generation is made
+      // by a hard link (a rename only where links are not supported), and
+      // the fresh file replaces the current one in a single rename.
+      const std::string prev = path_ + ".1";
+      if (s.is_ok()) {
+        (void)::unlink(prev.c_str());
+        if (::link(path_.c_str(), prev.c_str()) != 0 && ::rename(path_.c_str(), prev.c_str()) != 0)
+          s = util::errno_status(errno, path_);
+      }
       if (s.is_ok() && ::rename(tmp.c_str(), path_.c_str()) != 0) s = util::errno_status(errno, path_);
       if (!s.is_ok()) ::unlink(tmp.c_str());
       ::flock(fd_, LOCK_UN);
@@ -401,14 +471,8 @@ MissExplainer::MissExplainer(std::shared_ptr<Tier> disk, std::unique_ptr<MissJou
 void MissExplainer::miss(const KeyInfo& key) {
   if (key.manifest.ns.empty() && key.manifest.items.empty()) return;  // nothing to explain with
   if (journal_) {
-    MissRecord r{key.key,
-                 key.label,
-                 key.manifest,
-                 util::now_unix_ms(),
-                 static_cast<uint32_t>(::getpid()),
-                 program_invocation_short_name};
-    Status st = journal_->append(r);
-    if (!st.is_ok()) KCACHE_LOG(LogLevel::info, "miss journal: %s", st.to_string().c_str());
+    journal_->post(MissRecord{key.key, key.label, key.manifest, util::now_unix_ms(), static_cast<uint32_t>(::getpid()),
+                              program_invocation_short_name});
   }
   if (!explain_ || !disk_) return;
   std::lock_guard<std::mutex> g(mu_);

@@ -11,6 +11,7 @@
 // keeps between `keep` and 2 x `keep` records and never grows further.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <mutex>
@@ -23,6 +24,7 @@
 #include "kcache/manifest.h"
 #include "kcache/status.h"
 #include "kcache/tier.h"
+#include "util/worker.h"
 
 namespace kcache {
 
@@ -48,8 +50,17 @@ class MissJournal {
   static std::string path_for(const std::string& store_path) { return store_path + ".misses"; }
   const std::string& path() const noexcept { return path_; }
 
-  // Appends one record (under the journal's lock). Thread-safe.
+  // Appends one record (under the journal's lock), now. Thread-safe.
   Status append(const MissRecord& r);
+  // Hands one record to the journal's writer thread, which appends it
+  // (letting records gather for up to kLinger first): a miss on the compile
+  // path costs no file system call. Records past kMaxPosted waiting are
+  // dropped (the journal is a diagnostic). flush() and the destructor wait
+  // for the records posted before them.
+  void post(MissRecord r);
+  void flush();
+  static constexpr size_t kMaxPosted = 4096;
+  static constexpr std::chrono::milliseconds kLinger{100};
 
   // The last `limit` records of the journal at `store_path`, oldest first.
   // A journal that does not exist reads as empty.
@@ -57,12 +68,20 @@ class MissJournal {
 
  private:
   Status open_locked();  // opens (again) and locks the current file; REQUIRES mu_
+  void write_posted();   // the writer thread
+  void renew_after_fork();
   std::string path_;
   size_t keep_;
   unsigned mode_;
   std::mutex mu_;
   int fd_ = -1;     // GUARDED_BY(mu_)
   int fd_pid_ = 0;  // the process that opened fd_ (flock is per open file)
+
+  util::Worker writer_;
+  std::vector<MissRecord> posted_;      // GUARDED_BY(writer_.mu())
+  uint64_t n_posted_ = 0, n_done_ = 0;  // GUARDED_BY(writer_.mu())
+  unsigned flushing_ = 0;               // GUARDED_BY(writer_.mu()): flush() callers waiting
+  bool stop_ = false;                   // GUARDED_BY(writer_.mu())
 };
 
 // A stored entry's manifest and label, for comparisons.
@@ -126,7 +145,13 @@ std::string explain_line(const Key& key, const std::string& label, const std::st
 class MissExplainer {
  public:
   MissExplainer(std::shared_ptr<Tier> disk, std::unique_ptr<MissJournal> journal, bool explain);
+  // Journals the miss (on the journal's writer thread) and, with explain
+  // on, logs the nearest stored entry.
   void miss(const KeyInfo& key);
+  // Waits until the misses so far are in the journal.
+  void flush() {
+    if (journal_) journal_->flush();
+  }
 
  private:
   std::shared_ptr<Tier> disk_;

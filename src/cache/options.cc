@@ -87,6 +87,16 @@ Options Options::from_env(Options o) {
   if (!(v = util::getenv_str("KCACHE_REMOTE_SECRET_FILE")).empty()) o.remote_secret_file = v;
   if (!(v = util::getenv_str("KCACHE_BUNDLES")).empty()) o.bundles.files = split_paths(v);
   if (!(v = util::getenv_str("KCACHE_BUNDLE_TRUST")).empty()) o.bundles.trusted_keys = split_paths(v);
+  if (!(v = util::getenv_str("KCACHE_DURABILITY")).empty()) {
+    if (v == "normal")
+      o.disk.durability = Durability::normal;
+    else if (v == "full")
+      o.disk.durability = Durability::full;
+    else if (v == "none")
+      o.disk.durability = Durability::none;
+    else
+      KCACHE_LOG(LogLevel::warn, "ignoring KCACHE_DURABILITY='%s' (want normal|full|none)", v.c_str());
+  }
   if (!(v = util::getenv_str("KCACHE_ENGINE")).empty()) {
     if (auto e = parse_engine(v))
       o.engine = *e;

@@ -158,16 +158,12 @@ Expected<std::shared_ptr<Leases>> open_file_leases(const std::string& dir) {
 
 Expected<std::shared_ptr<Leases>> open_leases(Engine engine, const std::string& dir) {
   switch (engine) {
-    case Engine::lmdb:
-#if KCACHE_HAVE_LMDB
-      return open_lmdb_leases(dir);
-#else
-      break;
-#endif
-    case Engine::files:
+    case Engine::lmdb:  // a local file system: the lease table beside the store
+      return open_table_leases(dir);
+    case Engine::files:  // perhaps NFS: lease files, no locks
       return open_file_leases(dir);
   }
-  return Status(Errc::unavailable, "this kcache was built without the lmdb engine");
+  return Status(Errc::invalid_argument, "unknown engine");
 }
 
 }  // namespace kcache

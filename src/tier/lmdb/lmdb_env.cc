@@ -231,12 +231,15 @@ void LmdbEnv::end_read(MDB_txn* t) {
 // a new store (or one written by a version without all of them) takes a
 // write transaction, through the gate, to create them.
 Status LmdbEnv::open_databases() {
-  static const char* const names[] = {"entries", "meta", "lru", "stats", "leases"};
-  MDB_dbi* dbis[] = {&entries, &meta, &lru, &stats, &leases};
+  // (A `leases` database that stores of earlier versions have is left
+  // alone: leases live in the lease table beside the store.)
+  static const char* const names[] = {"entries", "meta", "lru", "stats"};
+  MDB_dbi* dbis[] = {&entries, &meta, &lru, &stats};
+  constexpr int kNames = 4;
   MDB_txn* txn;
   int rc = mdb_txn_begin(env_, nullptr, MDB_RDONLY, &txn);
   if (rc) return mdb_status(rc, "begin");
-  for (int i = 0; i < 5 && rc == 0; ++i) rc = mdb_dbi_open(txn, names[i], 0, dbis[i]);
+  for (int i = 0; i < kNames && rc == 0; ++i) rc = mdb_dbi_open(txn, names[i], 0, dbis[i]);
   if (rc == 0) {
     // Committing a read transaction keeps the handles it opened.
     rc = mdb_txn_commit(txn);
@@ -245,7 +248,7 @@ Status LmdbEnv::open_databases() {
   mdb_txn_abort(txn);
   if (rc != MDB_NOTFOUND) return mdb_status(rc, "open databases");
   KCACHE_TRY(txn, begin_write());
-  for (int i = 0; i < 5; ++i) {
+  for (int i = 0; i < kNames; ++i) {
     rc = mdb_dbi_open(txn, names[i], MDB_CREATE, dbis[i]);
     if (rc) {
       abort_write(txn);
@@ -359,14 +362,8 @@ Expected<MDB_txn*> LmdbEnv::begin_write(int wait_ms) {
   return t;
 }
 
-int LmdbEnv::commit_write(MDB_txn* txn, bool sync) {
-  // The environment's flags change only under the write gate, where no
-  // other commit of this process can run; readers never look at MDB_NOSYNC.
-  unsigned flags = 0;
-  bool toggle = !sync && mdb_env_get_flags(env_, &flags) == 0 && !(flags & MDB_NOSYNC);
-  if (toggle) mdb_env_set_flags(env_, MDB_NOSYNC, 1);
+int LmdbEnv::commit_write(MDB_txn* txn) {
   int rc = mdb_txn_commit(txn);
-  if (toggle) mdb_env_set_flags(env_, MDB_NOSYNC, 0);
   gate_unlock();
   return rc;
 }

@@ -1,5 +1,5 @@
 // Private: the per-process handle on one LMDB environment, shared by every
-// tier object (and the single-flight leases) that open the same folder.
+// tier object that opens the same folder.
 #pragma once
 
 #include <lmdb.h>
@@ -31,9 +31,8 @@ uint64_t lmdb_records_visited() noexcept;
 
 // The map size every opener of a store uses for a given size limit:
 // max(64 GiB, 2 x max_bytes + 64 MiB), rounded up to the page size. It
-// depends on nothing else, so processes with the default limits (and the
-// leases, which pass the default) all map the same size and none ever grows
-// the file past another's map. The file is sparse and LMDB maps it
+// depends on nothing else, so processes with the default limits all map
+// the same size and none ever grows the file past another's map. The file is sparse and LMDB maps it
 // read-only, so a large map costs address space only.
 uint64_t lmdb_map_size(uint64_t max_bytes) noexcept;
 
@@ -59,11 +58,7 @@ class LmdbEnv {
   // gate again.
   static constexpr int kWriteWaitMs = 10000;
   Expected<MDB_txn*> begin_write(int wait_ms = kWriteWaitMs);
-  // sync=false commits without syncing to disk, whatever the store's
-  // durability: for records whose loss in a machine crash is harmless
-  // (leases: a lost one is simply free again). A later synced commit
-  // syncs these writes too.
-  int commit_write(MDB_txn* txn, bool sync = true);
+  int commit_write(MDB_txn* txn);
   void abort_write(MDB_txn* txn);
 
   // Whether the overflow run holding `v` (a value read in a write
@@ -98,7 +93,7 @@ class LmdbEnv {
   MDB_env* env() const noexcept { return env_; }
   const std::string& dir() const noexcept { return dir_; }
   uint64_t map_size() const noexcept { return map_size_; }
-  MDB_dbi entries = 0, meta = 0, lru = 0, stats = 0, leases = 0;
+  MDB_dbi entries = 0, meta = 0, lru = 0, stats = 0;
   // Hits handed out that still pin their read transaction (one reader slot
   // each); past kMaxPinned, hits are copied out instead.
   std::atomic<int> pinned{0};

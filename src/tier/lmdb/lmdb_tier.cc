@@ -492,9 +492,13 @@ class LmdbTier final : public Tier {
       }
     }
     if (group.empty()) return out;
-    Status st = put_group(group);
-    if (!st.is_ok()) count(c_errors, group.size());
-    for (size_t i : index) out[i] = st;
+    std::vector<Status> got(group.size());
+    bool full = false;
+    put_split(group, 0, group.size(), got, full);
+    for (size_t j = 0; j < index.size(); ++j) {
+      if (!got[j].is_ok()) count(c_errors);
+      out[index[j]] = got[j];
+    }
     return out;
   }
 
@@ -668,6 +672,28 @@ class LmdbTier final : public Tier {
     }
     rc = env_->commit_write(txn);
     return rc ? mdb_status(rc, "commit remove") : Status();
+  }
+
+  // Puts group[first, last) in one transaction. When it does not fit (a
+  // full file system), the halves are tried apart, so that what fits is
+  // stored; once a single entry does not fit, the rest are not tried.
+  void put_split(const std::vector<std::pair<Key, std::string_view>>& group, size_t first, size_t last,
+                 std::vector<Status>& out, bool& full) {
+    if (full) {
+      for (size_t i = first; i < last; ++i) out[i] = Status(Errc::no_space, "the store is full");
+      return;
+    }
+    std::vector<std::pair<Key, std::string_view>> part(group.begin() + static_cast<ptrdiff_t>(first),
+                                                       group.begin() + static_cast<ptrdiff_t>(last));
+    Status st = put_group(part);
+    if (st.code() == Errc::no_space && last - first > 1) {
+      size_t mid = first + (last - first) / 2;
+      put_split(group, first, mid, out, full);
+      put_split(group, mid, last, out, full);
+      return;
+    }
+    if (st.code() == Errc::no_space) full = true;
+    for (size_t i = first; i < last; ++i) out[i] = st;
   }
 
   // Puts every (key, encoded entry) in one transaction; on a full map,

@@ -1,0 +1,268 @@
+// The lease table: leases of a store on a local file system, kept in one
+// small file beside it, `<dir>/leases.tab` (docs/format.md, "Lease table").
+//
+// The file is an array of buckets; a key's bucket is chosen by its first
+// bytes, and a bucket holds up to kSlots leases, each a slot of the key and
+// its holder record (lease/holder.h). A bucket is read and written only
+// under an exclusive open-file-description lock (fcntl F_OFD_SETLK) on its
+// byte range, so processes, and Leases objects within one process, update
+// it one at a time, and the kernel drops the lock of a process that dies.
+// The file is mapped shared, so under the lock a bucket is read and
+// written in memory: a lease costs two system calls (lock, unlock), no sync
+// and no database writer lock, so taking one never queues behind the
+// store's own commits.
+//
+//  * acquire: the key's slot, when its holder is dead or expired, is taken
+//    over; a free slot (zeros, or a dead or expired holder of another key)
+//    is taken; a bucket full of live leases is an error (the caller compiles
+//    uncoordinated: never a wait for an unrelated key).
+//  * a slot torn by a writer killed mid-write is the slot of a dead process:
+//    it is free.
+//  * the lock is tried without blocking and retried for up to kLockBoundMs;
+//    a stopped process cannot hold a bucket for ever.
+// In a store folder shared with a group, the file is group-writable.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include "kcache/lease.h"
+#include "lease/holder.h"
+#include "util/util.h"
+
+namespace kcache {
+namespace {
+
+constexpr size_t kSlotSize = 16 + lease::kHolderSize;  // key | holder record
+constexpr size_t kSlots = 8;                           // per bucket
+constexpr size_t kBucketSize = kSlots * kSlotSize;     // 512 bytes
+constexpr size_t kBuckets = 256;
+constexpr size_t kTableSize = kBuckets * kBucketSize;  // 128 KiB
+constexpr uint64_t kLockBoundMs = 2000;
+static_assert(kSlotSize == 64);
+
+// One bucket of the mapped table. REQUIRES: its lock held.
+struct Bucket {
+  char* bytes;
+  std::string_view slot_key(size_t i) const { return {bytes + i * kSlotSize, 16}; }
+  bool holder(size_t i, lease::Holder* h) const {
+    return lease::decode(std::string_view(bytes + i * kSlotSize + 16, lease::kHolderSize), h);
+  }
+  bool empty(size_t i) const {
+    for (size_t j = 0; j < kSlotSize; ++j)
+      if (bytes[i * kSlotSize + j] != 0) return false;
+    return true;
+  }
+};
+
+bool same_key(std::string_view slot, const Key& k) { return std::memcmp(slot.data(), k.bytes.data(), 16) == 0; }
+
+class TableLeases final : public Leases {
+ public:
+  explicit TableLeases(std::string path) : path_(std::move(path)) {}
+  ~TableLeases() override {
+    if (state_->map) ::munmap(state_->map, kTableSize);
+    if (state_->fd >= 0) ::close(state_->fd);
+  }
+  std::string_view name() const noexcept override { return "table"; }
+  uint64_t takeovers() const noexcept override { return takeovers_.load(); }
+
+  Status init() {
+    shared_ = util::folder_is_shared(path_.substr(0, path_.rfind('/')));
+    return open_file();
+  }
+
+  LeaseResult acquire(const Key& key, uint64_t ttl_ms) override {
+    const uint64_t me = token_.get();
+    State& s = state();
+    Locked lk(s, bucket_of(key));
+    if (!lk.ok()) return LeaseResult::error;
+    Bucket b = lk.bucket();
+    const uint64_t now = util::now_unix_ms();
+    int free_slot = -1;
+    for (size_t i = 0; i < kSlots; ++i) {
+      lease::Holder h;
+      bool readable = b.holder(i, &h);
+      if (same_key(b.slot_key(i), key) && readable) {
+        if (h.token != me && lease::alive(h, now)) return LeaseResult::busy;
+        write_slot(b, i, key, lease::self(me, ttl_ms));
+        if (h.token != me) takeovers_.fetch_add(1);
+        return LeaseResult::acquired;
+      }
+      if (free_slot < 0 && b.empty(i)) free_slot = static_cast<int>(i);
+    }
+    // No lease of this key: a free slot, else one whose holder is gone.
+    for (size_t i = 0; free_slot < 0 && i < kSlots; ++i) {
+      lease::Holder h;
+      if (!b.holder(i, &h) || !lease::alive(h, now)) free_slot = static_cast<int>(i);
+    }
+    if (free_slot < 0) return LeaseResult::error;  // kSlots live leases in this bucket
+    write_slot(b, static_cast<size_t>(free_slot), key, lease::self(me, ttl_ms));
+    return LeaseResult::acquired;
+  }
+
+  bool renew(const Key& key, uint64_t ttl_ms) override {
+    const uint64_t me = token_.get();
+    State& s = state();
+    Locked lk(s, bucket_of(key));
+    if (!lk.ok()) return false;
+    int i = mine(lk.bucket(), key, me);
+    if (i < 0) return false;
+    write_slot(lk.bucket(), static_cast<size_t>(i), key, lease::self(me, ttl_ms));
+    return true;
+  }
+
+  void release(const Key& key) override {
+    const uint64_t me = token_.get();
+    State& s = state();
+    Locked lk(s, bucket_of(key));
+    if (!lk.ok()) return;
+    int i = mine(lk.bucket(), key, me);
+    if (i >= 0) std::memset(lk.bucket().bytes + static_cast<size_t>(i) * kSlotSize, 0, kSlotSize);
+  }
+
+ private:
+  // The descriptor and the mutex that serialises this object's threads (an
+  // open-file-description lock does not: they share the description). A
+  // child of fork() opens its own description: sharing its parent's, its
+  // locks would not exclude the parent's. The inherited state is left as
+  // it is (its mutex may be held by a parent thread that is gone).
+  struct State {
+    int fd = -1;
+    char* map = nullptr;  // kTableSize bytes, shared
+    std::mutex mu;
+  };
+
+  class Locked {
+   public:
+    Locked(State& s, size_t bucket)
+        : s_(s), at_(static_cast<off_t>(bucket * kBucketSize)), g_(s.mu) {
+      ok_ = s.map != nullptr && lock(F_WRLCK);
+    }
+    ~Locked() {
+      if (ok_) (void)lock(F_UNLCK);
+    }
+    bool ok() const noexcept { return ok_; }
+    Bucket bucket() const { return Bucket{s_.map + at_}; }
+
+   private:
+    bool lock(short type) {
+      struct flock fl {};
+      fl.l_type = type;
+      fl.l_whence = SEEK_SET;
+      fl.l_start = at_;
+      fl.l_len = static_cast<off_t>(kBucketSize);
+      if (type == F_UNLCK) return ::fcntl(s_.fd, F_OFD_SETLK, &fl) == 0;
+      auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(kLockBoundMs);
+      for (int spin = 0;; ++spin) {
+        if (::fcntl(s_.fd, F_OFD_SETLK, &fl) == 0) return true;
+        if (errno != EAGAIN && errno != EACCES && errno != EINTR) return false;
+        if (std::chrono::steady_clock::now() > deadline) {
+          KCACHE_LOG(LogLevel::warn, "lease table: a bucket stayed locked for %llu ms; compiling uncoordinated",
+                     static_cast<unsigned long long>(kLockBoundMs));
+          return false;
+        }
+        std::this_thread::sleep_for(std::chrono::microseconds(spin < 10 ? 20 : 1000));
+      }
+    }
+    State& s_;
+    off_t at_;
+    std::lock_guard<std::mutex> g_;
+    bool ok_ = false;
+  };
+
+  static size_t bucket_of(const Key& k) {
+    uint64_t h;
+    std::memcpy(&h, k.bytes.data(), 8);
+    return static_cast<size_t>(h % kBuckets);
+  }
+
+  // The slot of `key` held by token `me`, or -1.
+  static int mine(const Bucket& b, const Key& key, uint64_t me) {
+    for (size_t i = 0; i < kSlots; ++i) {
+      lease::Holder h;
+      if (same_key(b.slot_key(i), key) && b.holder(i, &h) && h.token == me) return static_cast<int>(i);
+    }
+    return -1;
+  }
+
+  static void write_slot(const Bucket& b, size_t i, const Key& key, const lease::Holder& h) {
+    char* slot = b.bytes + i * kSlotSize;
+    std::string rec = lease::encode(h);
+    std::memcpy(slot + 16, rec.data(), lease::kHolderSize);
+    std::memcpy(slot, key.bytes.data(), 16);
+  }
+
+  State& state() {
+    uint64_t g = util::fork_generation();
+    if (g != gen_.load(std::memory_order_acquire)) {
+      std::lock_guard lk(fork_mu_);
+      if (g != gen_.load()) {
+        // Inherited: its mutex may be held by a thread that is gone. Its
+        // descriptor is closed, which leaves the parent's locks alone (they
+        // go with the parent's last descriptor of that description).
+        State* old = state_.release();
+        if (old->fd >= 0) ::close(old->fd);  // the mapping stays: unmapping it is not ours to do
+        state_ = std::make_unique<State>();
+        (void)open_file();
+        gen_.store(g, std::memory_order_release);
+      }
+    }
+    return *state_;
+  }
+
+  Status open_file() {
+    const unsigned mode = shared_ ? 0660 : 0600;
+    int fd = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, mode);
+    if (fd < 0) return util::errno_status(errno, path_);
+    struct stat st;
+    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+      ::close(fd);
+      return Status(Errc::io_error, path_ + " is not a regular file");
+    }
+    if (shared_ && st.st_uid == ::geteuid()) (void)::fchmod(fd, mode);
+    // Its blocks are allocated before it is mapped (a store on a full disk
+    // must not turn a write to the mapping into SIGBUS), and it is never
+    // shrunk, so the mapping never reaches past its end.
+    if (int rc = ::posix_fallocate(fd, 0, static_cast<off_t>(kTableSize)); rc != 0) {
+      Status e = util::errno_status(rc, path_);
+      ::close(fd);
+      return e;
+    }
+    void* m = ::mmap(nullptr, kTableSize, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (m == MAP_FAILED) {
+      Status e = util::errno_status(errno, path_);
+      ::close(fd);
+      return e;
+    }
+    state_->fd = fd;
+    state_->map = static_cast<char*>(m);
+    return Status();
+  }
+
+  const std::string path_;
+  bool shared_ = false;
+  std::unique_ptr<State> state_ = std::make_unique<State>();
+  std::mutex fork_mu_;  // only taken when a fork was seen
+  std::atomic<uint64_t> gen_{util::fork_generation()};
+  lease::Token token_;
+  std::atomic<uint64_t> takeovers_{0};
+};
+
+}  // namespace
+
+Expected<std::shared_ptr<Leases>> open_table_leases(const std::string& dir) {
+  auto l = std::make_shared<TableLeases>(dir + "/leases.tab");
+  KCACHE_RETURN_IF_ERROR(l->init());
+  return std::shared_ptr<Leases>(std::move(l));
+}
+
+}  // namespace kcache
