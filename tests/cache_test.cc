@@ -203,8 +203,15 @@ TEST(Cache, EnvironmentOverridesOptions) {
   EXPECT_EQ(o.log_file, "/tmp/kc.log");
   ::setenv("KCACHE_MAX_SIZE", "lots", 1);
   EXPECT_EQ(Options::from_env().disk.max_bytes, 0u);  // unparsable: ignored
+  EXPECT_EQ(o.disk.durability, Durability::normal);
+  ::setenv("KCACHE_DURABILITY", "none", 1);
+  EXPECT_EQ(Options::from_env().disk.durability, Durability::none);
+  ::setenv("KCACHE_DURABILITY", "full", 1);
+  EXPECT_EQ(Options::from_env().disk.durability, Durability::full);
+  ::setenv("KCACHE_DURABILITY", "sometimes", 1);
+  EXPECT_EQ(Options::from_env().disk.durability, Durability::normal);  // unknown: ignored
   for (const char* v : {"KCACHE_DIR", "KCACHE_MAX_SIZE", "KCACHE_READONLY", "KCACHE_RECOMPILE", "KCACHE_DISABLE",
-                        "KCACHE_STATS", "KCACHE_LOG"})
+                        "KCACHE_STATS", "KCACHE_LOG", "KCACHE_DURABILITY"})
     ::unsetenv(v);
 }
 
