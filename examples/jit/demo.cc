@@ -9,6 +9,10 @@
 //   --opt-level N (default 2)        the IR optimisation level: a warm run at
 //                                    another level misses every kernel, and
 //                                    `kcache misses` says why
+//   --rounds N (default 1)           with --both or no --dir: N rounds of
+//                                    no cache and cold, alternating which
+//                                    goes first, each cold run on an empty
+//                                    folder; times are the medians
 //   --json                           one JSON object on stdout
 //
 // A run: open the cache, build an LLJIT whose compiler is kcache's
@@ -24,6 +28,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -52,6 +57,7 @@ struct Args {
   bool both = false;
   bool zero_copy = true;
   unsigned opt_level = 2;
+  unsigned rounds = 1;
 };
 
 double cpu_s() {
@@ -213,8 +219,9 @@ int run_once(const Args& a) {
 
 // ---- the three runs, each in a child process ------------------------------------
 
-std::string run_child(const Args& a, const char* self, bool disabled = false) {
-  std::vector<std::string> argv = {self, "--dir", a.dir, "--kernels", std::to_string(a.kernels), "--json"};
+std::string run_child(const Args& a, const char* self, bool disabled = false, const std::string& dir = {}) {
+  std::vector<std::string> argv = {self,    "--dir", dir.empty() ? a.dir : dir, "--kernels", std::to_string(a.kernels),
+                                   "--json"};
   if (!a.engine.empty()) argv.insert(argv.end(), {"--engine", a.engine});
   if (!a.zero_copy) argv.push_back("--copy");
   if (a.opt_level != 2) argv.insert(argv.end(), {"--opt-level", std::to_string(a.opt_level)});
@@ -267,33 +274,67 @@ std::string object(const std::string& json, const std::string& field) {
   return "{}";
 }
 
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  size_t n = v.size();
+  return n == 0 ? 0 : n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+std::string list(const std::vector<double>& v) {
+  std::string s = "[";
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
+  return s + "]";
+}
+
 int run_both(Args a, const char* self, bool temp) {
-  std::string nocache = run_child(a, self, /*disabled=*/true);
-  std::string cold = run_child(a, self);
-  std::string warm = run_child(a, self);
-  bool match = nocache.find("\"results_match\":true") != std::string::npos &&
-               cold.find("\"results_match\":true") != std::string::npos &&
-               warm.find("\"results_match\":true") != std::string::npos;
-  double nocache_s = num(nocache, "ready_s"), cold_s = num(cold, "ready_s"), warm_s = num(warm, "ready_s");
-  double nocache_cpu = num(nocache, "ready_cpu_s"), cold_cpu = num(cold, "ready_cpu_s"),
-         warm_cpu = num(warm, "ready_cpu_s");
+  // Rounds of no cache and cold; which goes first alternates, so neither
+  // always runs on a machine the other has just warmed. Each cold run
+  // gets an empty folder of its own; the warm run uses the last one.
+  std::string nocache, cold, dir = a.dir;
+  std::vector<double> nocache_runs, cold_runs, nocache_cpus, cold_cpus;
+  bool match = true;
+  auto matched = [](const std::string& j) { return j.find("\"results_match\":true") != std::string::npos; };
+  for (unsigned r = 0; r < a.rounds; ++r) {
+    if (a.rounds > 1) dir = a.dir + "/round-" + std::to_string(r + 1);
+    for (int k = 0; k < 2; ++k) {
+      if ((k == 0) == (r % 2 == 0)) {
+        nocache = run_child(a, self, /*disabled=*/true, dir);
+        nocache_runs.push_back(num(nocache, "ready_s"));
+        nocache_cpus.push_back(num(nocache, "ready_cpu_s"));
+        match &= matched(nocache);
+      } else {
+        cold = run_child(a, self, false, dir);
+        cold_runs.push_back(num(cold, "ready_s"));
+        cold_cpus.push_back(num(cold, "ready_cpu_s"));
+        match &= matched(cold);
+      }
+    }
+  }
+  std::string warm = run_child(a, self, false, dir);
+  match &= matched(warm);
+  double nocache_s = median(nocache_runs), cold_s = median(cold_runs), warm_s = num(warm, "ready_s");
+  double nocache_cpu = median(nocache_cpus), cold_cpu = median(cold_cpus), warm_cpu = num(warm, "ready_cpu_s");
   double speedup = warm_s > 0 ? cold_s / warm_s : 0;
   double cold_ratio = nocache_s > 0 ? cold_s / nocache_s : 0;
   if (a.json) {
     std::printf(
-        "{\"kernels\":%u,\"nocache_s\":%.6f,\"cold_s\":%.6f,\"warm_s\":%.6f,\"speedup\":%.2f,"
+        "{\"kernels\":%u,\"rounds\":%u,\"nocache_runs_s\":%s,\"cold_runs_s\":%s,\"nocache_s\":%.6f,\"cold_s\":%.6f,"
+        "\"warm_s\":%.6f,\"speedup\":%.2f,"
         "\"cold_over_nocache\":%.4f,\"nocache_cpu_s\":%.6f,\"cold_cpu_s\":%.6f,\"warm_cpu_s\":%.6f,"
         "\"results_match\":%s,"
         "\"warm_cache_s\":%.6f,\"warm_link_s\":%.6f,\"warm_cache_share_of_link\":%.4f,"
         "\"warm_cache_cpu_s\":%.6f,\"warm_link_cpu_s\":%.6f,\"warm_cache_cpu_share_of_link\":%.4f,"
         "\"cache\":%s,\"nocache\":%s,\"cold\":%s,\"warm\":%s}\n",
-        a.kernels, nocache_s, cold_s, warm_s, speedup, cold_ratio, nocache_cpu, cold_cpu, warm_cpu,
-        match ? "true" : "false", num(warm, "cache_s"), num(warm, "link_s"), num(warm, "cache_share_of_link"),
-        num(warm, "cache_cpu_s"), num(warm, "link_cpu_s"), num(warm, "cache_cpu_share_of_link"),
-        object(warm, "cache").c_str(), nocache.c_str(), cold.c_str(), warm.c_str());
+        a.kernels, a.rounds, list(nocache_runs).c_str(), list(cold_runs).c_str(), nocache_s, cold_s, warm_s, speedup,
+        cold_ratio, nocache_cpu, cold_cpu, warm_cpu, match ? "true" : "false", num(warm, "cache_s"),
+        num(warm, "link_s"), num(warm, "cache_share_of_link"), num(warm, "cache_cpu_s"), num(warm, "link_cpu_s"),
+        num(warm, "cache_cpu_share_of_link"), object(warm, "cache").c_str(), nocache.c_str(), cold.c_str(),
+        warm.c_str());
   } else {
     std::printf("kcache-demo: %u kernels, LLVM ORC at -O2, cache in %s%s\n", a.kernels, a.dir.c_str(),
                 temp ? " (temporary)" : "");
+    if (a.rounds > 1)
+      std::printf("  times: medians of %u rounds of no cache and cold, each on an empty folder\n", a.rounds);
     std::printf("  no cache (KCACHE_DISABLE=1, new process): %4.0f compiled, ready in %8.3f s (CPU %.3f s)\n",
                 num(nocache, "codegen_runs"), nocache_s, nocache_cpu);
     std::printf(
@@ -340,16 +381,21 @@ int main(int argc, char** argv) {
       a.json = true;
     else if (s == "--both")
       a.both = true;
+    else if (s == "--rounds")
+      a.rounds = static_cast<unsigned>(std::stoul(val()));
     else if (s == "--copy")
       a.zero_copy = false;
     else if (s == "-h" || s == "--help") {
-      std::printf("usage: kcache-demo [--dir DIR [--both]] [--kernels N] [--engine lmdb|files] [--copy] [--json]\n");
+      std::printf(
+          "usage: kcache-demo [--dir DIR [--both]] [--rounds N] [--kernels N] [--engine lmdb|files] [--copy] "
+          "[--json]\n");
       return 0;
     } else {
       die("unknown argument " + s);
     }
   }
   if (a.kernels == 0) die("--kernels must be at least 1");
+  if (a.rounds == 0) die("--rounds must be at least 1");
   char self[4096];
   ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
   if (n <= 0) die("cannot find own executable");

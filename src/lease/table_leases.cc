@@ -143,8 +143,7 @@ class TableLeases final : public Leases {
 
   class Locked {
    public:
-    Locked(State& s, size_t bucket)
-        : s_(s), at_(static_cast<off_t>(bucket * kBucketSize)), g_(s.mu) {
+    Locked(State& s, size_t bucket) : s_(s), at_(static_cast<off_t>(bucket * kBucketSize)), g_(s.mu) {
       ok_ = s.map != nullptr && lock(F_WRLCK);
     }
     ~Locked() {
