@@ -193,6 +193,8 @@ MissJournal::~MissJournal() {
 // inherited vector may be mid-update by a parent thread: leaked, not freed.
 void MissJournal::renew_after_fork() {
   if (!writer_.renewed()) return;
+  (void)mu_.release();
+  mu_ = std::make_unique<std::mutex>();
   new std::vector<MissRecord>(std::move(posted_));
   posted_ = {};
   n_posted_ = n_done_ = 0;
@@ -209,7 +211,8 @@ void MissJournal::post(MissRecord r) {
   writer_.start([this] { write_posted(); });
   // The first record wakes the writer, which lets more gather before it
   // writes; later ones cost the compiling thread no wake-up (a system call).
-  if (posted_.size() == 1) writer_.cv().notify_all();  // notify_all: flush() waits on it too
+  if (posted_.size() == 1 || posted_.size() == kMaxPosted / 2)
+    writer_.cv().notify_all();  // notify_all: flush() waits on it too
 }
 
 void MissJournal::flush() {
@@ -266,7 +269,7 @@ Status MissJournal::open_locked() {
 Status MissJournal::append(const MissRecord& r) {
   std::string rec = encode_record(r);
   if (rec.size() - 8 > kMaxRecord) return Status(Errc::too_large, "manifest too large for the miss journal");
-  std::lock_guard<std::mutex> g(mu_);
+  std::lock_guard<std::mutex> g(*mu_);
   for (int round = 0; round < 2; ++round) {
     KCACHE_RETURN_IF_ERROR(open_locked());
     struct stat st;

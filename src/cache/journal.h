@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -73,7 +74,9 @@ class MissJournal {
   std::string path_;
   size_t keep_;
   unsigned mode_;
-  std::mutex mu_;
+  // On the heap: a child of fork() replaces it (a parent thread may have
+  // held it at the fork), as util::Worker does its own.
+  std::unique_ptr<std::mutex> mu_ = std::make_unique<std::mutex>();
   int fd_ = -1;     // GUARDED_BY(mu_)
   int fd_pid_ = 0;  // the process that opened fd_ (flock is per open file)
 

@@ -7,10 +7,12 @@
 // under an exclusive open-file-description lock (fcntl F_OFD_SETLK) on its
 // byte range, so processes, and Leases objects within one process, update
 // it one at a time, and the kernel drops the lock of a process that dies.
-// The file is mapped shared, so under the lock a bucket is read and
-// written in memory: a lease costs two system calls (lock, unlock), no sync
-// and no database writer lock, so taking one never queues behind the
-// store's own commits.
+// Under the lock the bucket is read (pread, 512 bytes) and one slot written
+// (pwrite, 64 bytes): a lease costs four system calls, no sync and no
+// database writer lock, so taking one never queues behind the store's own
+// commits. (The file is not mapped: a write to a mapped page that the file
+// system cannot back, on a full copy-on-write file system or a file cut
+// short, is SIGBUS; a failed pwrite is an error.)
 //
 //  * acquire: the key's slot, when its holder is dead or expired, is taken
 //    over; a free slot (zeros, or a dead or expired holder of another key)
@@ -22,7 +24,6 @@
 //    a stopped process cannot hold a bucket for ever.
 // In a store folder shared with a group, the file is group-writable.
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -49,9 +50,9 @@ constexpr size_t kTableSize = kBuckets * kBucketSize;  // 128 KiB
 constexpr uint64_t kLockBoundMs = 2000;
 static_assert(kSlotSize == 64);
 
-// One bucket of the mapped table. REQUIRES: its lock held.
+// One bucket, as read under its lock.
 struct Bucket {
-  char* bytes;
+  char bytes[kBucketSize];
   std::string_view slot_key(size_t i) const { return {bytes + i * kSlotSize, 16}; }
   bool holder(size_t i, lease::Holder* h) const {
     return lease::decode(std::string_view(bytes + i * kSlotSize + 16, lease::kHolderSize), h);
@@ -69,7 +70,6 @@ class TableLeases final : public Leases {
  public:
   explicit TableLeases(std::string path) : path_(std::move(path)) {}
   ~TableLeases() override {
-    if (state_->map) ::munmap(state_->map, kTableSize);
     if (state_->fd >= 0) ::close(state_->fd);
   }
   std::string_view name() const noexcept override { return "table"; }
@@ -84,8 +84,8 @@ class TableLeases final : public Leases {
     const uint64_t me = token_.get();
     State& s = state();
     Locked lk(s, bucket_of(key));
-    if (!lk.ok()) return LeaseResult::error;
-    Bucket b = lk.bucket();
+    Bucket b;
+    if (!lk.ok() || !lk.read(&b)) return LeaseResult::error;
     const uint64_t now = util::now_unix_ms();
     int free_slot = -1;
     for (size_t i = 0; i < kSlots; ++i) {
@@ -93,7 +93,7 @@ class TableLeases final : public Leases {
       bool readable = b.holder(i, &h);
       if (same_key(b.slot_key(i), key) && readable) {
         if (h.token != me && lease::alive(h, now)) return LeaseResult::busy;
-        write_slot(b, i, key, lease::self(me, ttl_ms));
+        if (!lk.write_slot(i, key, lease::self(me, ttl_ms))) return LeaseResult::error;
         if (h.token != me) takeovers_.fetch_add(1);
         return LeaseResult::acquired;
       }
@@ -105,28 +105,28 @@ class TableLeases final : public Leases {
       if (!b.holder(i, &h) || !lease::alive(h, now)) free_slot = static_cast<int>(i);
     }
     if (free_slot < 0) return LeaseResult::error;  // kSlots live leases in this bucket
-    write_slot(b, static_cast<size_t>(free_slot), key, lease::self(me, ttl_ms));
-    return LeaseResult::acquired;
+    return lk.write_slot(static_cast<size_t>(free_slot), key, lease::self(me, ttl_ms)) ? LeaseResult::acquired
+                                                                                       : LeaseResult::error;
   }
 
   bool renew(const Key& key, uint64_t ttl_ms) override {
     const uint64_t me = token_.get();
     State& s = state();
     Locked lk(s, bucket_of(key));
-    if (!lk.ok()) return false;
-    int i = mine(lk.bucket(), key, me);
-    if (i < 0) return false;
-    write_slot(lk.bucket(), static_cast<size_t>(i), key, lease::self(me, ttl_ms));
-    return true;
+    Bucket b;
+    if (!lk.ok() || !lk.read(&b)) return false;
+    int i = mine(b, key, me);
+    return i >= 0 && lk.write_slot(static_cast<size_t>(i), key, lease::self(me, ttl_ms));
   }
 
   void release(const Key& key) override {
     const uint64_t me = token_.get();
     State& s = state();
     Locked lk(s, bucket_of(key));
-    if (!lk.ok()) return;
-    int i = mine(lk.bucket(), key, me);
-    if (i >= 0) std::memset(lk.bucket().bytes + static_cast<size_t>(i) * kSlotSize, 0, kSlotSize);
+    Bucket b;
+    if (!lk.ok() || !lk.read(&b)) return;
+    int i = mine(b, key, me);
+    if (i >= 0) (void)lk.write_bytes(i, std::string(kSlotSize, '\0').data());
   }
 
  private:
@@ -137,20 +137,34 @@ class TableLeases final : public Leases {
   // it is (its mutex may be held by a parent thread that is gone).
   struct State {
     int fd = -1;
-    char* map = nullptr;  // kTableSize bytes, shared
-    std::mutex mu;
+    std::mutex mu[kBuckets];  // one a bucket: a stuck bucket holds up only its own keys
   };
 
   class Locked {
    public:
-    Locked(State& s, size_t bucket) : s_(s), at_(static_cast<off_t>(bucket * kBucketSize)), g_(s.mu) {
-      ok_ = s.map != nullptr && lock(F_WRLCK);
+    Locked(State& s, size_t bucket) : s_(s), at_(static_cast<off_t>(bucket * kBucketSize)), g_(s.mu[bucket]) {
+      ok_ = s.fd >= 0 && lock(F_WRLCK);
     }
     ~Locked() {
       if (ok_) (void)lock(F_UNLCK);
     }
     bool ok() const noexcept { return ok_; }
-    Bucket bucket() const { return Bucket{s_.map + at_}; }
+    bool read(Bucket* b) const {
+      return ::pread(s_.fd, b->bytes, kBucketSize, at_) == static_cast<ssize_t>(kBucketSize);
+    }
+    // Writes slot i in one pwrite (a slot torn by a crash of the machine
+    // holds a holder that is not alive after the reboot: stale).
+    bool write_slot(size_t i, const Key& key, const lease::Holder& h) const {
+      char slot[kSlotSize];
+      std::memcpy(slot, key.bytes.data(), 16);
+      std::string rec = lease::encode(h);
+      std::memcpy(slot + 16, rec.data(), lease::kHolderSize);
+      return write_bytes(static_cast<int>(i), slot);
+    }
+    bool write_bytes(int i, const char* slot) const {
+      return ::pwrite(s_.fd, slot, kSlotSize, at_ + static_cast<off_t>(i) * static_cast<off_t>(kSlotSize)) ==
+             static_cast<ssize_t>(kSlotSize);
+    }
 
    private:
     bool lock(short type) {
@@ -193,13 +207,6 @@ class TableLeases final : public Leases {
     return -1;
   }
 
-  static void write_slot(const Bucket& b, size_t i, const Key& key, const lease::Holder& h) {
-    char* slot = b.bytes + i * kSlotSize;
-    std::string rec = lease::encode(h);
-    std::memcpy(slot + 16, rec.data(), lease::kHolderSize);
-    std::memcpy(slot, key.bytes.data(), 16);
-  }
-
   State& state() {
     uint64_t g = util::fork_generation();
     if (g != gen_.load(std::memory_order_acquire)) {
@@ -209,7 +216,7 @@ class TableLeases final : public Leases {
         // descriptor is closed, which leaves the parent's locks alone (they
         // go with the parent's last descriptor of that description).
         State* old = state_.release();
-        if (old->fd >= 0) ::close(old->fd);  // the mapping stays: unmapping it is not ours to do
+        if (old->fd >= 0) ::close(old->fd);
         state_ = std::make_unique<State>();
         (void)open_file();
         gen_.store(g, std::memory_order_release);
@@ -228,22 +235,16 @@ class TableLeases final : public Leases {
       return Status(Errc::io_error, path_ + " is not a regular file");
     }
     if (shared_ && st.st_uid == ::geteuid()) (void)::fchmod(fd, mode);
-    // Its blocks are allocated before it is mapped (a store on a full disk
-    // must not turn a write to the mapping into SIGBUS), and it is never
-    // shrunk, so the mapping never reaches past its end.
-    if (int rc = ::posix_fallocate(fd, 0, static_cast<off_t>(kTableSize)); rc != 0) {
-      Status e = util::errno_status(rc, path_);
-      ::close(fd);
-      return e;
-    }
-    void* m = ::mmap(nullptr, kTableSize, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (m == MAP_FAILED) {
-      Status e = util::errno_status(errno, path_);
-      ::close(fd);
-      return e;
+    // Allocated in full once, so that a lease on a full disk does not fail
+    // for want of a block.
+    if (st.st_size < static_cast<off_t>(kTableSize)) {
+      if (int rc = ::posix_fallocate(fd, 0, static_cast<off_t>(kTableSize)); rc != 0) {
+        Status e = util::errno_status(rc, path_);
+        ::close(fd);
+        return e;
+      }
     }
     state_->fd = fd;
-    state_->map = static_cast<char*>(m);
     return Status();
   }
 

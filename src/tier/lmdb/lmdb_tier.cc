@@ -493,8 +493,8 @@ class LmdbTier final : public Tier {
     }
     if (group.empty()) return out;
     std::vector<Status> got(group.size());
-    bool full = false;
-    put_split(group, 0, group.size(), got, full);
+    Status stop;
+    put_split(group, 0, group.size(), got, stop);
     for (size_t j = 0; j < index.size(); ++j) {
       if (!got[j].is_ok()) count(c_errors);
       out[index[j]] = got[j];
@@ -676,31 +676,37 @@ class LmdbTier final : public Tier {
 
   // Puts group[first, last) in one transaction. When it does not fit (a
   // full file system), the halves are tried apart, so that what fits is
-  // stored; once a single entry does not fit, the rest are not tried.
+  // stored. Once a single entry does not fit, or a part fails otherwise,
+  // the rest get that failure (*stop) untried. A part of a group found not
+  // to fit reports an I/O error (LMDB's short write) as no_space too.
   void put_split(const std::vector<std::pair<Key, std::string_view>>& group, size_t first, size_t last,
-                 std::vector<Status>& out, bool& full) {
-    if (full) {
-      for (size_t i = first; i < last; ++i) out[i] = Status(Errc::no_space, "the store is full");
+                 std::vector<Status>& out, Status& stop, bool part_of_full = false) {
+    if (!stop.is_ok()) {
+      for (size_t i = first; i < last; ++i) out[i] = stop;
       return;
     }
     std::vector<std::pair<Key, std::string_view>> part(group.begin() + static_cast<ptrdiff_t>(first),
                                                        group.begin() + static_cast<ptrdiff_t>(last));
-    Status st = put_group(part);
+    Status st = put_group(part, /*retry=*/!part_of_full);
+    if (part_of_full && st.code() == Errc::io_error)
+      st = Status(Errc::no_space, st.message() + " (the file system is full)");
     if (st.code() == Errc::no_space && last - first > 1) {
       size_t mid = first + (last - first) / 2;
-      put_split(group, first, mid, out, full);
-      put_split(group, mid, last, out, full);
+      put_split(group, first, mid, out, stop, true);
+      put_split(group, mid, last, out, stop, true);
       return;
     }
-    if (st.code() == Errc::no_space) full = true;
+    if (!st.is_ok()) stop = st;
     for (size_t i = first; i < last; ++i) out[i] = st;
   }
 
   // Puts every (key, encoded entry) in one transaction; on a full map,
   // makes room and tries once more; then evicts if over the limits.
-  Status put_group(const std::vector<std::pair<Key, std::string_view>>& group) {
+  // retry=false: no room is made and no second try (a part of a group
+  // that did not fit after both).
+  Status put_group(const std::vector<std::pair<Key, std::string_view>>& group, bool retry = true) {
     Status st = put_once(group);
-    if (st.code() == Errc::no_space) {
+    if (retry && st.code() == Errc::no_space) {
       // The map is full: make room and try once more.
       (void)evict(static_cast<uint64_t>(max_bytes_ * low_water_ * 0.5), max_entries_);
       st = put_once(group);
