@@ -195,6 +195,7 @@ void MissJournal::renew_after_fork() {
   if (!writer_.renewed()) return;
   (void)mu_.release();
   mu_ = std::make_unique<std::mutex>();
+  inherited_ = true;
   new std::vector<MissRecord>(std::move(posted_));
   posted_ = {};
   n_posted_ = n_done_ = 0;
@@ -204,6 +205,13 @@ void MissJournal::renew_after_fork() {
 
 void MissJournal::post(MissRecord r) {
   renew_after_fork();
+  if (inherited_) {
+    // A child of fork() using its parent's Cache appends in the caller's
+    // thread instead of starting one (as the committer does).
+    Status st = append(r);
+    if (!st.is_ok()) KCACHE_LOG(LogLevel::info, "miss journal: %s", st.to_string().c_str());
+    return;
+  }
   std::lock_guard lk(writer_.mu());
   if (posted_.size() >= kMaxPosted) return;
   posted_.push_back(std::move(r));

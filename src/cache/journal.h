@@ -85,6 +85,7 @@ class MissJournal {
   uint64_t n_posted_ = 0, n_done_ = 0;  // GUARDED_BY(writer_.mu())
   unsigned flushing_ = 0;               // GUARDED_BY(writer_.mu()): flush() callers waiting
   bool stop_ = false;                   // GUARDED_BY(writer_.mu())
+  bool inherited_ = false;              // inherited across fork(): appends in the caller's thread
 };
 
 // A stored entry's manifest and label, for comparisons.

@@ -42,13 +42,17 @@ void LeaseWait::renew_after_fork() {
   if (!hb_.renewed()) return;
   stop_ = false;
   held_.clear();
+  inherited_ = true;
 }
 
 void LeaseWait::hold(const Key& k) {
   renew_after_fork();
   std::lock_guard lk(hb_.mu());
   ++held_[k];
-  hb_.start([this] { heartbeat(); });
+  // A child of fork() using its parent's Cache starts no thread (threads
+  // started after a fork of a threaded process are unsafe): its leases go
+  // unrenewed and expire after the TTL, when a waiter may compile too.
+  if (!inherited_) hb_.start([this] { heartbeat(); });
 }
 
 void LeaseWait::release(const Key& k) {

@@ -56,6 +56,7 @@ class LeaseWait {
 
   const uint64_t ttl_ms_, bound_ms_;
   std::shared_ptr<Leases> leases_;
+  bool inherited_ = false;  // inherited across fork(): no heartbeat thread
   std::atomic<uint64_t> waits_{0}, timeouts_{0};
 
   // The heartbeat thread; its mutex guards held_ and stop_.
