@@ -130,8 +130,9 @@ class TableLeases final : public Leases {
   }
 
  private:
-  // The descriptor and the mutex that serialises this object's threads (an
-  // open-file-description lock does not: they share the description). A
+  // The descriptor and the mutexes that serialise this object's threads on
+  // a bucket (an open-file-description lock does not: they share the
+  // description). A
   // child of fork() opens its own description: sharing its parent's, its
   // locks would not exclude the parent's. The inherited state is left as
   // it is (its mutex may be held by a parent thread that is gone).
