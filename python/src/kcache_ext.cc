@@ -76,41 +76,8 @@ class BufferView {
 
 // JSON text of a str, as json.dumps(s, ensure_ascii=False) writes it.
 void append_json_string(std::string& out, std::string_view s) {
-  static const char* hex = "0123456789abcdef";
   out.push_back('"');
-  for (unsigned char c : s) {
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\r':
-        out += "\\r";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      case '\b':
-        out += "\\b";
-        break;
-      case '\f':
-        out += "\\f";
-        break;
-      default:
-        if (c < 0x20) {
-          out += "\\u00";
-          out.push_back(hex[c >> 4]);
-          out.push_back(hex[c & 15]);
-        } else {
-          out.push_back(static_cast<char>(c));
-        }
-    }
-  }
+  out += kcache::util::json_escape(s);
   out.push_back('"');
 }
 

@@ -104,7 +104,9 @@ inline uint64_t get_u64(const char* p) {
   return v;
 }
 
-// JSON string escaping (for --json output and stats).
+// JSON string escaping (for --json output and stats), without the quotes:
+// the escapes json.dumps(s, ensure_ascii=False) writes, so the Python
+// package's canonical text of a value is this too.
 std::string json_escape(std::string_view s);
 
 }  // namespace kcache::util
