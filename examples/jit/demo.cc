@@ -12,7 +12,8 @@
 //   --rounds N (default 1)           with --both or no --dir: N rounds of
 //                                    no cache and cold, alternating which
 //                                    goes first, each cold run on an empty
-//                                    folder; times are the medians
+//                                    folder and followed by a warm run on
+//                                    it; times are the medians
 //   --json                           one JSON object on stdout
 //
 // A run: open the cache, build an LLJIT whose compiler is kcache's
@@ -289,9 +290,9 @@ std::string list(const std::vector<double>& v) {
 int run_both(Args a, const char* self, bool temp) {
   // Rounds of no cache and cold; which goes first alternates, so neither
   // always runs on a machine the other has just warmed. Each cold run
-  // gets an empty folder of its own; the warm run uses the last one.
-  std::string nocache, cold, dir = a.dir;
-  std::vector<double> nocache_runs, cold_runs, nocache_cpus, cold_cpus;
+  // gets an empty folder of its own, and a warm run follows it there.
+  std::string nocache, cold, warm, dir = a.dir;
+  std::vector<double> nocache_runs, cold_runs, nocache_cpus, cold_cpus, warm_runs, warm_cpus;
   bool match = true;
   auto matched = [](const std::string& j) { return j.find("\"results_match\":true") != std::string::npos; };
   for (unsigned r = 0; r < a.rounds; ++r) {
@@ -309,23 +310,26 @@ int run_both(Args a, const char* self, bool temp) {
         match &= matched(cold);
       }
     }
+    // The warm run reuses this round's folder, which its cold run filled.
+    warm = run_child(a, self, false, dir);
+    warm_runs.push_back(num(warm, "ready_s"));
+    warm_cpus.push_back(num(warm, "ready_cpu_s"));
+    match &= matched(warm);
   }
-  std::string warm = run_child(a, self, false, dir);
-  match &= matched(warm);
-  double nocache_s = median(nocache_runs), cold_s = median(cold_runs), warm_s = num(warm, "ready_s");
-  double nocache_cpu = median(nocache_cpus), cold_cpu = median(cold_cpus), warm_cpu = num(warm, "ready_cpu_s");
+  double nocache_s = median(nocache_runs), cold_s = median(cold_runs), warm_s = median(warm_runs);
+  double nocache_cpu = median(nocache_cpus), cold_cpu = median(cold_cpus), warm_cpu = median(warm_cpus);
   double speedup = warm_s > 0 ? cold_s / warm_s : 0;
   double cold_ratio = nocache_s > 0 ? cold_s / nocache_s : 0;
   if (a.json) {
     std::printf(
-        "{\"kernels\":%u,\"rounds\":%u,\"nocache_runs_s\":%s,\"cold_runs_s\":%s,\"nocache_s\":%.6f,\"cold_s\":%.6f,"
+        "{\"kernels\":%u,\"rounds\":%u,\"nocache_runs_s\":%s,\"cold_runs_s\":%s,\"warm_runs_s\":%s,\"nocache_s\":%.6f,\"cold_s\":%.6f,"
         "\"warm_s\":%.6f,\"speedup\":%.2f,"
         "\"cold_over_nocache\":%.4f,\"nocache_cpu_s\":%.6f,\"cold_cpu_s\":%.6f,\"warm_cpu_s\":%.6f,"
         "\"results_match\":%s,"
         "\"warm_cache_s\":%.6f,\"warm_link_s\":%.6f,\"warm_cache_share_of_link\":%.4f,"
         "\"warm_cache_cpu_s\":%.6f,\"warm_link_cpu_s\":%.6f,\"warm_cache_cpu_share_of_link\":%.4f,"
         "\"cache\":%s,\"nocache\":%s,\"cold\":%s,\"warm\":%s}\n",
-        a.kernels, a.rounds, list(nocache_runs).c_str(), list(cold_runs).c_str(), nocache_s, cold_s, warm_s, speedup,
+        a.kernels, a.rounds, list(nocache_runs).c_str(), list(cold_runs).c_str(), list(warm_runs).c_str(), nocache_s, cold_s, warm_s, speedup,
         cold_ratio, nocache_cpu, cold_cpu, warm_cpu, match ? "true" : "false", num(warm, "cache_s"),
         num(warm, "link_s"), num(warm, "cache_share_of_link"), num(warm, "cache_cpu_s"), num(warm, "link_cpu_s"),
         num(warm, "cache_cpu_share_of_link"), object(warm, "cache").c_str(), nocache.c_str(), cold.c_str(),
