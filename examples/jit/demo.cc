@@ -322,18 +322,19 @@ int run_both(Args a, const char* self, bool temp) {
   double cold_ratio = nocache_s > 0 ? cold_s / nocache_s : 0;
   if (a.json) {
     std::printf(
-        "{\"kernels\":%u,\"rounds\":%u,\"nocache_runs_s\":%s,\"cold_runs_s\":%s,\"warm_runs_s\":%s,\"nocache_s\":%.6f,\"cold_s\":%.6f,"
+        "{\"kernels\":%u,\"rounds\":%u,\"nocache_runs_s\":%s,\"cold_runs_s\":%s,\"warm_runs_s\":%s,\"nocache_s\":%.6f,"
+        "\"cold_s\":%.6f,"
         "\"warm_s\":%.6f,\"speedup\":%.2f,"
         "\"cold_over_nocache\":%.4f,\"nocache_cpu_s\":%.6f,\"cold_cpu_s\":%.6f,\"warm_cpu_s\":%.6f,"
         "\"results_match\":%s,"
         "\"warm_cache_s\":%.6f,\"warm_link_s\":%.6f,\"warm_cache_share_of_link\":%.4f,"
         "\"warm_cache_cpu_s\":%.6f,\"warm_link_cpu_s\":%.6f,\"warm_cache_cpu_share_of_link\":%.4f,"
         "\"cache\":%s,\"nocache\":%s,\"cold\":%s,\"warm\":%s}\n",
-        a.kernels, a.rounds, list(nocache_runs).c_str(), list(cold_runs).c_str(), list(warm_runs).c_str(), nocache_s, cold_s, warm_s, speedup,
-        cold_ratio, nocache_cpu, cold_cpu, warm_cpu, match ? "true" : "false", num(warm, "cache_s"),
-        num(warm, "link_s"), num(warm, "cache_share_of_link"), num(warm, "cache_cpu_s"), num(warm, "link_cpu_s"),
-        num(warm, "cache_cpu_share_of_link"), object(warm, "cache").c_str(), nocache.c_str(), cold.c_str(),
-        warm.c_str());
+        a.kernels, a.rounds, list(nocache_runs).c_str(), list(cold_runs).c_str(), list(warm_runs).c_str(), nocache_s,
+        cold_s, warm_s, speedup, cold_ratio, nocache_cpu, cold_cpu, warm_cpu, match ? "true" : "false",
+        num(warm, "cache_s"), num(warm, "link_s"), num(warm, "cache_share_of_link"), num(warm, "cache_cpu_s"),
+        num(warm, "link_cpu_s"), num(warm, "cache_cpu_share_of_link"), object(warm, "cache").c_str(), nocache.c_str(),
+        cold.c_str(), warm.c_str());
   } else {
     std::printf("kcache-demo: %u kernels, LLVM ORC at -O2, cache in %s%s\n", a.kernels, a.dir.c_str(),
                 temp ? " (temporary)" : "");
