@@ -294,27 +294,24 @@ int run_both(Args a, const char* self, bool temp) {
   std::string nocache, cold, warm, dir = a.dir;
   std::vector<double> nocache_runs, cold_runs, nocache_cpus, cold_cpus, warm_runs, warm_cpus;
   bool match = true;
-  auto matched = [](const std::string& j) { return j.find("\"results_match\":true") != std::string::npos; };
+  // One child run: its JSON, its wall and CPU times recorded.
+  auto run = [&](bool disabled, std::vector<double>& walls, std::vector<double>& cpus) {
+    std::string j = run_child(a, self, disabled, dir);
+    walls.push_back(num(j, "ready_s"));
+    cpus.push_back(num(j, "ready_cpu_s"));
+    match &= j.find("\"results_match\":true") != std::string::npos;
+    return j;
+  };
   for (unsigned r = 0; r < a.rounds; ++r) {
     if (a.rounds > 1) dir = a.dir + "/round-" + std::to_string(r + 1);
     for (int k = 0; k < 2; ++k) {
-      if ((k == 0) == (r % 2 == 0)) {
-        nocache = run_child(a, self, /*disabled=*/true, dir);
-        nocache_runs.push_back(num(nocache, "ready_s"));
-        nocache_cpus.push_back(num(nocache, "ready_cpu_s"));
-        match &= matched(nocache);
-      } else {
-        cold = run_child(a, self, false, dir);
-        cold_runs.push_back(num(cold, "ready_s"));
-        cold_cpus.push_back(num(cold, "ready_cpu_s"));
-        match &= matched(cold);
-      }
+      if ((k == 0) == (r % 2 == 0))
+        nocache = run(/*disabled=*/true, nocache_runs, nocache_cpus);
+      else
+        cold = run(false, cold_runs, cold_cpus);
     }
     // The warm run reuses this round's folder, which its cold run filled.
-    warm = run_child(a, self, false, dir);
-    warm_runs.push_back(num(warm, "ready_s"));
-    warm_cpus.push_back(num(warm, "ready_cpu_s"));
-    match &= matched(warm);
+    warm = run(false, warm_runs, warm_cpus);
   }
   double nocache_s = median(nocache_runs), cold_s = median(cold_runs), warm_s = median(warm_runs);
   double nocache_cpu = median(nocache_cpus), cold_cpu = median(cold_cpus), warm_cpu = median(warm_cpus);
@@ -322,9 +319,8 @@ int run_both(Args a, const char* self, bool temp) {
   double cold_ratio = nocache_s > 0 ? cold_s / nocache_s : 0;
   if (a.json) {
     std::printf(
-        "{\"kernels\":%u,\"rounds\":%u,\"nocache_runs_s\":%s,\"cold_runs_s\":%s,\"warm_runs_s\":%s,\"nocache_s\":%.6f,"
-        "\"cold_s\":%.6f,"
-        "\"warm_s\":%.6f,\"speedup\":%.2f,"
+        "{\"kernels\":%u,\"rounds\":%u,\"nocache_runs_s\":%s,\"cold_runs_s\":%s,\"warm_runs_s\":%s,"
+        "\"nocache_s\":%.6f,\"cold_s\":%.6f,\"warm_s\":%.6f,\"speedup\":%.2f,"
         "\"cold_over_nocache\":%.4f,\"nocache_cpu_s\":%.6f,\"cold_cpu_s\":%.6f,\"warm_cpu_s\":%.6f,"
         "\"results_match\":%s,"
         "\"warm_cache_s\":%.6f,\"warm_link_s\":%.6f,\"warm_cache_share_of_link\":%.4f,"

@@ -132,10 +132,10 @@ class TableLeases final : public Leases {
  private:
   // The descriptor and the mutexes that serialise this object's threads on
   // a bucket (an open-file-description lock does not: they share the
-  // description). A
-  // child of fork() opens its own description: sharing its parent's, its
-  // locks would not exclude the parent's. The inherited state is left as
-  // it is (its mutex may be held by a parent thread that is gone).
+  // description). A child of fork() opens its own description: sharing its
+  // parent's, its locks would not exclude the parent's. The inherited state
+  // is left as it is (its mutexes may be held by parent threads that are
+  // gone).
   struct State {
     int fd = -1;
     std::mutex mu[kBuckets];  // one a bucket: a stuck bucket holds up only its own keys
