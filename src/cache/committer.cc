@@ -12,8 +12,11 @@ constexpr size_t kMaxGroup = 256;
 // How long the committer lets a group gather before it writes it. Entries
 // of one compiling thread come one compile apart; without the wait each is
 // a group of its own, a transaction and a sync, and the syncs' I/O slows the
-// compiling thread itself. flush() and close cut the wait short.
-constexpr auto kLinger = std::chrono::milliseconds(25);
+// compiling thread itself. A cold kcache-demo run (240 compiles, ~5 ms
+// apart) makes 15 syncs at 100 ms against 58 at 25 ms (docs/benchmarks.md).
+// The price: another process waiting on a key's lease finds the entry up to
+// this much later. flush() and close cut the wait short.
+constexpr auto kLinger = std::chrono::milliseconds(100);
 }  // namespace
 
 // A child of fork() writes none of its parent's queue (the parent does).

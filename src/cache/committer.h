@@ -2,7 +2,7 @@
 //
 // The Cache puts a new entry into its memory tier at once and hands it to
 // the committer for the slower tiers (disk, remote); the compiling thread
-// goes on. The committer thread lets a group gather for up to 25 ms (less
+// goes on. The committer thread lets a group gather for up to 100 ms (less
 // when flush() waits, at close, or when 256 entries or 64 MiB wait), takes every
 // entry waiting and writes them as one group per tier (Tier::put_many: for
 // LMDB one transaction and one sync), then runs each entry's `then` (the Cache releases the key's
