@@ -4,6 +4,8 @@
 // nearest entry and the values that changed.
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -257,6 +259,47 @@ size_t test_count(const std::string& s, const std::string& what) {
   size_t n = 0;
   for (size_t p = s.find(what); p != std::string::npos; p = s.find(what, p + 1)) ++n;
   return n;
+}
+
+// A process stopped while it holds the journal's lock costs an append or a
+// read at most the lock's bound (about a second), never a hang; the cache
+// that journals a miss meanwhile closes as it would.
+TEST(MissJournal, AStuckLockHolderNeverHangsAnAppendAReadOrAClose) {
+  test::TempDir tmp;
+  Options o = test::disk_options(tmp.path() + "/cache");
+  o.memory_tier = false;
+  std::string store = tmp.path() + "/cache/lmdb";
+  ASSERT_TRUE(util::make_dirs(tmp.path() + "/cache").is_ok());
+  MissJournal j(store, 100);
+  ASSERT_TRUE(j.append(record(0)).is_ok());
+  // Held through another open file description, as another process would.
+  int held = ::open(MissJournal::path_for(store).c_str(), O_RDWR | O_CLOEXEC);
+  ASSERT_GE(held, 0);
+  ASSERT_EQ(::flock(held, LOCK_EX), 0);
+
+  uint64_t t0 = util::now_mono_us();
+  Status st = j.append(record(1));
+  EXPECT_EQ(st.code(), Errc::unavailable) << st.to_string();
+  auto read = MissJournal::read(store, 10);
+  ASSERT_FALSE(read);
+  EXPECT_EQ(read.error().code(), Errc::unavailable);
+  {
+    auto cache = Cache::open(o);
+    auto compile = [] { return std::vector<Artifact>{{"obj", "code"}}; };
+    for (uint64_t i = 0; i < 3; ++i)
+      ASSERT_TRUE(cache->get_or_compile(module_key("m" + std::to_string(i), "ir", 2), compile));
+  }  // close: the writer gives up on the lock and drops the batch
+  double waited_s = (util::now_mono_us() - t0) / 1e6;
+  EXPECT_GE(waited_s, 1.0);   // each of the three did wait for the lock
+  EXPECT_LT(waited_s, 30.0);  // and gave up
+
+  ::close(held);
+  ASSERT_TRUE(j.append(record(2)).is_ok());
+  auto recs = MissJournal::read(store, 10);
+  ASSERT_TRUE(recs);
+  ASSERT_EQ(recs->size(), 2u);  // what was appended without the lock is lost, nothing else
+  EXPECT_EQ(index_of((*recs)[0]), 0u);
+  EXPECT_EQ(index_of((*recs)[1]), 2u);
 }
 
 class ExplainCache : public ::testing::TestWithParam<std::string> {};

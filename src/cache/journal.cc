@@ -20,6 +20,10 @@ namespace {
 constexpr char kMagic[8] = {'K', 'C', 'M', 'I', 'S', 'S', '1', '\n'};
 constexpr size_t kHeader = 24;             // magic, count:u64, end:u64
 constexpr uint32_t kMaxRecord = 1u << 20;  // larger records are not journaled
+// How long an append or a read waits for the journal's lock. Appends hold it
+// for microseconds; a holder past this is stopped or stuck, and a diagnostic
+// record is not worth a hung compile or close.
+constexpr uint64_t kLockBoundMs = 1000;
 
 void put_str16(std::string& out, std::string_view s) {
   s = s.substr(0, 65535);
@@ -243,9 +247,15 @@ void MissJournal::write_posted() {
     std::vector<MissRecord> batch;
     batch.swap(posted_);
     lk.unlock();
-    for (const auto& r : batch) {
-      Status st = append(r);
-      if (!st.is_ok()) KCACHE_LOG(LogLevel::info, "miss journal: %s", st.to_string().c_str());
+    for (size_t i = 0; i < batch.size(); ++i) {
+      Status st = append(batch[i]);
+      if (st.is_ok()) continue;
+      if (st.code() == Errc::unavailable) {
+        // Locked by a stuck process: the rest would each wait as long.
+        KCACHE_LOG(LogLevel::info, "miss journal: %s; %zu record(s) dropped", st.to_string().c_str(), batch.size() - i);
+        break;
+      }
+      KCACHE_LOG(LogLevel::info, "miss journal: %s", st.to_string().c_str());
     }
     lk.lock();
     n_done_ += batch.size();
@@ -262,9 +272,9 @@ Status MissJournal::open_locked() {
       fd_pid_ = ::getpid();
       if (mode_ != 0600) (void)::fchmod(fd_, mode_);  // the group's write, whatever the umask (owner only)
     }
-    int rc;
-    while ((rc = ::flock(fd_, LOCK_EX)) != 0 && errno == EINTR) {}
-    if (rc != 0) return util::errno_status(errno, path_);
+    int rc = util::flock_within(fd_, LOCK_EX, kLockBoundMs);
+    if (rc == ETIMEDOUT) return Status(Errc::unavailable, path_ + ": locked by another process for over 1 s");
+    if (rc != 0) return util::errno_status(rc, path_);
     if (same_file(fd_, path_)) return Status();
     // Rotated (or removed) since we opened it: open the current one.
     ::flock(fd_, LOCK_UN);
@@ -338,7 +348,12 @@ Expected<std::vector<MissRecord>> MissJournal::read(const std::string& store_pat
       if (errno == ENOENT) break;
       return util::errno_status(errno, path);
     }
-    while (::flock(fd, LOCK_SH) != 0 && errno == EINTR) {}
+    int rc = util::flock_within(fd, LOCK_SH, kLockBoundMs);
+    if (rc != 0) {
+      ::close(fd);
+      if (rc == ETIMEDOUT) return Status(Errc::unavailable, path + ": locked by another process for over 1 s");
+      return util::errno_status(rc, path);
+    }
     if (same_file(fd, path)) break;
     ::close(fd);
     fd = -1;

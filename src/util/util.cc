@@ -4,9 +4,11 @@
 #include <grp.h>
 #include <pthread.h>
 #include <pwd.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -173,6 +175,16 @@ Status errno_status(int err, std::string_view what) {
   else if (err == ENOENT)
     c = Errc::not_found;
   return Status(c, std::string(what) + ": " + std::strerror(err));
+}
+
+int flock_within(int fd, int op, uint64_t bound_ms) noexcept {
+  const uint64_t deadline = now_mono_us() + bound_ms * 1000;
+  for (useconds_t nap_us = 100;; nap_us = std::min<useconds_t>(nap_us * 2, 2000)) {
+    if (::flock(fd, op | LOCK_NB) == 0) return 0;
+    if (errno != EWOULDBLOCK && errno != EINTR) return errno;
+    if (now_mono_us() >= deadline) return ETIMEDOUT;
+    ::usleep(nap_us);
+  }
 }
 
 Status make_dirs(const std::string& path, unsigned mode) {

@@ -40,6 +40,10 @@ std::string format_size(uint64_t bytes);
 Status errno_status(int err, std::string_view what);
 
 // ---- files ---------------------------------------------------------------
+// flock(fd, op) (LOCK_EX or LOCK_SH) that gives up after `bound_ms`: a
+// process stopped while holding the lock can never hang the caller.
+// Returns 0, ETIMEDOUT once the bound passed, or flock's own errno.
+int flock_within(int fd, int op, uint64_t bound_ms) noexcept;
 // mkdir -p with `mode` for the folders it creates.
 Status make_dirs(const std::string& path, unsigned mode = 0700);
 Expected<std::string> read_file(const std::string& path, uint64_t max_bytes = UINT64_MAX);

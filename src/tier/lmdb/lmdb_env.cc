@@ -320,12 +320,9 @@ bool LmdbEnv::gate_lock(int wait_ms) {
     gate_held_ = true;
   }
   if (gate_fd_ < 0) return true;
-  for (int nap_us = 100;; nap_us = std::min(nap_us * 2, 2000)) {
-    if (::flock(gate_fd_, LOCK_EX | LOCK_NB) == 0) return true;
-    if (errno != EWOULDBLOCK && errno != EINTR) return true;  // no flock here: LMDB's mutex alone orders writers
-    if (std::chrono::steady_clock::now() >= deadline) break;
-    ::usleep(static_cast<useconds_t>(nap_us));
-  }
+  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+  int rc = util::flock_within(gate_fd_, LOCK_EX, static_cast<uint64_t>(std::max<int64_t>(left.count(), 0)));
+  if (rc != ETIMEDOUT) return true;  // locked, or no flock here: LMDB's mutex alone orders writers
   gate_release();
   return false;
 }
