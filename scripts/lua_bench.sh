@@ -4,7 +4,8 @@
 # lapi.c ...), one bitcode file per translation unit (clang-14 -O2
 # -emit-llvm; lua.c, onelua.c and ltests.c left out: 32 files), JIT-ed
 # through make_cached_lljit by kcache_bench_lua_jit: no cache, cold and
-# warm, REPS times (default 3), medians printed last as JSON.
+# warm, REPS times (default 3; which of no cache and cold goes first
+# alternates), medians printed last as JSON.
 # Everything it fetches and makes goes to BUILD/lua; nothing is committed.
 set -euo pipefail
 B=${1:-build}
