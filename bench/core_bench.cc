@@ -395,6 +395,61 @@ void BM_PutLlvm(benchmark::State& state) {
 }
 #endif
 
+// ---- misses ----------------------------------------------------------------
+
+// What a miss costs the compiling thread on top of its compile, as a JIT
+// meets it on a cold start: get_or_compile of a new key on a Cache opened
+// the way kcache-demo opens one (LMDB, cross-process leases, the miss
+// journal, the committer; no memory tier), against the compile function
+// alone ("compile_only": a copy of the artifact). CPU time of the calling
+// thread; the committer's writes run on a thread of their own.
+void BM_Miss(benchmark::State& state, bool cached) {
+  const size_t size = static_cast<size_t>(state.range(0));
+  const std::string artifact = random_bytes(size, 7);
+  auto compile = [&]() -> kcache::Expected<std::vector<kcache::Artifact>> {
+    return std::vector<kcache::Artifact>{{"obj", artifact}};
+  };
+  static uint64_t serial = 0;
+  std::unique_ptr<kcache::Cache> cache;
+  if (cached) {
+    kcache::Options o;
+    o.dir = root_dir() + "/miss-" + std::to_string(++serial);
+    o.memory_tier = false;
+    cache = kcache::Cache::open(o);
+  }
+  std::vector<kcache::KeyInfo> keys;
+  size_t next = 0;
+  for (auto _ : state) {
+    if (next == keys.size()) {
+      state.PauseTiming();
+      keys.clear();
+      for (int i = 0; i < 256; ++i) keys.push_back(make_key("miss/1", ++serial, size));
+      next = 0;
+      state.ResumeTiming();
+    }
+    if (cached) {
+      auto e = cache->get_or_compile(keys[next], compile);
+      if (!e) {
+        state.SkipWithError(e.error().to_string().c_str());
+        return;
+      }
+      benchmark::DoNotOptimize(e->artifacts().front().data.data());
+    } else {
+      auto a = compile();
+      benchmark::DoNotOptimize(a->front().data.data());
+    }
+    ++next;
+  }
+  // After the loop: outside the timed region.
+  if (cache) {
+    cache->flush();
+    // Every miss was stored: the last one reads back whole.
+    auto back = cache->get(keys[next - 1].key);
+    if (!back || back->artifact("obj") != std::optional<std::string_view>(artifact))
+      state.SkipWithError("the last miss did not read back");
+  }
+}
+
 // ---- key hashing -----------------------------------------------------------
 
 void BM_HashKeyBuilder(benchmark::State& state) {
@@ -555,6 +610,9 @@ void register_all() {
     for (int64_t s : kSizes) b->Arg(s);
   }
 #endif
+
+  for (auto [name, cached] : {std::pair{"miss/compile_only", false}, std::pair{"miss/cache_lmdb", true}})
+    benchmark::RegisterBenchmark(name, BM_Miss, cached)->Arg(2 << 10)->Arg(16 << 10);
 
   using Fn = void (*)(benchmark::State&);
   const std::pair<const char*, Fn> hashes[] = {

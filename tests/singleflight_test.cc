@@ -14,6 +14,7 @@
 
 #include "kcache/cache.h"
 #include "kcache/lease.h"
+#include "lease/holder.h"
 #include "test_util.h"
 #include "util/util.h"
 
@@ -150,6 +151,31 @@ TEST_P(SingleFlight, DeadHolderIsTakenOverAtOnce) {
   auto b = leases_for(GetParam(), dir_.path());
   EXPECT_EQ(b->acquire(k, 60000), LeaseResult::acquired);
   EXPECT_EQ(b->takeovers(), 1u);
+}
+
+// A holder record of this very process is alive without asking /proc; one
+// with this PID but another start time (an earlier process the PID was
+// reused from) is dead, and so is an expired one. A child of fork() sees
+// its parent's record as alive and its own too.
+TEST(LeaseHolder, ThisProcessIsAliveAnEarlierOneWithItsPidIsNot) {
+  const uint64_t now = util::now_unix_ms();
+  lease::Holder me = lease::self(lease::new_token(), 60000);
+  EXPECT_EQ(me.pid, static_cast<uint32_t>(::getpid()));
+  ASSERT_NE(me.start_ticks, 0u);
+  EXPECT_TRUE(lease::alive(me, now));
+  lease::Holder earlier = me;
+  earlier.start_ticks = me.start_ticks - 1;
+  EXPECT_FALSE(lease::alive(earlier, now));
+  lease::Holder expired = me;
+  expired.expiry_ms = now - 1;
+  EXPECT_FALSE(lease::alive(expired, now));
+
+  pid_t pid = spawn([&] {
+    lease::Holder child = lease::self(lease::new_token(), 60000);
+    if (child.pid == me.pid || !lease::alive(child, util::now_unix_ms())) return 1;
+    return lease::alive(me, util::now_unix_ms()) ? 0 : 2;
+  });
+  EXPECT_EQ(wait_exit(pid), 0);
 }
 
 TEST(FileLeases, PartialLeaseFileFromACrashIsCollected) {

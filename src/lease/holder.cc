@@ -33,6 +33,20 @@ uint64_t start_ticks_of(uint32_t pid, char* state = nullptr) {
   return 0;
 }
 
+// This process's PID and start time, read once. A child of fork() has
+// another PID, so it never takes these for its own.
+struct Self {
+  uint32_t pid;
+  uint64_t ticks;
+};
+const Self& first_self() {
+  static const Self s = [] {
+    uint32_t pid = static_cast<uint32_t>(::getpid());
+    return Self{pid, start_ticks_of(pid)};
+  }();
+  return s;
+}
+
 const Digest& host_id() {
   static const Digest id = [] {
     std::string boot;
@@ -75,14 +89,13 @@ uint64_t new_token() {
 }
 
 Holder self(uint64_t token, uint64_t ttl_ms) {
-  static const uint64_t my_ticks = start_ticks_of(static_cast<uint32_t>(::getpid()));
-  static const uint32_t my_pid = static_cast<uint32_t>(::getpid());
+  const Self& me = first_self();
   Holder h;
   h.token = token;
-  // After fork() the statics above describe the parent: recompute.
+  // After fork() the first self is the parent: recompute.
   uint32_t pid = static_cast<uint32_t>(::getpid());
   h.pid = pid;
-  h.start_ticks = pid == my_pid ? my_ticks : start_ticks_of(pid);
+  h.start_ticks = pid == me.pid ? me.ticks : start_ticks_of(pid);
   h.expiry_ms = util::now_unix_ms() + ttl_ms;
   h.host = host_id();
   return h;
@@ -91,6 +104,11 @@ Holder self(uint64_t token, uint64_t ttl_ms) {
 bool alive(const Holder& h, uint64_t now_ms) {
   if (h.expiry_ms <= now_ms) return false;
   if (h.host != host_id()) return true;  // another machine: only the TTL tells
+  // This very process (another Cache of it, or this one's own lease): alive,
+  // and no /proc read to say so.
+  const Self& me = first_self();
+  if (h.pid == me.pid && me.ticks != 0 && h.start_ticks == me.ticks && me.pid == static_cast<uint32_t>(::getpid()))
+    return true;
   if (::kill(static_cast<pid_t>(h.pid), 0) != 0 && errno == ESRCH) return false;
   char state = '?';
   uint64_t ticks = start_ticks_of(h.pid, &state);
