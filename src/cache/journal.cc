@@ -348,11 +348,11 @@ Expected<std::vector<MissRecord>> MissJournal::read(const std::string& store_pat
       if (errno == ENOENT) break;
       return util::errno_status(errno, path);
     }
-    int rc = util::flock_within(fd, LOCK_SH, kLockBoundMs);
-    if (rc != 0) {
+    // A file system without flock is read unlocked, as before; a lock held
+    // past the bound is an error, never a hang.
+    if (util::flock_within(fd, LOCK_SH, kLockBoundMs) == ETIMEDOUT) {
       ::close(fd);
-      if (rc == ETIMEDOUT) return Status(Errc::unavailable, path + ": locked by another process for over 1 s");
-      return util::errno_status(rc, path);
+      return Status(Errc::unavailable, path + ": locked by another process for over 1 s");
     }
     if (same_file(fd, path)) break;
     ::close(fd);
