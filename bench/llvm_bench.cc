@@ -284,6 +284,7 @@ BENCHMARK(BM_JitLinkOnly)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 int main(int argc, char** argv) {
   size_t reps = 1;
+  if (const char* env = std::getenv("BENCHMARK_REPETITIONS")) reps = std::max(1, std::atoi(env));
   for (int i = 1; i < argc; ++i)
     if (std::strncmp(argv[i], "--benchmark_repetitions=", 24) == 0) reps = std::max(1, std::atoi(argv[i] + 24));
   benchmark::Initialize(&argc, argv);

@@ -321,7 +321,8 @@ int main(int argc, char** argv) {
   // The median of each repetition's own ratio: its two runs are back to
   // back, so what drifts across the invocation cancels.
   std::vector<double> paired;
-  for (size_t r = 0; r < nc.size(); ++r) paired.push_back(cold[r] / nc[r]);
+  for (size_t r = 0; r < nc.size(); ++r)
+    if (nc[r] > 0) paired.push_back(cold[r] / nc[r]);
   std::printf(
       "{\"keys\":\"%s\",\"reps\":%zu,\"nocache_s\":%.4f,\"cold_s\":%.4f,\"warm_s\":%.5f,"
       "\"nocache_cpu_s\":%.4f,\"cold_cpu_s\":%.4f,\"warm_cpu_s\":%.5f,\"cold_over_nocache\":%.4f,"
@@ -329,7 +330,8 @@ int main(int argc, char** argv) {
       "\"warm_kcache_share_of_link\":%.4f,"
       "\"warm_kcache_cpu_s\":%.5f,\"warm_link_cpu_s\":%.5f,\"warm_kcache_cpu_share_of_link\":%.4f}\n",
       a.keys.c_str(), nc.size(), median(nc), median(cold), median(warm), median(nc_cpu), median(cold_cpu),
-      median(warm_cpu), median(cold) / median(nc), median(paired), median(cold_cpu) / median(nc_cpu), median(wk),
-      median(wl), median(wk) / median(wl), median(wkc), median(wlc), median(wkc) / median(wlc));
+      median(warm_cpu), median(cold) / median(nc), paired.empty() ? 0.0 : median(paired),
+      median(cold_cpu) / median(nc_cpu), median(wk), median(wl), median(wk) / median(wl), median(wkc), median(wlc),
+      median(wkc) / median(wlc));
   return 0;
 }

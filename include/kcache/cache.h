@@ -280,7 +280,9 @@ class Cache {
   const std::vector<std::shared_ptr<Tier>>& tiers() const noexcept;
   CacheStats stats() const;
   // Waits until every entry stored so far is in the slower tiers (and its
-  // lease released), and every miss so far is in the miss journal.
+  // lease released), and every miss so far is in the miss journal (or was
+  // dropped: the journal is a diagnostic, and a journal whose lock another
+  // process held for over a second drops what it had).
   void flush();
   const Options& options() const noexcept;
 

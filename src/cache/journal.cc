@@ -20,10 +20,11 @@ namespace {
 constexpr char kMagic[8] = {'K', 'C', 'M', 'I', 'S', 'S', '1', '\n'};
 constexpr size_t kHeader = 24;             // magic, count:u64, end:u64
 constexpr uint32_t kMaxRecord = 1u << 20;  // larger records are not journaled
-// How long an append or a read waits for the journal's lock. Appends hold it
-// for microseconds; a holder past this is stopped or stuck, and a diagnostic
-// record is not worth a hung compile or close.
-constexpr uint64_t kLockBoundMs = 1000;
+// How long an append or a read waits for the journal's lock
+// (MissJournal::kLockBound). Appends hold it for microseconds; a holder past
+// this is stopped or stuck, and a diagnostic record is not worth a hung
+// compile or close.
+constexpr uint64_t kLockBoundMs = std::chrono::milliseconds(MissJournal::kLockBound).count();
 
 void put_str16(std::string& out, std::string_view s) {
   s = s.substr(0, 65535);
@@ -250,8 +251,8 @@ void MissJournal::write_posted() {
     for (size_t i = 0; i < batch.size(); ++i) {
       Status st = append(batch[i]);
       if (st.is_ok()) continue;
-      if (st.code() == Errc::unavailable) {
-        // Locked by a stuck process: the rest would each wait as long.
+      if (st.code() == Errc::timeout) {
+        // Locked by a stuck process: the rest would fail as well.
         KCACHE_LOG(LogLevel::info, "miss journal: %s; %zu record(s) dropped", st.to_string().c_str(), batch.size() - i);
         break;
       }
@@ -273,7 +274,10 @@ Status MissJournal::open_locked() {
       if (mode_ != 0600) (void)::fchmod(fd_, mode_);  // the group's write, whatever the umask (owner only)
     }
     int rc = util::flock_within(fd_, LOCK_EX, kLockBoundMs);
-    if (rc == ETIMEDOUT) return Status(Errc::unavailable, path_ + ": locked by another process for over 1 s");
+    if (rc == ETIMEDOUT) {
+      skip_until_us_.store(util::now_mono_us() + std::chrono::microseconds(kSkipAfterTimeout).count());
+      return Status(Errc::timeout, path_ + ": locked by another process for over 1 s");
+    }
     if (rc != 0) return util::errno_status(rc, path_);
     if (same_file(fd_, path_)) return Status();
     // Rotated (or removed) since we opened it: open the current one.
@@ -287,6 +291,8 @@ Status MissJournal::open_locked() {
 Status MissJournal::append(const MissRecord& r) {
   std::string rec = encode_record(r);
   if (rec.size() - 8 > kMaxRecord) return Status(Errc::too_large, "manifest too large for the miss journal");
+  if (util::now_mono_us() < skip_until_us_.load())
+    return Status(Errc::timeout, path_ + ": its lock timed out less than 10 s ago; record dropped");
   std::lock_guard<std::mutex> g(*mu_);
   for (int round = 0; round < 2; ++round) {
     KCACHE_RETURN_IF_ERROR(open_locked());
@@ -352,7 +358,7 @@ Expected<std::vector<MissRecord>> MissJournal::read(const std::string& store_pat
     // past the bound is an error, never a hang.
     if (util::flock_within(fd, LOCK_SH, kLockBoundMs) == ETIMEDOUT) {
       ::close(fd);
-      return Status(Errc::unavailable, path + ": locked by another process for over 1 s");
+      return Status(Errc::timeout, path + ": locked by another process for over 1 s");
     }
     if (same_file(fd, path)) break;
     ::close(fd);

@@ -11,6 +11,7 @@
 // keeps between `keep` and 2 x `keep` records and never grows further.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <map>
@@ -51,20 +52,28 @@ class MissJournal {
   static std::string path_for(const std::string& store_path) { return store_path + ".misses"; }
   const std::string& path() const noexcept { return path_; }
 
-  // Appends one record (under the journal's lock), now. Thread-safe.
+  // Appends one record (under the journal's lock), now. Thread-safe. Waits
+  // at most kLockBound for the lock (a holder that long is stopped or
+  // stuck): then Errc::timeout, and for kSkipAfterTimeout after that every
+  // append of this object fails at once with Errc::timeout, waiting for
+  // nothing.
   Status append(const MissRecord& r);
   // Hands one record to the journal's writer thread, which appends it
   // (letting records gather for up to kLinger first): a miss on the compile
   // path costs no file system call. Records past kMaxPosted waiting are
-  // dropped (the journal is a diagnostic). flush() and the destructor wait
-  // for the records posted before them.
+  // dropped (the journal is a diagnostic), and so is the rest of a batch
+  // once an append timed out. flush() and the destructor wait for the
+  // records posted before them: at most about kLockBound.
   void post(MissRecord r);
   void flush();
   static constexpr size_t kMaxPosted = 4096;
   static constexpr std::chrono::milliseconds kLinger{100};
+  static constexpr std::chrono::milliseconds kLockBound{1000};
+  static constexpr std::chrono::seconds kSkipAfterTimeout{10};
 
   // The last `limit` records of the journal at `store_path`, oldest first.
-  // A journal that does not exist reads as empty.
+  // A journal that does not exist reads as empty; one whose lock is held
+  // past kLockBound is Errc::timeout.
   static Expected<std::vector<MissRecord>> read(const std::string& store_path, size_t limit);
 
  private:
@@ -77,8 +86,9 @@ class MissJournal {
   // On the heap: a child of fork() replaces it (a parent thread may have
   // held it at the fork), as util::Worker does its own.
   std::unique_ptr<std::mutex> mu_ = std::make_unique<std::mutex>();
-  int fd_ = -1;     // GUARDED_BY(mu_)
-  int fd_pid_ = 0;  // the process that opened fd_ (flock is per open file)
+  int fd_ = -1;                             // GUARDED_BY(mu_)
+  int fd_pid_ = 0;                          // the process that opened fd_ (flock is per open file)
+  std::atomic<uint64_t> skip_until_us_{0};  // appends fail at once until then (util::now_mono_us)
 
   util::Worker writer_;
   std::vector<MissRecord> posted_;      // GUARDED_BY(writer_.mu())

@@ -178,7 +178,8 @@ Status errno_status(int err, std::string_view what) {
 }
 
 int flock_within(int fd, int op, uint64_t bound_ms) noexcept {
-  const uint64_t deadline = now_mono_us() + bound_ms * 1000;
+  const uint64_t now = now_mono_us();
+  const uint64_t deadline = bound_ms > (UINT64_MAX - now) / 1000 ? UINT64_MAX : now + bound_ms * 1000;
   for (useconds_t nap_us = 100;; nap_us = std::min<useconds_t>(nap_us * 2, 2000)) {
     if (::flock(fd, op | LOCK_NB) == 0) return 0;
     if (errno != EWOULDBLOCK && errno != EINTR) return errno;

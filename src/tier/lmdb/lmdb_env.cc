@@ -320,7 +320,7 @@ bool LmdbEnv::gate_lock(int wait_ms) {
     gate_held_ = true;
   }
   if (gate_fd_ < 0) return true;
-  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+  auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
   int rc = util::flock_within(gate_fd_, LOCK_EX, static_cast<uint64_t>(std::max<int64_t>(left.count(), 0)));
   if (rc != ETIMEDOUT) return true;  // locked, or no flock here: LMDB's mutex alone orders writers
   gate_release();
