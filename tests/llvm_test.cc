@@ -617,6 +617,52 @@ TEST(LlvmKey, DigestAndBitcodeKeysCoverTheTargetAndDifferFromModuleKeys) {
   EXPECT_NE(by_bytes->key, kl::object_key(*m, t)->key);
 }
 
+// ir_digest: what object_key(Module&) hashes of the IR. The module
+// identifier and source file name are set aside (and left as they were);
+// any change to the code changes it. A module tagged with it compiles once,
+// hits in the next process, and its entry keeps the module's label.
+TEST(LlvmKey, IrDigestIgnoresTheModuleNameAndTagsKeepTheLabel) {
+  llvm::LLVMContext ctx;
+  auto a = parse(ir_text("f", 1), ctx, "first.ll");
+  auto b = parse(ir_text("f", 1), ctx, "second.ll");
+  b->setSourceFileName("elsewhere.c");
+  auto c = parse(ir_text("f", 2), ctx, "first.ll");
+  EXPECT_EQ(kl::ir_digest(*a), kl::ir_digest(*b));
+  EXPECT_NE(kl::ir_digest(*a), kl::ir_digest(*c));
+  EXPECT_EQ(a->getModuleIdentifier(), "first.ll");
+  EXPECT_EQ(b->getSourceFileName(), "elsewhere.c");
+
+  TempDir d;
+  for (int run = 0; run < 2; ++run) {
+    auto cache = open_cache(d.path(), "lmdb");
+    auto counters = std::make_shared<kl::CompileCounters>();
+    kl::JitOptions jo;
+    jo.counters = counters;
+    auto jit = kl::make_cached_lljit(*cache, jo);
+    ASSERT_TRUE(bool(jit));
+    auto t = tsm(ir_text("g", 7), "kernel_g.ll");
+    kcache::Digest ir;
+    t.withModuleDo([&](llvm::Module& m) {
+      ir = kl::ir_digest(m);
+      kl::set_ir_digest(m, ir);
+    });
+    ASSERT_FALSE((*jit)->addIRModule(std::move(t)));
+    EXPECT_EQ(call(**jit, "g", 50), reference(7, 50));
+    EXPECT_EQ(counters->codegen_runs.load(), run == 0 ? 1u : 0u);
+    cache->flush();
+    auto tmb = llvm::orc::JITTargetMachineBuilder::detectHost();
+    ASSERT_TRUE(bool(tmb));
+    tmb->setCodeGenOptLevel(llvm::CodeGenOpt::Default);
+    auto tm = tmb->createTargetMachine();
+    ASSERT_TRUE(bool(tm));
+    kl::KeyOptions ko;
+    ko.ir_opt_level = 2;
+    auto e = cache->get(kl::object_key(ir, kl::TargetDesc::of(**tm), ko)->key);
+    ASSERT_TRUE(e);
+    EXPECT_EQ(e->meta().label, "kernel_g.ll");
+  }
+}
+
 TEST(LlvmCompiler, IrDigestTagSkipsSerialisingAndHitsAcrossProcesses) {
   TempDir d;
   std::string bc = bitcode_of(ir_text("g", 7));

@@ -138,6 +138,15 @@ kcache::Expected<KeyInfo> object_key(const Digest& ir, const TargetDesc& target,
 kcache::Expected<KeyInfo> object_key_of_bitcode(std::string_view bitcode, const TargetDesc& target,
                                                 const KeyOptions& options = {});
 
+// The digest of `m`'s IR: of its bitcode, with the module identifier and the
+// source file name set aside, as object_key(Module&) takes it. For a front
+// end that builds a module and hands it to the JIT to compile later: hashed
+// here, while the module is fresh in the CPU's caches, and tagged with
+// set_ir_digest(m, ir_digest(m)), it costs a fraction of what serialising it
+// inside the compile costs (docs/benchmarks.md), and the key is as exact.
+// REQUIRES: no other thread uses `m` during the call.
+Digest ir_digest(::llvm::Module& m);
+
 // Tags `m` with the digest of its IR, so the CachingCompiler (and
 // ObjectCache) key it with object_key(ir, ...) and do not serialise it. The
 // tag is named metadata ("kcache.ir_digest"), which the compiler removes

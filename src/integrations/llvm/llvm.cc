@@ -282,8 +282,12 @@ Digest ir_of(const KeyInfo& k) {
 
 }  // namespace
 
-kcache::Expected<KeyInfo> object_key(::llvm::Module& m, const TargetDesc& t, const KeyOptions& options) {
-  // Set aside what does not change the code (see the header), hash, restore.
+namespace {
+
+// Calls `f` with the module's bitcode, its identifier and source file name
+// set aside (see the header): what the IR part of a key covers.
+template <typename F>
+void with_bitcode(::llvm::Module& m, F&& f) {
   std::string module_id = m.getModuleIdentifier();
   std::string source_file = m.getSourceFileName();
   m.setModuleIdentifier("");
@@ -298,12 +302,27 @@ kcache::Expected<KeyInfo> object_key(::llvm::Module& m, const TargetDesc& t, con
   }
   m.setModuleIdentifier(module_id);
   m.setSourceFileName(source_file);
+  f(std::string_view(bc.data(), bc.size()), module_id);
+}
 
+}  // namespace
+
+kcache::Expected<KeyInfo> object_key(::llvm::Module& m, const TargetDesc& t, const KeyOptions& options) {
   KeyBuilder kb(kKeyNamespace);
-  kb.add_bytes("ir", std::string_view(bc.data(), bc.size())).add_string("module_triple", m.getTargetTriple());
+  with_bitcode(m, [&](std::string_view bc, const std::string& module_id) {
+    kb.add_bytes("ir", bc).add_string("module_triple", m.getTargetTriple());
+    kb.label(module_label(m, module_id));
+  });
   add_target(kb, t, options);
-  kb.label(module_label(m, module_id));
   return kb.finish();
+}
+
+Digest ir_digest(::llvm::Module& m) {
+  Digest d;
+  // The triple is in the bitcode; object_key(Digest, ...) adds no
+  // "module_triple" of its own.
+  with_bitcode(m, [&](std::string_view bc, const std::string&) { d = hash_bytes(bc); });
+  return d;
 }
 
 kcache::Expected<KeyInfo> object_key(const Digest& ir, const TargetDesc& t, const KeyOptions& options) {
@@ -399,6 +418,7 @@ std::unique_ptr<::llvm::MemoryBuffer> ObjectCache::getObject(const ::llvm::Modul
   auto ird = cm->getNamedMetadata(kIrDigestMd) ? read_digest_md(*cm, kIrDigestMd) : std::nullopt;
   auto key =
       ird ? object_key(*ird, target_, opt_.key) : object_key(const_cast<::llvm::Module&>(*cm), target_, opt_.key);
+  if (ird && key) key->label = module_label(*cm, cm->getModuleIdentifier());
   uint64_t t1 = now_ns(), u1 = cpu_ns();
   C.key_ns.fetch_add(t1 - t0, std::memory_order_relaxed);
   C.key_cpu_ns.fetch_add(u1 - u0, std::memory_order_relaxed);
@@ -558,6 +578,9 @@ kcache::Expected<std::string> CachingCompiler::compile(::llvm::Module& m) {
   ko.ir_opt_level = opt_.ir_opt_level;
   ko.extra = opt_.key_extra;
   auto key = ird ? object_key(*ird, target_, ko) : object_key(m, target_, ko);
+  // A tagged module's key gets the module's label too, so that a miss is
+  // compared with the previous version of the same module.
+  if (ird && key) key->label = module_label(m, m.getModuleIdentifier());
   uint64_t t1 = now_ns(), u1 = cpu_ns();
   C.key_ns.fetch_add(t1 - t0, std::memory_order_relaxed);
   C.key_cpu_ns.fetch_add(u1 - u0, std::memory_order_relaxed);
