@@ -4,9 +4,12 @@
 // sanitizer detection to scale trial counts down.
 #pragma once
 
+#include <dirent.h>
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -14,6 +17,8 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <string>
@@ -55,12 +60,42 @@ inline std::vector<DiskEngine> disk_engines() {
 
 inline std::string disk_engine_name(const ::testing::TestParamInfo<DiskEngine>& i) { return i.param.name; }
 
+// Waits (up to 2 s) until every other thread of this process is asleep.
+// glibc's malloc takes its locks around fork(); AddressSanitizer's
+// allocator (GCC 12) does not, so a fork while another thread is inside it
+// (typically a thread just started: the sanitizer allocates its thread
+// state) leaves the child an allocator lock that is never released, and
+// the child hangs on its next allocation of that size.
+inline void settle_threads() {
+  const pid_t self = static_cast<pid_t>(::syscall(SYS_gettid));
+  for (int round = 0; round < 200; ++round) {
+    bool busy = false;
+    if (DIR* d = ::opendir("/proc/self/task")) {
+      while (dirent* e = ::readdir(d)) {
+        if (e->d_name[0] == '.' || std::atoi(e->d_name) == self) continue;
+        char buf[512] = {};
+        std::string path = std::string("/proc/self/task/") + e->d_name + "/stat";
+        int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+        if (fd < 0) continue;
+        ssize_t n = ::read(fd, buf, sizeof buf - 1);
+        ::close(fd);
+        const char* close_paren = n > 0 ? std::strrchr(buf, ')') : nullptr;
+        if (close_paren && close_paren[1] == ' ' && close_paren[2] == 'R') busy = true;
+      }
+      ::closedir(d);
+    }
+    if (!busy) return;
+    ::usleep(10000);
+  }
+}
+
 // Runs fn in a forked child; returns its wait status. The child leaves with
 // _exit, so no destructor of the parent's objects runs twice.
 // REQUIRES: the calling process has no other threads (ThreadSanitizer does
 // not support threads started in a child of a multi-threaded process).
 inline int run_child(const std::function<int()>& fn) {
   fflush(nullptr);
+  settle_threads();
   pid_t pid = ::fork();
   if (pid == 0) _exit(fn());
   int ws = 0;
@@ -117,6 +152,7 @@ inline void allow_tracing() {
 // did not end within limit_ms (its stacks printed, the child killed).
 inline int run_child_bounded(const std::function<int()>& fn, int limit_ms, const std::string& what) {
   fflush(nullptr);
+  settle_threads();
   pid_t pid = ::fork();
   if (pid == 0) {
     allow_tracing();
