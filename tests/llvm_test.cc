@@ -617,6 +617,25 @@ TEST(LlvmKey, DigestAndBitcodeKeysCoverTheTargetAndDifferFromModuleKeys) {
   EXPECT_NE(by_bytes->key, kl::object_key(*m, t)->key);
 }
 
+// The object key make_cached_lljit with default JitOptions (this host,
+// -O2) gives a module tagged with the IR digest `ir`.
+kcache::Key default_jit_key(const kcache::Digest& ir) {
+  auto tmb = llvm::orc::JITTargetMachineBuilder::detectHost();
+  if (!tmb) {
+    ADD_FAILURE() << llvm::toString(tmb.takeError());
+    return {};
+  }
+  tmb->setCodeGenOptLevel(llvm::CodeGenOpt::Default);
+  auto tm = tmb->createTargetMachine();
+  if (!tm) {
+    ADD_FAILURE() << llvm::toString(tm.takeError());
+    return {};
+  }
+  kl::KeyOptions ko;
+  ko.ir_opt_level = 2;
+  return kl::object_key(ir, kl::TargetDesc::of(**tm), ko)->key;
+}
+
 // ir_digest: what object_key(Module&) hashes of the IR. The module
 // identifier and source file name are set aside (and left as they were);
 // any change to the code changes it. A module tagged with it compiles once,
@@ -650,14 +669,7 @@ TEST(LlvmKey, IrDigestIgnoresTheModuleNameAndTagsKeepTheLabel) {
     EXPECT_EQ(call(**jit, "g", 50), reference(7, 50));
     EXPECT_EQ(counters->codegen_runs.load(), run == 0 ? 1u : 0u);
     cache->flush();
-    auto tmb = llvm::orc::JITTargetMachineBuilder::detectHost();
-    ASSERT_TRUE(bool(tmb));
-    tmb->setCodeGenOptLevel(llvm::CodeGenOpt::Default);
-    auto tm = tmb->createTargetMachine();
-    ASSERT_TRUE(bool(tm));
-    kl::KeyOptions ko;
-    ko.ir_opt_level = 2;
-    auto e = cache->get(kl::object_key(ir, kl::TargetDesc::of(**tm), ko)->key);
+    auto e = cache->get(default_jit_key(ir));
     ASSERT_TRUE(e);
     EXPECT_EQ(e->meta().label, "kernel_g.ll");
   }
@@ -682,14 +694,7 @@ TEST(LlvmCompiler, IrDigestTagSkipsSerialisingAndHitsAcrossProcesses) {
     EXPECT_EQ(counters->hits.load(), run == 0 ? 0u : 1u);
     cache->flush();
     // The entry is under the digest key (the tag never reached the key).
-    auto tmb = llvm::orc::JITTargetMachineBuilder::detectHost();
-    ASSERT_TRUE(bool(tmb));
-    tmb->setCodeGenOptLevel(llvm::CodeGenOpt::Default);
-    auto tm = tmb->createTargetMachine();
-    ASSERT_TRUE(bool(tm));
-    kl::KeyOptions ko;
-    ko.ir_opt_level = 2;
-    EXPECT_TRUE(cache->get(kl::object_key(digest, kl::TargetDesc::of(**tm), ko)->key));
+    EXPECT_TRUE(cache->get(default_jit_key(digest)));
   }
 }
 
