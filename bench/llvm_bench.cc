@@ -6,6 +6,9 @@
 //   BM_JitColdCached lower + IR digest (ir_digest, as the module is made) ->
 //                    key -> miss -> O2 + codegen -> link -> store, into an
 //                    empty disk store each iteration
+//   BM_JitColdPair   the two above interleaved in one run, alternating which
+//                    goes first: the ratio least moved by a noisy machine
+//   BM_IrDigest      ir_digest of a freshly lowered module
 //   BM_JitWarm/zc    lower -> key -> lookup + read -> link, from the disk
 //                    tier of a fresh Cache (zc=1 zero-copy, zc=0 copies)
 //   BM_JitLinkOnly   link the same objects with no cache at all: the
@@ -176,6 +179,108 @@ void BM_JitColdCached(benchmark::State& state) {
 }
 BENCHMARK(BM_JitColdCached)->Unit(benchmark::kMillisecond)->UseRealTime();
 
+// The two cold runs interleaved: each iteration does one batch without the
+// cache and one with it (into an empty store), alternating which goes first,
+// so that a machine slowing down or speeding up weighs on both alike. The
+// ratio of the two sums is the cache's cost on a cold start.
+void BM_JitColdPair(benchmark::State& state) {
+  World& w = world();
+  kcache::Options off;
+  off.disabled = true;
+  auto nocache = kcache::Cache::open(off);
+  double plain_s = 0, cached_s = 0;
+  auto plain_n = std::make_shared<kcache::llvm::CompileCounters>();
+  auto cached_n = std::make_shared<kcache::llvm::CompileCounters>();
+  auto batch = [&](kcache::Cache& c, bool tag_ir, const std::shared_ptr<kcache::llvm::CompileCounters>& n) {
+    kcache::llvm::JitOptions jo;
+    jo.counters = n;
+    auto jit = kcache::llvm::make_cached_lljit(c, jo);
+    if (!jit) std::abort();
+    auto t0 = std::chrono::steady_clock::now();
+    World::add_all(**jit, w.kernels, tag_ir);
+    lookup_all(**jit);
+    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    jit->reset();
+    return s;
+  };
+  bool cached_first = false;
+  for (auto _ : state) {
+    std::string dir = bench_dir();
+    kcache::Options o;
+    o.dir = dir;
+    o.memory_tier = false;  // as kcache-demo
+    auto cache = kcache::Cache::open(o);
+    auto one_cached = [&] { cached_s += batch(*cache, /*tag_ir=*/true, cached_n); };
+    auto one_plain = [&] { plain_s += batch(*nocache, false, plain_n); };
+    if (cached_first) {
+      one_cached();
+      one_plain();
+    } else {
+      one_plain();
+      one_cached();
+    }
+    cached_first = !cached_first;
+    state.PauseTiming();
+    cache.reset();
+    (void)::system(("rm -rf '" + dir + "'").c_str());
+    state.ResumeTiming();
+  }
+  double n = double(state.iterations()) * kBatch;
+  // Where the difference goes: the code generator's own time in each half,
+  // and the cache's key and lookup/store time in the cached half.
+  state.counters["nocache_us"] = plain_s / n * 1e6;
+  state.counters["cached_us"] = cached_s / n * 1e6;
+  state.counters["codegen_nocache_us"] = plain_n->compile_ns.load() / n / 1e3;
+  state.counters["codegen_cached_us"] = cached_n->compile_ns.load() / n / 1e3;
+  state.counters["key_us"] = cached_n->key_ns.load() / n / 1e3;
+  state.counters["cache_us"] = cached_n->lookup_ns.load() / n / 1e3;
+  state.counters["ratio"] = plain_s > 0 ? cached_s / plain_s : 0;
+  record("pair_nocache", plain_s / n * 1e6);
+  record("pair_cached", cached_s / n * 1e6);
+  record("pair_ratio", plain_s > 0 ? cached_s / plain_s : 0);
+}
+BENCHMARK(BM_JitColdPair)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// The IR digest of one freshly lowered module (what a front end pays at
+// lowering for early cutoff), against lowering it.
+void BM_IrDigest(benchmark::State& state) {
+  World& w = world();
+  llvm::LLVMContext ctx;
+  std::vector<std::unique_ptr<llvm::Module>> ms;
+  auto t0 = std::chrono::steady_clock::now();
+  for (auto& k : w.kernels) ms.push_back(kjit::lower(k, ctx));
+  double lower_us = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / kBatch * 1e6;
+  double total_s = 0;
+  for (auto _ : state) {
+    auto t1 = std::chrono::steady_clock::now();
+    for (auto& m : ms) benchmark::DoNotOptimize(kcache::llvm::ir_digest(*m));
+    total_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+  }
+  double n = double(state.iterations()) * kBatch;
+  state.SetItemsProcessed(static_cast<int64_t>(n));
+  state.counters["us_per_module"] = total_s / n * 1e6;
+  state.counters["lower_us"] = lower_us;
+  record("ir_digest", total_s / n * 1e6);
+}
+BENCHMARK(BM_IrDigest)->Unit(benchmark::kMicrosecond)->UseRealTime();
+
+// The object key from a tagged module's IR digest: what CachingCompiler
+// computes for each module it is given.
+void BM_ObjectKey(benchmark::State& state) {
+  (void)world();  // the native target, initialised
+  auto tm = llvm::orc::JITTargetMachineBuilder::detectHost();
+  if (!tm) std::abort();
+  auto m = tm->createTargetMachine();
+  if (!m) std::abort();
+  auto desc = kcache::llvm::TargetDesc::of(**m);
+  kcache::llvm::KeyOptions ko{2, {{"client", "bench"}}};
+  kcache::Digest d = kcache::hash_bytes("ir");
+  for (auto _ : state) benchmark::DoNotOptimize(kcache::llvm::object_key(d, desc, ko));
+  state.counters["features_bytes"] = static_cast<double>(desc.features.size());
+  state.counters["target_options"] = static_cast<double>(desc.target_options.size());
+}
+BENCHMARK(BM_ObjectKey)->Unit(benchmark::kMicrosecond);
+
 void BM_JitWarm(benchmark::State& state) {
   World& w = world();
   kcache::Options o;
@@ -307,6 +412,15 @@ int main(int argc, char** argv) {
   if (g_us.count("cold") && g_us.count("cold_cached")) {
     std::printf("ratio: cold with the cache is %.3fx the no-cache time per kernel (%.1f us vs %.1f us)\n",
                 g_us["cold_cached"] / g_us["cold"], g_us["cold_cached"], g_us["cold"]);
+  }
+  if (g_us.count("pair_ratio")) {
+    std::printf(
+        "ratio: interleaved, cold with the cache is %.3fx the no-cache time per kernel (%.1f us vs %.1f us)\n",
+        g_us["pair_ratio"], g_us["pair_cached"], g_us["pair_nocache"]);
+  }
+  if (g_us.count("ir_digest") && g_us.count("pair_nocache")) {
+    std::printf("ratio: the IR digest is %.2f%% of a no-cache cold kernel (%.1f us vs %.1f us)\n",
+                100 * g_us["ir_digest"] / g_us["pair_nocache"], g_us["ir_digest"], g_us["pair_nocache"]);
   }
   if (g_us.count("warm_zc") && g_us.count("warm_copy")) {
     std::printf("ratio: cache lookup+read per kernel, zero-copy %.2f us vs copy %.2f us\n", g_us["warm_zc_cache"],

@@ -21,6 +21,7 @@
 
 #include "kcache/assembly.h"
 #include "kcache/cache.h"
+#include "kcache/lease.h"
 #include "test_util.h"
 #include "util/util.h"
 
@@ -260,6 +261,33 @@ TEST_P(StoreOwnership, ASharedGroupSharesOneStoreBothWaysAndStillRefusesOthers) 
   ASSERT_EQ(lines.size(), 2u);
   EXPECT_NE(lines[0].find("in group 65534, not the shared group"), std::string::npos) << lines[0];
   EXPECT_NE(lines[1].find("writable by every user"), std::string::npos) << lines[1];
+}
+
+// The lease table asks not to update access times (O_NOATIME), which only
+// the file's owner may: a group member that did not create it still takes
+// leases in it. The member's lease, left behind when it exits, is taken over
+// here: it was written into this user's file.
+TEST_P(StoreOwnership, AGroupMemberTakesLeasesInATableAnotherUserMade) {
+  if (GetParam() != Engine::lmdb) GTEST_SKIP() << "one lease table for both engines";
+  const std::string dir = pub_ + "/leases";
+  ASSERT_EQ(::mkdir(dir.c_str(), 0770), 0);
+  ASSERT_EQ(::chown(dir.c_str(), static_cast<uid_t>(-1), ids_.shared), 0);
+  ASSERT_EQ(::chmod(dir.c_str(), 02770), 0);
+  auto mine = open_table_leases(dir);
+  ASSERT_TRUE(mine.has_value()) << mine.error().to_string();
+  struct stat st;
+  ASSERT_EQ(::stat((dir + "/leases.tab").c_str(), &st), 0);
+  ASSERT_EQ(st.st_uid, ::geteuid());
+  const Key k = test::key_of(7);
+  EXPECT_EQ(run_as(ids_,
+                   [&] {
+                     auto theirs = open_table_leases(dir);
+                     if (!theirs) return 40;
+                     return (*theirs)->acquire(k, 60000) == LeaseResult::acquired ? 0 : 41;
+                   }),
+            0);
+  EXPECT_EQ((*mine)->acquire(k, 60000), LeaseResult::acquired);
+  EXPECT_EQ((*mine)->takeovers(), 1u);
 }
 
 TEST_P(StoreOwnership, AnUnknownSharedGroupLeavesTheDiskOutWithAClearMessage) {
