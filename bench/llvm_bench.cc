@@ -414,9 +414,8 @@ int main(int argc, char** argv) {
                 g_us["cold_cached"] / g_us["cold"], g_us["cold_cached"], g_us["cold"]);
   }
   if (g_us.count("pair_ratio")) {
-    std::printf(
-        "ratio: interleaved, cold with the cache is %.3fx the no-cache time per kernel (%.1f us vs %.1f us)\n",
-        g_us["pair_ratio"], g_us["pair_cached"], g_us["pair_nocache"]);
+    std::printf("ratio: interleaved, cold with the cache is %.3fx the no-cache time per kernel (%.1f us vs %.1f us)\n",
+                g_us["pair_ratio"], g_us["pair_cached"], g_us["pair_nocache"]);
   }
   if (g_us.count("ir_digest") && g_us.count("pair_nocache")) {
     std::printf("ratio: the IR digest is %.2f%% of a no-cache cold kernel (%.1f us vs %.1f us)\n",
