@@ -8,6 +8,7 @@
 //                    empty disk store each iteration
 //   BM_JitColdPair   the two above interleaved in one run, alternating which
 //                    goes first: the ratio least moved by a noisy machine
+//                    (disk:1 as BM_JitColdCached; disk:0 a memory tier only)
 //   BM_IrDigest      ir_digest of a freshly lowered module
 //   BM_JitWarm/zc    lower -> key -> lookup + read -> link, from the disk
 //                    tier of a fresh Cache (zc=1 zero-copy, zc=0 copies)
@@ -185,6 +186,7 @@ BENCHMARK(BM_JitColdCached)->Unit(benchmark::kMillisecond)->UseRealTime();
 // ratio of the two sums is the cache's cost on a cold start.
 void BM_JitColdPair(benchmark::State& state) {
   World& w = world();
+  const bool disk = state.range(0) != 0;
   kcache::Options off;
   off.disabled = true;
   auto nocache = kcache::Cache::open(off);
@@ -209,6 +211,10 @@ void BM_JitColdPair(benchmark::State& state) {
     kcache::Options o;
     o.dir = dir;
     o.memory_tier = false;  // as kcache-demo
+    if (!disk) {
+      o.disk_tier = false;
+      o.memory_tier = true;
+    }
     auto cache = kcache::Cache::open(o);
     auto one_cached = [&] { cached_s += batch(*cache, /*tag_ir=*/true, cached_n); };
     auto one_plain = [&] { plain_s += batch(*nocache, false, plain_n); };
@@ -235,11 +241,12 @@ void BM_JitColdPair(benchmark::State& state) {
   state.counters["key_us"] = cached_n->key_ns.load() / n / 1e3;
   state.counters["cache_us"] = cached_n->lookup_ns.load() / n / 1e3;
   state.counters["ratio"] = plain_s > 0 ? cached_s / plain_s : 0;
-  record("pair_nocache", plain_s / n * 1e6);
-  record("pair_cached", cached_s / n * 1e6);
-  record("pair_ratio", plain_s > 0 ? cached_s / plain_s : 0);
+  const std::string tag = disk ? "pair" : "pair_memory";
+  record(tag + "_nocache", plain_s / n * 1e6);
+  record(tag + "_cached", cached_s / n * 1e6);
+  record(tag + "_ratio", plain_s > 0 ? cached_s / plain_s : 0);
 }
-BENCHMARK(BM_JitColdPair)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_JitColdPair)->ArgName("disk")->Arg(1)->Arg(0)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 // The IR digest of one freshly lowered module (what a front end pays at
 // lowering for early cutoff), against lowering it.
@@ -416,6 +423,12 @@ int main(int argc, char** argv) {
   if (g_us.count("pair_ratio")) {
     std::printf("ratio: interleaved, cold with the cache is %.3fx the no-cache time per kernel (%.1f us vs %.1f us)\n",
                 g_us["pair_ratio"], g_us["pair_cached"], g_us["pair_nocache"]);
+  }
+  if (g_us.count("pair_memory_ratio")) {
+    std::printf(
+        "ratio: interleaved, memory tier only, cold with the cache is %.3fx the no-cache time per kernel "
+        "(%.1f us vs %.1f us)\n",
+        g_us["pair_memory_ratio"], g_us["pair_memory_cached"], g_us["pair_memory_nocache"]);
   }
   if (g_us.count("ir_digest") && g_us.count("pair_nocache")) {
     std::printf("ratio: the IR digest is %.2f%% of a no-cache cold kernel (%.1f us vs %.1f us)\n",
