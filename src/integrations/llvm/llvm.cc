@@ -292,7 +292,7 @@ void with_bitcode(::llvm::Module& m, F&& f) {
   std::string source_file = m.getSourceFileName();
   m.setModuleIdentifier("");
   m.setSourceFileName("");
-  // One buffer a thread, kept (up to 4 MiB): a module's bitcode is written
+  // One buffer a thread, kept (up to 1 MiB): a module's bitcode is written
   // into memory that is already there, not into fresh pages grown a
   // doubling at a time.
   thread_local ::llvm::SmallVector<char, 0> bc;
@@ -308,7 +308,7 @@ void with_bitcode(::llvm::Module& m, F&& f) {
   m.setSourceFileName(source_file);
   f(std::string_view(bc.data(), bc.size()), module_id);
   // A rare huge module does not keep its buffer for the thread's life.
-  if (bc.capacity() > (4u << 20)) bc = ::llvm::SmallVector<char, 0>();
+  if (bc.capacity() > (1u << 20)) bc = ::llvm::SmallVector<char, 0>();
 }
 
 }  // namespace
