@@ -12,6 +12,7 @@
 //                    (disk:1 as BM_JitColdCached; disk:0 a memory tier only)
 //                    The cached half's Cache is flushed after it, untimed
 //                    (reported as flush_us): a process pays that at close.
+//                    The cached half honours the KCACHE_* variables.
 //   BM_IrDigest      ir_digest of a freshly lowered module
 //   BM_ObjectKey     object_key from an IR digest, in a tight loop
 //   BM_JitWarm/zc    lower -> key -> lookup + read -> link, from the disk
@@ -215,7 +216,7 @@ void BM_JitColdPair(benchmark::State& state) {
   bool cached_first = false;
   for (auto _ : state) {
     std::string dir = bench_dir();
-    kcache::Options o;
+    kcache::Options o = kcache::Options::from_env(kcache::Options{});  // KCACHE_DURABILITY and the rest
     o.dir = dir;
     o.memory_tier = false;  // as kcache-demo
     if (!disk) {
