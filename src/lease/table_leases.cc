@@ -230,7 +230,7 @@ class TableLeases final : public Leases {
     const unsigned mode = shared_ ? 0660 : 0600;
     // No access times: every read of a bucket after a write would otherwise
     // be an inode update (relatime), a journal entry on each lease. Only the
-    // file's owner may ask for that; others open it as it is.
+    // file's owner (or root) may ask for that; others open it as it is.
     int fd = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NOATIME, mode);
     if (fd < 0 && errno == EPERM) fd = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, mode);
     if (fd < 0) return util::errno_status(errno, path_);
