@@ -1,6 +1,8 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <thread>
+#include <vector>
 
 #include "kcache/entry.h"
 #include "test_util.h"
@@ -26,6 +28,47 @@ TEST(Entry, RoundTrip) {
   EXPECT_EQ(d->meta().producer, "nvrtc 12");
   EXPECT_EQ(d->manifest(), ki.manifest);
   EXPECT_EQ(d->artifacts().size(), 3u);
+}
+
+// The metadata and manifest are parsed from the bytes on first use. Copies
+// share the parse, so threads reading them at once all see the same one,
+// for a plain and a compressed entry; an empty Entry describes nothing.
+TEST(Entry, TheDescriptionIsParsedOnceForAllCopiesAndThreads) {
+  KeyInfo ki = *KeyBuilder("ns").add_string("cpu", "znver5").add_u64("level", 2).finish();
+  std::string text;
+  for (int i = 0; i < 20000; ++i) text += "add r" + std::to_string(i % 13) + ";\n";
+  for (Compression c : {Compression::none, Compression::zstd}) {
+    EntryMeta m{77, 88, "producer/1"};
+    m.label = "kernel_a";
+    auto e = EntryBuilder(ki.key).add("obj", text).meta(m).manifest(ki.manifest).compression(c).build();
+    ASSERT_TRUE(e.has_value()) << e.error().to_string();
+    auto d = Entry::decode(make_heap_buffer(std::string(e->encoded())), &ki.key);
+    ASSERT_TRUE(d.has_value()) << d.error().to_string();
+    std::vector<Entry> copies(8, *d);
+    std::vector<const Manifest*> seen(copies.size());
+    std::vector<std::thread> ts;
+    for (size_t i = 0; i < copies.size(); ++i)
+      ts.emplace_back([&, i] {
+        seen[i] = &copies[i].manifest();
+        EXPECT_EQ(copies[i].meta().label, "kernel_a");
+      });
+    for (auto& t : ts) t.join();
+    for (size_t i = 0; i < copies.size(); ++i) {
+      EXPECT_EQ(seen[i], &d->manifest()) << "copy " << i << " parsed its own";
+      EXPECT_EQ(*seen[i], ki.manifest);
+    }
+    EXPECT_EQ(d->manifest().items.at(0).value, std::optional<std::string>("znver5"));
+    EXPECT_EQ(d->meta().created_unix_ms, 77u);
+    EXPECT_EQ(d->meta().compile_cost_us, 88u);
+    EXPECT_EQ(d->meta().producer, "producer/1");
+    EXPECT_EQ(*d->artifact("obj"), text);
+#if !KCACHE_HAVE_ZSTD
+    break;
+#endif
+  }
+  Entry none;
+  EXPECT_TRUE(none.manifest().items.empty());
+  EXPECT_TRUE(none.meta().producer.empty());
 }
 
 TEST(Entry, ArtifactsAre64ByteAlignedWithinTheEntry) {

@@ -61,8 +61,10 @@ class Entry {
   Entry() = default;
 
   const Key& key() const noexcept { return key_; }
-  const EntryMeta& meta() const noexcept { return meta_; }
-  const Manifest& manifest() const noexcept { return manifest_; }
+  // The metadata and the key's manifest are parsed from the encoded bytes
+  // on first use (a hit needs neither); copies of an Entry share the result.
+  const EntryMeta& meta() const { return described().meta; }
+  const Manifest& manifest() const { return described().manifest; }
 
   // The artifact's bytes, or nullopt if the entry has no such artifact.
   std::optional<std::string_view> artifact(std::string_view name) const noexcept;
@@ -96,9 +98,14 @@ class Entry {
 
  private:
   friend class EntryBuilder;
+  struct Description {
+    EntryMeta meta;
+    Manifest manifest;
+  };
+  struct Lazy;  // the description, parsed once (entry.cc)
+  const Description& described() const;
   Key key_;
-  EntryMeta meta_;
-  Manifest manifest_;
+  std::shared_ptr<Lazy> lazy_;
   std::vector<ArtifactRef> artifacts_;
   bool compressed_ = false;
   std::shared_ptr<const Buffer> buffer_;    // the encoded bytes

@@ -23,6 +23,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <mutex>
 #include <set>
 
 #include "entry/buffer.h"
@@ -188,7 +189,47 @@ void read_extension(std::string_view raw, size_t at, EntryMeta& meta, Manifest& 
   for (const auto& [index, v] : values) m.items[index].value = std::string(v);
 }
 
+// The metadata and manifest at the start of a payload, walked: checked
+// only (meta and m null: decode, which allocates nothing for them) or also
+// filled in (on first use). The error, or nullptr.
+const char* walk_description(Reader& r, EntryMeta* meta, Manifest* m) {
+  std::string_view s;
+  uint64_t created, cost;
+  uint32_t n32;
+  uint16_t n16;
+  if (!r.u64(created) || !r.u64(cost)) return "truncated metadata";
+  if (!r.u32(n32) || !r.bytes(n32, s)) return "truncated producer";
+  if (meta) {
+    meta->created_unix_ms = created;
+    meta->compile_cost_us = cost;
+    meta->producer = std::string(s);
+  }
+  if (!r.u32(n32) || !r.bytes(n32, s)) return "truncated namespace";
+  if (m) m->ns = std::string(s);
+  uint32_t items;
+  if (!r.u32(items) || items > r.remaining() / 19) return "bad manifest count";
+  if (m) m->items.reserve(items);
+  for (uint32_t i = 0; i < items; ++i) {
+    uint8_t type;
+    std::string_view d;
+    if (!r.u16(n16) || !r.bytes(n16, s) || !r.u8(type) || !r.bytes(16, d)) return "truncated manifest";
+    if (!m) continue;
+    ManifestItem it;
+    it.name = std::string(s);
+    it.type = static_cast<ComponentType>(type);
+    std::memcpy(it.digest.bytes.data(), d.data(), 16);
+    m->items.push_back(std::move(it));
+  }
+  return nullptr;
+}
+
 }  // namespace
+
+struct Entry::Lazy {
+  std::once_flag once;
+  size_t ext_at = 0;  // where the extension may start in the payload
+  Description d;
+};
 
 std::shared_ptr<const Buffer> make_heap_buffer(std::string bytes) {
   return std::make_shared<StringBuffer>(std::move(bytes));
@@ -252,27 +293,10 @@ Expected<Entry> Entry::decode(std::shared_ptr<const Buffer> buf, const Key* expe
   }
 
   Reader r(raw);
+  // The metadata and manifest are checked here and parsed on first use.
+  if (const char* why = walk_description(r, nullptr, nullptr)) return corrupt(why);
   std::string_view s;
-  uint32_t n32;
   uint16_t n16;
-  if (!r.u64(e.meta_.created_unix_ms) || !r.u64(e.meta_.compile_cost_us)) return corrupt("truncated metadata");
-  if (!r.u32(n32) || !r.bytes(n32, s)) return corrupt("truncated producer");
-  e.meta_.producer = std::string(s);
-  if (!r.u32(n32) || !r.bytes(n32, s)) return corrupt("truncated namespace");
-  e.manifest_.ns = std::string(s);
-  uint32_t items;
-  if (!r.u32(items) || items > r.remaining() / 19) return corrupt("bad manifest count");
-  e.manifest_.items.reserve(items);
-  for (uint32_t i = 0; i < items; ++i) {
-    ManifestItem it;
-    uint8_t type;
-    std::string_view d;
-    if (!r.u16(n16) || !r.bytes(n16, s) || !r.u8(type) || !r.bytes(16, d)) return corrupt("truncated manifest");
-    it.name = std::string(s);
-    it.type = static_cast<ComponentType>(type);
-    std::memcpy(it.digest.bytes.data(), d.data(), 16);
-    e.manifest_.items.push_back(std::move(it));
-  }
   uint32_t count;
   if (!r.u32(count) || count > r.remaining() / 18) return corrupt("bad artifact count");
   e.artifacts_.reserve(count);
@@ -282,9 +306,22 @@ Expected<Entry> Entry::decode(std::shared_ptr<const Buffer> buf, const Key* expe
     if (off > raw.size() || size > raw.size() - off) return corrupt("artifact out of bounds");
     e.artifacts_.push_back(ArtifactRef{std::string(s), raw.substr(off, size)});
   }
-  read_extension(raw, raw.size() - r.remaining(), e.meta_, e.manifest_, e.artifacts_);
+  e.lazy_ = std::make_shared<Lazy>();
+  e.lazy_->ext_at = raw.size() - r.remaining();
   e.buffer_ = std::move(buf);
   return e;
+}
+
+const Entry::Description& Entry::described() const {
+  static const Description none;
+  if (!lazy_) return none;
+  std::call_once(lazy_->once, [this] {
+    std::string_view raw = compressed_ ? std::string_view(*raw_) : encoded().substr(kEntryHeaderSize);
+    Reader r(raw);
+    (void)walk_description(r, &lazy_->d.meta, &lazy_->d.manifest);  // decode checked it
+    read_extension(raw, lazy_->ext_at, lazy_->d.meta, lazy_->d.manifest, artifacts_);
+  });
+  return lazy_->d;
 }
 
 Entry Entry::detach() const {
