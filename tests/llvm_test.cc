@@ -619,6 +619,24 @@ TEST(LlvmKey, DigestAndBitcodeKeysCoverTheTargetAndDifferFromModuleKeys) {
 
 // The object key make_cached_lljit with default JitOptions (this host,
 // -O2) gives a module tagged with the IR digest `ir`.
+// One process's view in the two-run tests: an LMDB cache in `dir`, a cached
+// LLJIT on it, and that JIT's counters (the JIT goes before the cache).
+struct CountedJit {
+  std::unique_ptr<kcache::Cache> cache;
+  std::shared_ptr<kl::CompileCounters> counters = std::make_shared<kl::CompileCounters>();
+  std::unique_ptr<llvm::orc::LLJIT> jit;
+};
+CountedJit counted_jit(const std::string& dir) {
+  CountedJit c;
+  c.cache = open_cache(dir, "lmdb");
+  kl::JitOptions jo;
+  jo.counters = c.counters;
+  auto jit = kl::make_cached_lljit(*c.cache, jo);
+  EXPECT_TRUE(bool(jit)) << (jit ? "" : llvm::toString(jit.takeError()));
+  if (jit) c.jit = std::move(*jit);
+  return c;
+}
+
 kcache::Key default_jit_key(const kcache::Digest& ir) {
   auto tmb = llvm::orc::JITTargetMachineBuilder::detectHost();
   if (!tmb) {
@@ -653,20 +671,16 @@ TEST(LlvmKey, IrDigestIgnoresTheModuleNameAndTagsKeepTheLabel) {
 
   TempDir d;
   for (int run = 0; run < 2; ++run) {
-    auto cache = open_cache(d.path(), "lmdb");
-    auto counters = std::make_shared<kl::CompileCounters>();
-    kl::JitOptions jo;
-    jo.counters = counters;
-    auto jit = kl::make_cached_lljit(*cache, jo);
-    ASSERT_TRUE(bool(jit));
+    auto [cache, counters, jit] = counted_jit(d.path());
+    ASSERT_TRUE(jit);
     auto t = tsm(ir_text("g", 7), "kernel_g.ll");
     kcache::Digest ir;
     t.withModuleDo([&](llvm::Module& m) {
       ir = kl::ir_digest(m);
       kl::set_ir_digest(m, ir);
     });
-    ASSERT_FALSE((*jit)->addIRModule(std::move(t)));
-    EXPECT_EQ(call(**jit, "g", 50), reference(7, 50));
+    ASSERT_FALSE(jit->addIRModule(std::move(t)));
+    EXPECT_EQ(call(*jit, "g", 50), reference(7, 50));
     EXPECT_EQ(counters->codegen_runs.load(), run == 0 ? 1u : 0u);
     cache->flush();
     auto e = cache->get(default_jit_key(ir));
@@ -680,16 +694,12 @@ TEST(LlvmCompiler, IrDigestTagSkipsSerialisingAndHitsAcrossProcesses) {
   std::string bc = bitcode_of(ir_text("g", 7));
   auto digest = kcache::hash_bytes(bc);
   for (int run = 0; run < 2; ++run) {
-    auto cache = open_cache(d.path(), "lmdb");
-    auto counters = std::make_shared<kl::CompileCounters>();
-    kl::JitOptions jo;
-    jo.counters = counters;
-    auto jit = kl::make_cached_lljit(*cache, jo);
-    ASSERT_TRUE(bool(jit));
+    auto [cache, counters, jit] = counted_jit(d.path());
+    ASSERT_TRUE(jit);
     auto t = tsm_from_bitcode(bc, "g.bc");
     t.withModuleDo([&](llvm::Module& m) { kl::set_ir_digest(m, digest); });
-    ASSERT_FALSE((*jit)->addIRModule(std::move(t)));
-    EXPECT_EQ(call(**jit, "g", 50), reference(7, 50));
+    ASSERT_FALSE(jit->addIRModule(std::move(t)));
+    EXPECT_EQ(call(*jit, "g", 50), reference(7, 50));
     EXPECT_EQ(counters->codegen_runs.load(), run == 0 ? 1u : 0u);
     EXPECT_EQ(counters->hits.load(), run == 0 ? 0u : 1u);
     cache->flush();
