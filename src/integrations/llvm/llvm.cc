@@ -338,6 +338,21 @@ kcache::Expected<KeyInfo> object_key(const Digest& ir, const TargetDesc& t, cons
   return kb.finish();
 }
 
+namespace {
+
+// The key of a module the JIT compiles: from its IR digest tag when it has
+// one (then with the module's label, so that a miss is compared with the
+// previous version of the same module), else from its bitcode.
+kcache::Expected<KeyInfo> key_of_module(::llvm::Module& m, const std::optional<Digest>& ird, const TargetDesc& t,
+                                        const KeyOptions& options) {
+  if (!ird) return object_key(m, t, options);
+  auto key = object_key(*ird, t, options);
+  if (key) key->label = module_label(m, m.getModuleIdentifier());
+  return key;
+}
+
+}  // namespace
+
 kcache::Expected<KeyInfo> object_key_of_bitcode(std::string_view bitcode, const TargetDesc& t,
                                                 const KeyOptions& options) {
   return object_key(hash_bytes(bitcode), t, options);
@@ -422,9 +437,7 @@ std::unique_ptr<::llvm::MemoryBuffer> ObjectCache::getObject(const ::llvm::Modul
   // tagged with its IR digest is keyed on that (the tag stays: this
   // interface may not change the module).
   auto ird = cm->getNamedMetadata(kIrDigestMd) ? read_digest_md(*cm, kIrDigestMd) : std::nullopt;
-  auto key =
-      ird ? object_key(*ird, target_, opt_.key) : object_key(const_cast<::llvm::Module&>(*cm), target_, opt_.key);
-  if (ird && key) key->label = module_label(*cm, cm->getModuleIdentifier());
+  auto key = key_of_module(const_cast<::llvm::Module&>(*cm), ird, target_, opt_.key);
   uint64_t t1 = now_ns(), u1 = cpu_ns();
   C.key_ns.fetch_add(t1 - t0, std::memory_order_relaxed);
   C.key_cpu_ns.fetch_add(u1 - u0, std::memory_order_relaxed);
@@ -583,10 +596,7 @@ kcache::Expected<std::string> CachingCompiler::compile(::llvm::Module& m) {
   KeyOptions ko;
   ko.ir_opt_level = opt_.ir_opt_level;
   ko.extra = opt_.key_extra;
-  auto key = ird ? object_key(*ird, target_, ko) : object_key(m, target_, ko);
-  // A tagged module's key gets the module's label too, so that a miss is
-  // compared with the previous version of the same module.
-  if (ird && key) key->label = module_label(m, m.getModuleIdentifier());
+  auto key = key_of_module(m, ird, target_, ko);
   uint64_t t1 = now_ns(), u1 = cpu_ns();
   C.key_ns.fetch_add(t1 - t0, std::memory_order_relaxed);
   C.key_cpu_ns.fetch_add(u1 - u0, std::memory_order_relaxed);
