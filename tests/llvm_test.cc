@@ -828,3 +828,119 @@ TEST(LlvmCompiler, DisabledCacheComputesNoKey) {
   EXPECT_EQ(counters->codegen_runs.load(), 2u);
   EXPECT_EQ(counters->key_ns.load(), 0u);
 }
+
+// ---- linking into the arena (arena_memory_managers) ------------------------------
+
+namespace {
+
+// The permissions ("r-xp", ...) of the mapping that holds `addr`.
+std::string perms_at(uintptr_t addr) {
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  while (std::getline(maps, line)) {
+    uintptr_t lo = 0, hi = 0;
+    char perms[5] = {};
+    if (std::sscanf(line.c_str(), "%lx-%lx %4s", &lo, &hi, perms) == 3 && addr >= lo && addr < hi) return perms;
+  }
+  return "";
+}
+
+// A module with code, a constant table (read-only data) and a counter
+// (read-write data): g<i>(x) = tab<i>[x & 3] + ++count<i>.
+std::string arena_ir(int i) {
+  std::string s = std::to_string(i);
+  return "@tab" + s + " = constant [4 x i64] [i64 " + std::to_string(10 * i) + ", i64 1, i64 2, i64 3]\n" + "@count" +
+         s + " = global i64 0\n" + "define i64 @g" + s +
+         "(i64 %x) {\n"
+         "  %j = and i64 %x, 3\n"
+         "  %p = getelementptr [4 x i64], [4 x i64]* @tab" +
+         s + ", i64 0, i64 %j\n" +
+         "  %v = load i64, i64* %p\n"
+         "  %c = load i64, i64* @count" +
+         s + "\n" +
+         "  %c1 = add i64 %c, 1\n"
+         "  store i64 %c1, i64* @count" +
+         s + "\n" +
+         "  %r = add i64 %v, %c1\n"
+         "  ret i64 %r\n}\n";
+}
+
+}  // namespace
+
+// make_cached_lljit links into one arena: code is executable and never
+// writable, constants are read-only, globals are writable, and objects can
+// be removed and linked again (their pages go back to the system).
+TEST(LlvmArenaMemory, ObjectsRunWithTheirProtectionsAndComeBackAfterRemoval) {
+  TempDir d;
+  auto cache = open_cache(d.path(), "lmdb");
+  auto jit = kl::make_cached_lljit(*cache);
+  ASSERT_TRUE(bool(jit)) << llvm::toString(jit.takeError());
+  constexpr int kModules = 40;
+  std::vector<llvm::orc::ResourceTrackerSP> rts(kModules);
+  auto add = [&](int i) {
+    rts[i] = (*jit)->getMainJITDylib().createResourceTracker();
+    ASSERT_FALSE((*jit)->addIRModule(rts[i], tsm(arena_ir(i), "a" + std::to_string(i))));
+  };
+  auto addr = [&](const std::string& name) -> uintptr_t {
+    auto sym = (*jit)->lookup(name);
+    EXPECT_TRUE(bool(sym)) << name << ": " << (sym ? "" : llvm::toString(sym.takeError()));
+    return sym ? static_cast<uintptr_t>(sym->getAddress()) : 0;
+  };
+  using G = int64_t (*)(int64_t);
+  for (int i = 0; i < kModules; ++i) add(i);
+  for (int i = 0; i < kModules; ++i) {
+    std::string s = std::to_string(i);
+    uintptr_t g = addr("g" + s), tab = addr("tab" + s), count = addr("count" + s);
+    ASSERT_NE(g, 0u);
+    EXPECT_EQ(reinterpret_cast<G>(g)(0), 10 * i + 1);
+    EXPECT_EQ(reinterpret_cast<G>(g)(6), 2 + 2);
+    EXPECT_EQ(perms_at(g).substr(0, 3), "r-x") << i;
+    EXPECT_EQ(perms_at(tab).substr(0, 3), "r--") << i;
+    EXPECT_EQ(perms_at(count).substr(0, 3), "rw-") << i;
+    EXPECT_EQ(*reinterpret_cast<int64_t*>(count), 2);
+  }
+  // Remove every other object, then link those again: fresh counters.
+  for (int i = 0; i < kModules; i += 2) ASSERT_FALSE(rts[i]->remove());
+  for (int i = 0; i < kModules; i += 2) add(i);
+  for (int i = 0; i < kModules; ++i) {
+    uintptr_t g = addr("g" + std::to_string(i));
+    ASSERT_NE(g, 0u);
+    EXPECT_EQ(reinterpret_cast<G>(g)(1), 1 + (i % 2 == 0 ? 1 : 3)) << i;
+  }
+}
+
+// The memory managers on their own, as RuntimeDyld drives them: sections
+// aligned as asked, within what was reserved; one beyond the reservation
+// still gets memory; finalising makes code RX and constants R; a manager
+// that is gone gives its pages back.
+TEST(LlvmArenaMemory, SectionsAreAlignedAndASectionBeyondTheReservationStillGetsMemory) {
+  auto make = kl::arena_memory_managers();
+  uintptr_t code_at = 0;
+  {
+    auto mm = make();
+    ASSERT_TRUE(mm->needsToReserveAllocationSpace());
+    mm->reserveAllocationSpace(100, 16, 40, 64, 8, 8);
+    uint8_t* code = mm->allocateCodeSection(100, 16, 1, ".text");
+    uint8_t* ro = mm->allocateDataSection(40, 64, 2, ".rodata", true);
+    uint8_t* rw = mm->allocateDataSection(8, 8, 3, ".data", false);
+    uint8_t* extra = mm->allocateCodeSection(10000, 4096, 4, ".text.extra");  // not reserved
+    ASSERT_TRUE(code && ro && rw && extra);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(code) % 16, 0u);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(ro) % 64, 0u);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(extra) % 4096, 0u);
+    std::memset(code, 0xc3, 100);  // ret
+    std::memset(extra, 0xc3, 10000);
+    std::memset(ro, 7, 40);
+    std::memset(rw, 9, 8);
+    std::string err;
+    ASSERT_FALSE(mm->finalizeMemory(&err)) << err;
+    EXPECT_EQ(perms_at(reinterpret_cast<uintptr_t>(code)).substr(0, 3), "r-x");
+    EXPECT_EQ(perms_at(reinterpret_cast<uintptr_t>(extra) + 9999).substr(0, 3), "r-x");
+    EXPECT_EQ(perms_at(reinterpret_cast<uintptr_t>(ro)).substr(0, 3), "r--");
+    EXPECT_EQ(perms_at(reinterpret_cast<uintptr_t>(rw)).substr(0, 3), "rw-");
+    EXPECT_EQ(ro[39], 7);
+    reinterpret_cast<void (*)()>(code)();
+    code_at = reinterpret_cast<uintptr_t>(code);
+  }
+  EXPECT_EQ(perms_at(code_at).substr(0, 3), "---") << "given back";
+}

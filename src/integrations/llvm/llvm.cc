@@ -24,6 +24,7 @@
 #include <llvm/Config/llvm-config.h>
 #include <llvm/ExecutionEngine/Orc/CompileUtils.h>
 #include <llvm/ExecutionEngine/Orc/ExecutionUtils.h>
+#include <llvm/ExecutionEngine/Orc/RTDyldObjectLinkingLayer.h>
 #include <llvm/IR/LegacyPassManager.h>
 #include <llvm/IR/Module.h>
 #include <llvm/MC/SubtargetFeature.h>
@@ -718,6 +719,7 @@ kcache::Expected<FrontendKeys> FrontendKeys::for_jit(const JitOptions& options) 
   co.zero_copy = options.zero_copy;
   co.counters = options.counters;
 
+  const bool jtmb_triple_is_elf = jtmb->getTargetTriple().isOSBinFormatELF();
   ::llvm::orc::LLJITBuilder b;
   b.setJITTargetMachineBuilder(std::move(*jtmb));
   Cache* c = &cache;
@@ -728,6 +730,13 @@ kcache::Expected<FrontendKeys> FrontendKeys::for_jit(const JitOptions& options) 
     return std::unique_ptr<::llvm::orc::IRCompileLayer::IRCompiler>(std::move(*cc));
   });
   if (options.compile_threads) b.setNumCompileThreads(options.compile_threads);
+  if (options.arena_memory && jtmb_triple_is_elf) {
+    b.setObjectLinkingLayerCreator(
+        [](::llvm::orc::ExecutionSession& es,
+           const ::llvm::Triple&) -> ::llvm::Expected<std::unique_ptr<::llvm::orc::ObjectLayer>> {
+          return std::make_unique<::llvm::orc::RTDyldObjectLinkingLayer>(es, arena_memory_managers());
+        });
+  }
   auto jit = b.create();
   if (!jit) return jit.takeError();
   if (options.process_symbols) {

@@ -1,0 +1,227 @@
+// Memory for the objects an ORC LLJIT links in: one arena of address space
+// shared by every object of a JIT (see arena_memory_managers in
+// kcache/llvm.h).
+//
+// LLVM's SectionMemoryManager maps fresh pages for each object's code,
+// read-only data and read-write data, faults each page in, and unmaps them
+// all at the end: three mappings and their faults for every object, which on
+// a warm start (every object from the cache, nothing compiled) is a good
+// part of linking. Here an arena reserves a slab of address space up front
+// (PROT_NONE, nothing committed) with one range for each kind of section,
+// makes it writable a megabyte at a time, and each object takes
+// page-aligned regions from the three ranges in turn. An object's code and
+// read-only data are then protected (RX, R) in place: successive objects'
+// code pages sit side by side with the same protection, so the kernel keeps
+// them as one mapping instead of one or more per object.
+//
+//  * An object's regions all come from one slab (a slab is 3 x 64 MiB, or
+//    larger for a larger object): whatever the code model, its sections are
+//    within 2 GiB of each other.
+//  * RuntimeDyld says up front what an object needs
+//    (reserveAllocationSpace, stubs and GOT included); a section that does
+//    not fit what it said (it never should) gets a region of its own from
+//    the arena's current slab.
+//  * An object that is removed gives its pages back (MADV_DONTNEED, then
+//    PROT_NONE); its address space is not reused, and a slab is unmapped once
+//    none of its objects is left and the arena has moved on to another.
+//  * EH frames are registered and deregistered as SectionMemoryManager does
+//    (RTDyldMemoryManager's in-process registration).
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <llvm/ExecutionEngine/RTDyldMemoryManager.h>
+#include <llvm/Support/Memory.h>
+
+#include "kcache/llvm.h"
+
+namespace kcache::llvm {
+namespace {
+
+enum Kind : unsigned { kCode = 0, kReadOnly = 1, kReadWrite = 2, kKinds = 3 };
+
+constexpr size_t kSpan = size_t{64} << 20;       // address space of one kind in a slab
+constexpr size_t kCommitStep = size_t{1} << 20;  // made writable at a time
+
+size_t page_size() {
+  static const size_t p = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  return p;
+}
+
+size_t round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
+
+struct Slab {
+  uint8_t* base = nullptr;
+  size_t span = 0;                  // bytes of address space of each kind
+  uint8_t* used[kKinds] = {};       // next free byte of each kind's range
+  uint8_t* committed[kKinds] = {};  // end of its writable part
+  size_t live = 0;                  // regions in use
+};
+
+struct Region {
+  uint8_t* at = nullptr;
+  size_t size = 0;  // a multiple of the page size
+  Kind kind = kCode;
+  Slab* slab = nullptr;
+};
+
+class Arena {
+ public:
+  ~Arena() {
+    for (auto& s : slabs_) ::munmap(s->base, s->span * kKinds);
+  }
+
+  // Writable page-aligned regions of sizes[k] bytes (page multiples; 0 for
+  // none) of each kind, all from one slab; false when the system refuses
+  // address space or memory.
+  bool take(const size_t sizes[kKinds], Region out[kKinds]) {
+    std::lock_guard lk(mu_);
+    if (!current_ || !fits(*current_, sizes)) {
+      size_t span = kSpan;
+      for (unsigned k = 0; k < kKinds; ++k) span = std::max(span, round_up(sizes[k], kCommitStep));
+      void* p = ::mmap(nullptr, span * kKinds, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+      if (p == MAP_FAILED) return false;
+      auto s = std::make_unique<Slab>();
+      s->base = static_cast<uint8_t*>(p);
+      s->span = span;
+      for (unsigned k = 0; k < kKinds; ++k) s->used[k] = s->committed[k] = s->base + k * span;
+      Slab* old = current_;
+      current_ = s.get();
+      slabs_.push_back(std::move(s));
+      if (old && old->live == 0) drop(old);
+    }
+    Slab& s = *current_;
+    for (unsigned k = 0; k < kKinds; ++k) {
+      uint8_t* end = s.used[k] + sizes[k];
+      if (end <= s.committed[k]) continue;
+      uint8_t* to = std::min(s.base + (k + 1) * s.span,
+                             s.committed[k] + round_up(static_cast<size_t>(end - s.committed[k]), kCommitStep));
+      if (::mprotect(s.committed[k], static_cast<size_t>(to - s.committed[k]), PROT_READ | PROT_WRITE) != 0)
+        return false;
+      s.committed[k] = to;
+    }
+    for (unsigned k = 0; k < kKinds; ++k) {
+      out[k] = Region{sizes[k] ? s.used[k] : nullptr, sizes[k], static_cast<Kind>(k), &s};
+      s.used[k] += sizes[k];
+      s.live += sizes[k] ? 1 : 0;
+    }
+    return true;
+  }
+
+  // Regions no longer used by anything.
+  void give_back(const std::vector<Region>& regions) {
+    for (const Region& r : regions) {
+      (void)::madvise(r.at, r.size, MADV_DONTNEED);
+      (void)::mprotect(r.at, r.size, PROT_NONE);
+    }
+    std::lock_guard lk(mu_);
+    for (const Region& r : regions)
+      if (--r.slab->live == 0 && r.slab != current_) drop(r.slab);
+  }
+
+ private:
+  bool fits(const Slab& s, const size_t sizes[kKinds]) const {
+    for (unsigned k = 0; k < kKinds; ++k)
+      if (s.used[k] + sizes[k] > s.base + (k + 1) * s.span) return false;
+    return true;
+  }
+  // REQUIRES: mu_ held; `s` has no live object and is not current_.
+  void drop(Slab* s) {
+    ::munmap(s->base, s->span * kKinds);
+    slabs_.erase(std::find_if(slabs_.begin(), slabs_.end(), [s](const auto& p) { return p.get() == s; }));
+  }
+
+  std::mutex mu_;
+  std::vector<std::unique_ptr<Slab>> slabs_;  // GUARDED_BY(mu_)
+  Slab* current_ = nullptr;                   // GUARDED_BY(mu_)
+};
+
+// One object's memory: what RuntimeDyld asked for, from the arena.
+class ArenaMemoryManager final : public ::llvm::RTDyldMemoryManager {
+ public:
+  explicit ArenaMemoryManager(std::shared_ptr<Arena> arena) : arena_(std::move(arena)) {}
+  ~ArenaMemoryManager() override {
+    // RTDyldObjectLinkingLayer deregisters the EH frames before this.
+    arena_->give_back(regions_);
+  }
+
+  bool needsToReserveAllocationSpace() override { return true; }
+
+  void reserveAllocationSpace(uintptr_t code, uint32_t code_align, uintptr_t ro, uint32_t ro_align, uintptr_t rw,
+                              uint32_t rw_align) override {
+    const size_t need[kKinds] = {code + code_align, ro + ro_align, rw + rw_align};
+    size_t sizes[kKinds];
+    for (unsigned k = 0; k < kKinds; ++k) sizes[k] = need[k] > 0 ? round_up(need[k], page_size()) : 0;
+    take(sizes);
+  }
+
+  uint8_t* allocateCodeSection(uintptr_t size, unsigned align, unsigned, ::llvm::StringRef) override {
+    return allocate(kCode, size, align);
+  }
+  uint8_t* allocateDataSection(uintptr_t size, unsigned align, unsigned, ::llvm::StringRef, bool read_only) override {
+    return allocate(read_only ? kReadOnly : kReadWrite, size, align);
+  }
+
+  bool finalizeMemory(std::string* err) override {
+    for (Region& r : regions_) {
+      if (!r.at || r.kind == kReadWrite) continue;
+      int prot = r.kind == kCode ? PROT_READ | PROT_EXEC : PROT_READ;
+      if (::mprotect(r.at, r.size, prot) != 0) {
+        if (err) *err = std::string("mprotect: ") + std::strerror(errno);
+        return true;  // LLVM's convention: true is an error
+      }
+      if (r.kind == kCode) ::llvm::sys::Memory::InvalidateInstructionCache(r.at, r.size);
+    }
+    return false;
+  }
+
+ private:
+  bool take(const size_t sizes[kKinds]) {
+    Region got[kKinds];
+    if (!arena_->take(sizes, got)) return false;
+    for (unsigned k = 0; k < kKinds; ++k) {
+      if (!got[k].at) continue;
+      regions_.push_back(got[k]);
+      next_[k] = got[k].at;
+      end_[k] = got[k].at + got[k].size;
+    }
+    return true;
+  }
+
+  uint8_t* allocate(Kind k, uintptr_t size, unsigned align) {
+    const uintptr_t a = std::max<uintptr_t>(align, 16);
+    auto bump = [&]() -> uint8_t* {
+      if (!next_[k]) return nullptr;
+      uintptr_t p = (reinterpret_cast<uintptr_t>(next_[k]) + a - 1) & ~(a - 1);
+      if (p + size > reinterpret_cast<uintptr_t>(end_[k])) return nullptr;
+      next_[k] = reinterpret_cast<uint8_t*>(p + size);
+      return reinterpret_cast<uint8_t*>(p);
+    };
+    if (uint8_t* p = bump()) return p;
+    size_t sizes[kKinds] = {0, 0, 0};
+    sizes[k] = round_up(std::max<uintptr_t>(size, 1) + a, page_size());
+    if (!take(sizes)) return nullptr;  // RuntimeDyld reports the failed allocation
+    return bump();
+  }
+
+  std::shared_ptr<Arena> arena_;
+  std::vector<Region> regions_;
+  uint8_t* next_[kKinds] = {};
+  uint8_t* end_[kKinds] = {};
+};
+
+}  // namespace
+
+std::function<std::unique_ptr<::llvm::RuntimeDyld::MemoryManager>()> arena_memory_managers() {
+  auto arena = std::make_shared<Arena>();
+  return [arena] { return std::make_unique<ArenaMemoryManager>(arena); };
+}
+
+}  // namespace kcache::llvm
