@@ -14,13 +14,14 @@
 // code pages sit side by side with the same protection, so the kernel keeps
 // them as one mapping instead of one or more per object.
 //
-//  * An object's regions all come from one slab (a slab is 3 x 64 MiB, or
-//    larger for a larger object): whatever the code model, its sections are
-//    within 2 GiB of each other.
+//  * An object's regions come from one slab (a slab is 3 x 64 MiB, or
+//    larger for a larger object), so its sections are within 2 GiB of each
+//    other whatever the code model (make_cached_lljit's JIT uses the large
+//    one, which needs no such reach).
 //  * RuntimeDyld says up front what an object needs
-//    (reserveAllocationSpace, stubs and GOT included); a section that does
-//    not fit what it said (it never should) gets a region of its own from
-//    the arena's current slab.
+//    (reserveAllocationSpace); a section that does not fit what it said (on
+//    x86-64, LLVM 14 counts no GOT entries for its PLT stubs) gets a region
+//    of its own, from the object's slab while that has room.
 //  * An object that is removed gives its pages back (MADV_DONTNEED, then
 //    PROT_NONE); its address space is not reused, and a slab is unmapped once
 //    none of its objects is left and the arena has moved on to another.
@@ -81,8 +82,11 @@ class Arena {
   // Writable page-aligned regions of sizes[k] bytes (page multiples; 0 for
   // none) of each kind, all from one slab; false when the system refuses
   // address space or memory.
-  bool take(const size_t sizes[kKinds], Region out[kKinds]) {
+  // `prefer` (an object's own slab, for a section beyond its reservation)
+  // is used when it has room.
+  bool take(const size_t sizes[kKinds], Region out[kKinds], Slab* prefer = nullptr) {
     std::lock_guard lk(mu_);
+    if (prefer && fits(*prefer, sizes)) return carve(*prefer, sizes, out);
     if (!current_ || !fits(*current_, sizes)) {
       size_t span = kSpan;
       for (unsigned k = 0; k < kKinds; ++k) span = std::max(span, round_up(sizes[k], kCommitStep));
@@ -97,7 +101,23 @@ class Arena {
       slabs_.push_back(std::move(s));
       if (old && old->live == 0) drop(old);
     }
-    Slab& s = *current_;
+    return carve(*current_, sizes, out);
+  }
+
+  // Regions no longer used by anything.
+  void give_back(const std::vector<Region>& regions) {
+    for (const Region& r : regions) {
+      (void)::madvise(r.at, r.size, MADV_DONTNEED);
+      (void)::mprotect(r.at, r.size, PROT_NONE);
+    }
+    std::lock_guard lk(mu_);
+    for (const Region& r : regions)
+      if (--r.slab->live == 0 && r.slab != current_) drop(r.slab);
+  }
+
+ private:
+  // REQUIRES: mu_ held; fits(s, sizes).
+  bool carve(Slab& s, const size_t sizes[kKinds], Region out[kKinds]) {
     for (unsigned k = 0; k < kKinds; ++k) {
       uint8_t* end = s.used[k] + sizes[k];
       if (end <= s.committed[k]) continue;
@@ -115,18 +135,6 @@ class Arena {
     return true;
   }
 
-  // Regions no longer used by anything.
-  void give_back(const std::vector<Region>& regions) {
-    for (const Region& r : regions) {
-      (void)::madvise(r.at, r.size, MADV_DONTNEED);
-      (void)::mprotect(r.at, r.size, PROT_NONE);
-    }
-    std::lock_guard lk(mu_);
-    for (const Region& r : regions)
-      if (--r.slab->live == 0 && r.slab != current_) drop(r.slab);
-  }
-
- private:
   bool fits(const Slab& s, const size_t sizes[kKinds]) const {
     for (unsigned k = 0; k < kKinds; ++k)
       if (s.used[k] + sizes[k] > s.base + (k + 1) * s.span) return false;
@@ -148,7 +156,12 @@ class ArenaMemoryManager final : public ::llvm::RTDyldMemoryManager {
  public:
   explicit ArenaMemoryManager(std::shared_ptr<Arena> arena) : arena_(std::move(arena)) {}
   ~ArenaMemoryManager() override {
-    // RTDyldObjectLinkingLayer deregisters the EH frames before this.
+    // The layer deregisters an object's EH frames when the object is
+    // removed, but not when linking it failed after they were registered
+    // (finalizeMemory or the emit notification failing): frames left
+    // registered over pages given back would crash the next unwind.
+    // Deregistering twice is harmless (the list is cleared).
+    deregisterEHFrames();
     arena_->give_back(regions_);
   }
 
@@ -156,10 +169,15 @@ class ArenaMemoryManager final : public ::llvm::RTDyldMemoryManager {
 
   void reserveAllocationSpace(uintptr_t code, uint32_t code_align, uintptr_t ro, uint32_t ro_align, uintptr_t rw,
                               uint32_t rw_align) override {
-    const size_t need[kKinds] = {code + code_align, ro + ro_align, rw + rw_align};
+    // The sizes already hold each section rounded up to its kind's largest
+    // alignment; a region starts on a page, which covers any alignment up
+    // to a page.
+    const uintptr_t need[kKinds] = {code, ro, rw};
+    const uint32_t align[kKinds] = {code_align, ro_align, rw_align};
     size_t sizes[kKinds];
-    for (unsigned k = 0; k < kKinds; ++k) sizes[k] = need[k] > 0 ? round_up(need[k], page_size()) : 0;
-    take(sizes);
+    for (unsigned k = 0; k < kKinds; ++k)
+      sizes[k] = need[k] ? round_up(need[k] + (align[k] > page_size() ? align[k] : 0), page_size()) : 0;
+    (void)take(sizes);  // on failure, allocate() tries again per section
   }
 
   uint8_t* allocateCodeSection(uintptr_t size, unsigned align, unsigned, ::llvm::StringRef) override {
@@ -185,7 +203,7 @@ class ArenaMemoryManager final : public ::llvm::RTDyldMemoryManager {
  private:
   bool take(const size_t sizes[kKinds]) {
     Region got[kKinds];
-    if (!arena_->take(sizes, got)) return false;
+    if (!arena_->take(sizes, got, regions_.empty() ? nullptr : regions_.front().slab)) return false;
     for (unsigned k = 0; k < kKinds; ++k) {
       if (!got[k].at) continue;
       regions_.push_back(got[k]);
@@ -196,7 +214,7 @@ class ArenaMemoryManager final : public ::llvm::RTDyldMemoryManager {
   }
 
   uint8_t* allocate(Kind k, uintptr_t size, unsigned align) {
-    const uintptr_t a = std::max<uintptr_t>(align, 16);
+    const uintptr_t a = align ? align : 1;
     auto bump = [&]() -> uint8_t* {
       if (!next_[k]) return nullptr;
       uintptr_t p = (reinterpret_cast<uintptr_t>(next_[k]) + a - 1) & ~(a - 1);
@@ -207,7 +225,9 @@ class ArenaMemoryManager final : public ::llvm::RTDyldMemoryManager {
     if (uint8_t* p = bump()) return p;
     size_t sizes[kKinds] = {0, 0, 0};
     sizes[k] = round_up(std::max<uintptr_t>(size, 1) + a, page_size());
-    if (!take(sizes)) return nullptr;  // RuntimeDyld reports the failed allocation
+    // Null only when the system refuses memory, which RuntimeDyld treats as
+    // fatal, as it does when SectionMemoryManager's mapping fails.
+    if (!take(sizes)) return nullptr;
     return bump();
   }
 
