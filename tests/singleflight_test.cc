@@ -1,7 +1,9 @@
 // Cross-process single-flight: leases in the LMDB store and lease files.
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <pthread.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -9,12 +11,14 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <thread>
 #include <vector>
 
 #include "kcache/cache.h"
 #include "kcache/lease.h"
 #include "lease/holder.h"
+#include "lease/table_layout.h"
 #include "test_util.h"
 #include "util/util.h"
 
@@ -229,29 +233,115 @@ TEST(TableLeases, BucketFullOfLiveLeasesIsAnErrorNotAWait) {
   EXPECT_EQ(b->takeovers(), 1u);
 }
 
-// A process stopped while it holds a bucket's lock (here: a lock taken by
-// hand on the bucket's bytes) blocks nobody for long: acquire gives up
-// within its bound and answers error.
-TEST(TableLeases, ABucketLockedForeverIsAnErrorWithinTheBound) {
+// The mapped lease table of `dir` and bucket b's mutex in it, as another
+// process of this or another version would use them.
+struct MappedTable {
+  explicit MappedTable(const std::string& dir) {
+    int fd = ::open((dir + "/" + lease::table::kFileName).c_str(), O_RDWR | O_CLOEXEC);
+    if (fd < 0) return;
+    void* p = ::mmap(nullptr, lease::table::kTableSize, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    ::close(fd);
+    if (p != MAP_FAILED) m = static_cast<char*>(p);
+  }
+  ~MappedTable() {
+    if (m) ::munmap(m, lease::table::kTableSize);
+  }
+  pthread_mutex_t* mutex(size_t b) const { return reinterpret_cast<pthread_mutex_t*>(m + lease::table::bucket_at(b)); }
+  char* m = nullptr;
+};
+
+// Starts a process that takes bucket b's mutex and, before it exits
+// (holding it, as a process that is killed would), runs `then` on the
+// mapping. Returns once it holds the mutex; it exits when its stdin pipe
+// (the returned fd) is written to or closed.
+pid_t hold_bucket(const std::string& dir, size_t b, int* go, const std::function<void(char*)>& then = {}) {
+  int ready[2], wait[2];
+  if (::pipe(ready) != 0 || ::pipe(wait) != 0) return -1;
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    ::close(wait[1]);
+    ::close(ready[0]);
+    MappedTable t(dir);
+    if (!t.m || ::pthread_mutex_lock(t.mutex(b)) != 0) ::_exit(1);
+    char x = 1;
+    (void)!::write(ready[1], &x, 1);
+    (void)!::read(wait[0], &x, 1);
+    if (then) then(t.m);
+    ::_exit(0);  // the mutex still held
+  }
+  char x;
+  bool held = ::read(ready[0], &x, 1) == 1;
+  ::close(ready[0]);
+  ::close(ready[1]);
+  ::close(wait[0]);
+  *go = wait[1];
+  return held ? pid : -1;
+}
+
+// A process stopped while it holds a bucket's mutex blocks nobody for
+// long: acquire gives up within its bound and answers error, and other
+// buckets are free. Once that process is gone, the next locker recovers the
+// mutex (its owner died) and the bucket works again.
+TEST(TableLeases, ABucketHeldByAStuckProcessIsAnErrorWithinTheBoundAndRecoveredWhenItDies) {
   TempDir d;
   auto l = *open_table_leases(d.path());
   Key k = table_key(3, 1);
-  int fd = ::open((d.path() + "/leases.tab").c_str(), O_RDWR | O_CLOEXEC);
-  ASSERT_GE(fd, 0);
-  struct flock fl {};
-  fl.l_type = F_WRLCK;
-  fl.l_whence = SEEK_SET;
-  fl.l_start = 3 * 512;
-  fl.l_len = 512;
-  ASSERT_EQ(::fcntl(fd, F_OFD_SETLK, &fl), 0);
+  int go = -1;
+  pid_t pid = hold_bucket(d.path(), 3, &go);
+  ASSERT_GT(pid, 0);
   auto t0 = std::chrono::steady_clock::now();
   EXPECT_EQ(l->acquire(k, 60000), LeaseResult::error);
+  EXPECT_GE(seconds_since(t0), 1.5);
   EXPECT_LT(seconds_since(t0), 10.0);
   EXPECT_EQ(l->acquire(table_key(4, 1), 60000), LeaseResult::acquired) << "other buckets are free";
-  fl.l_type = F_UNLCK;
-  ASSERT_EQ(::fcntl(fd, F_OFD_SETLK, &fl), 0);
-  ::close(fd);
+  ::close(go);
+  EXPECT_EQ(wait_exit(pid), 0);
+  EXPECT_EQ(l->acquire(k, 60000), LeaseResult::acquired) << "the dead owner's mutex is recovered";
+  EXPECT_EQ(l->acquire(table_key(3, 2), 60000), LeaseResult::acquired);
+  l->release(k);
   EXPECT_EQ(l->acquire(k, 60000), LeaseResult::acquired);
+}
+
+// A process that dies while it writes a slot (its mutex held, the slot's
+// expiry zeroed first, the rest half written) leaves an expired slot, never
+// a torn live one: the next process takes the lease at once.
+TEST(TableLeases, ASlotTornByAWriterThatDiedIsFree) {
+  TempDir d;
+  auto holder = *open_table_leases(d.path());
+  auto l = *open_table_leases(d.path());
+  Key k = table_key(6, 1);
+  ASSERT_EQ(holder->acquire(k, 600000), LeaseResult::acquired);
+  EXPECT_EQ(l->acquire(k, 60000), LeaseResult::busy);
+  int go = -1;
+  pid_t pid = hold_bucket(d.path(), 6, &go, [&](char* m) {
+    for (size_t i = 0; i < lease::table::kSlots; ++i) {
+      char* s = m + lease::table::slot_at(6, i);
+      if (std::memcmp(s, k.bytes.data(), 16) != 0) continue;
+      std::memset(s + lease::table::kExpiryAt, 0, 8);  // as a writer does first
+      std::memset(s + 16, 0xab, 12);                   // token and pid, half written
+    }
+  });
+  ASSERT_GT(pid, 0);
+  ::close(go);
+  EXPECT_EQ(wait_exit(pid), 0);
+  EXPECT_EQ(l->acquire(k, 60000), LeaseResult::acquired);
+  EXPECT_EQ(l->takeovers(), 1u);
+  EXPECT_FALSE(holder->renew(k, 60000)) << "the lease moved on";
+}
+
+// A table of another layout (here: made by a C library whose mutexes
+// differ in size) is never used: no leases, and the caller is told why.
+TEST(TableLeases, ATableOfAnotherLayoutIsAnError) {
+  TempDir d;
+  ASSERT_TRUE(open_table_leases(d.path()).has_value());
+  {
+    MappedTable t(d.path());
+    ASSERT_TRUE(t.m);
+    t.m[8 + 12] ^= 0x7f;  // lock_size
+  }
+  auto l = open_table_leases(d.path());
+  ASSERT_FALSE(l.has_value());
+  EXPECT_NE(l.error().to_string().find("another layout"), std::string::npos) << l.error().to_string();
 }
 
 // Threads of one process share a Leases object's descriptor, whose lock

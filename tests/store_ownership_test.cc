@@ -22,6 +22,7 @@
 #include "kcache/assembly.h"
 #include "kcache/cache.h"
 #include "kcache/lease.h"
+#include "lease/table_layout.h"
 #include "test_util.h"
 #include "util/util.h"
 
@@ -263,10 +264,10 @@ TEST_P(StoreOwnership, ASharedGroupSharesOneStoreBothWaysAndStillRefusesOthers) 
   EXPECT_NE(lines[1].find("writable by every user"), std::string::npos) << lines[1];
 }
 
-// The lease table asks not to update access times (O_NOATIME), which only
-// the file's owner may: a group member that did not create it still takes
-// leases in it. The member's lease, left behind when it exits, is taken over
-// here: it was written into this user's file.
+// The lease table is made by the first process to open the store: a group
+// member that did not make it maps it and takes leases in it. The member's
+// lease, left behind when it exits, is taken over here: it was written into
+// this user's file.
 TEST_P(StoreOwnership, AGroupMemberTakesLeasesInATableAnotherUserMade) {
   if (GetParam() != Engine::lmdb) GTEST_SKIP() << "one lease table for both engines";
   const std::string dir = pub_ + "/leases";
@@ -276,7 +277,7 @@ TEST_P(StoreOwnership, AGroupMemberTakesLeasesInATableAnotherUserMade) {
   auto mine = open_table_leases(dir);
   ASSERT_TRUE(mine.has_value()) << mine.error().to_string();
   struct stat st;
-  ASSERT_EQ(::stat((dir + "/leases.tab").c_str(), &st), 0);
+  ASSERT_EQ(::stat((dir + "/" + lease::table::kFileName).c_str(), &st), 0);
   ASSERT_EQ(st.st_uid, ::geteuid());
   const Key k = test::key_of(7);
   EXPECT_EQ(run_as(ids_,

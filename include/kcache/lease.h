@@ -10,9 +10,10 @@
 // crash leaves behind ever needs manual clean-up.
 //
 // Implementations: a lease table beside the LMDB store (one small file of
-// buckets, each updated under an fcntl open-file-description lock on its
-// byte range, which the kernel drops when its process dies; no sync and no
-// database writer lock, so a lease never waits for the store's commits), and
+// buckets that every process maps, each updated under a robust
+// process-shared mutex, which the next locker recovers when its holder
+// dies; no system call, no sync and no database writer lock, so a lease
+// never waits for the store's commits), and
 // lease files for the file-per-entry engine, which may be on NFS (created
 // with O_EXCL; a stale one is taken over under a takeover marker, itself
 // created with O_EXCL, so one process at a time judges, removes and
@@ -55,7 +56,7 @@ class Leases {
   virtual uint64_t takeovers() const noexcept = 0;
 };
 
-// The lease table `dir`/leases.tab (the LMDB tier's folder: a local file
+// The lease table `dir`/leases2.tab (the LMDB tier's folder: a local file
 // system).
 Expected<std::shared_ptr<Leases>> open_table_leases(const std::string& dir);
 // Lease files under `dir`/leases (the files tier's folder).

@@ -9,6 +9,7 @@
 #include <array>
 
 #include "kcache/bundle.h"
+#include "lease/table_layout.h"
 #include "util/util.h"
 #if KCACHE_HAVE_REDIS
 #include "kcache/redis.h"
@@ -82,7 +83,8 @@ std::vector<std::string> store_paths(const DiskStore& d) {
   std::vector<std::string> p{d.dir, d.path};
   switch (d.engine) {
     case Engine::lmdb:
-      for (const char* f : {"/data.mdb", "/lock.mdb", "/leases.tab"}) p.push_back(d.path + f);
+      for (const char* f : {"/data.mdb", "/lock.mdb"}) p.push_back(d.path + f);
+      p.push_back(d.path + "/" + lease::table::kFileName);
       p.push_back(d.path + ".quarantine-lock");
       break;
     case Engine::files: {

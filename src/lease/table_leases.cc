@@ -1,30 +1,37 @@
 // The lease table: leases of a store on a local file system, kept in one
-// small file beside it, `<dir>/leases.tab` (docs/format.md, "Lease table").
+// small file beside it, `<dir>/leases2.tab` (docs/format.md, "Lease table";
+// layout in lease/table_layout.h).
 //
-// The file is an array of buckets; a key's bucket is chosen by its first
-// bytes, and a bucket holds up to kSlots leases, each a slot of the key and
-// its holder record (lease/holder.h). A bucket is read and written only
-// under an exclusive open-file-description lock (fcntl F_OFD_SETLK) on its
-// byte range, so processes, and Leases objects within one process, update
-// it one at a time, and the kernel drops the lock of a process that dies.
-// Under the lock the bucket is read (pread, 512 bytes) and one slot written
-// (pwrite, 64 bytes): a lease costs four system calls, no sync and no
-// database writer lock, so taking one never queues behind the store's own
-// commits. (The file is not mapped: a write to a mapped page that the file
-// system cannot back, on a full copy-on-write file system or a file cut
-// short, is SIGBUS; a failed pwrite is an error.)
+// Every process that uses the store maps the file (MAP_SHARED). It is a
+// header and 256 buckets; a key's bucket is chosen by its first bytes, and
+// a bucket is a robust, process-shared mutex and 8 slots, each the key of a
+// lease and its holder record (lease/holder.h). A bucket is read and
+// written only under its mutex, so processes, threads, and Leases objects
+// within one process update it one at a time. Taking or giving up a lease
+// is a few loads and stores: no system call while the mutex is free (it is
+// a futex; LMDB keeps its reader table's locks the same way).
 //
 //  * acquire: the key's slot, when its holder is dead or expired, is taken
 //    over; a free slot (zeros, or a dead or expired holder of another key)
 //    is taken; a bucket full of live leases is an error (the caller compiles
 //    uncoordinated: never a wait for an unrelated key).
-//  * a slot torn by a writer killed mid-write is the slot of a dead process:
-//    it is free.
-//  * the lock is tried without blocking and retried for up to kLockBoundMs;
-//    a stopped process cannot hold a bucket for ever.
+//  * A process that dies holding a bucket's mutex leaves it to the next
+//    locker (EOWNERDEAD), which marks it consistent and goes on. A slot is
+//    written expiry first (zero), then the rest, then its expiry: a slot a
+//    dying process was writing reads as expired, so it is free.
+//  * The mutex is waited for for at most kLockBoundMs: a stopped process
+//    cannot hold a bucket for ever.
+//  * The file is created, allocated in full (posix_fallocate, so no write
+//    to the mapping can find the disk full) and initialised once, under an
+//    open-file-description lock on its header; `ready` in the header says
+//    it is done. A table made by another layout or C library (the size of
+//    its mutexes) is an error: no cross-process leases, compiles go on.
 // In a store folder shared with a group, the file is group-writable.
 #include <fcntl.h>
+#include <pthread.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -32,27 +39,31 @@
 #include <chrono>
 #include <cstring>
 #include <memory>
-#include <mutex>
 #include <thread>
 
 #include "kcache/lease.h"
 #include "lease/holder.h"
+#include "lease/table_layout.h"
 #include "util/util.h"
 
 namespace kcache {
 namespace {
 
-constexpr size_t kSlotSize = 16 + lease::kHolderSize;  // key | holder record
-constexpr size_t kSlots = 8;                           // per bucket
-constexpr size_t kBucketSize = kSlots * kSlotSize;     // 512 bytes
-constexpr size_t kBuckets = 256;
-constexpr size_t kTableSize = kBuckets * kBucketSize;  // 128 KiB
-constexpr uint64_t kLockBoundMs = 2000;
-static_assert(kSlotSize == 64);
+using namespace lease::table;
 
-// One bucket, as read under its lock.
+constexpr uint64_t kLockBoundMs = 2000;
+
+uint32_t lock_kind() {
+#if defined(__GLIBC__)
+  return 1;
+#else
+  return 2;
+#endif
+}
+
+// One bucket's slots, as read under its mutex.
 struct Bucket {
-  char bytes[kBucketSize];
+  char bytes[kSlots * kSlotSize];
   std::string_view slot_key(size_t i) const { return {bytes + i * kSlotSize, 16}; }
   bool holder(size_t i, lease::Holder* h) const {
     return lease::decode(std::string_view(bytes + i * kSlotSize + 16, lease::kHolderSize), h);
@@ -66,11 +77,28 @@ struct Bucket {
 
 bool same_key(std::string_view slot, const Key& k) { return std::memcmp(slot.data(), k.bytes.data(), 16) == 0; }
 
+// An exclusive open-file-description lock on [at, at + len) of fd, tried for
+// at most kLockBoundMs; released with the descriptor.
+bool ofd_lock(int fd, off_t at, off_t len) {
+  struct flock fl {};
+  fl.l_type = F_WRLCK;
+  fl.l_whence = SEEK_SET;
+  fl.l_start = at;
+  fl.l_len = len;
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(kLockBoundMs);
+  for (;;) {
+    if (::fcntl(fd, F_OFD_SETLK, &fl) == 0) return true;
+    if (errno != EAGAIN && errno != EACCES && errno != EINTR) return false;
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
 class TableLeases final : public Leases {
  public:
   explicit TableLeases(std::string path) : path_(std::move(path)) {}
   ~TableLeases() override {
-    if (state_->fd >= 0) ::close(state_->fd);
+    if (map_) ::munmap(map_, kTableSize);
   }
   std::string_view name() const noexcept override { return "table"; }
   uint64_t takeovers() const noexcept override { return takeovers_.load(); }
@@ -82,10 +110,10 @@ class TableLeases final : public Leases {
 
   LeaseResult acquire(const Key& key, uint64_t ttl_ms) override {
     const uint64_t me = token_.get();
-    State& s = state();
-    Locked lk(s, bucket_of(key));
+    Locked lk(map_, bucket_of(key));
+    if (!lk.ok()) return LeaseResult::error;
     Bucket b;
-    if (!lk.ok() || !lk.read(&b)) return LeaseResult::error;
+    lk.read(&b);
     const uint64_t now = util::now_unix_ms();
     int free_slot = -1;
     for (size_t i = 0; i < kSlots; ++i) {
@@ -93,7 +121,7 @@ class TableLeases final : public Leases {
       bool readable = b.holder(i, &h);
       if (same_key(b.slot_key(i), key) && readable) {
         if (h.token != me && lease::alive(h, now)) return LeaseResult::busy;
-        if (!lk.write_slot(i, key, lease::self(me, ttl_ms))) return LeaseResult::error;
+        lk.write_slot(i, key, lease::self(me, ttl_ms));
         if (h.token != me) takeovers_.fetch_add(1);
         return LeaseResult::acquired;
       }
@@ -105,91 +133,99 @@ class TableLeases final : public Leases {
       if (!b.holder(i, &h) || !lease::alive(h, now)) free_slot = static_cast<int>(i);
     }
     if (free_slot < 0) return LeaseResult::error;  // kSlots live leases in this bucket
-    return lk.write_slot(static_cast<size_t>(free_slot), key, lease::self(me, ttl_ms)) ? LeaseResult::acquired
-                                                                                       : LeaseResult::error;
+    lk.write_slot(static_cast<size_t>(free_slot), key, lease::self(me, ttl_ms));
+    return LeaseResult::acquired;
   }
 
   bool renew(const Key& key, uint64_t ttl_ms) override {
     const uint64_t me = token_.get();
-    State& s = state();
-    Locked lk(s, bucket_of(key));
+    Locked lk(map_, bucket_of(key));
+    if (!lk.ok()) return false;
     Bucket b;
-    if (!lk.ok() || !lk.read(&b)) return false;
+    lk.read(&b);
     int i = mine(b, key, me);
-    return i >= 0 && lk.write_slot(static_cast<size_t>(i), key, lease::self(me, ttl_ms));
+    if (i < 0) return false;
+    lk.write_slot(static_cast<size_t>(i), key, lease::self(me, ttl_ms));
+    return true;
   }
 
   void release(const Key& key) override {
     const uint64_t me = token_.get();
-    State& s = state();
-    Locked lk(s, bucket_of(key));
+    Locked lk(map_, bucket_of(key));
+    if (!lk.ok()) return;
     Bucket b;
-    if (!lk.ok() || !lk.read(&b)) return;
+    lk.read(&b);
     int i = mine(b, key, me);
-    if (i >= 0) (void)lk.write_bytes(i, std::string(kSlotSize, '\0').data());
+    if (i >= 0) lk.clear_slot(static_cast<size_t>(i));
   }
 
  private:
-  // The descriptor and the mutexes that serialise this object's threads on
-  // a bucket (an open-file-description lock does not: they share the
-  // description). A child of fork() opens its own description: sharing its
-  // parent's, its locks would not exclude the parent's. The inherited state
-  // is left as it is (its mutexes may be held by parent threads that are
-  // gone).
-  struct State {
-    int fd = -1;
-    std::mutex mu[kBuckets];  // one a bucket: a stuck bucket holds up only its own keys
-  };
-
+  // A bucket's mutex, held.
   class Locked {
    public:
-    Locked(State& s, size_t bucket) : s_(s), at_(static_cast<off_t>(bucket * kBucketSize)), g_(s.mu[bucket]) {
-      ok_ = s.fd >= 0 && lock(F_WRLCK);
+    Locked(char* map, size_t bucket)
+        : base_(map ? map + bucket_at(bucket) : nullptr), mu_(reinterpret_cast<pthread_mutex_t*>(base_)) {
+      ok_ = base_ && lock();
     }
     ~Locked() {
-      if (ok_) (void)lock(F_UNLCK);
+      if (ok_) ::pthread_mutex_unlock(mu_);
     }
     bool ok() const noexcept { return ok_; }
-    bool read(Bucket* b) const {
-      return ::pread(s_.fd, b->bytes, kBucketSize, at_) == static_cast<ssize_t>(kBucketSize);
-    }
-    // Writes slot i in one pwrite (a slot torn by a crash of the machine
-    // holds a holder that is not alive after the reboot: stale).
-    bool write_slot(size_t i, const Key& key, const lease::Holder& h) const {
+    void read(Bucket* b) const { std::memcpy(b->bytes, base_ + kLockSize, sizeof b->bytes); }
+    void write_slot(size_t i, const Key& key, const lease::Holder& h) {
       char slot[kSlotSize];
       std::memcpy(slot, key.bytes.data(), 16);
       std::string rec = lease::encode(h);
       std::memcpy(slot + 16, rec.data(), lease::kHolderSize);
-      return write_bytes(static_cast<int>(i), slot);
+      store(i, slot);
     }
-    bool write_bytes(int i, const char* slot) const {
-      return ::pwrite(s_.fd, slot, kSlotSize, at_ + static_cast<off_t>(i) * static_cast<off_t>(kSlotSize)) ==
-             static_cast<ssize_t>(kSlotSize);
+    void clear_slot(size_t i) {
+      const char zeros[kSlotSize] = {};
+      store(i, zeros);
     }
 
    private:
-    bool lock(short type) {
-      struct flock fl {};
-      fl.l_type = type;
-      fl.l_whence = SEEK_SET;
-      fl.l_start = at_;
-      fl.l_len = static_cast<off_t>(kBucketSize);
-      if (type == F_UNLCK) return ::fcntl(s_.fd, F_OFD_SETLK, &fl) == 0;
-      auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(kLockBoundMs);
-      for (int spin = 0;; ++spin) {
-        if (::fcntl(s_.fd, F_OFD_SETLK, &fl) == 0) return true;
-        if (errno != EAGAIN && errno != EACCES && errno != EINTR) return false;
-        if (std::chrono::steady_clock::now() > deadline) {
-          KCACHE_LOG(LogLevel::warn, "lease table: a bucket stayed locked for %llu ms; compiling uncoordinated",
-                     static_cast<unsigned long long>(kLockBoundMs));
-          return false;
-        }
-        std::this_thread::sleep_for(std::chrono::microseconds(spin < 10 ? 20 : 1000));
-      }
+    // Expiry zeroed first and stored last: a writer that dies in between
+    // leaves an expired slot, never a torn live one.
+    void store(size_t i, const char* slot) {
+      char* s = base_ + kLockSize + i * kSlotSize;
+      auto* expiry = reinterpret_cast<uint64_t*>(s + kExpiryAt);
+      __atomic_store_n(expiry, uint64_t{0}, __ATOMIC_SEQ_CST);
+      std::memcpy(s, slot, kExpiryAt);
+      std::memcpy(s + kExpiryAt + 8, slot + kExpiryAt + 8, kSlotSize - kExpiryAt - 8);
+      uint64_t e;
+      std::memcpy(&e, slot + kExpiryAt, 8);
+      __atomic_store_n(expiry, e, __ATOMIC_RELEASE);
     }
-    State& s_;
-    off_t at_;
-    std::lock_guard<std::mutex> g_;
+    bool lock() {
+      int rc = ::pthread_mutex_trylock(mu_);
+      if (rc == EBUSY) {
+        struct timespec until;
+        ::clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_sec += static_cast<time_t>(kLockBoundMs / 1000);
+        until.tv_nsec += static_cast<long>(kLockBoundMs % 1000) * 1000000L;
+        if (until.tv_nsec >= 1000000000L) {
+          until.tv_sec += 1;
+          until.tv_nsec -= 1000000000L;
+        }
+        rc = ::pthread_mutex_timedlock(mu_, &until);
+      }
+      if (rc == EOWNERDEAD) {
+        // Its holder died with it: a slot it was writing reads as expired.
+        ::pthread_mutex_consistent(mu_);
+        return true;
+      }
+      if (rc == 0) return true;
+      if (rc == ETIMEDOUT)
+        KCACHE_LOG(LogLevel::warn, "lease table: a bucket stayed locked for %llu ms; compiling uncoordinated",
+                   static_cast<unsigned long long>(kLockBoundMs));
+      else
+        KCACHE_LOG(LogLevel::warn, "lease table: locking a bucket: %s; compiling uncoordinated", std::strerror(rc));
+      return false;
+    }
+
+    char* base_;
+    pthread_mutex_t* mu_;
     bool ok_ = false;
   };
 
@@ -208,56 +244,88 @@ class TableLeases final : public Leases {
     return -1;
   }
 
-  State& state() {
-    uint64_t g = util::fork_generation();
-    if (g != gen_.load(std::memory_order_acquire)) {
-      std::lock_guard lk(fork_mu_);
-      if (g != gen_.load()) {
-        // Inherited: its mutex may be held by a thread that is gone. Its
-        // descriptor is closed, which leaves the parent's locks alone (they
-        // go with the parent's last descriptor of that description).
-        State* old = state_.release();
-        if (old->fd >= 0) ::close(old->fd);
-        state_ = std::make_unique<State>();
-        (void)open_file();
-        gen_.store(g, std::memory_order_release);
-      }
-    }
-    return *state_;
-  }
-
+  // Opens and maps the table, making it ready first if no process has.
   Status open_file() {
     const unsigned mode = shared_ ? 0660 : 0600;
-    // No access times: every read of a bucket after a write would otherwise
-    // be an inode update (relatime), a journal entry on each lease. Only the
-    // file's owner (or root) may ask for that; others open it as it is.
-    int fd = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NOATIME, mode);
-    if (fd < 0 && errno == EPERM) fd = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, mode);
+    int fd = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, mode);
     if (fd < 0) return util::errno_status(errno, path_);
-    struct stat st;
-    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-      ::close(fd);
-      return Status(Errc::io_error, path_ + " is not a regular file");
-    }
-    if (shared_ && st.st_uid == ::geteuid()) (void)::fchmod(fd, mode);
-    // Allocated in full once, so that a lease on a full disk does not fail
-    // for want of a block.
-    if (st.st_size < static_cast<off_t>(kTableSize)) {
-      if (int rc = ::posix_fallocate(fd, 0, static_cast<off_t>(kTableSize)); rc != 0) {
-        Status e = util::errno_status(rc, path_);
+    // The mapping outlives the descriptor. It also keeps the open file
+    // description, and with it any lock on it, so the header lock is
+    // given up by hand.
+    struct Closer {
+      int fd;
+      bool locked = false;
+      ~Closer() {
+        if (locked) {
+          struct flock fl {};
+          fl.l_type = F_UNLCK;
+          fl.l_whence = SEEK_SET;
+          fl.l_len = static_cast<off_t>(kHeaderSize);
+          (void)::fcntl(fd, F_OFD_SETLK, &fl);
+        }
         ::close(fd);
-        return e;
       }
+    } closer{fd};
+    struct stat st;
+    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) return Status(Errc::io_error, path_ + " is not a regular file");
+    if (shared_ && st.st_uid == ::geteuid()) (void)::fchmod(fd, mode);
+    if (!ofd_lock(fd, 0, static_cast<off_t>(kHeaderSize)))
+      return Status(Errc::timeout, path_ + ": could not lock the header to open the lease table");
+    closer.locked = true;
+    if (::fstat(fd, &st) != 0) return util::errno_status(errno, path_);
+    // Allocated in full before it is mapped: a store into the mapping never
+    // needs a block (a full disk would make it SIGBUS), and never lies past
+    // the end of the file.
+    if (st.st_size < static_cast<off_t>(kTableSize)) {
+      if (int rc = ::posix_fallocate(fd, 0, static_cast<off_t>(kTableSize)); rc != 0)
+        return util::errno_status(rc, path_);
     }
-    state_->fd = fd;
+    void* p = ::mmap(nullptr, kTableSize, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) return util::errno_status(errno, path_);
+    char* m = static_cast<char*>(p);
+    uint32_t ready;
+    std::memcpy(&ready, m + kReadyAt, 4);
+    Status st_ok = ready == 1 ? check_header(m) : make_ready(m);
+    if (!st_ok.is_ok()) {
+      ::munmap(p, kTableSize);
+      return st_ok;
+    }
+    map_ = m;
+    return Status();
+  }
+
+  Status check_header(const char* m) const {
+    const uint32_t want[5] = {kVersion, static_cast<uint32_t>(kBuckets), static_cast<uint32_t>(kSlots),
+                              static_cast<uint32_t>(sizeof(pthread_mutex_t)), lock_kind()};
+    if (std::memcmp(m, kMagic, 8) != 0 || std::memcmp(m + 8, want, sizeof want) != 0)
+      return Status(Errc::io_error, path_ + " is a lease table of another layout or C library");
+    return Status();
+  }
+
+  // Under the header lock: no process uses the table before `ready`, so
+  // whatever an earlier maker that died left is made afresh.
+  Status make_ready(char* m) {
+    pthread_mutexattr_t a;
+    ::pthread_mutexattr_init(&a);
+    int rc = ::pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
+    if (rc == 0) rc = ::pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST);
+    for (size_t b = 0; rc == 0 && b < kBuckets; ++b) {
+      std::memset(m + bucket_at(b), 0, kBucketSize);
+      rc = ::pthread_mutex_init(reinterpret_cast<pthread_mutex_t*>(m + bucket_at(b)), &a);
+    }
+    ::pthread_mutexattr_destroy(&a);
+    if (rc != 0) return util::errno_status(rc, path_ + ": process-shared robust mutexes");
+    const uint32_t fields[5] = {kVersion, static_cast<uint32_t>(kBuckets), static_cast<uint32_t>(kSlots),
+                                static_cast<uint32_t>(sizeof(pthread_mutex_t)), lock_kind()};
+    std::memcpy(m, kMagic, 8);
+    std::memcpy(m + 8, fields, sizeof fields);
+    __atomic_store_n(reinterpret_cast<uint32_t*>(m + kReadyAt), uint32_t{1}, __ATOMIC_RELEASE);
     return Status();
   }
 
   const std::string path_;
   bool shared_ = false;
-  std::unique_ptr<State> state_ = std::make_unique<State>();
-  std::mutex fork_mu_;  // only taken when a fork was seen
-  std::atomic<uint64_t> gen_{util::fork_generation()};
+  char* map_ = nullptr;
   lease::Token token_;
   std::atomic<uint64_t> takeovers_{0};
 };
@@ -265,7 +333,7 @@ class TableLeases final : public Leases {
 }  // namespace
 
 Expected<std::shared_ptr<Leases>> open_table_leases(const std::string& dir) {
-  auto l = std::make_shared<TableLeases>(dir + "/leases.tab");
+  auto l = std::make_shared<TableLeases>(dir + "/" + lease::table::kFileName);
   KCACHE_RETURN_IF_ERROR(l->init());
   return std::shared_ptr<Leases>(std::move(l));
 }
