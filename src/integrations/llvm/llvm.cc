@@ -152,13 +152,24 @@ class EntryObjectBuffer final : public ::llvm::MemoryBuffer {
 
 // The stored object as a MemoryBuffer, or null when it is not an object file
 // for `arch` (a bad entry: the caller recompiles).
+// The entry's object as a buffer: the entry's own bytes when zero_copy
+// (and they are 8-byte aligned, as a parser wants), else a copy.
+std::unique_ptr<::llvm::MemoryBuffer> buffer_of(Entry&& e, std::string_view obj, bool zero_copy) {
+  bool aligned = (reinterpret_cast<uintptr_t>(obj.data()) & 7) == 0;
+  if (zero_copy && aligned) return std::make_unique<EntryObjectBuffer>(std::move(e), obj);
+  return ::llvm::MemoryBuffer::getMemBufferCopy(::llvm::StringRef(obj.data(), obj.size()), "kcache:" + e.key().hex());
+}
+
 std::unique_ptr<::llvm::MemoryBuffer> object_buffer(Entry&& e, ::llvm::Triple::ArchType arch, bool zero_copy,
-                                                    std::string* why) {
+                                                    std::string* why, bool check = true) {
   auto obj = e.artifact("obj");
   if (!obj) {
     *why = "entry has no 'obj' artifact";
     return nullptr;
   }
+  // An object this thread's code generator just made is handed on as it
+  // is (the linker parses it anyway, as it would without the cache).
+  if (!check) return buffer_of(std::move(e), *obj, zero_copy);
   auto parsed = ::llvm::object::ObjectFile::createObjectFile(
       ::llvm::MemoryBufferRef(::llvm::StringRef(obj->data(), obj->size()), "kcache"));
   if (!parsed) {
@@ -169,9 +180,7 @@ std::unique_ptr<::llvm::MemoryBuffer> object_buffer(Entry&& e, ::llvm::Triple::A
     *why = "object is for another architecture";
     return nullptr;
   }
-  bool aligned = (reinterpret_cast<uintptr_t>(obj->data()) & 7) == 0;
-  if (zero_copy && aligned) return std::make_unique<EntryObjectBuffer>(std::move(e), *obj);
-  return ::llvm::MemoryBuffer::getMemBufferCopy(::llvm::StringRef(obj->data(), obj->size()), "kcache:" + e.key().hex());
+  return buffer_of(std::move(e), *obj, zero_copy);
 }
 
 ::llvm::Error make_error(const std::string& msg) {
@@ -636,7 +645,7 @@ kcache::Expected<std::string> CachingCompiler::compile(::llvm::Module& m) {
     return make_error(entry.error().to_string());
   }
   std::string why;
-  auto buf = object_buffer(std::move(*entry), arch_, opt_.zero_copy, &why);
+  auto buf = object_buffer(std::move(*entry), arch_, opt_.zero_copy, &why, /*check=*/!compiled_here);
   uint64_t t2 = now_ns(), u2 = cpu_ns();
   C.compile_ns.fetch_add(compile_ns, std::memory_order_relaxed);
   C.compile_cpu_ns.fetch_add(compile_cpu, std::memory_order_relaxed);
