@@ -24,7 +24,7 @@
 #include <algorithm>
 #include <cstring>
 #include <mutex>
-#include <set>
+#include <numeric>
 
 #include "entry/buffer.h"
 #include "kcache/entry.h"
@@ -50,16 +50,6 @@ class StringBuffer final : public Buffer {
  private:
   std::string s_;
 };
-
-void put_str16(std::string& out, std::string_view s) {
-  out.push_back(static_cast<char>(s.size() & 0xff));
-  out.push_back(static_cast<char>(s.size() >> 8));
-  out += s;
-}
-void put_str32(std::string& out, std::string_view s) {
-  util::put_u32(out, static_cast<uint32_t>(s.size()));
-  out += s;
-}
 
 Digest checksum(const char* header, std::string_view payload) {
   uint64_t seed = XXH3_64bits(header, 48);
@@ -142,24 +132,159 @@ Expected<Header> verify_header(std::string_view enc, const Key* expected) {
   return h;
 }
 
-std::string encode_extension(const EntryMeta& meta, const Manifest& m) {
-  size_t n = 0;
-  for (const auto& it : m.items) n += it.value ? 1 : 0;
-  if (meta.label.empty() && n == 0) return std::string();
-  std::string x(kExtMagic, 4);
-  util::put_u32(x, 0);  // ext_len, set below
-  put_str16(x, std::string_view(meta.label).substr(0, kMaxLabel));
-  util::put_u32(x, static_cast<uint32_t>(n));
-  for (size_t i = 0; i < m.items.size(); ++i) {
-    if (!m.items[i].value) continue;
-    util::put_u32(x, static_cast<uint32_t>(i));
-    put_str16(x, std::string_view(*m.items[i].value).substr(0, 65535));
+// Little-endian writes into memory sized for them up front (build()).
+class Writer {
+ public:
+  explicit Writer(char* p) : p_(p) {}
+  void u8(uint8_t v) { *p_++ = static_cast<char>(v); }
+  void u16(uint16_t v) {
+    p_[0] = static_cast<char>(v & 0xff);
+    p_[1] = static_cast<char>(v >> 8);
+    p_ += 2;
   }
-  uint32_t len = static_cast<uint32_t>(x.size());
-  std::string l;
-  util::put_u32(l, len);
-  std::memcpy(x.data() + 4, l.data(), 4);
-  return x;
+  void u32(uint32_t v) {
+    for (int i = 0; i < 4; ++i) p_[i] = static_cast<char>(v >> (8 * i));
+    p_ += 4;
+  }
+  void u64(uint64_t v) {
+    for (int i = 0; i < 8; ++i) p_[i] = static_cast<char>(v >> (8 * i));
+    p_ += 8;
+  }
+  void bytes(const void* d, size_t n) {
+    if (n) std::memcpy(p_, d, n);
+    p_ += n;
+  }
+  void str16(std::string_view s) {
+    u16(static_cast<uint16_t>(s.size()));
+    bytes(s.data(), s.size());
+  }
+  void str32(std::string_view s) {
+    u32(static_cast<uint32_t>(s.size()));
+    bytes(s.data(), s.size());
+  }
+  char* pos() const { return p_; }
+
+ private:
+  char* p_;
+};
+
+constexpr uint64_t align64(uint64_t n) { return (n + 63) & ~uint64_t(63); }
+
+// What the extension stores: the label and each readable value, cut.
+std::string_view ext_label(const EntryMeta& meta) { return std::string_view(meta.label).substr(0, kMaxLabel); }
+std::string_view ext_value(const std::string& v) { return std::string_view(v).substr(0, 65535); }
+
+// Where each part of raw goes, computed before a byte is written:
+//   head (metadata, manifest, artifact count) | table | ext | pad | artifacts
+struct Layout {
+  uint64_t head = 0;        // up to and including the artifact count
+  uint64_t table = 0;       // the artifact table
+  uint64_t ext = 0;         // the extension; 0 when there is none
+  uint32_t ext_values = 0;  // manifest items whose value the extension keeps
+  uint64_t first = 0;       // offset of the first artifact
+  uint64_t total = 0;       // raw_len
+};
+
+Layout layout_of(const EntryMeta& meta, const Manifest& m, const std::vector<Artifact>& arts) {
+  Layout l;
+  l.head = 8 + 8 + 4 + meta.producer.size() + 4 + m.ns.size() + 4 + 4;
+  uint64_t values = 0;
+  for (const auto& it : m.items) {
+    l.head += 2 + it.name.size() + 1 + 16;
+    if (it.value) {
+      ++l.ext_values;
+      values += 4 + 2 + ext_value(*it.value).size();
+    }
+  }
+  if (!meta.label.empty() || l.ext_values) l.ext = 4 + 4 + 2 + ext_label(meta).size() + 4 + values;
+  for (const auto& a : arts) l.table += 2 + a.name.size() + 16;
+  l.total = l.head + l.table + l.ext;
+  l.first = align64(l.total);
+  uint64_t off = l.first;
+  for (const auto& a : arts) {
+    l.total = off + a.data.size();
+    off = align64(l.total);
+  }
+  return l;
+}
+
+// Writes raw (l.total bytes, padding zeroed) at `out`.
+void write_raw(char* out, const Layout& l, const EntryMeta& meta, const Manifest& m,
+               const std::vector<Artifact>& arts) {
+  Writer w(out);
+  w.u64(meta.created_unix_ms);
+  w.u64(meta.compile_cost_us);
+  w.str32(meta.producer);
+  w.str32(m.ns);
+  w.u32(static_cast<uint32_t>(m.items.size()));
+  for (const auto& it : m.items) {
+    w.str16(it.name);
+    w.u8(static_cast<uint8_t>(it.type));
+    w.bytes(it.digest.bytes.data(), 16);
+  }
+  w.u32(static_cast<uint32_t>(arts.size()));
+  uint64_t off = l.first;
+  for (const auto& a : arts) {
+    w.str16(a.name);
+    w.u64(off);
+    w.u64(a.data.size());
+    off = align64(off + a.data.size());
+  }
+  if (l.ext) {
+    w.bytes(kExtMagic, 4);
+    w.u32(static_cast<uint32_t>(l.ext));
+    w.str16(ext_label(meta));
+    w.u32(l.ext_values);
+    for (size_t i = 0; i < m.items.size(); ++i) {
+      if (!m.items[i].value) continue;
+      w.u32(static_cast<uint32_t>(i));
+      w.str16(ext_value(*m.items[i].value));
+    }
+  }
+  uint64_t at = static_cast<uint64_t>(w.pos() - out);
+  off = l.first;
+  for (const auto& a : arts) {
+    std::memset(out + at, 0, off - at);
+    if (!a.data.empty()) std::memcpy(out + off, a.data.data(), a.data.size());
+    at = off + a.data.size();
+    off = align64(at);
+  }
+}
+
+// The first problem with the artifact names, in the order they were added
+// (an empty or over-long name, or one added before), or an empty message.
+// Few artifacts are compared pairwise; many through a sorted index.
+std::string name_problem(const std::vector<Artifact>& arts) {
+  auto bad_length = [](const std::string& n) { return n.empty() || n.size() > 255; };
+  static const std::string kBadLength = "artifact name must be 1 to 255 bytes";
+  auto twice = [](const std::string& n) { return "artifact '" + n + "' added twice"; };
+  const size_t n = arts.size();
+  if (n <= 16) {
+    for (size_t i = 0; i < n; ++i) {
+      if (bad_length(arts[i].name)) return kBadLength;
+      for (size_t j = 0; j < i; ++j)
+        if (arts[j].name == arts[i].name) return twice(arts[i].name);
+    }
+    return std::string();
+  }
+  size_t first_bad = n;
+  for (size_t i = 0; i < n && first_bad == n; ++i)
+    if (bad_length(arts[i].name)) first_bad = i;
+  // The earliest index whose name an earlier index has: in each run of
+  // equal names sorted by (name, index), the run's second index.
+  std::vector<uint32_t> order(n);
+  std::iota(order.begin(), order.end(), 0u);
+  std::sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) {
+    int c = arts[a].name.compare(arts[b].name);
+    return c != 0 ? c < 0 : a < b;
+  });
+  size_t first_dup = n;
+  for (size_t k = 1; k < n; ++k)
+    if (arts[order[k]].name == arts[order[k - 1]].name && (k < 2 || arts[order[k - 2]].name != arts[order[k]].name))
+      first_dup = std::min<size_t>(first_dup, order[k]);
+  if (first_bad < first_dup) return kBadLength;
+  if (first_dup < n) return twice(arts[first_dup].name);
+  return std::string();
 }
 
 // The optional extension after the artifact table, at `at` of raw. Only
@@ -338,84 +463,76 @@ EntryBuilder& EntryBuilder::add(std::string name, std::string data) {
   return *this;
 }
 
+// Lays the entry out from lengths computed first and writes it once: into
+// its final buffer, or (when zstd is tried) into a staging string that the
+// compressed form replaces. The Entry is then made from the layout it was
+// just given: decode's checks (the checksum, the walk) would only find
+// what build() wrote.
 Expected<Entry> EntryBuilder::build() const {
-  std::set<std::string_view> names;
-  for (const auto& a : artifacts_) {
-    if (a.name.empty() || a.name.size() > 255)
-      return Status(Errc::invalid_argument, "artifact name must be 1 to 255 bytes");
-    if (!names.insert(a.name).second) return Status(Errc::invalid_argument, "artifact '" + a.name + "' added twice");
-  }
+  if (std::string why = name_problem(artifacts_); !why.empty()) return Status(Errc::invalid_argument, why);
   if (meta_.producer.size() > (1u << 20) || manifest_.ns.size() > (1u << 20))
     return Status(Errc::invalid_argument, "producer or namespace too long");
-
-  std::string raw;
-  util::put_u64(raw, meta_.created_unix_ms);
-  util::put_u64(raw, meta_.compile_cost_us);
-  put_str32(raw, meta_.producer);
-  put_str32(raw, manifest_.ns);
-  util::put_u32(raw, static_cast<uint32_t>(manifest_.items.size()));
-  for (const auto& it : manifest_.items) {
+  for (const auto& it : manifest_.items)
     if (it.name.size() > 65535) return Status(Errc::invalid_argument, "manifest name too long");
-    put_str16(raw, it.name);
-    raw.push_back(static_cast<char>(it.type));
-    raw.append(reinterpret_cast<const char*>(it.digest.bytes.data()), 16);
-  }
-  util::put_u32(raw, static_cast<uint32_t>(artifacts_.size()));
-  // The table's size is known, so offsets can be laid out before writing.
-  const std::string ext = encode_extension(meta_, manifest_);
-  size_t table_end = raw.size() + ext.size();
-  for (const auto& a : artifacts_) table_end += 2 + a.name.size() + 16;
-  uint64_t off = (table_end + 63) & ~uint64_t(63);
-  std::vector<uint64_t> offsets;
-  for (const auto& a : artifacts_) {
-    offsets.push_back(off);
-    off = (off + a.data.size() + 63) & ~uint64_t(63);
-  }
-  for (size_t i = 0; i < artifacts_.size(); ++i) {
-    put_str16(raw, artifacts_[i].name);
-    util::put_u64(raw, offsets[i]);
-    util::put_u64(raw, artifacts_[i].data.size());
-  }
-  raw += ext;
-  uint64_t total = artifacts_.empty() ? raw.size() : offsets.back() + artifacts_.back().data.size();
-  if (total > kMaxEntrySize) return Status(Errc::too_large, "entry larger than 4 GiB");
-  raw.resize(total, '\0');
-  for (size_t i = 0; i < artifacts_.size(); ++i)
-    std::memcpy(raw.data() + offsets[i], artifacts_[i].data.data(), artifacts_[i].data.size());
+  const Layout l = layout_of(meta_, manifest_, artifacts_);
+  if (l.total > kMaxEntrySize) return Status(Errc::too_large, "entry larger than 4 GiB");
 
   uint32_t flags = 0;
-  std::string stored;
+  std::shared_ptr<AlignedBuffer> buf;
+  std::shared_ptr<std::string> staged;  // raw, when the payload is compressed
 #if KCACHE_HAVE_ZSTD
-  bool try_zstd =
-      compression_ == Compression::zstd || (compression_ == Compression::automatic && raw.size() >= 64 * 1024);
+  bool try_zstd = compression_ == Compression::zstd || (compression_ == Compression::automatic && l.total >= 64 * 1024);
   if (try_zstd) {
+    auto raw = std::make_shared<std::string>(l.total, '\0');
+    write_raw(raw->data(), l, meta_, manifest_, artifacts_);
     std::string z;
-    z.resize(ZSTD_compressBound(raw.size()));
-    size_t n = ZSTD_compress(z.data(), z.size(), raw.data(), raw.size(), 1);
-    size_t keep_below = compression_ == Compression::zstd ? raw.size() - raw.size() / 8 : raw.size() - raw.size() / 4;
-    if (!ZSTD_isError(n) && n < keep_below) {
-      z.resize(n);
-      stored = std::move(z);
+    z.resize(ZSTD_compressBound(raw->size()));
+    size_t n = ZSTD_compress(z.data(), z.size(), raw->data(), raw->size(), 1);
+    size_t keep_below =
+        compression_ == Compression::zstd ? raw->size() - raw->size() / 8 : raw->size() - raw->size() / 4;
+    const bool kept = !ZSTD_isError(n) && n < keep_below;
+    buf = std::make_shared<AlignedBuffer>(kEntryHeaderSize + (kept ? n : raw->size()));
+    if (kept) {
+      std::memcpy(buf->data() + kEntryHeaderSize, z.data(), n);
       flags |= kFlagZstd;
+      staged = std::move(raw);  // the Entry's raw_: decode would decompress it again
+    } else {
+      std::memcpy(buf->data() + kEntryHeaderSize, raw->data(), raw->size());
     }
   }
 #endif
-  std::string_view payload = (flags & kFlagZstd) ? std::string_view(stored) : std::string_view(raw);
+  if (!buf) {
+    buf = std::make_shared<AlignedBuffer>(kEntryHeaderSize + l.total);
+    write_raw(buf->data() + kEntryHeaderSize, l, meta_, manifest_, artifacts_);
+  }
 
-  auto buf = std::make_shared<AlignedBuffer>(kEntryHeaderSize + payload.size());
   char* p = buf->data();
-  std::memcpy(p, kMagic, 8);
-  std::string h;
-  util::put_u32(h, kEntryFormatVersion);
-  util::put_u32(h, flags);
-  h.append(reinterpret_cast<const char*>(key_.bytes.data()), 16);
-  util::put_u64(h, payload.size());
-  util::put_u64(h, raw.size());
-  std::memcpy(p + 8, h.data(), h.size());  // bytes 8..48
-  std::memcpy(p + kEntryHeaderSize, payload.data(), payload.size());
-  Digest sum = checksum(p, payload);
+  const uint64_t stored_len = buf->size() - kEntryHeaderSize;
+  Writer w(p);
+  w.bytes(kMagic, 8);
+  w.u32(kEntryFormatVersion);
+  w.u32(flags);
+  w.bytes(key_.bytes.data(), 16);
+  w.u64(stored_len);
+  w.u64(l.total);
+  Digest sum = checksum(p, std::string_view(p + kEntryHeaderSize, stored_len));
   std::memcpy(p + 48, sum.bytes.data(), 16);
-  return Entry::decode(std::move(buf), &key_);
+
+  Entry e;
+  e.key_ = key_;
+  std::string_view raw = staged ? std::string_view(*staged) : std::string_view(p + kEntryHeaderSize, l.total);
+  e.artifacts_.reserve(artifacts_.size());
+  uint64_t off = l.first;
+  for (const auto& a : artifacts_) {
+    e.artifacts_.push_back(Entry::ArtifactRef{a.name, raw.substr(off, a.data.size())});
+    off = align64(off + a.data.size());
+  }
+  e.lazy_ = std::make_shared<Entry::Lazy>();
+  e.lazy_->ext_at = l.head + l.table;
+  e.compressed_ = staged != nullptr;
+  e.raw_ = std::move(staged);
+  e.buffer_ = std::move(buf);
+  return e;
 }
 
 }  // namespace kcache
