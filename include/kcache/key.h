@@ -131,12 +131,17 @@ class KeyBuilder {
   KeyBuilder& label(std::string_view label);
 
   // Fails (invalid_argument) when a name was added twice or is empty, or
-  // (io_error) when add_file could not read its file.
-  Expected<KeyInfo> finish() const;
+  // (io_error) when add_file could not read its file. On an rvalue
+  // (std::move(builder).finish()) the components move into the KeyInfo
+  // instead of being copied.
+  Expected<KeyInfo> finish() const&;
+  Expected<KeyInfo> finish() &&;
 
  private:
   void push(std::string_view name, ComponentType type, const Digest& d,
             std::optional<std::string> value = std::nullopt);
+  static Expected<KeyInfo> finish(std::string ns, std::vector<ManifestItem> items, std::string label,
+                                  const std::vector<std::string>& private_names);
   std::string ns_;
   std::string label_;
   std::vector<ManifestItem> items_;

@@ -106,7 +106,7 @@ Key Manifest::key() const noexcept {
   return hash_bytes(buf);
 }
 
-KeyBuilder::KeyBuilder(std::string_view ns) : ns_(ns) {}
+KeyBuilder::KeyBuilder(std::string_view ns) : ns_(ns) { items_.reserve(16); }
 
 void KeyBuilder::push(std::string_view name, ComponentType type, const Digest& d, std::optional<std::string> value) {
   if (name.empty() && error_.is_ok()) error_ = Status(Errc::invalid_argument, "empty component name");
@@ -189,13 +189,23 @@ KeyBuilder& KeyBuilder::label(std::string_view label) {
   return *this;
 }
 
-Expected<KeyInfo> KeyBuilder::finish() const {
+Expected<KeyInfo> KeyBuilder::finish() const& {
   if (!error_.is_ok()) return error_;
+  return finish(ns_, items_, label_, private_);
+}
+
+Expected<KeyInfo> KeyBuilder::finish() && {
+  if (!error_.is_ok()) return error_;
+  return finish(std::move(ns_), std::move(items_), std::move(label_), private_);
+}
+
+Expected<KeyInfo> KeyBuilder::finish(std::string ns, std::vector<ManifestItem> items, std::string label,
+                                     const std::vector<std::string>& private_names) {
   Manifest m;
-  m.ns = ns_;
-  m.items = items_;
+  m.ns = std::move(ns);
+  m.items = std::move(items);
   for (auto& it : m.items)
-    if (std::find(private_.begin(), private_.end(), it.name) != private_.end()) it.value.reset();
+    if (std::find(private_names.begin(), private_names.end(), it.name) != private_names.end()) it.value.reset();
   std::sort(m.items.begin(), m.items.end(),
             [](const ManifestItem& a, const ManifestItem& b) { return a.name < b.name; });
   for (size_t i = 1; i < m.items.size(); ++i)
@@ -204,7 +214,7 @@ Expected<KeyInfo> KeyBuilder::finish() const {
   KeyInfo info;
   info.key = m.key();
   info.manifest = std::move(m);
-  info.label = label_;
+  info.label = std::move(label);
   return info;
 }
 

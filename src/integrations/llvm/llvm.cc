@@ -330,7 +330,7 @@ kcache::Expected<KeyInfo> object_key(::llvm::Module& m, const TargetDesc& t, con
     kb.label(module_label(m, module_id));
   });
   add_target(kb, t, options);
-  return kb.finish();
+  return std::move(kb).finish();
 }
 
 Digest ir_digest(::llvm::Module& m) {
@@ -345,7 +345,7 @@ kcache::Expected<KeyInfo> object_key(const Digest& ir, const TargetDesc& t, cons
   KeyBuilder kb(kKeyNamespace);
   kb.add_digest("ir_digest", ir);
   add_target(kb, t, options);
-  return kb.finish();
+  return std::move(kb).finish();
 }
 
 namespace {
