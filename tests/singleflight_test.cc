@@ -269,11 +269,11 @@ pid_t hold_bucket(const std::string& dir, size_t b, int* go, const std::function
     if (then) then(t.m);
     ::_exit(0);  // the mutex still held
   }
-  char x;
-  bool held = ::read(ready[0], &x, 1) == 1;
-  ::close(ready[0]);
-  ::close(ready[1]);
+  ::close(ready[1]);  // a child that fails exits: the read ends
   ::close(wait[0]);
+  char x;
+  bool held = pid > 0 && ::read(ready[0], &x, 1) == 1;
+  ::close(ready[0]);
   *go = wait[1];
   return held ? pid : -1;
 }

@@ -81,6 +81,16 @@ bool decode(std::string_view s, Holder* h) {
   return true;
 }
 
+uint64_t Token::derive(uint64_t g) const {
+  std::string b;
+  util::put_u64(b, seed_);
+  util::put_u64(b, static_cast<uint64_t>(::getpid()));
+  util::put_u64(b, g);
+  Digest d = hash_bytes(b);
+  uint64_t t = util::get_u64(reinterpret_cast<const char*>(d.bytes.data()));
+  return t ? t : 1;
+}
+
 uint64_t new_token() {
   uint64_t t;
   do t = util::random_u64();

@@ -11,7 +11,7 @@
 #include <string>
 #include <string_view>
 
-#include <mutex>
+#include <atomic>
 
 #include "kcache/key.h"
 #include "util/util.h"
@@ -37,22 +37,26 @@ uint64_t new_token();
 
 // A Leases object's holder token. A child of fork() gets a fresh one: it is
 // another process and must not count as the holder of its parent's leases.
+// No lock: a mutex inherited locked by a child of fork() (another parent
+// thread was in get()) would hang the child. The token is a function of a
+// random seed of this object, the process and its fork generation, so
+// threads that compute it at once agree.
 class Token {
  public:
   uint64_t get() {
-    std::lock_guard lk(mu_);
-    uint64_t g = util::fork_generation();
-    if (token_ == 0 || g != gen_) {
-      token_ = new_token();
-      gen_ = g;
-    }
-    return token_;
+    const uint64_t g = util::fork_generation();
+    if (gen_.load(std::memory_order_acquire) == g) return token_.load(std::memory_order_relaxed);
+    uint64_t t = derive(g);
+    token_.store(t, std::memory_order_relaxed);
+    gen_.store(g, std::memory_order_release);
+    return t;
   }
 
  private:
-  std::mutex mu_;
-  uint64_t token_ = 0;  // GUARDED_BY(mu_)
-  uint64_t gen_ = 0;    // GUARDED_BY(mu_)
+  uint64_t derive(uint64_t g) const;
+  const uint64_t seed_ = new_token();
+  std::atomic<uint64_t> token_{0};
+  std::atomic<uint64_t> gen_{~uint64_t{0}};  // the generation token_ is for; none yet
 };
 
 // True when the lease must not be taken over: unexpired and, if the holder

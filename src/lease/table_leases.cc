@@ -21,16 +21,21 @@
 //    dying process was writing reads as expired, so it is free.
 //  * The mutex is waited for for at most kLockBoundMs: a stopped process
 //    cannot hold a bucket for ever.
-//  * The file is created, allocated in full (posix_fallocate, so no write
-//    to the mapping can find the disk full) and initialised once, under an
-//    open-file-description lock on its header; `ready` in the header says
-//    it is done. A table made by another layout or C library (the size of
+//  * The file is created, allocated in full (posix_fallocate: on a file
+//    system that writes in place, no store into the mapping needs a block)
+//    and initialised once, under an open-file-description lock on its
+//    header; `ready` in the header says it is done. Only ext4, XFS and tmpfs
+//    are trusted to write in place: on a copy-on-write file system (btrfs,
+//    ZFS) a rewritten page needs a new block, and with the disk full the
+//    store would be SIGBUS, so there the store has no cross-process leases
+//    (one log line; compiles go on uncoordinated). A table made by another layout or C library (the size of
 //    its mutexes) is an error: no cross-process leases, compiles go on.
 // In a store folder shared with a group, the file is group-writable.
 #include <fcntl.h>
 #include <pthread.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -52,6 +57,15 @@ namespace {
 using namespace lease::table;
 
 constexpr uint64_t kLockBoundMs = 2000;
+// The bound is kept on the monotonic clock where the C library can wait on
+// it (glibc 2.30 and later): a step of the wall clock does not stretch it.
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 30))
+#define KCACHE_MUTEX_CLOCKLOCK 1
+constexpr clockid_t kLockClock = CLOCK_MONOTONIC;
+#else
+#define KCACHE_MUTEX_CLOCKLOCK 0
+constexpr clockid_t kLockClock = CLOCK_REALTIME;
+#endif
 
 uint32_t lock_kind() {
 #if defined(__GLIBC__)
@@ -59,6 +73,23 @@ uint32_t lock_kind() {
 #else
   return 2;
 #endif
+}
+
+// File systems that write a file's allocated blocks in place: a store into
+// a mapping of a fully allocated file never needs a new block. On
+// copy-on-write ones (btrfs, ZFS, bcachefs) every rewrite of a page does,
+// and with the disk full the store would be SIGBUS.
+bool writes_in_place(int fd) {
+  struct statfs fs;
+  if (::fstatfs(fd, &fs) != 0) return false;
+  switch (static_cast<unsigned long>(fs.f_type)) {
+    case 0xEF53UL:      // ext2, ext3, ext4
+    case 0x58465342UL:  // XFS
+    case 0x01021994UL:  // tmpfs
+      return true;
+    default:
+      return false;
+  }
 }
 
 // One bucket's slots, as read under its mutex.
@@ -191,6 +222,7 @@ class TableLeases final : public Leases {
       char* s = base_ + kLockSize + i * kSlotSize;
       auto* expiry = reinterpret_cast<uint64_t*>(s + kExpiryAt);
       __atomic_store_n(expiry, uint64_t{0}, __ATOMIC_SEQ_CST);
+      std::atomic_thread_fence(std::memory_order_seq_cst);  // the rest never before it
       std::memcpy(s, slot, kExpiryAt);
       std::memcpy(s + kExpiryAt + 8, slot + kExpiryAt + 8, kSlotSize - kExpiryAt - 8);
       uint64_t e;
@@ -201,14 +233,18 @@ class TableLeases final : public Leases {
       int rc = ::pthread_mutex_trylock(mu_);
       if (rc == EBUSY) {
         struct timespec until;
-        ::clock_gettime(CLOCK_REALTIME, &until);
+        ::clock_gettime(kLockClock, &until);
         until.tv_sec += static_cast<time_t>(kLockBoundMs / 1000);
         until.tv_nsec += static_cast<long>(kLockBoundMs % 1000) * 1000000L;
         if (until.tv_nsec >= 1000000000L) {
           until.tv_sec += 1;
           until.tv_nsec -= 1000000000L;
         }
+#if KCACHE_MUTEX_CLOCKLOCK
+        rc = ::pthread_mutex_clocklock(mu_, CLOCK_MONOTONIC, &until);
+#else
         rc = ::pthread_mutex_timedlock(mu_, &until);
+#endif
       }
       if (rc == EOWNERDEAD) {
         // Its holder died with it: a slot it was writing reads as expired.
@@ -269,6 +305,10 @@ class TableLeases final : public Leases {
     struct stat st;
     if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) return Status(Errc::io_error, path_ + " is not a regular file");
     if (shared_ && st.st_uid == ::geteuid()) (void)::fchmod(fd, mode);
+    if (!writes_in_place(fd))
+      return Status(Errc::unavailable, path_ +
+                                           ": the lease table is mapped, and this file system copies on write (a "
+                                           "full disk would fault a lease): no cross-process leases here");
     if (!ofd_lock(fd, 0, static_cast<off_t>(kHeaderSize)))
       return Status(Errc::timeout, path_ + ": could not lock the header to open the lease table");
     closer.locked = true;
@@ -285,7 +325,14 @@ class TableLeases final : public Leases {
     char* m = static_cast<char*>(p);
     uint32_t ready;
     std::memcpy(&ready, m + kReadyAt, 4);
-    Status st_ok = ready == 1 ? check_header(m) : make_ready(m);
+    // Made afresh only when no process finished making it: all zeros (new),
+    // or this layout with `ready` still 0 (its maker died). Anything else
+    // may be in use by others.
+    bool fresh = true;
+    for (size_t i = 0; i < kHeaderSize && fresh; ++i) fresh = m[i] == 0;
+    Status st_ok = ready == 1 || !(fresh || (std::memcmp(m, kMagic, 8) == 0 && ready == 0 && check_header(m).is_ok()))
+                       ? check_header(m)
+                       : make_ready(m);
     if (!st_ok.is_ok()) {
       ::munmap(p, kTableSize);
       return st_ok;
