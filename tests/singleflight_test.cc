@@ -98,7 +98,10 @@ pid_t spawn_holder(const std::string& dir, const std::string& engine, const KeyI
 }
 
 // The library's leases for an engine's folder (kcache::open_leases).
+// "table_unmapped": the lease table as it runs on a copy-on-write file
+// system (fcntl locks, pread and pwrite).
 std::shared_ptr<Leases> leases_for(const std::string& engine, const std::string& dir) {
+  if (engine == "table_unmapped") return *lease::table::open_unmapped(dir);
   return *open_leases(*parse_engine(engine), dir);
 }
 
@@ -117,7 +120,13 @@ class SingleFlight : public ::testing::TestWithParam<std::string> {
 
 }  // namespace
 
-TEST_P(SingleFlight, LeaseBasics) {
+// The leases alone, of each kind.
+class LeaseKinds : public ::testing::TestWithParam<std::string> {
+ protected:
+  TempDir dir_;
+};
+
+TEST_P(LeaseKinds, LeaseBasics) {
   auto a = leases_for(GetParam(), dir_.path());
   auto b = leases_for(GetParam(), dir_.path());
   Key k = key_of(1);
@@ -133,7 +142,7 @@ TEST_P(SingleFlight, LeaseBasics) {
   EXPECT_EQ(b->takeovers(), 0u);
 }
 
-TEST_P(SingleFlight, ExpiredLeaseIsTakenOver) {
+TEST_P(LeaseKinds, ExpiredLeaseIsTakenOver) {
   auto a = leases_for(GetParam(), dir_.path());
   auto b = leases_for(GetParam(), dir_.path());
   Key k = key_of(2);
@@ -145,7 +154,7 @@ TEST_P(SingleFlight, ExpiredLeaseIsTakenOver) {
   EXPECT_FALSE(a->renew(k, 60000));  // a lost it
 }
 
-TEST_P(SingleFlight, DeadHolderIsTakenOverAtOnce) {
+TEST_P(LeaseKinds, DeadHolderIsTakenOverAtOnce) {
   Key k = key_of(3);
   pid_t pid = spawn([&] {
     auto l = leases_for(GetParam(), dir_.path());
@@ -344,16 +353,11 @@ TEST(TableLeases, ATableOfAnotherLayoutIsAnError) {
   EXPECT_NE(l.error().to_string().find("another layout"), std::string::npos) << l.error().to_string();
 }
 
-// Threads of one process share a Leases object's descriptor, whose lock
-// does not exclude them: its mutex must, or two threads that write one
-// bucket at once can both take the same free slot, and one lease is lost.
-// 8 threads on 2 objects, each with a key of its own in one bucket, take
-// and give up their leases; a third object checks each held lease is
-// still seen as held.
-TEST(TableLeases, ThreadsOfOneObjectDoNotLoseEachOthersLeases) {
-  TempDir d;
-  std::shared_ptr<Leases> objs[2] = {*open_table_leases(d.path()), *open_table_leases(d.path())};
-  auto observer = *open_table_leases(d.path());
+namespace {
+
+// 8 threads on 2 objects, each with a key of its own in one bucket, take and
+// give up their leases; the observer checks each held lease is seen as held.
+void threads_keep_their_leases(const std::shared_ptr<Leases> (&objs)[2], Leases& observer) {
   std::atomic<int> lost{0}, held{0};
   std::vector<std::thread> ts;
   for (int t = 0; t < 8; ++t)
@@ -363,9 +367,9 @@ TEST(TableLeases, ThreadsOfOneObjectDoNotLoseEachOthersLeases) {
       for (int r = 0; r < 3000; ++r) {
         if (l.acquire(k, 60000) != LeaseResult::acquired) continue;
         held.fetch_add(1);
-        if (observer->acquire(k, 60000) == LeaseResult::acquired) {
+        if (observer.acquire(k, 60000) == LeaseResult::acquired) {
           lost.fetch_add(1);
-          observer->release(k);
+          observer.release(k);
         }
         l.release(k);
       }
@@ -373,6 +377,45 @@ TEST(TableLeases, ThreadsOfOneObjectDoNotLoseEachOthersLeases) {
   for (auto& t : ts) t.join();
   EXPECT_EQ(lost.load(), 0);
   EXPECT_EQ(held.load(), 8 * 3000);
+}
+
+}  // namespace
+
+// Threads of one process lose no lease to each other: in the mapped table
+// each bucket's mutex keeps them apart; in the unmapped one, whose fcntl
+// locks do not keep apart threads that share a descriptor, the object's
+// per-bucket mutexes must (or two threads can take one free slot).
+TEST(TableLeases, ThreadsOfOneObjectDoNotLoseEachOthersLeases) {
+  for (const char* kind : {"lmdb", "table_unmapped"}) {
+    SCOPED_TRACE(kind);
+    TempDir d;
+    const std::shared_ptr<Leases> objs[2] = {leases_for(kind, d.path()), leases_for(kind, d.path())};
+    auto observer = leases_for(kind, d.path());
+    threads_keep_their_leases(objs, *observer);
+  }
+}
+
+// An unmapped table's bucket locked by hand (as a stopped process of that
+// kind would hold it) is an error within the bound; other buckets work.
+TEST(TableLeases, AnUnmappedBucketLockedForeverIsAnErrorWithinTheBound) {
+  TempDir d;
+  auto l = *lease::table::open_unmapped(d.path());
+  int fd = ::open((d.path() + "/" + lease::table::kFileName).c_str(), O_RDWR | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  struct flock fl {};
+  fl.l_type = F_WRLCK;
+  fl.l_whence = SEEK_SET;
+  fl.l_start = static_cast<off_t>(lease::table::slot_at(3, 0));
+  fl.l_len = static_cast<off_t>(lease::table::kSlots * lease::table::kSlotSize);
+  ASSERT_EQ(::fcntl(fd, F_OFD_SETLK, &fl), 0);
+  auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(l->acquire(table_key(3, 1), 60000), LeaseResult::error);
+  EXPECT_LT(seconds_since(t0), 10.0);
+  EXPECT_EQ(l->acquire(table_key(4, 1), 60000), LeaseResult::acquired) << "other buckets are free";
+  fl.l_type = F_UNLCK;
+  ASSERT_EQ(::fcntl(fd, F_OFD_SETLK, &fl), 0);
+  ::close(fd);
+  EXPECT_EQ(l->acquire(table_key(3, 1), 60000), LeaseResult::acquired);
 }
 
 // 8 processes x 200 shared keys on an empty cache: exactly 200 compiles.
@@ -518,6 +561,14 @@ TEST_P(SingleFlight, OffMeansEveryProcessCompiles) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Engines, SingleFlight, ::testing::ValuesIn(engines()),
+                         [](const auto& info) { return info.param; });
+INSTANTIATE_TEST_SUITE_P(Kinds, LeaseKinds, ::testing::ValuesIn([] {
+                           auto e = engines();
+#if KCACHE_HAVE_LMDB
+                           e.push_back("table_unmapped");
+#endif
+                           return e;
+                         }()),
                          [](const auto& info) { return info.param; });
 
 // Regression: children forked from a process that had already drawn a

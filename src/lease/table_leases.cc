@@ -24,11 +24,14 @@
 //  * The file is created, allocated in full (posix_fallocate: on a file
 //    system that writes in place, no store into the mapping needs a block)
 //    and initialised once, under an open-file-description lock on its
-//    header; `ready` in the header says it is done. Only ext4, XFS and tmpfs
-//    are trusted to write in place: on a copy-on-write file system (btrfs,
-//    ZFS) a rewritten page needs a new block, and with the disk full the
-//    store would be SIGBUS, so there the store has no cross-process leases
-//    (one log line; compiles go on uncoordinated). A table made by another layout or C library (the size of
+//    header; `ready` in the header says it is done.
+//  * Only ext4, XFS and tmpfs are trusted to write in place. On a
+//    copy-on-write file system (btrfs, ZFS) a rewritten page needs a new
+//    block, and with the disk full a store would be SIGBUS, so there the
+//    table is not mapped: a bucket is locked with an open-file-description
+//    lock (fcntl) on its slots, read with pread and a slot written with one
+//    pwrite, which fails cleanly on a full disk (four system calls a lease;
+//    the header says which kind of locks a table uses). A table made by another layout or C library (the size of
 //    its mutexes) is an error: no cross-process leases, compiles go on.
 // In a store folder shared with a group, the file is group-writable.
 #include <fcntl.h>
@@ -44,6 +47,8 @@
 #include <chrono>
 #include <cstring>
 #include <memory>
+#include <mutex>
+#include <string>
 #include <thread>
 
 #include "kcache/lease.h"
@@ -127,9 +132,10 @@ bool ofd_lock(int fd, off_t at, off_t len) {
 
 class TableLeases final : public Leases {
  public:
-  explicit TableLeases(std::string path) : path_(std::move(path)) {}
+  TableLeases(std::string path, bool may_map) : path_(std::move(path)), may_map_(may_map) {}
   ~TableLeases() override {
     if (map_) ::munmap(map_, kTableSize);
+    if (state_->fd >= 0) ::close(state_->fd);
   }
   std::string_view name() const noexcept override { return "table"; }
   uint64_t takeovers() const noexcept override { return takeovers_.load(); }
@@ -141,10 +147,9 @@ class TableLeases final : public Leases {
 
   LeaseResult acquire(const Key& key, uint64_t ttl_ms) override {
     const uint64_t me = token_.get();
-    Locked lk(map_, bucket_of(key));
-    if (!lk.ok()) return LeaseResult::error;
+    Locked lk(*this, bucket_of(key));
     Bucket b;
-    lk.read(&b);
+    if (!lk.ok() || !lk.read(&b)) return LeaseResult::error;
     const uint64_t now = util::now_unix_ms();
     int free_slot = -1;
     for (size_t i = 0; i < kSlots; ++i) {
@@ -152,7 +157,7 @@ class TableLeases final : public Leases {
       bool readable = b.holder(i, &h);
       if (same_key(b.slot_key(i), key) && readable) {
         if (h.token != me && lease::alive(h, now)) return LeaseResult::busy;
-        lk.write_slot(i, key, lease::self(me, ttl_ms));
+        if (!lk.write_slot(i, key, lease::self(me, ttl_ms))) return LeaseResult::error;
         if (h.token != me) takeovers_.fetch_add(1);
         return LeaseResult::acquired;
       }
@@ -164,61 +169,102 @@ class TableLeases final : public Leases {
       if (!b.holder(i, &h) || !lease::alive(h, now)) free_slot = static_cast<int>(i);
     }
     if (free_slot < 0) return LeaseResult::error;  // kSlots live leases in this bucket
-    lk.write_slot(static_cast<size_t>(free_slot), key, lease::self(me, ttl_ms));
-    return LeaseResult::acquired;
+    return lk.write_slot(static_cast<size_t>(free_slot), key, lease::self(me, ttl_ms)) ? LeaseResult::acquired
+                                                                                       : LeaseResult::error;
   }
 
   bool renew(const Key& key, uint64_t ttl_ms) override {
     const uint64_t me = token_.get();
-    Locked lk(map_, bucket_of(key));
-    if (!lk.ok()) return false;
+    Locked lk(*this, bucket_of(key));
     Bucket b;
-    lk.read(&b);
+    if (!lk.ok() || !lk.read(&b)) return false;
     int i = mine(b, key, me);
-    if (i < 0) return false;
-    lk.write_slot(static_cast<size_t>(i), key, lease::self(me, ttl_ms));
-    return true;
+    return i >= 0 && lk.write_slot(static_cast<size_t>(i), key, lease::self(me, ttl_ms));
   }
 
   void release(const Key& key) override {
     const uint64_t me = token_.get();
-    Locked lk(map_, bucket_of(key));
-    if (!lk.ok()) return;
+    Locked lk(*this, bucket_of(key));
     Bucket b;
-    lk.read(&b);
+    if (!lk.ok() || !lk.read(&b)) return;
     int i = mine(b, key, me);
-    if (i >= 0) lk.clear_slot(static_cast<size_t>(i));
+    if (i >= 0) (void)lk.clear_slot(static_cast<size_t>(i));
   }
 
  private:
-  // A bucket's mutex, held.
+  // The descriptor of an unmapped table and the mutexes that serialise this
+  // object's threads on a bucket (an open-file-description lock does not:
+  // they share the description). A child of fork() opens its own
+  // description: sharing its parent's, its locks would not exclude the
+  // parent's. The inherited state is left as it is (its mutexes may be held
+  // by parent threads that are gone).
+  struct State {
+    int fd = -1;
+    std::mutex mu[kBuckets];
+  };
+
+  // A bucket, held: its robust mutex in the mapping, or (unmapped) this
+  // object's mutex and an open-file-description lock on its slots.
   class Locked {
    public:
-    Locked(char* map, size_t bucket)
-        : base_(map ? map + bucket_at(bucket) : nullptr), mu_(reinterpret_cast<pthread_mutex_t*>(base_)) {
-      ok_ = base_ && lock();
+    Locked(TableLeases& t, size_t bucket) : at_(static_cast<off_t>(bucket_at(bucket))) {
+      if (t.map_) {
+        base_ = t.map_ + bucket_at(bucket);
+        mu_ = reinterpret_cast<pthread_mutex_t*>(base_);
+        ok_ = lock();
+        return;
+      }
+      State& s = t.state();
+      fd_ = s.fd;
+      guard_ = std::unique_lock<std::mutex>(s.mu[bucket]);
+      ok_ = fd_ >= 0 && ofd_lock(fd_, slots_at(), static_cast<off_t>(kSlots * kSlotSize));
+      if (!ok_ && fd_ >= 0)
+        KCACHE_LOG(LogLevel::warn, "lease table: a bucket stayed locked for %llu ms; compiling uncoordinated",
+                   static_cast<unsigned long long>(kLockBoundMs));
     }
     ~Locked() {
-      if (ok_) ::pthread_mutex_unlock(mu_);
+      if (!ok_) return;
+      if (mu_) {
+        ::pthread_mutex_unlock(mu_);
+        return;
+      }
+      struct flock fl {};
+      fl.l_type = F_UNLCK;
+      fl.l_whence = SEEK_SET;
+      fl.l_start = slots_at();
+      fl.l_len = static_cast<off_t>(kSlots * kSlotSize);
+      (void)::fcntl(fd_, F_OFD_SETLK, &fl);
     }
     bool ok() const noexcept { return ok_; }
-    void read(Bucket* b) const { std::memcpy(b->bytes, base_ + kLockSize, sizeof b->bytes); }
-    void write_slot(size_t i, const Key& key, const lease::Holder& h) {
+    bool read(Bucket* b) const {
+      if (mu_) {
+        std::memcpy(b->bytes, base_ + kLockSize, sizeof b->bytes);
+        return true;
+      }
+      return ::pread(fd_, b->bytes, sizeof b->bytes, slots_at()) == static_cast<ssize_t>(sizeof b->bytes);
+    }
+    bool write_slot(size_t i, const Key& key, const lease::Holder& h) {
       char slot[kSlotSize];
       std::memcpy(slot, key.bytes.data(), 16);
       std::string rec = lease::encode(h);
       std::memcpy(slot + 16, rec.data(), lease::kHolderSize);
-      store(i, slot);
+      return store(i, slot);
     }
-    void clear_slot(size_t i) {
+    bool clear_slot(size_t i) {
       const char zeros[kSlotSize] = {};
-      store(i, zeros);
+      return store(i, zeros);
     }
 
    private:
-    // Expiry zeroed first and stored last: a writer that dies in between
-    // leaves an expired slot, never a torn live one.
-    void store(size_t i, const char* slot) {
+    off_t slots_at() const { return at_ + static_cast<off_t>(kLockSize); }
+    // Mapped: expiry zeroed first and stored last, so a writer that dies in
+    // between leaves an expired slot, never a torn live one. Unmapped: one
+    // pwrite (a slot torn by a crash of the machine holds a holder that is
+    // not alive after the reboot).
+    bool store(size_t i, const char* slot) {
+      if (!mu_)
+        return ::pwrite(fd_, slot, kSlotSize, slots_at() + static_cast<off_t>(i * kSlotSize)) ==
+               static_cast<ssize_t>(kSlotSize);
       char* s = base_ + kLockSize + i * kSlotSize;
       auto* expiry = reinterpret_cast<uint64_t*>(s + kExpiryAt);
       __atomic_store_n(expiry, uint64_t{0}, __ATOMIC_SEQ_CST);
@@ -228,6 +274,7 @@ class TableLeases final : public Leases {
       uint64_t e;
       std::memcpy(&e, slot + kExpiryAt, 8);
       __atomic_store_n(expiry, e, __ATOMIC_RELEASE);
+      return true;
     }
     bool lock() {
       int rc = ::pthread_mutex_trylock(mu_);
@@ -260,10 +307,30 @@ class TableLeases final : public Leases {
       return false;
     }
 
-    char* base_;
-    pthread_mutex_t* mu_;
+    off_t at_;
+    char* base_ = nullptr;
+    pthread_mutex_t* mu_ = nullptr;  // mapped
+    int fd_ = -1;                    // unmapped
+    std::unique_lock<std::mutex> guard_;
     bool ok_ = false;
   };
+
+  // The unmapped table's state, opened again in a child of fork().
+  State& state() {
+    uint64_t g = util::fork_generation();
+    if (g != gen_.load(std::memory_order_acquire)) {
+      std::lock_guard lk(fork_mu_);
+      if (g != gen_.load()) {
+        State* old = state_.release();
+        if (old->fd >= 0) ::close(old->fd);  // leaves the parent's locks alone
+        state_ = std::make_unique<State>();
+        int fd = ::open(path_.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+        state_->fd = fd;
+        gen_.store(g, std::memory_order_release);
+      }
+    }
+    return *state_;
+  }
 
   static size_t bucket_of(const Key& k) {
     uint64_t h;
@@ -305,46 +372,66 @@ class TableLeases final : public Leases {
     struct stat st;
     if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) return Status(Errc::io_error, path_ + " is not a regular file");
     if (shared_ && st.st_uid == ::geteuid()) (void)::fchmod(fd, mode);
-    if (!writes_in_place(fd))
-      return Status(Errc::unavailable, path_ +
-                                           ": the lease table is mapped, and this file system copies on write (a "
-                                           "full disk would fault a lease): no cross-process leases here");
+    const bool mapped = may_map_ && writes_in_place(fd);
     if (!ofd_lock(fd, 0, static_cast<off_t>(kHeaderSize)))
       return Status(Errc::timeout, path_ + ": could not lock the header to open the lease table");
     closer.locked = true;
     if (::fstat(fd, &st) != 0) return util::errno_status(errno, path_);
-    // Allocated in full before it is mapped: a store into the mapping never
-    // needs a block (a full disk would make it SIGBUS), and never lies past
-    // the end of the file.
+    // Allocated in full before it is used: on a file system that writes in
+    // place a store into the mapping never needs a block (a full disk would
+    // make it SIGBUS), and it never lies past the end of the file.
     if (st.st_size < static_cast<off_t>(kTableSize)) {
       if (int rc = ::posix_fallocate(fd, 0, static_cast<off_t>(kTableSize)); rc != 0)
         return util::errno_status(rc, path_);
     }
-    void* p = ::mmap(nullptr, kTableSize, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (p == MAP_FAILED) return util::errno_status(errno, path_);
-    char* m = static_cast<char*>(p);
+    char* m = nullptr;
+    char header[kHeaderSize];
+    if (mapped) {
+      void* p = ::mmap(nullptr, kTableSize, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+      if (p == MAP_FAILED) return util::errno_status(errno, path_);
+      m = static_cast<char*>(p);
+      std::memcpy(header, m, kHeaderSize);
+    } else if (::pread(fd, header, kHeaderSize, 0) != static_cast<ssize_t>(kHeaderSize)) {
+      return util::errno_status(errno ? errno : EIO, path_);
+    }
     uint32_t ready;
-    std::memcpy(&ready, m + kReadyAt, 4);
+    std::memcpy(&ready, header + kReadyAt, 4);
     // Made afresh only when no process finished making it: all zeros (new),
     // or this layout with `ready` still 0 (its maker died). Anything else
     // may be in use by others.
     bool fresh = true;
-    for (size_t i = 0; i < kHeaderSize && fresh; ++i) fresh = m[i] == 0;
-    Status st_ok = ready == 1 || !(fresh || (std::memcmp(m, kMagic, 8) == 0 && ready == 0 && check_header(m).is_ok()))
-                       ? check_header(m)
-                       : make_ready(m);
-    if (!st_ok.is_ok()) {
-      ::munmap(p, kTableSize);
-      return st_ok;
+    for (size_t i = 0; i < kHeaderSize && fresh; ++i) fresh = header[i] == 0;
+    const bool ours = check_header(header, mapped).is_ok();
+    Status made = ready == 1 || !(fresh || (ours && ready == 0)) ? check_header(header, mapped)
+                  : mapped                                       ? make_ready(m)
+                                                                 : make_ready_unmapped(fd);
+    if (!made.is_ok()) {
+      if (m) ::munmap(m, kTableSize);
+      return made;
     }
-    map_ = m;
+    if (mapped) {
+      map_ = m;
+    } else {
+      state_->fd = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
+      if (state_->fd < 0) return util::errno_status(errno, path_);
+    }
     return Status();
   }
 
-  Status check_header(const char* m) const {
-    const uint32_t want[5] = {kVersion, static_cast<uint32_t>(kBuckets), static_cast<uint32_t>(kSlots),
-                              static_cast<uint32_t>(sizeof(pthread_mutex_t)), lock_kind()};
-    if (std::memcmp(m, kMagic, 8) != 0 || std::memcmp(m + 8, want, sizeof want) != 0)
+  // magic | version buckets slots lock_size lock_kind: a mapped table's locks
+  // are this C library's mutexes; an unmapped one's are fcntl locks (kind 3).
+  static void header_fields(bool mapped, uint32_t out[5]) {
+    out[0] = kVersion;
+    out[1] = static_cast<uint32_t>(kBuckets);
+    out[2] = static_cast<uint32_t>(kSlots);
+    out[3] = mapped ? static_cast<uint32_t>(sizeof(pthread_mutex_t)) : 0;
+    out[4] = mapped ? lock_kind() : 3;
+  }
+
+  Status check_header(const char* h, bool mapped) const {
+    uint32_t want[5];
+    header_fields(mapped, want);
+    if (std::memcmp(h, kMagic, 8) != 0 || std::memcmp(h + 8, want, sizeof want) != 0)
       return Status(Errc::io_error, path_ + " is a lease table of another layout or C library");
     return Status();
   }
@@ -362,17 +449,39 @@ class TableLeases final : public Leases {
     }
     ::pthread_mutexattr_destroy(&a);
     if (rc != 0) return util::errno_status(rc, path_ + ": process-shared robust mutexes");
-    const uint32_t fields[5] = {kVersion, static_cast<uint32_t>(kBuckets), static_cast<uint32_t>(kSlots),
-                                static_cast<uint32_t>(sizeof(pthread_mutex_t)), lock_kind()};
+    uint32_t fields[5];
+    header_fields(true, fields);
     std::memcpy(m, kMagic, 8);
     std::memcpy(m + 8, fields, sizeof fields);
     __atomic_store_n(reinterpret_cast<uint32_t*>(m + kReadyAt), uint32_t{1}, __ATOMIC_RELEASE);
     return Status();
   }
 
+  // The same for a table read and written with pread/pwrite: buckets
+  // zeroed, then the header with `ready` set.
+  Status make_ready_unmapped(int fd) {
+    std::string zeros(kTableSize - kHeaderSize, '\0');
+    if (::pwrite(fd, zeros.data(), zeros.size(), static_cast<off_t>(kHeaderSize)) != static_cast<ssize_t>(zeros.size()))
+      return util::errno_status(errno ? errno : EIO, path_);
+    char h[kHeaderSize] = {};
+    uint32_t fields[5];
+    header_fields(false, fields);
+    std::memcpy(h, kMagic, 8);
+    std::memcpy(h + 8, fields, sizeof fields);
+    const uint32_t one = 1;
+    std::memcpy(h + kReadyAt, &one, 4);
+    if (::pwrite(fd, h, kHeaderSize, 0) != static_cast<ssize_t>(kHeaderSize))
+      return util::errno_status(errno ? errno : EIO, path_);
+    return Status();
+  }
+
   const std::string path_;
+  const bool may_map_;
   bool shared_ = false;
-  char* map_ = nullptr;
+  char* map_ = nullptr;                                       // a mapped table
+  std::unique_ptr<State> state_ = std::make_unique<State>();  // an unmapped one
+  std::mutex fork_mu_;                                        // only taken when a fork was seen
+  std::atomic<uint64_t> gen_{util::fork_generation()};
   lease::Token token_;
   std::atomic<uint64_t> takeovers_{0};
 };
@@ -380,9 +489,17 @@ class TableLeases final : public Leases {
 }  // namespace
 
 Expected<std::shared_ptr<Leases>> open_table_leases(const std::string& dir) {
-  auto l = std::make_shared<TableLeases>(dir + "/" + lease::table::kFileName);
+  auto l = std::make_shared<TableLeases>(dir + "/" + lease::table::kFileName, true);
   KCACHE_RETURN_IF_ERROR(l->init());
   return std::shared_ptr<Leases>(std::move(l));
 }
+
+namespace lease::table {
+Expected<std::shared_ptr<Leases>> open_unmapped(const std::string& dir) {
+  auto l = std::make_shared<TableLeases>(dir + "/" + kFileName, false);
+  KCACHE_RETURN_IF_ERROR(l->init());
+  return std::shared_ptr<Leases>(std::move(l));
+}
+}  // namespace lease::table
 
 }  // namespace kcache
