@@ -268,7 +268,11 @@ class TableLeases final : public Leases {
       char* s = base_ + kLockSize + i * kSlotSize;
       auto* expiry = reinterpret_cast<uint64_t*>(s + kExpiryAt);
       __atomic_store_n(expiry, uint64_t{0}, __ATOMIC_SEQ_CST);
-      std::atomic_thread_fence(std::memory_order_seq_cst);  // the rest never before it
+      // The rest is never stored before it. What matters is the order of the
+      // writer's own instructions (it may die between any two), so a
+      // compiler barrier is enough: what it stored before it died is all
+      // seen by the next locker.
+      std::atomic_signal_fence(std::memory_order_seq_cst);
       std::memcpy(s, slot, kExpiryAt);
       std::memcpy(s + kExpiryAt + 8, slot + kExpiryAt + 8, kSlotSize - kExpiryAt - 8);
       uint64_t e;
