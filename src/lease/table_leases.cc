@@ -62,15 +62,9 @@ namespace {
 using namespace lease::table;
 
 constexpr uint64_t kLockBoundMs = 2000;
-// The bound is kept on the monotonic clock where the C library can wait on
-// it (glibc 2.30 and later): a step of the wall clock does not stretch it.
-#if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 30))
-#define KCACHE_MUTEX_CLOCKLOCK 1
-constexpr clockid_t kLockClock = CLOCK_MONOTONIC;
-#else
-#define KCACHE_MUTEX_CLOCKLOCK 0
-constexpr clockid_t kLockClock = CLOCK_REALTIME;
-#endif
+// pthread_mutex_timedlock waits on the wall clock, so a step of it moves
+// the bound. (pthread_mutex_clocklock would not, but ThreadSanitizer does
+// not see the locks it takes.)
 
 uint32_t lock_kind() {
 #if defined(__GLIBC__)
@@ -284,18 +278,14 @@ class TableLeases final : public Leases {
       int rc = ::pthread_mutex_trylock(mu_);
       if (rc == EBUSY) {
         struct timespec until;
-        ::clock_gettime(kLockClock, &until);
+        ::clock_gettime(CLOCK_REALTIME, &until);
         until.tv_sec += static_cast<time_t>(kLockBoundMs / 1000);
         until.tv_nsec += static_cast<long>(kLockBoundMs % 1000) * 1000000L;
         if (until.tv_nsec >= 1000000000L) {
           until.tv_sec += 1;
           until.tv_nsec -= 1000000000L;
         }
-#if KCACHE_MUTEX_CLOCKLOCK
-        rc = ::pthread_mutex_clocklock(mu_, CLOCK_MONOTONIC, &until);
-#else
         rc = ::pthread_mutex_timedlock(mu_, &until);
-#endif
       }
       if (rc == EOWNERDEAD) {
         // Its holder died with it: a slot it was writing reads as expired.
