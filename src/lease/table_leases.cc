@@ -107,22 +107,29 @@ struct Bucket {
 
 bool same_key(std::string_view slot, const Key& k) { return std::memcmp(slot.data(), k.bytes.data(), 16) == 0; }
 
-// An exclusive open-file-description lock on [at, at + len) of fd, tried for
-// at most kLockBoundMs; released with the descriptor.
-bool ofd_lock(int fd, off_t at, off_t len) {
+// One open-file-description lock request of `type` on [at, at + len) of fd.
+int ofd_setlk(int fd, short type, off_t at, off_t len) {
   struct flock fl {};
-  fl.l_type = F_WRLCK;
+  fl.l_type = type;
   fl.l_whence = SEEK_SET;
   fl.l_start = at;
   fl.l_len = len;
+  return ::fcntl(fd, F_OFD_SETLK, &fl);
+}
+
+// An exclusive open-file-description lock on [at, at + len) of fd, tried for
+// at most kLockBoundMs; released by ofd_unlock or with the description.
+bool ofd_lock(int fd, off_t at, off_t len) {
   auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(kLockBoundMs);
   for (;;) {
-    if (::fcntl(fd, F_OFD_SETLK, &fl) == 0) return true;
+    if (ofd_setlk(fd, F_WRLCK, at, len) == 0) return true;
     if (errno != EAGAIN && errno != EACCES && errno != EINTR) return false;
     if (std::chrono::steady_clock::now() > deadline) return false;
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
 }
+
+void ofd_unlock(int fd, off_t at, off_t len) { (void)ofd_setlk(fd, F_UNLCK, at, len); }
 
 class TableLeases final : public Leases {
  public:
@@ -222,12 +229,7 @@ class TableLeases final : public Leases {
         ::pthread_mutex_unlock(mu_);
         return;
       }
-      struct flock fl {};
-      fl.l_type = F_UNLCK;
-      fl.l_whence = SEEK_SET;
-      fl.l_start = slots_at();
-      fl.l_len = static_cast<off_t>(kSlots * kSlotSize);
-      (void)::fcntl(fd_, F_OFD_SETLK, &fl);
+      ofd_unlock(fd_, slots_at(), static_cast<off_t>(kSlots * kSlotSize));
     }
     bool ok() const noexcept { return ok_; }
     bool read(Bucket* b) const {
@@ -353,13 +355,7 @@ class TableLeases final : public Leases {
       int fd;
       bool locked = false;
       ~Closer() {
-        if (locked) {
-          struct flock fl {};
-          fl.l_type = F_UNLCK;
-          fl.l_whence = SEEK_SET;
-          fl.l_len = static_cast<off_t>(kHeaderSize);
-          (void)::fcntl(fd, F_OFD_SETLK, &fl);
-        }
+        if (locked) ofd_unlock(fd, 0, static_cast<off_t>(kHeaderSize));
         ::close(fd);
       }
     } closer{fd};
@@ -412,20 +408,22 @@ class TableLeases final : public Leases {
     return Status();
   }
 
-  // magic | version buckets slots lock_size lock_kind: a mapped table's locks
-  // are this C library's mutexes; an unmapped one's are fcntl locks (kind 3).
-  static void header_fields(bool mapped, uint32_t out[5]) {
-    out[0] = kVersion;
-    out[1] = static_cast<uint32_t>(kBuckets);
-    out[2] = static_cast<uint32_t>(kSlots);
-    out[3] = mapped ? static_cast<uint32_t>(sizeof(pthread_mutex_t)) : 0;
-    out[4] = mapped ? lock_kind() : 3;
+  // magic | version buckets slots lock_size lock_kind, then zeros (`ready`
+  // too): a mapped table's locks are this C library's mutexes; an unmapped
+  // one's are fcntl locks (kind 3).
+  static void fill_header(bool mapped, char h[kHeaderSize]) {
+    const uint32_t fields[5] = {kVersion, static_cast<uint32_t>(kBuckets), static_cast<uint32_t>(kSlots),
+                                mapped ? static_cast<uint32_t>(sizeof(pthread_mutex_t)) : 0u,
+                                mapped ? lock_kind() : 3u};
+    std::memset(h, 0, kHeaderSize);
+    std::memcpy(h, kMagic, 8);
+    std::memcpy(h + 8, fields, sizeof fields);
   }
 
   Status check_header(const char* h, bool mapped) const {
-    uint32_t want[5];
-    header_fields(mapped, want);
-    if (std::memcmp(h, kMagic, 8) != 0 || std::memcmp(h + 8, want, sizeof want) != 0)
+    char want[kHeaderSize];
+    fill_header(mapped, want);
+    if (std::memcmp(h, want, kReadyAt) != 0)
       return Status(Errc::io_error, path_ + " is a lease table of another layout or C library");
     return Status();
   }
@@ -443,10 +441,7 @@ class TableLeases final : public Leases {
     }
     ::pthread_mutexattr_destroy(&a);
     if (rc != 0) return util::errno_status(rc, path_ + ": process-shared robust mutexes");
-    uint32_t fields[5];
-    header_fields(true, fields);
-    std::memcpy(m, kMagic, 8);
-    std::memcpy(m + 8, fields, sizeof fields);
+    fill_header(true, m);
     __atomic_store_n(reinterpret_cast<uint32_t*>(m + kReadyAt), uint32_t{1}, __ATOMIC_RELEASE);
     return Status();
   }
@@ -457,11 +452,8 @@ class TableLeases final : public Leases {
     std::string zeros(kTableSize - kHeaderSize, '\0');
     if (::pwrite(fd, zeros.data(), zeros.size(), static_cast<off_t>(kHeaderSize)) != static_cast<ssize_t>(zeros.size()))
       return util::errno_status(errno ? errno : EIO, path_);
-    char h[kHeaderSize] = {};
-    uint32_t fields[5];
-    header_fields(false, fields);
-    std::memcpy(h, kMagic, 8);
-    std::memcpy(h + 8, fields, sizeof fields);
+    char h[kHeaderSize];
+    fill_header(false, h);
     const uint32_t one = 1;
     std::memcpy(h + kReadyAt, &one, 4);
     if (::pwrite(fd, h, kHeaderSize, 0) != static_cast<ssize_t>(kHeaderSize))
