@@ -242,6 +242,7 @@ class ObjectCache final : public ::llvm::ObjectCache {
   TargetDesc target_;
   ::llvm::Triple::ArchType arch_;
   ObjectCacheOptions opt_;
+  KeyBuilder key_base_;  // every key component but the IR
   std::shared_ptr<CompileCounters> counters_;
   std::mutex mu_;
   // Keys of modules that missed, until the JIT reports their object. The
@@ -283,6 +284,7 @@ class CachingCompiler final : public ::llvm::orc::IRCompileLayer::IRCompiler {
   TargetDesc target_;
   ::llvm::Triple::ArchType arch_;
   CompilerOptions opt_;
+  KeyBuilder key_base_;  // every key component but the IR
   std::shared_ptr<CompileCounters> counters_;
 };
 

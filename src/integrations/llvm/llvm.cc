@@ -323,14 +323,33 @@ void with_bitcode(::llvm::Module& m, F&& f) {
 
 }  // namespace
 
-kcache::Expected<KeyInfo> object_key(::llvm::Module& m, const TargetDesc& t, const KeyOptions& options) {
+namespace {
+
+// Every component of an object key but the IR: the same for each key a
+// compiler makes, so it keeps one and copies it.
+KeyBuilder target_part(const TargetDesc& t, const KeyOptions& options) {
   KeyBuilder kb(kKeyNamespace);
+  add_target(kb, t, options);
+  return kb;
+}
+
+kcache::Expected<KeyInfo> key_of_bitcode(KeyBuilder kb, ::llvm::Module& m) {
   with_bitcode(m, [&](std::string_view bc, const std::string& module_id) {
     kb.add_bytes("ir", bc).add_string("module_triple", m.getTargetTriple());
     kb.label(module_label(m, module_id));
   });
-  add_target(kb, t, options);
   return std::move(kb).finish();
+}
+
+kcache::Expected<KeyInfo> key_of_digest(KeyBuilder kb, const Digest& ir) {
+  kb.add_digest("ir_digest", ir);
+  return std::move(kb).finish();
+}
+
+}  // namespace
+
+kcache::Expected<KeyInfo> object_key(::llvm::Module& m, const TargetDesc& t, const KeyOptions& options) {
+  return key_of_bitcode(target_part(t, options), m);
 }
 
 Digest ir_digest(::llvm::Module& m) {
@@ -342,10 +361,7 @@ Digest ir_digest(::llvm::Module& m) {
 }
 
 kcache::Expected<KeyInfo> object_key(const Digest& ir, const TargetDesc& t, const KeyOptions& options) {
-  KeyBuilder kb(kKeyNamespace);
-  kb.add_digest("ir_digest", ir);
-  add_target(kb, t, options);
-  return std::move(kb).finish();
+  return key_of_digest(target_part(t, options), ir);
 }
 
 namespace {
@@ -353,10 +369,10 @@ namespace {
 // The key of a module the JIT compiles: from its IR digest tag when it has
 // one (then with the module's label, so that a miss is compared with the
 // previous version of the same module), else from its bitcode.
-kcache::Expected<KeyInfo> key_of_module(::llvm::Module& m, const std::optional<Digest>& ird, const TargetDesc& t,
-                                        const KeyOptions& options) {
-  if (!ird) return object_key(m, t, options);
-  auto key = object_key(*ird, t, options);
+// `target` is target_part() of the compiler's target and options.
+kcache::Expected<KeyInfo> key_of_module(::llvm::Module& m, const std::optional<Digest>& ird, const KeyBuilder& target) {
+  if (!ird) return key_of_bitcode(target, m);
+  auto key = key_of_digest(target, *ird);
   if (key) key->label = module_label(m, m.getModuleIdentifier());
   return key;
 }
@@ -430,7 +446,7 @@ std::string CompileCounters::to_json() const {
 // ---- ObjectCache -------------------------------------------------------------
 
 ObjectCache::ObjectCache(Cache& cache, TargetDesc target, ObjectCacheOptions options)
-    : cache_(cache), target_(std::move(target)), opt_(std::move(options)) {
+    : cache_(cache), target_(std::move(target)), opt_(std::move(options)), key_base_(target_part(target_, opt_.key)) {
   arch_ = ::llvm::Triple(target_.triple).getArch();
   counters_ = opt_.counters ? opt_.counters : std::make_shared<CompileCounters>();
 }
@@ -447,7 +463,7 @@ std::unique_ptr<::llvm::MemoryBuffer> ObjectCache::getObject(const ::llvm::Modul
   // tagged with its IR digest is keyed on that (the tag stays: this
   // interface may not change the module).
   auto ird = cm->getNamedMetadata(kIrDigestMd) ? read_digest_md(*cm, kIrDigestMd) : std::nullopt;
-  auto key = key_of_module(const_cast<::llvm::Module&>(*cm), ird, target_, opt_.key);
+  auto key = key_of_module(const_cast<::llvm::Module&>(*cm), ird, key_base_);
   uint64_t t1 = now_ns(), u1 = cpu_ns();
   C.key_ns.fetch_add(t1 - t0, std::memory_order_relaxed);
   C.key_cpu_ns.fetch_add(u1 - u0, std::memory_order_relaxed);
@@ -518,7 +534,8 @@ CachingCompiler::CachingCompiler(Cache& cache, ::llvm::orc::JITTargetMachineBuil
       cache_(cache),
       jtmb_(std::move(jtmb)),
       target_(std::move(target)),
-      opt_(std::move(options)) {
+      opt_(std::move(options)),
+      key_base_(target_part(target_, KeyOptions{opt_.ir_opt_level, opt_.key_extra})) {
   arch_ = ::llvm::Triple(target_.triple).getArch();
   counters_ = opt_.counters ? opt_.counters : std::make_shared<CompileCounters>();
 }
@@ -603,10 +620,7 @@ kcache::Expected<std::string> CachingCompiler::compile(::llvm::Module& m) {
     C.misses.fetch_add(1, std::memory_order_relaxed);
     return compile_here();
   }
-  KeyOptions ko;
-  ko.ir_opt_level = opt_.ir_opt_level;
-  ko.extra = opt_.key_extra;
-  auto key = key_of_module(m, ird, target_, ko);
+  auto key = key_of_module(m, ird, key_base_);
   uint64_t t1 = now_ns(), u1 = cpu_ns();
   C.key_ns.fetch_add(t1 - t0, std::memory_order_relaxed);
   C.key_cpu_ns.fetch_add(u1 - u0, std::memory_order_relaxed);
