@@ -17,6 +17,9 @@
 //   BM_ObjectKey     object_key from an IR digest, in a tight loop
 //   BM_JitWarm/zc    lower -> key -> lookup + read -> link, from the disk
 //                    tier of a fresh Cache (zc=1 zero-copy, zc=0 copies)
+//   BM_CompileMachines  code generation of the kernels through one
+//                    CachingCompiler (its TargetMachines kept) against a
+//                    fresh compiler per kernel, interleaved
 //   BM_JitLinkOnly   link the same objects with no cache at all: the
 //                    baseline the cache's share of a warm load is held to
 //
@@ -383,6 +386,51 @@ void BM_LookupRead(benchmark::State& state) {
 }
 BENCHMARK(BM_LookupRead)->ArgName("memory_tier")->Arg(1)->Arg(0);
 
+// Code generation of the 32 kernels through CachingCompiler on a disabled
+// cache, both ways in every iteration (alternating which goes first): one
+// compiler for the batch, whose TargetMachines are kept between compiles,
+// against a fresh compiler (so a fresh TargetMachine) for each kernel, as
+// every compile had before the machines were kept.
+void BM_CompileMachines(benchmark::State& state) {
+  World& w = world();
+  kcache::Options off;
+  off.disabled = true;
+  auto nocache = kcache::Cache::open(off);
+  auto jtmb = *llvm::orc::JITTargetMachineBuilder::detectHost();
+  double kept_s = 0, fresh_s = 0;
+  auto compile_all = [&](bool keep) {
+    llvm::LLVMContext ctx;
+    std::vector<std::unique_ptr<llvm::Module>> ms;
+    for (auto& k : w.kernels) ms.push_back(kjit::lower(k, ctx));
+    auto t0 = std::chrono::steady_clock::now();
+    std::unique_ptr<kcache::llvm::CachingCompiler> one;
+    for (auto& m : ms) {
+      if (!one || !keep) one = std::move(*kcache::llvm::CachingCompiler::create(*nocache, jtmb));
+      if (!(*one)(*m)) std::abort();
+    }
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  bool kept_first = false;
+  for (auto _ : state) {
+    if (kept_first) {
+      kept_s += compile_all(true);
+      fresh_s += compile_all(false);
+    } else {
+      fresh_s += compile_all(false);
+      kept_s += compile_all(true);
+    }
+    kept_first = !kept_first;
+  }
+  double n = double(state.iterations()) * kBatch;
+  state.counters["kept_us"] = kept_s / n * 1e6;
+  state.counters["fresh_us"] = fresh_s / n * 1e6;
+  state.counters["ratio"] = fresh_s > 0 ? kept_s / fresh_s : 0;
+  record("machines_kept", kept_s / n * 1e6);
+  record("machines_fresh", fresh_s / n * 1e6);
+  record("machines_ratio", fresh_s > 0 ? kept_s / fresh_s : 0);
+}
+BENCHMARK(BM_CompileMachines)->Unit(benchmark::kMillisecond)->UseRealTime();
+
 void BM_JitLinkOnly(benchmark::State& state) {
   World& w = world();
   const bool arena = state.range(0) != 0;
@@ -456,6 +504,12 @@ int main(int argc, char** argv) {
         "ratio: interleaved, memory tier only, cold with the cache is %.3fx the no-cache time per kernel "
         "(%.1f us vs %.1f us)\n",
         g_us["pair_memory_ratio"], g_us["pair_memory_cached"], g_us["pair_memory_nocache"]);
+  }
+  if (g_us.count("machines_ratio")) {
+    std::printf(
+        "ratio: code generation with the compiler's TargetMachines kept takes %.3fx the time with a fresh one "
+        "per kernel (%.1f us vs %.1f us)\n",
+        g_us["machines_ratio"], g_us["machines_kept"], g_us["machines_fresh"]);
   }
   if (g_us.count("ir_digest") && g_us.count("pair_nocache")) {
     std::printf("ratio: the IR digest is %.2f%% of a no-cache cold kernel (%.1f us vs %.1f us)\n",

@@ -353,6 +353,81 @@ TEST(LlvmCompiler, CachedObjectBytesEqualFreshlyCompiledOnes) {
   EXPECT_EQ((*compiler)->counters().hits.load(), 1u);
 }
 
+// A compiler keeps its TargetMachines for later compiles. Each object is
+// still the bytes a compiler that never compiled before makes: after other
+// modules, after a function that asked for other target features, and
+// with threads compiling at once.
+TEST(LlvmCompiler, ReusedTargetMachinesMakeTheBytesOfFreshOnes) {
+  auto jtmb = *llvm::orc::JITTargetMachineBuilder::detectHost();
+  kcache::Options off;
+  off.disabled = true;
+  auto no_cache = kcache::Cache::open(off);
+  const std::string fp =
+      "define void @v(<4 x double>* %p, double %s) {\n"
+      "  %a = load <4 x double>, <4 x double>* %p\n"
+      "  %i = insertelement <4 x double> undef, double %s, i32 0\n"
+      "  %b = shufflevector <4 x double> %i, <4 x double> undef, <4 x i32> zeroinitializer\n"
+      "  %c = fmul <4 x double> %a, %b\n"
+      "  store <4 x double> %c, <4 x double>* %p\n"
+      "  ret void\n}\n";
+  const std::vector<std::string> texts = {
+      ir_text("a", 1),
+      fp,
+      fp +
+          "define double @nf(double %x) #0 { %y = fmul double %x, 3.0\n ret double %y\n}\n"
+          "attributes #0 = { \"target-features\"=\"-avx,-avx2,-avx512f\" }\n" +
+          ir_text("t", 3),
+      ir_text("a", 1) +
+          "define i64 @w(i64 %x) #1 { %y = mul i64 %x, 7\n ret i64 %y\n}\n"
+          "attributes #1 = { \"target-cpu\"=\"x86-64\" }\n",
+      ir_text("a", 1),
+      fp,
+  };
+  auto fresh_object = [&](const std::string& text) {
+    auto c = kl::CachingCompiler::create(*no_cache, jtmb);
+    EXPECT_TRUE(bool(c));
+    llvm::LLVMContext ctx;
+    auto m = parse(text, ctx);
+    auto obj = (**c)(*m);
+    EXPECT_TRUE(bool(obj));
+    return obj ? (*obj)->getBuffer().str() : std::string();
+  };
+  std::vector<std::string> want;
+  for (const auto& t : texts) want.push_back(fresh_object(t));
+
+  auto shared = kl::CachingCompiler::create(*no_cache, jtmb);
+  ASSERT_TRUE(bool(shared));
+  for (size_t i = 0; i < texts.size(); ++i) {
+    llvm::LLVMContext ctx;
+    auto m = parse(texts[i], ctx);
+    auto obj = (**shared)(*m);
+    ASSERT_TRUE(bool(obj));
+    EXPECT_EQ((*obj)->getBuffer().str(), want[i]) << "module " << i;
+  }
+
+  constexpr int kThreads = 4;
+  std::vector<std::thread> ts;
+  std::atomic<int> wrong{0};
+  for (int t = 0; t < kThreads; ++t) {
+    ts.emplace_back([&, t] {
+      for (size_t r = 0; r < 2 * texts.size(); ++r) {
+        size_t i = (r + static_cast<size_t>(t)) % texts.size();
+        llvm::LLVMContext ctx;
+        auto m = parse(texts[i], ctx);
+        auto obj = (**shared)(*m);
+        if (!obj) {
+          llvm::consumeError(obj.takeError());
+          ++wrong;
+        } else if ((*obj)->getBuffer().str() != want[i]) {
+          ++wrong;
+        }
+      }
+    });
+  }
+  for (auto& th : ts) th.join();
+  EXPECT_EQ(wrong.load(), 0);
+}
+
 TEST(LlvmObjectCache, StoresExactlyWhatSimpleCompilerProduces) {
   TempDir dir;
   auto cache = open_cache(dir.path(), "files");

@@ -73,6 +73,7 @@
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "kcache/cache.h"
 #include "kcache/key.h"
@@ -276,7 +277,8 @@ class CachingCompiler final : public ::llvm::orc::IRCompileLayer::IRCompiler {
  private:
   CachingCompiler(Cache& cache, ::llvm::orc::JITTargetMachineBuilder jtmb, TargetDesc target,
                   ::llvm::orc::IRSymbolMapper::ManglingOptions mo, CompilerOptions options);
-  // Optimises and compiles `m` (changing it). Thread-safe: a TargetMachine per call.
+  // Optimises and compiles `m` (changing it). Thread-safe: each call has a
+  // TargetMachine of its own while it runs, taken from machines_.
   kcache::Expected<std::string> compile(::llvm::Module& m);
 
   Cache& cache_;
@@ -286,6 +288,12 @@ class CachingCompiler final : public ::llvm::orc::IRCompileLayer::IRCompiler {
   CompilerOptions opt_;
   KeyBuilder key_base_;  // every key component but the IR
   std::shared_ptr<CompileCounters> counters_;
+  // Target machines no compile is using. A machine keeps the subtarget it
+  // built for its first function, which costs about as much again as a
+  // small kernel's code generation; there are as many as compiles ever ran
+  // at once.
+  std::mutex machines_mu_;
+  std::vector<std::unique_ptr<::llvm::TargetMachine>> machines_;  // GUARDED_BY(machines_mu_)
 };
 
 struct JitOptions {

@@ -549,16 +549,40 @@ CachingCompiler::CachingCompiler(Cache& cache, ::llvm::orc::JITTargetMachineBuil
   if (!tm) return tm.takeError();
   TargetDesc desc = TargetDesc::of(**tm);
   auto mo = ::llvm::orc::irManglingOptionsFromTargetOptions((*tm)->Options);
-  return std::unique_ptr<CachingCompiler>(
+  std::unique_ptr<CachingCompiler> c(
       new CachingCompiler(cache, std::move(jtmb), std::move(desc), std::move(mo), std::move(options)));
+  c->machines_.push_back(std::move(*tm));  // the first compile's
+  return c;
 }
 
 kcache::Expected<std::string> CachingCompiler::compile(::llvm::Module& m) {
-  auto tm = jtmb_.createTargetMachine();
-  if (!tm) return Status(Errc::compile_failed, ::llvm::toString(tm.takeError()));
-  if (m.getDataLayout().isDefault()) m.setDataLayout((*tm)->createDataLayout());
+  // A machine of this thread's own until the compile ends, then back to the
+  // pool (compiles of one TargetMachine must not overlap; ones after
+  // another produce the same bytes as a fresh machine would).
+  std::unique_ptr<::llvm::TargetMachine> tm;
+  {
+    std::lock_guard lk(machines_mu_);
+    if (!machines_.empty()) {
+      tm = std::move(machines_.back());
+      machines_.pop_back();
+    }
+  }
+  if (!tm) {
+    auto made = jtmb_.createTargetMachine();
+    if (!made) return Status(Errc::compile_failed, ::llvm::toString(made.takeError()));
+    tm = std::move(*made);
+  }
+  struct GiveBack {
+    CachingCompiler& c;
+    std::unique_ptr<::llvm::TargetMachine>& tm;
+    ~GiveBack() {
+      std::lock_guard lk(c.machines_mu_);
+      c.machines_.push_back(std::move(tm));
+    }
+  } give_back{*this, tm};
+  if (m.getDataLayout().isDefault()) m.setDataLayout(tm->createDataLayout());
   if (opt_.ir_opt_level >= 0) {
-    ::llvm::PassBuilder pb(tm->get());
+    ::llvm::PassBuilder pb(tm.get());
     ::llvm::LoopAnalysisManager lam;
     ::llvm::FunctionAnalysisManager fam;
     ::llvm::CGSCCAnalysisManager cgam;
@@ -592,7 +616,7 @@ kcache::Expected<std::string> CachingCompiler::compile(::llvm::Module& m) {
     ::llvm::raw_svector_ostream os(out);
     ::llvm::legacy::PassManager pm;
     ::llvm::MCContext* ctx = nullptr;
-    if ((*tm)->addPassesToEmitMC(pm, ctx, os)) return Status(Errc::compile_failed, "target cannot emit machine code");
+    if (tm->addPassesToEmitMC(pm, ctx, os)) return Status(Errc::compile_failed, "target cannot emit machine code");
     pm.run(m);
   }
   counters_->codegen_runs.fetch_add(1, std::memory_order_relaxed);
