@@ -544,7 +544,7 @@ CachingCompiler::CachingCompiler(Cache& cache, ::llvm::orc::JITTargetMachineBuil
                                                                            ::llvm::orc::JITTargetMachineBuilder jtmb,
                                                                            CompilerOptions options) {
   // One TargetMachine up front gives the exact target description (the
-  // builder does not expose its codegen level); compiles make their own.
+  // builder does not expose its codegen level); the first compile uses it.
   auto tm = jtmb.createTargetMachine();
   if (!tm) return tm.takeError();
   TargetDesc desc = TargetDesc::of(**tm);
@@ -557,8 +557,13 @@ CachingCompiler::CachingCompiler(Cache& cache, ::llvm::orc::JITTargetMachineBuil
 
 kcache::Expected<std::string> CachingCompiler::compile(::llvm::Module& m) {
   // A machine of this thread's own until the compile ends, then back to the
-  // pool (compiles of one TargetMachine must not overlap; ones after
-  // another produce the same bytes as a fresh machine would).
+  // pool: compiles on one TargetMachine must not overlap, and one after
+  // another they produce the bytes a fresh machine would, with one
+  // exception. LLVM 14's ELF object-file lowering remembers the globals a
+  // module lists in @llvm.used in its machine and never forgets them
+  // (TargetLoweringObjectFileELF::Used); a later module's global at a
+  // reused address would then get a retained section of its own. A machine
+  // that compiled such a module is dropped, not kept.
   std::unique_ptr<::llvm::TargetMachine> tm;
   {
     std::lock_guard lk(machines_mu_);
@@ -575,11 +580,19 @@ kcache::Expected<std::string> CachingCompiler::compile(::llvm::Module& m) {
   struct GiveBack {
     CachingCompiler& c;
     std::unique_ptr<::llvm::TargetMachine>& tm;
+    bool keep = true;
     ~GiveBack() {
-      std::lock_guard lk(c.machines_mu_);
-      c.machines_.push_back(std::move(tm));
+      if (!keep) return;
+      try {
+        std::lock_guard lk(c.machines_mu_);
+        c.machines_.push_back(std::move(tm));
+      } catch (...) {
+        // Not kept: the next compile makes a machine again.
+      }
     }
   } give_back{*this, tm};
+  auto lists_used = [&m] { return m.getNamedGlobal("llvm.used") || m.getNamedGlobal("llvm.compiler.used"); };
+  if (lists_used()) give_back.keep = false;
   if (m.getDataLayout().isDefault()) m.setDataLayout(tm->createDataLayout());
   if (opt_.ir_opt_level >= 0) {
     ::llvm::PassBuilder pb(tm.get());
@@ -617,6 +630,7 @@ kcache::Expected<std::string> CachingCompiler::compile(::llvm::Module& m) {
     ::llvm::legacy::PassManager pm;
     ::llvm::MCContext* ctx = nullptr;
     if (tm->addPassesToEmitMC(pm, ctx, os)) return Status(Errc::compile_failed, "target cannot emit machine code");
+    if (lists_used()) give_back.keep = false;  // the IR pipeline's output is what code generation reads
     pm.run(m);
   }
   counters_->codegen_runs.fetch_add(1, std::memory_order_relaxed);
