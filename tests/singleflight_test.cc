@@ -186,7 +186,15 @@ TEST(LeaseHolder, ThisProcessIsAliveAnEarlierOneWithItsPidIsNot) {
 
   pid_t pid = spawn([&] {
     lease::Holder child = lease::self(lease::new_token(), 60000);
-    if (child.pid == me.pid || !lease::alive(child, util::now_unix_ms())) return 1;
+    if (child.pid != static_cast<uint32_t>(::getpid()) || child.start_ticks == 0 ||
+        !lease::alive(child, util::now_unix_ms()))
+      return 1;
+    // The child's own start time, read once: the same in its next record,
+    // and a record with its PID but another start time is not its own.
+    if (lease::self(lease::new_token(), 60000).start_ticks != child.start_ticks) return 3;
+    lease::Holder child_earlier = child;
+    child_earlier.start_ticks = child.start_ticks - 1;
+    if (lease::alive(child_earlier, util::now_unix_ms())) return 4;
     return lease::alive(me, util::now_unix_ms()) ? 0 : 2;
   });
   EXPECT_EQ(wait_exit(pid), 0);

@@ -3,6 +3,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 
@@ -33,18 +34,25 @@ uint64_t start_ticks_of(uint32_t pid, char* state = nullptr) {
   return 0;
 }
 
-// This process's PID and start time, read once. A child of fork() has
-// another PID, so it never takes these for its own.
+// This process's PID and start time, read once per process: a child of
+// fork() finds its parent's PID cached, and reads its own (once) instead of
+// reading /proc for every lease it takes. Threads that read at once store
+// the same values; the PID is stored after the start time it goes with. No
+// lock: a child may inherit one held by a parent thread it does not have.
 struct Self {
   uint32_t pid;
   uint64_t ticks;
 };
-const Self& first_self() {
-  static const Self s = [] {
-    uint32_t pid = static_cast<uint32_t>(::getpid());
-    return Self{pid, start_ticks_of(pid)};
-  }();
-  return s;
+std::atomic<uint64_t> g_self_pid{0};  // PID + 1 once g_self_ticks is its start time
+std::atomic<uint64_t> g_self_ticks{0};
+Self this_process() {
+  const uint32_t pid = static_cast<uint32_t>(::getpid());
+  if (g_self_pid.load(std::memory_order_acquire) == uint64_t{pid} + 1)
+    return Self{pid, g_self_ticks.load(std::memory_order_relaxed)};
+  const uint64_t ticks = start_ticks_of(pid);
+  g_self_ticks.store(ticks, std::memory_order_relaxed);
+  g_self_pid.store(uint64_t{pid} + 1, std::memory_order_release);
+  return Self{pid, ticks};
 }
 
 const Digest& host_id() {
@@ -99,13 +107,11 @@ uint64_t new_token() {
 }
 
 Holder self(uint64_t token, uint64_t ttl_ms) {
-  const Self& me = first_self();
+  const Self me = this_process();
   Holder h;
   h.token = token;
-  // After fork() the first self is the parent: recompute.
-  uint32_t pid = static_cast<uint32_t>(::getpid());
-  h.pid = pid;
-  h.start_ticks = pid == me.pid ? me.ticks : start_ticks_of(pid);
+  h.pid = me.pid;
+  h.start_ticks = me.ticks;
   h.expiry_ms = util::now_unix_ms() + ttl_ms;
   h.host = host_id();
   return h;
@@ -116,9 +122,8 @@ bool alive(const Holder& h, uint64_t now_ms) {
   if (h.host != host_id()) return true;  // another machine: only the TTL tells
   // This very process (another Cache of it, or this one's own lease): alive,
   // and no /proc read to say so.
-  const Self& me = first_self();
-  if (h.pid == me.pid && me.ticks != 0 && h.start_ticks == me.ticks && me.pid == static_cast<uint32_t>(::getpid()))
-    return true;
+  const Self me = this_process();
+  if (h.pid == me.pid && me.ticks != 0 && h.start_ticks == me.ticks) return true;
   if (::kill(static_cast<pid_t>(h.pid), 0) != 0 && errno == ESRCH) return false;
   char state = '?';
   uint64_t ticks = start_ticks_of(h.pid, &state);
