@@ -148,6 +148,7 @@ class TableLeases final : public Leases {
 
   LeaseResult acquire(const Key& key, uint64_t ttl_ms) override {
     const uint64_t me = token_.get();
+    const lease::Holder ours = lease::self(me, ttl_ms);  // before the bucket is locked: it holds no lock
     Locked lk(*this, bucket_of(key));
     Bucket b;
     if (!lk.ok() || !lk.read(&b)) return LeaseResult::error;
@@ -158,7 +159,7 @@ class TableLeases final : public Leases {
       bool readable = b.holder(i, &h);
       if (same_key(b.slot_key(i), key) && readable) {
         if (h.token != me && lease::alive(h, now)) return LeaseResult::busy;
-        if (!lk.write_slot(i, key, lease::self(me, ttl_ms))) return LeaseResult::error;
+        if (!lk.write_slot(i, key, ours)) return LeaseResult::error;
         if (h.token != me) takeovers_.fetch_add(1);
         return LeaseResult::acquired;
       }
@@ -170,17 +171,17 @@ class TableLeases final : public Leases {
       if (!b.holder(i, &h) || !lease::alive(h, now)) free_slot = static_cast<int>(i);
     }
     if (free_slot < 0) return LeaseResult::error;  // kSlots live leases in this bucket
-    return lk.write_slot(static_cast<size_t>(free_slot), key, lease::self(me, ttl_ms)) ? LeaseResult::acquired
-                                                                                       : LeaseResult::error;
+    return lk.write_slot(static_cast<size_t>(free_slot), key, ours) ? LeaseResult::acquired : LeaseResult::error;
   }
 
   bool renew(const Key& key, uint64_t ttl_ms) override {
     const uint64_t me = token_.get();
+    const lease::Holder renewed = lease::self(me, ttl_ms);
     Locked lk(*this, bucket_of(key));
     Bucket b;
     if (!lk.ok() || !lk.read(&b)) return false;
     int i = mine(b, key, me);
-    return i >= 0 && lk.write_slot(static_cast<size_t>(i), key, lease::self(me, ttl_ms));
+    return i >= 0 && lk.write_slot(static_cast<size_t>(i), key, renewed);
   }
 
   void release(const Key& key) override {
