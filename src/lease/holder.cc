@@ -36,22 +36,24 @@ uint64_t start_ticks_of(uint32_t pid, char* state = nullptr) {
 
 // This process's PID and start time, read once per process: a child of
 // fork() finds its parent's PID cached, and reads its own (once) instead of
-// reading /proc for every lease it takes. Threads that read at once store
-// the same values; the PID is stored after the start time it goes with. No
+// reading /proc for every lease it takes. One word holds both (start time
+// << 22 | PID; Linux PIDs are below 2^22), so no thread or child ever sees
+// a PID with another process's start time. Threads that read at once store
+// the same value. A failed read is not kept: the next call reads again. No
 // lock: a child may inherit one held by a parent thread it does not have.
 struct Self {
   uint32_t pid;
   uint64_t ticks;
 };
-std::atomic<uint64_t> g_self_pid{0};  // PID + 1 once g_self_ticks is its start time
-std::atomic<uint64_t> g_self_ticks{0};
+constexpr unsigned kPidBits = 22;
+std::atomic<uint64_t> g_self{0};
 Self this_process() {
   const uint32_t pid = static_cast<uint32_t>(::getpid());
-  if (g_self_pid.load(std::memory_order_acquire) == uint64_t{pid} + 1)
-    return Self{pid, g_self_ticks.load(std::memory_order_relaxed)};
+  const uint64_t cached = g_self.load(std::memory_order_relaxed);
+  if (cached != 0 && (cached & ((uint64_t{1} << kPidBits) - 1)) == pid) return Self{pid, cached >> kPidBits};
   const uint64_t ticks = start_ticks_of(pid);
-  g_self_ticks.store(ticks, std::memory_order_relaxed);
-  g_self_pid.store(uint64_t{pid} + 1, std::memory_order_release);
+  if (ticks != 0 && pid < (uint32_t{1} << kPidBits) && ticks < (uint64_t{1} << (64 - kPidBits)))
+    g_self.store(ticks << kPidBits | pid, std::memory_order_relaxed);
   return Self{pid, ticks};
 }
 

@@ -148,11 +148,13 @@ class TableLeases final : public Leases {
 
   LeaseResult acquire(const Key& key, uint64_t ttl_ms) override {
     const uint64_t me = token_.get();
-    const lease::Holder ours = lease::self(me, ttl_ms);  // before the bucket is locked: it holds no lock
+    // Made before the bucket is locked; its expiry counts from when it is.
+    lease::Holder ours = lease::self(me, ttl_ms);
     Locked lk(*this, bucket_of(key));
     Bucket b;
     if (!lk.ok() || !lk.read(&b)) return LeaseResult::error;
     const uint64_t now = util::now_unix_ms();
+    ours.expiry_ms = now + ttl_ms;
     int free_slot = -1;
     for (size_t i = 0; i < kSlots; ++i) {
       lease::Holder h;
@@ -176,10 +178,11 @@ class TableLeases final : public Leases {
 
   bool renew(const Key& key, uint64_t ttl_ms) override {
     const uint64_t me = token_.get();
-    const lease::Holder renewed = lease::self(me, ttl_ms);
+    lease::Holder renewed = lease::self(me, ttl_ms);
     Locked lk(*this, bucket_of(key));
     Bucket b;
     if (!lk.ok() || !lk.read(&b)) return false;
+    renewed.expiry_ms = util::now_unix_ms() + ttl_ms;
     int i = mine(b, key, me);
     return i >= 0 && lk.write_slot(static_cast<size_t>(i), key, renewed);
   }
