@@ -353,6 +353,36 @@ TEST(LlvmCompiler, CachedObjectBytesEqualFreshlyCompiledOnes) {
   EXPECT_EQ((*compiler)->counters().hits.load(), 1u);
 }
 
+// A compiler made with the caller's machine describes its target from it
+// and compiles with it; without one it is an error, not a crash.
+TEST(LlvmCompiler, CreatedWithTheCallersMachine) {
+  auto jtmb = *llvm::orc::JITTargetMachineBuilder::detectHost();
+  kcache::Options off;
+  off.disabled = true;
+  auto no_cache = kcache::Cache::open(off);
+  auto none = kl::CachingCompiler::create(*no_cache, jtmb, {}, nullptr);
+  ASSERT_FALSE(bool(none));
+  llvm::consumeError(none.takeError());
+
+  auto tm = jtmb.createTargetMachine();
+  ASSERT_TRUE(bool(tm));
+  const kl::TargetDesc want = kl::TargetDesc::of(**tm);
+  auto given = kl::CachingCompiler::create(*no_cache, jtmb, {}, std::move(*tm));
+  ASSERT_TRUE(bool(given)) << llvm::toString(given.takeError());
+  auto made = kl::CachingCompiler::create(*no_cache, jtmb);
+  ASSERT_TRUE(bool(made));
+  EXPECT_EQ((*given)->target().features, want.features);
+  EXPECT_EQ((*given)->target().cpu, (*made)->target().cpu);
+  EXPECT_EQ((*given)->target().features, (*made)->target().features);
+  llvm::LLVMContext ctx;
+  auto m1 = parse(ir_text("c", 3), ctx);
+  auto m2 = parse(ir_text("c", 3), ctx);
+  auto a = (**given)(*m1);
+  auto b = (**made)(*m2);
+  ASSERT_TRUE(a && b);
+  EXPECT_EQ((*a)->getBuffer().str(), (*b)->getBuffer().str());
+}
+
 // A compiler keeps its TargetMachines for later compiles. Each object is
 // still the bytes a compiler that never compiled before makes: after other
 // modules, after a function that asked for other target features, and

@@ -268,6 +268,13 @@ class CachingCompiler final : public ::llvm::orc::IRCompileLayer::IRCompiler {
   static ::llvm::Expected<std::unique_ptr<CachingCompiler>> create(Cache& cache,
                                                                    ::llvm::orc::JITTargetMachineBuilder jtmb,
                                                                    CompilerOptions options = {});
+  // The same with a machine the caller already made from `jtmb` (for the
+  // JIT's data layout, say): the compiler takes its target description
+  // from it and compiles with it, instead of making one more.
+  static ::llvm::Expected<std::unique_ptr<CachingCompiler>> create(Cache& cache,
+                                                                   ::llvm::orc::JITTargetMachineBuilder jtmb,
+                                                                   CompilerOptions options,
+                                                                   std::unique_ptr<::llvm::TargetMachine> machine);
 
   ::llvm::Expected<std::unique_ptr<::llvm::MemoryBuffer>> operator()(::llvm::Module& m) override;
 

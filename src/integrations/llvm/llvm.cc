@@ -547,11 +547,18 @@ CachingCompiler::CachingCompiler(Cache& cache, ::llvm::orc::JITTargetMachineBuil
   // builder does not expose its codegen level); the first compile uses it.
   auto tm = jtmb.createTargetMachine();
   if (!tm) return tm.takeError();
-  TargetDesc desc = TargetDesc::of(**tm);
-  auto mo = ::llvm::orc::irManglingOptionsFromTargetOptions((*tm)->Options);
+  return create(cache, std::move(jtmb), std::move(options), std::move(*tm));
+}
+
+::llvm::Expected<std::unique_ptr<CachingCompiler>> CachingCompiler::create(
+    Cache& cache, ::llvm::orc::JITTargetMachineBuilder jtmb, CompilerOptions options,
+    std::unique_ptr<::llvm::TargetMachine> machine) {
+  if (!machine) return make_error("CachingCompiler::create: no TargetMachine");
+  TargetDesc desc = TargetDesc::of(*machine);
+  auto mo = ::llvm::orc::irManglingOptionsFromTargetOptions(machine->Options);
   std::unique_ptr<CachingCompiler> c(
       new CachingCompiler(cache, std::move(jtmb), std::move(desc), std::move(mo), std::move(options)));
-  c->machines_.push_back(std::move(*tm));  // the first compile's
+  c->machines_.push_back(std::move(machine));  // the first compile's
   return c;
 }
 
@@ -781,12 +788,20 @@ kcache::Expected<FrontendKeys> FrontendKeys::for_jit(const JitOptions& options) 
   co.counters = options.counters;
 
   const bool jtmb_triple_is_elf = jtmb->getTargetTriple().isOSBinFormatELF();
+  // One machine gives the JIT its data layout (LLJIT would make a machine
+  // of its own for that) and the compiler its target description and first
+  // compile: a warm start that compiles nothing makes just this one.
+  auto tm = jtmb->createTargetMachine();
+  if (!tm) return tm.takeError();
   ::llvm::orc::LLJITBuilder b;
+  b.setDataLayout((*tm)->createDataLayout());
   b.setJITTargetMachineBuilder(std::move(*jtmb));
   Cache* c = &cache;
-  b.setCompileFunctionCreator([c, co](::llvm::orc::JITTargetMachineBuilder j)
+  auto first = std::make_shared<std::unique_ptr<::llvm::TargetMachine>>(std::move(*tm));
+  b.setCompileFunctionCreator([c, co, first](::llvm::orc::JITTargetMachineBuilder j)
                                   -> ::llvm::Expected<std::unique_ptr<::llvm::orc::IRCompileLayer::IRCompiler>> {
-    auto cc = CachingCompiler::create(*c, std::move(j), co);
+    auto cc = *first ? CachingCompiler::create(*c, std::move(j), co, std::move(*first))
+                     : CachingCompiler::create(*c, std::move(j), co);
     if (!cc) return cc.takeError();
     return std::unique_ptr<::llvm::orc::IRCompileLayer::IRCompiler>(std::move(*cc));
   });
