@@ -570,7 +570,8 @@ kcache::Expected<std::string> CachingCompiler::compile(::llvm::Module& m) {
   // module lists in @llvm.used in its machine and never forgets them
   // (TargetLoweringObjectFileELF::Used); a later module's global at a
   // reused address would then get a retained section of its own. A machine
-  // that compiled such a module is dropped, not kept.
+  // that generated code for such a module is dropped, not kept (checked on
+  // the module code generation reads: after the IR pipeline).
   std::unique_ptr<::llvm::TargetMachine> tm;
   {
     std::lock_guard lk(machines_mu_);
@@ -598,8 +599,6 @@ kcache::Expected<std::string> CachingCompiler::compile(::llvm::Module& m) {
       }
     }
   } give_back{*this, tm};
-  auto lists_used = [&m] { return m.getNamedGlobal("llvm.used") || m.getNamedGlobal("llvm.compiler.used"); };
-  if (lists_used()) give_back.keep = false;
   if (m.getDataLayout().isDefault()) m.setDataLayout(tm->createDataLayout());
   if (opt_.ir_opt_level >= 0) {
     ::llvm::PassBuilder pb(tm.get());
@@ -637,7 +636,7 @@ kcache::Expected<std::string> CachingCompiler::compile(::llvm::Module& m) {
     ::llvm::legacy::PassManager pm;
     ::llvm::MCContext* ctx = nullptr;
     if (tm->addPassesToEmitMC(pm, ctx, os)) return Status(Errc::compile_failed, "target cannot emit machine code");
-    if (lists_used()) give_back.keep = false;  // the IR pipeline's output is what code generation reads
+    if (m.getNamedGlobal("llvm.used") || m.getNamedGlobal("llvm.compiler.used")) give_back.keep = false;
     pm.run(m);
   }
   counters_->codegen_runs.fetch_add(1, std::memory_order_relaxed);
