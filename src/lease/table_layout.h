@@ -41,10 +41,10 @@ static_assert(kExpiryAt % 8 == 0 && kBucketSize % 64 == 0 && kHeaderSize % 64 ==
 inline constexpr size_t kReadyAt = 28;
 
 inline constexpr size_t bucket_at(size_t b) { return kHeaderSize + b * kBucketSize; }
+inline constexpr size_t slot_at(size_t b, size_t i) { return bucket_at(b) + kLockSize + i * kSlotSize; }
 
 // The table of `dir` read and written with pread/pwrite under fcntl locks,
 // as on a copy-on-write file system, whatever the file system (tests).
 Expected<std::shared_ptr<Leases>> open_unmapped(const std::string& dir);
-inline constexpr size_t slot_at(size_t b, size_t i) { return bucket_at(b) + kLockSize + i * kSlotSize; }
 
 }  // namespace kcache::lease::table

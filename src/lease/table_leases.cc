@@ -31,8 +31,9 @@
 //    table is not mapped: a bucket is locked with an open-file-description
 //    lock (fcntl) on its slots, read with pread and a slot written with one
 //    pwrite, which fails cleanly on a full disk (four system calls a lease;
-//    the header says which kind of locks a table uses). A table made by another layout or C library (the size of
-//    its mutexes) is an error: no cross-process leases, compiles go on.
+//    the header says which kind of locks a table uses).
+//  * A table made by another layout or C library (the size of its mutexes)
+//    is an error: no cross-process leases, compiles go on.
 // In a store folder shared with a group, the file is group-writable.
 #include <fcntl.h>
 #include <pthread.h>
@@ -61,10 +62,10 @@ namespace {
 
 using namespace lease::table;
 
+// How long a bucket's lock is waited for. pthread_mutex_timedlock waits on
+// the wall clock, so a step of it moves the bound. (pthread_mutex_clocklock
+// would not, but ThreadSanitizer does not see the locks it takes.)
 constexpr uint64_t kLockBoundMs = 2000;
-// pthread_mutex_timedlock waits on the wall clock, so a step of it moves
-// the bound. (pthread_mutex_clocklock would not, but ThreadSanitizer does
-// not see the locks it takes.)
 
 uint32_t lock_kind() {
 #if defined(__GLIBC__)
