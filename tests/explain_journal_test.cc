@@ -98,6 +98,29 @@ TEST(MissJournal, BoundedKeepsTheNewest) {
   EXPECT_LE(file_size(MissJournal::path_for(store) + ".1"), 24 + 10 * (one + 8));
 }
 
+// Posted records reach the file in batches (one lock, one header write per
+// file they land in): a batch larger than a generation rotates on the way
+// and keeps the newest records, in order, within the same bound.
+TEST(MissJournal, PostedBatchesKeepTheNewestInOrder) {
+  test::TempDir tmp;
+  std::string store = tmp.path() + "/lmdb";
+  {
+    MissJournal j(store, 4);
+    for (uint64_t i = 0; i < 11; ++i) j.post(record(i));
+    j.flush();
+    auto recs = MissJournal::read(store, 100);
+    ASSERT_TRUE(recs);
+    // 0-3 rotated out, 4-7 the previous generation, 8-10 the current one.
+    ASSERT_EQ(recs->size(), 7u);
+    for (size_t i = 0; i < recs->size(); ++i) EXPECT_EQ(index_of((*recs)[i]), 4 + i);
+    for (uint64_t i = 11; i < 14; ++i) j.post(record(i));
+  }  // the destructor writes what was posted
+  auto recs = MissJournal::read(store, 100);
+  ASSERT_TRUE(recs);
+  ASSERT_EQ(recs->size(), 6u);  // 8-11 previous, 12-13 current
+  for (size_t i = 0; i < recs->size(); ++i) EXPECT_EQ(index_of((*recs)[i]), 8 + i);
+}
+
 TEST(MissJournal, TornRecordIsNeverReadAndIsOverwritten) {
   test::TempDir tmp;
   std::string store = tmp.path() + "/lmdb";

@@ -185,8 +185,7 @@ Cache::Impl::Turn Cache::Impl::take_turn(const Key& key, Source* source, bool wa
       // up (another process holds the lease, or a Flight was abandoned).
       waits.fetch_add(1, std::memory_order_relaxed);
       if (source) *source = Source::waited;
-      Expected<Entry> r = join->result.get();
-      End end = join->end.load();
+      auto [r, end] = flights.wait(join);
       if (end == End::done || (end == End::busy && !wait)) {
         t.busy = end == End::busy;
         t.answer = std::move(r);

@@ -8,29 +8,45 @@ std::optional<FlightTable::Lead> FlightTable::lead_or_join(const Key& key, std::
   std::optional<Lead> lead;
   std::lock_guard lk(mu_);
   if (auto it = flights_.find(key); it != flights_.end()) {
+    ++it->second->waiters;  // before the lock drops: the leader then keeps its result for us
     *join = it->second;
     return lead;
   }
   lead.emplace(this, key);
-  auto shared = std::make_shared<Shared>();
-  shared->result = lead->promise_.get_future().share();
-  flights_.emplace(key, std::move(shared));
+  lead->shared_ = std::make_shared<Shared>();
+  flights_.emplace(key, lead->shared_);
   return lead;
 }
 
+std::pair<Expected<Entry>, FlightTable::End> FlightTable::wait(const std::shared_ptr<Shared>& join) {
+  std::unique_lock lk(mu_);
+  join->cv.wait(lk, [&] { return join->ended; });
+  std::pair<Expected<Entry>, End> out{*join->result, join->end};
+  --join->waiters;
+  return out;
+}
+
 FlightTable::Lead::Lead(Lead&& o) noexcept
-    : table_(o.table_), key_(std::move(o.key_)), promise_(std::move(o.promise_)), done_(o.done_) {
+    : table_(o.table_), key_(std::move(o.key_)), shared_(std::move(o.shared_)), done_(o.done_) {
   o.done_ = true;
 }
 
 void FlightTable::Lead::finish(const Expected<Entry>& r, End end) {
   if (done_) return;
   done_ = true;
-  std::lock_guard lk(table_->mu_);
-  auto it = table_->flights_.find(key_);
-  if (it != table_->flights_.end()) it->second->end.store(end);
-  promise_.set_value(r);
-  if (it != table_->flights_.end()) table_->flights_.erase(it);
+  bool wake = false;
+  {
+    std::lock_guard lk(table_->mu_);
+    auto it = table_->flights_.find(key_);
+    if (it != table_->flights_.end() && it->second == shared_) table_->flights_.erase(it);
+    if (shared_->waiters > 0) {
+      shared_->result.emplace(r);
+      shared_->end = end;
+      wake = true;
+    }
+    shared_->ended = true;
+  }
+  if (wake) shared_->cv.notify_all();
 }
 
 FlightTable::Lead::~Lead() {

@@ -4,12 +4,12 @@
 // of compiling it again.
 #pragma once
 
-#include <atomic>
-#include <future>
+#include <condition_variable>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <unordered_map>
+#include <utility>
 
 #include "kcache/entry.h"
 #include "kcache/key.h"
@@ -25,9 +25,15 @@ class FlightTable {
     busy,       // another process holds the key's lease: the leader gave up
     abandoned,  // the leader gave up without a result: try again
   };
+  // A flight as the threads that join it see it. The leader hands over its
+  // result only when a thread joined: a flight no one waited on (the common
+  // case) costs no copy of the entry and no wake-up.
   struct Shared {
-    std::shared_future<Expected<Entry>> result;
-    std::atomic<End> end{End::done};
+    std::optional<Expected<Entry>> result;  // GUARDED_BY(the table's mu_)
+    End end = End::done;                    // GUARDED_BY(the table's mu_)
+    bool ended = false;                     // GUARDED_BY(the table's mu_)
+    unsigned waiters = 0;                   // GUARDED_BY(the table's mu_)
+    std::condition_variable cv;             // `ended` became true
   };
 
   // The leader's hold on a flight. Whatever happens (a result, an error, an
@@ -47,13 +53,16 @@ class FlightTable {
     friend class FlightTable;
     FlightTable* table_;
     Key key_;
-    std::promise<Expected<Entry>> promise_;
+    std::shared_ptr<Shared> shared_;
     bool done_ = false;
   };
 
   // Leads the key's flight (returns the Lead), or joins the one another
-  // thread leads (returns nullopt and sets *join).
+  // thread leads (returns nullopt and sets *join; the caller must then
+  // wait() on it).
   std::optional<Lead> lead_or_join(const Key& key, std::shared_ptr<Shared>* join);
+  // Waits until the joined flight ends: its result, and how it ended.
+  std::pair<Expected<Entry>, End> wait(const std::shared_ptr<Shared>& join);
 
  private:
   std::mutex mu_;

@@ -248,16 +248,20 @@ void MissJournal::write_posted() {
     std::vector<MissRecord> batch;
     batch.swap(posted_);
     lk.unlock();
-    for (size_t i = 0; i < batch.size(); ++i) {
-      Status st = append(batch[i]);
-      if (st.is_ok()) continue;
-      if (st.code() == Errc::timeout) {
-        // Locked by a stuck process: the rest would fail as well.
-        KCACHE_LOG(LogLevel::info, "miss journal: %s; %zu record(s) dropped", st.to_string().c_str(), batch.size() - i);
-        break;
+    std::vector<std::string> recs;
+    recs.reserve(batch.size());
+    for (const auto& r : batch) {
+      recs.push_back(encode_record(r));
+      if (recs.back().size() - 8 > kMaxRecord) {
+        recs.pop_back();
+        KCACHE_LOG(LogLevel::info, "miss journal: manifest too large for the miss journal; record dropped");
       }
-      KCACHE_LOG(LogLevel::info, "miss journal: %s", st.to_string().c_str());
     }
+    // The whole batch under one hold of the lock, with one header write.
+    Status st = recs.empty() ? Status() : append_encoded(recs.data(), recs.size());
+    if (!st.is_ok())
+      KCACHE_LOG(LogLevel::info, "miss journal: %s; up to %zu record(s) dropped", st.to_string().c_str(),
+                 recs.size());
     lk.lock();
     n_done_ += batch.size();
     writer_.cv().notify_all();
@@ -291,10 +295,19 @@ Status MissJournal::open_locked() {
 Status MissJournal::append(const MissRecord& r) {
   std::string rec = encode_record(r);
   if (rec.size() - 8 > kMaxRecord) return Status(Errc::too_large, "manifest too large for the miss journal");
+  return append_encoded(&rec, 1);
+}
+
+Status MissJournal::append_encoded(const std::string* recs, size_t n) {
   if (util::now_mono_us() < skip_until_us_.load())
     return Status(Errc::timeout, path_ + ": its lock timed out less than 10 s ago; record dropped");
   std::lock_guard<std::mutex> g(*mu_);
-  for (int round = 0; round < 2; ++round) {
+  // Each round holds the lock once: it appends as many records as the
+  // current file has room for, or, when it is full, rotates it. A batch
+  // larger than a generation rotates more than once; another process
+  // filling the files as fast ends it after a bounded number of rounds.
+  size_t done = 0;
+  for (size_t rotations = 0; done < n;) {
     KCACHE_RETURN_IF_ERROR(open_locked());
     struct stat st;
     if (::fstat(fd_, &st) != 0) {
@@ -309,9 +322,13 @@ Status MissJournal::append(const MissRecord& r) {
       count = util::get_u64(h + 8);
       end = std::clamp<uint64_t>(util::get_u64(h + 16), kHeader, static_cast<uint64_t>(st.st_size));
     }
-    if (count >= keep_ && round == 0) {
+    if (count >= keep_) {
+      if (rotations++ > n / keep_ + 1) {
+        ::flock(fd_, LOCK_UN);
+        return Status(Errc::unavailable, path_ + ": could not rotate");
+      }
       // Full: this generation becomes the previous one; a fresh file with
-      // its header in place is renamed in, and we lock that one.
+      // its header in place is renamed in, and the next round locks that one.
       std::string tmp = path_ + ".tmp" + std::to_string(::getpid());
       int t = ::open(tmp.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, mode_);
       if (t >= 0 && mode_ != 0600) (void)::fchmod(t, mode_);
@@ -334,14 +351,23 @@ Status MissJournal::append(const MissRecord& r) {
       if (!s.is_ok()) return s;
       continue;  // open_locked() finds the new file
     }
-    // The record first, then the header that commits it: a crash between
-    // the two leaves bytes past `end` that the next append overwrites.
-    Status s = write_all_at(fd_, rec, static_cast<off_t>(end), path_);
-    if (s.is_ok()) s = write_all_at(fd_, header_bytes(count + 1, end + rec.size()), 0, path_);
+    // The records first, then the header that commits them: a crash
+    // between the two leaves bytes past `end` that the next append
+    // overwrites.
+    size_t take = std::min<size_t>(n - done, keep_ - count);
+    std::string joined;
+    std::string_view blob = recs[done];
+    if (take > 1) {
+      for (size_t i = done; i < done + take; ++i) joined += recs[i];
+      blob = joined;
+    }
+    Status s = write_all_at(fd_, blob, static_cast<off_t>(end), path_);
+    if (s.is_ok()) s = write_all_at(fd_, header_bytes(count + take, end + blob.size()), 0, path_);
     ::flock(fd_, LOCK_UN);
-    return s;
+    if (!s.is_ok()) return s;
+    done += take;
   }
-  return Status(Errc::unavailable, path_ + ": could not rotate");
+  return Status();
 }
 
 Expected<std::vector<MissRecord>> MissJournal::read(const std::string& store_path, size_t limit) {

@@ -78,6 +78,10 @@ class MissJournal {
 
  private:
   Status open_locked();  // opens (again) and locks the current file; REQUIRES mu_
+  // Appends n encoded records, as many at a time as the current file has
+  // room for, under one hold of the lock each. Fails on the first error
+  // (then some of the records may have been appended).
+  Status append_encoded(const std::string* recs, size_t n);
   void write_posted();   // the writer thread
   void renew_after_fork();
   std::string path_;
