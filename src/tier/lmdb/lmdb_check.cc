@@ -240,10 +240,10 @@ Status check_metas_before_open(const std::string& data_path) {
 }
 
 // After mdb_env_open, before the first transaction that reads the tree.
-// Reads through a private read-only map of the file (LMDB does not expose
-// its own), bounded by the file's size, while a read transaction keeps the
-// checked snapshot's pages from being reused by writers.
-Status check_tree(MDB_env* env, const std::string& data_path) {
+// Reads through LMDB's map or a private read-only map of the file, bounded
+// by the file's size, while a read transaction keeps the checked snapshot's
+// pages from being reused by writers.
+Status check_tree(MDB_env* env, const std::string& data_path, const unsigned char* lmdb_map, uint64_t lmdb_map_len) {
   MDB_txn* txn;
   int rc = mdb_txn_begin(env, nullptr, MDB_RDONLY, &txn);
   if (rc) return mdb_status(rc, "begin check");
@@ -261,7 +261,10 @@ Status check_tree(MDB_env* env, const std::string& data_path) {
     return res;
   }
   uint64_t fsize = static_cast<uint64_t>(fst.st_size);
-  void* mp = fsize >= 2ull * ps ? ::mmap(nullptr, fsize, PROT_READ, MAP_SHARED, fd, 0) : MAP_FAILED;
+  const bool own = !lmdb_map || fsize > lmdb_map_len;
+  void* mp = fsize < 2ull * ps ? MAP_FAILED
+             : own             ? ::mmap(nullptr, fsize, PROT_READ, MAP_SHARED, fd, 0)
+                               : const_cast<unsigned char*>(lmdb_map);
   ::close(fd);
   MetaInfo m0, m1;
   if (mp == MAP_FAILED) {
@@ -287,7 +290,7 @@ Status check_tree(MDB_env* env, const std::string& data_path) {
       if (!ok) res = Status(Errc::corrupt, "lmdb store " + data_path + " is damaged: " + c.why());
     }
   }
-  if (mp != MAP_FAILED) ::munmap(mp, fsize);
+  if (own && mp != MAP_FAILED) ::munmap(mp, fsize);
   mdb_txn_abort(txn);
   return res;
 }

@@ -175,10 +175,11 @@ Expected<std::shared_ptr<LmdbEnv>> LmdbEnv::open(const std::string& dir, uint64_
   bool have_fst = ::stat(data.c_str(), &fst) == 0;
   if (have_fst && static_cast<uint64_t>(fst.st_size) < (info.me_last_pgno + 1) * static_cast<uint64_t>(mst.ms_psize))
     return Status(Errc::corrupt, "lmdb data file " + data + " is truncated");
-  if (check_structure) KCACHE_RETURN_IF_ERROR(check_tree(env->env_, data));
-
   env->psize_ = mst.ms_psize;
   if (have_fst) env->find_map(fst);
+  // Through LMDB's own map where it was found: the pages the check reads
+  // are then mapped for the lookups that follow, not faulted in twice.
+  if (check_structure) KCACHE_RETURN_IF_ERROR(check_tree(env->env_, data, env->map_base_, env->map_len_));
   env->gate_fd_ = ::open((dir + "/lock.mdb").c_str(), O_RDONLY | O_CLOEXEC);
   KCACHE_RETURN_IF_ERROR(env->open_databases());
   registry[id] = env;
