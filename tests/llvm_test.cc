@@ -922,6 +922,39 @@ TEST(LlvmFrontend, KeysCoverTheJitConfiguration) {
   EXPECT_NE(ka, kl::FrontendKeys::for_jit(c)->key(in).key);
 }
 
+// for_jit remembers a configuration's target description (make_cached_lljit
+// tells it too): what it remembers must be what a fresh machine says.
+TEST(LlvmFrontend, RememberedTargetsAreThoseOfFreshMachines) {
+  TempDir d;
+  auto cache = open_cache(d.path(), "lmdb");
+  auto in = kcache::hash_bytes("src");
+  auto fresh_key = [&](const kl::JitOptions& o, llvm::CodeGenOpt::Level cg) {
+    auto jtmb = llvm::orc::JITTargetMachineBuilder::detectHost();
+    EXPECT_TRUE(bool(jtmb));
+    if (!o.cpu.empty()) jtmb->setCPU(o.cpu);
+    jtmb->setCodeGenOptLevel(cg);
+    auto tm = jtmb->createTargetMachine();
+    EXPECT_TRUE(bool(tm));
+    kl::KeyOptions ko;
+    ko.ir_opt_level = static_cast<int>(o.opt_level);
+    ko.extra = o.key_extra;
+    return kl::FrontendKeys(kl::TargetDesc::of(**tm), ko).key(in).key;
+  };
+  kl::JitOptions o2, o1, cpu;
+  o2.key_extra = o1.key_extra = cpu.key_extra = {{"test", "remembered"}};
+  o1.opt_level = 1;
+  cpu.cpu = "x86-64";
+  // o2 learned from a JIT, o1 and cpu by for_jit itself; each asked twice.
+  auto jit = kl::make_cached_lljit(*cache, o2);
+  ASSERT_TRUE(bool(jit));
+  for (int round = 0; round < 2; ++round) {
+    EXPECT_EQ(kl::FrontendKeys::for_jit(o2)->key(in).key, fresh_key(o2, llvm::CodeGenOpt::Default));
+    EXPECT_EQ(kl::FrontendKeys::for_jit(o1)->key(in).key, fresh_key(o1, llvm::CodeGenOpt::Less));
+    EXPECT_EQ(kl::FrontendKeys::for_jit(cpu)->key(in).key, fresh_key(cpu, llvm::CodeGenOpt::Default));
+  }
+  EXPECT_NE(kl::FrontendKeys::for_jit(cpu)->key(in).key, kl::FrontendKeys::for_jit(o2)->key(in).key);
+}
+
 TEST(LlvmFrontend, ALinkToAnObjectForAnotherTargetIsAMiss) {
   TempDir d;
   auto cache = open_cache(d.path(), "lmdb");

@@ -18,6 +18,9 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <map>
+#include <mutex>
+#include <tuple>
 
 #include <llvm-c/Core.h>
 #include <llvm/Bitcode/BitcodeWriter.h>
@@ -763,17 +766,49 @@ namespace {
   return jtmb;
 }
 
+// The target description of the machines jit_tmb(options) makes. It
+// depends only on the host and the options jit_tmb reads, so the process
+// remembers it: FrontendKeys::for_jit after make_cached_lljit, or a second
+// JIT like the first, makes no TargetMachine just to learn it (about 0.1 ms).
+class JitTargets {
+ public:
+  static JitTargets& get() {
+    static auto* t = new JitTargets();  // never destroyed: used until exit
+    return *t;
+  }
+  std::optional<TargetDesc> find(const JitOptions& o) {
+    std::lock_guard lk(mu_);
+    auto it = known_.find(key(o));
+    if (it == known_.end()) return std::nullopt;
+    return it->second;
+  }
+  void remember(const JitOptions& o, const TargetDesc& d) {
+    std::lock_guard lk(mu_);
+    known_.emplace(key(o), d);
+  }
+
+ private:
+  static std::tuple<std::string, std::string, unsigned> key(const JitOptions& o) {
+    return {o.cpu, o.features, std::min(o.opt_level, 3u)};
+  }
+  std::mutex mu_;
+  std::map<std::tuple<std::string, std::string, unsigned>, TargetDesc> known_;  // GUARDED_BY(mu_)
+};
+
 }  // namespace
 
 kcache::Expected<FrontendKeys> FrontendKeys::for_jit(const JitOptions& options) {
+  KeyOptions ko;
+  ko.ir_opt_level = static_cast<int>(std::min(options.opt_level, 3u));
+  ko.extra = options.key_extra;
+  if (auto known = JitTargets::get().find(options)) return FrontendKeys(*known, ko);
   auto jtmb = jit_tmb(options);
   if (!jtmb) return Status(Errc::invalid_argument, ::llvm::toString(jtmb.takeError()));
   auto tm = jtmb->createTargetMachine();
   if (!tm) return Status(Errc::invalid_argument, ::llvm::toString(tm.takeError()));
-  KeyOptions ko;
-  ko.ir_opt_level = static_cast<int>(std::min(options.opt_level, 3u));
-  ko.extra = options.key_extra;
-  return FrontendKeys(TargetDesc::of(**tm), ko);
+  TargetDesc desc = TargetDesc::of(**tm);
+  JitTargets::get().remember(options, desc);
+  return FrontendKeys(desc, ko);
 }
 
 ::llvm::Expected<std::unique_ptr<::llvm::orc::LLJIT>> make_cached_lljit(Cache& cache, JitOptions options) {
@@ -792,6 +827,7 @@ kcache::Expected<FrontendKeys> FrontendKeys::for_jit(const JitOptions& options) 
   // compile: a warm start that compiles nothing makes just this one.
   auto tm = jtmb->createTargetMachine();
   if (!tm) return tm.takeError();
+  JitTargets::get().remember(options, TargetDesc::of(**tm));
   ::llvm::orc::LLJITBuilder b;
   b.setDataLayout((*tm)->createDataLayout());
   b.setJITTargetMachineBuilder(std::move(*jtmb));
