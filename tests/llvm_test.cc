@@ -955,6 +955,36 @@ TEST(LlvmFrontend, RememberedTargetsAreThoseOfFreshMachines) {
   EXPECT_NE(kl::FrontendKeys::for_jit(cpu)->key(in).key, kl::FrontendKeys::for_jit(o2)->key(in).key);
 }
 
+// CPU times are counted only when the counters ask for them (each is a
+// system call); wall times always are.
+TEST(LlvmCompiler, CpuTimesAreCountedOnlyWhenAsked) {
+  for (bool cpu : {true, false}) {
+    TempDir d;
+    auto cache = open_cache(d.path(), "lmdb");
+    auto c = std::make_shared<kl::CompileCounters>();
+    c->cpu_times = cpu;
+    auto cold = run_jit(*cache, 2, c);
+    ASSERT_EQ(cold.size(), 2u);
+    auto warm = std::make_shared<kl::CompileCounters>();
+    warm->cpu_times = cpu;
+    ASSERT_EQ(run_jit(*cache, 2, warm), cold);
+    EXPECT_EQ(c->codegen_runs.load(), 2u);
+    EXPECT_EQ(warm->hits.load(), 2u);
+    EXPECT_GT(c->compile_ns.load(), 0u);
+    EXPECT_GT(c->key_ns.load(), 0u);
+    EXPECT_GT(warm->lookup_ns.load(), 0u);
+    if (cpu) {
+      EXPECT_GT(c->compile_cpu_ns.load(), 0u);
+      EXPECT_GT(c->key_cpu_ns.load() + c->lookup_cpu_ns.load(), 0u);
+      EXPECT_EQ(c->to_json().find("null"), std::string::npos) << c->to_json();
+    } else {
+      EXPECT_EQ(c->compile_cpu_ns.load() + c->key_cpu_ns.load() + c->lookup_cpu_ns.load(), 0u);
+      EXPECT_EQ(warm->lookup_cpu_ns.load(), 0u);
+      EXPECT_NE(c->to_json().find("\"compile_cpu_s\":null"), std::string::npos) << c->to_json();
+    }
+  }
+}
+
 TEST(LlvmFrontend, ALinkToAnObjectForAnotherTargetIsAMiss) {
   TempDir d;
   auto cache = open_cache(d.path(), "lmdb");

@@ -53,6 +53,9 @@ uint64_t cpu_ns() {
   return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
 }
 
+// The thread's CPU time when `c` counts CPU times, else 0 (no system call).
+uint64_t cpu_ns(const CompileCounters* c) { return c && c->cpu_times ? cpu_ns() : 0; }
+
 const char* code_model_name(::llvm::CodeModel::Model m) {
   switch (m) {
     case ::llvm::CodeModel::Tiny:
@@ -407,7 +410,7 @@ KeyInfo FrontendKeys::key(const Digest& input) const {
 
 std::unique_ptr<::llvm::MemoryBuffer> FrontendKeys::find(Cache& cache, const Key& front,
                                                          CompileCounters* counters) const {
-  uint64_t t0 = now_ns(), u0 = cpu_ns();
+  uint64_t t0 = now_ns(), u0 = cpu_ns(counters);
   std::unique_ptr<::llvm::MemoryBuffer> buf;
   if (auto e = get_staged(cache, front)) {
     std::string why;
@@ -426,23 +429,29 @@ std::unique_ptr<::llvm::MemoryBuffer> FrontendKeys::find(Cache& cache, const Key
       counters->frontend_hits.fetch_add(1, std::memory_order_relaxed);
     }
     counters->lookup_ns.fetch_add(now_ns() - t0, std::memory_order_relaxed);
-    counters->lookup_cpu_ns.fetch_add(cpu_ns() - u0, std::memory_order_relaxed);
+    counters->lookup_cpu_ns.fetch_add(cpu_ns(counters) - u0, std::memory_order_relaxed);
   }
   return buf;
 }
 
 std::string CompileCounters::to_json() const {
+  auto cpu = [&](const std::atomic<uint64_t>& ns) {
+    if (!cpu_times) return std::string("null");
+    char b[32];
+    std::snprintf(b, sizeof b, "%.6f", ns.load() / 1e9);
+    return std::string(b);
+  };
   char buf[512];
   std::snprintf(buf, sizeof buf,
                 "{\"lookups\":%llu,\"hits\":%llu,\"misses\":%llu,\"codegen_runs\":%llu,\"bad_objects\":%llu,"
                 "\"frontend_hits\":%llu,\"links_stored\":%llu,"
-                "\"key_s\":%.6f,\"lookup_s\":%.6f,\"compile_s\":%.6f,\"key_cpu_s\":%.6f,\"lookup_cpu_s\":%.6f,"
-                "\"compile_cpu_s\":%.6f}",
+                "\"key_s\":%.6f,\"lookup_s\":%.6f,\"compile_s\":%.6f,\"key_cpu_s\":%s,\"lookup_cpu_s\":%s,"
+                "\"compile_cpu_s\":%s}",
                 (unsigned long long)lookups.load(), (unsigned long long)hits.load(), (unsigned long long)misses.load(),
                 (unsigned long long)codegen_runs.load(), (unsigned long long)bad_objects.load(),
                 (unsigned long long)frontend_hits.load(), (unsigned long long)links_stored.load(), key_ns.load() / 1e9,
-                lookup_ns.load() / 1e9, compile_ns.load() / 1e9, key_cpu_ns.load() / 1e9, lookup_cpu_ns.load() / 1e9,
-                compile_cpu_ns.load() / 1e9);
+                lookup_ns.load() / 1e9, compile_ns.load() / 1e9, cpu(key_cpu_ns).c_str(), cpu(lookup_cpu_ns).c_str(),
+                cpu(compile_cpu_ns).c_str());
   return buf;
 }
 
@@ -460,14 +469,14 @@ std::unique_ptr<::llvm::MemoryBuffer> ObjectCache::getObject(const ::llvm::Modul
   if (!cm) return nullptr;
   CompileCounters& C = *counters_;
   C.lookups.fetch_add(1, std::memory_order_relaxed);
-  uint64_t t0 = now_ns(), u0 = cpu_ns();
+  uint64_t t0 = now_ns(), u0 = cpu_ns(&C);
   // The JIT owns the module and is compiling it on this thread; the key
   // function renames and restores two fields (see object_key). A module
   // tagged with its IR digest is keyed on that (the tag stays: this
   // interface may not change the module).
   auto ird = cm->getNamedMetadata(kIrDigestMd) ? read_digest_md(*cm, kIrDigestMd) : std::nullopt;
   auto key = key_of_module(const_cast<::llvm::Module&>(*cm), ird, key_base_);
-  uint64_t t1 = now_ns(), u1 = cpu_ns();
+  uint64_t t1 = now_ns(), u1 = cpu_ns(&C);
   C.key_ns.fetch_add(t1 - t0, std::memory_order_relaxed);
   C.key_cpu_ns.fetch_add(u1 - u0, std::memory_order_relaxed);
   if (!key) {
@@ -487,7 +496,7 @@ std::unique_ptr<::llvm::MemoryBuffer> ObjectCache::getObject(const ::llvm::Modul
     }
   }
   C.lookup_ns.fetch_add(now_ns() - t1, std::memory_order_relaxed);
-  C.lookup_cpu_ns.fetch_add(cpu_ns() - u1, std::memory_order_relaxed);
+  C.lookup_cpu_ns.fetch_add(cpu_ns(&C) - u1, std::memory_order_relaxed);
   if (buf) {
     C.hits.fetch_add(1, std::memory_order_relaxed);
     return buf;
@@ -520,13 +529,13 @@ void ObjectCache::notifyObjectCompiled(const ::llvm::Module* cm, ::llvm::MemoryB
     KCACHE_LOG(LogLevel::info, "llvm: object for a module never looked up; not stored");
     return;
   }
-  uint64_t t0 = now_ns(), u0 = cpu_ns();
+  uint64_t t0 = now_ns(), u0 = cpu_ns(&C);
   uint64_t cost = util::now_mono_us() - p.start_us;
   std::vector<Artifact> arts;
   arts.push_back({"obj", std::string(obj.getBufferStart(), obj.getBufferSize())});
   cache_.put(p.key, std::move(arts), cost);
   C.lookup_ns.fetch_add(now_ns() - t0, std::memory_order_relaxed);
-  C.lookup_cpu_ns.fetch_add(cpu_ns() - u0, std::memory_order_relaxed);
+  C.lookup_cpu_ns.fetch_add(cpu_ns(&C) - u0, std::memory_order_relaxed);
 }
 
 // ---- CachingCompiler -----------------------------------------------------------
@@ -650,14 +659,14 @@ kcache::Expected<std::string> CachingCompiler::compile(::llvm::Module& m) {
   CompileCounters& C = *counters_;
   C.lookups.fetch_add(1, std::memory_order_relaxed);
   auto compile_here = [&]() -> ::llvm::Expected<std::unique_ptr<::llvm::MemoryBuffer>> {
-    uint64_t c0 = now_ns(), v0 = cpu_ns();
+    uint64_t c0 = now_ns(), v0 = cpu_ns(&C);
     auto obj = compile(m);
     C.compile_ns.fetch_add(now_ns() - c0, std::memory_order_relaxed);
-    C.compile_cpu_ns.fetch_add(cpu_ns() - v0, std::memory_order_relaxed);
+    C.compile_cpu_ns.fetch_add(cpu_ns(&C) - v0, std::memory_order_relaxed);
     if (!obj) return make_error(obj.error().to_string());
     return ::llvm::MemoryBuffer::getMemBufferCopy(*obj, m.getModuleIdentifier() + "-jitted");
   };
-  uint64_t t0 = now_ns(), u0 = cpu_ns();
+  uint64_t t0 = now_ns(), u0 = cpu_ns(&C);
   // Tags come off before anything else sees the module: they never reach
   // the object key or the code generator.
   std::optional<Digest> front = take_digest_md(m, kFrontMd);
@@ -668,7 +677,7 @@ kcache::Expected<std::string> CachingCompiler::compile(::llvm::Module& m) {
     return compile_here();
   }
   auto key = key_of_module(m, ird, key_base_);
-  uint64_t t1 = now_ns(), u1 = cpu_ns();
+  uint64_t t1 = now_ns(), u1 = cpu_ns(&C);
   C.key_ns.fetch_add(t1 - t0, std::memory_order_relaxed);
   C.key_cpu_ns.fetch_add(u1 - u0, std::memory_order_relaxed);
   auto link = [&] {
@@ -688,11 +697,11 @@ kcache::Expected<std::string> CachingCompiler::compile(::llvm::Module& m) {
   auto entry = cache_.get_or_compile(
       *key,
       [&]() -> kcache::Expected<std::vector<Artifact>> {
-        uint64_t c0 = now_ns(), v0 = cpu_ns();
+        uint64_t c0 = now_ns(), v0 = cpu_ns(&C);
         compiled_here = true;
         auto obj = compile(m);
         compile_ns = now_ns() - c0;
-        compile_cpu = cpu_ns() - v0;
+        compile_cpu = cpu_ns(&C) - v0;
         if (!obj) return obj.error();
         std::vector<Artifact> arts;
         arts.push_back({"obj", std::move(obj).value()});
@@ -707,7 +716,7 @@ kcache::Expected<std::string> CachingCompiler::compile(::llvm::Module& m) {
   }
   std::string why;
   auto buf = object_buffer(std::move(*entry), arch_, opt_.zero_copy, &why, /*check=*/!compiled_here);
-  uint64_t t2 = now_ns(), u2 = cpu_ns();
+  uint64_t t2 = now_ns(), u2 = cpu_ns(&C);
   C.compile_ns.fetch_add(compile_ns, std::memory_order_relaxed);
   C.compile_cpu_ns.fetch_add(compile_cpu, std::memory_order_relaxed);
   C.lookup_ns.fetch_add(t2 - t1 - compile_ns, std::memory_order_relaxed);
@@ -724,11 +733,11 @@ kcache::Expected<std::string> CachingCompiler::compile(::llvm::Module& m) {
   C.bad_objects.fetch_add(1, std::memory_order_relaxed);
   C.misses.fetch_add(1, std::memory_order_relaxed);
   KCACHE_LOG(LogLevel::warn, "llvm: stored object %s rejected: %s (recompiling)", key->key.hex().c_str(), why.c_str());
-  uint64_t c0 = now_ns(), v0 = cpu_ns();
+  uint64_t c0 = now_ns(), v0 = cpu_ns(&C);
   auto obj = compile(m);
   uint64_t dt = now_ns() - c0;
   C.compile_ns.fetch_add(dt, std::memory_order_relaxed);
-  C.compile_cpu_ns.fetch_add(cpu_ns() - v0, std::memory_order_relaxed);
+  C.compile_cpu_ns.fetch_add(cpu_ns(&C) - v0, std::memory_order_relaxed);
   if (!obj) return make_error(obj.error().to_string());
   std::vector<Artifact> arts;
   arts.push_back({"obj", *obj});
