@@ -629,6 +629,61 @@ void BM_BuildSmallEntry(benchmark::State& state) {
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(size));
 }
 
+// ---- opening a store --------------------------------------------------------------
+
+// A store of `entries` 1 KiB entries, filled once per size: a JIT's cache
+// after a cold start (kcache-demo's holds 480).
+const std::string& filled_store(int64_t entries) {
+  static std::map<int64_t, std::string> dirs;
+  auto it = dirs.find(entries);
+  if (it != dirs.end()) return it->second;
+  std::string dir = root_dir() + "/open-" + std::to_string(entries);
+  auto tier = open_or_die(kcache::open_lmdb_tier(dir + "/lmdb", disk_options(kcache::Durability::none)), "lmdb");
+  std::vector<Entry> batch;
+  for (int64_t i = 0; i < entries; ++i) {
+    batch.push_back(make_entry(make_key("open/1", static_cast<uint64_t>(i), 1024), "obj",
+                               random_bytes(1024, static_cast<uint64_t>(i)), kcache::Compression::none));
+    if (batch.size() == 256 || i + 1 == entries) {
+      tier->put_many(batch);
+      batch.clear();
+    }
+  }
+  (void)tier->flush();
+  return dirs[entries] = dir;
+}
+
+// open/lmdb/check:C: the LMDB tier alone, with (1) or without (0) the
+// structure check at open, which reads every branch and leaf page.
+void BM_OpenLmdb(benchmark::State& state) {
+  const std::string dir = filled_store(state.range(0)) + "/lmdb";
+  kcache::DiskTierOptions o = disk_options(kcache::Durability::normal);
+  o.check_on_open = state.range(1) != 0;
+  for (auto _ : state) {
+    auto t = open_or_die(kcache::open_lmdb_tier(dir, o), "lmdb");
+    state.PauseTiming();
+    t.reset();
+    state.ResumeTiming();
+  }
+}
+
+// open/cache: Cache::open as a JIT opens it (the folder's LMDB store, its
+// lease table and miss journal, no memory tier); closing is not timed.
+void BM_OpenCache(benchmark::State& state) {
+  kcache::Options o;
+  o.dir = filled_store(state.range(0));
+  o.memory_tier = false;
+  for (auto _ : state) {
+    auto c = kcache::Cache::open(o);
+    state.PauseTiming();
+    if (c->tiers().empty()) {
+      state.SkipWithError("no tier opened");
+      return;
+    }
+    c.reset();
+    state.ResumeTiming();
+  }
+}
+
 // ---- registration ------------------------------------------------------------
 
 void register_all() {
@@ -689,6 +744,10 @@ void register_all() {
     }
   }
   benchmark::RegisterBenchmark("build/small_entry", BM_BuildSmallEntry)->Arg(2 << 10);
+  benchmark::RegisterBenchmark("open/lmdb", BM_OpenLmdb)
+      ->ArgNames({"entries", "check"})
+      ->ArgsProduct({{480, 10000}, {1, 0}});
+  benchmark::RegisterBenchmark("open/cache", BM_OpenCache)->ArgNames({"entries"})->Arg(480)->Arg(10000);
 }
 
 }  // namespace
