@@ -932,6 +932,7 @@ TEST(LlvmFrontend, RememberedTargetsAreThoseOfFreshMachines) {
     auto jtmb = llvm::orc::JITTargetMachineBuilder::detectHost();
     EXPECT_TRUE(bool(jtmb));
     if (!o.cpu.empty()) jtmb->setCPU(o.cpu);
+    if (!o.features.empty()) jtmb->getFeatures() = llvm::SubtargetFeatures(o.features);
     jtmb->setCodeGenOptLevel(cg);
     auto tm = jtmb->createTargetMachine();
     EXPECT_TRUE(bool(tm));
@@ -940,10 +941,12 @@ TEST(LlvmFrontend, RememberedTargetsAreThoseOfFreshMachines) {
     ko.extra = o.key_extra;
     return kl::FrontendKeys(kl::TargetDesc::of(**tm), ko).key(in).key;
   };
-  kl::JitOptions o2, o1, cpu;
-  o2.key_extra = o1.key_extra = cpu.key_extra = {{"test", "remembered"}};
+  kl::JitOptions o2, o1, cpu, feat;
+  o2.key_extra = o1.key_extra = cpu.key_extra = feat.key_extra = {{"test", "remembered"}};
   o1.opt_level = 1;
   cpu.cpu = "x86-64";
+  feat.cpu = "x86-64";
+  feat.features = "+sse4.2,+popcnt";
   // o2 learned from a JIT, o1 and cpu by for_jit itself; each asked twice.
   auto jit = kl::make_cached_lljit(*cache, o2);
   ASSERT_TRUE(bool(jit));
@@ -951,8 +954,10 @@ TEST(LlvmFrontend, RememberedTargetsAreThoseOfFreshMachines) {
     EXPECT_EQ(kl::FrontendKeys::for_jit(o2)->key(in).key, fresh_key(o2, llvm::CodeGenOpt::Default));
     EXPECT_EQ(kl::FrontendKeys::for_jit(o1)->key(in).key, fresh_key(o1, llvm::CodeGenOpt::Less));
     EXPECT_EQ(kl::FrontendKeys::for_jit(cpu)->key(in).key, fresh_key(cpu, llvm::CodeGenOpt::Default));
+    EXPECT_EQ(kl::FrontendKeys::for_jit(feat)->key(in).key, fresh_key(feat, llvm::CodeGenOpt::Default));
   }
   EXPECT_NE(kl::FrontendKeys::for_jit(cpu)->key(in).key, kl::FrontendKeys::for_jit(o2)->key(in).key);
+  EXPECT_NE(kl::FrontendKeys::for_jit(feat)->key(in).key, kl::FrontendKeys::for_jit(cpu)->key(in).key);
 }
 
 // CPU times are counted only when the counters ask for them (each is a

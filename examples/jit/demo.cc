@@ -376,8 +376,7 @@ int run_both(Args a, const char* self, bool temp) {
         cold_s, warm_s, speedup, cold_ratio, paired_ratio, nocache_cpu, cold_cpu, warm_cpu, match ? "true" : "false",
         num(warm, "cache_s"), num(warm, "link_s"), num(warm, "cache_share_of_link"), raw(warm, "cache_cpu_s").c_str(),
         raw(warm, "link_cpu_s").c_str(), raw(warm, "cache_cpu_share_of_link").c_str(), object(warm, "cache").c_str(),
-        nocache.c_str(),
-        cold.c_str(), warm.c_str());
+        nocache.c_str(), cold.c_str(), warm.c_str());
   } else {
     std::printf("kcache-demo: %u kernels, LLVM ORC at -O2, cache in %s%s\n", a.kernels, a.dir.c_str(),
                 temp ? " (temporary)" : "");

@@ -211,7 +211,7 @@ struct CompileCounters {
   // thread's CPU clock twice, and each read is a system call (about 0.35 µs
   // here, 3 % of kcache-demo's warm start); false leaves them 0 (null in
   // to_json). Set it before the counters are first used.
-  bool cpu_times = true;
+  std::atomic<bool> cpu_times{true};
   std::string to_json() const;
 };
 

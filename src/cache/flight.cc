@@ -19,11 +19,16 @@ std::optional<FlightTable::Lead> FlightTable::lead_or_join(const Key& key, std::
 }
 
 std::pair<Expected<Entry>, FlightTable::End> FlightTable::wait(const std::shared_ptr<Shared>& join) {
-  std::unique_lock lk(mu_);
-  join->cv.wait(lk, [&] { return join->ended; });
-  std::pair<Expected<Entry>, End> out{*join->result, join->end};
-  --join->waiters;
-  return out;
+  std::shared_ptr<const Expected<Entry>> result;
+  End end;
+  {
+    std::unique_lock lk(mu_);
+    join->cv.wait(lk, [&] { return join->ended; });
+    result = join->result;
+    end = join->end;
+    --join->waiters;
+  }
+  return {*result, end};  // the copy outside the table's lock
 }
 
 FlightTable::Lead::Lead(Lead&& o) noexcept
@@ -34,13 +39,14 @@ FlightTable::Lead::Lead(Lead&& o) noexcept
 void FlightTable::Lead::finish(const Expected<Entry>& r, End end) {
   if (done_) return;
   done_ = true;
+  if (!shared_) return;  // never registered (its state could not be made)
   bool wake = false;
   {
     std::lock_guard lk(table_->mu_);
     auto it = table_->flights_.find(key_);
     if (it != table_->flights_.end() && it->second == shared_) table_->flights_.erase(it);
     if (shared_->waiters > 0) {
-      shared_->result.emplace(r);
+      shared_->result = std::make_shared<const Expected<Entry>>(r);
       shared_->end = end;
       wake = true;
     }

@@ -29,11 +29,11 @@ class FlightTable {
   // result only when a thread joined: a flight no one waited on (the common
   // case) costs no copy of the entry and no wake-up.
   struct Shared {
-    std::optional<Expected<Entry>> result;  // GUARDED_BY(the table's mu_)
-    End end = End::done;                    // GUARDED_BY(the table's mu_)
-    bool ended = false;                     // GUARDED_BY(the table's mu_)
-    unsigned waiters = 0;                   // GUARDED_BY(the table's mu_)
-    std::condition_variable cv;             // `ended` became true
+    std::shared_ptr<const Expected<Entry>> result;  // GUARDED_BY(the table's mu_)
+    End end = End::done;                            // GUARDED_BY(the table's mu_)
+    bool ended = false;                             // GUARDED_BY(the table's mu_)
+    unsigned waiters = 0;                           // GUARDED_BY(the table's mu_)
+    std::condition_variable cv;                     // `ended` became true
   };
 
   // The leader's hold on a flight. Whatever happens (a result, an error, an

@@ -258,10 +258,11 @@ void MissJournal::write_posted() {
       }
     }
     // The whole batch under one hold of the lock, with one header write.
-    Status st = recs.empty() ? Status() : append_encoded(recs.data(), recs.size());
+    size_t appended = 0;
+    Status st = recs.empty() ? Status() : append_encoded(recs.data(), recs.size(), &appended);
     if (!st.is_ok())
-      KCACHE_LOG(LogLevel::info, "miss journal: %s; up to %zu record(s) dropped", st.to_string().c_str(),
-                 recs.size());
+      KCACHE_LOG(LogLevel::info, "miss journal: %s; %zu record(s) dropped", st.to_string().c_str(),
+                 recs.size() - appended);
     lk.lock();
     n_done_ += batch.size();
     writer_.cv().notify_all();
@@ -295,10 +296,10 @@ Status MissJournal::open_locked() {
 Status MissJournal::append(const MissRecord& r) {
   std::string rec = encode_record(r);
   if (rec.size() - 8 > kMaxRecord) return Status(Errc::too_large, "manifest too large for the miss journal");
-  return append_encoded(&rec, 1);
+  return append_encoded(&rec, 1, nullptr);
 }
 
-Status MissJournal::append_encoded(const std::string* recs, size_t n) {
+Status MissJournal::append_encoded(const std::string* recs, size_t n, size_t* appended) {
   if (util::now_mono_us() < skip_until_us_.load())
     return Status(Errc::timeout, path_ + ": its lock timed out less than 10 s ago; record dropped");
   std::lock_guard<std::mutex> g(*mu_);
@@ -306,7 +307,9 @@ Status MissJournal::append_encoded(const std::string* recs, size_t n) {
   // current file has room for, or, when it is full, rotates it. A batch
   // larger than a generation rotates more than once; another process
   // filling the files as fast ends it after a bounded number of rounds.
-  size_t done = 0;
+  size_t none = 0;
+  size_t& done = appended ? *appended : none;
+  done = 0;
   for (size_t rotations = 0; done < n;) {
     KCACHE_RETURN_IF_ERROR(open_locked());
     struct stat st;

@@ -62,8 +62,10 @@ class MissJournal {
   // (letting records gather for up to kLinger first): a miss on the compile
   // path costs no file system call. Records past kMaxPosted waiting are
   // dropped (the journal is a diagnostic), and so is the rest of a batch
-  // once an append timed out. flush() and the destructor wait for the
-  // records posted before them: at most about kLockBound.
+  // once an append failed (a lock held past kLockBound, a failed write or
+  // rotation): a batch is appended under one hold of the lock. flush() and
+  // the destructor wait for the records posted before them: at most about
+  // kLockBound.
   void post(MissRecord r);
   void flush();
   static constexpr size_t kMaxPosted = 4096;
@@ -79,10 +81,10 @@ class MissJournal {
  private:
   Status open_locked();  // opens (again) and locks the current file; REQUIRES mu_
   // Appends n encoded records, as many at a time as the current file has
-  // room for, under one hold of the lock each. Fails on the first error
-  // (then some of the records may have been appended).
-  Status append_encoded(const std::string* recs, size_t n);
-  void write_posted();   // the writer thread
+  // room for, under one hold of the lock each. Stops at the first error;
+  // *appended (when given) says how many were committed before it.
+  Status append_encoded(const std::string* recs, size_t n, size_t* appended);
+  void write_posted();  // the writer thread
   void renew_after_fork();
   std::string path_;
   size_t keep_;

@@ -53,8 +53,9 @@ uint64_t cpu_ns() {
   return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
 }
 
-// The thread's CPU time when `c` counts CPU times, else 0 (no system call).
-uint64_t cpu_ns(const CompileCounters* c) { return c && c->cpu_times ? cpu_ns() : 0; }
+// The thread's CPU time when `on`, else 0 (no system call). Callers read
+// CompileCounters::cpu_times once per step, so both ends agree.
+uint64_t cpu_ns(bool on) { return on ? cpu_ns() : 0; }
 
 const char* code_model_name(::llvm::CodeModel::Model m) {
   switch (m) {
@@ -410,7 +411,8 @@ KeyInfo FrontendKeys::key(const Digest& input) const {
 
 std::unique_ptr<::llvm::MemoryBuffer> FrontendKeys::find(Cache& cache, const Key& front,
                                                          CompileCounters* counters) const {
-  uint64_t t0 = now_ns(), u0 = cpu_ns(counters);
+  const bool cpu = counters && counters->cpu_times.load(std::memory_order_relaxed);
+  uint64_t t0 = now_ns(), u0 = cpu_ns(cpu);
   std::unique_ptr<::llvm::MemoryBuffer> buf;
   if (auto e = get_staged(cache, front)) {
     std::string why;
@@ -429,14 +431,14 @@ std::unique_ptr<::llvm::MemoryBuffer> FrontendKeys::find(Cache& cache, const Key
       counters->frontend_hits.fetch_add(1, std::memory_order_relaxed);
     }
     counters->lookup_ns.fetch_add(now_ns() - t0, std::memory_order_relaxed);
-    counters->lookup_cpu_ns.fetch_add(cpu_ns(counters) - u0, std::memory_order_relaxed);
+    counters->lookup_cpu_ns.fetch_add(cpu_ns(cpu) - u0, std::memory_order_relaxed);
   }
   return buf;
 }
 
 std::string CompileCounters::to_json() const {
   auto cpu = [&](const std::atomic<uint64_t>& ns) {
-    if (!cpu_times) return std::string("null");
+    if (!cpu_times.load(std::memory_order_relaxed)) return std::string("null");
     char b[32];
     std::snprintf(b, sizeof b, "%.6f", ns.load() / 1e9);
     return std::string(b);
@@ -468,15 +470,16 @@ ObjectCache::~ObjectCache() = default;
 std::unique_ptr<::llvm::MemoryBuffer> ObjectCache::getObject(const ::llvm::Module* cm) {
   if (!cm) return nullptr;
   CompileCounters& C = *counters_;
+  const bool cpu = C.cpu_times.load(std::memory_order_relaxed);
   C.lookups.fetch_add(1, std::memory_order_relaxed);
-  uint64_t t0 = now_ns(), u0 = cpu_ns(&C);
+  uint64_t t0 = now_ns(), u0 = cpu_ns(cpu);
   // The JIT owns the module and is compiling it on this thread; the key
   // function renames and restores two fields (see object_key). A module
   // tagged with its IR digest is keyed on that (the tag stays: this
   // interface may not change the module).
   auto ird = cm->getNamedMetadata(kIrDigestMd) ? read_digest_md(*cm, kIrDigestMd) : std::nullopt;
   auto key = key_of_module(const_cast<::llvm::Module&>(*cm), ird, key_base_);
-  uint64_t t1 = now_ns(), u1 = cpu_ns(&C);
+  uint64_t t1 = now_ns(), u1 = cpu_ns(cpu);
   C.key_ns.fetch_add(t1 - t0, std::memory_order_relaxed);
   C.key_cpu_ns.fetch_add(u1 - u0, std::memory_order_relaxed);
   if (!key) {
@@ -496,7 +499,7 @@ std::unique_ptr<::llvm::MemoryBuffer> ObjectCache::getObject(const ::llvm::Modul
     }
   }
   C.lookup_ns.fetch_add(now_ns() - t1, std::memory_order_relaxed);
-  C.lookup_cpu_ns.fetch_add(cpu_ns(&C) - u1, std::memory_order_relaxed);
+  C.lookup_cpu_ns.fetch_add(cpu_ns(cpu) - u1, std::memory_order_relaxed);
   if (buf) {
     C.hits.fetch_add(1, std::memory_order_relaxed);
     return buf;
@@ -510,6 +513,7 @@ std::unique_ptr<::llvm::MemoryBuffer> ObjectCache::getObject(const ::llvm::Modul
 void ObjectCache::notifyObjectCompiled(const ::llvm::Module* cm, ::llvm::MemoryBufferRef obj) {
   if (!cm) return;
   CompileCounters& C = *counters_;
+  const bool cpu = C.cpu_times.load(std::memory_order_relaxed);
   C.codegen_runs.fetch_add(1, std::memory_order_relaxed);
   Pending p;
   bool found = false;
@@ -529,13 +533,13 @@ void ObjectCache::notifyObjectCompiled(const ::llvm::Module* cm, ::llvm::MemoryB
     KCACHE_LOG(LogLevel::info, "llvm: object for a module never looked up; not stored");
     return;
   }
-  uint64_t t0 = now_ns(), u0 = cpu_ns(&C);
+  uint64_t t0 = now_ns(), u0 = cpu_ns(cpu);
   uint64_t cost = util::now_mono_us() - p.start_us;
   std::vector<Artifact> arts;
   arts.push_back({"obj", std::string(obj.getBufferStart(), obj.getBufferSize())});
   cache_.put(p.key, std::move(arts), cost);
   C.lookup_ns.fetch_add(now_ns() - t0, std::memory_order_relaxed);
-  C.lookup_cpu_ns.fetch_add(cpu_ns(&C) - u0, std::memory_order_relaxed);
+  C.lookup_cpu_ns.fetch_add(cpu_ns(cpu) - u0, std::memory_order_relaxed);
 }
 
 // ---- CachingCompiler -----------------------------------------------------------
@@ -657,16 +661,17 @@ kcache::Expected<std::string> CachingCompiler::compile(::llvm::Module& m) {
 
 ::llvm::Expected<std::unique_ptr<::llvm::MemoryBuffer>> CachingCompiler::operator()(::llvm::Module& m) {
   CompileCounters& C = *counters_;
+  const bool cpu = C.cpu_times.load(std::memory_order_relaxed);
   C.lookups.fetch_add(1, std::memory_order_relaxed);
   auto compile_here = [&]() -> ::llvm::Expected<std::unique_ptr<::llvm::MemoryBuffer>> {
-    uint64_t c0 = now_ns(), v0 = cpu_ns(&C);
+    uint64_t c0 = now_ns(), v0 = cpu_ns(cpu);
     auto obj = compile(m);
     C.compile_ns.fetch_add(now_ns() - c0, std::memory_order_relaxed);
-    C.compile_cpu_ns.fetch_add(cpu_ns(&C) - v0, std::memory_order_relaxed);
+    C.compile_cpu_ns.fetch_add(cpu_ns(cpu) - v0, std::memory_order_relaxed);
     if (!obj) return make_error(obj.error().to_string());
     return ::llvm::MemoryBuffer::getMemBufferCopy(*obj, m.getModuleIdentifier() + "-jitted");
   };
-  uint64_t t0 = now_ns(), u0 = cpu_ns(&C);
+  uint64_t t0 = now_ns(), u0 = cpu_ns(cpu);
   // Tags come off before anything else sees the module: they never reach
   // the object key or the code generator.
   std::optional<Digest> front = take_digest_md(m, kFrontMd);
@@ -677,7 +682,7 @@ kcache::Expected<std::string> CachingCompiler::compile(::llvm::Module& m) {
     return compile_here();
   }
   auto key = key_of_module(m, ird, key_base_);
-  uint64_t t1 = now_ns(), u1 = cpu_ns(&C);
+  uint64_t t1 = now_ns(), u1 = cpu_ns(cpu);
   C.key_ns.fetch_add(t1 - t0, std::memory_order_relaxed);
   C.key_cpu_ns.fetch_add(u1 - u0, std::memory_order_relaxed);
   auto link = [&] {
@@ -697,11 +702,11 @@ kcache::Expected<std::string> CachingCompiler::compile(::llvm::Module& m) {
   auto entry = cache_.get_or_compile(
       *key,
       [&]() -> kcache::Expected<std::vector<Artifact>> {
-        uint64_t c0 = now_ns(), v0 = cpu_ns(&C);
+        uint64_t c0 = now_ns(), v0 = cpu_ns(cpu);
         compiled_here = true;
         auto obj = compile(m);
         compile_ns = now_ns() - c0;
-        compile_cpu = cpu_ns(&C) - v0;
+        compile_cpu = cpu_ns(cpu) - v0;
         if (!obj) return obj.error();
         std::vector<Artifact> arts;
         arts.push_back({"obj", std::move(obj).value()});
@@ -716,7 +721,7 @@ kcache::Expected<std::string> CachingCompiler::compile(::llvm::Module& m) {
   }
   std::string why;
   auto buf = object_buffer(std::move(*entry), arch_, opt_.zero_copy, &why, /*check=*/!compiled_here);
-  uint64_t t2 = now_ns(), u2 = cpu_ns(&C);
+  uint64_t t2 = now_ns(), u2 = cpu_ns(cpu);
   C.compile_ns.fetch_add(compile_ns, std::memory_order_relaxed);
   C.compile_cpu_ns.fetch_add(compile_cpu, std::memory_order_relaxed);
   C.lookup_ns.fetch_add(t2 - t1 - compile_ns, std::memory_order_relaxed);
@@ -733,11 +738,11 @@ kcache::Expected<std::string> CachingCompiler::compile(::llvm::Module& m) {
   C.bad_objects.fetch_add(1, std::memory_order_relaxed);
   C.misses.fetch_add(1, std::memory_order_relaxed);
   KCACHE_LOG(LogLevel::warn, "llvm: stored object %s rejected: %s (recompiling)", key->key.hex().c_str(), why.c_str());
-  uint64_t c0 = now_ns(), v0 = cpu_ns(&C);
+  uint64_t c0 = now_ns(), v0 = cpu_ns(cpu);
   auto obj = compile(m);
   uint64_t dt = now_ns() - c0;
   C.compile_ns.fetch_add(dt, std::memory_order_relaxed);
-  C.compile_cpu_ns.fetch_add(cpu_ns(&C) - v0, std::memory_order_relaxed);
+  C.compile_cpu_ns.fetch_add(cpu_ns(cpu) - v0, std::memory_order_relaxed);
   if (!obj) return make_error(obj.error().to_string());
   std::vector<Artifact> arts;
   arts.push_back({"obj", *obj});

@@ -266,6 +266,11 @@ Status check_tree(MDB_env* env, const std::string& data_path, const unsigned cha
              : own             ? ::mmap(nullptr, fsize, PROT_READ, MAP_SHARED, fd, 0)
                                : const_cast<unsigned char*>(lmdb_map);
   ::close(fd);
+  // LMDB advises its map MADV_RANDOM (the store is opened MDB_NORDAHEAD):
+  // on a cold page cache the walk would then fault in one page at a time.
+  // The handle is not shared yet, so the map reads ahead for the check and
+  // is advised as LMDB left it afterwards.
+  if (!own && mp != MAP_FAILED) (void)::madvise(mp, lmdb_map_len, MADV_NORMAL);
   MetaInfo m0, m1;
   if (mp == MAP_FAILED) {
     res = fsize >= 2ull * ps ? util::errno_status(errno, "map " + data_path)
@@ -291,6 +296,7 @@ Status check_tree(MDB_env* env, const std::string& data_path, const unsigned cha
     }
   }
   if (own && mp != MAP_FAILED) ::munmap(mp, fsize);
+  if (!own && mp != MAP_FAILED) (void)::madvise(mp, lmdb_map_len, MADV_RANDOM);
   mdb_txn_abort(txn);
   return res;
 }

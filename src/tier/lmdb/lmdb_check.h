@@ -21,7 +21,6 @@ Status check_metas_before_open(const std::string& data_path);
 // databases is in bounds and shaped as LMDB writes it. Reads through `map`
 // (LMDB's map of the file, `map_len` bytes) when given, else through a map
 // of its own.
-Status check_tree(MDB_env* env, const std::string& data_path, const unsigned char* map = nullptr,
-                  uint64_t map_len = 0);
+Status check_tree(MDB_env* env, const std::string& data_path, const unsigned char* map = nullptr, uint64_t map_len = 0);
 
 }  // namespace kcache

@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <set>
 #include <utility>
 
 #include "tier/lmdb/lmdb_check.h"
@@ -86,6 +87,20 @@ void set_cloexec_on_store_fds(MDB_env* env, const std::string& dir) {
   ::closedir(d);
 }
 
+// The maps of this process's open environments (LmdbEnv::map_base_), so
+// that find_map never takes another handle's map of the same file for its
+// own: a handle inherited across fork() keeps one, and one being closed on
+// another thread is unmapped before it leaves this set. Its own mutex, not
+// the registry's: an environment is also destroyed with that one held.
+std::mutex& live_maps_mu() {
+  static auto* mu = new std::mutex();  // never destroyed: used until exit
+  return *mu;
+}
+std::set<const unsigned char*>& live_maps() {
+  static auto* maps = new std::set<const unsigned char*>();
+  return *maps;
+}
+
 }  // namespace
 
 LmdbEnv::~LmdbEnv() {
@@ -100,6 +115,10 @@ LmdbEnv::~LmdbEnv() {
   }
   for (MDB_txn* t : idle_) mdb_txn_abort(t);
   if (env_) mdb_env_close(env_);
+  if (map_base_) {
+    std::lock_guard lk(live_maps_mu());
+    live_maps().erase(map_base_);
+  }
   if (gate_fd_ >= 0) ::close(gate_fd_);
 }
 
@@ -267,12 +286,22 @@ Status LmdbEnv::open_databases() {
 }
 
 // LMDB does not say where it mapped the file; /proc/self/maps does: the
-// mapping of data.mdb (same device and inode) that is as long as the map.
+// mapping of data.mdb (same device and inode) that is as long as the map
+// and is not another open environment's (see live_maps).
 void LmdbEnv::find_map(const struct stat& data_st) {
+  std::set<const unsigned char*> others;
+  {
+    std::lock_guard lk(live_maps_mu());
+    others = live_maps();
+  }
   FILE* f = ::fopen("/proc/self/maps", "re");
   if (!f) return;
   char line[4096];
+  // Only lines with the inode are parsed: a JIT's process maps hundreds of
+  // library segments.
+  const std::string inode = " " + std::to_string(static_cast<unsigned long long>(data_st.st_ino)) + " ";
   while (::fgets(line, sizeof line, f)) {
+    if (!std::strstr(line, inode.c_str())) continue;
     unsigned long long lo, hi, off, ino;
     unsigned maj, mnr;
     char perms[8];
@@ -280,11 +309,17 @@ void LmdbEnv::find_map(const struct stat& data_st) {
     if (ino != static_cast<unsigned long long>(data_st.st_ino) || off != 0 || ::makedev(maj, mnr) != data_st.st_dev ||
         hi - lo != map_size_)
       continue;
-    map_base_ = reinterpret_cast<const unsigned char*>(static_cast<uintptr_t>(lo));
+    const auto* at = reinterpret_cast<const unsigned char*>(static_cast<uintptr_t>(lo));
+    if (others.count(at)) continue;
+    map_base_ = at;
     map_len_ = hi - lo;
     break;
   }
   ::fclose(f);
+  if (map_base_) {
+    std::lock_guard lk(live_maps_mu());
+    live_maps().insert(map_base_);
+  }
 }
 
 bool LmdbEnv::overflow_run_intact(const MDB_val& v) const noexcept {
