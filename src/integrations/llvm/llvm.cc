@@ -841,17 +841,18 @@ kcache::Expected<FrontendKeys> FrontendKeys::for_jit(const JitOptions& options) 
   // compile: a warm start that compiles nothing makes just this one.
   auto tm = jtmb->createTargetMachine();
   if (!tm) return tm.takeError();
-  JitTargets::get().remember(options, TargetDesc::of(**tm));
   ::llvm::orc::LLJITBuilder b;
   b.setDataLayout((*tm)->createDataLayout());
   b.setJITTargetMachineBuilder(std::move(*jtmb));
   Cache* c = &cache;
   auto first = std::make_shared<std::unique_ptr<::llvm::TargetMachine>>(std::move(*tm));
-  b.setCompileFunctionCreator([c, co, first](::llvm::orc::JITTargetMachineBuilder j)
+  b.setCompileFunctionCreator([c, co, first, options](::llvm::orc::JITTargetMachineBuilder j)
                                   -> ::llvm::Expected<std::unique_ptr<::llvm::orc::IRCompileLayer::IRCompiler>> {
     auto cc = *first ? CachingCompiler::create(*c, std::move(j), co, std::move(*first))
                      : CachingCompiler::create(*c, std::move(j), co);
     if (!cc) return cc.takeError();
+    // The description the compiler took from its machine, for for_jit.
+    JitTargets::get().remember(options, (*cc)->target());
     return std::unique_ptr<::llvm::orc::IRCompileLayer::IRCompiler>(std::move(*cc));
   });
   if (options.compile_threads) b.setNumCompileThreads(options.compile_threads);
