@@ -57,7 +57,11 @@ BENCHMARK(BM_JournalAppend)->Unit(benchmark::kMicrosecond);
 void BM_MissExplain(benchmark::State& state) {
   const bool explain = state.range(1) != 0;
   std::string dir = fresh_dir();
-  auto store = kcache::open_disk_store(dir, kcache::Engine::lmdb, {}, false);
+  kcache::DiskStoreSpec spec;
+  spec.dir = dir;
+  spec.engine = kcache::Engine::lmdb;
+  spec.leases = false;
+  auto store = kcache::open_disk_store(spec);
   if (!store) {
     state.SkipWithError("no LMDB store");
     return;

@@ -535,6 +535,82 @@ static void test_bad_arguments(const char* root) {
 }
 
 /* Flights: the caller compiles between kcache_begin and kcache_flight_commit. */
+/* Every option of the library is reachable by name, values read back in
+ * the form they are set, and one precedence holds: the program's settings,
+ * then KCACHE_* on top (unless "env" is "0"). */
+static int exists(const char* path) {
+  FILE* f = fopen(path, "r");
+  if (f) fclose(f);
+  return f != NULL;
+}
+
+static void test_options_pipeline(const char* root) {
+  static const char* names[] = {"remote",     "remote_secret_file", "shared_group", "bundles",      "bundle_trust",
+                                "explain",    "recompile",          "miss_journal", "lease_ttl_ms", "wait_bound_ms",
+                                "durability", "max_entries",        "log"};
+  static const char* values[] = {"redis://127.0.0.1:1",
+                                 "/nonexistent/secret",
+                                 "",
+                                 "a.kcb:b.kcb",
+                                 "k.pub",
+                                 "1",
+                                 "1",
+                                 "10",
+                                 "2000",
+                                 "0",
+                                 "full",
+                                 "500",
+                                 "error"};
+  kcache_options* o = kcache_options_new();
+  char* v = NULL;
+  char from_program[512], from_env[512], path[600];
+  size_t i;
+  kcache_cache* c = NULL;
+  kcache_key k;
+  kcache_artifact art;
+  for (i = 0; i < sizeof names / sizeof names[0]; ++i) {
+    CHECK_EQ_INT(kcache_options_set(o, names[i], values[i]), KCACHE_OK);
+    CHECK_EQ_INT(kcache_options_get(o, names[i], &v), KCACHE_OK);
+    CHECK(v != NULL && strcmp(v, values[i]) == 0);
+    kcache_free(v);
+    v = NULL;
+  }
+  CHECK_EQ_INT(kcache_options_set(o, "max_size", "1536K"), KCACHE_OK);
+  CHECK_EQ_INT(kcache_options_get(o, "max_size", &v), KCACHE_OK);
+  CHECK(v != NULL && strcmp(v, "1536K") == 0);
+  kcache_free(v);
+  CHECK_EQ_INT(kcache_options_set(o, "lease_ttl_ms", "soon"), KCACHE_INVALID_ARGUMENT);
+  CHECK(strstr(kcache_last_error(), "lease_ttl_ms") != NULL);
+  CHECK_EQ_INT(kcache_options_get(o, "colour", &v), KCACHE_INVALID_ARGUMENT);
+  kcache_options_free(o);
+
+  /* KCACHE_DIR beats the program's "dir"; with "env" "0" the program's wins. */
+  snprintf(from_program, sizeof from_program, "%s/program", root);
+  snprintf(from_env, sizeof from_env, "%s/env", root);
+  CHECK(kcache_hash_bytes("k", 1, &k) == KCACHE_OK);
+  art.name = "obj";
+  art.data = "x";
+  art.size = 1;
+  setenv("KCACHE_DIR", from_env, 1);
+  o = kcache_options_new();
+  CHECK_OK(kcache_options_set(o, "dir", from_program));
+  CHECK_OK(kcache_options_set(o, "engine", "files"));
+  CHECK_OK(kcache_open(o, &c));
+  CHECK_OK(kcache_put(c, &k, &art, 1));
+  kcache_close(c);
+  snprintf(path, sizeof path, "%s/files", from_env);
+  CHECK(exists(path));
+  snprintf(path, sizeof path, "%s/files", from_program);
+  CHECK(!exists(path));
+  CHECK_OK(kcache_options_set(o, "env", "0"));
+  CHECK_OK(kcache_open(o, &c));
+  CHECK_OK(kcache_put(c, &k, &art, 1));
+  kcache_close(c);
+  CHECK(exists(path));
+  unsetenv("KCACHE_DIR");
+  kcache_options_free(o);
+}
+
 static void test_flights(const char* root) {
   char dir[512];
   kcache_cache* c;
@@ -614,6 +690,7 @@ int main(void) {
   test_errors_and_version();
   test_bad_arguments(root);
   test_flights(root);
+  test_options_pipeline(root);
   if (strstr(kcache_features(), "lmdb")) test_engine(root, "lmdb");
   test_engine(root, "files");
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);

@@ -1,6 +1,7 @@
 // The kcache tool on one entry (put, get, show), run as a real process on a
 // fresh cache folder for each disk engine: exact bytes on stdout, exit codes,
 // what a corrupt entry does, and one store shared with the library.
+#include <cctype>
 #include <string>
 #include <vector>
 
@@ -154,6 +155,23 @@ TEST_P(CliTest, KcacheDirAndEngineComeFromTheEnvironment) {
           {{"KCACHE_DIR", d}});
   EXPECT_EQ(r.rc, 1);
   expect_failure(run({"ls"}, false, {{"KCACHE_DIR", d}, {"KCACHE_ENGINE", "bdb"}}), 2, "KCACHE_ENGINE");
+}
+
+// Every KCACHE_* value goes through the library's one parser: a bad one is
+// bad usage whichever option it is (a bad size once only warned), any
+// case of an engine name is that engine, and a variable that names no
+// option is said, not silently ignored.
+TEST_P(CliTest, EveryVariableIsCheckedTheSameWay) {
+  expect_failure(run({"stats"}, true, {{"KCACHE_MAX_SIZE", "huge"}}), 2, "KCACHE_MAX_SIZE: 'huge'");
+  expect_failure(run({"stats"}, true, {{"KCACHE_READONLY", "maybe"}}), 2, "KCACHE_READONLY");
+  std::string upper = engine();
+  for (auto& ch : upper) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+  Result r = run({"stats"}, false, {{"KCACHE_DIR", dir()}, {"KCACHE_ENGINE", upper}});
+  EXPECT_EQ(r.rc, 0) << r.err;
+  r = run({"stats"}, true, {{"KCACHE_READ_ONLY", "1"}});
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.err.find("KCACHE_READ_ONLY is not a kcache variable"), std::string::npos) << r.err;
+  expect_failure(run({"--engine", "sqlite", "stats"}, false), 2, "sqlite");
 }
 
 // The tool reads every KCACHE_* variable as the library does: a read-only

@@ -165,11 +165,20 @@ namespace {
 
 Engine engine_of(const DiskEngine& e) { return e.name == "lmdb" ? Engine::lmdb : Engine::files; }
 
+// The store in `dir` with its leases, as Cache::open opens it.
+Expected<DiskStore> open_store(Engine engine, const std::string& dir, bool sync) {
+  DiskStoreSpec spec;
+  spec.dir = dir;
+  spec.engine = engine;
+  spec.tier = options(sync);
+  return open_disk_store(spec);
+}
+
 // A writer (puts under a lease, as a compile would) or a reader (gets),
 // through the same assembly as Cache::open, until killed.
 [[noreturn]] void worker(Engine engine, const std::string& dir, bool sync, bool reader, uint64_t base, uint64_t seed) {
   allow_tracing();
-  auto store = open_disk_store(dir, engine, options(sync), /*leases=*/true);
+  auto store = open_store(engine, dir, sync);
   if (!store) _exit(3);
   std::mt19937_64 rng(seed);
   for (uint64_t j = 0; j < 100000; ++j) {
@@ -189,7 +198,7 @@ Engine engine_of(const DiskEngine& e) { return e.name == "lmdb" ? Engine::lmdb :
 // Exit status: 0 done, 2 open failed, 3 put failed, 4 read back wrong,
 // 5 the leases failed.
 int open_after_kills(Engine engine, const std::string& dir, bool sync, uint64_t probe) {
-  auto store = open_disk_store(dir, engine, options(sync), /*leases=*/true);
+  auto store = open_store(engine, dir, sync);
   if (!store) return 2;
   (void)store->tier->get(key_of(1));
   if (store->leases && store->leases->acquire(key_of(probe), 5000) == LeaseResult::error) return 5;
@@ -236,7 +245,7 @@ TEST_P(DiskSigkill, OpenAfterKillingEveryWriterAndReaderNeverWaits) {
         bystander = ::fork();
         ASSERT_GE(bystander, 0);
         if (bystander == 0) {
-          auto store = open_disk_store(dir, engine, options(false), true);
+          auto store = open_store(engine, dir, false);
           if (!store) _exit(3);
           for (;;) ::pause();
         }

@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "kcache/assembly.h"
 #include "kcache/cache.h"
 #include "kcache/lease.h"
 #include "lease/holder.h"
@@ -100,15 +101,15 @@ pid_t spawn_holder(const std::string& dir, const std::string& engine, const KeyI
   return started ? pid : -1;
 }
 
-// The library's leases for an engine's folder (kcache::open_leases).
+// The library's leases for an engine's folder (engine_info(e).open_leases).
 // "table_unmapped": the lease table as it runs on a copy-on-write file
 // system (fcntl locks, pread and pwrite).
 std::shared_ptr<Leases> leases_for(const std::string& engine, const std::string& dir) {
   if (engine == "table_unmapped") return *lease::table::open_unmapped(dir);
-  return *open_leases(*parse_engine(engine), dir);
+  return *engine_info(*parse_engine(engine)).open_leases(dir);
 }
 
-std::vector<std::string> engines() {
+std::vector<std::string> lease_engines() {
 #if KCACHE_HAVE_LMDB
   return {"lmdb", "files"};
 #else
@@ -651,10 +652,10 @@ TEST_P(SingleFlight, OffMeansEveryProcessCompiles) {
   EXPECT_EQ(total, 3u);
 }
 
-INSTANTIATE_TEST_SUITE_P(Engines, SingleFlight, ::testing::ValuesIn(engines()),
+INSTANTIATE_TEST_SUITE_P(Engines, SingleFlight, ::testing::ValuesIn(lease_engines()),
                          [](const auto& info) { return info.param; });
 INSTANTIATE_TEST_SUITE_P(Kinds, LeaseKinds, ::testing::ValuesIn([] {
-                           auto e = engines();
+                           auto e = lease_engines();
 #if KCACHE_HAVE_LMDB
                            e.push_back("table_unmapped");
 #endif

@@ -27,6 +27,32 @@
 
 namespace kcache {
 
+// What a disk store is and how to open it: one struct instead of
+// positional flags, filled from Options by DiskStoreSpec::from so that
+// every caller (assemble, bundles, the `kcache` tool) opens a store the
+// same way, shared group included.
+struct DiskStoreSpec {
+  // The cache folder; empty when no folder can be named (no HOME).
+  std::string dir;
+  Engine engine = default_engine();
+  // Limits and durability of the tier.
+  DiskTierOptions tier;
+  // Group that shares the store (Options::shared_group); empty: none.
+  std::string shared_group;
+  // Create the folder and store when missing; off: a missing store is
+  // not_found.
+  bool create = true;
+  // Open the store's leases too (cross-process single-flight).
+  bool leases = true;
+
+  // The store Options name: folder (default_dir() when empty), engine,
+  // limits, shared group, create_dir; leases when single-flight is on and
+  // the options may write.
+  static DiskStoreSpec from(const Options& options);
+  // dir + "/" + the engine's folder name; empty when dir is.
+  std::string path() const;
+};
+
 // A disk store opened together with its leases.
 struct DiskStore {
   Engine engine = Engine::lmdb;
@@ -36,19 +62,36 @@ struct DiskStore {
   std::shared_ptr<Leases> leases;  // null unless asked for and available
 };
 
-// Opens the disk store of `engine` in the cache folder `dir` (created 0700
-// unless create is false; a store that does not exist then is not_found),
-// and, with leases, the leases that go with it. A store that opened without
-// its leases is still returned (leases null, said in the log).
+// One disk engine, described once: its name, how to open its tier and
+// its leases, and the files and folders of a store it owns (checked for
+// ownership before and after opening). Assembly, leases and the tool look
+// engines up here instead of switching on Engine.
+struct EngineInfo {
+  Engine engine;
+  std::string_view name;  // also the store's folder name in the cache folder
+  bool built;             // compiled into this kcache
+  Expected<std::shared_ptr<Tier>> (*open_tier)(const std::string& path, const DiskTierOptions& options);
+  Expected<std::shared_ptr<Leases>> (*open_leases)(const std::string& path);
+  // The paths under the store's folder `path` that decide what it hands
+  // out (the folder itself not included).
+  std::vector<std::string> (*owned_paths)(const std::string& path);
+};
+// Every engine, built or not.
+std::span<const EngineInfo> engines() noexcept;
+const EngineInfo& engine_info(Engine e) noexcept;
+
+// Opens the disk store `spec` names (the folder created 0700 unless
+// spec.create is false; a store that does not exist then is not_found),
+// and, with spec.leases, the leases that go with it. A store that opened
+// without its leases is still returned (leases null, said in the log).
 // A store another user could have written is refused (unavailable, the
 // path and its owner or mode in the message), before it is opened and once
-// more after: the cache folder, the engine folder, LMDB's files, the files
-// engine's folders, counters and leases must be owned by this user (or
-// root) and writable by no one else, or with `shared_group` (see
-// Options::shared_group) by members of that group (invalid_argument when
-// the group is unknown or this process is not in it).
-Expected<DiskStore> open_disk_store(const std::string& dir, Engine engine, const DiskTierOptions& options, bool leases,
-                                    bool create = true, const std::string& shared_group = {});
+// more after: the cache folder, the engine folder and every path the
+// engine owns must be owned by this user (or root) and writable by no one
+// else, or with a shared group (see Options::shared_group) by members of
+// that group (invalid_argument when the group is unknown or this process
+// is not in it).
+Expected<DiskStore> open_disk_store(const DiskStoreSpec& spec);
 
 // Where the disk store of `options` lives, whether or not it exists:
 // folder, engine and path. dir is empty when no folder can be named.

@@ -12,10 +12,8 @@
 // line; the only error get_or_compile() returns is the compile's own.
 //
 // Configuration comes from Options, then the environment overrides it
-// (Options::from_env): KCACHE_DIR, KCACHE_DISABLE, KCACHE_READONLY,
-// KCACHE_MAX_SIZE, KCACHE_RECOMPILE, KCACHE_STATS, KCACHE_LOG, KCACHE_ENGINE,
-// KCACHE_REMOTE, KCACHE_REMOTE_SECRET_FILE, KCACHE_SHARED, KCACHE_BUNDLES,
-// KCACHE_BUNDLE_TRUST, KCACHE_EXPLAIN.
+// (Options::from_env; the order and every option's name and variable are
+// at Options below and in option_table()).
 //
 // Thread-safety: all methods may be called concurrently. set_leases and
 // add_tier belong to set-up, before the Cache is shared between threads.
@@ -30,7 +28,9 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "kcache/bundle.h"
@@ -42,12 +42,34 @@
 
 namespace kcache {
 
+// Everything that decides how a Cache is put together and behaves. Every
+// field holds its default in its initialiser; nothing re-applies defaults
+// elsewhere.
+//
+// One pipeline, whatever the front end (docs/design.md, "Options"):
+//   1. the defaults below;
+//   2. the program's own settings: fields set in C++, kcache_options_set in
+//      C, keyword arguments in Python;
+//   3. the KCACHE_* variables of the environment (from_env / apply_env),
+//      unless the program opted out of them (C: "env" = "0", Python:
+//      env=False, C++: not calling from_env);
+//   4. for the `kcache` tool, its own command-line flags (--dir, --engine).
+// A later step overrides an earlier one. The operator's switches
+// (KCACHE_DISABLE, KCACHE_READONLY, KCACHE_RECOMPILE, KCACHE_DIR, ...) so
+// reach a program that hard-codes its settings.
+//
+// Every option has a name (set(), the C ABI, Python's Cache.set-style
+// arguments, URL-like strings) and most a KCACHE_* variable: option_table()
+// lists them with what each takes.
 struct Options {
   // Disk folder. Empty: $XDG_CACHE_HOME/kcache, else $HOME/.cache/kcache.
+  // "dir", KCACHE_DIR.
   std::string dir;
-  // Disk engine; nullopt: default_engine() (LMDB where built).
+  // Disk engine; nullopt: default_engine() (LMDB where built). "engine",
+  // KCACHE_ENGINE (lmdb or files, any case).
   std::optional<Engine> engine;
-  // Group that may share the disk store (a name or a number; KCACHE_SHARED).
+  // Group that may share the disk store (a name or a number). "shared_group",
+  // KCACHE_SHARED.
   // Empty (the default): a store is used only when its folders and files
   // are owned by this user (or root) and writable by no one else; any other
   // is left out with one log line, as if it could not be opened, because
@@ -60,73 +82,112 @@ struct Options {
   std::string shared_group;
   // Create the cache folder when it does not exist (default). Off: a store
   // that does not exist yet is left out without a word (commands that only
-  // read, such as `kcache get`, do not create stores).
+  // read, such as `kcache get`, do not create stores). "create_dir".
   bool create_dir = true;
-  // Disk tier limits and durability (see DiskTierOptions for defaults).
+  // Disk tier limits and durability (see DiskTierOptions for defaults):
+  // "max_size" (KCACHE_MAX_SIZE), "max_entries" (KCACHE_MAX_ENTRIES),
+  // "durability" (KCACHE_DURABILITY), "check_on_open".
   DiskTierOptions disk;
-  // Memory tier size; 0 means 256 MiB. memory_tier=false leaves it out.
+  // The memory tier and its size in bytes (default 256 MiB). "memory",
+  // "memory_size" (KCACHE_MEMORY_SIZE; "0" leaves the tier out).
   bool memory_tier = true;
-  uint64_t memory_bytes = 0;
+  uint64_t memory_bytes = uint64_t(256) << 20;
+  // The disk store. "disk".
   bool disk_tier = true;
   // Nothing is looked up or stored; every get_or_compile compiles.
+  // "disabled", KCACHE_DISABLE.
   bool disabled = false;
-  // Look up, never store.
+  // Look up, never store. "read_only", KCACHE_READONLY.
   bool read_only = false;
-  // Skip lookups, compile, and overwrite what is stored.
+  // Skip lookups, compile, and overwrite what is stored. "recompile",
+  // KCACHE_RECOMPILE.
   bool recompile = false;
-  // Print statistics to stderr when the Cache is destroyed.
+  // Print statistics to stderr when the Cache is destroyed. "stats",
+  // KCACHE_STATS.
   bool print_stats = false;
   // Compression of the entries this Cache builds (they go to every tier;
   // the memory tier counts their decompressed bytes too). Default none.
+  // "compression" (none, zstd, auto), KCACHE_COMPRESSION.
   Compression compression = Compression::none;
-  // Producer string stored in each entry's metadata.
+  // Producer string stored in each entry's metadata. "producer".
   std::string producer;
   // Cross-process single-flight through the disk tier's leases: when
   // processes miss one key at once, one compiles, the others wait for its
   // entry. Off: every process compiles its own misses.
+  // "process_single_flight", KCACHE_SINGLE_FLIGHT.
   bool process_single_flight = true;
-  // Lease time-to-live; a holder renews every ttl/3 while it compiles, so
-  // this bounds how long a hung-but-alive holder's lease outlives it, not
-  // how long a compile may take. 0 means 10,000 ms.
-  uint64_t lease_ttl_ms = 0;
+  // Lease time-to-live in ms (default 10 s); a holder renews every ttl/3
+  // while it compiles, so this bounds how long a hung-but-alive holder's
+  // lease outlives it, not how long a compile may take. 0 is taken as the
+  // default.
+  // "lease_ttl_ms", KCACHE_LEASE_TTL_MS.
+  uint64_t lease_ttl_ms = 10000;
   // Longest one process waits for another's compile before compiling the
-  // key itself. 0 means 300,000 ms.
-  uint64_t wait_bound_ms = 0;
+  // key itself, in ms (default 300 s; 0: never wait). "wait_bound_ms",
+  // KCACHE_WAIT_BOUND_MS.
+  uint64_t wait_bound_ms = 300000;
   // Shared remote tier, slowest and last: "redis://host:port[/db]" or
   // "redis+cluster://host:port[,host:port...]" (see kcache/redis.h for the
   // URL and its options). Empty (the default): none. A remote that cannot be
-  // set up is left out, said once in the log. KCACHE_REMOTE.
+  // set up is left out, said once in the log. "remote", KCACHE_REMOTE.
   std::string remote_url;
   // File holding the HMAC-SHA256 secret that signs remote values (trailing
   // newlines dropped). Empty (the default): values are not signed. When set
   // but unreadable, the remote tier is left out rather than used unsigned.
-  // KCACHE_REMOTE_SECRET_FILE.
+  // "remote_secret_file", KCACHE_REMOTE_SECRET_FILE.
   std::string remote_secret_file;
   // Read-only bundles of shipped entries, mounted after the memory tier and
   // before the disk store, and the keys they must be signed with
-  // (kcache/bundle.h). KCACHE_BUNDLES, KCACHE_BUNDLE_TRUST.
+  // (kcache/bundle.h). "bundles" (KCACHE_BUNDLES) and "bundle_trust"
+  // (KCACHE_BUNDLE_TRUST), each a ':'-separated list of files.
   BundleOptions bundles;
   // Why did it miss? Every counted miss of a key with a manifest is
   // appended to the store's miss journal (`kcache misses`), which keeps the
   // last `miss_journal` misses (default 1000; 0: no journal). Not written
-  // under read_only, nor without a disk store.
+  // under read_only, nor without a disk store. "miss_journal",
+  // KCACHE_MISS_JOURNAL.
   size_t miss_journal = 1000;
   // Also log one line (warn) per such miss when the store holds entries of
   // its namespace: the label, the nearest stored entry and each component
   // that differs, with values where kept. Costs a walk of the store's index
-  // per miss; for finding out, not for production. KCACHE_EXPLAIN.
+  // per miss; for finding out, not for production. "explain",
+  // KCACHE_EXPLAIN.
   bool explain = false;
-  // Log level (default warn) and destination (empty: stderr).
+  // Log level (default warn) and destination (empty: stderr). "log"
+  // (level[:file], level one of off, error, warn, info, debug), KCACHE_LOG;
+  // "log_file".
   LogLevel log_level = LogLevel::warn;
   std::string log_file;
 
-  // Applies KCACHE_* variables on top of `base`. Unparsable values are
-  // ignored with one warning each.
+  // Sets the option called `name` from its text form: the one parser of
+  // option values, used by the environment, the C ABI, Python and the
+  // `kcache` tool. invalid_argument naming the option and what it takes
+  // (an unknown name lists the known ones); the options are then unchanged.
+  Status set(std::string_view name, std::string_view value);
+  // The option's current value in its text form (what set() takes back);
+  // not_found for an unknown name.
+  Expected<std::string> get(std::string_view name) const;
+  // Applies every KCACHE_* variable that is set (step 3 above). A bad value
+  // leaves its option as it was. Returns the problems: bad values
+  // (invalid_argument, "KCACHE_X: 'v' is not ..."), and KCACHE_* variables
+  // that name no option (not_found; a misspelling such as KCACHE_READ_ONLY
+  // would otherwise be ignored without a word).
+  std::vector<Status> apply_env();
+  // `base` with the environment applied; each problem is logged (warn).
   static Options from_env(Options base);
   static Options from_env() { return from_env(Options()); }
   // The default folder for this user (see `dir`).
   static std::string default_dir();
 };
+
+// One option: its name for Options::set, its variable (empty when it has
+// none) and what it takes, for help texts and `kcache config`.
+struct OptionInfo {
+  std::string_view name;
+  std::string_view env;
+  std::string_view help;
+};
+std::span<const OptionInfo> option_table() noexcept;
 
 // Where a get_or_compile result came from.
 enum class Source : uint8_t { compiled = 0, memory = 1, disk = 2, remote = 3, other = 4, waited = 5, bundle = 6 };

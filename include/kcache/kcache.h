@@ -119,7 +119,9 @@ KCACHE_EXPORT void kcache_free(void* p);
 /* Default options (see kcache::Options); NULL when out of memory. */
 KCACHE_EXPORT kcache_options* kcache_options_new(void);
 KCACHE_EXPORT void kcache_options_free(kcache_options* o);
-/* Sets one option by name. Names and values:
+/* Sets one option by name, through the library's one parser
+ * (kcache::Options::set): every option of kcache::Options is reachable, by
+ * the names of docs/design.md's option table, among them
  *   "dir"          cache folder                       (default: per user)
  *   "engine"       "lmdb" or "files"
  *   "max_size"     disk size limit, e.g. "2G"         (default 4G)
@@ -127,11 +129,26 @@ KCACHE_EXPORT void kcache_options_free(kcache_options* o);
  *   "disk"         "0" leaves the disk tier out
  *   "read_only"    "1": look up, never store
  *   "disabled"     "1": no lookups, every call compiles
+ *   "recompile"    "1": no lookups, compile and overwrite
+ *   "shared_group" group that shares the disk store
+ *   "remote"       remote tier URL, "redis://host:port"
+ *   "remote_secret_file", "bundles", "bundle_trust", "explain",
+ *   "miss_journal", "lease_ttl_ms", "wait_bound_ms", "log", ...
  *   "producer"     free text stored in each entry's metadata
  *   "compression"  "none", "zstd" or "auto"
+ * and the C ABI's own:
  *   "env"          "0": ignore KCACHE_* variables     (default: they apply)
- * KCACHE_INVALID_ARGUMENT for an unknown name or unparsable value. */
+ * Precedence (the same in every binding): defaults, then what the program
+ * set here, then the KCACHE_* variables (unless "env" is "0"), so that the
+ * operator's KCACHE_DISABLE or KCACHE_DIR reaches every program.
+ * KCACHE_INVALID_ARGUMENT for an unknown name or unparsable value (the
+ * message names what the option takes); the options are then unchanged. */
 KCACHE_EXPORT int kcache_options_set(kcache_options* o, const char* name, const char* value);
+/* The option's value in the form kcache_options_set takes, as a string the
+ * caller frees with kcache_free (the program's settings only: the
+ * environment is applied by kcache_open). KCACHE_INVALID_ARGUMENT for an
+ * unknown name. */
+KCACHE_EXPORT int kcache_options_get(const kcache_options* o, const char* name, char** value);
 
 /* ---- keys --------------------------------------------------------------------- */
 

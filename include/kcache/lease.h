@@ -31,7 +31,6 @@
 
 #include "kcache/key.h"
 #include "kcache/status.h"
-#include "kcache/tier.h"
 
 namespace kcache {
 
@@ -61,7 +60,7 @@ class Leases {
 Expected<std::shared_ptr<Leases>> open_table_leases(const std::string& dir);
 // Lease files under `dir`/leases (the files tier's folder).
 Expected<std::shared_ptr<Leases>> open_file_leases(const std::string& dir);
-// The leases that go with a disk engine whose tier lives in `dir`.
-Expected<std::shared_ptr<Leases>> open_leases(Engine engine, const std::string& dir);
+// The leases that go with each disk engine: engine_info(e).open_leases
+// (kcache/assembly.h).
 
 }  // namespace kcache

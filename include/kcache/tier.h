@@ -169,20 +169,23 @@ Engine default_engine() noexcept;  // lmdb where built, else files
 bool engine_built(Engine e) noexcept;
 
 struct DiskTierOptions {
-  // Size limit of stored entries in bytes; 0 means the default, 4 GiB.
-  uint64_t max_bytes = 0;
-  // Entry-count limit; 0 means the default, 200,000.
-  uint64_t max_entries = 0;
-  // Eviction goes down to this fraction of the limits; 0 means 0.8.
-  double low_water = 0;
-  // Largest single entry accepted; 0 means max_bytes / 8.
+  // Size limit of stored entries in bytes (default 4 GiB). 0 is taken as
+  // the default.
+  uint64_t max_bytes = uint64_t(4) << 30;
+  // Entry-count limit (default 200,000). 0 is taken as the default.
+  uint64_t max_entries = 200000;
+  // Eviction goes down to this fraction of the limits (default 0.8); a
+  // value outside (0, 1) is taken as the default.
+  double low_water = 0.8;
+  // Largest single entry accepted; 0 (the default) means max_bytes / 8.
   uint64_t max_entry_bytes = 0;
   Durability durability = Durability::normal;
-  // Hits are recorded in memory and written in batches of this many
-  // (or at flush/close); 0 means 256.
-  unsigned recency_batch = 0;
-  // Temp files older than this are collected (files engine); 0 means 1 hour.
-  uint64_t stale_temp_ms = 0;
+  // Hits are recorded in memory and written in batches of this many (or at
+  // flush/close); default 256, 0 taken as the default.
+  unsigned recency_batch = 256;
+  // Temp files older than this are collected (files engine); default 1
+  // hour, 0 taken as the default.
+  uint64_t stale_temp_ms = 3600'000;
   // LMDB engine: check the store's B-tree structure when a process first
   // opens it, and move a damaged store aside instead of crashing on it
   // (LMDB has no page checksums). Costs about 0.6 ms per 1,000 entries at
@@ -190,7 +193,7 @@ struct DiskTierOptions {
   bool check_on_open = true;
 };
 
-// Effective limits after applying the documented defaults.
+// Effective limits (a 0 taken as the default).
 uint64_t effective_max_bytes(const DiskTierOptions& o) noexcept;
 uint64_t effective_max_entries(const DiskTierOptions& o) noexcept;
 

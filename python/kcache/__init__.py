@@ -26,12 +26,13 @@ Cache.begin(): see Flight.
 from __future__ import annotations
 
 import json
-from typing import Any, Callable, Dict, Mapping, Optional, Union
+import os
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
 
 from . import _kcache
 from ._kcache import Entry, Flight, Key
 
-__all__ = ["Cache", "CompileError", "Entry", "Flight", "Key", "key", "features", "__version__"]
+__all__ = ["Cache", "CompileError", "Entry", "Flight", "Key", "key", "features", "options", "__version__"]
 
 __version__: str = _kcache.version()
 
@@ -77,35 +78,68 @@ def features() -> list:
     return list(_kcache.features())
 
 
+def options() -> List[Tuple[str, str, str]]:
+    """Every option a Cache takes: (name, KCACHE_* variable or "", what it
+    takes). The names are those of the C++ Options, the C ABI and the
+    `kcache` tool."""
+    return list(_kcache.options())
+
+
 Artifacts = Mapping[str, Union[bytes, bytearray, memoryview, str]]
 Size = Union[int, str]
+
+_OPTION_NAMES = frozenset(name for name, _, _ in _kcache.options())
+
+
+def _option_text(name: str, v: Any) -> str:
+    # The text form Options::set parses: the one parser of every binding.
+    if isinstance(v, bool):
+        return "1" if v else "0"
+    if isinstance(v, int):
+        if v < 0:
+            raise ValueError(f"kcache.Cache: option {name}: {v} is negative")
+        return str(v)
+    if isinstance(v, str):
+        return v
+    if isinstance(v, os.PathLike):
+        return os.fspath(v)
+    if isinstance(v, (list, tuple)):  # bundles, bundle_trust: a list of files
+        return ":".join(_option_text(name, x) for x in v)
+    raise TypeError(f"kcache.Cache: option {name} takes a str, int, bool or list of files, not {type(v).__name__}")
 
 
 class Cache:
     """A cache: memory tier, disk store (LMDB or files engine) with
     cross-process single-flight, and an optional remote (Redis) tier.
 
-    With no arguments it is configured by the KCACHE_* environment (KCACHE_DIR,
-    KCACHE_MAX_SIZE, KCACHE_READONLY, KCACHE_REMOTE, ...), as Cache::open of
-    the C++ library. Arguments given here override the environment (pass
-    env=False to ignore it). Opening never fails for cache reasons: a folder
-    that cannot be used leaves the disk tier out (one log line).
+    Options come in one order, the same in C++, C and the `kcache` tool:
+    the defaults, then the arguments given here, then the KCACHE_*
+    environment (KCACHE_DIR, KCACHE_MAX_SIZE, KCACHE_READONLY,
+    KCACHE_DISABLE, KCACHE_REMOTE, ...), so an operator's variable reaches
+    every program; pass env=False to ignore the environment. Opening never
+    fails for cache reasons: a folder that cannot be used leaves the disk
+    tier out (one log line).
 
-    dir: the cache folder (default $KCACHE_DIR, else $XDG_CACHE_HOME/kcache or
+    dir: the cache folder (default $XDG_CACHE_HOME/kcache or
         ~/.cache/kcache). max_size: the disk limit, bytes or "2G".
     remote: "redis://host:port[/db]" or "redis+cluster://...";
         remote_secret_file: the HMAC secret that signs remote values.
     read_only: look up, never store. engine: "lmdb" or "files".
-    memory / memory_size: the in-process tier (default on, 256 MiB).
+    memory / memory_size: the in-process tier (default on, 256 MiB; a
+        memory_size of 0 leaves it out).
     disk: the disk tier (default on).
     process_single_flight: wait for other processes' compiles (default on).
     lease_ttl_ms, wait_bound_ms: lease expiry and longest wait (see cache.h).
     compression: "none" (default, zero-copy), "zstd" or "auto".
+    **options: any other option by name (kcache.options() lists them):
+        shared_group, bundles, bundle_trust, explain, recompile, disabled,
+        miss_journal, max_entries, durability, log, ...
+    Raises TypeError for an unknown option and ValueError for a bad value.
     """
 
     def __init__(
         self,
-        dir: Optional[str] = None,
+        dir: Optional[Union[str, os.PathLike]] = None,
         *,
         max_size: Optional[Size] = None,
         remote: Optional[str] = None,
@@ -119,14 +153,19 @@ class Cache:
         lease_ttl_ms: Optional[int] = None,
         wait_bound_ms: Optional[int] = None,
         compression: Optional[str] = None,
-        producer: Optional[str] = None,
+        producer: Optional[str] = "python",
         env: bool = True,
+        **options: Any,
     ) -> None:
-        if dir is not None and not isinstance(dir, str):
-            dir = str(dir)  # os.PathLike
-        self._c = _kcache.Cache._open(
-            dir, max_size, remote, remote_secret_file, read_only, engine, memory, memory_size, disk,
-            process_single_flight, lease_ttl_ms, wait_bound_ms, compression, producer, env)
+        named = dict(dir=dir, max_size=max_size, remote=remote, remote_secret_file=remote_secret_file,
+                     read_only=read_only, engine=engine, memory=memory, memory_size=memory_size, disk=disk,
+                     process_single_flight=process_single_flight, lease_ttl_ms=lease_ttl_ms,
+                     wait_bound_ms=wait_bound_ms, compression=compression, producer=producer)
+        for name in options:
+            if name not in _OPTION_NAMES:
+                raise TypeError(f"kcache.Cache: unknown option '{name}' (kcache.options() lists them)")
+        settings = [(n, _option_text(n, v)) for n, v in list(named.items()) + list(options.items()) if v is not None]
+        self._c = _kcache.Cache._open(settings, env)
         # The hot calls go straight to the extension (no Python frame).
         self.get = self._c.get
         self.put = self._c.put

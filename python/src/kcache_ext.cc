@@ -11,8 +11,10 @@
 // stay misses, as everywhere in kcache.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/string_view.h>
+#include <nanobind/stl/tuple.h>
 #include <nanobind/stl/unique_ptr.h>
 #include <nanobind/stl/vector.h>
 
@@ -232,24 +234,6 @@ std::vector<kcache::Artifact> to_artifacts(nb::handle obj, const char* what) {
 
 // ---- options -------------------------------------------------------------
 
-uint64_t size_arg(nb::handle v, const char* what) {
-  if (nb::isinstance<nb::str>(v)) {
-    auto s = kcache::util::parse_size(nb::cast<std::string>(v));
-    if (!s)
-      throw nb::value_error((std::string(what) + ": cannot parse size '" + nb::cast<std::string>(v) + "'").c_str());
-    return *s;
-  }
-  if (PyLong_Check(v.ptr()) && !PyBool_Check(v.ptr())) {
-    long long n = PyLong_AsLongLong(v.ptr());
-    if (n < 0 || PyErr_Occurred()) {
-      PyErr_Clear();
-      throw nb::value_error((std::string(what) + " must be a non-negative size").c_str());
-    }
-    return static_cast<uint64_t>(n);
-  }
-  throw nb::type_error((std::string(what) + " must be an int (bytes) or a str such as \"2G\"").c_str());
-}
-
 // ---- the cache -------------------------------------------------------------
 
 struct PyFlight;
@@ -277,49 +261,15 @@ class PyCache {
   std::shared_ptr<kcache::Cache> c_;
 };
 
-std::unique_ptr<PyCache> open_cache(std::optional<std::string> dir, nb::object max_size,
-                                    std::optional<std::string> remote, std::optional<std::string> remote_secret_file,
-                                    std::optional<bool> read_only, std::optional<std::string> engine, bool memory,
-                                    nb::object memory_size, bool disk, std::optional<bool> process_single_flight,
-                                    std::optional<uint64_t> lease_ttl_ms, std::optional<uint64_t> wait_bound_ms,
-                                    std::optional<std::string> compression, std::optional<std::string> producer,
-                                    bool env) {
-  kcache::Options o = env ? kcache::Options::from_env() : kcache::Options();
-  if (dir) {
-    if (dir->empty()) throw nb::value_error("kcache.Cache: dir must not be empty");
-    o.dir = *dir;
-  }
-  if (!max_size.is_none()) {
-    o.disk.max_bytes = size_arg(max_size, "max_size");
-    if (o.disk.max_bytes == 0) throw nb::value_error("kcache.Cache: max_size must be > 0");
-  }
-  if (remote) o.remote_url = *remote;
-  if (remote_secret_file) o.remote_secret_file = *remote_secret_file;
-  if (read_only) o.read_only = *read_only;
-  if (engine) {
-    auto e = kcache::parse_engine(*engine);
-    if (!e) throw nb::value_error(("kcache.Cache: unknown engine '" + *engine + "' (lmdb or files)").c_str());
-    if (!kcache::engine_built(*e))
-      throw nb::value_error(("kcache.Cache: engine '" + *engine + "' is not built in").c_str());
-    o.engine = *e;
-  }
-  o.memory_tier = memory;
-  if (!memory_size.is_none()) o.memory_bytes = size_arg(memory_size, "memory_size");
-  o.disk_tier = disk;
-  if (process_single_flight) o.process_single_flight = *process_single_flight;
-  if (lease_ttl_ms) o.lease_ttl_ms = *lease_ttl_ms;
-  if (wait_bound_ms) o.wait_bound_ms = *wait_bound_ms;
-  if (compression) {
-    if (*compression == "none")
-      o.compression = kcache::Compression::none;
-    else if (*compression == "zstd")
-      o.compression = kcache::Compression::zstd;
-    else if (*compression == "auto")
-      o.compression = kcache::Compression::automatic;
-    else
-      throw nb::value_error("kcache.Cache: compression must be 'none', 'zstd' or 'auto'");
-  }
-  o.producer = producer ? *producer : std::string("python");
+// The options pipeline of kcache/cache.h: the settings the program passed
+// (name, text) through Options::set, in order, then the environment on
+// top unless env is false.
+std::unique_ptr<PyCache> open_cache(const std::vector<std::pair<std::string, std::string>>& settings, bool env) {
+  kcache::Options o;
+  for (const auto& [name, value] : settings)
+    if (kcache::Status st = o.set(name, value); !st.is_ok())
+      throw nb::value_error(("kcache.Cache: " + st.message()).c_str());
+  if (env) o = kcache::Options::from_env(o);
   std::unique_ptr<kcache::Cache> c;
   {
     nb::gil_scoped_release nogil;
@@ -517,6 +467,12 @@ NB_MODULE(_kcache, m) {
   });
   m.def("version", [] { return std::string(KCACHE_VERSION_STRING); });
   m.def("features", [] { return kcache::features(); });
+  m.def("options", [] {
+    std::vector<std::tuple<std::string, std::string, std::string>> out;
+    for (const auto& i : kcache::option_table())
+      out.emplace_back(std::string(i.name), std::string(i.env), std::string(i.help));
+    return out;
+  });
 
   nb::class_<PyKey>(m, "Key")
       .def_prop_ro("hex", [](const PyKey& k) { return k.info.key.hex(); })
@@ -625,10 +581,7 @@ NB_MODULE(_kcache, m) {
       });
 
   nb::class_<PyCache>(m, "Cache")
-      .def_static("_open", &open_cache, "dir"_a.none(), "max_size"_a.none(), "remote"_a.none(),
-                  "remote_secret_file"_a.none(), "read_only"_a.none(), "engine"_a.none(), "memory"_a,
-                  "memory_size"_a.none(), "disk"_a, "process_single_flight"_a.none(), "lease_ttl_ms"_a.none(),
-                  "wait_bound_ms"_a.none(), "compression"_a.none(), "producer"_a.none(), "env"_a)
+      .def_static("_open", &open_cache, "settings"_a, "env"_a)
       .def(
           "get",
           [](PyCache& self, const PyKey& key) -> std::optional<PyEntry> {

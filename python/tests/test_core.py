@@ -425,3 +425,44 @@ def test_dict_and_list_values_are_canonical_json():
         assert kcache.key("t/1", d={"v": v}, l=[v]) == kcache.key("t/1", d={"v": I(v)}, l=[I(v)])
     assert kcache.key("t/1", d={"v": True}) != kcache.key("t/1", d={"v": 1})
     assert kcache.key("t/1", d={"v": {"b": 1, "a": [1, "x"]}}) == kcache.key("t/1", d={"v": {"a": [1, "x"], "b": 1}})
+
+
+def test_options_follow_one_precedence(tmp_path, monkeypatch):
+    # Defaults, then the arguments, then KCACHE_* (as in C++, C and the
+    # kcache tool): KCACHE_READONLY=1 wins over read_only=False.
+    monkeypatch.setenv("KCACHE_READONLY", "1")
+    k = kcache.key("t/1", x="ro")
+    with kcache.Cache(str(tmp_path / "a"), read_only=False, memory=False) as c:
+        assert c.put(k, {"a": b"1"}) is None
+        assert c.get(k) is None
+    with kcache.Cache(str(tmp_path / "a"), read_only=False, memory=False, env=False) as c:
+        assert c.put(k, {"a": b"1"}) is not None
+    monkeypatch.delenv("KCACHE_READONLY")
+    monkeypatch.setenv("KCACHE_DIR", str(tmp_path / "env"))
+    with kcache.Cache(str(tmp_path / "arg"), engine="files") as c:
+        c.put(k, {"a": b"1"})
+    assert os.path.isdir(tmp_path / "env" / "files")
+    assert not os.path.exists(tmp_path / "arg")
+
+
+def test_every_option_is_reachable_by_name(tmp_path):
+    names = {name for name, _, _ in kcache.options()}
+    for n in ("shared_group", "bundles", "bundle_trust", "explain", "recompile", "remote", "miss_journal"):
+        assert n in names
+    k = kcache.key("t/1", x="recompile")
+    with kcache.Cache(str(tmp_path), memory=False) as c:
+        c.get_or_compile(k, lambda: {"a": b"old"})
+    with kcache.Cache(str(tmp_path), memory=False, recompile=True, miss_journal=0, explain=False) as c:
+        assert c.get(k) is None
+        e = c.get_or_compile(k, lambda: {"a": b"new"})
+        assert e.source == "compiled"
+    with kcache.Cache(str(tmp_path), memory=False) as c:
+        assert bytes(c.get(k)["a"]) == b"new"
+    with kcache.Cache(str(tmp_path), bundles=[str(tmp_path / "none.kcb")]) as c:
+        assert "bundle" not in c.tiers()  # a bundle that cannot be opened is left out
+    with pytest.raises(TypeError, match="unknown option 'read_onyl'"):
+        kcache.Cache(str(tmp_path), read_onyl=True)
+    with pytest.raises(ValueError, match="lease_ttl_ms"):
+        kcache.Cache(str(tmp_path), lease_ttl_ms=0)
+    with pytest.raises(TypeError):
+        kcache.Cache(str(tmp_path), explain=1.0)

@@ -78,22 +78,40 @@ Expected<std::shared_ptr<Tier>> open_remote(const std::string& url, const std::s
 
 namespace {
 
+#if KCACHE_HAVE_LMDB
+constexpr auto kOpenLmdb = +[](const std::string& path, const DiskTierOptions& o) { return open_lmdb_tier(path, o); };
+#else
+constexpr auto kOpenLmdb = +[](const std::string&, const DiskTierOptions&) -> Expected<std::shared_ptr<Tier>> {
+  return Status(Errc::unavailable, "this kcache was built without the lmdb engine");
+};
+#endif
+
+std::vector<std::string> lmdb_paths(const std::string& path) {
+  return {path + "/data.mdb", path + "/lock.mdb", path + "/" + lease::table::kFileName, path + ".quarantine-lock"};
+}
+
+std::vector<std::string> files_paths(const std::string& path) {
+  std::vector<std::string> p;
+  for (const char* f : {"/tmp", "/stats", "/leases", "/evict.lease"}) p.push_back(path + f);
+  static const char hex[] = "0123456789abcdef";
+  for (int i = 0; i < 256; ++i) p.push_back(path + "/" + hex[i >> 4] + hex[i & 15]);
+  return p;
+}
+
+// In Engine's order.
+const std::array kEngines = {
+    // A local file system: the lease table beside the store.
+    EngineInfo{Engine::lmdb, "lmdb", KCACHE_HAVE_LMDB != 0, kOpenLmdb, open_table_leases, lmdb_paths},
+    // Perhaps NFS: lease files, no locks.
+    EngineInfo{Engine::files, "files", true,
+               [](const std::string& path, const DiskTierOptions& o) { return open_files_tier(path, o); },
+               open_file_leases, files_paths},
+};
+
 // The files and folders of a store that decide what it hands out.
 std::vector<std::string> store_paths(const DiskStore& d) {
   std::vector<std::string> p{d.dir, d.path};
-  switch (d.engine) {
-    case Engine::lmdb:
-      for (const char* f : {"/data.mdb", "/lock.mdb"}) p.push_back(d.path + f);
-      p.push_back(d.path + "/" + lease::table::kFileName);
-      p.push_back(d.path + ".quarantine-lock");
-      break;
-    case Engine::files: {
-      for (const char* f : {"/tmp", "/stats", "/leases", "/evict.lease"}) p.push_back(d.path + f);
-      static const char hex[] = "0123456789abcdef";
-      for (int i = 0; i < 256; ++i) p.push_back(d.path + "/" + hex[i >> 4] + hex[i & 15]);
-      break;
-    }
-  }
+  for (auto& f : engine_info(d.engine).owned_paths(d.path)) p.push_back(std::move(f));
   return p;
 }
 
@@ -113,32 +131,55 @@ bool exists(const std::string& path) {
 
 }  // namespace
 
+std::span<const EngineInfo> engines() noexcept { return kEngines; }
+
+const EngineInfo& engine_info(Engine e) noexcept {
+  for (const auto& i : kEngines)
+    if (i.engine == e) return i;
+  return kEngines[0];
+}
+
+DiskStoreSpec DiskStoreSpec::from(const Options& options) {
+  DiskStoreSpec s;
+  s.dir = options.dir.empty() ? Options::default_dir() : options.dir;
+  s.engine = options.engine.value_or(default_engine());
+  s.tier = options.disk;
+  s.shared_group = options.shared_group;
+  s.create = options.create_dir;
+  s.leases = options.process_single_flight && !options.read_only && !options.disabled;
+  return s;
+}
+
+std::string DiskStoreSpec::path() const {
+  return dir.empty() ? std::string() : dir + "/" + std::string(engine_info(engine).name);
+}
+
 DiskStore disk_store_location(const Options& options) {
+  DiskStoreSpec spec = DiskStoreSpec::from(options);
   DiskStore d;
-  d.engine = options.engine.value_or(default_engine());
-  d.dir = options.dir.empty() ? Options::default_dir() : options.dir;
-  if (!d.dir.empty()) d.path = d.dir + "/" + std::string(engine_name(d.engine));
+  d.engine = spec.engine;
+  d.dir = spec.dir;
+  d.path = spec.path();
   return d;
 }
 
-Expected<DiskStore> open_disk_store(const std::string& dir, Engine engine, const DiskTierOptions& options, bool leases,
-                                    bool create, const std::string& shared_group) {
-  if (!engine_built(engine))
-    return Status(Errc::unavailable,
-                  "this kcache was built without the " + std::string(engine_name(engine)) + " engine");
-  if (dir.empty()) return Status(Errc::unavailable, "no cache folder (HOME and XDG_CACHE_HOME unset)");
+Expected<DiskStore> open_disk_store(const DiskStoreSpec& spec) {
+  const EngineInfo& engine = engine_info(spec.engine);
+  if (!engine.built)
+    return Status(Errc::unavailable, "this kcache was built without the " + std::string(engine.name) + " engine");
+  if (spec.dir.empty()) return Status(Errc::unavailable, "no cache folder (HOME and XDG_CACHE_HOME unset)");
   DiskStore d;
-  d.engine = engine;
-  d.dir = dir;
-  d.path = dir + "/" + std::string(engine_name(engine));
-  KCACHE_TRY(util::StoreTrust trust, util::shared_group_trust(shared_group));
+  d.engine = spec.engine;
+  d.dir = spec.dir;
+  d.path = spec.path();
+  KCACHE_TRY(util::StoreTrust trust, util::shared_group_trust(spec.shared_group));
   const unsigned dir_mode = trust.shared ? 02770 : 0700;
-  if (create) {
-    const bool fresh = !exists(dir);
-    KCACHE_RETURN_IF_ERROR(util::make_dirs(dir, dir_mode));
-    if (fresh) util::share_with_group(dir, trust);
+  if (spec.create) {
+    const bool fresh = !exists(d.dir);
+    KCACHE_RETURN_IF_ERROR(util::make_dirs(d.dir, dir_mode));
+    if (fresh) util::share_with_group(d.dir, trust);
     KCACHE_RETURN_IF_ERROR(check_store(d, trust));
-    if (::access(dir.c_str(), W_OK) != 0) return util::errno_status(errno, dir);
+    if (::access(d.dir.c_str(), W_OK) != 0) return util::errno_status(errno, d.dir);
     // The engine folder is made here, so the engines find it shared (or
     // not) and make what they create inside to match.
     if (!exists(d.path)) {
@@ -149,26 +190,14 @@ Expected<DiskStore> open_disk_store(const std::string& dir, Engine engine, const
     if (!exists(d.path)) return Status(Errc::not_found, "no store at " + d.path);
     KCACHE_RETURN_IF_ERROR(check_store(d, trust));
   }
-  Expected<std::shared_ptr<Tier>> tier = Status(Errc::unavailable, "no engine");
-  switch (engine) {
-    case Engine::files:
-      tier = open_files_tier(d.path, options);
-      break;
-    case Engine::lmdb:
-#if KCACHE_HAVE_LMDB
-      tier = open_lmdb_tier(d.path, options);
-#endif
-      break;
-  }
-  if (!tier) return std::move(tier).error();
+  KCACHE_TRY(d.tier, engine.open_tier(d.path, spec.tier));
   // Once more, now that the engine has made its files: LMDB's files get the
   // group's write here, since LMDB makes them for this user only.
   if (trust.shared)
     for (const auto& p : store_paths(d)) util::share_with_group(p, trust);
   KCACHE_RETURN_IF_ERROR(check_store(d, trust));
-  d.tier = std::move(tier).value();
-  if (leases) {
-    auto l = open_leases(engine, d.path);
+  if (spec.leases) {
+    auto l = engine.open_leases(d.path);
     if (l)
       d.leases = std::move(l).value();
     else
@@ -196,9 +225,7 @@ Assembly assemble(const Options& options) {
       KCACHE_LOG(LogLevel::warn, "%s (left out)", b.error().to_string().c_str());
   }
   if (options.disk_tier) {
-    DiskStore where = disk_store_location(options);
-    auto disk =
-        open_disk_store(where.dir, where.engine, options.disk, coordinate, options.create_dir, options.shared_group);
+    auto disk = open_disk_store(DiskStoreSpec::from(options));
     if (disk) {
       a.tiers.push_back(disk->tier);
       a.leases = disk->leases;

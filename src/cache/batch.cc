@@ -31,15 +31,13 @@ std::vector<Expected<Entry>> Cache::get_or_compile_batch(const std::vector<Batch
   // Pass 1: lookups, in the caller's thread (a hit costs about a read).
   std::deque<size_t> todo;
   for (size_t i = 0; i < n; ++i) {
-    std::optional<Entry> hit;
-    if (!impl_->opt.disabled && !impl_->opt.recompile)
-      hit = impl_->look_up(items[i].key.key, &src[i], MissCount::counted);
+    std::optional<Entry> hit = impl_->look_up(items[i].key.key, &src[i], MissCount::counted);
     if (hit) {
       out[i].emplace(std::move(*hit));
       std::lock_guard lk(mu);
       report(i);
     } else {
-      if (!impl_->opt.disabled) impl_->explain_miss(items[i].key);
+      impl_->explain_miss(items[i].key);
       todo.push_back(i);
     }
   }

@@ -22,9 +22,12 @@ std::shared_ptr<Tier> disk_tier_of(Cache& c) {
 Expected<std::shared_ptr<Tier>> bundle_source(Cache& c) {
   c.flush();  // this process's recency first, so marks see it
   if (!disk_tier_of(c)) return Status(Errc::unavailable, "the cache has no disk store to make a bundle from");
-  const Options& o = c.options();
-  DiskStore where = disk_store_location(o);
-  KCACHE_TRY(DiskStore d, open_disk_store(where.dir, where.engine, o.disk, false, false));
+  // The store the cache opened, named as the cache named it (its shared
+  // group included): only no creating and no leases differ.
+  DiskStoreSpec spec = DiskStoreSpec::from(c.options());
+  spec.create = false;
+  spec.leases = false;
+  KCACHE_TRY(DiskStore d, open_disk_store(spec));
   return make_read_only(d.tier);
 }
 

@@ -85,7 +85,7 @@ void Cache::flush() {
 }
 
 bool Cache::Impl::store(const Entry& e, Leadership* owner) {
-  if (opt.read_only) return false;
+  if (!policy.store) return false;
   bool any = chain.store(e, TierChain::Tiers::memory);
   if (!chain.has_slow_writable()) return any;
   std::function<void()> then;
@@ -100,21 +100,16 @@ bool Cache::Impl::store(const Entry& e, Leadership* owner) {
 // ---- get and put -------------------------------------------------------------
 
 std::optional<Entry> Cache::get(const Key& key, Source* source) {
-  if (impl_->opt.disabled) return std::nullopt;
-  if (auto e = impl_->in_flight(key, source)) return e;
-  return impl_->chain.lookup(key, source, MissCount::counted);
+  return impl_->look_up(key, source, MissCount::counted);
 }
 
 std::optional<Entry> Cache::get(const KeyInfo& key, Source* source) {
   auto e = get(key.key, source);
-  if (!e && !impl_->opt.disabled) impl_->explain_miss(key);
+  if (!e) impl_->explain_miss(key);
   return e;
 }
 
-bool Cache::put(const Entry& entry) {
-  if (impl_->opt.disabled) return false;
-  return impl_->store(entry);
-}
+bool Cache::put(const Entry& entry) { return impl_->store(entry); }
 
 std::optional<Entry> Cache::put(const KeyInfo& key, std::vector<Artifact> artifacts, uint64_t compile_cost_us) {
   auto e = impl_->build(key, std::move(artifacts), compile_cost_us);
@@ -155,7 +150,7 @@ Expected<Entry> Cache::Impl::resolve(const KeyInfo& key, const CompileFn& compil
                                      Outcome* outcome, MissCount count) {
   *outcome = Outcome::done;
   if (source) *source = Source::compiled;
-  if (opt.disabled) return compile_entry(key, compile);
+  if (!policy.single_flight) return compile_entry(key, compile);
   if (auto hit = look_up(key.key, source, count)) return std::move(*hit);
   if (count == MissCount::counted) explain_miss(key);
 
@@ -282,7 +277,7 @@ Expected<Entry> Flight::commit(std::vector<Artifact> artifacts, uint64_t compile
     abandon();
     return e;
   }
-  if (!impl.opt.disabled) impl.store(*e, s_->leader ? &*s_->leader : nullptr);
+  impl.store(*e, s_->leader ? &*s_->leader : nullptr);
   if (s_->leader) s_->leader->finish(*e);
   s_->leader.reset();
   s_->owner = false;
@@ -303,7 +298,7 @@ Flight Cache::begin(const KeyInfo& key) {
   auto s = std::make_unique<Flight::State>();
   s->impl = impl_.get();
   s->key = key;
-  if (impl_->opt.disabled) {
+  if (!impl_->policy.single_flight) {
     s->owner = true;
     return Flight(std::move(s));
   }

@@ -20,11 +20,30 @@
 
 namespace kcache {
 
+// The one policy gate: what the options allow, asked by every path that
+// looks up or stores (Cache::get and put, the request path, flights,
+// batches, and through Cache::get the stage links and the integrations'
+// object caches), so KCACHE_DISABLE, KCACHE_READONLY and KCACHE_RECOMPILE
+// mean the same everywhere.
+struct Policy {
+  explicit Policy(const Options& o)
+      : look_up(!o.disabled && !o.recompile), store(!o.disabled && !o.read_only), single_flight(!o.disabled) {}
+  // Tiers are asked (and a miss is a miss: counted, journaled).
+  bool look_up;
+  // Entries go into the writable tiers.
+  bool store;
+  // Compiles of one key are single-flighted; off only when the cache is
+  // disabled (under recompile, one thread still compiles for all).
+  bool single_flight;
+};
+
 struct Cache::Impl {
+  // A lease TTL of 0 would expire as it is taken: the default instead.
   explicit Impl(const Options& o)
-      : opt(o), lease(o.lease_ttl_ms ? o.lease_ttl_ms : 10000, o.wait_bound_ms ? o.wait_bound_ms : 300000) {}
+      : opt(o), policy(o), lease(o.lease_ttl_ms ? o.lease_ttl_ms : Options().lease_ttl_ms, o.wait_bound_ms) {}
 
   Options opt;
+  Policy policy;
   TierChain chain;
   FlightTable flights;
   LeaseWait lease;
@@ -36,7 +55,7 @@ struct Cache::Impl {
   // lookups that recompile skips).
   std::unique_ptr<MissExplainer> explainer;
   void explain_miss(const KeyInfo& key) {
-    if (explainer && !opt.recompile) explainer->miss(key);
+    if (explainer && policy.look_up) explainer->miss(key);
   }
 
   // What the leader of a key's flight holds until it finishes: the
@@ -75,7 +94,7 @@ struct Cache::Impl {
   // Step 1: every tier, in order (skipped under recompile); an entry still
   // on its way to disk is served from the committer's queue.
   std::optional<Entry> look_up(const Key& key, Source* source, MissCount count) {
-    if (opt.recompile) return std::nullopt;
+    if (!policy.look_up) return std::nullopt;
     if (auto e = in_flight(key, source)) return e;
     return chain.lookup(key, source, count);
   }

@@ -1,24 +1,366 @@
-// Options from the environment.
+// Options by name: the one table of every option (its name, its KCACHE_*
+// variable, how its text is parsed and printed), behind Options::set/get,
+// the environment, the C ABI, Python and the `kcache` tool.
 #include <pwd.h>
 #include <unistd.h>
 
+#include <array>
 #include <cstdlib>
 #include <cstring>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "kcache/cache.h"
 #include "util/util.h"
 
+extern char** environ;
+
 namespace kcache {
 
-static bool env_flag(const std::string& v, bool* out) {
-  if (v.empty()) return false;
-  if (auto b = util::parse_bool(v)) {
-    *out = *b;
-    return true;
+namespace {
+
+// ":"-separated paths; empty parts dropped.
+std::vector<std::string> split_paths(std::string_view v) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (start <= v.size()) {
+    size_t end = v.find(':', start);
+    if (end == std::string_view::npos) end = v.size();
+    if (end > start) out.emplace_back(v.substr(start, end - start));
+    start = end + 1;
   }
-  KCACHE_LOG(LogLevel::warn, "ignoring unparsable boolean '%s'", v.c_str());
+  return out;
+}
+
+std::string join_paths(const std::vector<std::string>& v) {
+  std::string out;
+  for (const auto& p : v) out += (out.empty() ? "" : ":") + p;
+  return out;
+}
+
+std::optional<LogLevel> parse_level(std::string_view s) {
+  if (s == "off" || s == "0") return LogLevel::off;
+  if (s == "error") return LogLevel::error;
+  if (s == "warn" || s == "warning") return LogLevel::warn;
+  if (s == "info" || s == "1") return LogLevel::info;
+  if (s == "debug" || s == "2") return LogLevel::debug;
+  return std::nullopt;
+}
+
+std::string_view level_name(LogLevel l) {
+  switch (l) {
+    case LogLevel::off:
+      return "off";
+    case LogLevel::error:
+      return "error";
+    case LogLevel::warn:
+      return "warn";
+    case LogLevel::info:
+      return "info";
+    case LogLevel::debug:
+      return "debug";
+  }
+  return "warn";
+}
+
+// What a value's parser reports: empty when it took the value, else what
+// the option wants ("a size such as 2G").
+using Want = std::string_view;
+constexpr Want kTaken{};
+
+Want set_bool(std::string_view v, bool* out) {
+  auto b = util::parse_bool(v);
+  if (!b) return "1 or 0 (also true/false, yes/no, on/off)";
+  *out = *b;
+  return kTaken;
+}
+
+Want set_u64(std::string_view v, uint64_t* out, bool positive) {
+  uint64_t n = 0;
+  if (v.empty() || v.size() > 19) return positive ? "a whole number above 0" : "a whole number";
+  for (char c : v) {
+    if (c < '0' || c > '9') return positive ? "a whole number above 0" : "a whole number";
+    n = n * 10 + static_cast<uint64_t>(c - '0');
+  }
+  if (positive && n == 0) return "a whole number above 0";
+  *out = n;
+  return kTaken;
+}
+
+Want set_size(std::string_view v, uint64_t* out, bool positive) {
+  auto s = util::parse_size(v);
+  if (!s || (positive && *s == 0)) return positive ? "a size above 0, such as 500M or 2G" : "a size such as 500M or 2G";
+  *out = *s;
+  return kTaken;
+}
+
+std::string flag(bool b) { return b ? "1" : "0"; }
+
+// A size in the form set_size reads back exactly: 4G, 256M, 1536K, 1000.
+std::string size_text(uint64_t b) {
+  for (auto [shift, unit] : {std::pair{40, "T"}, {30, "G"}, {20, "M"}, {10, "K"}})
+    if (b != 0 && b % (uint64_t(1) << shift) == 0) return std::to_string(b >> shift) + unit;
+  return std::to_string(b);
+}
+
+// One row of the table. `set` returns kTaken or what the option wants;
+// `get` prints the value in the form `set` takes.
+struct Row {
+  OptionInfo info;
+  Want (*set)(Options& o, std::string_view v);
+  std::string (*get)(const Options& o);
+};
+
+// clang-format off
+const std::array kRows = {
+  Row{{"dir", "KCACHE_DIR", "cache folder (default $XDG_CACHE_HOME/kcache, else ~/.cache/kcache)"},
+      [](Options& o, std::string_view v) -> Want {
+        if (v.empty()) return "a folder";
+        o.dir = std::string(v);
+        return kTaken;
+      },
+      [](const Options& o) { return o.dir; }},
+  Row{{"engine", "KCACHE_ENGINE", "disk engine: lmdb (default) or files (for network file systems)"},
+      [](Options& o, std::string_view v) -> Want {
+        auto e = parse_engine(v);
+        if (!e) return "lmdb or files";
+        if (!engine_built(*e)) return "an engine built in (this kcache has no lmdb)";
+        o.engine = *e;
+        return kTaken;
+      },
+      [](const Options& o) { return std::string(engine_name(o.engine.value_or(default_engine()))); }},
+  Row{{"shared_group", "KCACHE_SHARED", "group whose members share the disk store (name or number)"},
+      [](Options& o, std::string_view v) -> Want {
+        o.shared_group = std::string(v);
+        return kTaken;
+      },
+      [](const Options& o) { return o.shared_group; }},
+  Row{{"create_dir", "", "create a missing cache folder (default 1)"},
+      [](Options& o, std::string_view v) { return set_bool(v, &o.create_dir); },
+      [](const Options& o) { return flag(o.create_dir); }},
+  Row{{"max_size", "KCACHE_MAX_SIZE", "disk store size limit (default 4G)"},
+      [](Options& o, std::string_view v) { return set_size(v, &o.disk.max_bytes, true); },
+      [](const Options& o) { return size_text(effective_max_bytes(o.disk)); }},
+  Row{{"max_entries", "KCACHE_MAX_ENTRIES", "disk store entry limit (default 200000)"},
+      [](Options& o, std::string_view v) { return set_u64(v, &o.disk.max_entries, true); },
+      [](const Options& o) { return std::to_string(effective_max_entries(o.disk)); }},
+  Row{{"durability", "KCACHE_DURABILITY", "disk syncs: normal (default), full or none"},
+      [](Options& o, std::string_view v) -> Want {
+        if (v == "normal") o.disk.durability = Durability::normal;
+        else if (v == "full") o.disk.durability = Durability::full;
+        else if (v == "none") o.disk.durability = Durability::none;
+        else return "normal, full or none";
+        return kTaken;
+      },
+      [](const Options& o) -> std::string {
+        switch (o.disk.durability) {
+          case Durability::full: return "full";
+          case Durability::none: return "none";
+          case Durability::normal: break;
+        }
+        return "normal";
+      }},
+  Row{{"check_on_open", "", "LMDB: check the store's structure when first opened (default 1)"},
+      [](Options& o, std::string_view v) { return set_bool(v, &o.disk.check_on_open); },
+      [](const Options& o) { return flag(o.disk.check_on_open); }},
+  Row{{"memory", "", "the in-process memory tier (default 1)"},
+      [](Options& o, std::string_view v) { return set_bool(v, &o.memory_tier); },
+      [](const Options& o) { return flag(o.memory_tier); }},
+  Row{{"memory_size", "KCACHE_MEMORY_SIZE", "memory tier size (default 256M; 0 leaves the tier out)"},
+      [](Options& o, std::string_view v) -> Want {
+        uint64_t n = 0;
+        if (Want w = set_size(v, &n, false); !w.empty()) return w;
+        o.memory_tier = n != 0;
+        if (n != 0) o.memory_bytes = n;
+        return kTaken;
+      },
+      [](const Options& o) { return o.memory_tier ? size_text(o.memory_bytes) : std::string("0"); }},
+  Row{{"disk", "", "the disk store (default 1)"},
+      [](Options& o, std::string_view v) { return set_bool(v, &o.disk_tier); },
+      [](const Options& o) { return flag(o.disk_tier); }},
+  Row{{"disabled", "KCACHE_DISABLE", "no lookups and no stores: every compile runs (default 0)"},
+      [](Options& o, std::string_view v) { return set_bool(v, &o.disabled); },
+      [](const Options& o) { return flag(o.disabled); }},
+  Row{{"read_only", "KCACHE_READONLY", "look up, never store (default 0)"},
+      [](Options& o, std::string_view v) { return set_bool(v, &o.read_only); },
+      [](const Options& o) { return flag(o.read_only); }},
+  Row{{"recompile", "KCACHE_RECOMPILE", "skip lookups, compile and overwrite what is stored (default 0)"},
+      [](Options& o, std::string_view v) { return set_bool(v, &o.recompile); },
+      [](const Options& o) { return flag(o.recompile); }},
+  Row{{"stats", "KCACHE_STATS", "print statistics to stderr when the cache closes (default 0)"},
+      [](Options& o, std::string_view v) { return set_bool(v, &o.print_stats); },
+      [](const Options& o) { return flag(o.print_stats); }},
+  Row{{"compression", "KCACHE_COMPRESSION", "entries this process stores: none (default), zstd or auto"},
+      [](Options& o, std::string_view v) -> Want {
+        if (v == "none") o.compression = Compression::none;
+        else if (v == "zstd") o.compression = Compression::zstd;
+        else if (v == "auto") o.compression = Compression::automatic;
+        else return "none, zstd or auto";
+        return kTaken;
+      },
+      [](const Options& o) -> std::string {
+        switch (o.compression) {
+          case Compression::zstd: return "zstd";
+          case Compression::automatic: return "auto";
+          case Compression::none: break;
+        }
+        return "none";
+      }},
+  Row{{"producer", "", "text stored in each entry's metadata"},
+      [](Options& o, std::string_view v) -> Want {
+        o.producer = std::string(v);
+        return kTaken;
+      },
+      [](const Options& o) { return o.producer; }},
+  Row{{"process_single_flight", "KCACHE_SINGLE_FLIGHT", "one process compiles a key others wait for (default 1)"},
+      [](Options& o, std::string_view v) { return set_bool(v, &o.process_single_flight); },
+      [](const Options& o) { return flag(o.process_single_flight); }},
+  Row{{"lease_ttl_ms", "KCACHE_LEASE_TTL_MS", "lease time-to-live in ms, renewed while compiling (default 10000)"},
+      [](Options& o, std::string_view v) { return set_u64(v, &o.lease_ttl_ms, true); },
+      [](const Options& o) { return std::to_string(o.lease_ttl_ms); }},
+  Row{{"wait_bound_ms", "KCACHE_WAIT_BOUND_MS", "longest wait for another process's compile, ms (default 300000)"},
+      [](Options& o, std::string_view v) { return set_u64(v, &o.wait_bound_ms, false); },
+      [](const Options& o) { return std::to_string(o.wait_bound_ms); }},
+  Row{{"remote", "KCACHE_REMOTE", "shared remote tier: redis://host:port[/db][?...] or redis+cluster://..."},
+      [](Options& o, std::string_view v) -> Want {
+        o.remote_url = std::string(v);
+        return kTaken;
+      },
+      [](const Options& o) { return o.remote_url; }},
+  Row{{"remote_secret_file", "KCACHE_REMOTE_SECRET_FILE", "file with the HMAC secret that signs remote values"},
+      [](Options& o, std::string_view v) -> Want {
+        o.remote_secret_file = std::string(v);
+        return kTaken;
+      },
+      [](const Options& o) { return o.remote_secret_file; }},
+  Row{{"bundles", "KCACHE_BUNDLES", "read-only bundles to mount, FILE[:FILE...]"},
+      [](Options& o, std::string_view v) -> Want {
+        o.bundles.files = split_paths(v);
+        return kTaken;
+      },
+      [](const Options& o) { return join_paths(o.bundles.files); }},
+  Row{{"bundle_trust", "KCACHE_BUNDLE_TRUST", "public keys a bundle must be signed with, PUB[:PUB...]"},
+      [](Options& o, std::string_view v) -> Want {
+        o.bundles.trusted_keys = split_paths(v);
+        return kTaken;
+      },
+      [](const Options& o) { return join_paths(o.bundles.trusted_keys); }},
+  Row{{"miss_journal", "KCACHE_MISS_JOURNAL", "misses kept in the store's journal (default 1000; 0: none)"},
+      [](Options& o, std::string_view v) -> Want {
+        uint64_t n = 0;
+        if (Want w = set_u64(v, &n, false); !w.empty()) return w;
+        o.miss_journal = static_cast<size_t>(n);
+        return kTaken;
+      },
+      [](const Options& o) { return std::to_string(o.miss_journal); }},
+  Row{{"explain", "KCACHE_EXPLAIN", "log why each miss missed (default 0)"},
+      [](Options& o, std::string_view v) { return set_bool(v, &o.explain); },
+      [](const Options& o) { return flag(o.explain); }},
+  Row{{"log", "KCACHE_LOG", "log level[:file]: off, error, warn (default), info or debug"},
+      [](Options& o, std::string_view v) -> Want {
+        std::string_view level = v, file;
+        if (auto c = v.find(':'); c != std::string_view::npos) {
+          level = v.substr(0, c);
+          file = v.substr(c + 1);
+        }
+        auto l = parse_level(level);
+        if (!l) return "off, error, warn, info or debug, with :FILE to write to a file";
+        o.log_level = *l;
+        o.log_file = std::string(file);
+        return kTaken;
+      },
+      [](const Options& o) {
+        return std::string(level_name(o.log_level)) + (o.log_file.empty() ? "" : ":" + o.log_file);
+      }},
+  Row{{"log_file", "", "file the log goes to (default stderr)"},
+      [](Options& o, std::string_view v) -> Want {
+        o.log_file = std::string(v);
+        return kTaken;
+      },
+      [](const Options& o) { return o.log_file; }},
+};
+// clang-format on
+
+// The option table's rows as OptionInfo, for option_table().
+const std::array<OptionInfo, kRows.size()> kInfos = [] {
+  std::array<OptionInfo, kRows.size()> a{};
+  for (size_t i = 0; i < kRows.size(); ++i) a[i] = kRows[i].info;
+  return a;
+}();
+
+const Row* find_row(std::string_view name) {
+  for (const auto& r : kRows)
+    if (r.info.name == name) return &r;
+  return nullptr;
+}
+
+// KCACHE_* variables that are not options: KCACHE_JOBS (threads of a
+// batch, read where the batch runs) and those of kcache's own test and
+// benchmark programs, which a user never sets.
+bool other_variable(std::string_view var) {
+  for (std::string_view prefix : {"KCACHE_TEST_", "KCACHE_BENCH_", "KCACHE_CHILD_", "KCACHE_KEEP_"})
+    if (var.substr(0, prefix.size()) == prefix) return true;
+  for (std::string_view name : {"KCACHE_JOBS", "KCACHE_FIXTURES_DIR", "KCACHE_CLI", "KCACHE_REMOTE_TRIALS",
+                                "KCACHE_REMOTE_CONNECT_MS", "KCACHE_REMOTE_COMMAND_MS"})
+    if (var == name) return true;
   return false;
+}
+
+}  // namespace
+
+std::span<const OptionInfo> option_table() noexcept { return kInfos; }
+
+Status Options::set(std::string_view name, std::string_view value) {
+  const Row* r = find_row(name);
+  if (!r) {
+    std::string known;
+    for (const auto& row : kRows) known += (known.empty() ? "" : ", ") + std::string(row.info.name);
+    return Status(Errc::invalid_argument, "unknown option '" + std::string(name) + "' (known: " + known + ")");
+  }
+  Options next = *this;  // unchanged on a bad value
+  if (Want w = r->set(next, value); !w.empty())
+    return Status(Errc::invalid_argument,
+                  "option " + std::string(name) + ": '" + std::string(value) + "' is not " + std::string(w));
+  *this = std::move(next);
+  return Status();
+}
+
+Expected<std::string> Options::get(std::string_view name) const {
+  const Row* r = find_row(name);
+  if (!r) return Status(Errc::not_found, "unknown option '" + std::string(name) + "'");
+  return r->get(*this);
+}
+
+std::vector<Status> Options::apply_env() {
+  std::vector<Status> problems;
+  for (const auto& r : kRows) {
+    if (r.info.env.empty()) continue;
+    std::string var(r.info.env);
+    const char* v = std::getenv(var.c_str());
+    // An empty variable is unset (as a shell's VAR= prefix is often meant).
+    if (!v || !*v) continue;
+    Status st = set(r.info.name, v);
+    // "option NAME: WHAT": said of the variable instead.
+    if (!st.is_ok())
+      problems.push_back(Status(Errc::invalid_argument, var + st.message().substr(st.message().find(':'))));
+  }
+  for (char** e = environ; e && *e; ++e) {
+    std::string_view kv(*e);
+    if (kv.substr(0, 7) != "KCACHE_") continue;
+    std::string_view var = kv.substr(0, kv.find('='));
+    bool known = other_variable(var);
+    for (const auto& r : kRows) known = known || r.info.env == var;
+    if (!known)
+      problems.push_back(
+          Status(Errc::not_found, std::string(var) + " is not a kcache variable (`kcache config` lists them)"));
+  }
+  return problems;
+}
+
+Options Options::from_env(Options base) {
+  for (const auto& p : base.apply_env()) KCACHE_LOG(LogLevel::warn, "ignoring %s", p.message().c_str());
+  return base;
 }
 
 std::string Options::default_dir() {
@@ -30,80 +372,6 @@ std::string Options::default_dir() {
   }
   if (home.empty()) return std::string();
   return home + "/.cache/kcache";
-}
-
-// "a:b::c" -> {"a", "b", "c"}: a list of paths (empty parts dropped).
-static std::vector<std::string> split_paths(const std::string& v) {
-  std::vector<std::string> out;
-  size_t start = 0;
-  while (start <= v.size()) {
-    size_t end = v.find(':', start);
-    if (end == std::string::npos) end = v.size();
-    if (end > start) out.push_back(v.substr(start, end - start));
-    start = end + 1;
-  }
-  return out;
-}
-
-static std::optional<LogLevel> parse_level(const std::string& s) {
-  if (s == "off" || s == "0") return LogLevel::off;
-  if (s == "error") return LogLevel::error;
-  if (s == "warn" || s == "warning") return LogLevel::warn;
-  if (s == "info" || s == "1") return LogLevel::info;
-  if (s == "debug" || s == "2") return LogLevel::debug;
-  return std::nullopt;
-}
-
-Options Options::from_env(Options o) {
-  std::string v;
-  // KCACHE_LOG=level[:file] first, so the rest can warn where asked.
-  if (!(v = util::getenv_str("KCACHE_LOG")).empty()) {
-    std::string level = v, file;
-    if (auto c = v.find(':'); c != std::string::npos) {
-      level = v.substr(0, c);
-      file = v.substr(c + 1);
-    }
-    if (auto l = parse_level(level)) {
-      o.log_level = *l;
-      o.log_file = file;
-    } else {
-      KCACHE_LOG(LogLevel::warn, "ignoring KCACHE_LOG='%s' (want off|error|warn|info|debug[:file])", v.c_str());
-    }
-  }
-  if (!(v = util::getenv_str("KCACHE_DIR")).empty()) o.dir = v;
-  env_flag(util::getenv_str("KCACHE_DISABLE"), &o.disabled);
-  env_flag(util::getenv_str("KCACHE_READONLY"), &o.read_only);
-  env_flag(util::getenv_str("KCACHE_RECOMPILE"), &o.recompile);
-  env_flag(util::getenv_str("KCACHE_STATS"), &o.print_stats);
-  env_flag(util::getenv_str("KCACHE_EXPLAIN"), &o.explain);
-  if (!(v = util::getenv_str("KCACHE_MAX_SIZE")).empty()) {
-    if (auto s = util::parse_size(v); s && *s > 0)
-      o.disk.max_bytes = *s;
-    else
-      KCACHE_LOG(LogLevel::warn, "ignoring KCACHE_MAX_SIZE='%s' (want e.g. 2G, 500M)", v.c_str());
-  }
-  if (!(v = util::getenv_str("KCACHE_SHARED")).empty()) o.shared_group = v;
-  if (!(v = util::getenv_str("KCACHE_REMOTE")).empty()) o.remote_url = v;
-  if (!(v = util::getenv_str("KCACHE_REMOTE_SECRET_FILE")).empty()) o.remote_secret_file = v;
-  if (!(v = util::getenv_str("KCACHE_BUNDLES")).empty()) o.bundles.files = split_paths(v);
-  if (!(v = util::getenv_str("KCACHE_BUNDLE_TRUST")).empty()) o.bundles.trusted_keys = split_paths(v);
-  if (!(v = util::getenv_str("KCACHE_DURABILITY")).empty()) {
-    if (v == "normal")
-      o.disk.durability = Durability::normal;
-    else if (v == "full")
-      o.disk.durability = Durability::full;
-    else if (v == "none")
-      o.disk.durability = Durability::none;
-    else
-      KCACHE_LOG(LogLevel::warn, "ignoring KCACHE_DURABILITY='%s' (want normal|full|none)", v.c_str());
-  }
-  if (!(v = util::getenv_str("KCACHE_ENGINE")).empty()) {
-    if (auto e = parse_engine(v))
-      o.engine = *e;
-    else
-      KCACHE_LOG(LogLevel::warn, "ignoring KCACHE_ENGINE='%s' (want lmdb|files)", v.c_str());
-  }
-  return o;
 }
 
 }  // namespace kcache

@@ -192,51 +192,35 @@ void kcache_options_free(kcache_options* o) { delete o; }
 int kcache_options_set(kcache_options* o, const char* name, const char* value) {
   return guard([&] {
     if (!o || !name || !value) return set_error(KCACHE_INVALID_ARGUMENT, "kcache_options_set: NULL argument");
-    std::string n(name), v(value);
-    kcache::Options& opt = o->opt;
-    bool b = false;
-    auto bad = [&] { return set_error(KCACHE_INVALID_ARGUMENT, "option " + n + ": bad value '" + v + "'"); };
-    if (n == "dir") {
-      opt.dir = v;
-    } else if (n == "engine") {
-      auto e = kcache::parse_engine(v);
-      if (!e || !kcache::engine_built(*e)) return bad();
-      opt.engine = *e;
-    } else if (n == "max_size") {
-      auto s = kcache::util::parse_size(v);
-      if (!s || *s == 0) return bad();
-      opt.disk.max_bytes = *s;
-    } else if (n == "memory_size") {
-      auto s = kcache::util::parse_size(v);
-      if (!s) return bad();
-      opt.memory_tier = *s != 0;
-      opt.memory_bytes = *s;
-    } else if (n == "disk") {
-      if (!flag(value, &b)) return bad();
-      opt.disk_tier = b;
-    } else if (n == "read_only") {
-      if (!flag(value, &b)) return bad();
-      opt.read_only = b;
-    } else if (n == "disabled") {
-      if (!flag(value, &b)) return bad();
-      opt.disabled = b;
-    } else if (n == "producer") {
-      opt.producer = v;
-    } else if (n == "compression") {
-      if (v == "none")
-        opt.compression = kcache::Compression::none;
-      else if (v == "zstd")
-        opt.compression = kcache::Compression::zstd;
-      else if (v == "auto")
-        opt.compression = kcache::Compression::automatic;
-      else
-        return bad();
-    } else if (n == "env") {
-      if (!flag(value, &b)) return bad();
+    // "env" is the C ABI's own: whether kcache_open applies KCACHE_*.
+    if (std::string_view(name) == "env") {
+      bool b = false;
+      if (!flag(value, &b))
+        return set_error(KCACHE_INVALID_ARGUMENT, std::string("option env: '") + value + "' is not 1 or 0");
       o->env = b;
-    } else {
-      return set_error(KCACHE_INVALID_ARGUMENT, "unknown option '" + n + "'");
+      return static_cast<int>(KCACHE_OK);
     }
+    if (kcache::Status st = o->opt.set(name, value); !st.is_ok())
+      return set_error(KCACHE_INVALID_ARGUMENT, st.message());
+    return static_cast<int>(KCACHE_OK);
+  });
+}
+
+int kcache_options_get(const kcache_options* o, const char* name, char** value) {
+  return guard([&] {
+    if (!o || !name || !value) return set_error(KCACHE_INVALID_ARGUMENT, "kcache_options_get: NULL argument");
+    *value = nullptr;
+    std::string v;
+    if (std::string_view(name) == "env") {
+      v = o->env ? "1" : "0";
+    } else {
+      auto r = o->opt.get(name);
+      if (!r) return set_error(KCACHE_INVALID_ARGUMENT, r.error().message());
+      v = std::move(r).value();
+    }
+    *value = static_cast<char*>(std::malloc(v.size() + 1));
+    if (!*value) return set_error(KCACHE_INTERNAL, "out of memory");
+    std::memcpy(*value, v.c_str(), v.size() + 1);
     return static_cast<int>(KCACHE_OK);
   });
 }

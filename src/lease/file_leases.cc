@@ -156,14 +156,4 @@ Expected<std::shared_ptr<Leases>> open_file_leases(const std::string& dir) {
   return std::shared_ptr<Leases>(std::move(l));
 }
 
-Expected<std::shared_ptr<Leases>> open_leases(Engine engine, const std::string& dir) {
-  switch (engine) {
-    case Engine::lmdb:  // a local file system: the lease table beside the store
-      return open_table_leases(dir);
-    case Engine::files:  // perhaps NFS: lease files, no locks
-      return open_file_leases(dir);
-  }
-  return Status(Errc::invalid_argument, "unknown engine");
-}
-
 }  // namespace kcache

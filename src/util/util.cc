@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -285,8 +286,11 @@ Status write_file_atomic(const std::string& path, std::string_view data, bool sy
 }
 
 std::optional<bool> parse_bool(std::string_view v) noexcept {
-  if (v == "1" || v == "true" || v == "yes" || v == "on") return true;
-  if (v == "0" || v == "false" || v == "no" || v == "off") return false;
+  std::string s(v.substr(0, 8));
+  if (v.size() > 8) return std::nullopt;
+  for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (s == "1" || s == "true" || s == "yes" || s == "on") return true;
+  if (s == "0" || s == "false" || s == "no" || s == "off") return false;
   return std::nullopt;
 }
 

@@ -91,26 +91,20 @@ std::optional<Key> key_flag(const Ctx& c) {
 }
 
 int open_tiers(Ctx& c, const Reach& reach) {
-  // The engine is checked here, as bad usage: the library would only warn
-  // about KCACHE_ENGINE and fall back to the default.
-  std::optional<Engine> engine;
-  std::string from = "--engine", name;
-  if (const std::string* e = c.args.get("--engine")) {
-    name = *e;
-  } else {
-    name = util::getenv_str("KCACHE_ENGINE");
-    from = "KCACHE_ENGINE";
+  // The library's pipeline (kcache/cache.h, Options): defaults, the
+  // environment, then this command line's flags. A bad value is bad usage
+  // here (exit 2), where a JIT would only warn and go on; a variable that
+  // names no option is said and ignored.
+  Options o;
+  for (const auto& p : o.apply_env()) {
+    if (p.code() == Errc::not_found)
+      std::fprintf(stderr, "kcache: ignoring %s\n", p.message().c_str());
+    else
+      return usage_error(c.args.command, p.message());
   }
-  if (!name.empty()) {
-    engine = parse_engine(name);
-    if (!engine) return usage_error(c.args.command, from + " '" + name + "' is not lmdb or files");
-    if (!engine_built(*engine))
-      return usage_error(c.args.command, "this kcache was built without the " + name + " engine");
-  }
-
-  Options o = Options::from_env();
-  if (const std::string* d = c.args.get("--dir")) o.dir = *d;
-  if (engine) o.engine = engine;
+  for (const char* flag : {"--dir", "--engine"})
+    if (const std::string* v = c.args.get(flag))
+      if (Status st = o.set(flag + 2, *v); !st.is_ok()) return usage_error(c.args.command, st.message());
   o.memory_tier = false;  // one process, one lookup: what is printed is what is stored
   o.create_dir = reach.create;
   if (!reach.remote) o.remote_url.clear();
@@ -132,7 +126,11 @@ int open_tiers(Ctx& c, const Reach& reach) {
 std::string disk_failure(const Ctx& c) {
   const Opened& s = c.store;
   if (s.options.disabled) return "caching is disabled (KCACHE_DISABLE)";
-  auto d = open_disk_store(s.where.dir, s.where.engine, s.options.disk, false, s.options.create_dir);
+  // The same store as the first attempt (shared group and all), without
+  // its leases.
+  DiskStoreSpec spec = DiskStoreSpec::from(s.options);
+  spec.leases = false;
+  auto d = open_disk_store(spec);
   if (d) return "the store at " + s.where.path + " opened only on a second attempt";
   return "cannot open " + s.where.path + ": " + d.error().to_string();
 }

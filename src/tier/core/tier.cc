@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cctype>
 #include <cstdio>
 
 #include "kcache/tier.h"
@@ -30,8 +31,15 @@ std::string_view tier_kind_name(TierKind k) noexcept {
 std::string_view engine_name(Engine e) noexcept { return e == Engine::files ? "files" : "lmdb"; }
 
 std::optional<Engine> parse_engine(std::string_view name) noexcept {
-  if (name == "lmdb") return Engine::lmdb;
-  if (name == "files") return Engine::files;
+  // Any case: KCACHE_ENGINE=LMDB means what it says.
+  auto is = [&](std::string_view want) {
+    if (name.size() != want.size()) return false;
+    for (size_t i = 0; i < name.size(); ++i)
+      if (std::tolower(static_cast<unsigned char>(name[i])) != want[i]) return false;
+    return true;
+  };
+  if (is("lmdb")) return Engine::lmdb;
+  if (is("files")) return Engine::files;
   return std::nullopt;
 }
 

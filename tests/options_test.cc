@@ -1,0 +1,305 @@
+// The options pipeline (kcache/cache.h, Options): one table of names, one
+// parser, one precedence (defaults, the program, the environment), and one
+// policy gate that every lookup and store path asks.
+#include <grp.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <string>
+
+#include "kcache/assembly.h"
+#include "kcache/bundle.h"
+#include "kcache/cache.h"
+#include "kcache/stage.h"
+#include "test_util.h"
+
+using namespace kcache;
+
+namespace {
+
+// Sets (or unsets, with nullptr) an environment variable for one scope.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    if (value)
+      ::setenv(name, value, 1);
+    else
+      ::unsetenv(name);
+  }
+  ~ScopedEnv() {
+    if (old_)
+      ::setenv(name_.c_str(), old_->c_str(), 1);
+    else
+      ::unsetenv(name_.c_str());
+  }
+
+ private:
+  std::string name_;
+  std::optional<std::string> old_;
+};
+
+CompileFn compile_to(std::string bytes, int* runs) {
+  return [bytes, runs]() -> Expected<std::vector<Artifact>> {
+    ++*runs;
+    return std::vector<Artifact>{{"obj", bytes}};
+  };
+}
+
+std::string obj(const Entry& e) { return std::string(*e.artifact("obj")); }
+
+}  // namespace
+
+TEST(OptionsTest, DefaultsAreTheInitialisers) {
+  Options o;
+  EXPECT_EQ(o.memory_bytes, uint64_t(256) << 20);
+  EXPECT_EQ(o.lease_ttl_ms, 10000u);
+  EXPECT_EQ(o.wait_bound_ms, 300000u);
+  EXPECT_EQ(o.disk.max_bytes, uint64_t(4) << 30);
+  EXPECT_EQ(o.disk.max_entries, 200000u);
+  EXPECT_DOUBLE_EQ(o.disk.low_water, 0.8);
+  EXPECT_EQ(o.disk.recency_batch, 256u);
+  EXPECT_EQ(*o.get("max_size"), "4G");
+  EXPECT_EQ(*o.get("memory_size"), "256M");
+  EXPECT_EQ(*o.get("log"), "warn");
+}
+
+TEST(OptionsTest, EveryOptionRoundTripsThroughItsText) {
+  Options o;
+  ASSERT_GE(option_table().size(), 25u);
+  for (const auto& info : option_table()) {
+    auto v = o.get(info.name);
+    ASSERT_TRUE(v.has_value()) << info.name;
+    Options copy = o;
+    Status st = copy.set(info.name, *v);
+    // An empty text means "unset" for the string options; dir refuses it.
+    if (info.name == "dir") {
+      EXPECT_EQ(st.code(), Errc::invalid_argument);
+      continue;
+    }
+    ASSERT_TRUE(st.is_ok()) << info.name << ": " << st.to_string();
+    EXPECT_EQ(*copy.get(info.name), *v) << info.name;
+    EXPECT_FALSE(info.help.empty()) << info.name;
+  }
+}
+
+TEST(OptionsTest, SetParsesEachKindAndRefusesBadValuesWithoutChangingAnything) {
+  Options o;
+  ASSERT_TRUE(o.set("max_size", "2G").is_ok());
+  EXPECT_EQ(o.disk.max_bytes, uint64_t(2) << 30);
+  ASSERT_TRUE(o.set("read_only", "yes").is_ok());
+  EXPECT_TRUE(o.read_only);
+  ASSERT_TRUE(o.set("read_only", "OFF").is_ok());
+  EXPECT_FALSE(o.read_only);
+  ASSERT_TRUE(o.set("engine", "FILES").is_ok());
+  EXPECT_EQ(o.engine, Engine::files);
+  ASSERT_TRUE(o.set("bundles", "a.kcb::b.kcb").is_ok());
+  EXPECT_EQ(o.bundles.files, (std::vector<std::string>{"a.kcb", "b.kcb"}));
+  ASSERT_TRUE(o.set("log", "debug:/tmp/x.log").is_ok());
+  EXPECT_EQ(o.log_level, LogLevel::debug);
+  EXPECT_EQ(o.log_file, "/tmp/x.log");
+  ASSERT_TRUE(o.set("memory_size", "0").is_ok());
+  EXPECT_FALSE(o.memory_tier);
+  ASSERT_TRUE(o.set("shared_group", "staff").is_ok());
+  EXPECT_EQ(o.shared_group, "staff");
+  ASSERT_TRUE(o.set("wait_bound_ms", "0").is_ok());
+  EXPECT_EQ(o.wait_bound_ms, 0u);
+
+  Options before = o;
+  Status st = o.set("max_size", "lots");
+  EXPECT_EQ(st.code(), Errc::invalid_argument);
+  EXPECT_NE(st.message().find("max_size"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("'lots'"), std::string::npos) << st.message();
+  EXPECT_EQ(o.disk.max_bytes, before.disk.max_bytes);
+  EXPECT_EQ(o.set("max_size", "0").code(), Errc::invalid_argument);
+  EXPECT_EQ(o.set("lease_ttl_ms", "0").code(), Errc::invalid_argument);
+  EXPECT_EQ(o.set("lease_ttl_ms", "-5").code(), Errc::invalid_argument);
+  EXPECT_EQ(o.set("engine", "bdb").code(), Errc::invalid_argument);
+  EXPECT_EQ(o.set("log", "loud").code(), Errc::invalid_argument);
+  EXPECT_EQ(o.disk.max_bytes, before.disk.max_bytes);
+  EXPECT_EQ(o.lease_ttl_ms, before.lease_ttl_ms);
+
+  st = o.set("read_onyl", "1");
+  EXPECT_EQ(st.code(), Errc::invalid_argument);
+  EXPECT_NE(st.message().find("read_only"), std::string::npos) << "lists the known names: " << st.message();
+  EXPECT_EQ(o.get("nope").error().code(), Errc::not_found);
+}
+
+// Defaults < the program's settings < KCACHE_* variables.
+TEST(OptionsTest, TheEnvironmentOverridesTheProgram) {
+  ScopedEnv dir("KCACHE_DIR", "/from/env");
+  ScopedEnv ro("KCACHE_READONLY", "1");
+  ScopedEnv size("KCACHE_MAX_SIZE", nullptr);
+  Options program;
+  ASSERT_TRUE(program.set("dir", "/from/program").is_ok());
+  program.read_only = false;
+  program.disk.max_bytes = 12345;
+  Options o = Options::from_env(program);
+  EXPECT_EQ(o.dir, "/from/env");
+  EXPECT_TRUE(o.read_only);
+  EXPECT_EQ(o.disk.max_bytes, 12345u) << "an unset variable leaves the program's setting";
+}
+
+TEST(OptionsTest, ApplyEnvReportsBadValuesAndUnknownVariables) {
+  ScopedEnv size("KCACHE_MAX_SIZE", "huge");
+  ScopedEnv typo("KCACHE_READ_ONLY", "1");
+  ScopedEnv engine("KCACHE_ENGINE", "LMDB");
+  Options o;
+  o.disk.max_bytes = 777;
+  auto problems = o.apply_env();
+  ASSERT_EQ(problems.size(), 2u);
+  EXPECT_EQ(problems[0].code(), Errc::invalid_argument);
+  EXPECT_NE(problems[0].message().find("KCACHE_MAX_SIZE: 'huge'"), std::string::npos) << problems[0].message();
+  EXPECT_EQ(problems[1].code(), Errc::not_found);
+  EXPECT_NE(problems[1].message().find("KCACHE_READ_ONLY"), std::string::npos) << problems[1].message();
+  EXPECT_EQ(o.disk.max_bytes, 777u);
+  EXPECT_FALSE(o.read_only);
+  if (engine_built(Engine::lmdb)) EXPECT_EQ(o.engine, Engine::lmdb);
+}
+
+// KCACHE_RECOMPILE reaches every path that looks up: Cache::get (and so
+// stage links and the integrations' object caches), get_or_compile,
+// begin, batches. It was once honoured by get_or_compile only.
+TEST(PolicyTest, RecompileSkipsEveryLookupAndOverwrites) {
+  test::TempDir d;
+  KeyInfo k = *KeyBuilder("policy/1").add_string("src", "x").finish();
+  int runs = 0;
+  {
+    auto c = Cache::open(test::disk_options(d.path()));
+    ASSERT_TRUE(c->get_or_compile(k, compile_to("old", &runs)).has_value());
+  }
+  Options o = test::disk_options(d.path());
+  o.recompile = true;
+  {
+    auto c = Cache::open(o);
+    EXPECT_FALSE(c->get(k.key).has_value());
+    EXPECT_FALSE(c->get(k).has_value());
+    Flight f = c->begin(k);
+    EXPECT_TRUE(f.owner());
+    f.abandon();
+    std::vector<BatchItem> items{{k, compile_to("new", &runs)}};
+    auto r = c->get_or_compile_batch(items);
+    ASSERT_TRUE(r[0].has_value());
+    EXPECT_EQ(obj(*r[0]), "new");
+    EXPECT_EQ(runs, 2);
+    EXPECT_EQ(c->stats().misses, 0u) << "a skipped lookup is not a miss";
+  }
+  auto c = Cache::open(test::disk_options(d.path()));
+  auto e = c->get(k.key);
+  ASSERT_TRUE(e.has_value());
+  EXPECT_EQ(obj(*e), "new") << "recompile overwrote the stored entry";
+}
+
+TEST(PolicyTest, RecompileRunsTheFrontEndOfAStagedCompile) {
+  test::TempDir d;
+  KeyInfo front = *KeyBuilder("policy-front/1").add_string("src", "x").finish();
+  int frontends = 0, backends = 0;
+  auto run = [&](Cache& c) {
+    return get_or_compile_staged(
+        c, front,
+        [&]() -> Expected<StageOutput> {
+          ++frontends;
+          StageOutput out;
+          out.ir = hash_bytes("ir");
+          out.backend = *KeyBuilder("policy-back/1").add_digest("ir", out.ir).finish();
+          return out;
+        },
+        compile_to("obj", &backends));
+  };
+  {
+    auto c = Cache::open(test::disk_options(d.path()));
+    ASSERT_TRUE(run(*c).has_value());
+  }
+  Options o = test::disk_options(d.path());
+  o.recompile = true;
+  auto c = Cache::open(o);
+  auto r = run(*c);
+  ASSERT_TRUE(r.has_value());
+  EXPECT_TRUE(r->frontend_ran);
+  EXPECT_TRUE(r->backend_ran);
+  EXPECT_EQ(frontends, 2);
+  EXPECT_EQ(backends, 2);
+}
+
+TEST(PolicyTest, ReadOnlyAndDisabledMeanTheSameOnEveryPath) {
+  test::TempDir d;
+  KeyInfo k = *KeyBuilder("policy/1").add_string("src", "y").finish();
+  int runs = 0;
+  Options ro = test::disk_options(d.path());
+  ro.read_only = true;
+  {
+    auto c = Cache::open(ro);
+    EXPECT_FALSE(c->put(k, {{"obj", std::string("a")}}).has_value() && c->get(k.key).has_value());
+    ASSERT_TRUE(c->get_or_compile(k, compile_to("b", &runs)).has_value());
+    Flight f = c->begin(k);
+    ASSERT_TRUE(f.owner());
+    ASSERT_TRUE(f.commit({{"obj", std::string("c")}}).has_value());
+    c->flush();
+  }
+  {
+    auto c = Cache::open(test::disk_options(d.path(), /*memory=*/false));
+    EXPECT_FALSE(c->get(k.key).has_value()) << "nothing read-only did reached the store";
+    ASSERT_TRUE(c->get_or_compile(k, compile_to("stored", &runs)).has_value());
+  }
+  Options off = test::disk_options(d.path());
+  off.disabled = true;
+  auto c = Cache::open(off);
+  EXPECT_FALSE(c->get(k.key).has_value());
+  EXPECT_FALSE(c->put(k, {{"obj", std::string("z")}}).has_value() && c->get(k.key).has_value());
+  auto r = c->get_or_compile(k, compile_to("fresh", &runs));
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(obj(*r), "fresh");
+}
+
+// The group this process runs as, by name: a shared store of that group
+// is one this process may use.
+std::string own_group() {
+  struct group* g = ::getgrgid(::getegid());
+  return g ? g->gr_name : std::to_string(::getegid());
+}
+
+// Bundles were made by reopening the store without its shared group, so
+// every KCACHE_SHARED store refused them ("writable by group").
+TEST(DiskStoreSpecTest, BundlesOfASharedStore) {
+  test::TempDir d;
+  Options o = test::disk_options(d.path(), /*memory=*/false);
+  o.shared_group = own_group();
+  auto c = Cache::open(o);
+  ASSERT_EQ(c->tiers().size(), 1u) << "the shared store opened";
+  int runs = 0;
+  for (int i = 0; i < 3; ++i)
+    ASSERT_TRUE(c->get_or_compile(*KeyBuilder("b/1").add_u64("i", i).finish(), compile_to("x", &runs)).has_value());
+  c->flush();
+  auto bytes = save_bundle(*c, BundleSelection{});
+  ASSERT_TRUE(bytes.has_value()) << bytes.error().to_string();
+  auto b = open_bundle_bytes(*bytes);
+  ASSERT_TRUE(b.has_value());
+  EXPECT_EQ((*b)->stats().entries, 3u);
+  auto info = write_bundle(*c, BundleSelection{}, d.path() + "/out.kcb");
+  ASSERT_TRUE(info.has_value()) << info.error().to_string();
+  EXPECT_EQ(info->entries, 3u);
+}
+
+TEST(DiskStoreSpecTest, FromOptionsNamesEverything) {
+  Options o;
+  o.dir = "/some/where";
+  o.engine = Engine::files;
+  o.shared_group = "staff";
+  o.create_dir = false;
+  o.disk.max_bytes = 99;
+  DiskStoreSpec s = DiskStoreSpec::from(o);
+  EXPECT_EQ(s.dir, "/some/where");
+  EXPECT_EQ(s.engine, Engine::files);
+  EXPECT_EQ(s.shared_group, "staff");
+  EXPECT_FALSE(s.create);
+  EXPECT_EQ(s.tier.max_bytes, 99u);
+  EXPECT_TRUE(s.leases);
+  EXPECT_EQ(s.path(), "/some/where/files");
+  o.read_only = true;
+  EXPECT_FALSE(DiskStoreSpec::from(o).leases) << "a read-only cache takes no leases";
+  for (const auto& e : engines()) {
+    EXPECT_EQ(engine_info(e.engine).name, engine_name(e.engine));
+    EXPECT_FALSE(e.owned_paths("/x").empty());
+  }
+}
