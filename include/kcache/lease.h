@@ -59,8 +59,11 @@ class Leases {
 // The lease table `dir`/leases2.tab (the LMDB tier's folder: a local file
 // system).
 Expected<std::shared_ptr<Leases>> open_table_leases(const std::string& dir);
-// Lease files under `dir`/leases (the files tier's folder).
-Expected<std::shared_ptr<Leases>> open_file_leases(const std::string& dir);
+// Lease files under `dir`/leases (the files tier's folder). Their file
+// operations and clock go through `env` (kcache/env.h); null means the
+// system's, Env::posix(): pass the files tier's Env (DiskTierOptions::env)
+// so leases and entries see the same disk and the same time.
+Expected<std::shared_ptr<Leases>> open_file_leases(const std::string& dir, std::shared_ptr<Env> env = nullptr);
 // The leases that go with a disk engine whose tier lives in `dir`.
 Expected<std::shared_ptr<Leases>> open_leases(Engine engine, const std::string& dir);
 
