@@ -51,7 +51,9 @@ void LeaseWait::hold(const Key& k) {
   // A child of fork() using its parent's Cache starts no thread (threads
   // started after a fork of a threaded process are unsafe): its leases go
   // unrenewed and expire after the TTL, when a waiter may compile too.
-  if (!inherited_) hb_.start([this] { heartbeat(); });
+  // The first renewal is due ttl/3 after this claim, not after the thread
+  // gets to run.
+  if (!inherited_) hb_.start([this, first = env_->now_mono_us() + renew_period_us()] { heartbeat(first); });
 }
 
 void LeaseWait::release(const Key& k) {
@@ -63,10 +65,9 @@ void LeaseWait::release(const Key& k) {
   leases_->release(k);
 }
 
-void LeaseWait::heartbeat() {
-  const uint64_t period_us = std::max<uint64_t>(ttl_ms_ / 3, 1) * 1000;
+void LeaseWait::heartbeat(uint64_t next) {
+  const uint64_t period_us = renew_period_us();
   std::unique_lock lk(hb_.mu());
-  uint64_t next = env_->now_mono_us() + period_us;
   while (!stop_) {
     // wait_us may return early (a notify, or an Env whose clock moves by
     // hand): renew only once the period passed on the Env's clock.

@@ -14,6 +14,7 @@
 // to its end with a clock it moves by hand.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <memory>
 #include <unordered_map>
@@ -57,7 +58,10 @@ class LeaseWait {
 
  private:
   void hold(const Key& k);
-  void heartbeat();
+  // Renews the held leases every renew_period_us(), the first time at `next`
+  // (the Env's monotonic clock).
+  void heartbeat(uint64_t next);
+  uint64_t renew_period_us() const noexcept { return std::max<uint64_t>(ttl_ms_ / 3, 1) * 1000; }
   void renew_after_fork();
 
   const uint64_t ttl_ms_, bound_ms_;

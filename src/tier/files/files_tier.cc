@@ -161,7 +161,13 @@ class FilesTier final : public Tier {
       }
     }
     for (const auto& [k, ms] : touched) set_mtime_ms(path_of(k), ms);  // gone meanwhile: fine
-    return add_counters(d);
+    Status st = add_counters(d);
+    if (!st.is_ok()) {
+      // Not stored (a read-only or failing disk): keep counting them here.
+      std::lock_guard lk(mu_);
+      for (int i = 0; i < c_count; ++i) pending_[i] += d[i];
+    }
+    return st;
   }
 
   // Tier::recency_mark on this tier's clock, which also stamps the mtimes.
@@ -524,6 +530,7 @@ class FilesTier final : public Tier {
     env_->flock(fd, LOCK_UN);
     env_->close(fd);
     if (wn != static_cast<ssize_t>(w.size())) {
+      restore();  // the deltas taken from pending_ were not stored
       if (st.is_ok()) st = util::errno_status(wn < 0 ? e : ENOSPC, "write " + p);
       if (!st.is_ok()) return st;
     }
