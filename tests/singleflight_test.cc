@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "fault_env.h"
 #include "kcache/assembly.h"
 #include "kcache/cache.h"
 #include "kcache/lease.h"
@@ -106,7 +107,7 @@ pid_t spawn_holder(const std::string& dir, const std::string& engine, const KeyI
 // system (fcntl locks, pread and pwrite).
 std::shared_ptr<Leases> leases_for(const std::string& engine, const std::string& dir) {
   if (engine == "table_unmapped") return *lease::table::open_unmapped(dir);
-  return *engine_info(*parse_engine(engine)).open_leases(dir);
+  return *engine_info(*parse_engine(engine)).open_leases(dir, DiskTierOptions{});
 }
 
 std::vector<std::string> lease_engines() {
@@ -147,12 +148,19 @@ TEST_P(LeaseKinds, LeaseBasics) {
 }
 
 TEST_P(LeaseKinds, ExpiredLeaseIsTakenOver) {
-  auto a = leases_for(GetParam(), dir_.path());
-  auto b = leases_for(GetParam(), dir_.path());
+  // Lease files take their clock from an Env: move it past the TTL instead
+  // of sleeping. The lease table reads the system clock.
+  auto env = std::make_shared<test::FaultEnv>();
+  const bool files = GetParam() == "files";
+  auto a = files ? *open_file_leases(dir_.path(), env) : leases_for(GetParam(), dir_.path());
+  auto b = files ? *open_file_leases(dir_.path(), env) : leases_for(GetParam(), dir_.path());
   Key k = key_of(2);
   EXPECT_EQ(a->acquire(k, 150), LeaseResult::acquired);
   EXPECT_EQ(b->acquire(k, 60000), LeaseResult::busy);
-  std::this_thread::sleep_for(std::chrono::milliseconds(250));
+  if (files)
+    env->advance(250);
+  else
+    std::this_thread::sleep_for(std::chrono::milliseconds(250));
   EXPECT_EQ(b->acquire(k, 60000), LeaseResult::acquired);
   EXPECT_EQ(b->takeovers(), 1u);
   EXPECT_FALSE(a->renew(k, 60000));  // a lost it
@@ -674,6 +682,8 @@ TEST(SingleFlightRegression, ForkedChildrenGetDistinctTokens) {
   ASSERT_EQ(::pipe(result), 0);
   int go[2];
   ASSERT_EQ(::pipe(go), 0);
+  int done[2];
+  ASSERT_EQ(::pipe(done), 0);
   std::vector<pid_t> pids;
   for (int p = 0; p < 4; ++p)
     pids.push_back(spawn([&] {
@@ -682,14 +692,19 @@ TEST(SingleFlightRegression, ForkedChildrenGetDistinctTokens) {
       (void)!::read(go[0], &x, 1);
       int got = l->acquire(k, 60000) == LeaseResult::acquired ? 1 : 0;
       (void)!::write(result[1], &got, sizeof got);
-      std::this_thread::sleep_for(std::chrono::milliseconds(200));  // hold while others try
+      (void)!::read(done[0], &x, 1);  // hold until every child has tried
       return 0;
     }));
   for (int p = 0; p < 4; ++p) (void)!::write(go[1], "x", 1);
+  int total = 0, v, answers = 0;
+  while (answers < 4 && ::read(result[0], &v, sizeof v) == sizeof v) {
+    total += v;
+    ++answers;
+  }
+  for (int p = 0; p < 4; ++p) (void)!::write(done[1], "x", 1);
   for (pid_t pid : pids) wait_exit(pid);
   ::close(result[1]);
-  int total = 0, v;
-  while (::read(result[0], &v, sizeof v) == sizeof v) total += v;
+  EXPECT_EQ(answers, 4);
   EXPECT_EQ(total, 1);
 }
 
@@ -702,11 +717,12 @@ TEST(SingleFlightRegression, StaleFileLeaseTakeoverHasOneWinner) {
   int doubles = 0;
   for (int r = 0; r < rounds; ++r) {
     Key k = key_of(1000 + r);
-    auto old = *open_file_leases(d.path());
+    auto env = std::make_shared<test::FaultEnv>();
+    auto old = *open_file_leases(d.path(), env);
     ASSERT_EQ(old->acquire(k, 1), LeaseResult::acquired);  // expires at once
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    env->advance(2);
     std::vector<std::shared_ptr<Leases>> ls;
-    for (int c = 0; c < contenders; ++c) ls.push_back(*open_file_leases(d.path()));
+    for (int c = 0; c < contenders; ++c) ls.push_back(*open_file_leases(d.path(), env));
     std::atomic<int> winners{0}, go{0};
     std::vector<std::thread> th;
     for (int c = 0; c < contenders; ++c)

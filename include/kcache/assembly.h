@@ -71,7 +71,9 @@ struct EngineInfo {
   std::string_view name;  // also the store's folder name in the cache folder
   bool built;             // compiled into this kcache
   Expected<std::shared_ptr<Tier>> (*open_tier)(const std::string& path, const DiskTierOptions& options);
-  Expected<std::shared_ptr<Leases>> (*open_leases)(const std::string& path);
+  // The leases go through the tier's Env (options.env) where the engine's
+  // lease code does its own file operations.
+  Expected<std::shared_ptr<Leases>> (*open_leases)(const std::string& path, const DiskTierOptions& options);
   // The paths under the store's folder `path` that decide what it hands
   // out (the folder itself not included).
   std::vector<std::string> (*owned_paths)(const std::string& path);

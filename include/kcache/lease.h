@@ -34,6 +34,8 @@
 
 namespace kcache {
 
+class Env;  // kcache/env.h
+
 enum class LeaseResult : uint8_t {
   acquired = 0,  // this object now holds the lease
   busy = 1,      // a live holder has it
@@ -58,8 +60,11 @@ class Leases {
 // The lease table `dir`/leases2.tab (the LMDB tier's folder: a local file
 // system).
 Expected<std::shared_ptr<Leases>> open_table_leases(const std::string& dir);
-// Lease files under `dir`/leases (the files tier's folder).
-Expected<std::shared_ptr<Leases>> open_file_leases(const std::string& dir);
+// Lease files under `dir`/leases (the files tier's folder). Their file
+// operations and clock go through `env` (kcache/env.h); null means the
+// system's, Env::posix(): pass the files tier's Env (DiskTierOptions::env)
+// so leases and entries see the same disk and the same time.
+Expected<std::shared_ptr<Leases>> open_file_leases(const std::string& dir, std::shared_ptr<Env> env = nullptr);
 // The leases that go with each disk engine: engine_info(e).open_leases
 // (kcache/assembly.h).
 

@@ -34,6 +34,8 @@
 
 namespace kcache {
 
+class Env;  // kcache/env.h
+
 // What a tier is, for the Cache (where a hit came from, what read-only
 // covers) and for `kcache stats`.
 enum class TierKind : uint8_t {
@@ -191,6 +193,11 @@ struct DiskTierOptions {
   // (LMDB has no page checksums). Costs about 0.6 ms per 1,000 entries at
   // open (docs/benchmarks.md). Default on.
   bool check_on_open = true;
+  // What the engine asks of the system (kcache/env.h); null means the real
+  // one, Env::posix(). The files engine does all its file operations, clock
+  // reads and sleeps through it; the LMDB engine only its clock reads (its
+  // I/O happens inside liblmdb). Tests pass one that injects faults.
+  std::shared_ptr<Env> env;
 };
 
 // Effective limits (a 0 taken as the default).

@@ -101,11 +101,13 @@ std::vector<std::string> files_paths(const std::string& path) {
 // In Engine's order.
 const std::array kEngines = {
     // A local file system: the lease table beside the store.
-    EngineInfo{Engine::lmdb, "lmdb", KCACHE_HAVE_LMDB != 0, kOpenLmdb, open_table_leases, lmdb_paths},
+    EngineInfo{Engine::lmdb, "lmdb", KCACHE_HAVE_LMDB != 0, kOpenLmdb,
+               [](const std::string& path, const DiskTierOptions&) { return open_table_leases(path); }, lmdb_paths},
     // Perhaps NFS: lease files, no locks.
     EngineInfo{Engine::files, "files", true,
                [](const std::string& path, const DiskTierOptions& o) { return open_files_tier(path, o); },
-               open_file_leases, files_paths},
+               [](const std::string& path, const DiskTierOptions& o) { return open_file_leases(path, o.env); },
+               files_paths},
 };
 
 // The files and folders of a store that decide what it hands out.
@@ -197,7 +199,7 @@ Expected<DiskStore> open_disk_store(const DiskStoreSpec& spec) {
     for (const auto& p : store_paths(d)) util::share_with_group(p, trust);
   KCACHE_RETURN_IF_ERROR(check_store(d, trust));
   if (spec.leases) {
-    auto l = engine.open_leases(d.path);
+    auto l = engine.open_leases(d.path, spec.tier);
     if (l)
       d.leases = std::move(l).value();
     else

@@ -16,7 +16,7 @@ constexpr size_t kMaxGroup = 256;
 // apart) makes 15 syncs at 100 ms against 58 at 25 ms (docs/benchmarks.md).
 // The price: another process waiting on a key's lease finds the entry up to
 // this much later. flush() and close cut the wait short.
-constexpr auto kLinger = std::chrono::milliseconds(100);
+constexpr uint64_t kLingerUs = 100'000;
 }  // namespace
 
 // A child of fork() writes none of its parent's queue (the parent does).
@@ -97,7 +97,10 @@ void Committer::run() {
   for (;;) {
     worker_.cv().wait(lk, [&] { return stop_ || !queue_.empty(); });
     if (queue_.empty()) return;  // stop_ and nothing left
-    worker_.cv().wait_for(lk, kLinger, [&] { return stop_ || flushing_ > 0 || group_full(); });
+    const uint64_t deadline = env_->now_mono_us() + kLingerUs;
+    for (uint64_t now = env_->now_mono_us(); !(stop_ || flushing_ > 0 || group_full()) && now < deadline;
+         now = env_->now_mono_us())
+      env_->wait_us(worker_.cv(), lk, deadline - now);
     std::vector<Item> group;
     while (!queue_.empty() && group.size() < kMaxGroup) {
       queued_bytes_ -= queue_.front().entry.encoded().size();

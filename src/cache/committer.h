@@ -14,6 +14,10 @@
 // The queue is bounded (entries and bytes): submit() waits when it is full,
 // so a compiler faster than its disk is slowed down, never left to grow
 // memory without bound.
+//
+// The gathering wait runs on an Env's clock (kcache/env.h, the system's by
+// default), so a test can hold a group open or end its wait by moving a
+// clock by hand.
 #pragma once
 
 #include <cstdint>
@@ -24,13 +28,15 @@
 #include <vector>
 
 #include "cache/tier_chain.h"
+#include "kcache/env.h"
 #include "util/worker.h"
 
 namespace kcache {
 
 class Committer {
  public:
-  explicit Committer(TierChain& chain) : chain_(chain) {}
+  explicit Committer(TierChain& chain, std::shared_ptr<Env> env = nullptr)
+      : chain_(chain), env_(env ? std::move(env) : Env::posix()) {}
   ~Committer() { stop(); }
   Committer(const Committer&) = delete;
   Committer& operator=(const Committer&) = delete;
@@ -59,6 +65,7 @@ class Committer {
   bool group_full() const;  // REQUIRES: worker_.mu() held
 
   TierChain& chain_;
+  const std::shared_ptr<Env> env_;  // never null
   util::Worker worker_;
   std::deque<Item> queue_;  // GUARDED_BY(worker_.mu())
   std::unordered_map<Key, std::pair<uint64_t, Entry>>

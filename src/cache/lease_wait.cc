@@ -4,7 +4,6 @@
 #include "cache/lease_wait.h"
 
 #include <algorithm>
-#include <chrono>
 #include <vector>
 
 #include "util/util.h"
@@ -13,7 +12,7 @@ namespace kcache {
 
 LeaseWait::Claim LeaseWait::claim(const Key& key, bool wait, bool* waited) {
   *waited = false;
-  uint64_t start = util::now_mono_us(), sleep_us = 1000;
+  uint64_t start = env_->now_mono_us(), sleep_us = 1000;
   for (;;) {
     LeaseResult lr = leases_->acquire(key, ttl_ms_);
     if (lr == LeaseResult::acquired) {
@@ -26,13 +25,13 @@ LeaseWait::Claim LeaseWait::claim(const Key& key, bool wait, bool* waited) {
       waits_.fetch_add(1, std::memory_order_relaxed);
       *waited = true;
     }
-    if (util::now_mono_us() - start >= bound_ms_ * 1000) {
+    if (env_->now_mono_us() - start >= bound_ms_ * 1000) {
       timeouts_.fetch_add(1, std::memory_order_relaxed);
       KCACHE_LOG(LogLevel::info, "waited %llu ms for another process to compile %s; compiling here",
                  static_cast<unsigned long long>(bound_ms_), key.hex().c_str());
       return Claim::timed_out;
     }
-    std::this_thread::sleep_for(std::chrono::microseconds(sleep_us));
+    env_->sleep_us(sleep_us);
     sleep_us = std::min<uint64_t>(sleep_us * 3 / 2, 50000);
   }
 }
@@ -52,7 +51,9 @@ void LeaseWait::hold(const Key& k) {
   // A child of fork() using its parent's Cache starts no thread (threads
   // started after a fork of a threaded process are unsafe): its leases go
   // unrenewed and expire after the TTL, when a waiter may compile too.
-  if (!inherited_) hb_.start([this] { heartbeat(); });
+  // The first renewal is due ttl/3 after this claim, not after the thread
+  // gets to run.
+  if (!inherited_) hb_.start([this, first = env_->now_mono_us() + renew_period_us()] { heartbeat(first); });
 }
 
 void LeaseWait::release(const Key& k) {
@@ -64,11 +65,18 @@ void LeaseWait::release(const Key& k) {
   leases_->release(k);
 }
 
-void LeaseWait::heartbeat() {
+void LeaseWait::heartbeat(uint64_t next) {
+  const uint64_t period_us = renew_period_us();
   std::unique_lock lk(hb_.mu());
   while (!stop_) {
-    hb_.cv().wait_for(lk, std::chrono::milliseconds(std::max<uint64_t>(ttl_ms_ / 3, 1)));
-    if (stop_) break;
+    // wait_us may return early (a notify, or an Env whose clock moves by
+    // hand): renew only once the period passed on the Env's clock.
+    const uint64_t now = env_->now_mono_us();
+    if (now < next) {
+      env_->wait_us(hb_.cv(), lk, next - now);
+      continue;
+    }
+    next = now + period_us;
     std::vector<Key> keys;
     for (const auto& [k, n] : held_) keys.push_back(k);
     lk.unlock();

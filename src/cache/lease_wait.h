@@ -8,12 +8,18 @@
 // the lease go, so once the lease is ours one lookup finds the entry, or
 // shows that the holder failed or died. Held leases are renewed every ttl/3
 // by a heartbeat thread while their compiles run.
+//
+// Its clock reads, polling sleeps and the heartbeat's waits go through an
+// Env (kcache/env.h, the system's by default), so a test can drive a wait
+// to its end with a clock it moves by hand.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <memory>
 #include <unordered_map>
 
+#include "kcache/env.h"
 #include "kcache/key.h"
 #include "kcache/lease.h"
 #include "util/worker.h"
@@ -22,7 +28,8 @@ namespace kcache {
 
 class LeaseWait {
  public:
-  LeaseWait(uint64_t ttl_ms, uint64_t bound_ms) : ttl_ms_(ttl_ms), bound_ms_(bound_ms) {}
+  LeaseWait(uint64_t ttl_ms, uint64_t bound_ms, std::shared_ptr<Env> env = nullptr)
+      : ttl_ms_(ttl_ms), bound_ms_(bound_ms), env_(env ? std::move(env) : Env::posix()) {}
   ~LeaseWait() { stop(); }
   LeaseWait(const LeaseWait&) = delete;
   LeaseWait& operator=(const LeaseWait&) = delete;
@@ -51,10 +58,14 @@ class LeaseWait {
 
  private:
   void hold(const Key& k);
-  void heartbeat();
+  // Renews the held leases every renew_period_us(), the first time at `next`
+  // (the Env's monotonic clock).
+  void heartbeat(uint64_t next);
+  uint64_t renew_period_us() const noexcept { return std::max<uint64_t>(ttl_ms_ / 3, 1) * 1000; }
   void renew_after_fork();
 
   const uint64_t ttl_ms_, bound_ms_;
+  const std::shared_ptr<Env> env_;  // never null
   std::shared_ptr<Leases> leases_;
   bool inherited_ = false;  // inherited across fork(): no heartbeat thread
   std::atomic<uint64_t> waits_{0}, timeouts_{0};

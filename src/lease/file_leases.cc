@@ -9,6 +9,8 @@
 //    write) counts as stale once its mtime is older than kPartialGraceMs.
 //  * renew: rewrite through a temp file and rename, if the record is ours.
 // No flock(2): on network file systems it is not reliable.
+// File operations and clock reads go through an Env (kcache/env.h), so a
+// test can expire a holder by moving the clock instead of sleeping.
 // In a store folder shared with a group (setgid, group-writable), the
 // leases folder is group-writable and lease files group-readable, so every
 // member can judge and take over another's lease.
@@ -19,6 +21,7 @@
 #include <atomic>
 #include <cerrno>
 
+#include "kcache/env.h"
 #include "kcache/lease.h"
 #include "lease/holder.h"
 #include "util/util.h"
@@ -32,7 +35,8 @@ constexpr uint64_t kTakeoverStaleMs = 10000;
 
 class FileLeases final : public Leases {
  public:
-  explicit FileLeases(std::string dir) : dir_(std::move(dir)) {}
+  FileLeases(std::string dir, std::shared_ptr<Env> env)
+      : dir_(std::move(dir)), env_(env ? std::move(env) : Env::posix()) {}
   std::string_view name() const noexcept override { return "files"; }
   uint64_t takeovers() const noexcept override { return takeovers_.load(); }
 
@@ -45,7 +49,7 @@ class FileLeases final : public Leases {
     ino_t judged = 0;
     int st = read(p, &h, &judged);
     if (st == 1 && h.token == me) return renew(key, ttl_ms) ? LeaseResult::acquired : LeaseResult::error;
-    if (st == 1 && lease::alive(h, util::now_unix_ms())) return LeaseResult::busy;
+    if (st == 1 && lease::alive(h, env_->now_unix_ms())) return LeaseResult::busy;
     if (st == 0) return LeaseResult::busy;      // being written right now
     if (st == 3) return create(p, me, ttl_ms);  // just released
 
@@ -55,22 +59,23 @@ class FileLeases final : public Leases {
     // that finds the lease gone meanwhile may create it first: then it, not
     // we, holds it. Either way one process holds the lease.
     std::string tk = p + ".takeover";
-    int tfd = ::open(tk.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, file_mode());
+    int tfd = env_->open(tk, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, file_mode());
     if (tfd < 0) {
+      const int err = errno;
       struct stat ts;
-      if (errno == EEXIST && ::stat(tk.c_str(), &ts) == 0 &&
-          static_cast<uint64_t>(ts.st_mtim.tv_sec) * 1000 + kTakeoverStaleMs < util::now_unix_ms())
-        ::unlink(tk.c_str());  // its taker died mid-takeover
-      return errno == EEXIST ? LeaseResult::busy : LeaseResult::error;
+      if (err == EEXIST && env_->stat(tk, &ts) == 0 &&
+          static_cast<uint64_t>(ts.st_mtim.tv_sec) * 1000 + kTakeoverStaleMs < env_->now_unix_ms())
+        env_->unlink(tk);  // its taker died mid-takeover
+      return err == EEXIST ? LeaseResult::busy : LeaseResult::error;
     }
-    ::close(tfd);
+    env_->close(tfd);
     ino_t now_ino = 0;
     st = read(p, &h, &now_ino);
     bool stale = st == 3 || (now_ino == judged &&
-                             (st == 2 || (st == 1 && h.token != me && !lease::alive(h, util::now_unix_ms()))));
-    if (stale && st != 3) ::unlink(p.c_str());
+                             (st == 2 || (st == 1 && h.token != me && !lease::alive(h, env_->now_unix_ms()))));
+    if (stale && st != 3) env_->unlink(p);
     r = stale ? create(p, me, ttl_ms) : LeaseResult::busy;
-    ::unlink(tk.c_str());
+    env_->unlink(tk);
     if (r == LeaseResult::acquired && st != 3) takeovers_.fetch_add(1);
     return r;
   }
@@ -81,8 +86,9 @@ class FileLeases final : public Leases {
     lease::Holder h;
     ino_t ino;
     if (read(p, &h, &ino) != 1 || h.token != me) return false;
-    if (!util::write_file_atomic(p, lease::encode(lease::self(me, ttl_ms))).is_ok()) return false;
-    if (shared_) (void)::chmod(p.c_str(), file_mode());
+    if (!util::write_file_atomic(p, lease::encode(lease::self(me, ttl_ms, env_->now_unix_ms())), false, *env_).is_ok())
+      return false;
+    if (shared_) (void)env_->chmod(p, file_mode());
     return true;
   }
 
@@ -91,16 +97,16 @@ class FileLeases final : public Leases {
     std::string p = path(key);
     lease::Holder h;
     ino_t ino;
-    if (read(p, &h, &ino) == 1 && h.token == me) ::unlink(p.c_str());
+    if (read(p, &h, &ino) == 1 && h.token == me) env_->unlink(p);
   }
 
   Status init() {
-    shared_ = util::folder_is_shared(dir_);
+    shared_ = util::folder_is_shared(dir_, *env_);
     std::string leases = dir_ + "/leases";
-    KCACHE_RETURN_IF_ERROR(util::make_dirs(leases, shared_ ? 02770 : 0700));
+    KCACHE_RETURN_IF_ERROR(util::make_dirs(leases, shared_ ? 02770 : 0700, *env_));
     if (shared_) {
       struct stat st;
-      if (::stat(leases.c_str(), &st) == 0 && st.st_uid == ::geteuid()) (void)::chmod(leases.c_str(), 02770);
+      if (env_->stat(leases, &st) == 0 && st.st_uid == ::geteuid()) (void)env_->chmod(leases, 02770);
     }
     return Status();
   }
@@ -110,14 +116,14 @@ class FileLeases final : public Leases {
 
   // Creates the lease file exclusively: acquired, busy (it exists) or error.
   LeaseResult create(const std::string& p, uint64_t me, uint64_t ttl_ms) {
-    int fd = ::open(p.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, file_mode());
+    int fd = env_->open(p, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, file_mode());
     if (fd < 0) return errno == EEXIST ? LeaseResult::busy : LeaseResult::error;
-    if (shared_) (void)::fchmod(fd, file_mode());
-    std::string rec = lease::encode(lease::self(me, ttl_ms));
-    bool ok = ::write(fd, rec.data(), rec.size()) == static_cast<ssize_t>(rec.size());
-    ::close(fd);
+    if (shared_) (void)env_->fchmod(fd, file_mode());
+    std::string rec = lease::encode(lease::self(me, ttl_ms, env_->now_unix_ms()));
+    bool ok = env_->write(fd, rec.data(), rec.size()) == static_cast<ssize_t>(rec.size());
+    env_->close(fd);
     if (!ok) {
-      ::unlink(p.c_str());
+      env_->unlink(p);
       return LeaseResult::error;
     }
     return LeaseResult::acquired;
@@ -127,31 +133,32 @@ class FileLeases final : public Leases {
   // inode (*ino) belong to the same file. 1: record read; 0: unreadable but
   // young (being written); 2: unreadable and old (stale); 3: no such file.
   int read(const std::string& p, lease::Holder* h, ino_t* ino) {
-    int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
+    int fd = env_->open(p, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return 3;
     struct stat st;
     char buf[lease::kHolderSize + 1];
-    ssize_t n = ::fstat(fd, &st) == 0 ? ::pread(fd, buf, sizeof buf, 0) : -1;
-    ::close(fd);
+    ssize_t n = env_->fstat(fd, &st) == 0 ? env_->pread(fd, buf, sizeof buf, 0) : -1;
+    env_->close(fd);
     if (n < 0) return 3;
     *ino = st.st_ino;
     if (lease::decode(std::string_view(buf, static_cast<size_t>(n)), h)) return 1;
     uint64_t mt = static_cast<uint64_t>(st.st_mtim.tv_sec) * 1000 + st.st_mtim.tv_nsec / 1000000;
-    return mt + kPartialGraceMs < util::now_unix_ms() ? 2 : 0;
+    return mt + kPartialGraceMs < env_->now_unix_ms() ? 2 : 0;
   }
 
   unsigned file_mode() const noexcept { return shared_ ? 0640 : 0600; }
 
   std::string dir_;
-  bool shared_ = false;  // dir_ is shared with its group
+  const std::shared_ptr<Env> env_;  // never null
+  bool shared_ = false;             // dir_ is shared with its group
   lease::Token token_;
   std::atomic<uint64_t> takeovers_{0};
 };
 
 }  // namespace
 
-Expected<std::shared_ptr<Leases>> open_file_leases(const std::string& dir) {
-  auto l = std::make_shared<FileLeases>(dir);
+Expected<std::shared_ptr<Leases>> open_file_leases(const std::string& dir, std::shared_ptr<Env> env) {
+  auto l = std::make_shared<FileLeases>(dir, std::move(env));
   KCACHE_RETURN_IF_ERROR(l->init());
   return std::shared_ptr<Leases>(std::move(l));
 }

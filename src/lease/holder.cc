@@ -108,13 +108,15 @@ uint64_t new_token() {
   return t;
 }
 
-Holder self(uint64_t token, uint64_t ttl_ms) {
+Holder self(uint64_t token, uint64_t ttl_ms) { return self(token, ttl_ms, util::now_unix_ms()); }
+
+Holder self(uint64_t token, uint64_t ttl_ms, uint64_t now_ms) {
   const Self me = this_process();
   Holder h;
   h.token = token;
   h.pid = me.pid;
   h.start_ticks = me.ticks;
-  h.expiry_ms = util::now_unix_ms() + ttl_ms;
+  h.expiry_ms = now_ms + ttl_ms;
   h.host = host_id();
   return h;
 }

@@ -31,8 +31,10 @@ inline constexpr size_t kHolderSize = 48;
 std::string encode(const Holder& h);
 bool decode(std::string_view s, Holder* out);
 
-// This process, with the given token, expiring ttl_ms from now.
+// This process, with the given token, expiring ttl_ms from now (or from
+// now_ms, a wall-clock time of the caller's Env).
 Holder self(uint64_t token, uint64_t ttl_ms);
+Holder self(uint64_t token, uint64_t ttl_ms, uint64_t now_ms);
 uint64_t new_token();
 
 // A Leases object's holder token. A child of fork() gets a fresh one: it is

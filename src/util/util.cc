@@ -178,18 +178,18 @@ Status errno_status(int err, std::string_view what) {
   return Status(c, std::string(what) + ": " + std::strerror(err));
 }
 
-int flock_within(int fd, int op, uint64_t bound_ms) noexcept {
-  const uint64_t now = now_mono_us();
+int flock_within(int fd, int op, uint64_t bound_ms, Env& env) noexcept {
+  const uint64_t now = env.now_mono_us();
   const uint64_t deadline = bound_ms > (UINT64_MAX - now) / 1000 ? UINT64_MAX : now + bound_ms * 1000;
-  for (useconds_t nap_us = 100;; nap_us = std::min<useconds_t>(nap_us * 2, 2000)) {
-    if (::flock(fd, op | LOCK_NB) == 0) return 0;
+  for (uint64_t nap_us = 100;; nap_us = std::min<uint64_t>(nap_us * 2, 2000)) {
+    if (env.flock(fd, op | LOCK_NB) == 0) return 0;
     if (errno != EWOULDBLOCK && errno != EINTR) return errno;
-    if (now_mono_us() >= deadline) return ETIMEDOUT;
-    ::usleep(nap_us);
+    if (env.now_mono_us() >= deadline) return ETIMEDOUT;
+    env.sleep_us(nap_us);
   }
 }
 
-Status make_dirs(const std::string& path, unsigned mode) {
+Status make_dirs(const std::string& path, unsigned mode, Env& env) {
   if (path.empty()) return Status(Errc::invalid_argument, "empty folder name");
   std::string cur;
   size_t pos = 0;
@@ -197,36 +197,36 @@ Status make_dirs(const std::string& path, unsigned mode) {
     pos = path.find('/', pos + 1);
     cur = path.substr(0, pos);
     if (cur.empty()) continue;
-    if (::mkdir(cur.c_str(), mode) != 0 && errno != EEXIST) return errno_status(errno, "mkdir " + cur);
+    if (env.mkdir(cur, mode) != 0 && errno != EEXIST) return errno_status(errno, "mkdir " + cur);
   }
   struct stat st;
-  if (::stat(path.c_str(), &st) != 0) return errno_status(errno, "stat " + path);
+  if (env.stat(path, &st) != 0) return errno_status(errno, "stat " + path);
   if (!S_ISDIR(st.st_mode)) return Status(Errc::io_error, path + " is not a folder");
   return Status();
 }
 
-Expected<std::string> read_file(const std::string& path, uint64_t max_bytes) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+Expected<std::string> read_file(const std::string& path, uint64_t max_bytes, Env& env) {
+  int fd = env.open(path, O_RDONLY | O_CLOEXEC);
   if (fd < 0) return errno_status(errno, "open " + path);
   struct stat st;
-  if (::fstat(fd, &st) != 0) {
+  if (env.fstat(fd, &st) != 0) {
     int e = errno;
-    ::close(fd);
+    env.close(fd);
     return errno_status(e, "stat " + path);
   }
   if (static_cast<uint64_t>(st.st_size) > max_bytes) {
-    ::close(fd);
+    env.close(fd);
     return Status(Errc::too_large, path);
   }
   std::string out;
   out.resize(static_cast<size_t>(st.st_size));
   size_t got = 0;
   while (got < out.size()) {
-    ssize_t n = ::read(fd, out.data() + got, out.size() - got);
+    ssize_t n = env.read(fd, out.data() + got, out.size() - got);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) {
       int e = errno;
-      ::close(fd);
+      env.close(fd);
       return errno_status(e, "read " + path);
     }
     if (n == 0) break;
@@ -236,16 +236,16 @@ Expected<std::string> read_file(const std::string& path, uint64_t max_bytes) {
   // A file that grew while read (e.g. /proc): read the rest.
   char buf[65536];
   for (;;) {
-    ssize_t n = ::read(fd, buf, sizeof buf);
+    ssize_t n = env.read(fd, buf, sizeof buf);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) break;
     out.append(buf, static_cast<size_t>(n));
     if (out.size() > max_bytes) {
-      ::close(fd);
+      env.close(fd);
       return Status(Errc::too_large, path);
     }
   }
-  ::close(fd);
+  env.close(fd);
   return out;
 }
 
@@ -281,8 +281,8 @@ static std::string random_suffix() {
   return buf;
 }
 
-Status write_file_atomic(const std::string& path, std::string_view data, bool sync) {
-  return write_file_atomic_via(path + ".tmp", path, data, sync);
+Status write_file_atomic(const std::string& path, std::string_view data, bool sync, Env& env) {
+  return write_file_atomic_via(path + ".tmp", path, data, sync, 0600, env);
 }
 
 std::optional<bool> parse_bool(std::string_view v) noexcept {
@@ -295,36 +295,36 @@ std::optional<bool> parse_bool(std::string_view v) noexcept {
 }
 
 Status write_file_atomic_via(const std::string& tmp_prefix, const std::string& path, std::string_view data, bool sync,
-                             unsigned mode) {
+                             unsigned mode, Env& env) {
   std::string tmp = tmp_prefix + "." + random_suffix();
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode);
+  int fd = env.open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode);
   if (fd < 0) return errno_status(errno, "create " + tmp);
   size_t off = 0;
   while (off < data.size()) {
-    ssize_t n = ::write(fd, data.data() + off, data.size() - off);
+    ssize_t n = env.write(fd, data.data() + off, data.size() - off);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) {
       int e = errno;
-      ::close(fd);
-      ::unlink(tmp.c_str());
+      env.close(fd);
+      env.unlink(tmp);
       return errno_status(e, "write " + tmp);
     }
     off += static_cast<size_t>(n);
   }
-  if (sync && ::fdatasync(fd) != 0) {
+  if (sync && env.fdatasync(fd) != 0) {
     int e = errno;
-    ::close(fd);
-    ::unlink(tmp.c_str());
+    env.close(fd);
+    env.unlink(tmp);
     return errno_status(e, "fsync " + tmp);
   }
-  if (::close(fd) != 0) {
+  if (env.close(fd) != 0) {
     int e = errno;
-    ::unlink(tmp.c_str());
+    env.unlink(tmp);
     return errno_status(e, "close " + tmp);
   }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+  if (env.rename(tmp, path) != 0) {
     int e = errno;
-    ::unlink(tmp.c_str());
+    env.unlink(tmp);
     return errno_status(e, "rename " + tmp);
   }
   return Status();
@@ -458,9 +458,9 @@ Status check_trusted(const std::string& path, const StoreTrust& trust) {
                                                        "shares a store within a group)"));
 }
 
-bool folder_is_shared(const std::string& dir) {
+bool folder_is_shared(const std::string& dir, Env& env) {
   struct stat st;
-  return ::stat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode) && (st.st_mode & S_ISGID) && (st.st_mode & S_IWGRP);
+  return env.stat(dir, &st) == 0 && S_ISDIR(st.st_mode) && (st.st_mode & S_ISGID) && (st.st_mode & S_IWGRP);
 }
 
 void share_with_group(const std::string& path, const StoreTrust& trust) {

@@ -7,6 +7,7 @@
 #include <string>
 #include <string_view>
 
+#include "kcache/env.h"
 #include "kcache/status.h"
 
 namespace kcache::util {
@@ -43,18 +44,19 @@ Status errno_status(int err, std::string_view what);
 // flock(fd, op) (LOCK_EX or LOCK_SH) that gives up after `bound_ms`: a
 // process stopped while holding the lock can never hang the caller.
 // Returns 0, ETIMEDOUT once the bound passed, or flock's own errno.
-int flock_within(int fd, int op, uint64_t bound_ms) noexcept;
+// The file helpers below do their system calls and waits through `env`.
+int flock_within(int fd, int op, uint64_t bound_ms, Env& env = *Env::posix()) noexcept;
 // mkdir -p with `mode` for the folders it creates.
-Status make_dirs(const std::string& path, unsigned mode = 0700);
-Expected<std::string> read_file(const std::string& path, uint64_t max_bytes = UINT64_MAX);
+Status make_dirs(const std::string& path, unsigned mode = 0700, Env& env = *Env::posix());
+Expected<std::string> read_file(const std::string& path, uint64_t max_bytes = UINT64_MAX, Env& env = *Env::posix());
 // Writes to a temp file beside `path`, fsyncs when `sync`, renames into place.
-Status write_file_atomic(const std::string& path, std::string_view data, bool sync = false);
+Status write_file_atomic(const std::string& path, std::string_view data, bool sync = false, Env& env = *Env::posix());
 // Writes `data` to a fresh temp file named `tmp_prefix`.<random>, then
 // renames it to `path` (which may be in another folder of the same file
 // system). The temp file is removed on any failure.
 // `mode` is the new file's permission bits (before the umask).
 Status write_file_atomic_via(const std::string& tmp_prefix, const std::string& path, std::string_view data,
-                             bool sync = false, unsigned mode = 0600);
+                             bool sync = false, unsigned mode = 0600, Env& env = *Env::posix());
 // ---- trust: files another user could have written -----------------------
 // Who may own and write the files of a disk store. By default only this
 // user (or root), and no one may have write permission through the group
@@ -80,7 +82,7 @@ void share_with_group(const std::string& path, const StoreTrust& trust);
 // leaves it (setgid, group-writable). Stores make what they create inside
 // such a folder readable (files) or writable (folders, counters, leases)
 // by the group, whatever the umask.
-bool folder_is_shared(const std::string& dir);
+bool folder_is_shared(const std::string& dir, Env& env = *Env::posix());
 
 // "1", "true", "yes", "on" / "0", "false", "no", "off"; nullopt otherwise.
 std::optional<bool> parse_bool(std::string_view s) noexcept;

@@ -25,7 +25,10 @@
 // never atime. Totals in `stats` drift only when a process dies between a
 // rename and the counter update (a few instructions); verify --fix and
 // clear recompute them.
-#include <dirent.h>
+//
+// Every file operation, clock read and sleep goes through the Env of the
+// options (kcache/env.h), so tests can fill the disk, make it read-only,
+// fail reads or move time by hand.
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
@@ -40,6 +43,7 @@
 #include <vector>
 
 #include "entry/buffer.h"
+#include "kcache/env.h"
 #include "kcache/tier.h"
 #include "tier/files/files_probe.h"
 #include "util/util.h"
@@ -58,26 +62,27 @@ void sub(uint64_t& v, uint64_t n) { v = n > v ? 0 : v - n; }
 // A temp-file name no other process or thread can pick: the pid and a
 // per-process sequence number are part of it (a random generator copied
 // into forked children would repeat itself there).
-std::string temp_name(const std::string& prefix) {
+std::string temp_name(Env& env, const std::string& prefix) {
   static std::atomic<uint64_t> seq{0};
   char b[64];
   std::snprintf(b, sizeof b, ".%d.%llu.%llx", static_cast<int>(::getpid()),
                 static_cast<unsigned long long>(seq.fetch_add(1, std::memory_order_relaxed)),
-                static_cast<unsigned long long>(util::now_mono_us()));
+                static_cast<unsigned long long>(env.now_mono_us()));
   return prefix + b;
 }
 
 // Writes data to a fresh temp file (synced when `sync`); on failure nothing
 // is left behind.
-Status write_temp(const std::string& prefix, std::string_view data, bool sync, unsigned mode, std::string* out) {
-  std::string tmp = temp_name(prefix);
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode);
+Status write_temp(Env& env, const std::string& prefix, std::string_view data, bool sync, unsigned mode,
+                  std::string* out) {
+  std::string tmp = temp_name(env, prefix);
+  int fd = env.open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode);
   if (fd < 0) return util::errno_status(errno, "create " + tmp);
-  if (mode != 0600) (void)::fchmod(fd, mode);
+  if (mode != 0600) (void)env.fchmod(fd, mode);
   size_t off = 0;
   int err = 0;
   while (off < data.size()) {
-    ssize_t n = ::write(fd, data.data() + off, data.size() - off);
+    ssize_t n = env.write(fd, data.data() + off, data.size() - off);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
       err = n < 0 ? errno : ENOSPC;
@@ -85,10 +90,10 @@ Status write_temp(const std::string& prefix, std::string_view data, bool sync, u
     }
     off += static_cast<size_t>(n);
   }
-  if (!err && sync && ::fdatasync(fd) != 0) err = errno;
-  if (::close(fd) != 0 && !err) err = errno;
+  if (!err && sync && env.fdatasync(fd) != 0) err = errno;
+  if (env.close(fd) != 0 && !err) err = errno;
   if (err) {
-    ::unlink(tmp.c_str());
+    env.unlink(tmp);
     return util::errno_status(err, "write " + tmp);
   }
   *out = std::move(tmp);
@@ -97,7 +102,7 @@ Status write_temp(const std::string& prefix, std::string_view data, bool sync, u
 
 class FilesTier final : public Tier {
  public:
-  FilesTier(std::string dir, const DiskTierOptions& o) : dir_(std::move(dir)) {
+  FilesTier(std::string dir, const DiskTierOptions& o) : dir_(std::move(dir)), env_(o.env ? o.env : Env::posix()) {
     max_bytes_ = effective_max_bytes(o);
     max_entries_ = effective_max_entries(o);
     low_water_ = o.low_water > 0 && o.low_water < 1 ? o.low_water : 0.8;
@@ -109,20 +114,20 @@ class FilesTier final : public Tier {
   ~FilesTier() override { (void)flush(); }
 
   Status init() {
-    shared_ = util::folder_is_shared(dir_);
+    shared_ = util::folder_is_shared(dir_, *env_);
     Status st = make_dir(dir_ + "/tmp", /*parents=*/true);
     if (st.is_ok()) {
       int fd = open_shared_rw(dir_ + "/stats", O_RDWR | O_CREAT | O_CLOEXEC);
       if (fd < 0)
         st = util::errno_status(errno, "open " + dir_ + "/stats");
       else
-        ::close(fd);
+        env_->close(fd);
     }
     if (!st.is_ok()) {
       // A store this process may only read (a read-only mount, a shipped
       // folder of another user) still serves lookups; its writes fail as
       // read_only, which the Cache takes as "stop writing here".
-      if (st.code() == Errc::read_only && ::access(dir_.c_str(), R_OK | X_OK) == 0) {
+      if (st.code() == Errc::read_only && env_->access(dir_, R_OK | X_OK) == 0) {
         KCACHE_LOG(LogLevel::info, "files store %s is read-only here (%s)", dir_.c_str(), st.to_string().c_str());
         return Status();
       }
@@ -156,18 +161,24 @@ class FilesTier final : public Tier {
       }
     }
     for (const auto& [k, ms] : touched) set_mtime_ms(path_of(k), ms);  // gone meanwhile: fine
-    return add_counters(d);
+    Status st = add_counters(d);
+    if (!st.is_ok()) {
+      // Not stored (a read-only or failing disk): keep counting them here.
+      std::lock_guard lk(mu_);
+      for (int i = 0; i < c_count; ++i) pending_[i] += d[i];
+    }
+    return st;
   }
 
-  Expected<uint64_t> mark() override { return recency_mark(); }
-
-  static void set_mtime_ms(const std::string& path, uint64_t ms) {
-    struct timespec ts[2];
-    ts[0].tv_nsec = UTIME_OMIT;
-    ts[1].tv_sec = static_cast<time_t>(ms / 1000);
-    ts[1].tv_nsec = static_cast<long>((ms % 1000) * 1000000);
-    ::utimensat(AT_FDCWD, path.c_str(), ts, 0);
+  // Tier::recency_mark on this tier's clock, which also stamps the mtimes.
+  Expected<uint64_t> mark() override {
+    KCACHE_RETURN_IF_ERROR(flush());
+    const uint64_t now = env_->now_unix_ms();
+    while (env_->now_unix_ms() <= now) env_->sleep_us(100);
+    return now + 1;
   }
+
+  void set_mtime_ms(const std::string& path, uint64_t ms) { (void)env_->set_mtime_ms(path, ms); }
 
   Status list(const std::function<bool(const ListItem&)>& fn) override {
     bool go = true;
@@ -197,7 +208,7 @@ class FilesTier final : public Tier {
       }
       if (!e) {
         rep.bad.emplace_back(k, e.error().message());
-        if (fix && ::unlink(p.c_str()) == 0) ++rep.removed;
+        if (fix && env_->unlink(p) == 0) ++rep.removed;
       }
     }
     if (other_format)
@@ -225,7 +236,7 @@ class FilesTier final : public Tier {
     std::vector<std::string> paths;
     KCACHE_RETURN_IF_ERROR(scan([&](const Key&, const std::string& p, const struct stat&) { paths.push_back(p); }));
     for (const auto& p : paths)
-      if (::unlink(p.c_str()) != 0 && errno != ENOENT) return util::errno_status(errno, "unlink " + p);
+      if (env_->unlink(p) != 0 && errno != ENOENT) return util::errno_status(errno, "unlink " + p);
     return recount();
   }
 
@@ -254,7 +265,7 @@ class FilesTier final : public Tier {
     {
       std::lock_guard lk(mu_);
       ++pending_[c_hits];
-      if (writes) touched_[key] = util::now_unix_ms();
+      if (writes) touched_[key] = env_->now_unix_ms();
       flush_now = writes && touched_.size() >= batch_;
     }
     if (flush_now) (void)flush();
@@ -278,12 +289,12 @@ class FilesTier final : public Tier {
     // key cannot both count it as new.
     std::string tmp_prefix = dir_ + "/tmp/" + entry.key().hex();
     std::string tmp;
-    Status st = write_temp(tmp_prefix, enc, sync_, entry_mode(), &tmp);
+    Status st = write_temp(*env_, tmp_prefix, enc, sync_, entry_mode(), &tmp);
     if (st.code() == Errc::not_found) {
       // tmp/ was removed (a cleaner, a user): make it again rather than fail
       // every later write.
       (void)make_dir(dir_ + "/tmp", /*parents=*/true);
-      st = write_temp(tmp_prefix, enc, sync_, entry_mode(), &tmp);
+      st = write_temp(*env_, tmp_prefix, enc, sync_, entry_mode(), &tmp);
     }
     if (!st.is_ok()) {
       count(c_errors);
@@ -291,13 +302,13 @@ class FilesTier final : public Tier {
     }
     // The recency record starts at kcache's own clock, not the file
     // system's coarser one, so marks (Tier::mark) compare exactly.
-    set_mtime_ms(tmp, util::now_unix_ms());
+    set_mtime_ms(tmp, env_->now_unix_ms());
     uint64_t totals[c_count];
     st = with_counters(
         [&](uint64_t* v) {
           struct stat old;
-          bool replaced = ::stat(final_path.c_str(), &old) == 0;
-          if (::rename(tmp.c_str(), final_path.c_str()) != 0) return util::errno_status(errno, "rename " + tmp);
+          bool replaced = env_->stat(final_path, &old) == 0;
+          if (env_->rename(tmp, final_path) != 0) return util::errno_status(errno, "rename " + tmp);
           v[c_puts] += 1;
           if (replaced) {
             sub(v[c_bytes], static_cast<uint64_t>(old.st_size));
@@ -309,7 +320,7 @@ class FilesTier final : public Tier {
         },
         totals);
     if (!st.is_ok()) {
-      ::unlink(tmp.c_str());
+      env_->unlink(tmp);
       count(c_errors);
       return st;
     }
@@ -333,11 +344,11 @@ class FilesTier final : public Tier {
   Status do_remove(const Key& key) override {
     std::string p = path_of(key);
     struct stat pre;
-    if (::stat(p.c_str(), &pre) != 0) return Status();
+    if (env_->stat(p, &pre) != 0) return Status();
     return with_counters([&](uint64_t* v) {
       struct stat st;
-      if (::stat(p.c_str(), &st) != 0) return Status();
-      if (::unlink(p.c_str()) != 0) {
+      if (env_->stat(p, &st) != 0) return Status();
+      if (env_->unlink(p) != 0) {
         if (errno == ENOENT) return Status();
         return util::errno_status(errno, "unlink " + p);
       }
@@ -371,19 +382,20 @@ class FilesTier final : public Tier {
   unsigned entry_mode() const noexcept { return shared_ ? 0640 : 0600; }
   // With `parents`, missing folders above it are made too (as mkdir -p).
   Status make_dir(const std::string& path, bool parents = false) const {
-    if (::mkdir(path.c_str(), shared_ ? 02770 : 0700) != 0) {
+    if (env_->mkdir(path, shared_ ? 02770 : 0700) != 0) {
       if (errno == EEXIST) return Status();
-      if (errno == ENOENT && parents) return util::make_dirs(path, shared_ ? 02770 : 0700);
+      if (errno == ENOENT && parents) return util::make_dirs(path, shared_ ? 02770 : 0700, *env_);
       return util::errno_status(errno, "mkdir " + path);
     }
-    if (shared_) (void)::chmod(path.c_str(), 02770);
+    if (shared_) (void)env_->chmod(path, 02770);
     return Status();
   }
   int open_shared_rw(const std::string& path, int flags) const {
-    int fd = ::open(path.c_str(), flags, shared_ ? 0660 : 0600);
+    int fd = env_->open(path, flags, shared_ ? 0660 : 0600);
     if (fd >= 0 && shared_ && (flags & O_CREAT)) {
       struct stat st;
-      if (::fstat(fd, &st) == 0 && st.st_uid == ::geteuid() && (st.st_mode & 0777) != 0660) (void)::fchmod(fd, 0660);
+      if (env_->fstat(fd, &st) == 0 && st.st_uid == ::geteuid() && (st.st_mode & 0777) != 0660)
+        (void)env_->fchmod(fd, 0660);
     }
     return fd;
   }
@@ -399,33 +411,33 @@ class FilesTier final : public Tier {
   }
 
   Expected<Entry> read_entry(const Key& key, const std::string& p) {
-    int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
+    int fd = env_->open(p, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return util::errno_status(errno, "open " + p);
     struct stat st;
-    if (::fstat(fd, &st) != 0) {
+    if (env_->fstat(fd, &st) != 0) {
       int e = errno;
-      ::close(fd);
+      env_->close(fd);
       return util::errno_status(e, "stat " + p);
     }
     uint64_t size = static_cast<uint64_t>(st.st_size);
     if (size < kEntryHeaderSize || size > kMaxEntrySize + kEntryHeaderSize) {
-      ::close(fd);
+      env_->close(fd);
       return Status(Errc::corrupt, "file size " + std::to_string(size) + " is impossible");
     }
     auto buf = std::make_shared<AlignedBuffer>(size);
     size_t got = 0;
     while (got < size) {
-      ssize_t n = ::pread(fd, buf->data() + got, size - got, static_cast<off_t>(got));
+      ssize_t n = env_->pread(fd, buf->data() + got, size - got, static_cast<off_t>(got));
       if (n < 0 && errno == EINTR) continue;
       if (n < 0) {
         int e = errno;
-        ::close(fd);
+        env_->close(fd);
         return util::errno_status(e, "read " + p);
       }
       if (n == 0) break;
       got += static_cast<size_t>(n);
     }
-    ::close(fd);
+    env_->close(fd);
     if (got != size) return Status(Errc::corrupt, "file shrank while read");
     return Entry::decode(std::move(buf), &key);
   }
@@ -433,16 +445,16 @@ class FilesTier final : public Tier {
   // Unlinks p only if it is still the file we found bad (a writer may have
   // just published a good one in its place).
   void remove_if_same(const std::string& p) {
-    int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
+    int fd = env_->open(p, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return;
     struct stat a;
-    bool ok = ::fstat(fd, &a) == 0;
-    ::close(fd);
+    bool ok = env_->fstat(fd, &a) == 0;
+    env_->close(fd);
     if (!ok) return;
     (void)with_counters([&](uint64_t* v) {
       struct stat b;
-      if (::stat(p.c_str(), &b) != 0 || a.st_ino != b.st_ino || a.st_dev != b.st_dev) return Status();
-      if (::unlink(p.c_str()) == 0) {
+      if (env_->stat(p, &b) != 0 || a.st_ino != b.st_ino || a.st_dev != b.st_dev) return Status();
+      if (env_->unlink(p) == 0) {
         sub(v[c_entries], 1);
         sub(v[c_bytes], static_cast<uint64_t>(a.st_size));
       }
@@ -451,11 +463,13 @@ class FilesTier final : public Tier {
   }
 
   Status read_counters(uint64_t* v) {
-    int fd = ::open((dir_ + "/stats").c_str(), O_RDONLY | O_CLOEXEC);
+    int fd = env_->open(dir_ + "/stats", O_RDONLY | O_CLOEXEC);
     if (fd < 0) return util::errno_status(errno, "open stats");
     char b[8 * c_count] = {};
-    ssize_t n = ::pread(fd, b, sizeof b, 0);
-    ::close(fd);
+    ssize_t n = env_->pread(fd, b, sizeof b, 0);
+    int e = errno;
+    env_->close(fd);
+    if (n < 0) return util::errno_status(e, "read stats");
     for (int i = 0; i < c_count; ++i) v[i] = n == static_cast<ssize_t>(sizeof b) ? util::get_u64(b + 8 * i) : 0;
     return Status();
   }
@@ -487,9 +501,18 @@ class FilesTier final : public Tier {
       restore();
       return st;
     }
-    while (::flock(fd, LOCK_EX) != 0 && errno == EINTR) {}
+    while (env_->flock(fd, LOCK_EX) != 0 && errno == EINTR) {}
     char b[8 * c_count] = {};
-    ssize_t n = ::pread(fd, b, sizeof b, 0);
+    ssize_t n = env_->pread(fd, b, sizeof b, 0);
+    if (n < 0) {
+      // Unreadable totals must not be replaced by this process's deltas
+      // alone: keep them pending and leave the file as it is.
+      Status rs = util::errno_status(errno, "read " + p);
+      env_->flock(fd, LOCK_UN);
+      env_->close(fd);
+      restore();
+      return rs;
+    }
     uint64_t v[c_count];
     for (int i = 0; i < c_count; ++i) {
       v[i] = n == static_cast<ssize_t>(sizeof b) ? util::get_u64(b + 8 * i) : 0;
@@ -502,11 +525,12 @@ class FilesTier final : public Tier {
     Status st = fn(v);
     std::string w;
     for (int i = 0; i < c_count; ++i) util::put_u64(w, v[i]);
-    ssize_t wn = ::pwrite(fd, w.data(), w.size(), 0);
+    ssize_t wn = env_->pwrite(fd, w.data(), w.size(), 0);
     int e = errno;
-    ::flock(fd, LOCK_UN);
-    ::close(fd);
+    env_->flock(fd, LOCK_UN);
+    env_->close(fd);
     if (wn != static_cast<ssize_t>(w.size())) {
+      restore();  // the deltas taken from pending_ were not stored
       if (st.is_ok()) st = util::errno_status(wn < 0 ? e : ENOSPC, "write " + p);
       if (!st.is_ok()) return st;
     }
@@ -536,24 +560,23 @@ class FilesTier final : public Tier {
 
   // Calls fn for every entry file; also collects stale temp files.
   Status scan(const std::function<void(const Key&, const std::string&, const struct stat&)>& fn) {
+    std::vector<std::string> names;
     for (int s = 0; s < 256; ++s) {
       char sh[3];
       std::snprintf(sh, sizeof sh, "%02x", s);
       std::string d = dir_ + "/" + sh;
-      DIR* dp = ::opendir(d.c_str());
-      if (!dp) continue;
-      while (struct dirent* de = ::readdir(dp)) {
-        std::string_view n = de->d_name;
+      names.clear();
+      if (env_->list_dir(d, &names) != 0) continue;
+      for (const std::string& n : names) {
         if (n.size() != 36 || !n.ends_with(".kce")) continue;
-        auto k = Digest::from_hex(n.substr(0, 32));
+        auto k = Digest::from_hex(std::string_view(n).substr(0, 32));
         if (!k) continue;
-        std::string p = d + "/" + std::string(n);
+        std::string p = d + "/" + n;
         struct stat st;
-        if (::stat(p.c_str(), &st) != 0) continue;
+        if (env_->stat(p, &st) != 0) continue;
         g_files_visited.fetch_add(1, std::memory_order_relaxed);
         fn(*k, p, st);
       }
-      ::closedir(dp);
     }
     collect_temps();
     return Status();
@@ -562,18 +585,17 @@ class FilesTier final : public Tier {
   void collect_temps() {
     if (!repair_.load(std::memory_order_relaxed)) return;
     std::string d = dir_ + "/tmp";
-    DIR* dp = ::opendir(d.c_str());
-    if (!dp) return;
-    uint64_t now = util::now_unix_ms();
-    while (struct dirent* de = ::readdir(dp)) {
-      if (de->d_name[0] == '.') continue;
-      std::string p = d + "/" + de->d_name;
+    std::vector<std::string> names;
+    if (env_->list_dir(d, &names) != 0) return;
+    uint64_t now = env_->now_unix_ms();
+    for (const std::string& n : names) {
+      if (n[0] == '.') continue;
+      std::string p = d + "/" + n;
       struct stat st;
-      if (::stat(p.c_str(), &st) != 0) continue;
+      if (env_->stat(p, &st) != 0) continue;
       uint64_t mt = static_cast<uint64_t>(st.st_mtim.tv_sec) * 1000;
-      if (mt + stale_temp_ms_ < now) ::unlink(p.c_str());
+      if (mt + stale_temp_ms_ < now) env_->unlink(p);
     }
-    ::closedir(dp);
   }
 
   // Sets entries/bytes from a walk of the store, under the counters' lock so
@@ -598,14 +620,14 @@ class FilesTier final : public Tier {
     for (int attempt = 0; attempt < 2; ++attempt) {
       int fd = open_shared_rw(p, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC);
       if (fd >= 0) {
-        ::close(fd);
+        env_->close(fd);
         return true;
       }
       struct stat st;
-      if (errno != EEXIST || ::stat(p.c_str(), &st) != 0) return false;
+      if (errno != EEXIST || env_->stat(p, &st) != 0) return false;
       uint64_t mt = static_cast<uint64_t>(st.st_mtim.tv_sec) * 1000;
-      if (mt + kLeaseStaleMs > util::now_unix_ms()) return false;
-      ::unlink(p.c_str());
+      if (mt + kLeaseStaleMs > env_->now_unix_ms()) return false;
+      env_->unlink(p);
     }
     return false;
   }
@@ -655,10 +677,10 @@ class FilesTier final : public Tier {
         for (const auto& it : items) {
           if (v[c_bytes] <= target_bytes && v[c_entries] <= target_entries) break;
           struct stat cur;
-          if (::stat(it.path.c_str(), &cur) != 0 || cur.st_ino != it.ino ||
+          if (env_->stat(it.path, &cur) != 0 || cur.st_ino != it.ino ||
               static_cast<uint64_t>(cur.st_mtim.tv_sec) * 1000000000ull + cur.st_mtim.tv_nsec != it.mtime_ns)
             continue;
-          if (::unlink(it.path.c_str()) == 0) {
+          if (env_->unlink(it.path) == 0) {
             sub(v[c_entries], 1);
             sub(v[c_bytes], static_cast<uint64_t>(cur.st_size));
             ++removed;
@@ -668,13 +690,14 @@ class FilesTier final : public Tier {
         return Status();
       });
     }
-    ::unlink((dir_ + "/evict.lease").c_str());
+    env_->unlink(dir_ + "/evict.lease");
     if (!st.is_ok()) return st;
     return removed;
   }
 
   std::string dir_;
-  bool shared_ = false;  // dir_ is shared with its group (see the top)
+  const std::shared_ptr<Env> env_;  // never null
+  bool shared_ = false;             // dir_ is shared with its group (see the top)
   uint64_t max_bytes_, max_entries_, max_entry_, stale_temp_ms_;
   double low_water_;
   unsigned batch_;

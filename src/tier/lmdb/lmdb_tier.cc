@@ -47,6 +47,7 @@
 #include <vector>
 
 #include "entry/buffer.h"
+#include "kcache/env.h"
 #include "kcache/tier.h"
 #include "tier/lmdb/lmdb_env.h"
 #include "util/util.h"
@@ -109,7 +110,8 @@ class PinnedBuffer final : public Buffer {
 
 class LmdbTier final : public Tier {
  public:
-  LmdbTier(std::shared_ptr<LmdbEnv> env, const DiskTierOptions& o) : env_(std::move(env)), opt_(o) {
+  LmdbTier(std::shared_ptr<LmdbEnv> env, const DiskTierOptions& o)
+      : env_(std::move(env)), opt_(o), clock_(Env::or_posix(opt_.env)) {
     max_bytes_ = effective_max_bytes(o);
     max_entries_ = effective_max_entries(o);
     low_water_ = o.low_water > 0 && o.low_water < 1 ? o.low_water : 0.8;
@@ -265,7 +267,10 @@ class LmdbTier final : public Tier {
   // Recency records (meta/lru) hold wall-clock ms of a put or a hit.
   Expected<uint64_t> mark() override {
     if (env_->inherited()) return env_->inherited_error();
-    return recency_mark();
+    KCACHE_RETURN_IF_ERROR(flush());
+    const uint64_t now = clock_.now_unix_ms();
+    while (clock_.now_unix_ms() <= now) clock_.sleep_us(100);
+    return now + 1;
   }
 
   Status list(const std::function<bool(const ListItem&)>& fn) override {
@@ -391,7 +396,7 @@ class LmdbTier final : public Tier {
     if (rc == MDB_NOTFOUND) rc = 0;
     for (MDB_dbi d : {env_->meta, env_->lru})
       if (!rc) rc = mdb_drop(txn, d, 0);
-    uint64_t now = util::now_unix_ms(), kept_bytes = 0;
+    uint64_t now = clock_.now_unix_ms(), kept_bytes = 0;
     for (const auto& [key, size] : kept) {
       if (!rc) rc = set_meta(txn, key, now, size);
       kept_bytes += size;
@@ -552,7 +557,7 @@ class LmdbTier final : public Tier {
     bool writes = repair_.load(std::memory_order_relaxed);
     {
       std::lock_guard lk(pend_mu_);
-      if (writes) touched_[key] = util::now_unix_ms();
+      if (writes) touched_[key] = clock_.now_unix_ms();
       ++pending_[c_hits];
       wake = writes && (touched_.size() >= batch_ || pending_[c_hits] + pending_[c_misses] >= 16 * batch_);
     }
@@ -746,7 +751,7 @@ class LmdbTier final : public Tier {
     }
     MDB_txn* txn = *txn_or;
     int rc = 0;
-    const uint64_t now = util::now_unix_ms();
+    const uint64_t now = clock_.now_unix_ms();
     for (const auto& [key, enc] : group) {
       uint64_t old_size = 0;
       if (!rc) rc = delete_locked(txn, key, &old_size);
@@ -877,7 +882,7 @@ class LmdbTier final : public Tier {
     }
     mdb_cursor_close(cur);
     rc = rc == MDB_NOTFOUND ? 0 : rc;
-    uint64_t now = util::now_unix_ms();
+    uint64_t now = clock_.now_unix_ms();
     for (const auto& [key, size] : missing)
       if (!rc) rc = set_meta(txn, key, now, size);
     if (!rc) rc = put_counter(txn, c_entries, n);
@@ -892,6 +897,9 @@ class LmdbTier final : public Tier {
 
   std::shared_ptr<LmdbEnv> env_;
   DiskTierOptions opt_;
+  // The clock of recency records and marks (opt_.env, or the system's);
+  // LMDB's own I/O does not go through it.
+  Env& clock_;
   uint64_t max_bytes_, max_entries_, max_entry_;
   double low_water_;
   unsigned batch_;

@@ -1,0 +1,167 @@
+// A fault-injecting Env for tests (LevelDB's SpecialEnv): the real file
+// system underneath, with switches that make it look full, read-only or
+// failing, and a clock that moves only when the test (or a sleep) moves it.
+//
+// The switches are atomics, so a test may flip them while other threads use
+// the Env. Counters say what was asked of it, for assertions.
+#pragma once
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstdint>
+#include <string>
+
+#include "kcache/env.h"
+
+namespace kcache::test {
+
+class FaultEnv final : public Env {
+ public:
+  FaultEnv() : base_(Env::posix()) {
+    mono_us_.store(base_->now_mono_us());
+    unix_us_.store(base_->now_unix_ms() * 1000);
+  }
+
+  // ---- switches --------------------------------------------------------------
+  std::atomic<bool> no_space{false};   // creates, writes, mkdir: ENOSPC
+  std::atomic<bool> read_only{false};  // creates, writes, renames, unlinks, mkdir, mtimes: EROFS
+  std::atomic<bool> io_error{false};   // read/pread: EIO
+  // Each fsync/fdatasync "takes" this long: the manual clock moves by it.
+  std::atomic<uint64_t> fsync_delay_ms{0};
+  // Off: the clock is the system's (and sleeps are real).
+  std::atomic<bool> manual_clock{true};
+
+  // ---- counters ----------------------------------------------------------------
+  std::atomic<uint64_t> opens{0}, creates{0}, reads{0}, writes{0}, fsyncs{0}, renames{0}, unlinks{0}, mtimes{0},
+      sleeps{0}, faults{0};
+  std::atomic<uint64_t> slept_us{0};  // total asked of sleep_us
+
+  // Moves the manual clock (both the monotonic and the wall clock) forward.
+  void advance(uint64_t ms) { advance_us(ms * 1000); }
+  void advance_us(uint64_t us) {
+    mono_us_.fetch_add(us);
+    unix_us_.fetch_add(us);
+  }
+
+  // ---- files ------------------------------------------------------------------
+  int open(const std::string& path, int flags, unsigned mode) override {
+    opens.fetch_add(1);
+    const bool writing = (flags & O_ACCMODE) != O_RDONLY || (flags & (O_CREAT | O_TRUNC));
+    const bool creating = (flags & O_CREAT) && ::access(path.c_str(), F_OK) != 0;
+    if (creating) creates.fetch_add(1);
+    if (read_only && writing) {
+      if ((flags & O_CREAT) && (flags & O_EXCL) && !creating) return fail(EEXIST);
+      return fail(EROFS);
+    }
+    if (no_space && creating) return fail(ENOSPC);
+    return base_->open(path, flags, mode);
+  }
+  int close(int fd) override { return base_->close(fd); }
+  ssize_t read(int fd, void* buf, size_t n) override {
+    reads.fetch_add(1);
+    if (io_error) return fail(EIO);
+    return base_->read(fd, buf, n);
+  }
+  ssize_t pread(int fd, void* buf, size_t n, off_t off) override {
+    reads.fetch_add(1);
+    if (io_error) return fail(EIO);
+    return base_->pread(fd, buf, n, off);
+  }
+  ssize_t write(int fd, const void* buf, size_t n) override {
+    writes.fetch_add(1);
+    if (int e = write_fault()) return fail(e);
+    return base_->write(fd, buf, n);
+  }
+  ssize_t pwrite(int fd, const void* buf, size_t n, off_t off) override {
+    writes.fetch_add(1);
+    if (int e = write_fault()) return fail(e);
+    return base_->pwrite(fd, buf, n, off);
+  }
+  int fsync(int fd) override {
+    synced();
+    return base_->fsync(fd);
+  }
+  int fdatasync(int fd) override {
+    synced();
+    return base_->fdatasync(fd);
+  }
+  int ftruncate(int fd, off_t size) override {
+    if (int e = write_fault()) return fail(e);
+    return base_->ftruncate(fd, size);
+  }
+  int fstat(int fd, struct stat* st) override { return base_->fstat(fd, st); }
+  int fchmod(int fd, unsigned mode) override {
+    if (read_only) return fail(EROFS);
+    return base_->fchmod(fd, mode);
+  }
+  int flock(int fd, int op) override { return base_->flock(fd, op); }
+  int stat(const std::string& path, struct stat* st) override { return base_->stat(path, st); }
+  int access(const std::string& path, int mode) override {
+    if (read_only && (mode & W_OK)) return fail(EROFS);
+    return base_->access(path, mode);
+  }
+  int chmod(const std::string& path, unsigned mode) override {
+    if (read_only) return fail(EROFS);
+    return base_->chmod(path, mode);
+  }
+  int mkdir(const std::string& path, unsigned mode) override {
+    if ((read_only || no_space) && ::access(path.c_str(), F_OK) == 0) return fail(EEXIST);
+    if (int e = write_fault()) return fail(e);
+    return base_->mkdir(path, mode);
+  }
+  int rename(const std::string& from, const std::string& to) override {
+    renames.fetch_add(1);
+    if (read_only) return fail(EROFS);
+    return base_->rename(from, to);
+  }
+  int unlink(const std::string& path) override {
+    unlinks.fetch_add(1);
+    if (read_only) return fail(EROFS);
+    return base_->unlink(path);
+  }
+  int set_mtime_ms(const std::string& path, uint64_t unix_ms) override {
+    mtimes.fetch_add(1);
+    if (read_only) return fail(EROFS);
+    return base_->set_mtime_ms(path, unix_ms);
+  }
+  int list_dir(const std::string& dir, std::vector<std::string>* names) override { return base_->list_dir(dir, names); }
+
+  // ---- time ---------------------------------------------------------------------
+  uint64_t now_mono_us() override { return manual_clock ? mono_us_.load() : base_->now_mono_us(); }
+  uint64_t now_unix_ms() override { return manual_clock ? unix_us_.load() / 1000 : base_->now_unix_ms(); }
+  void sleep_us(uint64_t us) override {
+    sleeps.fetch_add(1);
+    slept_us.fetch_add(us);
+    if (manual_clock)
+      advance_us(us);
+    else
+      base_->sleep_us(us);
+  }
+  // With the manual clock, a wait ends in a short real slice (the caller
+  // re-checks its clock), so threads waiting on it follow advance().
+  void wait_us(std::condition_variable& cv, std::unique_lock<std::mutex>& lk, uint64_t us) override {
+    if (!manual_clock) return base_->wait_us(cv, lk, us);
+    cv.wait_for(lk, std::chrono::microseconds(std::min<uint64_t>(us, 1000)));
+  }
+
+ private:
+  int fail(int e) {
+    faults.fetch_add(1);
+    errno = e;
+    return -1;
+  }
+  int write_fault() const { return read_only ? EROFS : no_space ? ENOSPC : 0; }
+  void synced() {
+    fsyncs.fetch_add(1);
+    if (uint64_t d = fsync_delay_ms.load()) sleep_us(d * 1000);
+  }
+
+  std::shared_ptr<Env> base_;
+  std::atomic<uint64_t> mono_us_{0}, unix_us_{0};
+};
+
+}  // namespace kcache::test
