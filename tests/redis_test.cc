@@ -38,8 +38,14 @@ uint64_t now_ms() {
 std::shared_ptr<RedisTier> redis(const std::string& url, RedisTierOptions o = {}) {
   auto t = make_redis_tier(url, o);
   EXPECT_TRUE(t.has_value()) << t.status().to_string();
-  if (!t) return nullptr;
-  return std::dynamic_pointer_cast<RedisTier>(*t);
+  return t ? *t : nullptr;
+}
+
+// The tier and its leases.
+Remote redis_remote(const std::string& url, RedisTierOptions o = {}) {
+  auto r = make_redis_remote(url, o);
+  EXPECT_TRUE(r.has_value()) << r.status().to_string();
+  return r ? *r : Remote{};
 }
 
 std::string entry_redis_key(const Key& k) { return "kcache:{" + k.hex() + "}"; }
@@ -393,7 +399,9 @@ TEST(Redis, FullWriteQueueDropsAndCounts) {
 TEST(Redis, LeasesGiveOneHolderAndExpire) {
   TempDir d;
   START_REDIS(srv, d);
-  auto a = redis(srv.url()), b = redis(srv.url());
+  Remote ra = redis_remote(srv.url()), rb = redis_remote(srv.url());
+  auto a = ra.leases, b = rb.leases;
+  ASSERT_TRUE(a && b);
   Key k = key_of(1);
   EXPECT_TRUE(*a->acquire_lease(k, 10000));
   EXPECT_FALSE(*b->acquire_lease(k, 10000));
@@ -409,14 +417,14 @@ TEST(Redis, LeasesGiveOneHolderAndExpire) {
   // The holder stores and releases (queued in that order): the waiter gets it.
   std::thread holder([&] {
     std::this_thread::sleep_for(Ms(100));
-    ASSERT_TRUE(a->put(make_entry(1)).is_ok());
+    ASSERT_TRUE(ra.tier->put(make_entry(1)).is_ok());
     a->release_lease(k);
   });
   auto got = b->wait_for(k, 5000);
   holder.join();
   ASSERT_TRUE(got.has_value());
   EXPECT_TRUE(entry_ok(*got, 1));
-  ASSERT_TRUE(a->flush().is_ok());
+  ASSERT_TRUE(ra.tier->flush().is_ok());
   RedisClient c("127.0.0.1", srv.port());
   EXPECT_EQ(c.str({"EXISTS", entry_redis_key(k) + ":lease"}), "0");
 
@@ -431,7 +439,7 @@ TEST(Redis, LeasesGiveOneHolderAndExpire) {
   b->release_lease(k2);
   a->release_lease(k2);  // not a's any more: must not remove b's next lease
   EXPECT_TRUE(*b->acquire_lease(k2, 10000));
-  ASSERT_TRUE(a->flush().is_ok());
+  ASSERT_TRUE(ra.tier->flush().is_ok());
   EXPECT_EQ(c.str({"EXISTS", entry_redis_key(k2) + ":lease"}), "1");
   EXPECT_EQ(b->counters().leases_taken, 2u);
   EXPECT_EQ(b->counters().leases_busy, 2u);

@@ -16,9 +16,9 @@ using namespace kcache::test;
 
 namespace {
 
-std::shared_ptr<RemoteTier> as_remote(Expected<std::shared_ptr<Tier>> t) {
-  EXPECT_TRUE(t.has_value()) << t.status().to_string();
-  return t ? std::dynamic_pointer_cast<RemoteTier>(*t) : nullptr;
+Remote as_remote(Expected<Remote> r) {
+  EXPECT_TRUE(r.has_value()) << r.status().to_string();
+  return r ? *r : Remote{};
 }
 
 class RemoteTest : public ::testing::TestWithParam<std::string> {
@@ -31,9 +31,9 @@ class RemoteTest : public ::testing::TestWithParam<std::string> {
     server_ = start_remote(GetParam());
     ASSERT_TRUE(server_->ok()) << server_->error();
   }
-  std::shared_ptr<RemoteTier> tier(RemoteTierOptions o = {}) {
-    return as_remote(make_remote_tier(server_->transport(), o));
-  }
+  // The tier and its leases.
+  Remote remote(RemoteTierOptions o = {}) { return as_remote(make_remote(server_->transport(), o)); }
+  std::shared_ptr<RemoteTier> tier(RemoteTierOptions o = {}) { return remote(o).tier; }
   // Short timeouts and a breaker that stays open for the whole test.
   static RemoteTierOptions quick() {
     RemoteTierOptions o;
@@ -272,7 +272,9 @@ TEST_P(RemoteConformance, GetManyMatchesGets) {
 }
 
 TEST_P(RemoteConformance, LeasesGiveOneHolderAndExpire) {
-  auto a = tier(), b = tier();
+  Remote ra = remote(), rb = remote();
+  auto a = ra.leases, b = rb.leases;
+  ASSERT_TRUE(a && b);
   Key k = key_of(1);
   EXPECT_TRUE(*a->acquire_lease(k, 10000));
   EXPECT_FALSE(*b->acquire_lease(k, 10000));
@@ -285,14 +287,14 @@ TEST_P(RemoteConformance, LeasesGiveOneHolderAndExpire) {
   // Store, then release (queued in that order): the waiter gets the entry.
   std::thread holder([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    ASSERT_TRUE(a->put(make_entry(1)).is_ok());
+    ASSERT_TRUE(ra.tier->put(make_entry(1)).is_ok());
     a->release_lease(k);
   });
   auto got = b->wait_for(k, 5000);
   holder.join();
   ASSERT_TRUE(got.has_value());
   EXPECT_TRUE(entry_ok(*got, 1));
-  ASSERT_TRUE(a->flush().is_ok());
+  ASSERT_TRUE(ra.tier->flush().is_ok());
   EXPECT_TRUE(*b->acquire_lease(k, 10000));
   // A lease whose holder goes away expires, and the next caller takes over.
   Key k2 = key_of(2);
@@ -303,23 +305,24 @@ TEST_P(RemoteConformance, LeasesGiveOneHolderAndExpire) {
   EXPECT_LT(mono_ms() - t0, 1500u);
   EXPECT_TRUE(*b->acquire_lease(k2, 10000));
   a->release_lease(k2);  // not a's any more: must not remove b's
-  ASSERT_TRUE(a->flush().is_ok());
+  ASSERT_TRUE(ra.tier->flush().is_ok());
   EXPECT_FALSE(*a->acquire_lease(k2, 10000));
   EXPECT_EQ(b->counters().leases_taken, 2u);
   EXPECT_EQ(b->counters().leases_busy, 2u);
 }
 
 TEST_P(RemoteConformance, CombinedLeasesQueueMachinesOnTheServer) {
-  auto a = tier(), b = tier();
-  auto la = make_remote_leases(a, nullptr), lb = make_remote_leases(b, nullptr);
+  Remote a = remote(), b = remote();
+  auto la = make_remote_leases(a.leases, nullptr), lb = make_remote_leases(b.leases, nullptr);
   ASSERT_TRUE(la && lb);
   EXPECT_EQ(la->acquire(key_of(1), 10000), LeaseResult::acquired);
   EXPECT_EQ(lb->acquire(key_of(1), 10000), LeaseResult::busy);
   la->release(key_of(1));
-  ASSERT_TRUE(a->flush().is_ok());
+  ASSERT_TRUE(a.tier->flush().is_ok());
   EXPECT_EQ(lb->acquire(key_of(1), 10000), LeaseResult::acquired);
-  // Not a remote tier: the local leases come back unchanged.
-  EXPECT_EQ(make_remote_leases(make_memory_tier(), nullptr), nullptr);
+  // No remote leases: the local leases come back unchanged.
+  EXPECT_EQ(make_remote_leases(nullptr, nullptr), nullptr);
+  EXPECT_EQ(make_remote_leases(nullptr, la), la);
 }
 
 TEST_P(RemoteConformance, ValuesExpireAfterTheirTtl) {
@@ -341,7 +344,8 @@ using RemoteFaults = RemoteTest;
 
 TEST_P(RemoteFaults, HungServerCostsOneTimeoutThenIsSkipped) {
   RemoteTierOptions o = quick();
-  auto t = tier(o);
+  Remote r0 = remote(o);
+  auto t = r0.tier;
   ASSERT_TRUE(t->get(key_of(1)).has_value());  // a pooled connection
   LogCapture log;
   server_->hang();
@@ -360,8 +364,8 @@ TEST_P(RemoteFaults, HungServerCostsOneTimeoutThenIsSkipped) {
     ASSERT_TRUE(g.has_value());
     EXPECT_FALSE(g->has_value());
   }
-  EXPECT_FALSE(t->acquire_lease(key_of(1), 1000).has_value());
-  EXPECT_FALSE(t->wait_for(key_of(1), 1000).has_value());
+  EXPECT_FALSE(r0.leases->acquire_lease(key_of(1), 1000).has_value());
+  EXPECT_FALSE(r0.leases->wait_for(key_of(1), 1000).has_value());
   EXPECT_TRUE(t->put(make_entry(9)).is_ok());
   EXPECT_LT(mono_ms() - t0, o.command_timeout_ms / 2);  // no second timeout
   RemoteCounters c = t->counters();
@@ -465,9 +469,10 @@ TEST_P(RemoteFaults, PutsNeverWaitForAHungServer) {
 // the re-check, the lease and the store share one timeout.
 TEST_P(RemoteFaults, ACompileThroughTheCachePaysAtMostOneTimeout) {
   RemoteTierOptions o = quick();
-  auto remote = tier(o);
+  Remote r = this->remote(o);
+  auto remote = r.tier;
   auto cache = Cache::with_tiers({make_memory_tier(), remote});
-  cache->set_leases(make_remote_leases(remote, nullptr));
+  cache->set_leases(make_remote_leases(r.leases, nullptr));
   auto fn = [](uint64_t i) {
     return [i]() -> Expected<std::vector<Artifact>> { return std::vector<Artifact>{{"obj", bytes_for(i, 100)}}; };
   };
@@ -501,9 +506,10 @@ TEST_P(RemoteFaults, ACompileThroughTheCachePaysAtMostOneTimeout) {
 TEST_P(RemoteFaults, APoisonedKeyIsOneLinePerCompile) {
   RemoteTierOptions o = quick();
   o.secret = "team-secret";
-  auto remote = tier(o);
+  Remote r = this->remote(o);
+  auto remote = r.tier;
   auto cache = Cache::with_tiers({remote});
-  cache->set_leases(make_remote_leases(remote, nullptr));
+  cache->set_leases(make_remote_leases(r.leases, nullptr));
   LogCapture log(LogLevel::warn);
   uint64_t compiles = 0;
   for (int round = 1; round <= 2; ++round) {
@@ -538,7 +544,8 @@ namespace {
 
 struct Injected {
   std::shared_ptr<FaultTransport> t = std::make_shared<FaultTransport>();
-  std::shared_ptr<RemoteTier> tier(RemoteTierOptions o) { return as_remote(make_remote_tier(t, o)); }
+  Remote remote(RemoteTierOptions o) { return as_remote(make_remote(t, t, o)); }
+  std::shared_ptr<RemoteTier> tier(RemoteTierOptions o) { return remote(o).tier; }
 };
 
 }  // namespace
@@ -615,18 +622,19 @@ TEST(RemoteInjected, EachFaultIsCountedByItsKind) {
 
 TEST(RemoteInjected, WrongTypeRepliesNeverOpenTheBreaker) {
   Injected x;
-  auto t = x.tier({});
+  Remote rt = x.remote({});
+  auto t = rt.tier;
   x.t->inject(FaultTransport::Fault::wrong_type);
   for (int i = 0; i < 10; ++i) {
     auto r = t->get(key_of(i));
     ASSERT_TRUE(r.has_value());
     EXPECT_FALSE(r->has_value());
   }
-  EXPECT_FALSE(t->acquire_lease(key_of(1), 1000).has_value());
+  EXPECT_FALSE(rt.leases->acquire_lease(key_of(1), 1000).has_value());
   EXPECT_FALSE(t->breaker_open());
   EXPECT_EQ(t->counters().bad_replies, 11u);
   x.t->inject(FaultTransport::Fault::none);
-  EXPECT_TRUE(*t->acquire_lease(key_of(1), 1000));
+  EXPECT_TRUE(*rt.leases->acquire_lease(key_of(1), 1000));
 }
 
 TEST(RemoteInjected, AFailedProbeReopensWithoutANewWarning) {
