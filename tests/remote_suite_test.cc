@@ -5,8 +5,10 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <mutex>
 #include <set>
 #include <thread>
+#include <vector>
 
 #include "kcache/cache.h"
 #include "remote_backends.h"
@@ -674,4 +676,186 @@ TEST(RemoteInjected, TheTransportGetsThePolicysTimeouts) {
   uint64_t dt = mono_ms() - t0;
   EXPECT_GE(dt, 65u);
   EXPECT_LT(dt, 500u);
+}
+
+// ---- the value store apart from the lease backend ------------------------------
+
+namespace {
+
+// A server without leases: the value store of a FaultTransport, and nothing
+// else.
+class ValuesOnly final : public RemoteTransport {
+ public:
+  explicit ValuesOnly(std::shared_ptr<FaultTransport> t) : t_(std::move(t)) {}
+  std::string_view name() const noexcept override { return "values-only"; }
+  void set_timeouts(uint64_t connect_ms, uint64_t command_ms) override { t_->set_timeouts(connect_ms, command_ms); }
+  Expected<RemoteBytes> get(const Key& key) override { return t_->get(key); }
+  Status get_many(std::span<const Key> keys, std::vector<Expected<RemoteBytes>>* out) override {
+    return t_->get_many(keys, out);
+  }
+  Status set(const Key& key, std::string_view value, uint64_t ttl_ms) override { return t_->set(key, value, ttl_ms); }
+  Status remove(const Key& key) override { return t_->remove(key); }
+
+ private:
+  std::shared_ptr<FaultTransport> t_;
+};
+
+// Both parts of a FaultTransport, recording the order in which writes and
+// lease releases reach the server (each when its call returns).
+class Recording final : public RemoteTransport, public RemoteLeaseBackend {
+ public:
+  explicit Recording(std::shared_ptr<FaultTransport> t) : t_(std::move(t)) {}
+  std::string_view name() const noexcept override { return t_->name(); }
+  void set_timeouts(uint64_t connect_ms, uint64_t command_ms) override { t_->set_timeouts(connect_ms, command_ms); }
+  Expected<RemoteBytes> get(const Key& key) override { return t_->get(key); }
+  Status get_many(std::span<const Key> keys, std::vector<Expected<RemoteBytes>>* out) override {
+    return t_->get_many(keys, out);
+  }
+  Status set(const Key& key, std::string_view value, uint64_t ttl_ms) override {
+    Status st = t_->set(key, value, ttl_ms);
+    note("set " + key.hex().substr(0, 4));
+    return st;
+  }
+  Status remove(const Key& key) override { return t_->remove(key); }
+  Expected<bool> lease_acquire(const Key& key, std::string_view token, uint64_t ttl_ms) override {
+    return t_->lease_acquire(key, token, ttl_ms);
+  }
+  Expected<bool> lease_renew(const Key& key, std::string_view token, uint64_t ttl_ms) override {
+    return t_->lease_renew(key, token, ttl_ms);
+  }
+  Expected<bool> lease_release(const Key& key, std::string_view token) override {
+    auto r = t_->lease_release(key, token);
+    note("release " + key.hex().substr(0, 4));
+    return r;
+  }
+  Expected<bool> lease_held(const Key& key) override { return t_->lease_held(key); }
+  std::vector<std::string> log() {
+    std::lock_guard g(mu_);
+    return log_;
+  }
+
+ private:
+  void note(std::string s) {
+    std::lock_guard g(mu_);
+    log_.push_back(std::move(s));
+  }
+  std::shared_ptr<FaultTransport> t_;
+  std::mutex mu_;
+  std::vector<std::string> log_;  // GUARDED_BY(mu_)
+};
+
+}  // namespace
+
+TEST(RemoteSplit, AValueStoreWithoutLeasesGivesATierAndNoLeases) {
+  auto server = std::make_shared<FaultTransport>();
+  auto r = make_remote(std::make_shared<ValuesOnly>(server), nullptr);
+  ASSERT_TRUE(r.has_value()) << r.error().to_string();
+  ASSERT_TRUE(r->tier);
+  EXPECT_EQ(r->leases, nullptr);
+  EXPECT_EQ(r->tier->name(), "values-only");
+  EXPECT_EQ(r->tier->kind(), TierKind::remote);
+  ASSERT_TRUE(r->tier->put(make_entry(1)).is_ok());
+  ASSERT_TRUE(r->tier->flush().is_ok());
+  auto got = r->tier->get(key_of(1));
+  ASSERT_TRUE(got.has_value() && got->has_value());
+  EXPECT_TRUE(entry_ok(**got, 1));
+  auto many = r->tier->get_many({key_of(1), key_of(2)});
+  ASSERT_EQ(many.size(), 2u);
+  EXPECT_TRUE(many[0].has_value());
+  EXPECT_FALSE(many[1].has_value());
+  EXPECT_EQ(r->tier->stats().puts, 1u);
+  EXPECT_EQ(r->tier->stats().hits, 2u);
+  // make_remote_tier is the same tier, over the value store alone.
+  auto t = make_remote_tier(std::make_shared<ValuesOnly>(server));
+  ASSERT_TRUE(t.has_value());
+  EXPECT_TRUE((*t)->get(key_of(1))->has_value());
+
+  // Through a Cache: no remote leases, so the machine's own (here none)
+  // decide, and the compile is stored in the remote.
+  auto leases = make_remote_leases(r->leases, nullptr);
+  EXPECT_EQ(leases, nullptr);
+  auto cache = Cache::with_tiers({make_memory_tier(), r->tier});
+  cache->set_leases(leases);
+  Source s;
+  auto e = cache->get_or_compile(
+      key_of(5),
+      [] {
+        return Expected<std::vector<Artifact>>(std::vector<Artifact>{{"obj", "five"}});
+      },
+      &s);
+  ASSERT_TRUE(e.has_value());
+  EXPECT_EQ(s, Source::compiled);
+  cache->flush();
+  auto stored = r->tier->get(key_of(5));
+  ASSERT_TRUE(stored.has_value() && stored->has_value());
+  EXPECT_EQ(*(*stored)->artifact("obj"), "five");
+}
+
+TEST(RemoteSplit, ALeaseIsReleasedOnlyAfterTheWriteBeforeIt) {
+  auto server = std::make_shared<FaultTransport>();
+  auto rec = std::make_shared<Recording>(server);
+  auto r = make_remote(rec, rec);
+  ASSERT_TRUE(r.has_value()) << r.error().to_string();
+  ASSERT_TRUE(r->leases);
+  auto other = make_remote(server, server);  // another machine
+  ASSERT_TRUE(other.has_value());
+  auto combined = make_remote_leases(r->leases, nullptr);
+  Key k1 = key_of(1), k2 = key_of(2);
+  ASSERT_EQ(combined->acquire(k1, 10000), LeaseResult::acquired);
+  ASSERT_TRUE(*r->leases->acquire_lease(k2, 10000));
+  EXPECT_EQ(other->leases->acquire(k1, 10000), LeaseResult::busy);
+  // Slow writes: each set takes 150 ms on the writer thread, while the
+  // releases are queued at once behind them.
+  server->inject(FaultTransport::Fault::slow, 150);
+  ASSERT_TRUE(r->tier->put(make_entry(1)).is_ok());
+  combined->release(k1);
+  ASSERT_TRUE(r->tier->put(make_entry(2)).is_ok());
+  r->leases->release_lease(k2);
+  // A waiter on the other machine finds the entry once the lease is gone.
+  auto waited = other->leases->wait_for(k1, 5000);
+  ASSERT_TRUE(waited.has_value());
+  EXPECT_TRUE(entry_ok(*waited, 1));
+  ASSERT_TRUE(r->tier->flush().is_ok());
+  server->inject(FaultTransport::Fault::none);
+  std::string h1 = k1.hex().substr(0, 4), h2 = k2.hex().substr(0, 4);
+  EXPECT_EQ(rec->log(), (std::vector<std::string>{"set " + h1, "release " + h1, "set " + h2, "release " + h2}));
+  EXPECT_EQ(other->leases->acquire(k1, 10000), LeaseResult::acquired);
+  EXPECT_EQ(other->leases->acquire(k2, 10000), LeaseResult::acquired);
+}
+
+TEST(RemoteSplit, OptionsThatMustBePositiveRefuseZero) {
+  auto t = std::make_shared<FaultTransport>();
+  struct Case {
+    const char* name;
+    void (*zero)(RemoteTierOptions*);
+  };
+  const Case cases[] = {
+      {"connect_timeout_ms", [](RemoteTierOptions* o) { o->connect_timeout_ms = 0; }},
+      {"command_timeout_ms", [](RemoteTierOptions* o) { o->command_timeout_ms = 0; }},
+      {"max_entry_bytes", [](RemoteTierOptions* o) { o->max_entry_bytes = 0; }},
+      {"breaker_threshold", [](RemoteTierOptions* o) { o->breaker_threshold = 0; }},
+      {"breaker_timeouts", [](RemoteTierOptions* o) { o->breaker_timeouts = 0; }},
+      {"breaker_cooldown_ms", [](RemoteTierOptions* o) { o->breaker_cooldown_ms = 0; }},
+      {"write_queue_depth", [](RemoteTierOptions* o) { o->write_queue_depth = 0; }},
+  };
+  for (const Case& c : cases) {
+    RemoteTierOptions o;
+    c.zero(&o);
+    auto r = make_remote(t, t, o);
+    ASSERT_FALSE(r.has_value()) << c.name;
+    EXPECT_EQ(r.error().code(), Errc::invalid_argument);
+    EXPECT_EQ(r.error().message(), std::string("remote option ") + c.name + " must be at least 1");
+  }
+  // The defaults, and a ttl of 0 (no expiry), are fine.
+  RemoteTierOptions defaults;
+  EXPECT_EQ(defaults.connect_timeout_ms, 250u);
+  EXPECT_EQ(defaults.command_timeout_ms, 500u);
+  EXPECT_EQ(defaults.ttl_ms, 0u);
+  EXPECT_EQ(defaults.max_entry_bytes, uint64_t(64) << 20);
+  EXPECT_EQ(defaults.breaker_threshold, 3u);
+  EXPECT_EQ(defaults.breaker_timeouts, 1u);
+  EXPECT_EQ(defaults.breaker_cooldown_ms, 10000u);
+  EXPECT_EQ(defaults.write_queue_depth, 64u);
+  EXPECT_TRUE(make_remote(t, t, defaults).has_value());
+  EXPECT_FALSE(make_remote(nullptr, t).has_value());
 }
