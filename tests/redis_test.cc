@@ -748,4 +748,9 @@ TEST(Redis, AssemblyCombinesTheDiskLeasesWithTheRemotes) {
   auto bad = open_remote("redis://:hunter2@127.0.0.1:1?nope=1", "");
   ASSERT_FALSE(bad.has_value());
   EXPECT_EQ(bad.error().to_string().find("hunter2"), std::string::npos);
+  auto unknown = open_remote("memcached://:hunter2@127.0.0.1:1", "");
+  ASSERT_FALSE(unknown.has_value());
+  EXPECT_EQ(unknown.error().code(), Errc::invalid_argument);
+  EXPECT_EQ(unknown.error().message(),
+            "remote URL has scheme 'memcached://', not a known one (built in: redis://, redis+cluster://)");
 }

@@ -69,7 +69,10 @@ Expected<OpenedRemote> open_remote(const std::string& url, const std::string& se
   if (!scheme) {
     std::string known;
     for (const auto& s : remote_schemes()) known += (known.empty() ? "" : ", ") + std::string(s.scheme) + "://";
-    return Status(Errc::invalid_argument, "remote URL '" + url + "' has no known scheme (built in: " +
+    // Only the scheme is named: the rest of the URL may hold a password.
+    auto sep = url.find("://");
+    std::string named = sep == std::string::npos ? "no scheme" : "scheme '" + url.substr(0, sep) + "://'";
+    return Status(Errc::invalid_argument, "remote URL has " + named + ", not a known one (built in: " +
                                               (known.empty() ? std::string("none") : known) + ")");
   }
   std::string secret;
