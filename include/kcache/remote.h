@@ -57,9 +57,9 @@
 
 namespace kcache {
 
-// Every field holds its default. Counts and timeouts must be at least 1:
-// make_remote() refuses a 0 there (invalid_argument, naming the field), and
-// so does the URL option parser (set_remote_option, kcache/redis.h).
+// Every field holds its default. Every number but ttl_ms must be at least
+// 1: make_remote() refuses a 0 there (invalid_argument, naming the field),
+// and so does the URL option parser (set_remote_option, kcache/redis.h).
 struct RemoteTierOptions {
   // Bound on establishing a connection, in ms.
   uint64_t connect_timeout_ms = 250;
