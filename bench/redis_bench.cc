@@ -65,7 +65,7 @@ std::shared_ptr<RedisTier> make_tier(bool mac) {
   o.command_timeout_ms = 5000;
   if (mac) o.secret = "bench-secret";
   auto t = make_redis_tier(world().server->url(), o);
-  return t ? std::dynamic_pointer_cast<RedisTier>(*t) : nullptr;
+  return t ? *t : nullptr;
 }
 
 double percentile(std::vector<double> v, double p) {

@@ -22,10 +22,12 @@ class RedisClusterTest : public ::testing::Test {
     cluster_ = std::make_unique<RedisCluster>(dir_.path());
     ASSERT_TRUE(cluster_->ok()) << cluster_->error();
   }
-  std::shared_ptr<RedisTier> tier(RedisTierOptions o = {}) {
-    auto t = make_redis_tier(cluster_->url(), o);
-    EXPECT_TRUE(t.has_value()) << t.status().to_string();
-    return t ? std::dynamic_pointer_cast<RedisTier>(*t) : nullptr;
+  std::shared_ptr<RedisTier> tier(RedisTierOptions o = {}) { return remote(o).tier; }
+  // The tier and its leases.
+  Remote remote(RedisTierOptions o = {}) {
+    auto r = make_redis_remote(cluster_->url(), o);
+    EXPECT_TRUE(r.has_value()) << r.status().to_string();
+    return r ? *r : Remote{};
   }
   static std::string rkey(const Key& k) { return "kcache:{" + k.hex() + "}"; }
 
@@ -47,8 +49,10 @@ TEST_F(RedisClusterTest, RoutesByHashSlotAcrossNodes) {
   RedisTierOptions o;
   o.write_queue_depth = 1000;
   o.secret = "cluster-secret";
-  auto t = tier(o);
-  ASSERT_TRUE(t);
+  Remote r = remote(o);
+  auto t = r.tier;
+  auto leases = r.leases;
+  ASSERT_TRUE(t && leases);
   EXPECT_EQ(t->counters().slot_refreshes, 1u);  // loaded at start
   std::vector<Key> keys;
   for (uint64_t i = 0; i < 200; ++i) {
@@ -78,7 +82,7 @@ TEST_F(RedisClusterTest, RoutesByHashSlotAcrossNodes) {
   }
   EXPECT_EQ(t->counters().moved, 0u);  // the slot map was right all along
   // A lease lives in its entry's slot.
-  EXPECT_TRUE(*t->acquire_lease(key_of(1), 5000));
+  EXPECT_TRUE(*leases->acquire_lease(key_of(1), 5000));
 }
 
 TEST_F(RedisClusterTest, FollowsAskAndMovedDuringASlotMigration) {

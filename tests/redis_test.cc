@@ -8,6 +8,7 @@
 #include <chrono>
 #include <thread>
 
+#include "kcache/assembly.h"
 #include "kcache/cache.h"
 #include "kcache/redis.h"
 #include "redis_server.h"
@@ -38,8 +39,14 @@ uint64_t now_ms() {
 std::shared_ptr<RedisTier> redis(const std::string& url, RedisTierOptions o = {}) {
   auto t = make_redis_tier(url, o);
   EXPECT_TRUE(t.has_value()) << t.status().to_string();
-  if (!t) return nullptr;
-  return std::dynamic_pointer_cast<RedisTier>(*t);
+  return t ? *t : nullptr;
+}
+
+// The tier and its leases.
+Remote redis_remote(const std::string& url, RedisTierOptions o = {}) {
+  auto r = make_redis_remote(url, o);
+  EXPECT_TRUE(r.has_value()) << r.status().to_string();
+  return r ? *r : Remote{};
 }
 
 std::string entry_redis_key(const Key& k) { return "kcache:{" + k.hex() + "}"; }
@@ -65,6 +72,134 @@ TEST(RedisUrl, ParsesAndRejects) {
   auto g = t->get(key_of(1));
   EXPECT_FALSE(g.has_value());  // refused connection: a fault the Cache turns into a miss
   EXPECT_EQ(t->stats().errors, 1u);
+}
+
+TEST(RemoteOptions, EachNameIsAcceptedAndSetsItsField) {
+  RedisTierOptions o;
+  struct Case {
+    const char* name;
+    const char* value;
+  };
+  for (const Case& c : {Case{"connect_timeout_ms", "11"}, Case{"command_timeout_ms", "12"}, Case{"ttl_ms", "13"},
+                        Case{"read_only", "on"}, Case{"max_entry_bytes", "14"}, Case{"breaker_threshold", "15"},
+                        Case{"breaker_timeouts", "16"}, Case{"breaker_cooldown_ms", "17"},
+                        Case{"write_queue_depth", "18"}, Case{"key_prefix", "team:{x}:"}}) {
+    Status st = set_remote_option(&o, c.name, c.value);
+    EXPECT_TRUE(st.is_ok()) << c.name << ": " << st.to_string();
+  }
+  EXPECT_EQ(o.connect_timeout_ms, 11u);
+  EXPECT_EQ(o.command_timeout_ms, 12u);
+  EXPECT_EQ(o.ttl_ms, 13u);
+  EXPECT_TRUE(o.read_only);
+  EXPECT_EQ(o.max_entry_bytes, 14u);
+  EXPECT_EQ(o.breaker_threshold, 15u);
+  EXPECT_EQ(o.breaker_timeouts, 16u);
+  EXPECT_EQ(o.breaker_cooldown_ms, 17u);
+  EXPECT_EQ(o.write_queue_depth, 18u);
+  EXPECT_EQ(o.key_prefix, "team:{x}:");
+  EXPECT_EQ(remote_option_names().size(), 10u);
+  // Every boolean spelling, both ways.
+  for (const char* yes : {"1", "true", "yes", "on"}) {
+    o.read_only = false;
+    ASSERT_TRUE(set_remote_option(&o, "read_only", yes).is_ok()) << yes;
+    EXPECT_TRUE(o.read_only) << yes;
+  }
+  for (const char* no : {"0", "false", "no", "off"}) {
+    o.read_only = true;
+    ASSERT_TRUE(set_remote_option(&o, "read_only", no).is_ok()) << no;
+    EXPECT_FALSE(o.read_only) << no;
+  }
+  // 0 is no expiry for ttl_ms; the largest counts fit.
+  ASSERT_TRUE(set_remote_option(&o, "ttl_ms", "0").is_ok());
+  EXPECT_EQ(o.ttl_ms, 0u);
+  ASSERT_TRUE(set_remote_option(&o, "write_queue_depth", "4294967295").is_ok());
+  EXPECT_EQ(o.write_queue_depth, 4294967295u);
+}
+
+TEST(RemoteOptions, BadValuesAndUnknownNamesAreRejectedWithTheExpectedForm) {
+  struct Case {
+    const char* name;
+    const char* value;
+    const char* message;
+  };
+  const std::string ms = "a whole number of milliseconds, at least 1 (e.g. 250)";
+  const std::string count = "a whole number from 1 to 4294967295";
+  const Case cases[] = {
+      {"connect_timeout_ms", "0", "remote option connect_timeout_ms wants "},
+      {"connect_timeout_ms", "1s", "remote option connect_timeout_ms wants "},
+      {"command_timeout_ms", "-5", "remote option command_timeout_ms wants "},
+      {"command_timeout_ms", "", "remote option command_timeout_ms wants "},
+      {"breaker_cooldown_ms", "0", "remote option breaker_cooldown_ms wants "},
+      {"ttl_ms", "abc", "remote option ttl_ms wants a whole number of milliseconds (0: none)"},
+      {"max_entry_bytes", "0",
+       "remote option max_entry_bytes wants a whole number of bytes, at least 1 (e.g. 67108864)"},
+      {"breaker_threshold", "0", "remote option breaker_threshold wants "},
+      {"breaker_timeouts", "4294967296", "remote option breaker_timeouts wants "},
+      {"write_queue_depth", "1.5", "remote option write_queue_depth wants "},
+      {"read_only", "maybe", "remote option read_only wants 1/0, true/false, yes/no or on/off"},
+  };
+  for (const Case& c : cases) {
+    RedisTierOptions o;
+    Status st = set_remote_option(&o, c.name, c.value);
+    ASSERT_FALSE(st.is_ok()) << c.name << "=" << c.value;
+    EXPECT_EQ(st.code(), Errc::invalid_argument);
+    std::string want = c.message;
+    if (want.ends_with("wants ")) want += std::string(c.name).ends_with("_ms") ? ms : count;
+    EXPECT_EQ(st.message(), want) << c.name << "=" << c.value;
+    // A refused value leaves the options as they were.
+    RedisTierOptions fresh;
+    EXPECT_EQ(o.connect_timeout_ms, fresh.connect_timeout_ms);
+    EXPECT_EQ(o.breaker_timeouts, fresh.breaker_timeouts);
+    EXPECT_EQ(o.read_only, fresh.read_only);
+  }
+  RedisTierOptions o;
+  Status st = set_remote_option(&o, "timeout", "5");
+  ASSERT_FALSE(st.is_ok());
+  EXPECT_EQ(st.code(), Errc::invalid_argument);
+  EXPECT_EQ(st.message(),
+            "unknown remote option 'timeout' (known: connect_timeout_ms, command_timeout_ms, ttl_ms, read_only, "
+            "max_entry_bytes, breaker_threshold, breaker_timeouts, breaker_cooldown_ms, write_queue_depth, "
+            "key_prefix)");
+  // The secret is never read from a URL.
+  EXPECT_FALSE(set_remote_option(&o, "secret", "s").is_ok());
+  EXPECT_TRUE(o.secret.empty());
+}
+
+TEST(RedisUrl, ErrorsNameTheOptionNeverTheUrl) {
+  struct Case {
+    const char* url;
+    const char* message;
+  };
+  for (const Case& c :
+       {Case{"redis://:hunter2@h?command_timeout_ms=0",
+             "redis URL: remote option command_timeout_ms wants a whole number of milliseconds, at least 1 (e.g. 250)"},
+        Case{"redis://user:hunter2@h:6379/1?ttl_ms=10&read_only=perhaps",
+             "redis URL: remote option read_only wants 1/0, true/false, yes/no or on/off"},
+        Case{"redis+cluster://:hunter2@a:1,b:2?key_prefix",
+             "redis URL: option key_prefix has no value (write "
+             "key_prefix=value)"}}) {
+    auto t = make_redis_tier(c.url);
+    ASSERT_FALSE(t.has_value()) << c.url;
+    EXPECT_EQ(t.error().code(), Errc::invalid_argument);
+    EXPECT_EQ(t.error().message(), c.message);
+    EXPECT_EQ(t.error().to_string().find("hunter2"), std::string::npos) << t.error().to_string();
+  }
+  auto unknown = make_redis_remote("redis://:hunter2@h?breaker=1");
+  ASSERT_FALSE(unknown.has_value());
+  EXPECT_TRUE(unknown.error().message().starts_with("redis URL: unknown remote option 'breaker' (known: "))
+      << unknown.error().message();
+  EXPECT_EQ(unknown.error().to_string().find("hunter2"), std::string::npos);
+  // The query reaches the policy: a timeout of 0 is refused there too, and
+  // a good query applies over the options given.
+  RedisTierOptions o;
+  o.command_timeout_ms = 0;
+  auto zero = make_redis_tier("redis://127.0.0.1:1", o);
+  ASSERT_FALSE(zero.has_value());
+  EXPECT_EQ(zero.error().message(), "remote option command_timeout_ms must be at least 1");
+  auto fixed = make_redis_remote("redis://127.0.0.1:1?command_timeout_ms=40&read_only=yes", o);
+  ASSERT_TRUE(fixed.has_value()) << fixed.error().to_string();
+  EXPECT_EQ(fixed->tier->name(), "redis(ro)");
+  ASSERT_TRUE(fixed->leases);
 }
 
 TEST(RedisSlot, MatchesRedisClusterSpecExamples) {
@@ -393,7 +528,9 @@ TEST(Redis, FullWriteQueueDropsAndCounts) {
 TEST(Redis, LeasesGiveOneHolderAndExpire) {
   TempDir d;
   START_REDIS(srv, d);
-  auto a = redis(srv.url()), b = redis(srv.url());
+  Remote ra = redis_remote(srv.url()), rb = redis_remote(srv.url());
+  auto a = ra.leases, b = rb.leases;
+  ASSERT_TRUE(a && b);
   Key k = key_of(1);
   EXPECT_TRUE(*a->acquire_lease(k, 10000));
   EXPECT_FALSE(*b->acquire_lease(k, 10000));
@@ -409,14 +546,14 @@ TEST(Redis, LeasesGiveOneHolderAndExpire) {
   // The holder stores and releases (queued in that order): the waiter gets it.
   std::thread holder([&] {
     std::this_thread::sleep_for(Ms(100));
-    ASSERT_TRUE(a->put(make_entry(1)).is_ok());
+    ASSERT_TRUE(ra.tier->put(make_entry(1)).is_ok());
     a->release_lease(k);
   });
   auto got = b->wait_for(k, 5000);
   holder.join();
   ASSERT_TRUE(got.has_value());
   EXPECT_TRUE(entry_ok(*got, 1));
-  ASSERT_TRUE(a->flush().is_ok());
+  ASSERT_TRUE(ra.tier->flush().is_ok());
   RedisClient c("127.0.0.1", srv.port());
   EXPECT_EQ(c.str({"EXISTS", entry_redis_key(k) + ":lease"}), "0");
 
@@ -431,7 +568,7 @@ TEST(Redis, LeasesGiveOneHolderAndExpire) {
   b->release_lease(k2);
   a->release_lease(k2);  // not a's any more: must not remove b's next lease
   EXPECT_TRUE(*b->acquire_lease(k2, 10000));
-  ASSERT_TRUE(a->flush().is_ok());
+  ASSERT_TRUE(ra.tier->flush().is_ok());
   EXPECT_EQ(c.str({"EXISTS", entry_redis_key(k2) + ":lease"}), "1");
   EXPECT_EQ(b->counters().leases_taken, 2u);
   EXPECT_EQ(b->counters().leases_busy, 2u);
@@ -570,4 +707,50 @@ TEST(Redis, TwoMachinesOneCompilesTheOtherHits) {
   std::string v = c.str({"GET", entry_redis_key(k)});
   ASSERT_GE(v.size(), 40u);
   EXPECT_EQ(v[5], 1);
+}
+
+// The remote's leases reach the assembly: two caches in two folders (two
+// machines) share single-flight through the server.
+TEST(Redis, AssemblyCombinesTheDiskLeasesWithTheRemotes) {
+  TempDir d;
+  START_REDIS(srv, d);
+  Options o;
+  o.remote_url = srv.url();
+  o.dir = d.path() + "/a";
+  Assembly a = assemble(o);
+  o.dir = d.path() + "/b";
+  Assembly b = assemble(o);
+  ASSERT_TRUE(a.remote && b.remote);
+  EXPECT_EQ(a.remote->name(), "redis");
+  EXPECT_EQ(a.tiers.back(), a.remote);
+  ASSERT_TRUE(a.leases && b.leases);
+  EXPECT_EQ(a.leases->name(), "redis");
+  Key k = key_of(1);
+  EXPECT_EQ(a.leases->acquire(k, 10000), LeaseResult::acquired);
+  EXPECT_EQ(b.leases->acquire(k, 10000), LeaseResult::busy);  // the server says another machine has it
+  a.leases->release(k);
+  ASSERT_TRUE(a.remote->flush().is_ok());
+  EXPECT_EQ(b.leases->acquire(k, 10000), LeaseResult::acquired);
+  b.leases->release(k);
+  // Without single-flight there are no leases, remote or local.
+  o.process_single_flight = false;
+  Assembly c = assemble(o);
+  EXPECT_TRUE(c.remote);
+  EXPECT_EQ(c.leases, nullptr);
+  // A scheme's open gives the tier and, for Redis, the leases.
+  auto opened = open_remote(srv.url(), "");
+  ASSERT_TRUE(opened.has_value()) << opened.error().to_string();
+  ASSERT_TRUE(opened->tier);
+  ASSERT_TRUE(opened->leases);
+  auto alone = opened->leases(nullptr);
+  ASSERT_TRUE(alone);
+  EXPECT_EQ(alone->acquire(key_of(2), 10000), LeaseResult::acquired);
+  auto bad = open_remote("redis://:hunter2@127.0.0.1:1?nope=1", "");
+  ASSERT_FALSE(bad.has_value());
+  EXPECT_EQ(bad.error().to_string().find("hunter2"), std::string::npos);
+  auto unknown = open_remote("memcached://:hunter2@127.0.0.1:1", "");
+  ASSERT_FALSE(unknown.has_value());
+  EXPECT_EQ(unknown.error().code(), Errc::invalid_argument);
+  EXPECT_EQ(unknown.error().message(),
+            "remote URL has scheme 'memcached://', not a known one (built in: redis://, redis+cluster://)");
 }

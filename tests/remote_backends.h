@@ -23,8 +23,8 @@ class RemoteServer {
   virtual ~RemoteServer() = default;
   virtual bool ok() const = 0;
   virtual std::string error() const = 0;
-  // A new client of this server.
-  virtual std::shared_ptr<RemoteTransport> transport() = 0;
+  // A new client of this server: its value store and lease backend.
+  virtual RemoteTransports transport() = 0;
   virtual void hang() = 0;  // stops answering; calls run into their timeout
   virtual void unhang() = 0;
   virtual void kill() = 0;  // gone: connections reset, connects refused
@@ -39,10 +39,10 @@ class RedisRemote final : public RemoteServer {
   ~RedisRemote() override { srv_.thaw(); }
   bool ok() const override { return srv_.ok(); }
   std::string error() const override { return srv_.error(); }
-  std::shared_ptr<RemoteTransport> transport() override {
+  RemoteTransports transport() override {
     auto t = make_redis_transport(srv_.url());
     EXPECT_TRUE(t.has_value()) << t.status().to_string();
-    return t ? *t : nullptr;
+    return t ? *t : RemoteTransports{};
   }
   void hang() override { srv_.freeze(); }
   void unhang() override { srv_.thaw(); }
@@ -74,7 +74,7 @@ class MemoryRemote final : public RemoteServer {
   bool ok() const override { return true; }
   std::string error() const override { return std::string(); }
   // Every client shares the one map (the "server").
-  std::shared_ptr<RemoteTransport> transport() override { return t_; }
+  RemoteTransports transport() override { return {t_, t_}; }
   void hang() override { t_->inject(FaultTransport::Fault::timeout); }
   void unhang() override { t_->inject(FaultTransport::Fault::none); }
   void kill() override { t_->inject(FaultTransport::Fault::refused); }

@@ -1,4 +1,5 @@
-// An in-process RemoteTransport for tests: a map in memory that injects
+// An in-process remote for tests, both value store (RemoteTransport) and
+// lease backend (RemoteLeaseBackend): a map in memory that injects
 // faults on demand — timeouts (the call blocks for the configured command
 // timeout, then fails), connection resets, refused connects, garbled
 // streams, error replies, replies of the wrong type, slow replies.
@@ -20,7 +21,7 @@
 
 namespace kcache::test {
 
-class FaultTransport final : public RemoteTransport {
+class FaultTransport final : public RemoteTransport, public RemoteLeaseBackend {
  public:
   enum class Fault {
     none,

@@ -5,8 +5,10 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <mutex>
 #include <set>
 #include <thread>
+#include <vector>
 
 #include "kcache/cache.h"
 #include "remote_backends.h"
@@ -16,9 +18,9 @@ using namespace kcache::test;
 
 namespace {
 
-std::shared_ptr<RemoteTier> as_remote(Expected<std::shared_ptr<Tier>> t) {
-  EXPECT_TRUE(t.has_value()) << t.status().to_string();
-  return t ? std::dynamic_pointer_cast<RemoteTier>(*t) : nullptr;
+Remote as_remote(Expected<Remote> r) {
+  EXPECT_TRUE(r.has_value()) << r.status().to_string();
+  return r ? *r : Remote{};
 }
 
 class RemoteTest : public ::testing::TestWithParam<std::string> {
@@ -31,9 +33,9 @@ class RemoteTest : public ::testing::TestWithParam<std::string> {
     server_ = start_remote(GetParam());
     ASSERT_TRUE(server_->ok()) << server_->error();
   }
-  std::shared_ptr<RemoteTier> tier(RemoteTierOptions o = {}) {
-    return as_remote(make_remote_tier(server_->transport(), o));
-  }
+  // The tier and its leases.
+  Remote remote(RemoteTierOptions o = {}) { return as_remote(make_remote(server_->transport(), o)); }
+  std::shared_ptr<RemoteTier> tier(RemoteTierOptions o = {}) { return remote(o).tier; }
   // Short timeouts and a breaker that stays open for the whole test.
   static RemoteTierOptions quick() {
     RemoteTierOptions o;
@@ -272,7 +274,9 @@ TEST_P(RemoteConformance, GetManyMatchesGets) {
 }
 
 TEST_P(RemoteConformance, LeasesGiveOneHolderAndExpire) {
-  auto a = tier(), b = tier();
+  Remote ra = remote(), rb = remote();
+  auto a = ra.leases, b = rb.leases;
+  ASSERT_TRUE(a && b);
   Key k = key_of(1);
   EXPECT_TRUE(*a->acquire_lease(k, 10000));
   EXPECT_FALSE(*b->acquire_lease(k, 10000));
@@ -285,14 +289,14 @@ TEST_P(RemoteConformance, LeasesGiveOneHolderAndExpire) {
   // Store, then release (queued in that order): the waiter gets the entry.
   std::thread holder([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    ASSERT_TRUE(a->put(make_entry(1)).is_ok());
+    ASSERT_TRUE(ra.tier->put(make_entry(1)).is_ok());
     a->release_lease(k);
   });
   auto got = b->wait_for(k, 5000);
   holder.join();
   ASSERT_TRUE(got.has_value());
   EXPECT_TRUE(entry_ok(*got, 1));
-  ASSERT_TRUE(a->flush().is_ok());
+  ASSERT_TRUE(ra.tier->flush().is_ok());
   EXPECT_TRUE(*b->acquire_lease(k, 10000));
   // A lease whose holder goes away expires, and the next caller takes over.
   Key k2 = key_of(2);
@@ -303,23 +307,24 @@ TEST_P(RemoteConformance, LeasesGiveOneHolderAndExpire) {
   EXPECT_LT(mono_ms() - t0, 1500u);
   EXPECT_TRUE(*b->acquire_lease(k2, 10000));
   a->release_lease(k2);  // not a's any more: must not remove b's
-  ASSERT_TRUE(a->flush().is_ok());
+  ASSERT_TRUE(ra.tier->flush().is_ok());
   EXPECT_FALSE(*a->acquire_lease(k2, 10000));
   EXPECT_EQ(b->counters().leases_taken, 2u);
   EXPECT_EQ(b->counters().leases_busy, 2u);
 }
 
 TEST_P(RemoteConformance, CombinedLeasesQueueMachinesOnTheServer) {
-  auto a = tier(), b = tier();
-  auto la = make_remote_leases(a, nullptr), lb = make_remote_leases(b, nullptr);
+  Remote a = remote(), b = remote();
+  auto la = make_remote_leases(a.leases, nullptr), lb = make_remote_leases(b.leases, nullptr);
   ASSERT_TRUE(la && lb);
   EXPECT_EQ(la->acquire(key_of(1), 10000), LeaseResult::acquired);
   EXPECT_EQ(lb->acquire(key_of(1), 10000), LeaseResult::busy);
   la->release(key_of(1));
-  ASSERT_TRUE(a->flush().is_ok());
+  ASSERT_TRUE(a.tier->flush().is_ok());
   EXPECT_EQ(lb->acquire(key_of(1), 10000), LeaseResult::acquired);
-  // Not a remote tier: the local leases come back unchanged.
-  EXPECT_EQ(make_remote_leases(make_memory_tier(), nullptr), nullptr);
+  // No remote leases: the local leases come back unchanged.
+  EXPECT_EQ(make_remote_leases(nullptr, nullptr), nullptr);
+  EXPECT_EQ(make_remote_leases(nullptr, la), la);
 }
 
 TEST_P(RemoteConformance, ValuesExpireAfterTheirTtl) {
@@ -341,7 +346,8 @@ using RemoteFaults = RemoteTest;
 
 TEST_P(RemoteFaults, HungServerCostsOneTimeoutThenIsSkipped) {
   RemoteTierOptions o = quick();
-  auto t = tier(o);
+  Remote r0 = remote(o);
+  auto t = r0.tier;
   ASSERT_TRUE(t->get(key_of(1)).has_value());  // a pooled connection
   LogCapture log;
   server_->hang();
@@ -360,8 +366,8 @@ TEST_P(RemoteFaults, HungServerCostsOneTimeoutThenIsSkipped) {
     ASSERT_TRUE(g.has_value());
     EXPECT_FALSE(g->has_value());
   }
-  EXPECT_FALSE(t->acquire_lease(key_of(1), 1000).has_value());
-  EXPECT_FALSE(t->wait_for(key_of(1), 1000).has_value());
+  EXPECT_FALSE(r0.leases->acquire_lease(key_of(1), 1000).has_value());
+  EXPECT_FALSE(r0.leases->wait_for(key_of(1), 1000).has_value());
   EXPECT_TRUE(t->put(make_entry(9)).is_ok());
   EXPECT_LT(mono_ms() - t0, o.command_timeout_ms / 2);  // no second timeout
   RemoteCounters c = t->counters();
@@ -465,9 +471,10 @@ TEST_P(RemoteFaults, PutsNeverWaitForAHungServer) {
 // the re-check, the lease and the store share one timeout.
 TEST_P(RemoteFaults, ACompileThroughTheCachePaysAtMostOneTimeout) {
   RemoteTierOptions o = quick();
-  auto remote = tier(o);
+  Remote r = this->remote(o);
+  auto remote = r.tier;
   auto cache = Cache::with_tiers({make_memory_tier(), remote});
-  cache->set_leases(make_remote_leases(remote, nullptr));
+  cache->set_leases(make_remote_leases(r.leases, nullptr));
   auto fn = [](uint64_t i) {
     return [i]() -> Expected<std::vector<Artifact>> { return std::vector<Artifact>{{"obj", bytes_for(i, 100)}}; };
   };
@@ -501,9 +508,10 @@ TEST_P(RemoteFaults, ACompileThroughTheCachePaysAtMostOneTimeout) {
 TEST_P(RemoteFaults, APoisonedKeyIsOneLinePerCompile) {
   RemoteTierOptions o = quick();
   o.secret = "team-secret";
-  auto remote = tier(o);
+  Remote r = this->remote(o);
+  auto remote = r.tier;
   auto cache = Cache::with_tiers({remote});
-  cache->set_leases(make_remote_leases(remote, nullptr));
+  cache->set_leases(make_remote_leases(r.leases, nullptr));
   LogCapture log(LogLevel::warn);
   uint64_t compiles = 0;
   for (int round = 1; round <= 2; ++round) {
@@ -538,7 +546,8 @@ namespace {
 
 struct Injected {
   std::shared_ptr<FaultTransport> t = std::make_shared<FaultTransport>();
-  std::shared_ptr<RemoteTier> tier(RemoteTierOptions o) { return as_remote(make_remote_tier(t, o)); }
+  Remote remote(RemoteTierOptions o) { return as_remote(make_remote(t, t, o)); }
+  std::shared_ptr<RemoteTier> tier(RemoteTierOptions o) { return remote(o).tier; }
 };
 
 }  // namespace
@@ -615,18 +624,19 @@ TEST(RemoteInjected, EachFaultIsCountedByItsKind) {
 
 TEST(RemoteInjected, WrongTypeRepliesNeverOpenTheBreaker) {
   Injected x;
-  auto t = x.tier({});
+  Remote rt = x.remote({});
+  auto t = rt.tier;
   x.t->inject(FaultTransport::Fault::wrong_type);
   for (int i = 0; i < 10; ++i) {
     auto r = t->get(key_of(i));
     ASSERT_TRUE(r.has_value());
     EXPECT_FALSE(r->has_value());
   }
-  EXPECT_FALSE(t->acquire_lease(key_of(1), 1000).has_value());
+  EXPECT_FALSE(rt.leases->acquire_lease(key_of(1), 1000).has_value());
   EXPECT_FALSE(t->breaker_open());
   EXPECT_EQ(t->counters().bad_replies, 11u);
   x.t->inject(FaultTransport::Fault::none);
-  EXPECT_TRUE(*t->acquire_lease(key_of(1), 1000));
+  EXPECT_TRUE(*rt.leases->acquire_lease(key_of(1), 1000));
 }
 
 TEST(RemoteInjected, AFailedProbeReopensWithoutANewWarning) {
@@ -666,4 +676,186 @@ TEST(RemoteInjected, TheTransportGetsThePolicysTimeouts) {
   uint64_t dt = mono_ms() - t0;
   EXPECT_GE(dt, 65u);
   EXPECT_LT(dt, 500u);
+}
+
+// ---- the value store apart from the lease backend ------------------------------
+
+namespace {
+
+// A server without leases: the value store of a FaultTransport, and nothing
+// else.
+class ValuesOnly final : public RemoteTransport {
+ public:
+  explicit ValuesOnly(std::shared_ptr<FaultTransport> t) : t_(std::move(t)) {}
+  std::string_view name() const noexcept override { return "values-only"; }
+  void set_timeouts(uint64_t connect_ms, uint64_t command_ms) override { t_->set_timeouts(connect_ms, command_ms); }
+  Expected<RemoteBytes> get(const Key& key) override { return t_->get(key); }
+  Status get_many(std::span<const Key> keys, std::vector<Expected<RemoteBytes>>* out) override {
+    return t_->get_many(keys, out);
+  }
+  Status set(const Key& key, std::string_view value, uint64_t ttl_ms) override { return t_->set(key, value, ttl_ms); }
+  Status remove(const Key& key) override { return t_->remove(key); }
+
+ private:
+  std::shared_ptr<FaultTransport> t_;
+};
+
+// Both parts of a FaultTransport, recording the order in which writes and
+// lease releases reach the server (each when its call returns).
+class Recording final : public RemoteTransport, public RemoteLeaseBackend {
+ public:
+  explicit Recording(std::shared_ptr<FaultTransport> t) : t_(std::move(t)) {}
+  std::string_view name() const noexcept override { return t_->name(); }
+  void set_timeouts(uint64_t connect_ms, uint64_t command_ms) override { t_->set_timeouts(connect_ms, command_ms); }
+  Expected<RemoteBytes> get(const Key& key) override { return t_->get(key); }
+  Status get_many(std::span<const Key> keys, std::vector<Expected<RemoteBytes>>* out) override {
+    return t_->get_many(keys, out);
+  }
+  Status set(const Key& key, std::string_view value, uint64_t ttl_ms) override {
+    Status st = t_->set(key, value, ttl_ms);
+    note("set " + key.hex().substr(0, 4));
+    return st;
+  }
+  Status remove(const Key& key) override { return t_->remove(key); }
+  Expected<bool> lease_acquire(const Key& key, std::string_view token, uint64_t ttl_ms) override {
+    return t_->lease_acquire(key, token, ttl_ms);
+  }
+  Expected<bool> lease_renew(const Key& key, std::string_view token, uint64_t ttl_ms) override {
+    return t_->lease_renew(key, token, ttl_ms);
+  }
+  Expected<bool> lease_release(const Key& key, std::string_view token) override {
+    auto r = t_->lease_release(key, token);
+    note("release " + key.hex().substr(0, 4));
+    return r;
+  }
+  Expected<bool> lease_held(const Key& key) override { return t_->lease_held(key); }
+  std::vector<std::string> log() {
+    std::lock_guard g(mu_);
+    return log_;
+  }
+
+ private:
+  void note(std::string s) {
+    std::lock_guard g(mu_);
+    log_.push_back(std::move(s));
+  }
+  std::shared_ptr<FaultTransport> t_;
+  std::mutex mu_;
+  std::vector<std::string> log_;  // GUARDED_BY(mu_)
+};
+
+}  // namespace
+
+TEST(RemoteSplit, AValueStoreWithoutLeasesGivesATierAndNoLeases) {
+  auto server = std::make_shared<FaultTransport>();
+  auto r = make_remote(std::make_shared<ValuesOnly>(server), nullptr);
+  ASSERT_TRUE(r.has_value()) << r.error().to_string();
+  ASSERT_TRUE(r->tier);
+  EXPECT_EQ(r->leases, nullptr);
+  EXPECT_EQ(r->tier->name(), "values-only");
+  EXPECT_EQ(r->tier->kind(), TierKind::remote);
+  ASSERT_TRUE(r->tier->put(make_entry(1)).is_ok());
+  ASSERT_TRUE(r->tier->flush().is_ok());
+  auto got = r->tier->get(key_of(1));
+  ASSERT_TRUE(got.has_value() && got->has_value());
+  EXPECT_TRUE(entry_ok(**got, 1));
+  auto many = r->tier->get_many({key_of(1), key_of(2)});
+  ASSERT_EQ(many.size(), 2u);
+  EXPECT_TRUE(many[0].has_value());
+  EXPECT_FALSE(many[1].has_value());
+  EXPECT_EQ(r->tier->stats().puts, 1u);
+  EXPECT_EQ(r->tier->stats().hits, 2u);
+  // make_remote_tier is the same tier, over the value store alone.
+  auto t = make_remote_tier(std::make_shared<ValuesOnly>(server));
+  ASSERT_TRUE(t.has_value());
+  EXPECT_TRUE((*t)->get(key_of(1))->has_value());
+
+  // Through a Cache: no remote leases, so the machine's own (here none)
+  // decide, and the compile is stored in the remote.
+  auto leases = make_remote_leases(r->leases, nullptr);
+  EXPECT_EQ(leases, nullptr);
+  auto cache = Cache::with_tiers({make_memory_tier(), r->tier});
+  cache->set_leases(leases);
+  Source s;
+  auto e = cache->get_or_compile(
+      key_of(5),
+      [] {
+        return Expected<std::vector<Artifact>>(std::vector<Artifact>{{"obj", "five"}});
+      },
+      &s);
+  ASSERT_TRUE(e.has_value());
+  EXPECT_EQ(s, Source::compiled);
+  cache->flush();
+  auto stored = r->tier->get(key_of(5));
+  ASSERT_TRUE(stored.has_value() && stored->has_value());
+  EXPECT_EQ(*(*stored)->artifact("obj"), "five");
+}
+
+TEST(RemoteSplit, ALeaseIsReleasedOnlyAfterTheWriteBeforeIt) {
+  auto server = std::make_shared<FaultTransport>();
+  auto rec = std::make_shared<Recording>(server);
+  auto r = make_remote(rec, rec);
+  ASSERT_TRUE(r.has_value()) << r.error().to_string();
+  ASSERT_TRUE(r->leases);
+  auto other = make_remote(server, server);  // another machine
+  ASSERT_TRUE(other.has_value());
+  auto combined = make_remote_leases(r->leases, nullptr);
+  Key k1 = key_of(1), k2 = key_of(2);
+  ASSERT_EQ(combined->acquire(k1, 10000), LeaseResult::acquired);
+  ASSERT_TRUE(*r->leases->acquire_lease(k2, 10000));
+  EXPECT_EQ(other->leases->acquire(k1, 10000), LeaseResult::busy);
+  // Slow writes: each set takes 150 ms on the writer thread, while the
+  // releases are queued at once behind them.
+  server->inject(FaultTransport::Fault::slow, 150);
+  ASSERT_TRUE(r->tier->put(make_entry(1)).is_ok());
+  combined->release(k1);
+  ASSERT_TRUE(r->tier->put(make_entry(2)).is_ok());
+  r->leases->release_lease(k2);
+  // A waiter on the other machine finds the entry once the lease is gone.
+  auto waited = other->leases->wait_for(k1, 5000);
+  ASSERT_TRUE(waited.has_value());
+  EXPECT_TRUE(entry_ok(*waited, 1));
+  ASSERT_TRUE(r->tier->flush().is_ok());
+  server->inject(FaultTransport::Fault::none);
+  std::string h1 = k1.hex().substr(0, 4), h2 = k2.hex().substr(0, 4);
+  EXPECT_EQ(rec->log(), (std::vector<std::string>{"set " + h1, "release " + h1, "set " + h2, "release " + h2}));
+  EXPECT_EQ(other->leases->acquire(k1, 10000), LeaseResult::acquired);
+  EXPECT_EQ(other->leases->acquire(k2, 10000), LeaseResult::acquired);
+}
+
+TEST(RemoteSplit, OptionsThatMustBePositiveRefuseZero) {
+  auto t = std::make_shared<FaultTransport>();
+  struct Case {
+    const char* name;
+    void (*zero)(RemoteTierOptions*);
+  };
+  const Case cases[] = {
+      {"connect_timeout_ms", [](RemoteTierOptions* o) { o->connect_timeout_ms = 0; }},
+      {"command_timeout_ms", [](RemoteTierOptions* o) { o->command_timeout_ms = 0; }},
+      {"max_entry_bytes", [](RemoteTierOptions* o) { o->max_entry_bytes = 0; }},
+      {"breaker_threshold", [](RemoteTierOptions* o) { o->breaker_threshold = 0; }},
+      {"breaker_timeouts", [](RemoteTierOptions* o) { o->breaker_timeouts = 0; }},
+      {"breaker_cooldown_ms", [](RemoteTierOptions* o) { o->breaker_cooldown_ms = 0; }},
+      {"write_queue_depth", [](RemoteTierOptions* o) { o->write_queue_depth = 0; }},
+  };
+  for (const Case& c : cases) {
+    RemoteTierOptions o;
+    c.zero(&o);
+    auto r = make_remote(t, t, o);
+    ASSERT_FALSE(r.has_value()) << c.name;
+    EXPECT_EQ(r.error().code(), Errc::invalid_argument);
+    EXPECT_EQ(r.error().message(), std::string("remote option ") + c.name + " must be at least 1");
+  }
+  // The defaults, and a ttl of 0 (no expiry), are fine.
+  RemoteTierOptions defaults;
+  EXPECT_EQ(defaults.connect_timeout_ms, 250u);
+  EXPECT_EQ(defaults.command_timeout_ms, 500u);
+  EXPECT_EQ(defaults.ttl_ms, 0u);
+  EXPECT_EQ(defaults.max_entry_bytes, uint64_t(64) << 20);
+  EXPECT_EQ(defaults.breaker_threshold, 3u);
+  EXPECT_EQ(defaults.breaker_timeouts, 1u);
+  EXPECT_EQ(defaults.breaker_cooldown_ms, 10000u);
+  EXPECT_EQ(defaults.write_queue_depth, 64u);
+  EXPECT_TRUE(make_remote(t, t, defaults).has_value());
+  EXPECT_FALSE(make_remote(nullptr, t).has_value());
 }

@@ -13,6 +13,7 @@
 // cache runs with what it has and never fails to open.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -99,13 +100,19 @@ Expected<DiskStore> open_disk_store(const DiskStoreSpec& spec);
 // folder, engine and path. dir is empty when no folder can be named.
 DiskStore disk_store_location(const Options& options);
 
-// One URL scheme of a remote tier. `open` makes the tier from the URL and
-// the HMAC secret (empty: none); `leases` combines the remote's leases with
-// the local ones (may be null) for cross-machine single-flight.
+// What a remote scheme opens: the tier, and, when the server keeps leases,
+// how to make the leases for cross-machine single-flight.
+struct OpenedRemote {
+  std::shared_ptr<Tier> tier;
+  // The remote's leases combined with `local` (the disk store's; may be
+  // null). Empty when the server keeps no leases.
+  std::function<std::shared_ptr<Leases>(std::shared_ptr<Leases> local)> leases;
+};
+// One URL scheme of a remote. `open` makes the tier and its leases from the
+// URL and the HMAC secret (empty: none).
 struct RemoteScheme {
   std::string_view scheme;  // before "://", e.g. "redis"
-  Expected<std::shared_ptr<Tier>> (*open)(const std::string& url, const std::string& secret);
-  std::shared_ptr<Leases> (*leases)(std::shared_ptr<Tier> remote, std::shared_ptr<Leases> local);
+  Expected<OpenedRemote> (*open)(const std::string& url, const std::string& secret);
 };
 // Every scheme built in.
 std::span<const RemoteScheme> remote_schemes() noexcept;
@@ -114,8 +121,8 @@ const RemoteScheme* find_remote_scheme(std::string_view url) noexcept;
 // Reads an HMAC secret file (trailing newlines dropped; an empty or
 // unreadable file is an error: a configured secret is never left out).
 Expected<std::string> read_secret_file(const std::string& path);
-// The remote tier for `url`, with the secret in `secret_file` (if set).
-Expected<std::shared_ptr<Tier>> open_remote(const std::string& url, const std::string& secret_file);
+// The remote for `url`, with the secret in `secret_file` (if set).
+Expected<OpenedRemote> open_remote(const std::string& url, const std::string& secret_file);
 
 struct Assembly {
   std::vector<std::shared_ptr<Tier>> tiers;  // fastest first

@@ -1,17 +1,24 @@
 // kcache/remote.h — a remote tier over any transport: the policy apart from
 // the wire.
 //
-// A remote tier is two parts:
-//  * a RemoteTransport: the wire to one kind of server (connect, get, set,
-//    delete, pipelined gets, the lease commands, routing). Redis is built in
-//    (kcache/redis.h); another server needs a transport only, and a line in
-//    the URL scheme table (remote_schemes(), kcache/assembly.h) for
-//    Options::remote_url to reach it.
-//  * the policy, made by make_remote_tier() over any transport and the same
-//    for all of them: timeouts, a circuit breaker, a bounded queue of
-//    asynchronous writes, HMAC-SHA256 value framing (docs/format.md,
-//    "Redis value"), statistics, pipelined multi-get and the leases for
-//    cross-machine single-flight.
+// A remote is three parts:
+//  * a RemoteTransport: the value store of one kind of server (connect,
+//    get, set, delete, pipelined gets, routing);
+//  * a RemoteLeaseBackend, where the server also keeps leases: acquire,
+//    renew, release and look up one key's lease record by holder token. A
+//    server without leases implements the value store only; one that has
+//    both may implement both in one object (Redis does, kcache/redis.h).
+//    Another server needs these only, and a line in the URL scheme table
+//    (remote_schemes(), kcache/assembly.h) for Options::remote_url to reach
+//    it;
+//  * the policy, made by make_remote() over any of them and the same for
+//    all: a RemoteTier over the value store (timeouts, a circuit breaker, a
+//    bounded queue of asynchronous writes, HMAC-SHA256 value framing
+//    (docs/format.md, "Redis value"), statistics, pipelined multi-get) and,
+//    given a lease backend, the RemoteLeases for cross-machine
+//    single-flight. The two share one breaker and one write queue, so a
+//    lease release is sent after the holder's write of the entry, and a
+//    server that timed out on a lookup is skipped by the lease that follows.
 //
 // A remote never fails a compile, and a slow or dead one costs at most its
 // budget:
@@ -30,8 +37,8 @@
 //    failure after the server last answered), further failures of the same
 //    outage at info; a rejected or corrupt value once per key.
 //
-// Thread-safety: a remote tier and a transport may be used by many threads
-// at once.
+// Thread-safety: a remote tier, its leases and a transport may be used by
+// many threads at once.
 #pragma once
 
 #include <cstdint>
@@ -50,31 +57,30 @@
 
 namespace kcache {
 
+// Every field holds its default. Every number but ttl_ms must be at least
+// 1: make_remote() refuses a 0 there (invalid_argument, naming the field),
+// and so does the URL option parser (set_remote_option, kcache/redis.h).
 struct RemoteTierOptions {
-  // Bound on establishing a connection. 0 means the default, 250 ms.
+  // Bound on establishing a connection, in ms.
   uint64_t connect_timeout_ms = 250;
-  // Bound on each socket read/write of a command. 0 means the default, 500 ms.
+  // Bound on each socket read/write of a command, in ms.
   uint64_t command_timeout_ms = 500;
-  // Expiry of stored values. 0 (the default) means none.
+  // Expiry of stored values, in ms; 0: none.
   uint64_t ttl_ms = 0;
   // Look up, never write (put/remove refused as Errc::read_only).
   bool read_only = false;
-  // Largest encoded entry stored or accepted from the server. 0 means the
-  // default, 64 MiB.
+  // Largest encoded entry stored or accepted from the server: 64 MiB.
   uint64_t max_entry_bytes = uint64_t(64) << 20;
-  // Consecutive failures that open the circuit breaker. 0 means the
-  // default, 3.
+  // Consecutive failures that open the circuit breaker.
   unsigned breaker_threshold = 3;
-  // Consecutive timeouts that open the circuit breaker. 0 means the
-  // default, 1: a server that stops answering costs one timeout.
+  // Consecutive timeouts that open the circuit breaker: by default one, so
+  // a server that stops answering costs one timeout.
   unsigned breaker_timeouts = 1;
-  // How long an open breaker skips the server. 0 means the default, 10 s.
+  // How long an open breaker skips the server, in ms: 10 s.
   uint64_t breaker_cooldown_ms = 10000;
-  // Writes waiting for the background thread; more are dropped. 0 means the
-  // default, 64.
+  // Writes waiting for the background thread; more are dropped.
   unsigned write_queue_depth = 64;
-  // HMAC-SHA256 secret. Empty (the default): values carry no MAC and none
-  // is checked.
+  // HMAC-SHA256 secret. Empty: values carry no MAC and none is checked.
   std::string secret;
 };
 
@@ -105,7 +111,7 @@ struct RemoteCounters {
 // Bytes of one stored value (null: nothing stored under the key).
 using RemoteBytes = std::shared_ptr<const Buffer>;
 
-// The wire to one kind of server. Each call is one request (or one
+// The value store of one kind of server. Each call is one request (or one
 // pipeline) bounded by the timeouts given to set_timeouts(); the transport
 // keeps no policy: no retries beyond following the server's redirections,
 // no breaker, no logging. A failed call returns an error whose code says
@@ -116,15 +122,16 @@ using RemoteBytes = std::shared_ptr<const Buffer>;
 //   Errc::io_error     the server answered with an error reply;
 //   Errc::corrupt      the server answered, but with a reply of the wrong
 //                      type for this key (the connection is fine).
-// Keys are cache keys: the transport names them on its server (the value
-// and the lease of one key), and documents the naming.
+// Keys are cache keys: the transport names them on its server, and
+// documents the naming.
 class RemoteTransport {
  public:
   virtual ~RemoteTransport() = default;
   // Short name for stats and logs, e.g. "redis".
   virtual std::string_view name() const noexcept = 0;
   // Bounds every later call: establishing a connection, then each read and
-  // write of a command. Called by make_remote_tier before any other call.
+  // write of a command. Called by make_remote before any other call (of
+  // this object, and of the lease backend when it is the same object).
   virtual void set_timeouts(uint64_t connect_ms, uint64_t command_ms) = 0;
 
   // The value stored under `key`, or null.
@@ -138,8 +145,17 @@ class RemoteTransport {
   // Removes the value under `key` (absent is fine).
   virtual Status remove(const Key& key) = 0;
 
-  // The lease of `key` is one record holding the holder's token, with an
-  // expiry. Each of these is one atomic step on the server.
+  virtual TransportCounters counters() const { return {}; }
+};
+
+// The lease records of a server: the lease of `key` is one record holding
+// its holder's token, with an expiry. Each call is one atomic step on the
+// server, bounded and failing as RemoteTransport's calls do. The policy
+// sets the timeouts through the value store (set_timeouts), so a backend
+// that is another object than the value store bounds its calls itself.
+class RemoteLeaseBackend {
+ public:
+  virtual ~RemoteLeaseBackend() = default;
   // Takes the lease unless another token holds it; renews it if `token`
   // holds it. True when `token` holds it afterwards.
   virtual Expected<bool> lease_acquire(const Key& key, std::string_view token, uint64_t ttl_ms) = 0;
@@ -149,20 +165,30 @@ class RemoteTransport {
   virtual Expected<bool> lease_release(const Key& key, std::string_view token) = 0;
   // Whether anyone holds the lease of `key`.
   virtual Expected<bool> lease_held(const Key& key) = 0;
-
-  virtual TransportCounters counters() const { return {}; }
 };
 
-// The remote tier's own interface, beyond Tier. Obtain it with
-// std::dynamic_pointer_cast<RemoteTier>(tier) on what make_remote_tier (or
-// make_redis_tier) returns.
+// The remote tier's own interface, beyond Tier.
 class RemoteTier : public Tier {
  public:
   // Entries for many keys in pipelined round trips; result[i] belongs to
   // keys[i]. Faults are misses.
   virtual std::vector<std::optional<Entry>> get_many(const std::vector<Key>& keys) = 0;
 
-  // Tries to become the one machine that compiles `key`: true if this tier
+  // Waits (bounded by lack of progress) until queued writes were sent.
+  Status flush() override = 0;
+  // This remote's counters (its leases' included).
+  virtual RemoteCounters counters() const = 0;
+  // Whether the circuit breaker skips the server now.
+  virtual bool breaker_open() const = 0;
+};
+
+// The remote's leases, made by make_remote() with its tier: one holder
+// identity per object, the tier's breaker and the tier's write queue. As
+// Leases (acquire/renew/release) they are the remote's lease alone; combine
+// them with a machine's own leases with make_remote_leases().
+class RemoteLeases : public Leases {
+ public:
+  // Tries to become the one machine that compiles `key`: true if this
   // object now holds the lease (it expires after ttl_ms unless renewed or
   // released; acquiring a lease already held renews it), false if another
   // holder has it. An expired lease is gone, so the next caller takes over.
@@ -171,35 +197,49 @@ class RemoteTier : public Tier {
   virtual Expected<bool> acquire_lease(const Key& key, uint64_t ttl_ms) = 0;
   // Extends a lease this object holds; false if it was lost or never held.
   virtual bool renew_lease(const Key& key, uint64_t ttl_ms) = 0;
-  // Gives the lease back if this object still holds it. Queued behind this
-  // object's pending writes, so waiters see the entry before the lease goes.
+  // Gives the lease back if this object still holds it. Queued behind the
+  // tier's pending writes, so waiters see the entry before the lease goes.
   virtual void release_lease(const Key& key) = 0;
   // Waits, polling, until `key` is stored (returns it), or no lease is held
   // on it any more (nullopt: the holder gave up or died; try to acquire), or
   // `bound_ms` passes, or the server cannot be asked (nullopt).
   virtual std::optional<Entry> wait_for(const Key& key, uint64_t bound_ms) = 0;
-
-  // Waits (bounded by lack of progress) until queued writes were sent.
-  Status flush() override = 0;
+  // The remote's counters (the same as its tier's).
   virtual RemoteCounters counters() const = 0;
-  // Whether the circuit breaker skips the server now.
-  virtual bool breaker_open() const = 0;
 };
 
-// The policy tier over `transport` (see the top of this file). The tier's
-// name is the transport's, with "(ro)" when read-only. Fails only when the
-// options cannot be honoured (no HMAC-SHA256 in OpenSSL).
-Expected<std::shared_ptr<Tier>> make_remote_tier(std::shared_ptr<RemoteTransport> transport,
-                                                 const RemoteTierOptions& options = {});
+// A remote tier and, when the server keeps leases, its leases.
+struct Remote {
+  std::shared_ptr<RemoteTier> tier;
+  std::shared_ptr<RemoteLeases> leases;  // null: no lease backend
+};
+
+// The transports one server offers: its value store and, where it keeps
+// leases, its lease backend (possibly the same object).
+struct RemoteTransports {
+  std::shared_ptr<RemoteTransport> values;
+  std::shared_ptr<RemoteLeaseBackend> leases;  // null: the server keeps none
+};
+
+// The policy over `values` and, if not null, `leases` (see the top of this
+// file). The tier's name is the transport's, with "(ro)" when read-only.
+// Fails (invalid_argument) on an option of 0 that must be at least 1, and
+// when the options cannot be honoured (no HMAC-SHA256 in OpenSSL).
+Expected<Remote> make_remote(std::shared_ptr<RemoteTransport> values, std::shared_ptr<RemoteLeaseBackend> leases,
+                             const RemoteTierOptions& options = {});
+Expected<Remote> make_remote(const RemoteTransports& transports, const RemoteTierOptions& options = {});
+// The tier alone (make_remote without leases).
+Expected<std::shared_ptr<RemoteTier>> make_remote_tier(std::shared_ptr<RemoteTransport> values,
+                                                       const RemoteTierOptions& options = {});
 
 // Leases for cross-machine single-flight (what the cache's assembly uses
-// when a remote tier is configured): a lease is held when both `local` (the
-// disk store's leases, for processes of this machine; may be null) and the
-// remote's lease are taken, so processes queue on their machine and machines
-// queue on the server. When the remote cannot be asked (breaker open),
-// `local` alone decides. Releases are queued behind the tier's pending
-// writes, so a waiter on another machine finds the entry before the lease
-// goes. A `remote` that is not a RemoteTier gives `local` back.
-std::shared_ptr<Leases> make_remote_leases(std::shared_ptr<Tier> remote, std::shared_ptr<Leases> local);
+// when a remote with leases is configured): a lease is held when both
+// `local` (the disk store's leases, for processes of this machine; may be
+// null) and the remote's lease are taken, so processes queue on their
+// machine and machines queue on the server. When the remote cannot be asked
+// (breaker open), `local` alone decides. Releases are queued behind the
+// tier's pending writes, so a waiter on another machine finds the entry
+// before the lease goes. A null `remote` gives `local` back.
+std::shared_ptr<Leases> make_remote_leases(std::shared_ptr<RemoteLeases> remote, std::shared_ptr<Leases> local);
 
 }  // namespace kcache

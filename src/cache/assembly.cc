@@ -20,19 +20,24 @@ namespace kcache {
 namespace {
 
 #if KCACHE_HAVE_REDIS
-Expected<std::shared_ptr<Tier>> open_redis(const std::string& url, const std::string& secret) {
+Expected<OpenedRemote> open_redis(const std::string& url, const std::string& secret) {
   RedisTierOptions o;
   o.secret = secret;
-  return make_redis_tier(url, o);
+  KCACHE_TRY(Remote r, make_redis_remote(url, o));
+  OpenedRemote opened{r.tier, nullptr};
+  if (r.leases)
+    opened.leases = [remote = std::move(r.leases)](std::shared_ptr<Leases> local) {
+      return make_remote_leases(remote, std::move(local));
+    };
+  return opened;
 }
 #endif
 
 constexpr std::array kSchemes = {
 #if KCACHE_HAVE_REDIS
-    RemoteScheme{"redis", open_redis, make_remote_leases},
-    RemoteScheme{"redis+cluster", open_redis, make_remote_leases},
+    RemoteScheme{"redis", open_redis}, RemoteScheme{"redis+cluster", open_redis},
 #endif
-    RemoteScheme{"", nullptr, nullptr},  // keeps the table non-empty in every build
+    RemoteScheme{"", nullptr},  // keeps the table non-empty in every build
 };
 
 }  // namespace
@@ -59,12 +64,15 @@ Expected<std::string> read_secret_file(const std::string& path) {
   return secret;
 }
 
-Expected<std::shared_ptr<Tier>> open_remote(const std::string& url, const std::string& secret_file) {
+Expected<OpenedRemote> open_remote(const std::string& url, const std::string& secret_file) {
   const RemoteScheme* scheme = find_remote_scheme(url);
   if (!scheme) {
     std::string known;
     for (const auto& s : remote_schemes()) known += (known.empty() ? "" : ", ") + std::string(s.scheme) + "://";
-    return Status(Errc::invalid_argument, "remote URL '" + url + "' has no known scheme (built in: " +
+    // Only the scheme is named: the rest of the URL may hold a password.
+    auto sep = url.find("://");
+    std::string named = sep == std::string::npos ? "no scheme" : "scheme '" + url.substr(0, sep) + "://'";
+    return Status(Errc::invalid_argument, "remote URL has " + named + ", not a known one (built in: " +
                                               (known.empty() ? std::string("none") : known) + ")");
   }
   std::string secret;
@@ -239,13 +247,10 @@ Assembly assemble(const Options& options) {
   if (!options.remote_url.empty()) {
     auto remote = open_remote(options.remote_url, options.remote_secret_file);
     if (remote) {
-      a.remote = std::move(remote).value();
+      a.remote = remote->tier;
       a.tiers.push_back(a.remote);
       // Machines sharing the remote also share single-flight through it.
-      if (coordinate) {
-        if (const RemoteScheme* s = find_remote_scheme(options.remote_url); s && s->leases)
-          a.leases = s->leases(a.remote, std::move(a.leases));
-      }
+      if (coordinate && remote->leases) a.leases = remote->leases(std::move(a.leases));
     } else {
       KCACHE_LOG(LogLevel::warn, "running without the remote tier: %s", remote.error().to_string().c_str());
     }

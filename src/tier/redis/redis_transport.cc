@@ -1,6 +1,7 @@
 // The Redis transport (kcache/redis.h): standalone or Cluster, through
-// hiredis (blocking contexts). Transport only: the policy (breaker, write
-// queue, value framing, leases for the Cache) is src/tier/remote/.
+// hiredis (blocking contexts). One object is both the value store and the
+// lease backend of kcache/remote.h. Transport only: the policy (breaker,
+// write queue, value framing, leases for the Cache) is src/tier/remote/.
 //
 // Structure:
 //  * Node: one server address and a pool of idle connections to it. A
@@ -17,8 +18,9 @@
 //    Errc::unavailable; an error reply is Errc::io_error; a reply of the
 //    wrong type, or WRONGTYPE (a key holding another type), is Errc::corrupt.
 //  * URL: redis://[:password@]host[:port][/db][?option=value&...] and
-//    redis+cluster://host:port[,host:port...][?...]; the query sets the
-//    fields of RedisTierOptions.
+//    redis+cluster://host:port[,host:port...][?...]; each option of the
+//    query goes through set_remote_option, whose one table (kRemoteOptions)
+//    names every option, its form and the field it sets.
 #include <hiredis/hiredis.h>
 #include <sys/time.h>
 #include <unistd.h>
@@ -27,8 +29,10 @@
 #include <atomic>
 #include <cerrno>
 #include <charconv>
+#include <climits>
 #include <cstring>
 #include <mutex>
+#include <optional>
 #include <shared_mutex>
 #include <span>
 #include <unordered_map>
@@ -50,6 +54,126 @@ uint16_t redis_key_slot(std::string_view key) noexcept {
       crc = (crc & 0x8000) ? static_cast<uint16_t>((crc << 1) ^ 0x1021) : static_cast<uint16_t>(crc << 1);
   }
   return crc & 16383;
+}
+
+namespace {
+
+bool parse_u64(std::string_view s, uint64_t* out) {
+  if (s.empty()) return false;
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), *out);
+  return ec == std::errc() && p == s.data() + s.size();
+}
+
+// ---- remote options: one table ------------------------------------------------
+
+enum class OptionForm {
+  millis,          // whole milliseconds, at least 1
+  millis_or_zero,  // whole milliseconds, 0 allowed
+  bytes,           // whole bytes, at least 1
+  count,           // a whole number from 1 to UINT_MAX
+  flag,            // 1/0, true/false, yes/no, on/off
+  text,            // anything
+};
+
+struct OptionValue {
+  uint64_t n = 0;
+  bool flag = false;
+  std::string_view text;
+};
+
+struct RemoteOption {
+  std::string_view name;
+  OptionForm form;
+  void (*set)(RedisTierOptions* o, const OptionValue& v);
+};
+
+constexpr RemoteOption kRemoteOptions[] = {
+    {"connect_timeout_ms", OptionForm::millis,
+     [](RedisTierOptions* o, const OptionValue& v) { o->connect_timeout_ms = v.n; }},
+    {"command_timeout_ms", OptionForm::millis,
+     [](RedisTierOptions* o, const OptionValue& v) { o->command_timeout_ms = v.n; }},
+    {"ttl_ms", OptionForm::millis_or_zero, [](RedisTierOptions* o, const OptionValue& v) { o->ttl_ms = v.n; }},
+    {"read_only", OptionForm::flag, [](RedisTierOptions* o, const OptionValue& v) { o->read_only = v.flag; }},
+    {"max_entry_bytes", OptionForm::bytes, [](RedisTierOptions* o, const OptionValue& v) { o->max_entry_bytes = v.n; }},
+    {"breaker_threshold", OptionForm::count,
+     [](RedisTierOptions* o, const OptionValue& v) { o->breaker_threshold = static_cast<unsigned>(v.n); }},
+    {"breaker_timeouts", OptionForm::count,
+     [](RedisTierOptions* o, const OptionValue& v) { o->breaker_timeouts = static_cast<unsigned>(v.n); }},
+    {"breaker_cooldown_ms", OptionForm::millis,
+     [](RedisTierOptions* o, const OptionValue& v) { o->breaker_cooldown_ms = v.n; }},
+    {"write_queue_depth", OptionForm::count,
+     [](RedisTierOptions* o, const OptionValue& v) { o->write_queue_depth = static_cast<unsigned>(v.n); }},
+    {"key_prefix", OptionForm::text,
+     [](RedisTierOptions* o, const OptionValue& v) { o->key_prefix = std::string(v.text); }},
+};
+
+// What a value of `form` looks like, for error messages.
+std::string_view form_text(OptionForm form) {
+  switch (form) {
+    case OptionForm::millis:
+      return "a whole number of milliseconds, at least 1 (e.g. 250)";
+    case OptionForm::millis_or_zero:
+      return "a whole number of milliseconds (0: none)";
+    case OptionForm::bytes:
+      return "a whole number of bytes, at least 1 (e.g. 67108864)";
+    case OptionForm::count:
+      return "a whole number from 1 to 4294967295";
+    case OptionForm::flag:
+      return "1/0, true/false, yes/no or on/off";
+    case OptionForm::text:
+      return "text";
+  }
+  return "";
+}
+
+// The value of `text` in `form`, or nullopt when it has another form.
+std::optional<OptionValue> parse_option(OptionForm form, std::string_view text) {
+  OptionValue v;
+  v.text = text;
+  switch (form) {
+    case OptionForm::text:
+      return v;
+    case OptionForm::flag: {
+      auto b = util::parse_bool(text);
+      if (!b) return std::nullopt;
+      v.flag = *b;
+      return v;
+    }
+    case OptionForm::millis_or_zero:
+      if (!parse_u64(text, &v.n)) return std::nullopt;
+      return v;
+    case OptionForm::millis:
+    case OptionForm::bytes:
+      if (!parse_u64(text, &v.n) || v.n == 0) return std::nullopt;
+      return v;
+    case OptionForm::count:
+      if (!parse_u64(text, &v.n) || v.n == 0 || v.n > UINT_MAX) return std::nullopt;
+      return v;
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::vector<std::string_view> remote_option_names() {
+  std::vector<std::string_view> names;
+  for (const auto& opt : kRemoteOptions) names.push_back(opt.name);
+  return names;
+}
+
+Status set_remote_option(RedisTierOptions* o, std::string_view name, std::string_view value) {
+  for (const auto& opt : kRemoteOptions) {
+    if (opt.name != name) continue;
+    auto v = parse_option(opt.form, value);
+    if (!v)
+      return Status(Errc::invalid_argument,
+                    "remote option " + std::string(name) + " wants " + std::string(form_text(opt.form)));
+    opt.set(o, *v);
+    return Status();
+  }
+  std::string known;
+  for (const auto& opt : kRemoteOptions) known += (known.empty() ? "" : ", ") + std::string(opt.name);
+  return Status(Errc::invalid_argument, "unknown remote option '" + std::string(name) + "' (known: " + known + ")");
 }
 
 namespace {
@@ -103,12 +227,6 @@ struct ParsedUrl {
   RedisTierOptions opt;
 };
 
-bool parse_u64(std::string_view s, uint64_t* out) {
-  if (s.empty()) return false;
-  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), *out);
-  return ec == std::errc() && p == s.data() + s.size();
-}
-
 Status bad_url(const std::string& url, const std::string& why) {
   // The URL may hold a password: name only the problem.
   (void)url;
@@ -122,41 +240,10 @@ Status apply_query(std::string_view q, RedisTierOptions* o, const std::string& u
     q = amp == std::string_view::npos ? std::string_view() : q.substr(amp + 1);
     if (kv.empty()) continue;
     auto eq = kv.find('=');
-    if (eq == std::string_view::npos) return bad_url(url, "option without a value: " + std::string(kv));
-    std::string_view k = kv.substr(0, eq), v = kv.substr(eq + 1);
-    uint64_t n = 0;
-    if (k == "key_prefix") {
-      o->key_prefix = std::string(v);
-      continue;
-    }
-    if (k == "read_only") {
-      if (v == "1" || v == "true" || v == "yes")
-        o->read_only = true;
-      else if (v == "0" || v == "false" || v == "no")
-        o->read_only = false;
-      else
-        return bad_url(url, "read_only wants 0 or 1");
-      continue;
-    }
-    if (!parse_u64(v, &n)) return bad_url(url, "option " + std::string(k) + " wants a number");
-    if (k == "connect_timeout_ms")
-      o->connect_timeout_ms = n;
-    else if (k == "command_timeout_ms")
-      o->command_timeout_ms = n;
-    else if (k == "ttl_ms")
-      o->ttl_ms = n;
-    else if (k == "max_entry_bytes")
-      o->max_entry_bytes = n;
-    else if (k == "breaker_threshold")
-      o->breaker_threshold = static_cast<unsigned>(n);
-    else if (k == "breaker_timeouts")
-      o->breaker_timeouts = static_cast<unsigned>(n);
-    else if (k == "breaker_cooldown_ms")
-      o->breaker_cooldown_ms = n;
-    else if (k == "write_queue_depth")
-      o->write_queue_depth = static_cast<unsigned>(n);
-    else
-      return bad_url(url, "unknown option " + std::string(k));
+    if (eq == std::string_view::npos)
+      return bad_url(url, "option " + std::string(kv) + " has no value (write " + std::string(kv) + "=value)");
+    Status st = set_remote_option(o, kv.substr(0, eq), kv.substr(eq + 1));
+    if (!st.is_ok()) return bad_url(url, st.message());
   }
   return Status();
 }
@@ -226,8 +313,6 @@ Expected<ParsedUrl> parse_url(const std::string& url, const RedisTierOptions& ba
   }
   if (p.seeds.empty()) return bad_url(url, "no host");
   if (!p.cluster && p.seeds.size() > 1) return bad_url(url, "several hosts need redis+cluster://");
-  if (!p.opt.connect_timeout_ms) p.opt.connect_timeout_ms = 250;
-  if (!p.opt.command_timeout_ms) p.opt.command_timeout_ms = 500;
   return p;
 }
 
@@ -266,7 +351,7 @@ Expected<bool> flag_of(const Reply& r, const char* what) {
   return r->integer == 1;
 }
 
-class RedisTransport final : public RemoteTransport {
+class RedisTransport final : public RemoteTransport, public RemoteLeaseBackend {
  public:
   explicit RedisTransport(ParsedUrl p)
       : p_(std::move(p)), connect_ms_(p_.opt.connect_timeout_ms), command_ms_(p_.opt.command_timeout_ms) {
@@ -618,20 +703,23 @@ class RedisTransport final : public RemoteTransport {
 
 }  // namespace
 
-Expected<std::shared_ptr<RemoteTransport>> make_redis_transport(const std::string& url,
-                                                                const RedisTierOptions& options) {
+Expected<RemoteTransports> make_redis_transport(const std::string& url, const RedisTierOptions& options) {
   KCACHE_TRY(ParsedUrl p, parse_url(url, options));
-  return std::shared_ptr<RemoteTransport>(std::make_shared<RedisTransport>(std::move(p)));
+  auto t = std::make_shared<RedisTransport>(std::move(p));
+  return RemoteTransports{t, t};
 }
 
-Expected<std::shared_ptr<Tier>> make_redis_tier(const std::string& url, const RedisTierOptions& options) {
+Expected<Remote> make_redis_remote(const std::string& url, const RedisTierOptions& options) {
+  KCACHE_TRY(ParsedUrl p, parse_url(url, options));
+  RemoteTierOptions policy = p.opt;  // the URL's query applied
+  auto t = std::make_shared<RedisTransport>(std::move(p));
+  return make_remote(t, t, policy);
+}
+
+Expected<std::shared_ptr<RemoteTier>> make_redis_tier(const std::string& url, const RedisTierOptions& options) {
   KCACHE_TRY(ParsedUrl p, parse_url(url, options));
   RemoteTierOptions policy = p.opt;  // the URL's query applied
   return make_remote_tier(std::make_shared<RedisTransport>(std::move(p)), policy);
-}
-
-std::shared_ptr<Leases> make_redis_leases(std::shared_ptr<Tier> redis, std::shared_ptr<Leases> local) {
-  return make_remote_leases(std::move(redis), std::move(local));
 }
 
 }  // namespace kcache

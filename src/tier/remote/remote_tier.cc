@@ -1,4 +1,5 @@
-// The remote policy tier over any RemoteTransport (kcache/remote.h).
+// The remote policy over any RemoteTransport and RemoteLeaseBackend
+// (kcache/remote.h): the tier, and the leases made with it.
 //
 // Structure:
 //  * Breaker: `failures_` counts failed calls since the server last
@@ -15,7 +16,11 @@
 //    per key (`said_`, bounded), not on every read of it.
 //  * Writes: put() queues the entry; one background thread sends queued
 //    writes and lease releases in order, so a lease is released only after
-//    this object's write of the entry was sent.
+//    the tier's write of the entry was sent.
+//  * Leases: RemoteLeasesImpl holds the RemoteTierImpl it was made with
+//    (make_remote makes both; nothing is cast) and goes through its breaker,
+//    counters and write queue; its releases are tasks of that queue. Each
+//    leases object has its own holder token.
 //  * Values: "KCRV" header, optional HMAC-SHA256, then the entry bytes
 //    (docs/format.md, "Redis value"). The MAC is checked before
 //    Entry::decode sees a byte.
@@ -62,27 +67,32 @@ class SliceBuffer final : public Buffer {
   size_t off_;
 };
 
-RemoteTierOptions with_defaults(RemoteTierOptions o) {
-  if (!o.connect_timeout_ms) o.connect_timeout_ms = 250;
-  if (!o.command_timeout_ms) o.command_timeout_ms = 500;
-  if (!o.max_entry_bytes) o.max_entry_bytes = uint64_t(64) << 20;
-  if (!o.breaker_threshold) o.breaker_threshold = 3;
-  if (!o.breaker_timeouts) o.breaker_timeouts = 1;
-  if (!o.breaker_cooldown_ms) o.breaker_cooldown_ms = 10000;
-  if (!o.write_queue_depth) o.write_queue_depth = 64;
-  return o;
+// The options that must be at least 1 (kcache/remote.h).
+Status check_options(const RemoteTierOptions& o) {
+  const std::pair<const char*, uint64_t> fields[] = {
+      {"connect_timeout_ms", o.connect_timeout_ms}, {"command_timeout_ms", o.command_timeout_ms},
+      {"max_entry_bytes", o.max_entry_bytes},       {"breaker_threshold", o.breaker_threshold},
+      {"breaker_timeouts", o.breaker_timeouts},     {"breaker_cooldown_ms", o.breaker_cooldown_ms},
+      {"write_queue_depth", o.write_queue_depth},
+  };
+  for (const auto& [name, value] : fields)
+    if (value == 0) return Status(Errc::invalid_argument, std::string("remote option ") + name + " must be at least 1");
+  return Status();
+}
+
+// A lease holder's identity: host, process, and a random part per object.
+std::string new_token() {
+  std::random_device rd;
+  char host[256] = {0};
+  ::gethostname(host, sizeof host - 1);
+  return std::string(host) + ":" + std::to_string(::getpid()) + ":" + std::to_string((uint64_t(rd()) << 32) | rd());
 }
 
 class RemoteTierImpl final : public RemoteTier {
  public:
-  RemoteTierImpl(std::shared_ptr<RemoteTransport> t, const RemoteTierOptions& o)
-      : t_(std::move(t)), o_(with_defaults(o)) {
+  RemoteTierImpl(std::shared_ptr<RemoteTransport> t, const RemoteTierOptions& o) : t_(std::move(t)), o_(o) {
     name_ = std::string(t_->name()) + (o_.read_only ? "(ro)" : "");
     t_->set_timeouts(o_.connect_timeout_ms, o_.command_timeout_ms);
-    std::random_device rd;
-    char host[256] = {0};
-    ::gethostname(host, sizeof host - 1);
-    token_ = std::string(host) + ":" + std::to_string(::getpid()) + ":" + std::to_string((uint64_t(rd()) << 32) | rd());
     if (!o_.secret.empty()) mac_ = EVP_MAC_fetch(nullptr, "HMAC", nullptr);
     writer_ = std::thread([this] { write_loop(); });
   }
@@ -129,80 +139,6 @@ class RemoteTierImpl final : public RemoteTier {
     return out;
   }
 
-  Expected<bool> acquire_lease(const Key& key, uint64_t ttl_ms) override {
-    bool releasing;
-    {
-      std::lock_guard g(q_mu_);
-      releasing = pending_releases_.count(key) != 0;
-    }
-    // A queued release of this key must not remove the lease taken now.
-    if (releasing) (void)flush();
-    if (!allow()) {
-      skipped_++;
-      return Status(Errc::unavailable, name_ + ": circuit breaker open");
-    }
-    KCACHE_TRY(bool held, call(t_->lease_acquire(key, token_, ttl_ms ? ttl_ms : 1)));
-    std::lock_guard g(c_mu_);
-    ++(held ? c_.leases_taken : c_.leases_busy);
-    return held;
-  }
-
-  bool renew_lease(const Key& key, uint64_t ttl_ms) override {
-    if (!allow()) {
-      skipped_++;
-      return false;
-    }
-    auto r = call(t_->lease_renew(key, token_, ttl_ms ? ttl_ms : 1));
-    return r && *r;
-  }
-
-  void release_lease(const Key& key) override {
-    // Never dropped, even with a full queue: a lost release makes every
-    // waiter sit out the lease's TTL.
-    Task t;
-    t.kind = Task::release;
-    t.key = key;
-    {
-      std::lock_guard lk(q_mu_);
-      ++pending_releases_[key];
-      q_.push_back(std::move(t));
-    }
-    q_cv_.notify_one();
-  }
-
-  std::optional<Entry> wait_for(const Key& key, uint64_t bound_ms) override {
-    uint64_t deadline = mono_ms() + bound_ms, sleep_ms = 2;
-    for (;;) {
-      if (!allow()) {
-        skipped_++;
-        return std::nullopt;
-      }
-      auto r = fetch(key);
-      if (!r) return std::nullopt;  // the server cannot be asked: stop waiting
-      if (r->has_value()) {
-        hits_++;
-        std::lock_guard g(c_mu_);
-        ++c_.lease_waits;
-        return std::move(*r);
-      }
-      auto held = call(t_->lease_held(key));
-      if (!held) return std::nullopt;
-      if (!*held) {
-        // The holder is gone; it may have stored the entry just before.
-        auto again = fetch(key);
-        if (again && again->has_value()) {
-          hits_++;
-          return std::move(*again);
-        }
-        return std::nullopt;
-      }
-      uint64_t now = mono_ms();
-      if (now >= deadline) return std::nullopt;
-      std::this_thread::sleep_for(std::chrono::milliseconds(std::min(sleep_ms, deadline - now)));
-      sleep_ms = std::min<uint64_t>(sleep_ms * 2, 50);
-    }
-  }
-
   Status flush() override {
     // Bounded by progress: each write either completes or fails within the
     // timeouts, so a stall longer than that means something is wrong.
@@ -241,6 +177,72 @@ class RemoteTierImpl final : public RemoteTier {
   bool breaker_open() const override {
     uint64_t until = open_until_ms_.load(std::memory_order_relaxed);
     return until != 0 && mono_ms() < until;
+  }
+
+  // ---- for RemoteLeasesImpl: the breaker, counters and write queue --------
+
+  // False: skip the server (counted as skipped).
+  bool allow_or_skip() {
+    if (allow()) return true;
+    skipped_++;
+    return false;
+  }
+  void count_lease(bool held) {
+    std::lock_guard g(c_mu_);
+    ++(held ? c_.leases_taken : c_.leases_busy);
+  }
+  void count_hit(bool lease_wait) {
+    hits_++;
+    if (!lease_wait) return;
+    std::lock_guard g(c_mu_);
+    ++c_.lease_waits;
+  }
+  // Whether a release of `key` is still queued.
+  bool releasing(const Key& key) {
+    std::lock_guard g(q_mu_);
+    return pending_releases_.count(key) != 0;
+  }
+  // Queues a release behind the pending writes. Never dropped, even with a
+  // full queue: a lost release makes every waiter sit out the lease's TTL.
+  void queue_release(const Key& key, std::shared_ptr<RemoteLeaseBackend> backend, const std::string& token) {
+    Task t;
+    t.kind = Task::release;
+    t.key = key;
+    t.lease = std::move(backend);
+    t.token = token;
+    {
+      std::lock_guard lk(q_mu_);
+      ++pending_releases_[key];
+      q_.push_back(std::move(t));
+    }
+    q_cv_.notify_one();
+  }
+
+  // GET and accept; an error only when the server could not be asked.
+  Expected<std::optional<Entry>> fetch(const Key& key) {
+    auto r = t_->get(key);
+    if (!r && r.error().code() != Errc::corrupt) {
+      fail(r.error());
+      return std::move(r).error();
+    }
+    succeed();
+    return accept(key, std::move(r));
+  }
+
+  // Breaker bookkeeping around one transport call. A reply of the wrong
+  // type still means the server answered.
+  template <class T>
+  Expected<T> call(Expected<T> r) {
+    if (r) {
+      succeed();
+    } else if (r.error().code() == Errc::corrupt) {
+      succeed();
+      errors_++;
+      bad_replies_++;
+    } else {
+      fail(r.error());
+    }
+    return r;
   }
 
  protected:
@@ -320,7 +322,9 @@ class RemoteTierImpl final : public RemoteTier {
   struct Task {
     enum Kind { put, release } kind = put;
     Key key;
-    Entry entry;
+    Entry entry;                                // put
+    std::shared_ptr<RemoteLeaseBackend> lease;  // release: where, and as whom
+    std::string token;
   };
 
   // ---- values ---------------------------------------------------------------
@@ -422,32 +426,6 @@ class RemoteTierImpl final : public RemoteTier {
     return std::move(e).value();
   }
 
-  // GET and accept; an error only when the server could not be asked.
-  Expected<std::optional<Entry>> fetch(const Key& key) {
-    auto r = t_->get(key);
-    if (!r && r.error().code() != Errc::corrupt) {
-      fail(r.error());
-      return std::move(r).error();
-    }
-    succeed();
-    return accept(key, std::move(r));
-  }
-
-  // Breaker bookkeeping around one transport call. A reply of the wrong
-  // type still means the server answered.
-  template <class T>
-  Expected<T> call(Expected<T> r) {
-    if (r) {
-      succeed();
-    } else if (r.error().code() == Errc::corrupt) {
-      succeed();
-      errors_++;
-      bad_replies_++;
-    } else {
-      fail(r.error());
-    }
-    return r;
-  }
   Status call_status(Status st) {
     if (st.is_ok())
       succeed();
@@ -551,7 +529,7 @@ class RemoteTierImpl final : public RemoteTier {
       return;
     }
     if (t.kind == Task::release) {
-      (void)call(t_->lease_release(t.key, token_));
+      (void)call(t.lease->lease_release(t.key, t.token));
       return;
     }
     auto v = encode_value(t.entry);
@@ -565,7 +543,6 @@ class RemoteTierImpl final : public RemoteTier {
   std::shared_ptr<RemoteTransport> t_;
   const RemoteTierOptions o_;
   std::string name_;
-  std::string token_;  // this object's lease holder identity
   EVP_MAC* mac_ = nullptr;
 
   std::atomic<uint64_t> failures_{0}, timeouts_{0}, open_until_ms_{0}, breaker_opens_{0};
@@ -588,9 +565,83 @@ class RemoteTierImpl final : public RemoteTier {
   std::thread writer_;
 };
 
-class RemoteLeases final : public Leases {
+class RemoteLeasesImpl final : public RemoteLeases {
  public:
-  RemoteLeases(std::shared_ptr<RemoteTier> remote, std::shared_ptr<Leases> local)
+  RemoteLeasesImpl(std::shared_ptr<RemoteTierImpl> tier, std::shared_ptr<RemoteLeaseBackend> backend)
+      : tier_(std::move(tier)), b_(std::move(backend)), name_(tier_->name()), token_(new_token()) {}
+
+  // ---- Leases -----------------------------------------------------------------
+
+  std::string_view name() const noexcept override { return name_; }
+  LeaseResult acquire(const Key& key, uint64_t ttl_ms) override {
+    auto r = acquire_lease(key, ttl_ms);
+    if (!r) return LeaseResult::error;
+    return *r ? LeaseResult::acquired : LeaseResult::busy;
+  }
+  bool renew(const Key& key, uint64_t ttl_ms) override { return renew_lease(key, ttl_ms); }
+  void release(const Key& key) override { release_lease(key); }
+  uint64_t takeovers() const noexcept override { return 0; }
+
+  // ---- RemoteLeases -------------------------------------------------------------
+
+  Expected<bool> acquire_lease(const Key& key, uint64_t ttl_ms) override {
+    // A queued release of this key must not remove the lease taken now.
+    if (tier_->releasing(key)) (void)tier_->flush();
+    if (!tier_->allow_or_skip()) return Status(Errc::unavailable, name_ + ": circuit breaker open");
+    KCACHE_TRY(bool held, tier_->call(b_->lease_acquire(key, token_, ttl_ms ? ttl_ms : 1)));
+    tier_->count_lease(held);
+    return held;
+  }
+
+  bool renew_lease(const Key& key, uint64_t ttl_ms) override {
+    if (!tier_->allow_or_skip()) return false;
+    auto r = tier_->call(b_->lease_renew(key, token_, ttl_ms ? ttl_ms : 1));
+    return r && *r;
+  }
+
+  void release_lease(const Key& key) override { tier_->queue_release(key, b_, token_); }
+
+  std::optional<Entry> wait_for(const Key& key, uint64_t bound_ms) override {
+    uint64_t deadline = mono_ms() + bound_ms, sleep_ms = 2;
+    for (;;) {
+      if (!tier_->allow_or_skip()) return std::nullopt;
+      auto r = tier_->fetch(key);
+      if (!r) return std::nullopt;  // the server cannot be asked: stop waiting
+      if (r->has_value()) {
+        tier_->count_hit(true);
+        return std::move(*r);
+      }
+      auto held = tier_->call(b_->lease_held(key));
+      if (!held) return std::nullopt;
+      if (!*held) {
+        // The holder is gone; it may have stored the entry just before.
+        auto again = tier_->fetch(key);
+        if (again && again->has_value()) {
+          tier_->count_hit(false);
+          return std::move(*again);
+        }
+        return std::nullopt;
+      }
+      uint64_t now = mono_ms();
+      if (now >= deadline) return std::nullopt;
+      std::this_thread::sleep_for(std::chrono::milliseconds(std::min(sleep_ms, deadline - now)));
+      sleep_ms = std::min<uint64_t>(sleep_ms * 2, 50);
+    }
+  }
+
+  RemoteCounters counters() const override { return tier_->counters(); }
+
+ private:
+  std::shared_ptr<RemoteTierImpl> tier_;
+  std::shared_ptr<RemoteLeaseBackend> b_;
+  std::string name_;
+  std::string token_;  // this object's lease holder identity
+};
+
+// A machine's own leases (may be null) and the remote's, both held.
+class CombinedLeases final : public Leases {
+ public:
+  CombinedLeases(std::shared_ptr<RemoteLeases> remote, std::shared_ptr<Leases> local)
       : remote_(std::move(remote)), local_(std::move(local)), name_(remote_->name()) {}
   std::string_view name() const noexcept override { return name_; }
 
@@ -614,25 +665,38 @@ class RemoteLeases final : public Leases {
   uint64_t takeovers() const noexcept override { return local_ ? local_->takeovers() : 0; }
 
  private:
-  std::shared_ptr<RemoteTier> remote_;
+  std::shared_ptr<RemoteLeases> remote_;
   std::shared_ptr<Leases> local_;
   std::string name_;
 };
 
 }  // namespace
 
-Expected<std::shared_ptr<Tier>> make_remote_tier(std::shared_ptr<RemoteTransport> transport,
-                                                 const RemoteTierOptions& options) {
-  if (!transport) return Status(Errc::invalid_argument, "make_remote_tier: no transport");
-  auto t = std::make_shared<RemoteTierImpl>(std::move(transport), options);
+Expected<Remote> make_remote(std::shared_ptr<RemoteTransport> values, std::shared_ptr<RemoteLeaseBackend> leases,
+                             const RemoteTierOptions& options) {
+  if (!values) return Status(Errc::invalid_argument, "make_remote: no transport");
+  KCACHE_RETURN_IF_ERROR(check_options(options));
+  auto t = std::make_shared<RemoteTierImpl>(std::move(values), options);
   if (!t->ok()) return Status(Errc::internal, "OpenSSL has no HMAC");
-  return std::shared_ptr<Tier>(std::move(t));
+  Remote r;
+  if (leases) r.leases = std::make_shared<RemoteLeasesImpl>(t, std::move(leases));
+  r.tier = std::move(t);
+  return r;
 }
 
-std::shared_ptr<Leases> make_remote_leases(std::shared_ptr<Tier> remote, std::shared_ptr<Leases> local) {
-  auto r = std::dynamic_pointer_cast<RemoteTier>(std::move(remote));
-  if (!r) return local;
-  return std::make_shared<RemoteLeases>(std::move(r), std::move(local));
+Expected<Remote> make_remote(const RemoteTransports& transports, const RemoteTierOptions& options) {
+  return make_remote(transports.values, transports.leases, options);
+}
+
+Expected<std::shared_ptr<RemoteTier>> make_remote_tier(std::shared_ptr<RemoteTransport> values,
+                                                       const RemoteTierOptions& options) {
+  KCACHE_TRY(Remote r, make_remote(std::move(values), nullptr, options));
+  return std::move(r.tier);
+}
+
+std::shared_ptr<Leases> make_remote_leases(std::shared_ptr<RemoteLeases> remote, std::shared_ptr<Leases> local) {
+  if (!remote) return local;
+  return std::make_shared<CombinedLeases>(std::move(remote), std::move(local));
 }
 
 }  // namespace kcache
