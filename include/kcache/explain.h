@@ -92,6 +92,7 @@ enum class TextForm : uint8_t {
   // Lines for people (`kcache explain`):
   //   compared with 2 stored entries of namespace "tour/1"
   //   nearest 36d1...: 1 of 4 components differ (label "k17", as the lookup's)
+  //     (of the components either side has)
   //     opt                  changed  -O2 → -O3
   // or `no stored entry has namespace "NS" (stored namespaces: "x" x2)`.
   block,

@@ -82,8 +82,11 @@ std::string block(const MissReport& r) {
   const MissReport::Nearest& n = *r.nearest;
   std::string out = "compared with " + std::to_string(r.compared) + " stored entr" + (r.compared == 1 ? "y" : "ies") +
                     " of namespace " + quoted(r.ns) + "\n";
+  // Of the components either side has: the lookup's and those missing from it.
+  size_t missing = 0;
+  for (const auto& d : r.differences) missing += d.change == ManifestChange::missing;
   out += "nearest " + n.key.hex() + ": " + std::to_string(r.differences.size()) + " of " +
-         std::to_string(r.components) + " components differ";
+         std::to_string(r.components + missing) + " components differ";
   if (!n.label.empty()) out += " (label " + quoted(n.label) + (n.same_label ? ", as the lookup's" : "") + ")";
   out += "\n";
   for (const auto& d : r.differences) out += difference_row(d);
