@@ -113,6 +113,25 @@ TEST_P(ExplainCli, ACpuChangeReadsAsNames) {
   EXPECT_NE(r.out.find(": cpu: znver3 \u2192 x86-64\n"), std::string::npos) << r.out;
 }
 
+// A damaged record of the journal is skipped and said to be, never the
+// end of `misses`.
+TEST_P(ExplainCli, ADamagedJournalRecordIsSkipped) {
+  jit_run(2, "znver3", 3);
+  std::string journal = dir() + "/" + engine() + ".misses";
+  std::string b = slurp(journal);
+  ASSERT_GT(b.size(), 100u);
+  b[b.size() - 20] ^= 0x5a;  // inside the last record
+  spit(journal, b);
+  Result r = run({"misses"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("2 misses, by cause:\n"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("(1 unreadable journal record(s) skipped)\n"), std::string::npos) << r.out;
+  r = run({"misses", "--json"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(count_of(r.out, "\"time_ms\":"), 2u) << r.out;
+  EXPECT_NE(r.out.find(",\"skipped\":1}"), std::string::npos) << r.out;
+}
+
 INSTANTIATE_TEST_SUITE_P(Engines, ExplainCli, ::testing::ValuesIn(engine_names()),
                          [](const auto& info) { return info.param; });
 
