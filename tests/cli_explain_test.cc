@@ -76,8 +76,8 @@ TEST_P(CliTest, ExplainNamesTheComponentThatDiffers) {
   expect_failure(run({"explain", "--manifest", file("bad.json")}), 2, "JSON");
 }
 
-// A component whose type changed (u64 -> i64) is told apart from a changed
-// value, with both types; a removed one is "missing".
+// A component whose type changed (u64 -> i64) is a change shown with both
+// types; one only the stored entry has is "missing".
 TEST_P(CliTest, ExplainTellsATypeChangeAndAMissingComponent) {
   KeyInfo stored =
       *KeyBuilder("clitest/1").add_u64("compiler", 14).add_string("opt", "-O2").add_u64("gone", 1).finish();
@@ -88,18 +88,21 @@ TEST_P(CliTest, ExplainTellsATypeChangeAndAMissingComponent) {
   EXPECT_EQ(r.rc, 1) << r.err;
   EXPECT_NE(
       r.out.find("\"nearest\":{\"key\":\"" + stored.key.hex() +
-                 "\",\"components\":2,\"differences\":["
-                 "{\"name\":\"compiler\",\"change\":\"type_changed\",\"stored\":\"" +
+                 "\",\"label\":\"\",\"components\":2,\"differences\":["
+                 "{\"name\":\"compiler\",\"change\":\"changed\",\"stored\":\"" +
                  stored.manifest.items[0].digest.hex() + "\",\"lookup\":\"" + lookup.manifest.items[0].digest.hex() +
                  "\",\"stored_type\":\"u64\",\"lookup_type\":\"i64\"},"
                  "{\"name\":\"gone\",\"change\":\"missing\",\"stored\":\"" +
-                 stored.manifest.items[1].digest.hex() + "\",\"lookup\":null}]}"),
+                 stored.manifest.items[1].digest.hex() + "\",\"lookup\":null}],\"age_ms\":"),
       std::string::npos)
       << r.out;
   r = run({"explain", "--manifest", mf});
   EXPECT_EQ(r.rc, 1);
-  EXPECT_NE(r.out.find("nearest " + stored.key.hex() + ": 2 of 2 components differ\n"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("  compiler             type     stored u64 "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("nearest " + stored.key.hex() + ": 2 of 3 components differ\n"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("  compiler             changed  stored u64 " + stored.manifest.items[0].digest.hex() +
+                       ", lookup i64 " + lookup.manifest.items[0].digest.hex() + "\n"),
+            std::string::npos)
+      << r.out;
   EXPECT_NE(r.out.find("  gone                 missing  only in the stored entry\n"), std::string::npos) << r.out;
 }
 

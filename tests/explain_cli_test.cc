@@ -47,6 +47,9 @@ TEST_P(ExplainCli, MissesAreExplainedAndGrouped) {
   EXPECT_NE(r.out.find("10 misses, by cause:\n"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("  5 misses: ir_opt_level 2 \u2192 3  (interp/1)\n"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("  5 misses: no earlier entry of its label  (interp/1)\n"), std::string::npos) << r.out;
+  // The cold run: nothing of their labels before them, at most modules of
+  // other labels.
+  EXPECT_NE(r.out.find("\n    no earlier entry of its label; nearest of another label "), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("nearest " + module_key("mod3.c", 2).key.hex() + " \"mod3.c\": ir_opt_level: 2 \u2192 3\n"),
             std::string::npos)
       << r.out;
@@ -55,14 +58,17 @@ TEST_P(ExplainCli, MissesAreExplainedAndGrouped) {
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_EQ(count_of(r.out, "\"time_ms\":"), 5u) << r.out;
   KeyInfo m0 = module_key("mod0.c", 3), was = module_key("mod0.c", 2);
-  EXPECT_NE(r.out.find("{\"key\":\"" + m0.key.hex() + "\",\"label\":\"mod0.c\",\"time_ms\":"), std::string::npos)
-      << r.out;
-  EXPECT_NE(r.out.find("\"namespace\":\"interp/1\""), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("\"nearest\":{\"key\":\"" + was.key.hex() +
-                       "\",\"label\":\"mod0.c\",\"differences\":[{"
-                       "\"name\":\"ir_opt_level\",\"change\":\"changed\",\"stored\":\"2\",\"lookup\":\"3\"}]}"),
+  EXPECT_NE(r.out.find("{\"key\":\"" + m0.key.hex() + "\",\"time_ms\":"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\"cause\":\"ir_opt_level 2 \u2192 3\",\"label\":\"mod0.c\",\"namespace\":\"interp/1\""),
             std::string::npos)
       << r.out;
+  EXPECT_NE(r.out.find("\"nearest\":{\"key\":\"" + was.key.hex() +
+                       "\",\"label\":\"mod0.c\",\"components\":3,\"differences\":[{"
+                       "\"name\":\"ir_opt_level\",\"change\":\"changed\",\"stored\":\"2\",\"lookup\":\"3\"}],"
+                       "\"age_ms\":"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("\"skipped\":0}"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("\"groups\":[{\"count\":5,\"namespace\":\"interp/1\",\"cause\":\"ir_opt_level 2 \u2192 3\"}]"),
             std::string::npos)
       << r.out;
@@ -86,7 +92,7 @@ TEST_P(ExplainCli, MissesAreExplainedAndGrouped) {
   EXPECT_NE(r.out.find("  ir_opt_level         changed  2 \u2192 3\n"), std::string::npos) << r.out;
   r = run({"explain", "--key", m4.key.hex(), "--json"});
   EXPECT_EQ(r.rc, 1);
-  EXPECT_NE(r.out.find("\"label\":\"mod4.c\",\"from_journal\":true"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\"from_journal\":true,\"unreadable\":0,\"label\":\"mod4.c\""), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("\"stored\":\"2\",\"lookup\":\"3\""), std::string::npos) << r.out;
 
   // A key no one looked up: explain says how to compare it.
@@ -105,6 +111,25 @@ TEST_P(ExplainCli, ACpuChangeReadsAsNames) {
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_NE(r.out.find("  2 misses: cpu znver3 \u2192 x86-64  (interp/1)\n"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find(": cpu: znver3 \u2192 x86-64\n"), std::string::npos) << r.out;
+}
+
+// A damaged record of the journal is skipped and said to be, never the
+// end of `misses`.
+TEST_P(ExplainCli, ADamagedJournalRecordIsSkipped) {
+  jit_run(2, "znver3", 3);
+  std::string journal = dir() + "/" + engine() + ".misses";
+  std::string b = slurp(journal);
+  ASSERT_GT(b.size(), 100u);
+  b[b.size() - 20] ^= 0x5a;  // inside the last record
+  spit(journal, b);
+  Result r = run({"misses"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("2 misses, by cause:\n"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("(1 unreadable journal record(s) skipped)\n"), std::string::npos) << r.out;
+  r = run({"misses", "--json"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(count_of(r.out, "\"time_ms\":"), 2u) << r.out;
+  EXPECT_NE(r.out.find(",\"skipped\":1}"), std::string::npos) << r.out;
 }
 
 INSTANTIATE_TEST_SUITE_P(Engines, ExplainCli, ::testing::ValuesIn(engine_names()),

@@ -1,7 +1,8 @@
-// The miss journal (shared by processes, bounded, a torn record never read),
-// the nearest stored entry (same label first), and the Cache's miss path:
-// every counted miss journaled, and with explain on one log line naming the
-// nearest entry and the values that changed.
+// The miss journal (shared by processes, bounded, a torn record never read,
+// damage skipped and counted by its reader), the nearest stored entry (same
+// label first), and the Cache's miss path: every counted miss journaled, and
+// with explain on one log line naming the nearest entry and the values that
+// changed.
 #include <gtest/gtest.h>
 
 #include <fcntl.h>
@@ -11,12 +12,14 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <iterator>
 #include <set>
 #include <sstream>
 
 #include "cache/journal.h"
 #include "kcache/assembly.h"
 #include "kcache/cache.h"
+#include "kcache/miss_journal.h"
 #include "test_util.h"
 #include "util/util.h"
 
@@ -50,12 +53,12 @@ off_t file_size(const std::string& p) {
 TEST(MissJournal, RecordsReadBackWhole) {
   test::TempDir tmp;
   std::string store = tmp.path() + "/lmdb";
-  auto none = MissJournal::read(store, 10);
+  auto none = read_miss_journal(store, 10);
   ASSERT_TRUE(none);
   EXPECT_TRUE(none->empty());
   MissJournal j(store, 100);
   for (uint64_t i = 0; i < 5; ++i) ASSERT_TRUE(j.append(record(i, "k" + std::to_string(i))).is_ok());
-  auto recs = MissJournal::read(store, 10);
+  auto recs = read_miss_journal(store, 10);
   ASSERT_TRUE(recs);
   ASSERT_EQ(recs->size(), 5u);
   for (uint64_t i = 0; i < 5; ++i) {
@@ -70,7 +73,7 @@ TEST(MissJournal, RecordsReadBackWhole) {
     EXPECT_EQ(r.process, "journal-test");
   }
   // --limit: the newest.
-  auto last2 = MissJournal::read(store, 2);
+  auto last2 = read_miss_journal(store, 2);
   ASSERT_TRUE(last2);
   ASSERT_EQ(last2->size(), 2u);
   EXPECT_EQ(index_of((*last2)[0]), 3u);
@@ -86,7 +89,7 @@ TEST(MissJournal, BoundedKeepsTheNewest) {
     ASSERT_TRUE(j.append(record(i)).is_ok());
     if (i == 0) one = file_size(MissJournal::path_for(store)) - 24;
   }
-  auto recs = MissJournal::read(store, 100000);
+  auto recs = read_miss_journal(store, 100000);
   ASSERT_TRUE(recs);
   // Between keep and 2 x keep records: the current file and the previous one.
   EXPECT_GE(recs->size(), 10u);
@@ -108,14 +111,14 @@ TEST(MissJournal, PostedBatchesKeepTheNewestInOrder) {
     MissJournal j(store, 4);
     for (uint64_t i = 0; i < 11; ++i) j.post(record(i));
     j.flush();
-    auto recs = MissJournal::read(store, 100);
+    auto recs = read_miss_journal(store, 100);
     ASSERT_TRUE(recs);
     // 0-3 rotated out, 4-7 the previous generation, 8-10 the current one.
     ASSERT_EQ(recs->size(), 7u);
     for (size_t i = 0; i < recs->size(); ++i) EXPECT_EQ(index_of((*recs)[i]), 4 + i);
     for (uint64_t i = 11; i < 14; ++i) j.post(record(i));
   }  // the destructor writes what was posted
-  auto recs = MissJournal::read(store, 100);
+  auto recs = read_miss_journal(store, 100);
   ASSERT_TRUE(recs);
   ASSERT_EQ(recs->size(), 6u);  // 8-11 previous, 12-13 current
   for (size_t i = 0; i < recs->size(); ++i) EXPECT_EQ(index_of((*recs)[i]), 8 + i);
@@ -133,15 +136,174 @@ TEST(MissJournal, TornRecordIsNeverReadAndIsOverwritten) {
     std::ofstream f(MissJournal::path_for(store), std::ios::binary | std::ios::app);
     f << std::string("\x40\0\0\0garbage-of-a-torn-record", 29);
   }
-  auto recs = MissJournal::read(store, 100);
+  auto recs = read_miss_journal(store, 100);
   ASSERT_TRUE(recs);
   ASSERT_EQ(recs->size(), 1u);
   MissJournal j(store, 100);
   ASSERT_TRUE(j.append(record(2)).is_ok());
-  recs = MissJournal::read(store, 100);
+  recs = read_miss_journal(store, 100);
   ASSERT_TRUE(recs);
   ASSERT_EQ(recs->size(), 2u);
   EXPECT_EQ(index_of((*recs)[1]), 2u);
+}
+
+// ---- reading a journal that is damaged ------------------------------------------
+
+std::string bytes_of(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+}
+
+void write_bytes(const std::string& path, const std::string& b) {
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  f << b;
+}
+
+// The offset of each committed record of a journal file's bytes.
+std::vector<size_t> record_offsets(const std::string& b) {
+  std::vector<size_t> out;
+  size_t end = util::get_u64(b.data() + 16);
+  for (size_t pos = 24; pos + 8 <= end; pos += 8 + util::get_u32(b.data() + pos)) out.push_back(pos);
+  return out;
+}
+
+// Three records written by the real writer, read back; then each kind of
+// damage: a record that does not verify, a file cut short under its header,
+// an impossible length, a header that is not one, a record that verifies but
+// names no type kcache has. What cannot be read is skipped and counted; the
+// records around it are read whole.
+TEST(ReadMissJournal, DamageIsSkippedAndCounted) {
+  test::TempDir tmp;
+  std::string store = tmp.path() + "/lmdb";
+  const std::string path = miss_journal_path(store);
+  EXPECT_EQ(path, store + ".misses");
+  {
+    MissJournal j(store, 100);
+    for (uint64_t i = 0; i < 3; ++i) ASSERT_TRUE(j.append(record(i, "k")).is_ok());
+  }
+  uint64_t skipped = 99;
+  auto recs = read_miss_journal(store, SIZE_MAX, &skipped);
+  ASSERT_TRUE(recs) << recs.error().to_string();
+  ASSERT_EQ(recs->size(), 3u);
+  EXPECT_EQ(skipped, 0u);
+  const std::string good = bytes_of(path);
+  std::vector<size_t> at = record_offsets(good);
+  ASSERT_EQ(at.size(), 3u);
+
+  // A flipped byte in the second record's body: it fails its check.
+  std::string b = good;
+  b[at[1] + 8 + 30] ^= 0x5a;
+  write_bytes(path, b);
+  recs = read_miss_journal(store, SIZE_MAX, &skipped);
+  ASSERT_TRUE(recs);
+  ASSERT_EQ(recs->size(), 2u);
+  EXPECT_EQ(index_of((*recs)[0]), 0u);
+  EXPECT_EQ(index_of((*recs)[1]), 2u);
+  EXPECT_EQ(skipped, 1u);
+
+  // Cut in the middle of the third record (the header still counts it).
+  write_bytes(path, good.substr(0, at[2] + 12));
+  recs = read_miss_journal(store, SIZE_MAX, &skipped);
+  ASSERT_TRUE(recs);
+  ASSERT_EQ(recs->size(), 2u);
+  EXPECT_EQ(index_of((*recs)[1]), 1u);
+  EXPECT_EQ(skipped, 1u);
+
+  // An impossible length: the rest of the file is one skip.
+  b = good;
+  b[at[1]] = b[at[1] + 1] = b[at[1] + 2] = b[at[1] + 3] = '\xff';
+  write_bytes(path, b);
+  recs = read_miss_journal(store, SIZE_MAX, &skipped);
+  ASSERT_TRUE(recs);
+  ASSERT_EQ(recs->size(), 1u);
+  EXPECT_EQ(skipped, 1u);
+
+  // Not a journal's header: nothing read, one skip; the writer starts over.
+  b = good;
+  b[0] = 'X';
+  write_bytes(path, b);
+  recs = read_miss_journal(store, SIZE_MAX, &skipped);
+  ASSERT_TRUE(recs);
+  EXPECT_TRUE(recs->empty());
+  EXPECT_EQ(skipped, 1u);
+  write_bytes(path, "KCMI");  // shorter than a header
+  recs = read_miss_journal(store, SIZE_MAX, &skipped);
+  ASSERT_TRUE(recs);
+  EXPECT_TRUE(recs->empty());
+  EXPECT_EQ(skipped, 1u);
+  {
+    MissJournal j(store, 100);
+    ASSERT_TRUE(j.append(record(7)).is_ok());
+  }
+  recs = read_miss_journal(store, SIZE_MAX, &skipped);
+  ASSERT_TRUE(recs);
+  ASSERT_EQ(recs->size(), 1u);
+  EXPECT_EQ(index_of((*recs)[0]), 7u);
+  EXPECT_EQ(skipped, 0u);
+
+  // A record that verifies but whose component has type 42: skipped, never
+  // handed on with a type kcache does not know.
+  b = good;
+  {
+    size_t body = at[0] + 8, len = util::get_u32(b.data() + at[0]);
+    std::string rec = b.substr(body, len);
+    // time:8 pid:4 key:16 process, label, ns (str16 each), n:4, then the
+    // first item: name (str16), type:1.
+    size_t p = 28;
+    for (int i = 0; i < 3; ++i) p += 2 + (static_cast<uint8_t>(rec[p]) | (static_cast<uint8_t>(rec[p + 1]) << 8));
+    p += 4;
+    p += 2 + (static_cast<uint8_t>(rec[p]) | (static_cast<uint8_t>(rec[p + 1]) << 8));
+    rec[p] = 42;
+    Digest d = hash_bytes(rec);
+    std::string check;
+    util::put_u32(check, util::get_u32(reinterpret_cast<const char*>(d.bytes.data())));
+    b.replace(at[0] + 4, 4, check);
+    b.replace(body, len, rec);
+  }
+  write_bytes(path, b);
+  recs = read_miss_journal(store, SIZE_MAX, &skipped);
+  ASSERT_TRUE(recs);
+  ASSERT_EQ(recs->size(), 2u);
+  EXPECT_EQ(index_of((*recs)[0]), 1u);
+  EXPECT_EQ(skipped, 1u);
+}
+
+// Random damage anywhere (bytes flipped, the file cut anywhere): the read
+// never fails or crashes, and every record it returns is whole.
+TEST(ReadMissJournal, RandomDamageNeverYieldsABrokenRecord) {
+  test::TempDir tmp;
+  std::string store = tmp.path() + "/lmdb";
+  const std::string path = miss_journal_path(store);
+  {
+    MissJournal j(store, 100);
+    for (uint64_t i = 0; i < 8; ++i) ASSERT_TRUE(j.append(record(i, "label" + std::to_string(i))).is_ok());
+  }
+  const std::string good = bytes_of(path);
+  uint64_t seed = 0x9e3779b97f4a7c15ull;
+  auto next = [&] {
+    seed ^= seed << 13;
+    seed ^= seed >> 7;
+    seed ^= seed << 17;
+    return seed;
+  };
+  for (int round = 0; round < 300; ++round) {
+    std::string b = good;
+    int flips = static_cast<int>(next() % 4);
+    for (int f = 0; f < flips; ++f) b[next() % b.size()] ^= static_cast<char>(1 + next() % 255);
+    if (next() % 2) b.resize(next() % (b.size() + 1));
+    write_bytes(path, b);
+    uint64_t skipped = 0;
+    auto recs = read_miss_journal(store, SIZE_MAX, &skipped);
+    ASSERT_TRUE(recs) << "round " << round << ": " << recs.error().to_string();
+    EXPECT_LE(recs->size(), 8u);
+    for (const auto& r : *recs) {
+      uint64_t i = index_of(r);
+      ASSERT_LT(i, 8u) << "round " << round;
+      EXPECT_EQ(r.key, record(i).key) << "round " << round;
+      EXPECT_EQ(r.manifest.key(), r.key) << "round " << round;
+      EXPECT_EQ(r.label, "label" + std::to_string(i)) << "round " << round;
+    }
+  }
 }
 
 // Two processes append at once; every record read back is whole and each
@@ -168,7 +330,7 @@ std::vector<MissRecord> two_writers(const std::string& store, size_t keep, int p
     EXPECT_EQ(::waitpid(p, &st, 0), p);
     EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0);
   }
-  auto recs = MissJournal::read(store, 100000);
+  auto recs = read_miss_journal(store, 100000);
   EXPECT_TRUE(recs);
   if (!recs) return {};
   std::map<uint32_t, uint64_t> last;
@@ -215,6 +377,10 @@ KeyInfo module_key(const std::string& label, const std::string& ir, int opt) {
               .finish();
 }
 
+MissRecord miss_of(const KeyInfo& k, uint64_t time_ms) {
+  return MissRecord{k.key, k.label, k.manifest, time_ms, 1, "test"};
+}
+
 Entry stored_entry(const KeyInfo& k, uint64_t created_ms) {
   EntryMeta m;
   m.created_unix_ms = created_ms;
@@ -234,39 +400,59 @@ TEST(Nearest, PrefersTheSameLabel) {
   // lexer.c rebuilt with another -D: its IR alone differs, as it does from
   // every other module. The nearest is its own previous version.
   KeyInfo lookup = module_key("lexer.c", "lexer -DB", 2);
-  Nearest n = sm.nearest(lookup.manifest, lookup.label, lookup.key);
+  NearestSearch n = sm.nearest(lookup.manifest, lookup.label, lookup.key);
   ASSERT_TRUE(n.entry);
   EXPECT_EQ(n.entry->key, lexer.key);
   EXPECT_EQ(n.entry->label, "lexer.c");
-  ASSERT_EQ(n.entry->differences.size(), 1u);
-  EXPECT_EQ(n.entry->differences[0].name, "ir");
+  EXPECT_EQ(n.entry->created_ms, 1000u);
   EXPECT_EQ(n.compared, 2u);
+  MissReport nr = make_miss_report(miss_of(lookup, 4000), n);
+  ASSERT_EQ(nr.differences.size(), 1u);
+  EXPECT_EQ(nr.differences[0].name, "ir");
+  EXPECT_EQ(nr.differences[0].change, ManifestChange::changed);
+  ASSERT_TRUE(nr.nearest);
+  EXPECT_EQ(nr.nearest->age_ms, 3000u);  // made at 1000, missed at 4000
+  EXPECT_TRUE(nr.nearest->same_label);
   // Without a label the tie goes to the most recent (parser).
-  Nearest u = sm.nearest(lookup.manifest, "", lookup.key);
+  NearestSearch u = sm.nearest(lookup.manifest, "", lookup.key);
   ASSERT_TRUE(u.entry);
   EXPECT_EQ(u.entry->key, parser.key);
   // A label nothing has: every entry of the namespace is a candidate.
-  Nearest other = sm.nearest(lookup.manifest, "main.c", lookup.key);
+  NearestSearch other = sm.nearest(lookup.manifest, "main.c", lookup.key);
   ASSERT_TRUE(other.entry);
   EXPECT_EQ(other.entry->key, parser.key);
   // Fewer differences beat the label-less ordering; values come along.
   KeyInfo o3 = module_key("lexer.c", "lexer -DA", 3);
-  Nearest v = sm.nearest(o3.manifest, o3.label, o3.key);
-  ASSERT_TRUE(v.entry);
-  EXPECT_EQ(v.entry->key, lexer.key);
-  EXPECT_EQ(describe_all(v.entry->differences), "ir_opt_level: 2 \u2192 3");
-  EXPECT_EQ(miss_cause(v, "interp/1", "lexer.c"), "ir_opt_level 2 \u2192 3");
+  MissReport v = sm.explain(miss_of(o3, 5000));
+  ASSERT_TRUE(v.nearest);
+  EXPECT_EQ(v.nearest->key, lexer.key);
+  EXPECT_EQ(to_text(v, TextForm::verdict), "nearest " + lexer.key.hex() + " \"lexer.c\": ir_opt_level: 2 \u2192 3");
+  EXPECT_EQ(miss_cause(v), "ir_opt_level 2 \u2192 3");
   // Only entries made before the miss count, and never the key itself.
-  Nearest before = sm.nearest(lookup.manifest, lookup.label, lexer.key, 1500);
-  EXPECT_FALSE(before.entry);
-  EXPECT_EQ(miss_cause(before, "interp/1", ""), "no earlier entry of namespace \"interp/1\"");
-  EXPECT_EQ(miss_cause(before, "interp/1", "lexer.c"), "no earlier entry of its label");
-  EXPECT_EQ(miss_cause(other, "interp/1", "main.c"), "no earlier entry of its label");
+  MissRecord before = miss_of(lookup, 1500);
+  before.key = lexer.key;
+  EXPECT_FALSE(sm.nearest(before.manifest, before.label, before.key, 1500).entry);
+  MissReport none = sm.explain(before, 1500);
+  EXPECT_FALSE(none.nearest);
+  EXPECT_TRUE(none.differences.empty());
+  EXPECT_EQ(miss_cause(none), "no earlier entry of its label");
+  before.label.clear();
+  EXPECT_EQ(miss_cause(sm.explain(before, 1500)), "no earlier entry of namespace \"interp/1\"");
+  EXPECT_EQ(to_text(sm.explain(before, 1500), TextForm::verdict), "no earlier entry of namespace \"interp/1\"");
+  MissRecord main_c = miss_of(lookup, 5000);
+  main_c.label = "main.c";
+  EXPECT_EQ(miss_cause(sm.explain(main_c)), "no earlier entry of its label");
+  EXPECT_EQ(to_text(sm.explain(main_c), TextForm::verdict)
+                .rfind("no earlier entry of its label; nearest of another "
+                       "label " +
+                           parser.key.hex() + " \"parser.c\": ",
+                       0),
+            0u);
   // Another namespace is not a candidate.
   auto elsewhere = *KeyBuilder("other/1").add_bytes("ir", "lexer -DA").label("lexer.c").finish();
-  Nearest ns = sm.nearest(elsewhere.manifest, elsewhere.label, elsewhere.key);
+  NearestSearch ns = sm.nearest(elsewhere.manifest, elsewhere.label, elsewhere.key);
   EXPECT_FALSE(ns.entry);
-  EXPECT_EQ(ns.other_ns.at("interp/1"), 2u);
+  EXPECT_EQ(ns.other_namespaces.at("interp/1"), 2u);
 }
 
 // ---- the Cache's miss path -------------------------------------------------------
@@ -314,7 +500,7 @@ TEST(MissJournal, AStuckLockHolderNeverHangsAnAppendAReadOrAClose) {
   EXPECT_LT(seconds_since(t0), 0.5);
 
   t0 = util::now_mono_us();
-  auto read = MissJournal::read(store, 10);
+  auto read = read_miss_journal(store, 10);
   ASSERT_FALSE(read);
   EXPECT_EQ(read.error().code(), Errc::timeout);
   EXPECT_GE(seconds_since(t0), 0.9);
@@ -333,7 +519,7 @@ TEST(MissJournal, AStuckLockHolderNeverHangsAnAppendAReadOrAClose) {
   ::close(held);
   MissJournal later(store, 100);  // another process, once the holder is gone
   ASSERT_TRUE(later.append(record(3)).is_ok());
-  auto recs = MissJournal::read(store, 10);
+  auto recs = read_miss_journal(store, 10);
   ASSERT_TRUE(recs);
   ASSERT_EQ(recs->size(), 2u);  // what was appended without the lock is lost, nothing else
   EXPECT_EQ(index_of((*recs)[0]), 0u);
@@ -356,7 +542,7 @@ TEST_P(ExplainCache, MissesAreJournaledAndExplained) {
     ASSERT_TRUE(cache->get_or_compile(module_key("eval.c", "ir of eval.c", 2), compile));
   }
   std::string store = tmp.path() + "/cache/" + GetParam();
-  auto recs = MissJournal::read(store, 100);
+  auto recs = read_miss_journal(store, 100);
   ASSERT_TRUE(recs);
   ASSERT_EQ(recs->size(), 3u);
   EXPECT_EQ((*recs)[0].label, "lexer.c");
@@ -389,7 +575,7 @@ TEST_P(ExplainCache, MissesAreJournaledAndExplained) {
       << text;
   EXPECT_NE(text.find("miss " + lexer3.key.hex() + " \"lexer.c\""), std::string::npos) << text;
   EXPECT_EQ(test_count(text, "\n"), 2u) << text;  // one line per explained miss; the hit and fresh/1: none
-  recs = MissJournal::read(store, 100);
+  recs = read_miss_journal(store, 100);
   ASSERT_TRUE(recs);
   EXPECT_EQ(recs->size(), 6u);
 
@@ -407,7 +593,7 @@ TEST_P(ExplainCache, MissesAreJournaledAndExplained) {
     auto cache = Cache::open(off);
     ASSERT_TRUE(cache->get_or_compile(module_key("main.c", "ir of main.c", 1), compile));
   }
-  recs = MissJournal::read(store, 100);
+  recs = read_miss_journal(store, 100);
   ASSERT_TRUE(recs);
   EXPECT_EQ(recs->size(), 6u);
 }

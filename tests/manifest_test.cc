@@ -248,10 +248,12 @@ TEST(ManifestDiff, NamesEachChangeWithBothDigests) {
   // The other way round, fast_math is only in the stored manifest.
   auto back = diff_manifests(lookup.manifest, stored.manifest);
   ASSERT_EQ(back.size(), 2u);
-  EXPECT_EQ(back[0].change, ManifestChange::removed);
+  EXPECT_EQ(back[0].change, ManifestChange::missing);
   EXPECT_TRUE(back[0].stored.has_value());
   EXPECT_FALSE(back[0].lookup.has_value());
-  EXPECT_EQ(manifest_change_name(back[0].change), "removed");
+  EXPECT_EQ(manifest_change_name(back[0].change), "missing");
+  EXPECT_EQ(manifest_change_name(ManifestChange::added), "added");
+  EXPECT_EQ(manifest_change_name(ManifestChange::changed), "changed");
 }
 
 TEST(ManifestDiff, TypeChangesAndUnsortedInput) {
@@ -262,12 +264,13 @@ TEST(ManifestDiff, TypeChangesAndUnsortedInput) {
   b.items = {{"k", ComponentType::i64, same}, {"z", ComponentType::string, same}};
   auto d = diff_manifests(a, b);
   ASSERT_EQ(d.size(), 1u);
-  EXPECT_EQ(d[0], (ManifestDifference{"k", ManifestChange::type_changed, same, same, ComponentType::u64,
-                                      ComponentType::i64}));
+  // A change of type is a change, with both types.
+  EXPECT_EQ(d[0],
+            (ManifestDifference{"k", ManifestChange::changed, same, same, ComponentType::u64, ComponentType::i64}));
+  EXPECT_TRUE(d[0].type_changed());
   EXPECT_EQ(describe(d[0]),
-            "k: type changed (stored u64 0123456789abcdef0123456789abcdef, lookup i64 "
+            "k: changed (stored u64 0123456789abcdef0123456789abcdef, lookup i64 "
             "0123456789abcdef0123456789abcdef)");
-  EXPECT_EQ(manifest_change_name(ManifestChange::type_changed), "type_changed");
   // Namespaces are the caller's to compare.
   b.ns = "y/2";
   EXPECT_EQ(diff_manifests(a, b).size(), 1u);
@@ -280,8 +283,12 @@ TEST(ManifestDiff, DescribeSaysWhatChanged) {
             "opt: changed (stored 11111111111111111111111111111111, lookup 33333333333333333333333333333333)");
   EXPECT_EQ(describe({"fast_math", ManifestChange::added, std::nullopt, one, std::nullopt, ComponentType::boolean}),
             "fast_math: added (bool 11111111111111111111111111111111)");
-  EXPECT_EQ(describe({"ir", ManifestChange::removed, three, std::nullopt, ComponentType::bytes, std::nullopt}),
-            "ir: removed (bytes 33333333333333333333333333333333)");
+  EXPECT_EQ(describe({"ir", ManifestChange::missing, three, std::nullopt, ComponentType::bytes, std::nullopt}),
+            "ir: missing (bytes 33333333333333333333333333333333)");
+  // The same type on both sides is no change of type.
+  EXPECT_FALSE(
+      (ManifestDifference{"opt", ManifestChange::changed, one, three, ComponentType::string, ComponentType::string})
+          .type_changed());
 }
 
 }  // namespace

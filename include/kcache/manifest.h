@@ -11,6 +11,7 @@
 //     // `earlier`: an Entry of the same kernel stored before (Entry::manifest)
 //     for (const auto& d : diff_manifests(earlier.manifest(), info->manifest))
 //       log(describe(d));                       // "opt: changed (stored ..., lookup ...)"
+//     // or the whole report of the miss: make_miss_report (kcache/explain.h)
 //   }
 //
 // The same two formats are read by `kcache put --manifest` and
@@ -59,38 +60,41 @@ std::string manifest_to_json(const Manifest& m);
 // Readable values are not part of the text format.
 std::string manifest_to_text(const Manifest& m);
 
-// How one component differs between a stored manifest and a lookup's.
+// How one component differs between a stored manifest and a lookup's: the
+// one vocabulary of every explanation of a miss (kcache/explain.h).
 enum class ManifestChange : uint8_t {
-  added = 0,         // only the lookup has it
-  removed = 1,       // only the stored manifest has it
-  changed = 2,       // both have it with the same type, digests differ
-  type_changed = 3,  // both have it with different types
+  added = 0,    // only the lookup has it
+  missing = 1,  // only the stored manifest has it
+  changed = 2,  // both have it; the digests or the types differ
 };
-// "added", "removed", "changed", "type_changed".
+// "added", "missing", "changed".
 std::string_view manifest_change_name(ManifestChange c) noexcept;
 
 struct ManifestDifference {
   std::string name;
   ManifestChange change = ManifestChange::changed;
   // The component's digest and type on each side; empty on the side that
-  // lacks it (added: no stored, removed: no lookup).
+  // lacks it (added: no stored, missing: no lookup).
   std::optional<Digest> stored, lookup;
   std::optional<ComponentType> stored_type, lookup_type;
   // The readable values (ManifestItem::value), where each side kept one.
   std::optional<std::string> stored_value = std::nullopt, lookup_value = std::nullopt;
+  // A change of the component's type (u64 -> i64), the digests the same or not.
+  bool type_changed() const noexcept { return stored_type && lookup_type && *stored_type != *lookup_type; }
   bool operator==(const ManifestDifference&) const = default;
 };
 
 // Every component that differs, ordered by name; empty when the components
 // are the same. Items need not be sorted. Namespaces are not compared
-// (compare stored.ns and lookup.ns directly).
+// (compare stored.ns and lookup.ns directly). The only place differences
+// are computed: explanations of misses (make_miss_report) take theirs from it.
 std::vector<ManifestDifference> diff_manifests(const Manifest& stored, const Manifest& lookup);
 
-// One line for people. With readable values on both sides:
-// "cpu: znver3 → x86-64", "fast_math: added (true)", "gone: removed (1)";
-// else digests: "opt: changed (stored 1111..., lookup 3333...)",
-// "fast_math: added (bool 5d1a...)", "opt: type changed (stored string 11..,
-// lookup u64 33..)".
+// One line for people: to_text(d) of kcache/explain.h. With readable values
+// on both sides: "cpu: znver3 → x86-64", "fast_math: added (true)",
+// "gone: missing (1)"; else digests: "opt: changed (stored 1111...,
+// lookup 3333...)", "fast_math: added (bool 5d1a...)", "k: changed (stored
+// u64 11.., lookup i64 33..)".
 std::string describe(const ManifestDifference& d);
 
 // How one side of a difference reads: the readable value when kept, else

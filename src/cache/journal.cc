@@ -1,5 +1,7 @@
-// The miss journal, the nearest stored entry and the miss explainer
-// (cache/journal.h). The journal's byte format is in docs/format.md.
+// The miss journal (its writer, MissJournal, and its reader,
+// read_miss_journal of kcache/miss_journal.h), the nearest stored entry and
+// the miss explainer (cache/journal.h). The journal's byte format is in
+// docs/format.md.
 #include "cache/journal.h"
 
 #include <errno.h>
@@ -116,8 +118,9 @@ std::optional<MissRecord> decode_body(std::string_view body) {
     ManifestItem it;
     uint8_t type, has;
     std::string_view d;
-    if (!rd.str16(it.name) || !rd.u8(type) || !rd.bytes(16, d) || !rd.u8(has)) return std::nullopt;
+    if (!rd.str16(it.name) || !rd.u8(type) || !rd.bytes(16, d) || !rd.u8(has) || has > 1) return std::nullopt;
     it.type = static_cast<ComponentType>(type);
+    if (!parse_component_type(component_type_name(it.type))) return std::nullopt;  // not a type kcache writes
     std::memcpy(it.digest.bytes.data(), d.data(), 16);
     if (has) {
       std::string v;
@@ -130,25 +133,43 @@ std::optional<MissRecord> decode_body(std::string_view body) {
 }
 
 // Every committed record of one journal file, oldest first. A file that
-// does not exist, or has no valid header, holds none.
-void read_records(int fd, std::vector<MissRecord>& out) {
+// does not exist, or is empty, holds none. What cannot be read is counted in
+// `skipped`: a record that does not verify or decode; the rest of the file
+// past a record whose length is impossible, and a file without a valid
+// header, as one.
+void read_records(int fd, std::vector<MissRecord>& out, uint64_t& skipped) {
   struct stat st;
-  if (::fstat(fd, &st) != 0 || st.st_size < static_cast<off_t>(kHeader)) return;
+  if (::fstat(fd, &st) != 0 || st.st_size == 0) return;
   char h[kHeader];
-  if (::pread(fd, h, kHeader, 0) != static_cast<ssize_t>(kHeader) || std::memcmp(h, kMagic, 8) != 0) return;
+  if (st.st_size < static_cast<off_t>(kHeader) || ::pread(fd, h, kHeader, 0) != static_cast<ssize_t>(kHeader) ||
+      std::memcmp(h, kMagic, 8) != 0) {
+    ++skipped;
+    return;
+  }
   uint64_t end = std::min<uint64_t>(util::get_u64(h + 16), static_cast<uint64_t>(st.st_size));
   if (end <= kHeader) return;
   std::string data(end - kHeader, '\0');
-  if (::pread(fd, data.data(), data.size(), kHeader) != static_cast<ssize_t>(data.size())) return;
+  if (::pread(fd, data.data(), data.size(), kHeader) != static_cast<ssize_t>(data.size())) {
+    ++skipped;
+    return;
+  }
   size_t pos = 0;
   while (data.size() - pos >= 8) {
     uint32_t len = util::get_u32(data.data() + pos), check = util::get_u32(data.data() + pos + 4);
-    if (len > kMaxRecord || data.size() - pos - 8 < len) break;
+    if (len > kMaxRecord || data.size() - pos - 8 < len) {
+      ++skipped;  // below `end` only on a disk that lies, or a file someone else wrote
+      return;
+    }
     std::string_view body(data.data() + pos + 8, len);
     pos += 8 + len;
-    if (record_check(body) != check) continue;  // cannot happen below `end`, unless the disk lies
-    if (auto r = decode_body(body)) out.push_back(std::move(*r));
+    std::optional<MissRecord> r;
+    if (record_check(body) == check) r = decode_body(body);
+    if (r)
+      out.push_back(std::move(*r));
+    else
+      ++skipped;
   }
+  if (pos != data.size()) ++skipped;  // a few bytes too few for a record
 }
 
 bool same_file(int fd, const std::string& path) {
@@ -373,8 +394,13 @@ Status MissJournal::append_encoded(const std::string* recs, size_t n, size_t* ap
   return Status();
 }
 
-Expected<std::vector<MissRecord>> MissJournal::read(const std::string& store_path, size_t limit) {
-  const std::string path = path_for(store_path);
+// ---- reading the journal (kcache/miss_journal.h) --------------------------------------
+
+std::string miss_journal_path(const std::string& store_path) { return store_path + ".misses"; }
+
+Expected<std::vector<MissRecord>> read_miss_journal(const std::string& store_path, size_t limit, uint64_t* skipped) {
+  const std::string path = miss_journal_path(store_path);
+  uint64_t unread = 0;
   std::vector<MissRecord> out;
   int fd = -1;
   for (int attempt = 0; attempt < 8; ++attempt) {
@@ -396,13 +422,14 @@ Expected<std::vector<MissRecord>> MissJournal::read(const std::string& store_pat
   // Under the current file's lock no append or rotation runs.
   int old = ::open((path + ".1").c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
   if (old >= 0) {
-    read_records(old, out);
+    read_records(old, out, unread);
     ::close(old);
   }
   if (fd >= 0) {
-    read_records(fd, out);
+    read_records(fd, out, unread);
     ::close(fd);  // drops the lock
   }
+  if (skipped) *skipped = unread;
   if (out.size() > limit) out.erase(out.begin(), out.end() - static_cast<ptrdiff_t>(limit));
   return out;
 }
@@ -438,14 +465,14 @@ Status StoredManifests::load(Tier& tier, uint64_t* unreadable) {
   return Status();
 }
 
-Nearest StoredManifests::nearest(const Manifest& want, const std::string& label, const Key& self,
-                                 uint64_t before_ms) const {
-  Nearest n;
+NearestSearch StoredManifests::nearest(const Manifest& want, const std::string& label, const Key& self,
+                                       uint64_t before_ms) const {
+  NearestSearch n;
   std::vector<const StoredManifest*> cands;
   bool same_label = false;
   for (const auto& [k, s] : by_key_) {
     if (s.manifest.ns != want.ns) {
-      ++n.other_ns[s.manifest.ns];
+      ++n.other_namespaces[s.manifest.ns];
       continue;
     }
     if (k == self || (before_ms && s.created_ms > before_ms)) continue;
@@ -453,75 +480,26 @@ Nearest StoredManifests::nearest(const Manifest& want, const std::string& label,
     same_label |= !label.empty() && s.label == label;
   }
   n.compared = cands.size();
+  // The fewest differing components (diff_manifests, as the report counts
+  // them), then the most recently created, then used.
   const StoredManifest* best = nullptr;
-  std::vector<ManifestDifference> best_diff;
+  size_t best_diff = 0;
   for (const StoredManifest* s : cands) {
     if (same_label && s->label != label) continue;
-    auto d = diff_manifests(s->manifest, want);
+    size_t d = diff_manifests(s->manifest, want).size();
     bool better =
-        !best || d.size() < best_diff.size() ||
-        (d.size() == best_diff.size() &&
+        !best || d < best_diff ||
+        (d == best_diff &&
          (s->created_ms > best->created_ms ||
           (s->created_ms == best->created_ms &&
            (s->last_use_ms > best->last_use_ms || (s->last_use_ms == best->last_use_ms && s->key < best->key)))));
     if (better) {
       best = s;
-      best_diff = std::move(d);
+      best_diff = d;
     }
   }
-  if (best) n.entry = NearestEntry{best->key, best->label, std::move(best_diff)};
-  n.same_label = same_label;
+  if (best) n.entry = *best;
   return n;
-}
-
-std::string describe_all(const std::vector<ManifestDifference>& d) {
-  std::string out;
-  for (const auto& x : d) out += (out.empty() ? "" : "; ") + describe(x);
-  return out;
-}
-
-std::string miss_cause(const Nearest& n, const std::string& ns, const std::string& label) {
-  if (!label.empty() && !n.same_label) return "no earlier entry of its label";
-  if (!n.entry) return "no earlier entry of namespace \"" + ns + "\"";
-  if (n.entry->differences.empty()) return "same components as a stored entry";
-  std::string out;
-  for (const auto& d : n.entry->differences) {
-    std::string one = d.name + " ";
-    switch (d.change) {
-      case ManifestChange::added:
-        one += "added" + (d.lookup_value ? " (" + *d.lookup_value + ")" : "");
-        break;
-      case ManifestChange::removed:
-        one += "removed" + (d.stored_value ? " (" + *d.stored_value + ")" : "");
-        break;
-      case ManifestChange::changed:
-      case ManifestChange::type_changed:
-        if (d.stored_value && d.lookup_value)
-          one += *d.stored_value + " \u2192 " + *d.lookup_value;
-        else
-          one += d.change == ManifestChange::changed ? "changed" : "type changed";
-        break;
-    }
-    out += (out.empty() ? "" : ", ") + one;
-  }
-  return out;
-}
-
-std::string explain_line(const Key& key, const std::string& label, const std::string& ns, const Nearest& n) {
-  std::string out = "miss " + key.hex();
-  if (!label.empty()) out += " \"" + label + "\"";
-  out += " (" + ns + "): ";
-  if (!n.entry) return out + "no earlier entry of this namespace";
-  if (!label.empty() && !n.same_label)
-    out += "no earlier entry of its label; nearest of another label ";
-  else
-    out += "nearest ";
-  out += n.entry->key.hex();
-  if (!n.entry->label.empty()) out += " \"" + n.entry->label + "\"";
-  out += ": ";
-  out += n.entry->differences.empty() ? std::string("same components (stored under another key)")
-                                      : describe_all(n.entry->differences);
-  return out;
 }
 
 // ---- the explainer ------------------------------------------------------------------
@@ -531,20 +509,26 @@ MissExplainer::MissExplainer(std::shared_ptr<Tier> disk, std::unique_ptr<MissJou
 
 void MissExplainer::miss(const KeyInfo& key) {
   if (key.manifest.ns.empty() && key.manifest.items.empty()) return;  // nothing to explain with
-  if (journal_) {
-    journal_->post(MissRecord{key.key, key.label, key.manifest, util::now_unix_ms(), static_cast<uint32_t>(::getpid()),
-                              program_invocation_short_name});
+  MissRecord rec{key.key,
+                 key.label,
+                 key.manifest,
+                 util::now_unix_ms(),
+                 static_cast<uint32_t>(::getpid()),
+                 program_invocation_short_name};
+  if (!explain_ || !disk_) {
+    if (journal_) journal_->post(std::move(rec));
+    return;
   }
-  if (!explain_ || !disk_) return;
+  if (journal_) journal_->post(rec);
   std::lock_guard<std::mutex> g(mu_);
   Status st = stored_.load(*disk_);
   if (!st.is_ok()) {
     KCACHE_LOG(LogLevel::info, "explain: listing the store: %s", st.to_string().c_str());
     return;
   }
-  Nearest n = stored_.nearest(key.manifest, key.label, key.key);
-  if (!n.entry) return;  // nothing of this namespace is stored
-  KCACHE_LOG(LogLevel::warn, "%s", explain_line(key.key, key.label, key.manifest.ns, n).c_str());
+  MissReport r = stored_.explain(rec);
+  if (!r.nearest) return;  // nothing of this namespace is stored
+  KCACHE_LOG(LogLevel::warn, "%s", to_text(r, TextForm::line).c_str());
 }
 
 }  // namespace kcache

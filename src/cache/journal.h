@@ -1,6 +1,8 @@
 // Private: why a lookup missed. The miss journal (the last misses of a
-// store, shared by its processes), the search for the stored entry nearest
-// to a lookup, and the explainer the Cache calls on each counted miss.
+// store, shared by its processes; read_miss_journal, kcache/miss_journal.h,
+// reads it), the search for the stored entry nearest to a lookup, and the
+// explainer the Cache calls on each counted miss. What is said of a miss is
+// a MissReport (kcache/explain.h).
 //
 // The journal is a file beside the disk store, `<dir>/<engine>.misses`
 // (docs/format.md, "Miss journal"), plus the previous generation
@@ -14,7 +16,6 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -22,22 +23,15 @@
 #include <unordered_map>
 #include <vector>
 
+#include "kcache/explain.h"
 #include "kcache/key.h"
 #include "kcache/manifest.h"
+#include "kcache/miss_journal.h"
 #include "kcache/status.h"
 #include "kcache/tier.h"
 #include "util/worker.h"
 
 namespace kcache {
-
-struct MissRecord {
-  Key key;
-  std::string label;
-  Manifest manifest;     // with the readable values the lookup kept
-  uint64_t time_ms = 0;  // wall clock
-  uint32_t pid = 0;
-  std::string process;  // the program's short name
-};
 
 class MissJournal {
  public:
@@ -49,7 +43,7 @@ class MissJournal {
   MissJournal(const MissJournal&) = delete;
   MissJournal& operator=(const MissJournal&) = delete;
 
-  static std::string path_for(const std::string& store_path) { return store_path + ".misses"; }
+  static std::string path_for(const std::string& store_path) { return miss_journal_path(store_path); }
   const std::string& path() const noexcept { return path_; }
 
   // Appends one record (under the journal's lock), now. Thread-safe. Waits
@@ -72,11 +66,6 @@ class MissJournal {
   static constexpr std::chrono::milliseconds kLinger{100};
   static constexpr std::chrono::milliseconds kLockBound{1000};
   static constexpr std::chrono::seconds kSkipAfterTimeout{10};
-
-  // The last `limit` records of the journal at `store_path`, oldest first.
-  // A journal that does not exist reads as empty; one whose lock is held
-  // past kLockBound is Errc::timeout.
-  static Expected<std::vector<MissRecord>> read(const std::string& store_path, size_t limit);
 
  private:
   Status open_locked();  // opens (again) and locks the current file; REQUIRES mu_
@@ -104,28 +93,6 @@ class MissJournal {
   bool inherited_ = false;              // inherited across fork(): appends in the caller's thread
 };
 
-// A stored entry's manifest and label, for comparisons.
-struct StoredManifest {
-  Key key;
-  std::string label;
-  Manifest manifest;
-  uint64_t created_ms = 0;
-  uint64_t last_use_ms = 0;
-};
-
-struct NearestEntry {
-  Key key;
-  std::string label;
-  std::vector<ManifestDifference> differences;
-};
-
-struct Nearest {
-  std::optional<NearestEntry> entry;         // none: no candidate of the namespace
-  bool same_label = false;                   // entry has the lookup's (non-empty) label
-  uint64_t compared = 0;                     // candidates of the namespace
-  std::map<std::string, uint64_t> other_ns;  // entries of other namespaces, by namespace
-};
-
 // The manifests of a tier's entries, each entry decoded once.
 class StoredManifests {
  public:
@@ -140,28 +107,20 @@ class StoredManifests {
   // entries with the same label (when `label` is set and any has it), then
   // the fewest differing components, then the most recently created, then
   // the most recently used.
-  Nearest nearest(const Manifest& want, const std::string& label, const Key& self, uint64_t before_ms = 0) const;
+  NearestSearch nearest(const Manifest& want, const std::string& label, const Key& self, uint64_t before_ms = 0) const;
+  // The report of `miss` against the entries nearest() finds for it.
+  MissReport explain(const MissRecord& miss, uint64_t before_ms = 0) const {
+    return make_miss_report(miss, nearest(miss.manifest, miss.label, miss.key, before_ms));
+  }
 
  private:
   std::unordered_map<Key, StoredManifest> by_key_;
 };
 
-// "ir_opt_level: 2 → 3; cpu: znver3 → x86-64" (describe() of each).
-std::string describe_all(const std::vector<ManifestDifference>& d);
-// The cause shared by misses, for grouping: each difference by name and,
-// where kept, values ("ir_opt_level 2 → 3", "ir changed"), joined by ", ";
-// "no earlier entry of its label" when the lookup has a label that no
-// candidate has (a new module or kernel), "no earlier entry of namespace NS"
-// without any candidate.
-std::string miss_cause(const Nearest& n, const std::string& ns, const std::string& label);
-// One line for the log: `miss KEY "label" (NS): nearest KEY2 "label2": DIFFS`
-// (for a label no stored entry has: `...: no earlier entry of its label;
-// nearest of another label KEY2 ...`).
-std::string explain_line(const Key& key, const std::string& label, const std::string& ns, const Nearest& n);
-
 // What the Cache calls on each counted miss of a key with a manifest:
 // appends it to the journal (when there is one) and, with explain on,
-// compares it with the disk store's entries and logs one line (warn).
+// compares it with the disk store's entries and logs one line (warn): the
+// report's TextForm::line, when something of its namespace is stored.
 class MissExplainer {
  public:
   MissExplainer(std::shared_ptr<Tier> disk, std::unique_ptr<MissJournal> journal, bool explain);

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "kcache/explain.h"
 #include "util/json.h"
 #include "util/util.h"
 
@@ -79,8 +80,6 @@ Expected<Manifest> from_text(std::string_view text) {
 
 bool by_name(const ManifestItem& a, const ManifestItem& b) { return a.name < b.name; }
 
-std::string short_hex(const std::optional<Digest>& d) { return d ? d->hex() : std::string("-"); }
-
 }  // namespace
 
 std::optional<ComponentType> parse_component_type(std::string_view name) noexcept {
@@ -135,12 +134,10 @@ std::string_view manifest_change_name(ManifestChange c) noexcept {
   switch (c) {
     case ManifestChange::added:
       return "added";
-    case ManifestChange::removed:
-      return "removed";
+    case ManifestChange::missing:
+      return "missing";
     case ManifestChange::changed:
       return "changed";
-    case ManifestChange::type_changed:
-      return "type_changed";
   }
   return "changed";
 }
@@ -153,7 +150,7 @@ std::vector<ManifestDifference> diff_manifests(const Manifest& stored, const Man
   size_t i = 0, j = 0;
   while (i < a.size() || j < b.size()) {
     if (j == b.size() || (i < a.size() && a[i].name < b[j].name)) {
-      out.push_back({a[i].name, ManifestChange::removed, a[i].digest, std::nullopt, a[i].type, std::nullopt, a[i].value,
+      out.push_back({a[i].name, ManifestChange::missing, a[i].digest, std::nullopt, a[i].type, std::nullopt, a[i].value,
                      std::nullopt});
       ++i;
     } else if (i == a.size() || b[j].name < a[i].name) {
@@ -161,10 +158,7 @@ std::vector<ManifestDifference> diff_manifests(const Manifest& stored, const Man
                      b[j].value});
       ++j;
     } else {
-      if (a[i].type != b[j].type)
-        out.push_back({a[i].name, ManifestChange::type_changed, a[i].digest, b[j].digest, a[i].type, b[j].type,
-                       a[i].value, b[j].value});
-      else if (a[i].digest != b[j].digest)
+      if (a[i].type != b[j].type || a[i].digest != b[j].digest)
         out.push_back({a[i].name, ManifestChange::changed, a[i].digest, b[j].digest, a[i].type, b[j].type, a[i].value,
                        b[j].value});
       ++i;
@@ -179,38 +173,6 @@ std::string shown_value(const std::optional<std::string>& value, const std::opti
   return digest ? digest->hex() : std::string();
 }
 
-std::string describe(const ManifestDifference& d) {
-  auto type = [](const std::optional<ComponentType>& t) {
-    return t ? std::string(component_type_name(*t)) + " " : std::string();
-  };
-  switch (d.change) {
-    case ManifestChange::added:
-      if (d.lookup_value) return d.name + ": added (" + *d.lookup_value + ")";
-      break;
-    case ManifestChange::removed:
-      if (d.stored_value) return d.name + ": removed (" + *d.stored_value + ")";
-      break;
-    case ManifestChange::changed:
-      if (d.stored_value && d.lookup_value) return d.name + ": " + *d.stored_value + " \u2192 " + *d.lookup_value;
-      break;
-    case ManifestChange::type_changed:
-      if (d.stored_value && d.lookup_value)
-        return d.name + ": " + type(d.stored_type) + *d.stored_value + " \u2192 " + type(d.lookup_type) +
-               *d.lookup_value;
-      break;
-  }
-  switch (d.change) {
-    case ManifestChange::added:
-      return d.name + ": added (" + type(d.lookup_type) + short_hex(d.lookup) + ")";
-    case ManifestChange::removed:
-      return d.name + ": removed (" + type(d.stored_type) + short_hex(d.stored) + ")";
-    case ManifestChange::changed:
-      return d.name + ": changed (stored " + short_hex(d.stored) + ", lookup " + short_hex(d.lookup) + ")";
-    case ManifestChange::type_changed:
-      return d.name + ": type changed (stored " + type(d.stored_type) + short_hex(d.stored) + ", lookup " +
-             type(d.lookup_type) + short_hex(d.lookup) + ")";
-  }
-  return d.name;
-}
+std::string describe(const ManifestDifference& d) { return to_text(d); }
 
 }  // namespace kcache

@@ -174,20 +174,4 @@ Status write_output(const std::string& path, std::string_view data) {
   return util::write_file_atomic_via(path + ".kcache-tmp", path, data, /*sync=*/false, 0666);
 }
 
-// The tool's words for a change (docs/cli.md): "missing" is what the
-// library calls removed, only in the stored entry.
-const char* change_word(ManifestChange c) {
-  switch (c) {
-    case ManifestChange::added:
-      return "added";
-    case ManifestChange::removed:
-      return "missing";
-    case ManifestChange::changed:
-      return "changed";
-    case ManifestChange::type_changed:
-      return "type_changed";
-  }
-  return "changed";
-}
-
 }  // namespace kcache::cli

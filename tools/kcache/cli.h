@@ -127,7 +127,4 @@ int cmd_run(Ctx& c);      // run_cmd.cc
 int cmd_mark(Ctx& c);     // bundle_cmds.cc
 int cmd_bundle(Ctx& c);
 
-// The tool's word for a manifest change ("missing" for removed).
-const char* change_word(ManifestChange c);
-
 }  // namespace kcache::cli

@@ -1,15 +1,19 @@
 // kcache tool — explain: why does a key miss? Looks the key up in every
 // tier; when it is not stored, compares the lookup's manifest (from
 // --manifest, else from the store's miss journal) with those of the disk
-// store's entries (StoredManifests, cache/journal.h) and names the
-// components that differ from the nearest one, with values where kept.
-#include <algorithm>
+// store's entries (StoredManifests, cache/journal.h) and prints the
+// MissReport of the nearest one (kcache/explain.h): the components that
+// differ, with values where kept.
 #include <cstdint>
-#include <map>
+#include <optional>
+#include <string>
 
 #include "cache/journal.h"
 #include "cli.h"
+#include "kcache/explain.h"
 #include "kcache/manifest.h"
+#include "kcache/miss_journal.h"
+#include "key/explain_json.h"
 #include "util/json.h"
 #include "util/util.h"
 
@@ -17,187 +21,152 @@ namespace kcache::cli {
 
 namespace {
 
-std::string hex_or_empty(const std::optional<Digest>& d) { return d ? d->hex() : std::string(); }
+// What explain knows of the lookup before it compares anything.
+struct Subject {
+  Key key;
+  std::optional<MissRecord> miss;  // its manifest and label, when known
+  std::string from_journal;        // how the journal knew them
+  std::string note;                // --key and the manifest's own key disagree
+};
 
-std::string type_or_empty(const std::optional<ComponentType>& t) {
-  return t ? std::string(component_type_name(*t)) : std::string();
+// --manifest FILE, when given, into `want`. kExitOk, or the exit code after
+// saying why.
+int read_manifest_flag(const Ctx& c, std::optional<Manifest>& want) {
+  const std::string* mf = c.args.get("--manifest");
+  if (!mf) return kExitOk;
+  auto m = read_manifest(*mf);
+  if (!m)
+    return m.error().code() == Errc::invalid_argument ? usage_error("explain", m.error().message()) : c.fail(m.error());
+  if (m->ns.empty() && m->items.empty()) return usage_error("explain", *mf + " holds no namespace and no component");
+  want = std::move(m).value();
+  return kExitOk;
+}
+
+// --key, else the key the manifest hashes to.
+int key_to_explain(const Ctx& c, const std::optional<Manifest>& want, Key& key) {
+  if (c.args.has("--key")) {
+    auto k = key_flag(c);
+    if (!k) return kExitUsage;
+    key = *k;
+    return kExitOk;
+  }
+  if (!want) return usage_error("explain", "--key HEX or --manifest FILE is required");
+  key = want->key();
+  return kExitOk;
+}
+
+// The key's latest record in the store's miss journal (none when the
+// journal cannot be read: explain then asks for --manifest).
+std::optional<MissRecord> journaled_miss(const Ctx& c, const Key& key) {
+  if (c.store.where.path.empty()) return std::nullopt;
+  auto recs = read_miss_journal(c.store.where.path);
+  if (!recs) return std::nullopt;
+  for (auto it = recs->rbegin(); it != recs->rend(); ++it)
+    if (it->key == key) return std::move(*it);
+  return std::nullopt;
+}
+
+std::string journal_words(const MissRecord& r) {
+  return "missed at " + format_time(r.time_ms) + " in " + r.process + " (pid " + std::to_string(r.pid) +
+         "); its manifest is from the miss journal";
+}
+
+// The lookup: from --manifest (made now), else, for a key that is not
+// stored, from the miss journal.
+Subject the_lookup(const Ctx& c, const Key& key, std::optional<Manifest> want, bool stored) {
+  Subject x;
+  x.key = key;
+  if (want) {
+    if (want->key() != key) x.note = "the manifest hashes to " + want->key().hex() + ", not to --key";
+    x.miss = MissRecord{key, "", std::move(*want), util::now_unix_ms(), 0, ""};
+  } else if (!stored) {
+    x.miss = journaled_miss(c, key);
+    if (x.miss) x.from_journal = journal_words(*x.miss);
+  }
+  return x;
+}
+
+// A stored key, or one missing without a manifest to compare: nothing to
+// compare. Exit 0 when stored, 1 otherwise.
+int say_uncompared(const Ctx& c, const Subject& x, const Lookup& l) {
+  const bool stored = l.entry.has_value();
+  if (c.json) {
+    util::JsonWriter w;
+    w.begin_object().field("key", x.key.hex()).field("stored", stored);
+    if (!l.corrupt.empty()) w.field("corrupt", l.corrupt);
+    if (!x.note.empty()) w.field("note", x.note);
+    if (stored) w.field("tier", l.tier);
+    if (int rc = c.out(w.end_object().take() + "\n")) return rc;
+    return stored ? kExitOk : kExitMiss;
+  }
+  std::string why = stored ? "stored" : !l.corrupt.empty() ? "corrupt (" + l.corrupt + ")" : "not stored";
+  if (stored && (!c.store.disk || l.tier != c.store.disk->name())) why += " (in " + l.tier + ")";
+  if (stored && !l.entry->meta().label.empty()) why += " (label \"" + l.entry->meta().label + "\")";
+  std::string out = "key " + x.key.hex() + " is " + why + "\n";
+  if (!x.note.empty()) out += "note: " + x.note + "\n";
+  if (!stored)
+    out +=
+        "the miss journal has no record of it: pass --manifest FILE (the lookup's manifest) to compare it "
+        "with what is stored\n";
+  if (int rc = c.out(out)) return rc;
+  return stored ? kExitOk : kExitMiss;
+}
+
+// The report of the lookup against the disk store's entries: the one of the
+// same namespace whose manifest differs in the fewest components, first
+// among the entries of the same label (ties: the most recently made, then
+// used). `unreadable` counts entries that could not be read.
+Expected<MissReport> compare_with_store(const Ctx& c, const MissRecord& miss, uint64_t& unreadable) {
+  StoredManifests sm;
+  if (c.store.disk) {
+    Status st = sm.load(*c.store.disk, &unreadable);
+    if (!st.is_ok()) return Status(st.code(), "listing " + c.store.where.path + ": " + st.to_string());
+  }
+  return sm.explain(miss);
+}
+
+// The report, as text or JSON. Exit 1: the key is not stored.
+int say_report(const Ctx& c, const Subject& x, const Lookup& l, const MissReport& r, uint64_t unreadable) {
+  if (c.json) {
+    util::JsonWriter w;
+    w.begin_object();
+    write_miss_report(w, r, [&](util::JsonWriter& j) {
+      j.field("stored", false);
+      if (!l.corrupt.empty()) j.field("corrupt", l.corrupt);
+      if (!x.note.empty()) j.field("note", x.note);
+      if (!x.from_journal.empty()) j.field("from_journal", true);
+      j.field("unreadable", unreadable);
+    });
+    if (int rc = c.out(w.end_object().take() + "\n")) return rc;
+    return kExitMiss;
+  }
+  std::string out =
+      "key " + x.key.hex() + " is " + (l.corrupt.empty() ? "not stored" : "corrupt (" + l.corrupt + ")") + "\n";
+  if (!x.note.empty()) out += "note: " + x.note + "\n";
+  if (!x.from_journal.empty()) out += x.from_journal + "\n";
+  if (int rc = c.out(out + to_text(r))) return rc;
+  return kExitMiss;
 }
 
 }  // namespace
 
 int cmd_explain(Ctx& c) {
   std::optional<Manifest> want;
-  if (const std::string* mf = c.args.get("--manifest")) {
-    auto m = read_manifest(*mf);
-    if (!m)
-      return m.error().code() == Errc::invalid_argument ? usage_error("explain", m.error().message())
-                                                        : c.fail(m.error());
-    want = std::move(m).value();
-    if (want->ns.empty() && want->items.empty())
-      return usage_error("explain", *mf + " holds no namespace and no component");
-  }
-  std::optional<Key> key;
-  std::string label;
-  if (c.args.has("--key")) {
-    key = key_flag(c);
-    if (!key) return kExitUsage;
-  } else if (want) {
-    key = want->key();
-  } else {
-    return usage_error("explain", "--key HEX or --manifest FILE is required");
-  }
+  if (int rc = read_manifest_flag(c, want)) return rc;
+  Key key;
+  if (int rc = key_to_explain(c, want, key)) return rc;
   if (int rc = open_tiers(c, {.create = false, .remote = true, .honour_disable = false})) return rc;
 
-  Lookup l = lookup(c, *key);
-  bool stored = l.entry.has_value();
-  const std::string& corrupt = l.corrupt;
-  if (!stored && corrupt.empty() && l.local_fault && l.missed == 0) return report_miss(c, *key, l);
-  // Without --manifest, a miss the journal recorded brings its own.
-  std::string from_journal;
-  if (!stored && !want && !c.store.where.path.empty()) {
-    auto recs = MissJournal::read(c.store.where.path, SIZE_MAX);
-    if (recs) {
-      for (auto it = recs->rbegin(); it != recs->rend(); ++it) {
-        if (it->key != *key) continue;
-        want = it->manifest;
-        label = it->label;
-        from_journal = "missed at " + format_time(it->time_ms) + " in " + it->process + " (pid " +
-                       std::to_string(it->pid) + "); its manifest is from the miss journal";
-        break;
-      }
-    }
-  } else if (stored) {
-    label = l.entry->meta().label;
-  }
-  std::string note;
-  if (want && want->key() != *key) note = "the manifest hashes to " + want->key().hex() + ", not to --key";
+  Lookup l = lookup(c, key);
+  const bool stored = l.entry.has_value();
+  if (!stored && l.corrupt.empty() && l.local_fault && l.missed == 0) return report_miss(c, key, l);
+  Subject x = the_lookup(c, key, std::move(want), stored);
+  if (stored || !x.miss) return say_uncompared(c, x, l);
 
-  if (stored || !want) {
-    std::string why = stored ? "stored" : !corrupt.empty() ? "corrupt (" + corrupt + ")" : "not stored";
-    if (stored && (!c.store.disk || l.tier != c.store.disk->name())) why += " (in " + l.tier + ")";
-    if (stored && !label.empty()) why += " (label \"" + label + "\")";
-    if (c.json) {
-      util::JsonWriter w;
-      w.begin_object().field("key", key->hex()).field("stored", stored);
-      if (!corrupt.empty()) w.field("corrupt", corrupt);
-      if (!note.empty()) w.field("note", note);
-      if (stored) w.field("tier", l.tier);
-      if (int rc = c.out(w.end_object().take() + "\n")) return rc;
-      return stored ? kExitOk : kExitMiss;
-    }
-    std::string out = "key " + key->hex() + " is " + why + "\n";
-    if (!note.empty()) out += "note: " + note + "\n";
-    if (!stored)
-      out +=
-          "the miss journal has no record of it: pass --manifest FILE (the lookup's manifest) to compare it "
-          "with what is stored\n";
-    if (int rc = c.out(out)) return rc;
-    return stored ? kExitOk : kExitMiss;
-  }
-
-  // Not stored: find the disk store's entry of the same namespace whose
-  // manifest differs in the fewest components, first among the entries of
-  // the same label (ties: the most recently made, then used).
-  StoredManifests sm;
   uint64_t unreadable = 0;
-  if (c.store.disk) {
-    Status st = sm.load(*c.store.disk, &unreadable);
-    if (!st.is_ok()) return c.fail(kExitError, "listing " + c.store.where.path + ": " + st.to_string());
-  }
-  Nearest near = sm.nearest(*want, label, *key);
-  uint64_t compared = near.compared;
-  const std::map<std::string, uint64_t>& other_ns = near.other_ns;
-  std::optional<Key> best;
-  std::vector<ManifestDifference> best_diff;
-  std::string best_label;
-  if (near.entry) {
-    best = near.entry->key;
-    best_diff = near.entry->differences;
-    best_label = near.entry->label;
-  }
-
-  if (c.json) {
-    util::JsonWriter w;
-    w.begin_object().field("key", key->hex()).field("stored", false);
-    if (!corrupt.empty()) w.field("corrupt", corrupt);
-    if (!note.empty()) w.field("note", note);
-    if (!label.empty()) w.field("label", label);
-    if (!from_journal.empty()) w.field("from_journal", true);
-    w.field("namespace", want->ns).field("compared", compared).field("unreadable", unreadable).key("nearest");
-    if (best) {
-      w.begin_object().field("key", best->hex());
-      if (!best_label.empty()) w.field("label", best_label);
-      w.field("components", want->items.size()).key("differences").begin_array();
-      for (const auto& d : best_diff) {
-        w.begin_object().field("name", d.name).field("change", change_word(d.change));
-        w.key("stored");
-        d.stored ? w.value(shown_value(d.stored_value, d.stored)) : w.null();
-        w.key("lookup");
-        d.lookup ? w.value(shown_value(d.lookup_value, d.lookup)) : w.null();
-        if (d.change == ManifestChange::type_changed)
-          w.field("stored_type", type_or_empty(d.stored_type)).field("lookup_type", type_or_empty(d.lookup_type));
-        w.end_object();
-      }
-      w.end_array().end_object();
-    } else {
-      w.null();
-    }
-    w.key("other_namespaces").begin_object();
-    for (const auto& [ns, n] : other_ns) w.field(ns, n);
-    w.end_object();
-    if (int rc = c.out(w.end_object().take() + "\n")) return rc;
-    return kExitMiss;
-  }
-
-  std::string out =
-      "key " + key->hex() + " is " + (corrupt.empty() ? "not stored" : "corrupt (" + corrupt + ")") + "\n";
-  if (!note.empty()) out += "note: " + note + "\n";
-  if (!from_journal.empty()) out += from_journal + "\n";
-  if (!best) {
-    out += "no stored entry has namespace \"" + want->ns + "\"";
-    if (!other_ns.empty()) {
-      out += " (stored namespaces:";
-      for (const auto& [ns, n] : other_ns) out += " \"" + ns + "\" x" + std::to_string(n);
-      out += ")";
-    }
-    out += "\n";
-  } else {
-    out += "compared with " + std::to_string(compared) + " stored entr" + (compared == 1 ? "y" : "ies") +
-           " of namespace \"" + want->ns + "\"\n";
-    out += "nearest " + best->hex() + ": " + std::to_string(best_diff.size()) + " of " +
-           std::to_string(want->items.size()) + " components differ";
-    if (!best_label.empty())
-      out += " (label \"" + best_label + "\"" + (best_label == label ? ", as the lookup's" : "") + ")";
-    out += "\n";
-    for (const auto& d : best_diff) {
-      const char* name = d.name.c_str();
-      switch (d.change) {
-        case ManifestChange::changed:
-          if (d.stored_value && d.lookup_value)
-            out += fmt("  %-20s changed  %s \u2192 %s\n", name, d.stored_value->c_str(), d.lookup_value->c_str());
-          else
-            out += fmt("  %-20s changed  stored %s, lookup %s\n", name, hex_or_empty(d.stored).c_str(),
-                       hex_or_empty(d.lookup).c_str());
-          break;
-        case ManifestChange::type_changed:
-          out +=
-              fmt("  %-20s type     stored %s %s, lookup %s %s\n", name, type_or_empty(d.stored_type).c_str(),
-                  hex_or_empty(d.stored).c_str(), type_or_empty(d.lookup_type).c_str(), hex_or_empty(d.lookup).c_str());
-          break;
-        case ManifestChange::added:
-          out += fmt("  %-20s added    only in the lookup%s\n", name,
-                     d.lookup_value ? (" (" + *d.lookup_value + ")").c_str() : "");
-          break;
-        case ManifestChange::removed:
-          out += fmt("  %-20s missing  only in the stored entry%s\n", name,
-                     d.stored_value ? (" (" + *d.stored_value + ")").c_str() : "");
-          break;
-      }
-    }
-    if (best_diff.empty()) out += "  (same manifest: the entry is stored under another key)\n";
-  }
-  if (int rc = c.out(out)) return rc;
-  return kExitMiss;
+  auto r = compare_with_store(c, *x.miss, unreadable);
+  if (!r) return c.fail(kExitError, r.error().message());
+  return say_report(c, x, l, *r, unreadable);
 }
 
 }  // namespace kcache::cli
