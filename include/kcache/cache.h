@@ -304,7 +304,9 @@ class Cache {
   // Stores into every writable tier. Faults are counted and logged; never
   // returned as errors (the result says whether any tier took it).
   bool put(const Entry& entry);
-  // Builds the entry (with metadata and manifest) and puts it.
+  // Builds the entry (with metadata and manifest) and puts it. nullopt when
+  // the artifacts are invalid (logged) or no tier took the entry (a
+  // read-only or disabled cache, faults in every tier).
   std::optional<Entry> put(const KeyInfo& key, std::vector<Artifact> artifacts, uint64_t compile_cost_us = 0);
 
   // The artifacts for `key`: from a tier, or from `compile` (run at most once

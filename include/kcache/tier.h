@@ -4,7 +4,7 @@
 // disk (LMDB or file-per-entry), remote, or a read-only wrapper over another
 // tier. The Cache facade orders tiers fastest first.
 //
-// Contract, for every tier (checked by tests/tier_conformance_test.cc):
+// Contract, for every tier (checked by tests/tier/tier_conformance_test.cc):
 //  * get() returns an entry only if it verifies and its header key equals
 //    the requested key; a corrupt stored entry is counted, removed (unless
 //    repair is off) and reported as Errc::corrupt, never handed out. An

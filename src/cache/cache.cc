@@ -117,7 +117,7 @@ std::optional<Entry> Cache::put(const KeyInfo& key, std::vector<Artifact> artifa
     KCACHE_LOG(LogLevel::warn, "put: %s", e.error().to_string().c_str());
     return std::nullopt;
   }
-  put(*e);
+  if (!put(*e)) return std::nullopt;
   return std::move(e).value();
 }
 

@@ -1,4 +1,4 @@
-// Faults and time injected through an Env (tests/fault_env.h): a full or
+// Faults and time injected through an Env (tests/support/fault_env.h): a full or
 // read-only disk and failing reads under the files engine, slow syncs,
 // lease expiry and temp-file ages on a clock the test moves, and the
 // committer's gathering wait held by that clock. No root, no mounts, no

@@ -230,7 +230,8 @@ TEST(PolicyTest, ReadOnlyAndDisabledMeanTheSameOnEveryPath) {
   ro.read_only = true;
   {
     auto c = Cache::open(ro);
-    EXPECT_FALSE(c->put(k, {{"obj", std::string("a")}}).has_value() && c->get(k.key).has_value());
+    EXPECT_FALSE(c->put(k, {{"obj", std::string("a")}}).has_value()) << "no tier takes a read-only put";
+    EXPECT_FALSE(c->get(k.key).has_value());
     ASSERT_TRUE(c->get_or_compile(k, compile_to("b", &runs)).has_value());
     Flight f = c->begin(k);
     ASSERT_TRUE(f.owner());
@@ -246,7 +247,7 @@ TEST(PolicyTest, ReadOnlyAndDisabledMeanTheSameOnEveryPath) {
   off.disabled = true;
   auto c = Cache::open(off);
   EXPECT_FALSE(c->get(k.key).has_value());
-  EXPECT_FALSE(c->put(k, {{"obj", std::string("z")}}).has_value() && c->get(k.key).has_value());
+  EXPECT_FALSE(c->put(k, {{"obj", std::string("z")}}).has_value());
   auto r = c->get_or_compile(k, compile_to("fresh", &runs));
   ASSERT_TRUE(r.has_value());
   EXPECT_EQ(obj(*r), "fresh");
