@@ -89,7 +89,7 @@ namespace {
 #if KCACHE_HAVE_LMDB
 constexpr auto kOpenLmdb = +[](const std::string& path, const DiskTierOptions& o) { return open_lmdb_tier(path, o); };
 #else
-constexpr auto kOpenLmdb = +[](const std::string&, const DiskTierOptions&) -> Expected<std::shared_ptr<Tier>> {
+constexpr auto kOpenLmdb = +[](const std::string&, const DiskTierOptions&) -> Expected<std::shared_ptr<Tier> > {
   return Status(Errc::unavailable, "this kcache was built without the lmdb engine");
 };
 #endif
