@@ -58,9 +58,9 @@ namespace kcache {
 // (KCACHE_DISABLE, KCACHE_READONLY, KCACHE_RECOMPILE, KCACHE_DIR, ...) so
 // reach a program that hard-codes its settings.
 //
-// Every option has a name (set(), the C ABI, Python's Cache.set-style
-// arguments, URL-like strings) and most a KCACHE_* variable: option_table()
-// lists them with what each takes.
+// Every option but env has a name (set(), the C ABI, Python's keyword
+// arguments, the tool) and most a KCACHE_* variable: option_table() lists
+// them with what each takes.
 struct Options {
   // Disk folder. Empty: $XDG_CACHE_HOME/kcache, else $HOME/.cache/kcache.
   // "dir", KCACHE_DIR.
@@ -153,6 +153,12 @@ struct Options {
   // per miss; for finding out, not for production. "explain",
   // KCACHE_EXPLAIN.
   bool explain = false;
+  // What the cache asks of the system: file operations, clocks and sleeps
+  // (kcache/env.h). Null (the default): the real one. Reaches the disk
+  // store (unless disk.env names its own), its leases, the waits for other
+  // processes and the committer, so a test injects full disks or moves the
+  // clock for all of them at once. Not settable by name.
+  std::shared_ptr<Env> env;
   // Log level (default warn) and destination (empty: stderr). "log"
   // (level[:file], level one of off, error, warn, info, debug), KCACHE_LOG;
   // "log_file".

@@ -154,6 +154,7 @@ DiskStoreSpec DiskStoreSpec::from(const Options& options) {
   s.dir = options.dir.empty() ? Options::default_dir() : options.dir;
   s.engine = options.engine.value_or(default_engine());
   s.tier = options.disk;
+  if (!s.tier.env) s.tier.env = options.env;
   s.shared_group = options.shared_group;
   s.create = options.create_dir;
   s.leases = options.process_single_flight && !options.read_only && !options.disabled;

@@ -40,14 +40,17 @@ struct Policy {
 struct Cache::Impl {
   // A lease TTL of 0 would expire as it is taken: the default instead.
   explicit Impl(const Options& o)
-      : opt(o), policy(o), lease(o.lease_ttl_ms ? o.lease_ttl_ms : Options().lease_ttl_ms, o.wait_bound_ms) {}
+      : opt(o),
+        policy(o),
+        lease(o.lease_ttl_ms ? o.lease_ttl_ms : Options().lease_ttl_ms, o.wait_bound_ms, o.env),
+        committer(chain, o.env) {}
 
   Options opt;
   Policy policy;
   TierChain chain;
   FlightTable flights;
   LeaseWait lease;
-  Committer committer{chain};
+  Committer committer;
   std::atomic<uint64_t> compiles{0}, compile_failures{0}, waits{0}, compile_us{0};
 
   // Why did it miss: the miss journal and KCACHE_EXPLAIN (cache/journal.h);

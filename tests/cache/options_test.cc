@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "fault_env.h"
 #include "kcache/assembly.h"
 #include "kcache/bundle.h"
 #include "kcache/cache.h"
@@ -155,7 +156,9 @@ TEST(OptionsTest, ApplyEnvReportsBadValuesAndUnknownVariables) {
   EXPECT_NE(problems[1].message().find("KCACHE_READ_ONLY"), std::string::npos) << problems[1].message();
   EXPECT_EQ(o.disk.max_bytes, 777u);
   EXPECT_FALSE(o.read_only);
-  if (engine_built(Engine::lmdb)) EXPECT_EQ(o.engine, Engine::lmdb);
+  if (engine_built(Engine::lmdb)) {
+    EXPECT_EQ(o.engine, Engine::lmdb);
+  }
 }
 
 // KCACHE_RECOMPILE reaches every path that looks up: Cache::get (and so
@@ -303,4 +306,34 @@ TEST(DiskStoreSpecTest, FromOptionsNamesEverything) {
     EXPECT_EQ(engine_info(e.engine).name, engine_name(e.engine));
     EXPECT_FALSE(e.owned_paths("/x").empty());
   }
+}
+
+// Options::env reaches the whole cache: the disk store (files engine) and
+// its lease files see the same full disk, and the compile still succeeds.
+TEST(OptionsTest, TheEnvOfTheOptionsReachesTheStoreAndItsLeases) {
+  test::TempDir d;
+  auto env = std::make_shared<test::FaultEnv>();
+  env->manual_clock = false;  // the committer and the heartbeat run on real time here
+  Options o = test::disk_options(d.path(), /*memory=*/false);
+  o.engine = Engine::files;
+  o.env = env;
+  KeyInfo k = *KeyBuilder("env/1").add_string("src", "x").finish();
+  int runs = 0;
+  {
+    auto c = Cache::open(o);
+    ASSERT_EQ(c->tiers().size(), 1u);
+    env->no_space = true;
+    auto r = c->get_or_compile(k, compile_to("obj", &runs));
+    ASSERT_TRUE(r.has_value()) << "a full disk never fails a compile";
+    c->flush();
+    EXPECT_GT(env->faults.load(), 0u) << "the store and its leases asked the injected Env";
+    EXPECT_EQ(c->stats().tiers.at(0).stats.puts, 0u);
+    env->no_space = false;
+  }
+  auto c = Cache::open(o);
+  EXPECT_FALSE(c->get(k.key).has_value()) << "nothing was stored on the full disk";
+  ASSERT_TRUE(c->get_or_compile(k, compile_to("obj", &runs)).has_value());
+  c->flush();
+  EXPECT_TRUE(Cache::open(o)->get(k.key).has_value());
+  EXPECT_EQ(runs, 2);
 }
