@@ -73,7 +73,7 @@ TEST_P(DiskEvictionMultiProcess, ConcurrentPutsPastTheLimitStayWithinItAndCounte
   EXPECT_GE(s.evictions, uint64_t(kProcs) * per_proc - w.entries) << "entries vanished without being counted";
   EXPECT_GT(w.entries, 0u);
   EXPECT_EQ(s.puts, uint64_t(kProcs) * per_proc);
-  auto v = tier.verify(false);
+  auto v = tier.admin()->verify(false);
   ASSERT_TRUE(v.has_value()) << v.error().to_string();
   EXPECT_EQ(v->checked, w.entries);
   EXPECT_TRUE(v->bad.empty());

@@ -155,7 +155,9 @@ TEST(OptionsTest, ApplyEnvReportsBadValuesAndUnknownVariables) {
   EXPECT_NE(problems[1].message().find("KCACHE_READ_ONLY"), std::string::npos) << problems[1].message();
   EXPECT_EQ(o.disk.max_bytes, 777u);
   EXPECT_FALSE(o.read_only);
-  if (engine_built(Engine::lmdb)) EXPECT_EQ(o.engine, Engine::lmdb);
+  if (engine_built(Engine::lmdb)) {
+    EXPECT_EQ(o.engine, Engine::lmdb);
+  }
 }
 
 // KCACHE_RECOMPILE reaches every path that looks up: Cache::get (and so

@@ -89,7 +89,7 @@ namespace {
 #if KCACHE_HAVE_LMDB
 constexpr auto kOpenLmdb = +[](const std::string& path, const DiskTierOptions& o) { return open_lmdb_tier(path, o); };
 #else
-constexpr auto kOpenLmdb = +[](const std::string&, const DiskTierOptions&) -> Expected<std::shared_ptr<Tier>> {
+constexpr auto kOpenLmdb = +[](const std::string&, const DiskTierOptions&) -> Expected<std::shared_ptr<Tier> > {
   return Status(Errc::unavailable, "this kcache was built without the lmdb engine");
 };
 #endif
@@ -156,6 +156,7 @@ DiskStoreSpec DiskStoreSpec::from(const Options& options) {
   s.tier = options.disk;
   s.shared_group = options.shared_group;
   s.create = options.create_dir;
+  s.read_only = options.read_only;
   s.leases = options.process_single_flight && !options.read_only && !options.disabled;
   return s;
 }
@@ -200,7 +201,9 @@ Expected<DiskStore> open_disk_store(const DiskStoreSpec& spec) {
     if (!exists(d.path)) return Status(Errc::not_found, "no store at " + d.path);
     KCACHE_RETURN_IF_ERROR(check_store(d, trust));
   }
-  KCACHE_TRY(d.tier, engine.open_tier(d.path, spec.tier));
+  DiskTierOptions tier_options = spec.tier;
+  tier_options.read_only = tier_options.read_only || spec.read_only;
+  KCACHE_TRY(d.tier, engine.open_tier(d.path, tier_options));
   // Once more, now that the engine has made its files: LMDB's files get the
   // group's write here, since LMDB makes them for this user only.
   if (trust.shared)

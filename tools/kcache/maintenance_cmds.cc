@@ -16,8 +16,8 @@ const Reach kDiskOnly{.create = false, .remote = false, .honour_disable = false}
 
 // Every entry of the disk store; an absent store has none.
 Status list_disk(const Ctx& c, std::vector<ListItem>* items) {
-  if (!c.store.disk) return Status();
-  return c.store.disk->list([&](const ListItem& it) {
+  if (!c.store.admin) return Status();
+  return c.store.admin->list([&](const ListItem& it) {
     items->push_back(it);
     return true;
   });
@@ -134,8 +134,8 @@ int cmd_verify(Ctx& c) {
   bool fix = c.args.has("--fix");
   if (int rc = open_tiers(c, kDiskOnly)) return rc;
   VerifyReport rep;
-  if (c.store.disk) {
-    auto r = c.store.disk->verify(fix);
+  if (c.store.admin) {
+    auto r = c.store.admin->verify(fix);
     if (!r) return c.fail(kExitError, "verifying " + c.store.where.path + ": " + r.error().to_string());
     rep = std::move(r).value();
   }
@@ -175,8 +175,8 @@ int cmd_trim(Ctx& c) {
   }
   uint64_t evicted = 0;
   TierStats t;
-  if (c.store.disk) {
-    auto r = c.store.disk->trim(limit);
+  if (c.store.admin) {
+    auto r = c.store.admin->trim(limit);
     if (!r) return c.fail(kExitError, "trimming " + c.store.where.path + ": " + r.error().to_string());
     evicted = *r;
     t = c.store.disk->stats();
@@ -198,7 +198,7 @@ int cmd_clear(Ctx& c) {
   if (int rc = open_tiers(c, kDiskOnly)) return rc;
   std::vector<ListItem> items;
   Status st = list_disk(c, &items);
-  if (st.is_ok() && c.store.disk) st = c.store.disk->clear();
+  if (st.is_ok() && c.store.admin) st = c.store.admin->clear();
   if (!st.is_ok()) return c.fail(kExitError, "clearing " + c.store.where.path + ": " + st.to_string());
   if (c.json) {
     util::JsonWriter w;

@@ -197,12 +197,13 @@ Expected<Entry> Reader::entry_at(uint64_t i, bool check_sha) const {
 
 namespace {
 
-class BundleTier final : public Tier {
+class BundleTier final : public Tier, public StoreAdmin {
  public:
   explicit BundleTier(std::shared_ptr<Reader> r) : r_(std::move(r)) {}
   std::string_view name() const noexcept override { return "bundle"; }
   TierKind kind() const noexcept override { return TierKind::bundle; }
   bool writable() const noexcept override { return false; }
+  StoreAdmin* admin() noexcept override { return this; }
 
   Status list(const std::function<bool(const ListItem&)>& fn) override {
     for (uint64_t i = 0; i < r_->count(); ++i)
@@ -223,23 +224,26 @@ class BundleTier final : public Tier {
   Status clear() override { return refuse("clear"); }
 
  protected:
-  Expected<std::optional<Entry>> do_get(const Key& key, MissCount miss) override {
+  std::string_view admin_name() const noexcept override { return name(); }
+
+  Expected<std::optional<Entry>> do_get(const Key& key, Access access) override {
+    const bool counts = access != Access::peek;
     auto i = r_->find(key);
     if (i && *i >= 0) {
       auto e = r_->entry_at(static_cast<uint64_t>(*i), false);
       if (e) {
-        hits_.fetch_add(1, std::memory_order_relaxed);
+        if (counts) hits_.fetch_add(1, std::memory_order_relaxed);
         return std::optional<Entry>(std::move(e).value());
       }
       if (e.error().code() != Errc::stale_format) {
-        corrupt_.fetch_add(1, std::memory_order_relaxed);
+        if (counts) corrupt_.fetch_add(1, std::memory_order_relaxed);
         return Status(Errc::corrupt, r_->name() + " entry " + key.hex() + ": " + e.error().message());
       }
     } else if (!i) {
-      corrupt_.fetch_add(1, std::memory_order_relaxed);
+      if (counts) corrupt_.fetch_add(1, std::memory_order_relaxed);
       return Status(Errc::corrupt, r_->name() + ": " + i.error().message());
     }
-    if (miss == MissCount::counted) misses_.fetch_add(1, std::memory_order_relaxed);
+    if (access == Access::counted) misses_.fetch_add(1, std::memory_order_relaxed);
     return std::optional<Entry>();
   }
   Status do_put(const Entry&) override { return refuse("put"); }

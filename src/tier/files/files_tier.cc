@@ -100,7 +100,7 @@ Status write_temp(Env& env, const std::string& prefix, std::string_view data, bo
   return Status();
 }
 
-class FilesTier final : public Tier {
+class FilesTier final : public Tier, public StoreAdmin {
  public:
   FilesTier(std::string dir, const DiskTierOptions& o) : dir_(std::move(dir)), env_(o.env ? o.env : Env::posix()) {
     max_bytes_ = effective_max_bytes(o);
@@ -110,11 +110,17 @@ class FilesTier final : public Tier {
     batch_ = o.recency_batch ? o.recency_batch : 256;
     stale_temp_ms_ = o.stale_temp_ms ? o.stale_temp_ms : 3600'000;
     sync_ = o.durability != Durability::none;
+    read_only_ = o.read_only;
   }
   ~FilesTier() override { (void)flush(); }
 
   Status init() {
     shared_ = util::folder_is_shared(dir_, *env_);
+    if (read_only_) {
+      // Nothing is made or collected: the store is only read.
+      if (env_->access(dir_, R_OK | X_OK) != 0) return util::errno_status(errno, dir_);
+      return Status();
+    }
     Status st = make_dir(dir_ + "/tmp", /*parents=*/true);
     if (st.is_ok()) {
       int fd = open_shared_rw(dir_ + "/stats", O_RDWR | O_CREAT | O_CLOEXEC);
@@ -141,15 +147,14 @@ class FilesTier final : public Tier {
 
   std::string_view name() const noexcept override { return "files"; }
   TierKind kind() const noexcept override { return TierKind::disk; }
-
-  // Off (the read-only wrapper): the tier makes no write of its own to the
-  // store: a corrupt entry is reported and counted in this process only,
-  // never removed; recency (mtimes) and counters are never written; stale
-  // temp files are left for a writer to collect.
-  void set_repair(bool on) noexcept override { repair_.store(on, std::memory_order_relaxed); }
+  bool writable() const noexcept override { return !read_only_; }
+  StoreAdmin* admin() noexcept override { return this; }
 
   Status flush() override {
-    if (!repair_.load(std::memory_order_relaxed)) return Status();
+    // A read-only store: a corrupt entry is reported and counted in this
+    // process only, never removed; recency (mtimes) and counters are never
+    // written; stale temp files are left for a writer to collect.
+    if (read_only_) return Status();
     std::unordered_map<Key, uint64_t> touched;
     int64_t d[c_count] = {};
     {
@@ -190,6 +195,7 @@ class FilesTier final : public Tier {
   }
 
   Expected<VerifyReport> verify(bool fix) override {
+    if (fix && read_only_) return refuse("verify --fix");
     (void)flush();
     VerifyReport rep;
     std::vector<std::pair<Key, std::string>> paths;
@@ -224,11 +230,13 @@ class FilesTier final : public Tier {
   }
 
   Expected<uint64_t> trim(uint64_t max_bytes) override {
+    if (read_only_) return refuse("trim");
     (void)flush();
     return evict(max_bytes, max_entries_);
   }
 
   Status clear() override {
+    if (read_only_) return refuse("clear");
     {
       std::lock_guard lk(mu_);
       touched_.clear();
@@ -241,27 +249,33 @@ class FilesTier final : public Tier {
   }
 
  protected:
-  Expected<std::optional<Entry>> do_get(const Key& key, MissCount miss) override {
+  std::string_view admin_name() const noexcept override { return name(); }
+
+  Expected<std::optional<Entry>> do_get(const Key& key, Access access) override {
     std::string p = path_of(key);
     auto e = read_entry(key, p);
+    const bool peek = access == Access::peek;
     if (!e) {
       // Another build's entry is a miss, left for the build that reads it.
       if (e.error().code() == Errc::not_found || e.error().code() == Errc::stale_format) {
-        if (miss == MissCount::counted) count(c_misses);
+        if (access == Access::counted) count(c_misses);
         return std::optional<Entry>();
       }
       if (e.error().code() == Errc::corrupt) {
-        // Counted in this process; stored (with the removal) only when
-        // repair is on. A read-only store is never written.
-        count(c_corrupt);
-        if (repair_.load(std::memory_order_relaxed)) remove_if_same(p);
+        // Counted (stored with the removal, in a read-only store in this
+        // process only); a peek leaves it all as it was.
+        if (!peek) {
+          count(c_corrupt);
+          if (!read_only_) remove_if_same(p);
+        }
         return Status(Errc::corrupt, "files entry " + key.hex() + ": " + e.error().message());
       }
-      count(c_errors);
+      if (!peek) count(c_errors);
       return e.error();
     }
+    if (peek) return std::optional<Entry>(std::move(e).value());
     bool flush_now;
-    bool writes = repair_.load(std::memory_order_relaxed);
+    const bool writes = !read_only_;
     {
       std::lock_guard lk(mu_);
       ++pending_[c_hits];
@@ -273,6 +287,7 @@ class FilesTier final : public Tier {
   }
 
   Status do_put(const Entry& entry) override {
+    if (read_only_) return refuse("put");
     std::string_view enc = entry.encoded();
     if (enc.size() > max_entry_) {
       count(c_errors);
@@ -342,6 +357,7 @@ class FilesTier final : public Tier {
   }
 
   Status do_remove(const Key& key) override {
+    if (read_only_) return refuse("remove");
     std::string p = path_of(key);
     struct stat pre;
     if (env_->stat(p, &pre) != 0) return Status();
@@ -374,10 +390,16 @@ class FilesTier final : public Tier {
     s.errors = v[c_errors];
     s.entries = v[c_entries];
     s.bytes = v[c_bytes];
+    s.rejected = rejected_.load(std::memory_order_relaxed);
     return s;
   }
 
  private:
+  Status refuse(const char* what) {
+    rejected_.fetch_add(1, std::memory_order_relaxed);
+    return Status(Errc::read_only, std::string(what) + " refused: the store " + dir_ + " was opened read-only");
+  }
+
   // Modes (see the top): this user only, or the group of a shared folder.
   unsigned entry_mode() const noexcept { return shared_ ? 0640 : 0600; }
   // With `parents`, missing folders above it are made too (as mkdir -p).
@@ -583,7 +605,7 @@ class FilesTier final : public Tier {
   }
 
   void collect_temps() {
-    if (!repair_.load(std::memory_order_relaxed)) return;
+    if (read_only_) return;
     std::string d = dir_ + "/tmp";
     std::vector<std::string> names;
     if (env_->list_dir(d, &names) != 0) return;
@@ -702,7 +724,8 @@ class FilesTier final : public Tier {
   double low_water_;
   unsigned batch_;
   bool sync_;
-  std::atomic<bool> repair_{true};
+  bool read_only_ = false;             // DiskTierOptions::read_only
+  std::atomic<uint64_t> rejected_{0};  // refused writes, this process only
   std::mutex mu_;
   std::unordered_map<Key, uint64_t> touched_;  // GUARDED_BY(mu_)
   int64_t pending_[c_count] = {};              // GUARDED_BY(mu_)

@@ -108,7 +108,7 @@ class PinnedBuffer final : public Buffer {
   std::string_view bytes_;
 };
 
-class LmdbTier final : public Tier {
+class LmdbTier final : public Tier, public StoreAdmin {
  public:
   LmdbTier(std::shared_ptr<LmdbEnv> env, const DiskTierOptions& o)
       : env_(std::move(env)), opt_(o), clock_(Env::or_posix(opt_.env)) {
@@ -117,7 +117,8 @@ class LmdbTier final : public Tier {
     low_water_ = o.low_water > 0 && o.low_water < 1 ? o.low_water : 0.8;
     max_entry_ = o.max_entry_bytes ? o.max_entry_bytes : std::max<uint64_t>(max_bytes_ / 8, 1);
     batch_ = o.recency_batch ? o.recency_batch : 256;
-    flusher_ = std::thread([this] { flusher_loop(); });
+    // A read-only store gets no writes, so nothing needs flushing.
+    if (!read_only_) flusher_ = std::thread([this] { flusher_loop(); });
   }
   ~LmdbTier() override {
     if (env_->inherited()) {
@@ -135,17 +136,14 @@ class LmdbTier final : public Tier {
       stop_ = true;
     }
     pend_cv_->notify_all();
-    flusher_.join();
+    if (flusher_.joinable()) flusher_.join();
     (void)flush();
   }
 
   std::string_view name() const noexcept override { return "lmdb"; }
   TierKind kind() const noexcept override { return TierKind::disk; }
-
-  // Off (the read-only wrapper): the tier makes no write of its own to the
-  // store: a corrupt entry is reported and counted in this process only,
-  // never removed, and recency and counters are never flushed.
-  void set_repair(bool on) noexcept override { repair_.store(on, std::memory_order_relaxed); }
+  bool writable() const noexcept override { return !read_only_; }
+  StoreAdmin* admin() noexcept override { return this; }
 
   // Counts a damaged store found (and moved aside) when opening.
   void note_corrupt() { count(c_corrupt); }
@@ -236,8 +234,8 @@ class LmdbTier final : public Tier {
 
   Status flush() override {
     // Nothing to write in a child of fork() (it counts nothing there), nor
-    // when repair is off (nothing is ever written then).
-    if (env_->inherited() || !repair_.load(std::memory_order_relaxed)) return Status();
+    // in a read-only store (nothing is ever written there).
+    if (env_->inherited() || read_only_) return Status();
     std::unordered_map<Key, uint64_t> touched;
     uint64_t counts[c_count] = {};
     {
@@ -302,6 +300,7 @@ class LmdbTier final : public Tier {
 
   Expected<VerifyReport> verify(bool fix) override {
     if (env_->inherited()) return env_->inherited_error();
+    if (fix && read_only_) return refuse("verify --fix");
     (void)flush();
     VerifyReport rep;
     uint64_t entries = 0, bytes = 0, other_format = 0;
@@ -354,12 +353,14 @@ class LmdbTier final : public Tier {
 
   Expected<uint64_t> trim(uint64_t max_bytes) override {
     if (env_->inherited()) return env_->inherited_error();
+    if (read_only_) return refuse("trim");
     (void)flush();
     return evict(max_bytes, max_entries_);
   }
 
   Status clear() override {
     if (env_->inherited()) return env_->inherited_error();
+    if (read_only_) return refuse("clear");
     {
       std::lock_guard lk(pend_mu_);
       touched_.clear();
@@ -412,7 +413,9 @@ class LmdbTier final : public Tier {
   }
 
  protected:
-  Expected<std::optional<Entry>> do_get(const Key& key, MissCount miss) override {
+  std::string_view admin_name() const noexcept override { return name(); }
+
+  Expected<std::optional<Entry>> do_get(const Key& key, Access access) override {
     // In a child of fork() this returns before any lock or counter is
     // touched: a thread of the parent may have held them at the fork.
     if (env_->inherited()) return env_->inherited_error();
@@ -421,12 +424,12 @@ class LmdbTier final : public Tier {
     int rc = mdb_get(txn, env_->entries, &k, &v);
     if (rc == MDB_NOTFOUND) {
       env_->end_read(txn);
-      if (miss == MissCount::counted) count(c_misses);
+      if (access == Access::counted) count(c_misses);
       return std::optional<Entry>();
     }
     if (rc) {
       env_->end_read(txn);
-      count(c_errors);
+      if (access != Access::peek) count(c_errors);
       return mdb_status(rc, "get");
     }
     std::string_view bytes(static_cast<const char*>(v.mv_data), v.mv_size);
@@ -444,22 +447,25 @@ class LmdbTier final : public Tier {
     auto e = Entry::decode(std::move(buf), &key);
     if (!e && e.error().code() == Errc::stale_format) {
       // Another build's entry: a miss, left for the build that reads it.
-      if (miss == MissCount::counted) count(c_misses);
+      if (access == Access::counted) count(c_misses);
       return std::optional<Entry>();
     }
     if (!e) {
-      // Counted in this process; stored (with the removal) only when
-      // repair is on. A read-only store is never written.
-      count(c_corrupt);
-      if (repair_.load(std::memory_order_relaxed)) (void)remove_entry(key, false);
+      // Counted (stored with the removal, in a read-only store in this
+      // process only); a peek leaves it all as it was.
+      if (access != Access::peek) {
+        count(c_corrupt);
+        if (!read_only_) (void)remove_entry(key, false);
+      }
       return Status(Errc::corrupt, "lmdb entry " + key.hex() + ": " + e.error().message());
     }
-    note_hit(key);
+    if (access != Access::peek) note_hit(key);
     return std::optional<Entry>(std::move(e).value());
   }
 
   Status do_put(const Entry& entry) override {
     if (env_->inherited()) return env_->inherited_error();
+    if (read_only_) return refuse("put");
     std::string_view enc = entry.encoded();
     if (enc.size() > max_entry_) {
       count(c_errors);
@@ -476,8 +482,8 @@ class LmdbTier final : public Tier {
   // Cache's committer hands over (group commit).
   std::vector<Status> put_many(const std::vector<Entry>& entries) override {
     std::vector<Status> out(entries.size());
-    if (env_->inherited()) {
-      for (auto& s : out) s = env_->inherited_error();
+    if (env_->inherited() || read_only_) {
+      for (auto& s : out) s = read_only_ ? refuse("put") : env_->inherited_error();
       return out;
     }
     std::vector<std::pair<Key, std::string_view>> group;
@@ -510,6 +516,7 @@ class LmdbTier final : public Tier {
  protected:
   Status do_remove(const Key& key) override {
     if (env_->inherited()) return env_->inherited_error();
+    if (read_only_) return refuse("remove");
     return remove_entry(key, false);
   }
 
@@ -534,10 +541,16 @@ class LmdbTier final : public Tier {
     s.errors = v[c_errors];
     s.entries = v[c_entries];
     s.bytes = v[c_bytes];
+    s.rejected = rejected_.load(std::memory_order_relaxed);
     return s;
   }
 
  private:
+  Status refuse(const char* what) {
+    rejected_.fetch_add(1, std::memory_order_relaxed);
+    return Status(Errc::read_only, std::string(what) + " refused: the store " + env_->dir() + " was opened read-only");
+  }
+
   // Free space (for unprivileged users) below what one commit of `need`
   // bytes may write, with room for the B-tree pages that change with it.
   bool disk_nearly_full(uint64_t need) {
@@ -554,7 +567,7 @@ class LmdbTier final : public Tier {
 
   void note_hit(const Key& key) {
     bool wake;
-    bool writes = repair_.load(std::memory_order_relaxed);
+    const bool writes = !read_only_;
     {
       std::lock_guard lk(pend_mu_);
       if (writes) touched_[key] = clock_.now_unix_ms();
@@ -904,7 +917,8 @@ class LmdbTier final : public Tier {
   double low_water_;
   unsigned batch_;
 
-  std::atomic<bool> repair_{true};
+  const bool read_only_ = opt_.read_only;
+  std::atomic<uint64_t> rejected_{0};  // refused writes, this process only
 
   std::mutex pend_mu_;
   // On the heap so that a child of fork() can leak it (see ~LmdbTier).
@@ -927,7 +941,7 @@ Expected<std::shared_ptr<Tier>> open_lmdb_tier(const std::string& dir, const Dis
   auto env = LmdbEnv::open(dir, map_size, sync_data, sync_meta, options.check_on_open);
   bool quarantined = false;
   std::shared_ptr<LmdbTier> tier;
-  if (!env && env.error().code() == Errc::corrupt) {
+  if (!env && env.error().code() == Errc::corrupt && !options.read_only) {
     // A store LMDB cannot use safely is moved aside, never deleted, and a
     // fresh one takes its place: the cache keeps working. Processes that
     // find it damaged at once take turns under a lock beside the folder, and

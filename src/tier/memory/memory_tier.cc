@@ -22,7 +22,7 @@
 namespace kcache {
 namespace {
 
-class MemoryTier final : public Tier {
+class MemoryTier final : public Tier, public StoreAdmin {
  public:
   explicit MemoryTier(const MemoryTierOptions& o) {
     uint64_t total = o.max_bytes ? o.max_bytes : (uint64_t(256) << 20);
@@ -33,6 +33,7 @@ class MemoryTier final : public Tier {
   }
   std::string_view name() const noexcept override { return "memory"; }
   TierKind kind() const noexcept override { return TierKind::memory; }
+  StoreAdmin* admin() noexcept override { return this; }
 
   Status list(const std::function<bool(const ListItem&)>& fn) override {
     for (auto& sh : shards_) {
@@ -45,6 +46,16 @@ class MemoryTier final : public Tier {
         if (!fn(it)) return Status();
     }
     return Status();
+  }
+  // Entries were checked when they were built or read, and live in this
+  // process's memory only: there is nothing to find damaged.
+  Expected<VerifyReport> verify(bool) override {
+    VerifyReport rep;
+    for (auto& sh : shards_) {
+      std::lock_guard lk(sh.mu);
+      rep.checked += sh.map.size();
+    }
+    return rep;
   }
   Expected<uint64_t> trim(uint64_t max_bytes) override {
     uint64_t per = max_bytes / shards_.size(), evicted = 0;
@@ -65,14 +76,17 @@ class MemoryTier final : public Tier {
   }
 
  protected:
-  Expected<std::optional<Entry>> do_get(const Key& key, MissCount count) override {
+  std::string_view admin_name() const noexcept override { return name(); }
+
+  Expected<std::optional<Entry>> do_get(const Key& key, Access access) override {
     Shard& sh = shard(key);
     std::lock_guard lk(sh.mu);
     auto it = sh.map.find(key);
     if (it == sh.map.end()) {
-      if (count == MissCount::counted) ++sh.misses;
+      if (access == Access::counted) ++sh.misses;
       return std::optional<Entry>();
     }
+    if (access == Access::peek) return std::optional<Entry>(it->second.entry);
     sh.lru.splice(sh.lru.begin(), sh.lru, it->second.it);
     ++sh.hits;
     return std::optional<Entry>(it->second.entry);

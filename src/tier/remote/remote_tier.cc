@@ -246,16 +246,17 @@ class RemoteTierImpl final : public RemoteTier {
   }
 
  protected:
-  Expected<std::optional<Entry>> do_get(const Key& key, MissCount count) override {
+  Expected<std::optional<Entry>> do_get(const Key& key, Access access) override {
     if (!allow()) {
-      skipped_++;
+      if (access != Access::peek) skipped_++;
       return std::optional<Entry>();
     }
     auto r = fetch(key);
     if (!r) return std::move(r).error();
+    if (access == Access::peek) return r;
     if (r->has_value())
       hits_++;
-    else if (count == MissCount::counted)
+    else if (access == Access::counted)
       misses_++;
     return r;
   }
