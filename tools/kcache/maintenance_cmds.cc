@@ -70,17 +70,9 @@ int cmd_stats(Ctx& c) {
     if (tier != s.disk) others.emplace_back(tier, tier->stats());
   if (c.json) {
     util::JsonWriter w;
-    w.begin_object()
-        .field("entries", t.entries)
-        .field("bytes", t.bytes)
-        .field("hits", t.hits)
-        .field("misses", t.misses)
-        .field("evictions", t.evictions)
-        .field("corrupt", t.corrupt)
-        .field("puts", t.puts)
-        .field("errors", t.errors)
-        .field("rejected", t.rejected)
-        .key("hit_rate")
+    w.begin_object();
+    for (const auto& f : TierStats::kFields) w.field(f.name, t.*f.member);
+    w.key("hit_rate")
         .number(rate, 4)
         .field("max_bytes", max_bytes)
         .field("max_entries", max_entries)
@@ -113,19 +105,18 @@ int cmd_stats(Ctx& c) {
   out +=
       fmt("size        %s of %s (%.1f%%)\n", util::format_size(t.bytes).c_str(), util::format_size(max_bytes).c_str(),
           100.0 * static_cast<double>(t.bytes) / static_cast<double>(max_bytes));
-  out += fmt("hits        %" PRIu64 "\n", t.hits);
-  out += fmt("misses      %" PRIu64 "\n", t.misses);
-  out += fmt("hit rate    %.1f%%\n", 100.0 * rate);
-  out += fmt("puts        %" PRIu64 "\n", t.puts);
-  out += fmt("evictions   %" PRIu64 "\n", t.evictions);
-  out += fmt("corrupt     %" PRIu64 "\n", t.corrupt);
-  out += fmt("errors      %" PRIu64 "\n", t.errors);
-  out += fmt("rejected    %" PRIu64 "\n", t.rejected);
+  // Entries and bytes are shown above, against their limits.
+  for (const auto& f : TierStats::kFields) {
+    if (f.member == &TierStats::entries || f.member == &TierStats::bytes) continue;
+    out += fmt("%-11s %" PRIu64 "\n", std::string(f.name).c_str(), t.*f.member);
+    if (f.member == &TierStats::misses) out += fmt("hit rate    %.1f%%\n", 100.0 * rate);
+  }
   for (const auto& [tier, ts] : others) {
-    out += fmt("%-11s %s: %" PRIu64 " hits, %" PRIu64 " misses, %" PRIu64 " puts, %" PRIu64 " errors, %" PRIu64
-               " skipped, %" PRIu64 " dropped (this process)\n",
-               std::string(tier_kind_name(tier->kind())).c_str(), std::string(tier->name()).c_str(), ts.hits, ts.misses,
-               ts.puts, ts.errors, ts.skipped, ts.dropped);
+    std::string counts;
+    for (const auto& f : TierStats::kFields)
+      counts += fmt("%s%" PRIu64 " %s", counts.empty() ? "" : ", ", ts.*f.member, std::string(f.name).c_str());
+    out += fmt("%-11s %s: %s (this process)\n", std::string(tier_kind_name(tier->kind())).c_str(),
+               std::string(tier->name()).c_str(), counts.c_str());
   }
   return c.out(out);
 }

@@ -39,19 +39,20 @@
 #include <cerrno>
 #include <cstring>
 #include <mutex>
+#include <type_traits>
 #include <unordered_map>
 #include <vector>
 
 #include "entry/buffer.h"
 #include "kcache/env.h"
 #include "kcache/tier.h"
+#include "tier/core/counters.h"
 #include "tier/files/files_probe.h"
 #include "util/util.h"
 
 namespace kcache {
 namespace {
 
-enum Counter { c_hits, c_misses, c_puts, c_evictions, c_corrupt, c_errors, c_entries, c_bytes, c_count };
 constexpr uint64_t kLeaseStaleMs = 60'000;
 
 // Entry files this process's walks have visited so far (files_probe.h).
@@ -156,23 +157,13 @@ class FilesTier final : public Tier, public StoreAdmin {
     // written; stale temp files are left for a writer to collect.
     if (read_only_) return Status();
     std::unordered_map<Key, uint64_t> touched;
-    int64_t d[c_count] = {};
     {
       std::lock_guard lk(mu_);
       touched.swap(touched_);
-      for (int i = 0; i < c_count; ++i) {
-        d[i] = pending_[i];
-        pending_[i] = 0;
-      }
     }
     for (const auto& [k, ms] : touched) set_mtime_ms(path_of(k), ms);  // gone meanwhile: fine
-    Status st = add_counters(d);
-    if (!st.is_ok()) {
-      // Not stored (a read-only or failing disk): keep counting them here.
-      std::lock_guard lk(mu_);
-      for (int i = 0; i < c_count; ++i) pending_[i] += d[i];
-    }
-    return st;
+    // Not stored (a read-only or failing disk): they stay pending here.
+    return counters_.flush([&](const CounterDeltas& d) { return update_stored(d, nullptr); });
   }
 
   // Tier::recency_mark on this tier's clock, which also stamps the mtimes.
@@ -221,9 +212,8 @@ class FilesTier final : public Tier, public StoreAdmin {
       KCACHE_LOG(LogLevel::info, "files verify %s: %llu entries of another format version left in place", dir_.c_str(),
                  static_cast<unsigned long long>(other_format));
     if (fix) {
-      int64_t d[c_count] = {};
-      d[c_corrupt] = static_cast<int64_t>(rep.removed);
-      (void)add_counters(d);
+      counters_.add(c_corrupt, static_cast<int64_t>(rep.removed));
+      (void)flush();
       KCACHE_RETURN_IF_ERROR(recount());
     }
     return rep;
@@ -276,9 +266,9 @@ class FilesTier final : public Tier, public StoreAdmin {
     if (peek) return std::optional<Entry>(std::move(e).value());
     bool flush_now;
     const bool writes = !read_only_;
+    count(c_hits);
     {
       std::lock_guard lk(mu_);
-      ++pending_[c_hits];
       if (writes) touched_[key] = env_->now_unix_ms();
       flush_now = writes && touched_.size() >= batch_;
     }
@@ -318,9 +308,9 @@ class FilesTier final : public Tier, public StoreAdmin {
     // The recency record starts at kcache's own clock, not the file
     // system's coarser one, so marks (Tier::mark) compare exactly.
     set_mtime_ms(tmp, env_->now_unix_ms());
-    uint64_t totals[c_count];
+    CounterValues totals{};
     st = with_counters(
-        [&](uint64_t* v) {
+        [&](CounterValues& v) {
           struct stat old;
           bool replaced = env_->stat(final_path, &old) == 0;
           if (env_->rename(tmp, final_path) != 0) return util::errno_status(errno, "rename " + tmp);
@@ -333,7 +323,7 @@ class FilesTier final : public Tier, public StoreAdmin {
           v[c_bytes] += enc.size();
           return Status();
         },
-        totals);
+        &totals);
     if (!st.is_ok()) {
       env_->unlink(tmp);
       count(c_errors);
@@ -361,7 +351,7 @@ class FilesTier final : public Tier, public StoreAdmin {
     std::string p = path_of(key);
     struct stat pre;
     if (env_->stat(p, &pre) != 0) return Status();
-    return with_counters([&](uint64_t* v) {
+    return with_counters([&](CounterValues& v) {
       struct stat st;
       if (env_->stat(p, &st) != 0) return Status();
       if (env_->unlink(p) != 0) {
@@ -375,21 +365,9 @@ class FilesTier final : public Tier, public StoreAdmin {
   }
 
   TierStats do_stats() override {
-    uint64_t v[c_count] = {};
+    CounterValues v{};
     (void)read_counters(v);
-    {
-      std::lock_guard lk(mu_);
-      for (int i = 0; i < c_count; ++i) v[i] += pending_[i];
-    }
-    TierStats s;
-    s.hits = v[c_hits];
-    s.misses = v[c_misses];
-    s.puts = v[c_puts];
-    s.evictions = v[c_evictions];
-    s.corrupt = v[c_corrupt];
-    s.errors = v[c_errors];
-    s.entries = v[c_entries];
-    s.bytes = v[c_bytes];
+    TierStats s = counters_.stats(v);
     s.rejected = rejected_.load(std::memory_order_relaxed);
     return s;
   }
@@ -427,10 +405,7 @@ class FilesTier final : public Tier, public StoreAdmin {
     return dir_ + "/" + h.substr(0, 2) + "/" + h + ".kce";
   }
 
-  void count(int c) {
-    std::lock_guard lk(mu_);
-    ++pending_[c];
-  }
+  void count(StoreCounter c) { counters_.add(c); }
 
   Expected<Entry> read_entry(const Key& key, const std::string& p) {
     int fd = env_->open(p, O_RDONLY | O_CLOEXEC);
@@ -473,7 +448,7 @@ class FilesTier final : public Tier, public StoreAdmin {
     bool ok = env_->fstat(fd, &a) == 0;
     env_->close(fd);
     if (!ok) return;
-    (void)with_counters([&](uint64_t* v) {
+    (void)with_counters([&](CounterValues& v) {
       struct stat b;
       if (env_->stat(p, &b) != 0 || a.st_ino != b.st_ino || a.st_dev != b.st_dev) return Status();
       if (env_->unlink(p) == 0) {
@@ -484,7 +459,7 @@ class FilesTier final : public Tier, public StoreAdmin {
     });
   }
 
-  Status read_counters(uint64_t* v) {
+  Status read_counters(CounterValues& v) {
     int fd = env_->open(dir_ + "/stats", O_RDONLY | O_CLOEXEC);
     if (fd < 0) return util::errno_status(errno, "open stats");
     char b[8 * c_count] = {};
@@ -503,26 +478,23 @@ class FilesTier final : public Tier, public StoreAdmin {
   // processes; only a process killed inside fn can make them drift (verify
   // --fix recounts). Returns the new totals in `out` when given.
   template <class F>
-  Status with_counters(F&& fn, uint64_t* out = nullptr) {
-    int64_t d[c_count];
-    {
-      std::lock_guard lk(mu_);
-      for (int i = 0; i < c_count; ++i) {
-        d[i] = pending_[i];
-        pending_[i] = 0;
-      }
-    }
-    auto restore = [&] {
-      std::lock_guard lk(mu_);
-      for (int i = 0; i < c_count; ++i) pending_[i] += d[i];
-    };
+  Status with_counters(F&& fn, CounterValues* out = nullptr) {
+    const CounterDeltas d = counters_.take();
+    Status fn_status;
+    Status stored = update_stored(
+        d, [&](CounterValues& v) { return fn_status = fn(v); }, out);
+    if (!stored.is_ok()) counters_.restore(d);  // the deltas were not stored
+    return fn_status.is_ok() ? stored : fn_status;
+  }
+
+  // The store function of the counters: adds `d` to the stored counters,
+  // then runs fn (when given) on them, and writes them back, all under the
+  // flock. Returns whether `d` was stored; fn's own result is fn's to keep.
+  template <class F = std::nullptr_t>
+  Status update_stored(const CounterDeltas& d, F&& fn, CounterValues* out = nullptr) {
     std::string p = dir_ + "/stats";
     int fd = open_shared_rw(p, O_RDWR | O_CREAT | O_CLOEXEC);
-    if (fd < 0) {
-      Status st = util::errno_status(errno, "open " + p);
-      restore();
-      return st;
-    }
+    if (fd < 0) return util::errno_status(errno, "open " + p);
     while (env_->flock(fd, LOCK_EX) != 0 && errno == EINTR) {}
     char b[8 * c_count] = {};
     ssize_t n = env_->pread(fd, b, sizeof b, 0);
@@ -532,52 +504,21 @@ class FilesTier final : public Tier, public StoreAdmin {
       Status rs = util::errno_status(errno, "read " + p);
       env_->flock(fd, LOCK_UN);
       env_->close(fd);
-      restore();
       return rs;
     }
-    uint64_t v[c_count];
-    for (int i = 0; i < c_count; ++i) {
-      v[i] = n == static_cast<ssize_t>(sizeof b) ? util::get_u64(b + 8 * i) : 0;
-      if (d[i] < 0) {
-        sub(v[i], static_cast<uint64_t>(-d[i]));
-      } else {
-        v[i] += static_cast<uint64_t>(d[i]);
-      }
-    }
-    Status st = fn(v);
+    CounterValues v{};
+    for (int i = 0; i < c_count; ++i) v[i] = n == static_cast<ssize_t>(sizeof b) ? util::get_u64(b + 8 * i) : 0;
+    add_deltas(v, d);
+    if constexpr (!std::is_same_v<std::decay_t<F>, std::nullptr_t>) (void)fn(v);
     std::string w;
     for (int i = 0; i < c_count; ++i) util::put_u64(w, v[i]);
     ssize_t wn = env_->pwrite(fd, w.data(), w.size(), 0);
     int e = errno;
     env_->flock(fd, LOCK_UN);
     env_->close(fd);
-    if (wn != static_cast<ssize_t>(w.size())) {
-      restore();  // the deltas taken from pending_ were not stored
-      if (st.is_ok()) st = util::errno_status(wn < 0 ? e : ENOSPC, "write " + p);
-      if (!st.is_ok()) return st;
-    }
-    if (out) std::memcpy(out, v, sizeof v);
-    return st;
-  }
-
-  // Adds deltas to the stored counters (clamped at 0).
-  Status add_counters(const int64_t* d) {
-    bool any = std::any_of(d, d + c_count, [](int64_t x) { return x != 0; });
-    {
-      std::lock_guard lk(mu_);
-      any = any || std::any_of(pending_, pending_ + c_count, [](int64_t x) { return x != 0; });
-    }
-    if (!any) return Status();
-    return with_counters([&](uint64_t* v) {
-      for (int i = 0; i < c_count; ++i) {
-        if (d[i] < 0) {
-          sub(v[i], static_cast<uint64_t>(-d[i]));
-        } else {
-          v[i] += static_cast<uint64_t>(d[i]);
-        }
-      }
-      return Status();
-    });
+    if (wn != static_cast<ssize_t>(w.size())) return util::errno_status(wn < 0 ? e : ENOSPC, "write " + p);
+    if (out) *out = v;
+    return Status();
   }
 
   // Calls fn for every entry file; also collects stale temp files.
@@ -623,7 +564,7 @@ class FilesTier final : public Tier, public StoreAdmin {
   // Sets entries/bytes from a walk of the store, under the counters' lock so
   // that no publish or unlink lands between the walk and the store.
   Status recount() {
-    return with_counters([&](uint64_t* v) {
+    return with_counters([&](CounterValues& v) {
       uint64_t n = 0, bytes = 0;
       KCACHE_RETURN_IF_ERROR(scan([&](const Key&, const std::string&, const struct stat& st) {
         ++n;
@@ -682,7 +623,7 @@ class FilesTier final : public Tier, public StoreAdmin {
       // add more than a few entries, far below this margin.
       uint64_t walked_bytes = 0;
       for (const auto& it : items) walked_bytes += it.size;
-      uint64_t cur[c_count] = {};
+      CounterValues cur{};
       if (read_counters(cur).is_ok() &&
           (cur[c_entries] > 2 * items.size() + 1024 || cur[c_bytes] > walked_bytes + max_bytes_ / 2)) {
         KCACHE_LOG(LogLevel::warn,
@@ -695,7 +636,7 @@ class FilesTier final : public Tier, public StoreAdmin {
     }
     if (st.is_ok()) {
       std::sort(items.begin(), items.end(), [](const Item& a, const Item& b) { return a.mtime_ns < b.mtime_ns; });
-      st = with_counters([&](uint64_t* v) {
+      st = with_counters([&](CounterValues& v) {
         for (const auto& it : items) {
           if (v[c_bytes] <= target_bytes && v[c_entries] <= target_entries) break;
           struct stat cur;
@@ -728,7 +669,7 @@ class FilesTier final : public Tier, public StoreAdmin {
   std::atomic<uint64_t> rejected_{0};  // refused writes, this process only
   std::mutex mu_;
   std::unordered_map<Key, uint64_t> touched_;  // GUARDED_BY(mu_)
-  int64_t pending_[c_count] = {};              // GUARDED_BY(mu_)
+  PendingCounters counters_;                   // deltas not yet in `stats`
 };
 
 }  // namespace

@@ -49,6 +49,7 @@
 #include "entry/buffer.h"
 #include "kcache/env.h"
 #include "kcache/tier.h"
+#include "tier/core/counters.h"
 #include "tier/lmdb/lmdb_env.h"
 #include "util/util.h"
 
@@ -66,9 +67,6 @@ void lru_key(char out[24], uint64_t ms, const Key& k) {
 
 // Records walked by eviction and repair, for tests of put cost.
 std::atomic<uint64_t> g_records_visited{0};
-
-const char* const kCounterNames[] = {"hits", "misses", "puts", "evictions", "corrupt", "errors", "entries", "bytes"};
-enum Counter { c_hits, c_misses, c_puts, c_evictions, c_corrupt, c_errors, c_entries, c_bytes, c_count };
 
 // What delete_locked returns for an entry whose overflow run has a damaged
 // page header: LMDB would free pages by that header (lmdb_env.h,
@@ -237,17 +235,24 @@ class LmdbTier final : public Tier, public StoreAdmin {
     // in a read-only store (nothing is ever written there).
     if (env_->inherited() || read_only_) return Status();
     std::unordered_map<Key, uint64_t> touched;
-    uint64_t counts[c_count] = {};
     {
       std::lock_guard lk(pend_mu_);
       touched.swap(touched_);
-      for (int i = 0; i < c_count; ++i) {
-        counts[i] = pending_[i];
-        pending_[i] = 0;
-      }
     }
-    if (touched.empty() && std::all_of(counts, counts + c_count, [](uint64_t v) { return v == 0; })) return Status();
-    KCACHE_TRY(MDB_txn * txn, env_->begin_write());
+    const CounterDeltas counts = counters_.take();
+    if (touched.empty() && !any_delta(counts)) return Status();
+    // What is not stored stays pending, for the next flush or put.
+    auto restore = [&] {
+      counters_.restore(counts);
+      std::lock_guard lk(pend_mu_);
+      for (auto& [k, ms] : touched) touched_.emplace(k, ms);
+    };
+    auto txn_or = env_->begin_write();
+    if (!txn_or) {
+      restore();
+      return txn_or.error();
+    }
+    MDB_txn* txn = *txn_or;
     int rc = 0;
     for (const auto& [k, ms] : touched) {
       rc = touch_locked(txn, k, ms);
@@ -256,10 +261,15 @@ class LmdbTier final : public Tier, public StoreAdmin {
     if (!rc) rc = add_counters(txn, counts);
     if (rc) {
       env_->abort_write(txn);
+      restore();
       return mdb_status(rc, "flush");
     }
     rc = env_->commit_write(txn);
-    return rc ? mdb_status(rc, "commit flush") : Status();
+    if (rc) {
+      restore();
+      return mdb_status(rc, "commit flush");
+    }
+    return Status();
   }
 
   // Recency records (meta/lru) hold wall-clock ms of a put or a hit.
@@ -521,26 +531,14 @@ class LmdbTier final : public Tier, public StoreAdmin {
   }
 
   TierStats do_stats() override {
-    TierStats s;
-    if (env_->inherited()) return s;  // the store's counters are the parent's
-    uint64_t v[c_count] = {};
+    if (env_->inherited()) return TierStats();  // the store's counters are the parent's
+    CounterValues v{};
     auto txn = env_->begin_read();
     if (txn) {
       for (int i = 0; i < c_count; ++i) v[i] = get_counter(*txn, i);
       env_->end_read(*txn);
     }
-    {
-      std::lock_guard lk(pend_mu_);
-      for (int i = 0; i < c_count; ++i) v[i] += pending_[i];
-    }
-    s.hits = v[c_hits];
-    s.misses = v[c_misses];
-    s.puts = v[c_puts];
-    s.evictions = v[c_evictions];
-    s.corrupt = v[c_corrupt];
-    s.errors = v[c_errors];
-    s.entries = v[c_entries];
-    s.bytes = v[c_bytes];
+    TierStats s = counters_.stats(v);
     s.rejected = rejected_.load(std::memory_order_relaxed);
     return s;
   }
@@ -560,39 +558,50 @@ class LmdbTier final : public Tier, public StoreAdmin {
     return free_bytes < need + (uint64_t(1) << 20) || v.f_favail == 0;
   }
 
-  void count(int c, uint64_t n = 1) {
-    std::lock_guard lk(pend_mu_);
-    pending_[c] += n;
+  void count(StoreCounter c, int64_t n = 1) { counters_.add(c, n); }
+
+  // Enough buffered that the flusher should write it.
+  bool flush_due(size_t touched) const {
+    return touched >= batch_ ||
+           counters_.pending(c_hits) + counters_.pending(c_misses) >= 16 * static_cast<int64_t>(batch_);
   }
 
   void note_hit(const Key& key) {
     bool wake;
     const bool writes = !read_only_;
+    count(c_hits);
     {
       std::lock_guard lk(pend_mu_);
       if (writes) touched_[key] = clock_.now_unix_ms();
-      ++pending_[c_hits];
-      wake = writes && (touched_.size() >= batch_ || pending_[c_hits] + pending_[c_misses] >= 16 * batch_);
+      wake = writes && flush_due(touched_.size());
     }
     if (wake) pend_cv_->notify_one();
   }
 
   void flusher_loop() {
     std::unique_lock lk(pend_mu_);
+    // After a failed flush (a full disk) what was not stored stays pending
+    // and the next try waits out a whole period, so hits do not turn into
+    // a write attempt each.
+    auto not_before = std::chrono::steady_clock::time_point::min();
     while (!stop_) {
       pend_cv_->wait_for(lk, std::chrono::seconds(5));
       if (stop_) break;
-      bool due = touched_.size() >= batch_ || pending_[c_hits] + pending_[c_misses] >= 16 * batch_;
-      if (!due) continue;
+      bool due = flush_due(touched_.size());
+      if (!due || std::chrono::steady_clock::now() < not_before) continue;
       lk.unlock();
       Status st = flush();
-      if (!st.is_ok()) KCACHE_LOG(LogLevel::debug, "lmdb recency flush: %s", st.to_string().c_str());
+      if (!st.is_ok()) {
+        KCACHE_LOG(LogLevel::debug, "lmdb recency flush: %s", st.to_string().c_str());
+        not_before = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+      }
       lk.lock();
     }
   }
 
   static uint64_t get_counter(MDB_txn* txn, MDB_dbi dbi, int c) {
-    MDB_val k = val(kCounterNames[c], std::strlen(kCounterNames[c])), v;
+    std::string_view name = store_counter_name(c);
+    MDB_val k = val(name.data(), name.size()), v;
     if (mdb_get(txn, dbi, &k, &v) != 0 || v.mv_size != 8) return 0;
     return util::get_u64(static_cast<const char*>(v.mv_data));
   }
@@ -600,7 +609,8 @@ class LmdbTier final : public Tier, public StoreAdmin {
   int put_counter(MDB_txn* txn, int c, uint64_t value) {
     std::string b;
     util::put_u64(b, value);
-    MDB_val k = val(kCounterNames[c], std::strlen(kCounterNames[c])), v = val(b.data(), 8);
+    std::string_view name = store_counter_name(c);
+    MDB_val k = val(name.data(), name.size()), v = val(b.data(), 8);
     return mdb_put(txn, env_->stats, &k, &v, 0);
   }
   int add_counter(MDB_txn* txn, int c, int64_t delta) {
@@ -609,9 +619,9 @@ class LmdbTier final : public Tier, public StoreAdmin {
     uint64_t next = delta < 0 && static_cast<uint64_t>(-delta) > cur ? 0 : cur + delta;
     return put_counter(txn, c, next);
   }
-  int add_counters(MDB_txn* txn, const uint64_t* counts) {
+  int add_counters(MDB_txn* txn, const CounterDeltas& counts) {
     for (int i = 0; i < c_count; ++i) {
-      int rc = add_counter(txn, i, static_cast<int64_t>(counts[i]));
+      int rc = add_counter(txn, i, counts[i]);
       if (rc) return rc;
     }
     return 0;
@@ -743,19 +753,15 @@ class LmdbTier final : public Tier, public StoreAdmin {
   Status put_once(const std::vector<std::pair<Key, std::string_view>>& group) {
     // Pending recency and counters ride along with the put's transaction.
     std::unordered_map<Key, uint64_t> touched;
-    uint64_t counts[c_count] = {};
     {
       std::lock_guard lk(pend_mu_);
       touched.swap(touched_);
-      for (int i = 0; i < c_count; ++i) {
-        counts[i] = pending_[i];
-        pending_[i] = 0;
-      }
     }
+    const CounterDeltas counts = counters_.take();
     auto restore = [&] {
+      counters_.restore(counts);
       std::lock_guard lk(pend_mu_);
       for (auto& [k, ms] : touched) touched_.emplace(k, ms);
-      for (int i = 0; i < c_count; ++i) pending_[i] += counts[i];
     };
     auto txn_or = env_->begin_write();
     if (!txn_or) {
@@ -920,11 +926,11 @@ class LmdbTier final : public Tier, public StoreAdmin {
   const bool read_only_ = opt_.read_only;
   std::atomic<uint64_t> rejected_{0};  // refused writes, this process only
 
+  PendingCounters counters_;  // counter deltas not yet stored
   std::mutex pend_mu_;
   // On the heap so that a child of fork() can leak it (see ~LmdbTier).
   std::unique_ptr<std::condition_variable> pend_cv_ = std::make_unique<std::condition_variable>();
   std::unordered_map<Key, uint64_t> touched_;  // GUARDED_BY(pend_mu_): key -> last hit ms
-  uint64_t pending_[c_count] = {};             // GUARDED_BY(pend_mu_): counter deltas not yet stored
   bool stop_ = false;                          // GUARDED_BY(pend_mu_)
   std::thread flusher_;
 };
