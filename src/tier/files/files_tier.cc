@@ -10,14 +10,17 @@
 //                     under flock(2); that lock also covers every rename
 //                     into place and every unlink of an entry, so entries/
 //                     bytes stay exact with many writers
-//   evict.lease       held by the one process evicting; a lease older than
-//                     60 s is taken over
+//   leases/           the store's lease files (lease/file_leases.cc); one of
+//                     them, on a fixed key (kEvictorKey), is held by the
+//                     one process evicting, so a dead or expired evictor is
+//                     judged as any lease holder is (PID, start time,
+//                     expiry) and taken over under the takeover marker
 //
 // Files are made for this user only (0600, folders 0700). In a folder
 // shared with a group (setgid and group-writable: Options::shared_group),
-// entries are made group-readable, and folders, stats and the eviction
-// lease group-writable, with the modes set explicitly so the umask cannot
-// take the group's access away.
+// entries are made group-readable, and folders and stats group-writable,
+// with the modes set explicitly so the umask cannot take the group's access
+// away (the lease files do the same for theirs).
 //
 // A reader opens the final path, so it sees a whole old entry, a whole new
 // entry or nothing; every read is verified (header, key, checksum). Recency
@@ -45,6 +48,7 @@
 
 #include "entry/buffer.h"
 #include "kcache/env.h"
+#include "kcache/lease.h"
 #include "kcache/tier.h"
 #include "tier/core/counters.h"
 #include "tier/files/files_probe.h"
@@ -53,7 +57,16 @@
 namespace kcache {
 namespace {
 
-constexpr uint64_t kLeaseStaleMs = 60'000;
+// How long the evictor's lease lasts without a renewal; it is renewed
+// between the walk and the removals.
+constexpr uint64_t kEvictLeaseMs = 60'000;
+
+// The lease of "the evictor": a key no entry has (entry keys are hashes of
+// manifests; this one is the hash of a fixed name).
+const Key& evictor_key() {
+  static const Key k = KeyBuilder("kcache/files-evictor").finish()->key;
+  return k;
+}
 
 // Entry files this process's walks have visited so far (files_probe.h).
 std::atomic<uint64_t> g_files_visited{0};
@@ -576,23 +589,22 @@ class FilesTier final : public Tier, public StoreAdmin {
     });
   }
 
-  // One evictor at a time: the lease file is created exclusively; a lease
-  // whose holder died is taken over once it is older than kLeaseStaleMs.
-  bool take_lease() {
-    std::string p = dir_ + "/evict.lease";
-    for (int attempt = 0; attempt < 2; ++attempt) {
-      int fd = open_shared_rw(p, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC);
-      if (fd >= 0) {
-        env_->close(fd);
-        return true;
+  // One evictor at a time: within this object the evict mutex, across
+  // objects and processes the lease on evictor_key() (a holder that died
+  // or ran past its expiry is taken over). Null when the leases cannot be
+  // opened (said once in the log): then no eviction is started.
+  Leases* evictor_leases() {
+    std::lock_guard lk(leases_mu_);
+    if (!evict_leases_ && !leases_failed_) {
+      auto l = open_file_leases(dir_, env_);
+      if (l) {
+        evict_leases_ = std::move(l).value();
+      } else {
+        leases_failed_ = true;
+        KCACHE_LOG(LogLevel::warn, "files store %s: no eviction: %s", dir_.c_str(), l.error().to_string().c_str());
       }
-      struct stat st;
-      if (errno != EEXIST || env_->stat(p, &st) != 0) return false;
-      uint64_t mt = static_cast<uint64_t>(st.st_mtim.tv_sec) * 1000;
-      if (mt + kLeaseStaleMs > env_->now_unix_ms()) return false;
-      env_->unlink(p);
     }
-    return false;
+    return evict_leases_.get();
   }
 
   // The walk that orders files by recency runs without the counters' lock;
@@ -600,7 +612,9 @@ class FilesTier final : public Tier, public StoreAdmin {
   // used since the walk, so totals stay exact while others put.
   // Sets *busy when another process holds the lease (and does nothing).
   Expected<uint64_t> evict(uint64_t target_bytes, uint64_t target_entries, bool* busy = nullptr) {
-    if (!take_lease()) {
+    std::unique_lock one(evict_mu_, std::try_to_lock);
+    Leases* leases = one.owns_lock() ? evictor_leases() : nullptr;
+    if (!leases || leases->acquire(evictor_key(), kEvictLeaseMs) != LeaseResult::acquired) {
       if (busy) *busy = true;
       return uint64_t(0);
     }
@@ -634,6 +648,12 @@ class FilesTier final : public Tier, public StoreAdmin {
         st = recount();
       }
     }
+    // A long walk (a large store on a slow NFS server) must not let the
+    // lease expire under the removals.
+    if (st.is_ok() && !leases->renew(evictor_key(), kEvictLeaseMs)) {
+      if (busy) *busy = true;
+      return uint64_t(0);  // taken over as expired: the new holder evicts
+    }
     if (st.is_ok()) {
       std::sort(items.begin(), items.end(), [](const Item& a, const Item& b) { return a.mtime_ns < b.mtime_ns; });
       st = with_counters([&](CounterValues& v) {
@@ -653,7 +673,7 @@ class FilesTier final : public Tier, public StoreAdmin {
         return Status();
       });
     }
-    env_->unlink(dir_ + "/evict.lease");
+    leases->release(evictor_key());
     if (!st.is_ok()) return st;
     return removed;
   }
@@ -670,6 +690,10 @@ class FilesTier final : public Tier, public StoreAdmin {
   std::mutex mu_;
   std::unordered_map<Key, uint64_t> touched_;  // GUARDED_BY(mu_)
   PendingCounters counters_;                   // deltas not yet in `stats`
+  std::mutex evict_mu_;                        // one eviction of this object at a time
+  std::mutex leases_mu_;
+  std::shared_ptr<Leases> evict_leases_;  // GUARDED_BY(leases_mu_): opened at the first eviction
+  bool leases_failed_ = false;            // GUARDED_BY(leases_mu_)
 };
 
 }  // namespace
