@@ -15,6 +15,7 @@
 #include "kcache/bundle.h"
 #include "tier/bundle/bundle_format.h"
 #include "tier/bundle/bundle_reader.h"
+#include "tier/core/atomic_stats.h"
 #include "util/util.h"
 
 namespace kcache::bundle {
@@ -232,28 +233,24 @@ class BundleTier final : public Tier, public StoreAdmin {
     if (i && *i >= 0) {
       auto e = r_->entry_at(static_cast<uint64_t>(*i), false);
       if (e) {
-        if (counts) hits_.fetch_add(1, std::memory_order_relaxed);
+        if (counts) counts_.add(&TierStats::hits);
         return std::optional<Entry>(std::move(e).value());
       }
       if (e.error().code() != Errc::stale_format) {
-        if (counts) corrupt_.fetch_add(1, std::memory_order_relaxed);
+        if (counts) counts_.add(&TierStats::corrupt);
         return Status(Errc::corrupt, r_->name() + " entry " + key.hex() + ": " + e.error().message());
       }
     } else if (!i) {
-      if (counts) corrupt_.fetch_add(1, std::memory_order_relaxed);
+      if (counts) counts_.add(&TierStats::corrupt);
       return Status(Errc::corrupt, r_->name() + ": " + i.error().message());
     }
-    if (access == Access::counted) misses_.fetch_add(1, std::memory_order_relaxed);
+    if (access == Access::counted) counts_.add(&TierStats::misses);
     return std::optional<Entry>();
   }
   Status do_put(const Entry&) override { return refuse("put"); }
   Status do_remove(const Key&) override { return refuse("remove"); }
   TierStats do_stats() override {
-    TierStats s;
-    s.hits = hits_.load(std::memory_order_relaxed);
-    s.misses = misses_.load(std::memory_order_relaxed);
-    s.corrupt = corrupt_.load(std::memory_order_relaxed);
-    s.rejected = rejected_.load(std::memory_order_relaxed);
+    TierStats s = counts_.snapshot();
     s.entries = r_->count();
     s.bytes = r_->info().bytes;
     return s;
@@ -261,11 +258,11 @@ class BundleTier final : public Tier, public StoreAdmin {
 
  private:
   Status refuse(const char* what) {
-    rejected_.fetch_add(1, std::memory_order_relaxed);
+    counts_.add(&TierStats::rejected);
     return Status(Errc::read_only, std::string(what) + " refused: a bundle is read-only");
   }
   std::shared_ptr<Reader> r_;
-  std::atomic<uint64_t> hits_{0}, misses_{0}, corrupt_{0}, rejected_{0};
+  AtomicTierStats counts_;  // this process's lookups
 };
 
 }  // namespace
