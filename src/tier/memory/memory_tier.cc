@@ -70,7 +70,7 @@ class MemoryTier final : public Tier, public StoreAdmin {
       std::lock_guard lk(sh.mu);
       sh.map.clear();
       sh.lru.clear();
-      sh.bytes = 0;
+      sh.st.bytes = 0;
     }
     return Status();
   }
@@ -83,12 +83,12 @@ class MemoryTier final : public Tier, public StoreAdmin {
     std::lock_guard lk(sh.mu);
     auto it = sh.map.find(key);
     if (it == sh.map.end()) {
-      if (access == Access::counted) ++sh.misses;
+      if (access == Access::counted) ++sh.st.misses;
       return std::optional<Entry>();
     }
     if (access == Access::peek) return std::optional<Entry>(it->second.entry);
     sh.lru.splice(sh.lru.begin(), sh.lru, it->second.it);
-    ++sh.hits;
+    ++sh.st.hits;
     return std::optional<Entry>(it->second.entry);
   }
 
@@ -98,20 +98,20 @@ class MemoryTier final : public Tier, public StoreAdmin {
     Shard& sh = shard(e.key());
     std::lock_guard lk(sh.mu);
     if (size > max_entry_) {
-      ++sh.rejected;
+      ++sh.st.rejected;
       return Status(Errc::too_large, "entry larger than the memory tier's shard budget");
     }
     auto it = sh.map.find(e.key());
     if (it != sh.map.end()) {
-      sh.bytes -= it->second.entry.memory_size();
+      sh.st.bytes -= it->second.entry.memory_size();
       sh.lru.erase(it->second.it);
       sh.map.erase(it);
     }
     sh.lru.push_front(e.key());
     sh.map.emplace(e.key(), Node{std::move(e), sh.lru.begin()});
-    sh.bytes += size;
-    ++sh.puts;
-    sh.evictions += evict_locked(sh, per_shard_);
+    sh.st.bytes += size;
+    ++sh.st.puts;
+    sh.st.evictions += evict_locked(sh, per_shard_);
     return Status();
   }
 
@@ -120,7 +120,7 @@ class MemoryTier final : public Tier, public StoreAdmin {
     std::lock_guard lk(sh.mu);
     auto it = sh.map.find(key);
     if (it != sh.map.end()) {
-      sh.bytes -= it->second.entry.memory_size();
+      sh.st.bytes -= it->second.entry.memory_size();
       sh.lru.erase(it->second.it);
       sh.map.erase(it);
     }
@@ -131,13 +131,8 @@ class MemoryTier final : public Tier, public StoreAdmin {
     TierStats s;
     for (auto& sh : shards_) {
       std::lock_guard lk(sh.mu);
-      s.hits += sh.hits;
-      s.misses += sh.misses;
-      s.puts += sh.puts;
-      s.evictions += sh.evictions;
-      s.rejected += sh.rejected;
-      s.entries += sh.map.size();
-      s.bytes += sh.bytes;
+      sh.st.entries = sh.map.size();
+      s += sh.st;
     }
     return s;
   }
@@ -149,9 +144,9 @@ class MemoryTier final : public Tier, public StoreAdmin {
   };
   struct Shard {
     std::mutex mu;
-    std::list<Key> lru;                                                               // GUARDED_BY(mu)
-    std::unordered_map<Key, Node> map;                                                // GUARDED_BY(mu)
-    uint64_t bytes = 0, hits = 0, misses = 0, puts = 0, evictions = 0, rejected = 0;  // GUARDED_BY(mu)
+    std::list<Key> lru;                 // GUARDED_BY(mu)
+    std::unordered_map<Key, Node> map;  // GUARDED_BY(mu)
+    TierStats st;                       // GUARDED_BY(mu): this shard's counts and bytes (entries: set when read)
   };
 
   Shard& shard(const Key& k) { return shards_[k.bytes[15] % shards_.size()]; }
@@ -159,9 +154,9 @@ class MemoryTier final : public Tier, public StoreAdmin {
   // REQUIRES: sh.mu held.
   static uint64_t evict_locked(Shard& sh, uint64_t budget) {
     uint64_t n = 0;
-    while (sh.bytes > budget && !sh.lru.empty()) {
+    while (sh.st.bytes > budget && !sh.lru.empty()) {
       auto it = sh.map.find(sh.lru.back());
-      sh.bytes -= it->second.entry.memory_size();
+      sh.st.bytes -= it->second.entry.memory_size();
       sh.map.erase(it);
       sh.lru.pop_back();
       ++n;
