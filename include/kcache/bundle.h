@@ -58,7 +58,7 @@ struct BundleOptions {
 // Which entries of a store go into a bundle. The conditions combine (AND);
 // the default selects the whole store.
 struct BundleSelection {
-  // Only entries created or used at or after this mark (Tier::mark).
+  // Only entries created or used at or after this mark (StoreAdmin::mark).
   std::optional<uint64_t> since;
   // Only entries of these key namespaces (empty: any).
   std::vector<std::string> namespaces;

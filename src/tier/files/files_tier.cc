@@ -179,7 +179,8 @@ class FilesTier final : public Tier, public StoreAdmin {
     return counters_.flush([&](const CounterDeltas& d) { return update_stored(d, nullptr); });
   }
 
-  // Tier::recency_mark on this tier's clock, which also stamps the mtimes.
+  // Flushes recency, then waits for this tier's clock (which also stamps the
+  // mtimes) to pass the current millisecond and returns the next one.
   Expected<uint64_t> mark() override {
     KCACHE_RETURN_IF_ERROR(flush());
     const uint64_t now = env_->now_unix_ms();
@@ -319,7 +320,7 @@ class FilesTier final : public Tier, public StoreAdmin {
       return st;
     }
     // The recency record starts at kcache's own clock, not the file
-    // system's coarser one, so marks (Tier::mark) compare exactly.
+    // system's coarser one, so marks (StoreAdmin::mark) compare exactly.
     set_mtime_ms(tmp, env_->now_unix_ms());
     CounterValues totals{};
     st = with_counters(
