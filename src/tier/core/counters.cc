@@ -46,7 +46,14 @@ TierStats PendingCounters::stats(const CounterValues& stored) const noexcept {
   }
   TierStats s;
   for (size_t i = 0; i < v.size(); ++i) s.*kStoreCounterFields[i] = v[i];
+  s.rejected = rejected_.load(std::memory_order_relaxed);
   return s;
+}
+
+Status PendingCounters::refuse(std::string_view what, std::string_view store) noexcept {
+  rejected_.fetch_add(1, std::memory_order_relaxed);
+  return Status(Errc::read_only,
+                std::string(what) + " refused: the store " + std::string(store) + " was opened read-only");
 }
 
 }  // namespace kcache

@@ -13,8 +13,10 @@
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <mutex>
+#include <string>
 #include <string_view>
 
 #include "kcache/status.h"
@@ -66,13 +68,18 @@ class PendingCounters {
     if (!st.is_ok()) restore(d);
     return st;
   }
+  // A write refused because the store was opened read-only: counted in
+  // this process only (a read-only store is never written). Returns the
+  // refusal, naming what was refused and the store.
+  Status refuse(std::string_view what, std::string_view store) noexcept;
   // `stored` plus this process's pending deltas, as the TierStats fields
-  // the store keeps (the others are left 0).
+  // the store keeps, and this process's refusals as `rejected`.
   TierStats stats(const CounterValues& stored) const noexcept;
 
  private:
   mutable std::mutex mu_;
   CounterDeltas d_{};  // GUARDED_BY(mu_)
+  std::atomic<uint64_t> rejected_{0};
 };
 
 }  // namespace kcache

@@ -381,16 +381,11 @@ class FilesTier final : public Tier, public StoreAdmin {
   TierStats do_stats() override {
     CounterValues v{};
     (void)read_counters(v);
-    TierStats s = counters_.stats(v);
-    s.rejected = rejected_.load(std::memory_order_relaxed);
-    return s;
+    return counters_.stats(v);
   }
 
  private:
-  Status refuse(const char* what) {
-    rejected_.fetch_add(1, std::memory_order_relaxed);
-    return Status(Errc::read_only, std::string(what) + " refused: the store " + dir_ + " was opened read-only");
-  }
+  Status refuse(const char* what) { return counters_.refuse(what, dir_); }
 
   // Modes (see the top): this user only, or the group of a shared folder.
   unsigned entry_mode() const noexcept { return shared_ ? 0640 : 0600; }
@@ -686,8 +681,7 @@ class FilesTier final : public Tier, public StoreAdmin {
   double low_water_;
   unsigned batch_;
   bool sync_;
-  bool read_only_ = false;             // DiskTierOptions::read_only
-  std::atomic<uint64_t> rejected_{0};  // refused writes, this process only
+  bool read_only_ = false;  // DiskTierOptions::read_only
   std::mutex mu_;
   std::unordered_map<Key, uint64_t> touched_;  // GUARDED_BY(mu_)
   PendingCounters counters_;                   // deltas not yet in `stats`

@@ -234,19 +234,11 @@ class LmdbTier final : public Tier, public StoreAdmin {
     // Nothing to write in a child of fork() (it counts nothing there), nor
     // in a read-only store (nothing is ever written there).
     if (env_->inherited() || read_only_) return Status();
-    std::unordered_map<Key, uint64_t> touched;
-    {
-      std::lock_guard lk(pend_mu_);
-      touched.swap(touched_);
-    }
-    const CounterDeltas counts = counters_.take();
+    Pending p = take_pending();
+    const auto& [touched, counts] = p;
     if (touched.empty() && !any_delta(counts)) return Status();
     // What is not stored stays pending, for the next flush or put.
-    auto restore = [&] {
-      counters_.restore(counts);
-      std::lock_guard lk(pend_mu_);
-      for (auto& [k, ms] : touched) touched_.emplace(k, ms);
-    };
+    auto restore = [&] { restore_pending(p); };
     auto txn_or = env_->begin_write();
     if (!txn_or) {
       restore();
@@ -538,16 +530,11 @@ class LmdbTier final : public Tier, public StoreAdmin {
       for (int i = 0; i < c_count; ++i) v[i] = get_counter(*txn, i);
       env_->end_read(*txn);
     }
-    TierStats s = counters_.stats(v);
-    s.rejected = rejected_.load(std::memory_order_relaxed);
-    return s;
+    return counters_.stats(v);
   }
 
  private:
-  Status refuse(const char* what) {
-    rejected_.fetch_add(1, std::memory_order_relaxed);
-    return Status(Errc::read_only, std::string(what) + " refused: the store " + env_->dir() + " was opened read-only");
-  }
+  Status refuse(const char* what) { return counters_.refuse(what, env_->dir()); }
 
   // Free space (for unprivileged users) below what one commit of `need`
   // bytes may write, with room for the B-tree pages that change with it.
@@ -559,6 +546,27 @@ class LmdbTier final : public Tier, public StoreAdmin {
   }
 
   void count(StoreCounter c, int64_t n = 1) { counters_.add(c, n); }
+
+  // Recency and counter changes not yet stored, taken to ride along with a
+  // write transaction, and given back when it fails.
+  struct Pending {
+    std::unordered_map<Key, uint64_t> touched;
+    CounterDeltas counts;
+  };
+  Pending take_pending() {
+    Pending p;
+    {
+      std::lock_guard lk(pend_mu_);
+      p.touched.swap(touched_);
+    }
+    p.counts = counters_.take();
+    return p;
+  }
+  void restore_pending(const Pending& p) {
+    counters_.restore(p.counts);
+    std::lock_guard lk(pend_mu_);
+    for (const auto& [k, ms] : p.touched) touched_.emplace(k, ms);
+  }
 
   // Enough buffered that the flusher should write it.
   bool flush_due(size_t touched) const {
@@ -752,17 +760,9 @@ class LmdbTier final : public Tier, public StoreAdmin {
 
   Status put_once(const std::vector<std::pair<Key, std::string_view>>& group) {
     // Pending recency and counters ride along with the put's transaction.
-    std::unordered_map<Key, uint64_t> touched;
-    {
-      std::lock_guard lk(pend_mu_);
-      touched.swap(touched_);
-    }
-    const CounterDeltas counts = counters_.take();
-    auto restore = [&] {
-      counters_.restore(counts);
-      std::lock_guard lk(pend_mu_);
-      for (auto& [k, ms] : touched) touched_.emplace(k, ms);
-    };
+    Pending p = take_pending();
+    const auto& [touched, counts] = p;
+    auto restore = [&] { restore_pending(p); };
     auto txn_or = env_->begin_write();
     if (!txn_or) {
       restore();
@@ -924,7 +924,6 @@ class LmdbTier final : public Tier, public StoreAdmin {
   unsigned batch_;
 
   const bool read_only_ = opt_.read_only;
-  std::atomic<uint64_t> rejected_{0};  // refused writes, this process only
 
   PendingCounters counters_;  // counter deltas not yet stored
   std::mutex pend_mu_;
