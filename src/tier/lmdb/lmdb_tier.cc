@@ -234,34 +234,7 @@ class LmdbTier final : public Tier, public StoreAdmin {
     // Nothing to write in a child of fork() (it counts nothing there), nor
     // in a read-only store (nothing is ever written there).
     if (env_->inherited() || read_only_) return Status();
-    Pending p = take_pending();
-    const auto& [touched, counts] = p;
-    if (touched.empty() && !any_delta(counts)) return Status();
-    // What is not stored stays pending, for the next flush or put.
-    auto restore = [&] { restore_pending(p); };
-    auto txn_or = env_->begin_write();
-    if (!txn_or) {
-      restore();
-      return txn_or.error();
-    }
-    MDB_txn* txn = *txn_or;
-    int rc = 0;
-    for (const auto& [k, ms] : touched) {
-      rc = touch_locked(txn, k, ms);
-      if (rc) break;
-    }
-    if (!rc) rc = add_counters(txn, counts);
-    if (rc) {
-      env_->abort_write(txn);
-      restore();
-      return mdb_status(rc, "flush");
-    }
-    rc = env_->commit_write(txn);
-    if (rc) {
-      restore();
-      return mdb_status(rc, "commit flush");
-    }
-    return Status();
+    return put_once({}, "flush");
   }
 
   // Recency records (meta/lru) hold wall-clock ms of a put or a hit.
@@ -758,10 +731,13 @@ class LmdbTier final : public Tier, public StoreAdmin {
     return st;
   }
 
-  Status put_once(const std::vector<std::pair<Key, std::string_view>>& group) {
-    // Pending recency and counters ride along with the put's transaction.
+  // Puts the group (none: a flush) in one transaction, with this process's
+  // pending recency and counters riding along; what was not stored stays
+  // pending, for the next flush or put.
+  Status put_once(const std::vector<std::pair<Key, std::string_view>>& group, const char* what = "put") {
     Pending p = take_pending();
     const auto& [touched, counts] = p;
+    if (group.empty() && touched.empty() && !any_delta(counts)) return Status();
     auto restore = [&] { restore_pending(p); };
     auto txn_or = env_->begin_write();
     if (!txn_or) {
@@ -798,12 +774,12 @@ class LmdbTier final : public Tier, public StoreAdmin {
     if (rc) {
       env_->abort_write(txn);
       restore();
-      return tier_status(rc, "put");
+      return tier_status(rc, what);
     }
     rc = env_->commit_write(txn);
     if (rc) {
       restore();
-      return mdb_status(rc, "commit put");
+      return mdb_status(rc, std::string("commit ") + what);
     }
     return Status();
   }
