@@ -18,16 +18,16 @@
 // Public methods check arguments and call the private do_* hooks (the
 // non-virtual interface pattern), so checks live in one place.
 //
-// A Tier is only the request path: get, put, remove, stats, flush. What
-// acts on a store as a whole (list, verify, trim, clear, mark) is a
-// separate interface, StoreAdmin, which the tiers that can offer it hand
-// out through Tier::admin(). It is an accessor on the tier, not a second
-// object made when a store opens, because every holder of a tier needs the
-// same answer for it: the Cache (mark, bundles from its disk store), the
-// tool (ls, verify, trim, clear), bundles opened from bytes, and the
-// read-only wrapper, which hands out an administration that refuses what
-// writes. A tier that has none (remote) says so with nullptr instead of
-// failing each call at run time.
+// A Tier is only the request path: get, put, put_many, remove, stats, flush
+// (and name, kind, writable). What acts on a store as a whole (list,
+// verify, trim, clear, mark) is a separate interface, StoreAdmin, which the
+// tiers that can offer it hand out through Tier::admin(). It is an accessor
+// on the tier, not a second object made when a store opens, because every
+// holder of a tier needs the same answer for it: the Cache (mark, bundles
+// from its disk store), the tool (ls, verify, trim, clear), bundles opened
+// from bytes, and the read-only wrapper, which hands out an administration
+// that refuses what writes. A tier that has none (remote) says so with
+// nullptr instead of failing each call at run time.
 //
 // Thread-safety: every Tier implementation is safe for concurrent use by
 // many threads; the disk tiers also by many processes.
