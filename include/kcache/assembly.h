@@ -45,10 +45,13 @@ struct DiskStoreSpec {
   bool create = true;
   // Open the store's leases too (cross-process single-flight).
   bool leases = true;
+  // Open the store only to read it (DiskTierOptions::read_only): the engine
+  // writes nothing, and writes through it are refused.
+  bool read_only = false;
 
   // The store Options name: folder (default_dir() when empty), engine,
-  // limits, shared group, create_dir; leases when single-flight is on and
-  // the options may write.
+  // limits, shared group, create_dir, read_only; leases when single-flight
+  // is on and the options may write.
   static DiskStoreSpec from(const Options& options);
   // dir + "/" + the engine's folder name; empty when dir is.
   std::string path() const;

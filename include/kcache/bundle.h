@@ -58,7 +58,7 @@ struct BundleOptions {
 // Which entries of a store go into a bundle. The conditions combine (AND);
 // the default selects the whole store.
 struct BundleSelection {
-  // Only entries created or used at or after this mark (Tier::mark).
+  // Only entries created or used at or after this mark (StoreAdmin::mark).
   std::optional<uint64_t> since;
   // Only entries of these key namespaces (empty: any).
   std::vector<std::string> namespaces;
@@ -92,10 +92,11 @@ struct BundleInfo {
 };
 
 // Writes the selected entries of `from` to `path` (atomically: a temp file
-// renamed into place). Reading an entry counts as a use unless the tier's
-// repair is off (make_read_only); the Cache overloads read through a
-// read-only view of the cache's disk store, so making a bundle changes no
-// recency record.
+// renamed into place). A selection by mark, namespace alone or nothing
+// lists the store through from.admin() (unavailable when the tier has
+// none); one by keys alone reads just those, from any tier. Entries are
+// read with Access::peek, so making a bundle counts nothing and changes no
+// recency record; the Cache overloads read the cache's disk store.
 Expected<BundleInfo> write_bundle(Tier& from, const BundleSelection& selection, const std::string& path,
                                   const BundleWriteOptions& options = {});
 Expected<BundleInfo> write_bundle(Cache& from, const BundleSelection& selection, const std::string& path,

@@ -7,9 +7,10 @@
 // Contract, for every tier (checked by tests/tier/tier_conformance_test.cc):
 //  * get() returns an entry only if it verifies and its header key equals
 //    the requested key; a corrupt stored entry is counted, removed (unless
-//    repair is off) and reported as Errc::corrupt, never handed out. An
-//    entry of another format version is a plain miss (Errc::stale_format
-//    is never returned from get), neither counted corrupt nor removed.
+//    the store was opened read-only, or the lookup is Access::peek) and
+//    reported as Errc::corrupt, never handed out. An entry of another
+//    format version is a plain miss (Errc::stale_format is never returned
+//    from get), neither counted corrupt nor removed.
 //  * put() publishes all artifacts of an entry as one unit; a reader sees
 //    either nothing or the whole entry. Putting a key again replaces it.
 //  * a fault (I/O error, full disk) is an error Status, never a crash.
@@ -17,16 +18,30 @@
 // Public methods check arguments and call the private do_* hooks (the
 // non-virtual interface pattern), so checks live in one place.
 //
+// A Tier is only the request path: get, put, put_many, remove, stats, flush
+// (and name, kind, writable). What acts on a store as a whole (list,
+// verify, trim, clear, mark) is a separate interface, StoreAdmin, which the
+// tiers that can offer it hand out through Tier::admin(). It is an accessor
+// on the tier, not a second object made when a store opens, because every
+// holder of a tier needs the same answer for it: the Cache (mark, bundles
+// from its disk store), the tool (ls, verify, trim, clear), bundles opened
+// from bytes, and the read-only wrapper, which hands out an administration
+// that refuses what writes. A tier that has none (remote) says so with
+// nullptr instead of failing each call at run time.
+//
 // Thread-safety: every Tier implementation is safe for concurrent use by
 // many threads; the disk tiers also by many processes.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "kcache/entry.h"
 #include "kcache/key.h"
@@ -47,10 +62,18 @@ enum class TierKind : uint8_t {
 };
 std::string_view tier_kind_name(TierKind k) noexcept;
 
-// Whether a lookup counts a miss. The Cache looks a key up again after its
-// first miss (another thread or process may have stored it since); one
-// request is one miss, so those re-checks pass MissCount::uncounted.
-enum class MissCount : uint8_t { counted = 0, uncounted = 1 };
+// What a lookup may change. The Cache looks a key up again after its first
+// miss (another thread or process may have stored it since); one request is
+// one miss, so those re-checks pass Access::uncounted. Diagnostics (explain,
+// show, the nearest-entry search, bundle making) must leave the cache as
+// they found it, so they pass Access::peek.
+enum class Access : uint8_t {
+  counted = 0,    // a use: hits and misses counted, a hit refreshes recency
+  uncounted = 1,  // a re-check after a counted miss: a miss is not counted
+  // No side effect at all: nothing counted, no recency refreshed, a corrupt
+  // entry reported (Errc::corrupt) but neither counted nor removed.
+  peek = 2,
+};
 
 struct TierStats {
   uint64_t hits = 0;
@@ -64,7 +87,34 @@ struct TierStats {
   uint64_t bytes = 0;     // encoded bytes now stored
   uint64_t skipped = 0;   // calls not made: remote switched off (circuit breaker open)
   uint64_t dropped = 0;   // queued writes dropped (write queue full)
+
+  struct Field {
+    std::string_view name;  // as JSON, text and stored counters name it
+    uint64_t TierStats::*member;
+  };
+  // Every field, in declaration order: whatever lists, prints, adds or
+  // stores the fields walks this table, so a new field is added here once.
+  static const std::array<Field, 11> kFields;
+
+  // Adds every field of o.
+  TierStats& operator+=(const TierStats& o) noexcept {
+    for (const auto& f : kFields) this->*f.member += o.*f.member;
+    return *this;
+  }
 };
+inline constexpr std::array<TierStats::Field, 11> TierStats::kFields = {{
+    {"hits", &TierStats::hits},
+    {"misses", &TierStats::misses},
+    {"puts", &TierStats::puts},
+    {"evictions", &TierStats::evictions},
+    {"corrupt", &TierStats::corrupt},
+    {"errors", &TierStats::errors},
+    {"rejected", &TierStats::rejected},
+    {"entries", &TierStats::entries},
+    {"bytes", &TierStats::bytes},
+    {"skipped", &TierStats::skipped},
+    {"dropped", &TierStats::dropped},
+}};
 
 // {"hits":..,"misses":..,...} with every TierStats field.
 std::string tier_stats_json(const TierStats& s);
@@ -81,46 +131,22 @@ struct VerifyReport {
   uint64_t removed = 0;
 };
 
-class Tier {
+// Administration of a store as a whole: what `kcache ls`, `verify`, `trim`,
+// `clear` and `mark` and bundle making do. Obtained from Tier::admin(); it
+// lives as long as its tier. Safe for concurrent use, as its tier is.
+class StoreAdmin {
  public:
-  virtual ~Tier() = default;
-
-  // Short name for stats and logs: "memory", "lmdb", "files", "redis", ...
-  virtual std::string_view name() const noexcept = 0;
-  // Default TierKind::other; every built-in tier says what it is.
-  virtual TierKind kind() const noexcept { return TierKind::other; }
-  virtual bool writable() const noexcept { return true; }
-  // Whether the tier may write to its store on its own (default on):
-  // remove corrupt entries it finds, store recency and counters, collect
-  // stale temp files. Off: nothing is written, and corrupt entries are
-  // counted in this process only. The read-only wrapper turns it off on the
-  // tier it wraps: a shipped or shared read-only store is never written.
-  // Explicit put/remove/clear/trim calls on the inner tier still write.
-  virtual void set_repair(bool on) noexcept {}
-
-  // nullopt: a miss. Error: a fault (the caller treats it as a miss).
-  Expected<std::optional<Entry>> get(const Key& key, MissCount count = MissCount::counted) {
-    return do_get(key, count);
-  }
-  // REQUIRES: entry was built (non-empty encoded bytes).
-  Status put(const Entry& entry);
-  // Puts many entries as one group where the store can (LMDB: one
-  // transaction and one sync); result[i] belongs to entries[i]. Default:
-  // put() each. REQUIRES: every entry was built.
-  virtual std::vector<Status> put_many(const std::vector<Entry>& entries);
-  // Removing a key that is absent is ok.
-  Status remove(const Key& key) { return do_remove(key); }
-  TierStats stats() { return do_stats(); }
+  virtual ~StoreAdmin() = default;
 
   // Every stored entry (order unspecified). Returning false stops the walk.
-  virtual Status list(const std::function<bool(const ListItem&)>& fn);
+  virtual Status list(const std::function<bool(const ListItem&)>& fn) = 0;
   // Checks every entry; with fix, removes those that fail.
-  virtual Expected<VerifyReport> verify(bool fix);
-  // Evicts least recently used entries until bytes <= max_bytes.
+  virtual Expected<VerifyReport> verify(bool fix) = 0;
+  // Evicts least recently used entries until bytes <= max_bytes. Default:
+  // unavailable.
   virtual Expected<uint64_t> trim(uint64_t max_bytes);
+  // Removes every entry. Default: unavailable.
   virtual Status clear();
-  // Pushes buffered recency/statistics records to the store.
-  virtual Status flush() { return Status(); }
   // A position in the store's recency records, for bundles of what was made
   // or used after it (kcache/bundle.h): a wall-clock time in ms that any
   // process may use later. Once recency is flushed, every entry created or
@@ -130,10 +156,42 @@ class Tier {
   virtual Expected<uint64_t> mark();
 
  protected:
-  // mark() for tiers whose recency records are wall-clock ms: flushes, then
-  // waits for the clock to pass the current millisecond and returns the new one.
-  Expected<uint64_t> recency_mark();
-  virtual Expected<std::optional<Entry>> do_get(const Key& key, MissCount count) = 0;
+  // Used in the messages of the defaults.
+  virtual std::string_view admin_name() const noexcept = 0;
+};
+
+class Tier {
+ public:
+  virtual ~Tier() = default;
+
+  // Short name for stats and logs: "memory", "lmdb", "files", "redis", ...
+  virtual std::string_view name() const noexcept = 0;
+  // Default TierKind::other; every built-in tier says what it is.
+  virtual TierKind kind() const noexcept { return TierKind::other; }
+  // False for a tier that refuses every put (a bundle, the read-only
+  // wrapper, a disk store opened with DiskTierOptions::read_only).
+  virtual bool writable() const noexcept { return true; }
+  // The store's administration (see StoreAdmin); nullptr for a tier that
+  // cannot offer it (a remote cannot list its entries). Valid while the
+  // tier lives.
+  virtual StoreAdmin* admin() noexcept { return nullptr; }
+
+  // nullopt: a miss. Error: a fault (the caller treats it as a miss).
+  Expected<std::optional<Entry>> get(const Key& key, Access access = Access::counted) { return do_get(key, access); }
+  // REQUIRES: entry was built (non-empty encoded bytes).
+  Status put(const Entry& entry);
+  // Puts many entries as one group where the store can (LMDB: one
+  // transaction and one sync); result[i] belongs to entries[i]. Default:
+  // put() each. REQUIRES: every entry was built.
+  virtual std::vector<Status> put_many(const std::vector<Entry>& entries);
+  // Removing a key that is absent is ok.
+  Status remove(const Key& key) { return do_remove(key); }
+  TierStats stats() { return do_stats(); }
+  // Pushes buffered recency/statistics records to the store.
+  virtual Status flush() { return Status(); }
+
+ protected:
+  virtual Expected<std::optional<Entry>> do_get(const Key& key, Access access) = 0;
   virtual Status do_put(const Entry& entry) = 0;
   virtual Status do_remove(const Key& key) = 0;
   virtual TierStats do_stats() = 0;
@@ -188,6 +246,14 @@ struct DiskTierOptions {
   // Temp files older than this are collected (files engine); default 1
   // hour, 0 taken as the default.
   uint64_t stale_temp_ms = 3600'000;
+  // Open the store only to read it: the engine writes nothing on its own
+  // (no corrupt-entry removal, no recency or counter flushes, no temp-file
+  // collection, no moving a damaged store aside), and put, remove, trim,
+  // clear and verify --fix are refused with Errc::read_only. Counters of
+  // this process's lookups are kept in memory only. For a shipped store,
+  // one on a read-only mount, or KCACHE_READONLY: how a tier is opened, not
+  // a switch on a tier others may share. Default off.
+  bool read_only = false;
   // LMDB engine: check the store's B-tree structure when a process first
   // opens it, and move a damaged store aside instead of crashing on it
   // (LMDB has no page checksums). Costs 31-37 us at open for 480 entries
@@ -210,9 +276,12 @@ Expected<std::shared_ptr<Tier>> open_lmdb_tier(const std::string& dir, const Dis
 // File-per-entry engine: sharded folders under `dir`, publish by rename,
 // content verified on read. For NFS-style shared folders.
 Expected<std::shared_ptr<Tier>> open_files_tier(const std::string& dir, const DiskTierOptions& options = {});
-// Read-only view: get passes through; put/remove/clear/trim are refused
-// (counted as rejected) and never touch the inner tier; a corrupt entry is
-// skipped, never deleted.
+// Read-only view: get passes through (with the access it was given);
+// put/remove and, through its admin(), trim/clear/verify --fix are refused
+// (counted as rejected) and never reach the inner tier, whose own state and
+// settings it leaves as they are. To write nothing at all to a store, open
+// it read-only (DiskTierOptions::read_only); this wrapper is for tiers
+// made elsewhere (Cache::add_tier under Options::read_only).
 std::shared_ptr<Tier> make_read_only(std::shared_ptr<Tier> inner);
 
 // Features compiled in, e.g. {"lmdb", "zstd", "llvm"}.

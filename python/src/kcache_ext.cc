@@ -280,17 +280,7 @@ std::unique_ptr<PyCache> open_cache(const std::vector<std::pair<std::string, std
 
 nb::dict tier_stats_dict(const kcache::TierStats& s) {
   nb::dict d;
-  d["hits"] = s.hits;
-  d["misses"] = s.misses;
-  d["puts"] = s.puts;
-  d["evictions"] = s.evictions;
-  d["corrupt"] = s.corrupt;
-  d["errors"] = s.errors;
-  d["rejected"] = s.rejected;
-  d["entries"] = s.entries;
-  d["bytes"] = s.bytes;
-  d["skipped"] = s.skipped;
-  d["dropped"] = s.dropped;
+  for (const auto& f : kcache::TierStats::kFields) d[nb::str(f.name.data(), f.name.size())] = s.*f.member;
   return d;
 }
 

@@ -100,7 +100,7 @@ std::vector<std::string> lmdb_paths(const std::string& path) {
 
 std::vector<std::string> files_paths(const std::string& path) {
   std::vector<std::string> p;
-  for (const char* f : {"/tmp", "/stats", "/leases", "/evict.lease"}) p.push_back(path + f);
+  for (const char* f : {"/tmp", "/stats", "/leases"}) p.push_back(path + f);
   static const char hex[] = "0123456789abcdef";
   for (int i = 0; i < 256; ++i) p.push_back(path + "/" + hex[i >> 4] + hex[i & 15]);
   return p;
@@ -157,6 +157,7 @@ DiskStoreSpec DiskStoreSpec::from(const Options& options) {
   if (!s.tier.env) s.tier.env = options.env;
   s.shared_group = options.shared_group;
   s.create = options.create_dir;
+  s.read_only = options.read_only;
   s.leases = options.process_single_flight && !options.read_only && !options.disabled;
   return s;
 }
@@ -201,7 +202,9 @@ Expected<DiskStore> open_disk_store(const DiskStoreSpec& spec) {
     if (!exists(d.path)) return Status(Errc::not_found, "no store at " + d.path);
     KCACHE_RETURN_IF_ERROR(check_store(d, trust));
   }
-  KCACHE_TRY(d.tier, engine.open_tier(d.path, spec.tier));
+  DiskTierOptions tier_options = spec.tier;
+  tier_options.read_only = tier_options.read_only || spec.read_only;
+  KCACHE_TRY(d.tier, engine.open_tier(d.path, tier_options));
   // Once more, now that the engine has made its files: LMDB's files get the
   // group's write here, since LMDB makes them for this user only.
   if (trust.shared)

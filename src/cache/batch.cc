@@ -31,7 +31,7 @@ std::vector<Expected<Entry>> Cache::get_or_compile_batch(const std::vector<Batch
   // Pass 1: lookups, in the caller's thread (a hit costs about a read).
   std::deque<size_t> todo;
   for (size_t i = 0; i < n; ++i) {
-    std::optional<Entry> hit = impl_->look_up(items[i].key.key, &src[i], MissCount::counted);
+    std::optional<Entry> hit = impl_->look_up(items[i].key.key, &src[i], Access::counted);
     if (hit) {
       out[i].emplace(std::move(*hit));
       std::lock_guard lk(mu);
@@ -77,7 +77,7 @@ std::vector<Expected<Entry>> Cache::get_or_compile_batch(const std::vector<Batch
       try {
         Impl::Outcome o;
         Source s = Source::compiled;
-        auto r = impl_->resolve(items[i].key, items[i].compile, &s, wait, &o, MissCount::uncounted);
+        auto r = impl_->resolve(items[i].key, items[i].compile, &s, wait, &o, Access::uncounted);
         std::lock_guard lk(mu);
         if (o == Impl::Outcome::busy) {
           deferred.push_back(i);

@@ -2,7 +2,6 @@
 // store, bundles made from that store, and bundle bytes mounted in it.
 #include "kcache/bundle.h"
 
-#include "kcache/assembly.h"
 #include "kcache/cache.h"
 #include "util/util.h"
 
@@ -16,19 +15,14 @@ std::shared_ptr<Tier> disk_tier_of(Cache& c) {
   return nullptr;
 }
 
-// A read-only view of the cache's disk store (a second tier object, so the
-// cache's own keeps repairing and recording): reads made to build a bundle
-// are not uses, and leave every recency record as it was.
+// The cache's own disk store: the bundle writer reads it with Access::peek,
+// so making a bundle is not a use and leaves every recency record as it
+// was. This process's recency is flushed first, so marks see it.
 Expected<std::shared_ptr<Tier>> bundle_source(Cache& c) {
-  c.flush();  // this process's recency first, so marks see it
-  if (!disk_tier_of(c)) return Status(Errc::unavailable, "the cache has no disk store to make a bundle from");
-  // The store the cache opened, named as the cache named it (its shared
-  // group included): only no creating and no leases differ.
-  DiskStoreSpec spec = DiskStoreSpec::from(c.options());
-  spec.create = false;
-  spec.leases = false;
-  KCACHE_TRY(DiskStore d, open_disk_store(spec));
-  return make_read_only(d.tier);
+  c.flush();
+  auto disk = disk_tier_of(c);
+  if (!disk || !disk->admin()) return Status(Errc::unavailable, "the cache has no disk store to make a bundle from");
+  return disk;
 }
 
 }  // namespace
@@ -36,8 +30,8 @@ Expected<std::shared_ptr<Tier>> bundle_source(Cache& c) {
 Expected<uint64_t> Cache::mark() {
   flush();
   auto disk = disk_tier_of(*this);
-  if (!disk) return Status(Errc::unavailable, "the cache has no disk store to mark");
-  return disk->mark();
+  if (!disk || !disk->admin()) return Status(Errc::unavailable, "the cache has no disk store to mark");
+  return disk->admin()->mark();
 }
 
 Expected<BundleInfo> write_bundle(Cache& from, const BundleSelection& selection, const std::string& path,

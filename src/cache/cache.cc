@@ -99,9 +99,7 @@ bool Cache::Impl::store(const Entry& e, Leadership* owner) {
 
 // ---- get and put -------------------------------------------------------------
 
-std::optional<Entry> Cache::get(const Key& key, Source* source) {
-  return impl_->look_up(key, source, MissCount::counted);
-}
+std::optional<Entry> Cache::get(const Key& key, Source* source) { return impl_->look_up(key, source, Access::counted); }
 
 std::optional<Entry> Cache::get(const KeyInfo& key, Source* source) {
   auto e = get(key.key, source);
@@ -147,12 +145,12 @@ Expected<Entry> Cache::get_or_compile(const KeyInfo& key, const CompileFn& compi
 }
 
 Expected<Entry> Cache::Impl::resolve(const KeyInfo& key, const CompileFn& compile, Source* source, bool wait_for_others,
-                                     Outcome* outcome, MissCount count) {
+                                     Outcome* outcome, Access count) {
   *outcome = Outcome::done;
   if (source) *source = Source::compiled;
   if (!policy.single_flight) return compile_entry(key, compile);
   if (auto hit = look_up(key.key, source, count)) return std::move(*hit);
-  if (count == MissCount::counted) explain_miss(key);
+  if (count == Access::counted) explain_miss(key);
 
   Turn turn = take_turn(key.key, source, wait_for_others);
   if (turn.busy) *outcome = Outcome::busy;
@@ -195,13 +193,13 @@ Cache::Impl::Turn Cache::Impl::take_turn(const Key& key, Source* source, bool wa
       return std::move(t);
     };
     // Another thread may have stored it between our lookup and our flight.
-    if (auto hit = look_up(key, source, MissCount::uncounted)) return found(std::move(*hit));
+    if (auto hit = look_up(key, source, Access::uncounted)) return found(std::move(*hit));
     if (lease.active() && !opt.read_only) {
       bool waited = false;
       switch (lease.claim(key, wait, &waited)) {
         case LeaseWait::Claim::held:
           leader.leased = true;
-          if (auto hit = look_up(key, source, MissCount::uncounted)) {
+          if (auto hit = look_up(key, source, Access::uncounted)) {
             if (waited && source && *source != Source::memory) *source = Source::waited;
             return found(std::move(*hit));
           }
@@ -302,7 +300,7 @@ Flight Cache::begin(const KeyInfo& key) {
     s->owner = true;
     return Flight(std::move(s));
   }
-  if (auto hit = impl_->look_up(key.key, &s->source, MissCount::counted)) {
+  if (auto hit = impl_->look_up(key.key, &s->source, Access::counted)) {
     s->entry = std::move(*hit);
     return Flight(std::move(s));
   }

@@ -96,7 +96,7 @@ struct Cache::Impl {
 
   // Step 1: every tier, in order (skipped under recompile); an entry still
   // on its way to disk is served from the committer's queue.
-  std::optional<Entry> look_up(const Key& key, Source* source, MissCount count) {
+  std::optional<Entry> look_up(const Key& key, Source* source, Access count) {
     if (!policy.look_up) return std::nullopt;
     if (auto e = in_flight(key, source)) return e;
     return chain.lookup(key, source, count);
@@ -128,7 +128,7 @@ struct Cache::Impl {
   // The four steps. count: whether this request's first lookup counts a
   // miss (a batch has counted it in its lookup pass).
   Expected<Entry> resolve(const KeyInfo& key, const CompileFn& compile, Source* source, bool wait_for_others,
-                          Outcome* outcome, MissCount count = MissCount::counted);
+                          Outcome* outcome, Access count = Access::counted);
 
   Expected<Entry> build(const KeyInfo& key, std::vector<Artifact> arts, uint64_t cost_us);
 };

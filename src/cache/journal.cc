@@ -437,8 +437,10 @@ Expected<std::vector<MissRecord>> read_miss_journal(const std::string& store_pat
 // ---- the nearest stored entry -------------------------------------------------------
 
 Status StoredManifests::load(Tier& tier, uint64_t* unreadable) {
+  StoreAdmin* admin = tier.admin();
+  if (!admin) return Status(Errc::unavailable, std::string(tier.name()) + " tier cannot list its entries");
   std::vector<ListItem> items;
-  Status st = tier.list([&](const ListItem& it) {
+  Status st = admin->list([&](const ListItem& it) {
     items.push_back(it);
     return true;
   });
@@ -451,7 +453,8 @@ Status StoredManifests::load(Tier& tier, uint64_t* unreadable) {
       next.emplace(it.key, std::move(known->second));
       continue;
     }
-    auto e = tier.get(it.key, MissCount::uncounted);
+    // A diagnostic: counts nothing, refreshes no recency, removes nothing.
+    auto e = tier.get(it.key, Access::peek);
     if (!e || !e->has_value()) {
       if (unreadable) ++*unreadable;  // corrupt, or removed meanwhile
       continue;

@@ -96,8 +96,10 @@ class MissJournal {
 // The manifests of a tier's entries, each entry decoded once.
 class StoredManifests {
  public:
-  // Lists the tier and decodes the entries not seen before; forgets keys no
-  // longer listed. Entries stored without a manifest are left out.
+  // Lists the tier (through its admin(): unavailable without one) and
+  // decodes the entries not seen before, read with Access::peek so that the
+  // search leaves every counter and recency record as it was; forgets keys
+  // no longer listed. Entries stored without a manifest are left out.
   // `unreadable` counts entries that could not be read.
   Status load(Tier& tier, uint64_t* unreadable = nullptr);
   size_t size() const noexcept { return by_key_.size(); }

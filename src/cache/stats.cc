@@ -15,14 +15,18 @@ std::string CacheStats::to_string() const {
       (unsigned long long)compile_failures, compile_us / 1e6, (unsigned long long)waits, (unsigned long long)faults);
   out += buf;
   for (const auto& t : tiers) {
-    std::snprintf(
-        buf, sizeof buf,
-        "  %-10s %8llu hits %8llu misses %8llu puts %6llu evictions %4llu corrupt %4llu errors %8llu entries %12s\n",
-        t.name.c_str(), (unsigned long long)t.stats.hits, (unsigned long long)t.stats.misses,
-        (unsigned long long)t.stats.puts, (unsigned long long)t.stats.evictions, (unsigned long long)t.stats.corrupt,
-        (unsigned long long)t.stats.errors, (unsigned long long)t.stats.entries,
-        util::format_size(t.stats.bytes).c_str());
+    std::snprintf(buf, sizeof buf, "  %-10s", t.name.c_str());
     out += buf;
+    // Every field, bytes as a size.
+    for (const auto& f : TierStats::kFields) {
+      if (f.member == &TierStats::bytes)
+        std::snprintf(buf, sizeof buf, " %s %s", util::format_size(t.stats.bytes).c_str(), std::string(f.name).c_str());
+      else
+        std::snprintf(buf, sizeof buf, " %llu %s", (unsigned long long)(t.stats.*f.member),
+                      std::string(f.name).c_str());
+      out += buf;
+    }
+    out += "\n";
   }
   return out;
 }

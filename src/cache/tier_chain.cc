@@ -36,7 +36,7 @@ void TierChain::add(std::shared_ptr<Tier> t) {
   no_writes_.insert(no_writes_.begin() + static_cast<std::ptrdiff_t>(at), std::make_unique<std::atomic<bool>>(false));
 }
 
-std::optional<Entry> TierChain::lookup(const Key& key, Source* src, MissCount count) {
+std::optional<Entry> TierChain::lookup(const Key& key, Source* src, Access count) {
   for (size_t i = 0; i < tiers_.size(); ++i) {
     auto r = tiers_[i]->get(key, count);
     if (!r) {
@@ -55,7 +55,7 @@ std::optional<Entry> TierChain::lookup(const Key& key, Source* src, MissCount co
     if (src) *src = source_of(*tiers_[i]);
     return e;
   }
-  if (count == MissCount::counted) misses_.fetch_add(1, std::memory_order_relaxed);
+  if (count == Access::counted) misses_.fetch_add(1, std::memory_order_relaxed);
   return std::nullopt;
 }
 

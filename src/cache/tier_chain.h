@@ -26,10 +26,10 @@ class TierChain {
   void add(std::shared_ptr<Tier> t);
   const std::vector<std::shared_ptr<Tier>>& tiers() const noexcept { return tiers_; }
 
-  // The first tier's hit, promoted into the faster tiers. MissCount::
+  // The first tier's hit, promoted into the faster tiers. Access::
   // uncounted: a re-check of a request whose miss was already counted (no
   // miss is counted here or in the tiers).
-  std::optional<Entry> lookup(const Key& key, Source* src, MissCount count);
+  std::optional<Entry> lookup(const Key& key, Source* src, Access count);
   // Puts into every writable tier; true if any took it.
   bool store(const Entry& e) { return store(e, Tiers::all); }
   enum class Tiers { all, memory, slow };  // slow: every tier that is not a memory tier

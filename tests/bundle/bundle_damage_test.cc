@@ -48,8 +48,8 @@ void probe(Tally& t, const std::string& b, bool via_file, const std::string& pat
     }
   }
   // Walking and verifying a damaged bundle must not crash either.
-  (void)(*tier)->list([](const ListItem&) { return true; });
-  (void)(*tier)->verify(false);
+  (void)(*tier)->admin()->list([](const ListItem&) { return true; });
+  (void)(*tier)->admin()->verify(false);
 }
 
 }  // namespace

@@ -22,10 +22,12 @@ namespace {
 
 std::set<Key> keys_of(Tier& t) {
   std::set<Key> out;
-  EXPECT_TRUE(t.list([&](const ListItem& it) {
-                 out.insert(it.key);
-                 return true;
-               }).is_ok());
+  EXPECT_TRUE(t.admin()
+                  ->list([&](const ListItem& it) {
+                    out.insert(it.key);
+                    return true;
+                  })
+                  .is_ok());
   return out;
 }
 std::set<Key> keys_of(std::initializer_list<std::pair<uint64_t, uint64_t>> ranges) {
@@ -205,7 +207,7 @@ TEST(Bundle, MarkOnTheFilesEngine) {
   auto t = open_files_tier(d.path() + "/files");
   ASSERT_TRUE(t.has_value());
   fill(**t, 0, 5);
-  auto m = (*t)->mark();
+  auto m = (*t)->admin()->mark();
   ASSERT_TRUE(m.has_value()) << m.error().to_string();
   fill(**t, 5, 8);
   ASSERT_TRUE((*t)->get(key_of(1)).has_value());
@@ -216,7 +218,7 @@ TEST(Bundle, MarkOnTheFilesEngine) {
   ASSERT_TRUE(b.has_value());
   EXPECT_EQ(keys_of(**b), keys_of({{1, 2}, {5, 8}}));
   // The memory tier keeps no recency records to mark.
-  EXPECT_EQ(make_memory_tier()->mark().error().code(), Errc::unavailable);
+  EXPECT_EQ(make_memory_tier()->admin()->mark().error().code(), Errc::unavailable);
 }
 
 TEST(Bundle, OtherFormatVersionAndOtherCompilerMiss) {

@@ -2,6 +2,8 @@
 // a JIT's Cache journaled: each explained with values, grouped by cause.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include "cli_util.h"
 #include "kcache/cache.h"
 
@@ -130,6 +132,42 @@ TEST_P(ExplainCli, ADamagedJournalRecordIsSkipped) {
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_EQ(count_of(r.out, "\"time_ms\":"), 2u) << r.out;
   EXPECT_NE(r.out.find(",\"skipped\":1}"), std::string::npos) << r.out;
+}
+
+// Diagnostics do not change the cache: misses, explain and show read the
+// store with Access::peek, so its hit and miss counters and every entry's
+// last use (as `ls` lists them) are what they were before.
+TEST_P(ExplainCli, DiagnosticsLeaveCountersAndRecencyAsTheyWere) {
+  jit_run(2, "znver3", 3);  // three misses
+  jit_run(2, "znver3", 3);  // three hits
+  jit_run(3, "znver3", 3);  // three more misses
+  Result ls_before = run({"ls", "--json"});
+  ASSERT_EQ(ls_before.rc, 0) << ls_before.err;
+  ASSERT_EQ(count_of(ls_before.out, "\"key\":"), 6u) << ls_before.out;
+  Result stats_before = run({"stats", "--json"});
+  ASSERT_EQ(stats_before.rc, 0) << stats_before.err;
+  auto counter = [](const std::string& json, const std::string& name) {
+    size_t at = json.find("\"" + name + "\":");
+    return at == std::string::npos ? std::string("?") : json.substr(at, json.find(',', at) - at);
+  };
+  ::usleep(20 * 1000);  // a use now would record a later time
+
+  Result r = run({"misses"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("6 misses, by cause:\n"), std::string::npos) << r.out;
+  r = run({"explain", "--key", module_key("mod1.c", 3).key.hex()});  // stored since its miss
+  EXPECT_EQ(r.rc, 0) << r.err;
+  r = run({"show", "--key", module_key("mod0.c", 2).key.hex()});
+  EXPECT_EQ(r.rc, 0) << r.err;
+
+  Result ls_after = run({"ls", "--json"});
+  ASSERT_EQ(ls_after.rc, 0) << ls_after.err;
+  EXPECT_EQ(ls_after.out, ls_before.out) << "a diagnostic changed an entry's last use";
+  Result stats_after = run({"stats", "--json"});
+  ASSERT_EQ(stats_after.rc, 0) << stats_after.err;
+  for (const char* name : {"hits", "misses", "corrupt", "puts", "entries"})
+    EXPECT_EQ(counter(stats_after.out, name), counter(stats_before.out, name)) << name;
+  EXPECT_NE(counter(stats_before.out, "hits"), "\"hits\":0") << stats_before.out;  // the warm lookups
 }
 
 INSTANTIATE_TEST_SUITE_P(Engines, ExplainCli, ::testing::ValuesIn(engine_names()),

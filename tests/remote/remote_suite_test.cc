@@ -62,7 +62,7 @@ TEST_P(RemoteConformance, EmptyIsAMiss) {
   EXPECT_FALSE(r->has_value());
   EXPECT_EQ(t->stats().misses, 1u);
   // A re-check inside one request counts no second miss.
-  ASSERT_TRUE(t->get(key_of(1), MissCount::uncounted).has_value());
+  ASSERT_TRUE(t->get(key_of(1), Access::uncounted).has_value());
   EXPECT_EQ(t->stats().misses, 1u);
 }
 
@@ -232,7 +232,7 @@ TEST_P(RemoteConformance, PoisonedValuesAreMissesLoggedOncePerKey) {
   // Each poisoned key is read three times, as one compile of it does.
   for (int round = 0; round < 3; ++round)
     for (uint64_t i = 2; i <= 6; ++i) {
-      auto r = t->get(key_of(i), round ? MissCount::uncounted : MissCount::counted);
+      auto r = t->get(key_of(i), round ? Access::uncounted : Access::counted);
       ASSERT_TRUE(r.has_value()) << i;
       EXPECT_FALSE(r->has_value()) << "poisoned value " << i << " was accepted";
     }

@@ -188,7 +188,7 @@ struct Walk {
 };
 inline Walk walk(Tier& t) {
   Walk w;
-  Status st = t.list([&](const ListItem& it) {
+  Status st = t.admin()->list([&](const ListItem& it) {
     ++w.entries;
     w.bytes += it.size;
     return true;

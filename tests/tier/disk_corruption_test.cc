@@ -90,7 +90,7 @@ Outcome read_all(const DiskEngine& eng, const std::string& dir) {
       ++o.wrong;
     }
   }
-  auto v = tier.verify(false);
+  auto v = tier.admin()->verify(false);
   o.verify_ok = v.has_value();
   if (tier.put(make_entry(kProbeKey, 5000)).is_ok()) {
     auto g = tier.get(key_of(kProbeKey));
@@ -385,11 +385,11 @@ GarbageOutcome read_and_repair(const std::string& dir, bool repair, bool clear) 
   };
   std::vector<uint64_t> missed = read_all_keys();
   if (!repair) return o;
-  (void)tier.verify(true);
+  (void)tier.admin()->verify(true);
   for (uint64_t k : missed) (void)tier.put(make_entry(k, garbage_size(k)));
   (void)read_all_keys();
-  (void)tier.trim(tier.stats().bytes / 2);
-  if (clear) (void)tier.clear();
+  (void)tier.admin()->trim(tier.stats().bytes / 2);
+  if (clear) (void)tier.admin()->clear();
   (void)read_all_keys();
   return o;
 }

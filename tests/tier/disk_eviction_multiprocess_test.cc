@@ -3,6 +3,7 @@
 // a fresh walk of what is stored.
 #include <gtest/gtest.h>
 
+#include "kcache/lease.h"
 #include "robust_util.h"
 
 using namespace kcache;
@@ -73,9 +74,48 @@ TEST_P(DiskEvictionMultiProcess, ConcurrentPutsPastTheLimitStayWithinItAndCounte
   EXPECT_GE(s.evictions, uint64_t(kProcs) * per_proc - w.entries) << "entries vanished without being counted";
   EXPECT_GT(w.entries, 0u);
   EXPECT_EQ(s.puts, uint64_t(kProcs) * per_proc);
-  auto v = tier.verify(false);
+  auto v = tier.admin()->verify(false);
   ASSERT_TRUE(v.has_value()) << v.error().to_string();
   EXPECT_EQ(v->checked, w.entries);
+  EXPECT_TRUE(v->bad.empty());
+}
+
+// The files engine's one evictor at a time is a lease of the store's leases
+// (lease/file_leases.cc) on a fixed key: a live holder keeps others from
+// evicting, and one that died holding it is taken over at once, judged by
+// its PID and start time, not by the age of a file.
+TEST(FilesEvictorLease, ALiveHolderBlocksEvictionADeadOneIsTakenOver) {
+  TempDir td;
+  const std::string dir = td.path() + "/store";
+  DiskTierOptions o = options();
+  o.max_bytes = 1 << 20;
+  const Key evictor = KeyBuilder("kcache/files-evictor").finish()->key;
+  auto t = open_files_tier(dir, o);
+  ASSERT_TRUE(t.has_value()) << t.error().to_string();
+  auto holder = open_file_leases(dir);
+  ASSERT_TRUE(holder.has_value()) << holder.error().to_string();
+  ASSERT_EQ((*holder)->acquire(evictor, 600'000), LeaseResult::acquired);
+  uint64_t k = 0;
+  for (; k < 40; ++k) ASSERT_TRUE((*t)->put(make_entry(k, 50000)).is_ok());
+  EXPECT_GT((*t)->stats().bytes, uint64_t(1) << 20) << "evicted while another held the evictor lease";
+  EXPECT_EQ((*t)->stats().evictions, 0u);
+  (*holder)->release(evictor);
+  ASSERT_TRUE((*t)->put(make_entry(k++, 50000)).is_ok());
+  EXPECT_LE((*t)->stats().bytes, uint64_t(1) << 20);
+  const uint64_t evicted = (*t)->stats().evictions;
+  EXPECT_GT(evicted, 0u);
+
+  // A holder that dies with the lease (a long TTL, never released).
+  int ws = run_child([&] {
+    auto l = open_file_leases(dir);
+    return l && (*l)->acquire(evictor, 600'000) == LeaseResult::acquired ? 0 : 1;
+  });
+  ASSERT_TRUE(WIFEXITED(ws) && WEXITSTATUS(ws) == 0) << describe_wait(ws);
+  for (int i = 0; i < 30; ++i) ASSERT_TRUE((*t)->put(make_entry(k++, 50000)).is_ok());
+  EXPECT_LE((*t)->stats().bytes, uint64_t(1) << 20) << "a dead evictor's lease was not taken over";
+  EXPECT_GT((*t)->stats().evictions, evicted);
+  auto v = (*t)->admin()->verify(false);
+  ASSERT_TRUE(v.has_value()) << v.error().to_string();
   EXPECT_TRUE(v->bad.empty());
 }
 

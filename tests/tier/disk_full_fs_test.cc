@@ -58,7 +58,7 @@ class FaultyTier final : public Tier {
   std::string_view name() const noexcept override { return inner_->name(); }
 
  protected:
-  Expected<std::optional<Entry>> do_get(const Key& k, MissCount c) override { return inner_->get(k, c); }
+  Expected<std::optional<Entry>> do_get(const Key& k, Access c) override { return inner_->get(k, c); }
   Status do_put(const Entry& e) override {
     if (left_-- > 0) return inner_->put(e);
     return Status(code_, "injected fault");

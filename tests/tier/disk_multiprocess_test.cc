@@ -103,7 +103,7 @@ TEST_P(DiskMultiProcess, SameKeysFromEightProcesses) {
   EXPECT_EQ(s.corrupt, 0u);
   EXPECT_EQ(s.errors, 0u);
   EXPECT_GE(s.puts, kProcs * kKeys);
-  auto v = tier.verify(false);
+  auto v = tier.admin()->verify(false);
   ASSERT_TRUE(v.has_value()) << v.error().to_string();
   EXPECT_EQ(v->checked, kKeys);
   EXPECT_TRUE(v->bad.empty()) << v->bad.front().second;

@@ -126,7 +126,7 @@ TEST_P(DiskSigkill, KilledWriterLeavesNoTornEntryAndLosesNothingCommitted) {
     auto t = eng.open(dir, options(sync));
     ASSERT_TRUE(t.has_value()) << "trial " << trial << ": store does not open: " << t.error().to_string();
     Tier& tier = **t;
-    auto v = tier.verify(false);
+    auto v = tier.admin()->verify(false);
     ASSERT_TRUE(v.has_value()) << v.error().to_string();
     ASSERT_TRUE(v->bad.empty()) << "trial " << trial << ": torn entry: " << v->bad.front().second;
     EXPECT_GE(v->checked, committed.size());

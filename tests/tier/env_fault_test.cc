@@ -194,13 +194,13 @@ TEST(EnvFault, StaleTempFilesAreCollectedByAgeOnTheInjectedClock) {
   std::ofstream(stray) << "half an entry of a writer that died";
   ASSERT_TRUE(exists(stray));
 
-  ASSERT_TRUE(t->verify(false).has_value());  // a walk: young, kept
+  ASSERT_TRUE(t->admin()->verify(false).has_value());  // a walk: young, kept
   EXPECT_TRUE(exists(stray));
   env->advance(59'000);
-  ASSERT_TRUE(t->verify(false).has_value());  // mtime is in whole seconds: still under the bound
+  ASSERT_TRUE(t->admin()->verify(false).has_value());  // mtime is in whole seconds: still under the bound
   EXPECT_TRUE(exists(stray));
   env->advance(3'000);
-  ASSERT_TRUE(t->verify(false).has_value());
+  ASSERT_TRUE(t->admin()->verify(false).has_value());
   EXPECT_FALSE(exists(stray));
   // The published entry is no temp file.
   auto g = t->get(key_of(1));

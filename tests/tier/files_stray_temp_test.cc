@@ -90,7 +90,7 @@ TEST(FilesStrayTemp, KilledWritersTempIsCollectedWhenStaleAndNeverBlocksWrites) 
   ASSERT_GE(fd, 0);
   ::close(fd);
   age(late, 3);
-  ASSERT_TRUE((*t)->list([](const ListItem&) { return true; }).is_ok());
+  ASSERT_TRUE((*t)->admin()->list([](const ListItem&) { return true; }).is_ok());
   EXPECT_FALSE(fs::exists(late));
 
   // Writes work even when someone removes tmp/ itself.
@@ -98,7 +98,7 @@ TEST(FilesStrayTemp, KilledWritersTempIsCollectedWhenStaleAndNeverBlocksWrites) 
   ASSERT_TRUE((*t)->put(make_entry(99, 4000)).is_ok());
   g = (*t)->get(key_of(99));
   ASSERT_TRUE(g && g->has_value() && entry_ok(**g, 99, 4000));
-  auto v = (*t)->verify(false);
+  auto v = (*t)->admin()->verify(false);
   ASSERT_TRUE(v.has_value());
   EXPECT_TRUE(v->bad.empty());
   EXPECT_EQ((*t)->stats().entries, 21u);

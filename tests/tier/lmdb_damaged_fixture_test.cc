@@ -158,7 +158,7 @@ TEST_P(LmdbDamagedFixture, EveryProcessEndsAndEveryArtifactIsTheOriginal) {
         kLimitMs, GetParam() + " " + what);
     EXPECT_TRUE(WIFEXITED(ws) && WEXITSTATUS(ws) <= 1) << what << ": " << describe_wait(ws);
   };
-  step(dir, "verify --fix", [](Tier& t) { return t.verify(true).has_value() ? 0 : 1; });
+  step(dir, "verify --fix", [](Tier& t) { return t.admin()->verify(true).has_value() ? 0 : 1; });
   // A new process: the store (marked damaged) is moved aside and its intact
   // entries salvaged into a fresh one.
   int after_hits = 0, after_wrong = 0;
@@ -171,8 +171,8 @@ TEST_P(LmdbDamagedFixture, EveryProcessEndsAndEveryArtifactIsTheOriginal) {
   // On a second copy, eviction of everything and clear meet the damaged
   // run first: they must pass it over or refuse, never free it.
   std::string dir2 = copy_store(GetParam(), tmp.path() + "/work2");
-  step(dir2, "trim to 0", [](Tier& t) { return t.trim(0).has_value() ? 0 : 1; });
-  step(dir2, "clear", [](Tier& t) { return t.clear().is_ok() ? 0 : 1; });
+  step(dir2, "trim to 0", [](Tier& t) { return t.admin()->trim(0).has_value() ? 0 : 1; });
+  step(dir2, "clear", [](Tier& t) { return t.admin()->clear().is_ok() ? 0 : 1; });
   int wrong2 = 0;
   for (const Key& k : keys) {
     int ws = run_child_bounded([&] { return read_one(dir2, k, orig[k]); }, kLimitMs, GetParam() + " after clear");

@@ -1,7 +1,7 @@
-// A disk tier behind the read-only wrapper never writes to its store: the
-// wrapper turns repair off on the tier it wraps, and then a corrupt entry
-// is reported (and counted in this process) but not removed, and hits do
-// not write recency or counters. Checked with inotify on the store's
+// A disk tier opened read-only (DiskTierOptions::read_only) never writes to
+// its store: a corrupt entry is reported (and counted in this process) but
+// not removed, and hits do not write recency or counters. The read-only
+// wrapper in front of it changes nothing of that, nor of the inner tier. Checked with inotify on the store's
 // folders (any modification, attribute change, create, delete or rename),
 // and, where this process may mount, on a folder made read-only underneath
 // an open tier.
@@ -15,6 +15,7 @@
 #include <fstream>
 #include <iterator>
 
+#include "kcache/assembly.h"
 #include "robust_util.h"
 
 using namespace kcache;
@@ -31,12 +32,20 @@ DiskTierOptions options() {
   return o;
 }
 
+DiskTierOptions read_only_options() {
+  DiskTierOptions o = options();
+  o.read_only = true;
+  return o;
+}
+
 size_t count_entries(Tier& t) {
   size_t n = 0;
-  EXPECT_TRUE(t.list([&](const ListItem&) {
-                 ++n;
-                 return true;
-               }).is_ok());
+  EXPECT_TRUE(t.admin()
+                  ->list([&](const ListItem&) {
+                    ++n;
+                    return true;
+                  })
+                  .is_ok());
   return n;
 }
 
@@ -126,7 +135,11 @@ TEST_P(ReadOnlyNoWrite, CorruptEntryIsReportedNotRemovedAndNothingIsWritten) {
   if (HasFatalFailure()) return;
   TierStats stored;
   {
-    auto ro = make_read_only(*eng.open(dir, options()));
+    auto opened = eng.open(dir, read_only_options());
+    ASSERT_TRUE(opened.has_value()) << opened.error().to_string();
+    EXPECT_FALSE((*opened)->writable());
+    auto ro = make_read_only(*opened);
+    opened = Status(Errc::internal, "");  // the wrapper holds the only reference
     stored = ro->stats();
     Watch watch(dir);
     ASSERT_TRUE(watch.ok());
@@ -146,13 +159,13 @@ TEST_P(ReadOnlyNoWrite, CorruptEntryIsReportedNotRemovedAndNothingIsWritten) {
     EXPECT_EQ(s.hits, stored.hits + 20);
     EXPECT_EQ(s.misses, stored.misses + 1);
     EXPECT_EQ(count_entries(*ro), 2u);
-    auto rep = ro->verify(false);
+    auto rep = ro->admin()->verify(false);
     ASSERT_TRUE(rep.has_value()) << rep.error().to_string();
     EXPECT_EQ(rep->bad.size(), 1u);
     if (!rep->bad.empty()) {
       EXPECT_EQ(rep->bad[0].first, key_of(1));
     }
-    EXPECT_FALSE(ro->verify(true).has_value());
+    EXPECT_FALSE(ro->admin()->verify(true).has_value());
     EXPECT_TRUE(ro->flush().is_ok());
     usleep(200 * 1000);  // time for a background flush to show, were there one
     ro.reset();          // closing flushes nothing either
@@ -171,6 +184,133 @@ TEST_P(ReadOnlyNoWrite, CorruptEntryIsReportedNotRemovedAndNothingIsWritten) {
   EXPECT_EQ(count_entries(**w), 1u);
 }
 
+// A peek (Access::peek) of a writable store is a diagnostic: it reports a
+// corrupt entry without counting or removing it, and writes nothing at all,
+// not even at flush; a use of the same entry then counts and removes it.
+TEST_P(ReadOnlyNoWrite, PeekLeavesACorruptEntryAndWritesNothing) {
+  const DiskEngine& eng = GetParam();
+  TempDir td;
+  std::string dir = td.path() + "/store";
+  {
+    auto w = eng.open(dir, options());
+    ASSERT_TRUE(w.has_value()) << w.error().to_string();
+    ASSERT_TRUE((*w)->put(make_entry(1, kSize)).is_ok());
+    ASSERT_TRUE((*w)->put(make_entry(2, kSize)).is_ok());
+  }
+  corrupt_entry_1(eng.name, dir);
+  if (HasFatalFailure()) return;
+  auto t = eng.open(dir, options());
+  ASSERT_TRUE(t.has_value()) << t.error().to_string();
+  const TierStats before = (*t)->stats();
+  {
+    Watch watch(dir);
+    ASSERT_TRUE(watch.ok());
+    for (int i = 0; i < 5; ++i) {
+      auto bad = (*t)->get(key_of(1), Access::peek);
+      ASSERT_FALSE(bad.has_value()) << "a corrupt entry was handed out";
+      EXPECT_EQ(bad.error().code(), Errc::corrupt);
+      auto good = (*t)->get(key_of(2), Access::peek);
+      ASSERT_TRUE(good && good->has_value());
+      EXPECT_TRUE(entry_ok(**good, 2, kSize));
+      ASSERT_TRUE((*t)->get(key_of(3), Access::peek)->has_value() == false);
+    }
+    EXPECT_TRUE((*t)->flush().is_ok());
+    usleep(200 * 1000);  // time for a background flush to show, were there one
+    auto ev = watch.events();
+    EXPECT_TRUE(ev.empty()) << "a peek wrote to the store:\n" << join(ev);
+  }
+  const TierStats after = (*t)->stats();
+  for (const auto& f : TierStats::kFields) EXPECT_EQ(after.*f.member, before.*f.member) << f.name;
+  EXPECT_EQ(count_entries(**t), 2u);
+  auto bad = (*t)->get(key_of(1));
+  ASSERT_FALSE(bad.has_value());
+  EXPECT_EQ(bad.error().code(), Errc::corrupt);
+  EXPECT_EQ((*t)->stats().corrupt, before.corrupt + 1);
+  EXPECT_EQ(count_entries(**t), 1u);
+}
+
+// Every write through a store opened read-only is refused with read_only,
+// counted as rejected in this process, and the store keeps what it had.
+TEST_P(ReadOnlyNoWrite, OpenedReadOnlyRefusesEveryWrite) {
+  const DiskEngine& eng = GetParam();
+  TempDir td;
+  std::string dir = td.path() + "/store";
+  {
+    auto w = eng.open(dir, options());
+    ASSERT_TRUE(w.has_value()) << w.error().to_string();
+    ASSERT_TRUE((*w)->put(make_entry(1, kSize)).is_ok());
+  }
+  auto ro = eng.open(dir, read_only_options());
+  ASSERT_TRUE(ro.has_value()) << ro.error().to_string();
+  Tier& t = **ro;
+  EXPECT_FALSE(t.writable());
+  ASSERT_NE(t.admin(), nullptr);
+  EXPECT_EQ(t.put(make_entry(2, kSize)).code(), Errc::read_only);
+  auto many = t.put_many({make_entry(3, kSize)});
+  ASSERT_EQ(many.size(), 1u);
+  EXPECT_EQ(many[0].code(), Errc::read_only);
+  EXPECT_EQ(t.remove(key_of(1)).code(), Errc::read_only);
+  EXPECT_EQ(t.admin()->trim(0).error().code(), Errc::read_only);
+  EXPECT_EQ(t.admin()->clear().code(), Errc::read_only);
+  EXPECT_EQ(t.admin()->verify(true).error().code(), Errc::read_only);
+  EXPECT_EQ(t.stats().rejected, 6u);
+  auto v = t.admin()->verify(false);
+  ASSERT_TRUE(v.has_value()) << v.error().to_string();
+  EXPECT_EQ(v->checked, 1u);
+  EXPECT_EQ(count_entries(t), 1u);
+  auto hit = t.get(key_of(1));
+  ASSERT_TRUE(hit && hit->has_value());
+  EXPECT_TRUE(entry_ok(**hit, 1, kSize));
+}
+
+// Wrapping a tier others share leaves it as it was: the shared tier still
+// removes the corrupt entry it finds, and still takes puts.
+TEST_P(ReadOnlyNoWrite, WrapperLeavesTheSharedTierAsItWas) {
+  const DiskEngine& eng = GetParam();
+  TempDir td;
+  std::string dir = td.path() + "/store";
+  {
+    auto w = eng.open(dir, options());
+    ASSERT_TRUE(w.has_value()) << w.error().to_string();
+    ASSERT_TRUE((*w)->put(make_entry(1, kSize)).is_ok());
+    ASSERT_TRUE((*w)->put(make_entry(2, kSize)).is_ok());
+  }
+  corrupt_entry_1(eng.name, dir);
+  if (HasFatalFailure()) return;
+  auto shared = eng.open(dir, options());
+  ASSERT_TRUE(shared.has_value()) << shared.error().to_string();
+  auto ro = make_read_only(*shared);
+  EXPECT_FALSE(ro->writable());
+  EXPECT_TRUE((*shared)->writable());
+  EXPECT_EQ(ro->put(make_entry(3, kSize)).code(), Errc::read_only);
+  auto bad = (*shared)->get(key_of(1));
+  ASSERT_FALSE(bad.has_value());
+  EXPECT_EQ(bad.error().code(), Errc::corrupt);
+  EXPECT_EQ(count_entries(**shared), 1u) << "the shared tier no longer removes corrupt entries";
+  ASSERT_TRUE((*shared)->put(make_entry(3, kSize)).is_ok());
+  EXPECT_EQ(count_entries(*ro), 2u);
+}
+
+// Options::read_only opens the disk store read-only (DiskStoreSpec::from),
+// so the engine itself writes nothing, with or without a wrapper.
+TEST_P(ReadOnlyNoWrite, ReadOnlyOptionsOpenTheStoreReadOnly) {
+  const DiskEngine& eng = GetParam();
+  TempDir td;
+  Options o;
+  o.dir = td.path();
+  o.engine = parse_engine(eng.name);
+  o.read_only = true;
+  DiskStoreSpec spec = DiskStoreSpec::from(o);
+  EXPECT_TRUE(spec.read_only);
+  EXPECT_FALSE(spec.leases);
+  auto d = open_disk_store(spec);
+  ASSERT_TRUE(d.has_value()) << d.error().to_string();
+  EXPECT_FALSE(d->tier->writable());
+  EXPECT_EQ(d->tier->put(make_entry(1, kSize)).code(), Errc::read_only);
+  o.read_only = false;
+  EXPECT_FALSE(DiskStoreSpec::from(o).read_only);
+}
+
 // The folder becomes read-only underneath an open files tier (a bind mount
 // remounted read-only, in a mount namespace of a child): reads still work,
 // and flush has nothing to write, so it cannot fail.
@@ -187,7 +327,7 @@ TEST(ReadOnlyNoWriteMount, FilesTierOnAReadOnlyMount) {
   if (HasFatalFailure()) return;
   int ws = run_child([&] {
     if (::unshare(CLONE_NEWNS) != 0 || ::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) return 77;
-    auto ro = make_read_only(*open_files_tier(dir, options()));
+    auto ro = make_read_only(*open_files_tier(dir, read_only_options()));
     if (::mount(dir.c_str(), dir.c_str(), nullptr, MS_BIND, nullptr) != 0 ||
         ::mount(nullptr, dir.c_str(), nullptr, MS_REMOUNT | MS_BIND | MS_RDONLY, nullptr) != 0)
       return 77;
@@ -200,7 +340,7 @@ TEST(ReadOnlyNoWriteMount, FilesTierOnAReadOnlyMount) {
     }
     if (!ro->flush().is_ok()) return 62;
     if (ro->stats().corrupt != 1) return 63;
-    auto rep = ro->verify(false);
+    auto rep = ro->admin()->verify(false);
     if (!rep || rep->bad.size() != 1) return 64;
     ro.reset();
     // Opened on the read-only mount: the store still serves lookups.

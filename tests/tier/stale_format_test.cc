@@ -56,10 +56,12 @@ void restamp_entry_1(const std::string& engine, const std::string& dir, const st
 
 bool listed(Tier& t, const Key& k) {
   bool found = false;
-  EXPECT_TRUE(t.list([&](const ListItem& it) {
-                 found = found || it.key == k;
-                 return true;
-               }).is_ok());
+  EXPECT_TRUE(t.admin()
+                  ->list([&](const ListItem& it) {
+                    found = found || it.key == k;
+                    return true;
+                  })
+                  .is_ok());
   return found;
 }
 
@@ -117,11 +119,11 @@ TEST_P(StaleFormat, OtherVersionIsAMissNeitherCorruptNorRemoved) {
   EXPECT_TRUE(listed(tier, key_of(1)));
 
   // verify reports nothing bad, and --fix removes nothing.
-  auto rep = tier.verify(false);
+  auto rep = tier.admin()->verify(false);
   ASSERT_TRUE(rep.has_value()) << rep.error().to_string();
   EXPECT_TRUE(rep->bad.empty()) << rep->bad[0].second;
   EXPECT_EQ(rep->checked, 2u);
-  rep = tier.verify(true);
+  rep = tier.admin()->verify(true);
   ASSERT_TRUE(rep.has_value()) << rep.error().to_string();
   EXPECT_TRUE(rep->bad.empty());
   EXPECT_EQ(rep->removed, 0u);

@@ -3,8 +3,11 @@
 
 #include <atomic>
 #include <functional>
+#include <map>
 #include <set>
 #include <thread>
+
+#include <unistd.h>
 
 #include "kcache/tier.h"
 #include "test_util.h"
@@ -94,7 +97,7 @@ TEST_P(Conformance, RemoveAndClear) {
   EXPECT_FALSE(t->get(key_of(3))->has_value());
   EXPECT_TRUE(t->get(key_of(4))->has_value());
   EXPECT_EQ(t->stats().entries, 9u);
-  ASSERT_TRUE(t->clear().is_ok());
+  ASSERT_TRUE(t->admin()->clear().is_ok());
   EXPECT_FALSE(t->get(key_of(4))->has_value());
   EXPECT_EQ(t->stats().entries, 0u);
   EXPECT_EQ(t->stats().bytes, 0u);
@@ -104,11 +107,13 @@ TEST_P(Conformance, ListSeesEveryEntry) {
   auto t = open();
   for (uint64_t i = 0; i < 20; ++i) ASSERT_TRUE(t->put(make_entry(i)).is_ok());
   std::set<Key> keys;
-  ASSERT_TRUE(t->list([&](const ListItem& it) {
-                 keys.insert(it.key);
-                 EXPECT_GT(it.size, 1000u);
-                 return true;
-               }).is_ok());
+  ASSERT_TRUE(t->admin()
+                  ->list([&](const ListItem& it) {
+                    keys.insert(it.key);
+                    EXPECT_GT(it.size, 1000u);
+                    return true;
+                  })
+                  .is_ok());
   EXPECT_EQ(keys.size(), 20u);
   for (uint64_t i = 0; i < 20; ++i) EXPECT_TRUE(keys.count(key_of(i)));
 }
@@ -116,7 +121,7 @@ TEST_P(Conformance, ListSeesEveryEntry) {
 TEST_P(Conformance, VerifyPassesOnAHealthyStore) {
   auto t = open();
   for (uint64_t i = 0; i < 20; ++i) ASSERT_TRUE(t->put(make_entry(i)).is_ok());
-  auto rep = t->verify(false);
+  auto rep = t->admin()->verify(false);
   ASSERT_TRUE(rep.has_value()) << rep.error().to_string();
   EXPECT_EQ(rep->checked, 20u);
   EXPECT_TRUE(rep->bad.empty());
@@ -199,6 +204,63 @@ TEST_P(Conformance, PersistsAcrossReopen) {
   EXPECT_GE(s.hits, 11u);
 }
 
+// A peek (Access::peek) is a diagnostic: it counts nothing and refreshes no
+// recency record, so the store reports the same before and after it.
+TEST_P(Conformance, PeekCountsNothingAndRefreshesNoRecency) {
+  auto t = open();
+  for (uint64_t i = 0; i < 3; ++i) ASSERT_TRUE(t->put(make_entry(i)).is_ok());
+  ASSERT_TRUE(t->flush().is_ok());
+  auto last_use = [&] {
+    std::map<Key, uint64_t> m;
+    EXPECT_TRUE(t->admin()
+                    ->list([&](const ListItem& it) {
+                      m[it.key] = it.last_use_ms;
+                      return true;
+                    })
+                    .is_ok());
+    return m;
+  };
+  const auto used_before = last_use();
+  const TierStats before = t->stats();
+  ::usleep(20 * 1000);  // a use now would record a later time
+  for (int round = 0; round < 3; ++round) {
+    auto hit = t->get(key_of(0), Access::peek);
+    ASSERT_TRUE(hit && hit->has_value());
+    EXPECT_TRUE(entry_ok(**hit, 0));
+    auto miss = t->get(key_of(99), Access::peek);
+    ASSERT_TRUE(miss && !miss->has_value());
+  }
+  ASSERT_TRUE(t->flush().is_ok());
+  const TierStats after = t->stats();
+  for (const auto& f : TierStats::kFields) EXPECT_EQ(after.*f.member, before.*f.member) << f.name;
+  EXPECT_EQ(last_use(), used_before);
+  // The same lookup as a use changes both, so the checks above can fail.
+  ASSERT_TRUE(t->get(key_of(0))->has_value());
+  ASSERT_TRUE(t->flush().is_ok());
+  EXPECT_EQ(t->stats().hits, before.hits + 1);
+  if (GetParam().persistent) {
+    EXPECT_GT(last_use()[key_of(0)], used_before.at(key_of(0)));
+  }
+}
+
+// The memory tier's recency is its LRU order: a peek does not move an
+// entry to the front, a use does.
+TEST(MemoryPeek, PeekDoesNotSaveAnEntryFromEviction) {
+  const uint64_t size = make_entry(0).memory_size();
+  MemoryTierOptions m;
+  m.shards = 1;
+  m.max_bytes = 3 * size + size / 2;  // room for three entries
+  auto t = make_memory_tier(m);
+  for (uint64_t i = 0; i < 3; ++i) ASSERT_TRUE(t->put(make_entry(i)).is_ok());
+  ASSERT_TRUE(t->get(key_of(0), Access::peek)->has_value());
+  ASSERT_TRUE(t->put(make_entry(3)).is_ok());  // evicts the least recently used
+  EXPECT_FALSE(t->get(key_of(0), Access::peek)->has_value()) << "a peek moved entry 0 up the LRU";
+  ASSERT_TRUE(t->get(key_of(1))->has_value());  // a use
+  ASSERT_TRUE(t->put(make_entry(4)).is_ok());
+  EXPECT_TRUE(t->get(key_of(1), Access::peek)->has_value());
+  EXPECT_FALSE(t->get(key_of(2), Access::peek)->has_value());
+}
+
 TEST_P(Conformance, ReadOnlyWrapperRefusesWritesAndPassesReads) {
   auto t = open();
   ASSERT_TRUE(t->put(make_entry(1)).is_ok());
@@ -206,7 +268,7 @@ TEST_P(Conformance, ReadOnlyWrapperRefusesWritesAndPassesReads) {
   EXPECT_FALSE(ro->writable());
   EXPECT_EQ(ro->put(make_entry(2)).code(), Errc::read_only);
   EXPECT_EQ(ro->remove(key_of(1)).code(), Errc::read_only);
-  EXPECT_EQ(ro->clear().code(), Errc::read_only);
+  EXPECT_EQ(ro->admin()->clear().code(), Errc::read_only);
   EXPECT_TRUE(ro->get(key_of(1))->has_value());
   EXPECT_FALSE(t->get(key_of(2))->has_value());
   EXPECT_EQ(ro->stats().rejected, 3u);

@@ -92,15 +92,14 @@ int bundle_create(Ctx& c) {
   }
   if (int rc = open_tiers(c, {.create = false, .remote = false, .honour_disable = false})) return rc;
   if (!c.store.disk) return c.fail(kExitError, "no store to make a bundle from: " + disk_failure(c));
-  // This process only reads: recency records stay as they were.
-  auto source = make_read_only(c.store.disk);
   BundleWriteOptions o;
   if (const std::string* k = c.args.get("--sign")) o.sign_key_file = *k;
   Expected<BundleInfo> info = Status(Errc::internal, "");
   {
     Progress p("kcache: bundle create");
     o.progress = p.fn();
-    info = write_bundle(*source, sel, *out, o);
+    // The writer peeks (Access::peek): recency records stay as they were.
+    info = write_bundle(*c.store.disk, sel, *out, o);
   }
   if (!info) return c.fail(info.error());
   if (c.json) {
@@ -151,7 +150,7 @@ int bundle_ls(Ctx& c, const std::string& file) {
   auto t = open_bundle(file, trusted_keys());
   if (!t) return c.fail(t.error());
   std::vector<ListItem> items;
-  (void)(*t)->list([&](const ListItem& it) {
+  (void)(*t)->admin()->list([&](const ListItem& it) {
     items.push_back(it);
     return true;
   });
@@ -228,8 +227,8 @@ int bundle_verify(Ctx& c, const std::string& file) {
 
 int cmd_mark(Ctx& c) {
   if (int rc = open_tiers(c, {.create = true, .remote = false, .honour_disable = false})) return rc;
-  if (!c.store.disk) return c.fail(kExitError, "no store to mark: " + disk_failure(c));
-  auto m = c.store.disk->mark();
+  if (!c.store.admin) return c.fail(kExitError, "no store to mark: " + disk_failure(c));
+  auto m = c.store.admin->mark();
   if (!m) return c.fail(m.error());
   if (c.json) {
     util::JsonWriter w;

@@ -117,7 +117,10 @@ int open_tiers(Ctx& c, const Reach& reach) {
   s.options = o;
   s.cache = Cache::open(assemble(o), o);
   for (const auto& t : s.cache->tiers()) {
-    if (t->kind() == TierKind::disk && !s.disk) s.disk = t;
+    if (t->kind() == TierKind::disk && !s.disk) {
+      s.disk = t;
+      s.admin = t->admin();
+    }
     if (t->kind() == TierKind::remote && !s.remote) s.remote = t;
   }
   return kExitOk;
@@ -135,11 +138,11 @@ std::string disk_failure(const Ctx& c) {
   return "cannot open " + s.where.path + ": " + d.error().to_string();
 }
 
-Lookup lookup(const Ctx& c, const Key& k) {
+Lookup lookup(const Ctx& c, const Key& k, Access access) {
   Lookup l;
   if (!c.store.cache) return l;
   for (const auto& t : c.store.cache->tiers()) {
-    auto r = t->get(k);
+    auto r = t->get(k, access);
     if (r && r->has_value()) {
       l.entry = std::move(*r);
       l.tier = std::string(t->name());

@@ -59,6 +59,7 @@ struct Opened {
   DiskStore where;               // the disk store's folder, engine and path
   std::unique_ptr<Cache> cache;  // every tier, fastest first (read-only wrapped under KCACHE_READONLY)
   std::shared_ptr<Tier> disk;    // the disk tier in cache; null when the store does not exist or failed
+  StoreAdmin* admin = nullptr;   // disk->admin(): ls, verify, trim, clear, mark; null without a disk tier
   std::shared_ptr<Tier> remote;  // the remote tier in cache; null when none
 };
 
@@ -93,7 +94,8 @@ int open_tiers(Ctx& c, const Reach& reach);
 // needs it), from a second attempt.
 std::string disk_failure(const Ctx& c);
 
-// A lookup through every tier of c.store, fastest first.
+// A lookup through every tier of c.store, fastest first. Diagnostics (show,
+// explain) pass Access::peek: they count nothing and refresh no recency.
 struct Lookup {
   std::optional<Entry> entry;
   std::string tier;                 // the tier that answered
@@ -102,7 +104,7 @@ struct Lookup {
   size_t missed = 0;                // tiers that answered "not here"
   bool local_fault = false;         // the disk store could not answer
 };
-Lookup lookup(const Ctx& c, const Key& k);
+Lookup lookup(const Ctx& c, const Key& k, Access access = Access::counted);
 // Prints the failure for a lookup that found nothing; returns the exit code:
 // 1 for a miss (a remote that cannot answer is a miss too), 3 when the disk
 // store could not answer and no tier said "not here".

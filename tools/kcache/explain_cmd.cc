@@ -157,7 +157,7 @@ int cmd_explain(Ctx& c) {
   if (int rc = key_to_explain(c, want, key)) return rc;
   if (int rc = open_tiers(c, {.create = false, .remote = true, .honour_disable = false})) return rc;
 
-  Lookup l = lookup(c, key);
+  Lookup l = lookup(c, key, Access::peek);
   const bool stored = l.entry.has_value();
   if (!stored && l.corrupt.empty() && l.local_fault && l.missed == 0) return report_miss(c, key, l);
   Subject x = the_lookup(c, key, std::move(want), stored);

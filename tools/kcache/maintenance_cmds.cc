@@ -16,8 +16,8 @@ const Reach kDiskOnly{.create = false, .remote = false, .honour_disable = false}
 
 // Every entry of the disk store; an absent store has none.
 Status list_disk(const Ctx& c, std::vector<ListItem>* items) {
-  if (!c.store.disk) return Status();
-  return c.store.disk->list([&](const ListItem& it) {
+  if (!c.store.admin) return Status();
+  return c.store.admin->list([&](const ListItem& it) {
     items->push_back(it);
     return true;
   });
@@ -70,17 +70,9 @@ int cmd_stats(Ctx& c) {
     if (tier != s.disk) others.emplace_back(tier, tier->stats());
   if (c.json) {
     util::JsonWriter w;
-    w.begin_object()
-        .field("entries", t.entries)
-        .field("bytes", t.bytes)
-        .field("hits", t.hits)
-        .field("misses", t.misses)
-        .field("evictions", t.evictions)
-        .field("corrupt", t.corrupt)
-        .field("puts", t.puts)
-        .field("errors", t.errors)
-        .field("rejected", t.rejected)
-        .key("hit_rate")
+    w.begin_object();
+    for (const auto& f : TierStats::kFields) w.field(f.name, t.*f.member);
+    w.key("hit_rate")
         .number(rate, 4)
         .field("max_bytes", max_bytes)
         .field("max_entries", max_entries)
@@ -113,19 +105,18 @@ int cmd_stats(Ctx& c) {
   out +=
       fmt("size        %s of %s (%.1f%%)\n", util::format_size(t.bytes).c_str(), util::format_size(max_bytes).c_str(),
           100.0 * static_cast<double>(t.bytes) / static_cast<double>(max_bytes));
-  out += fmt("hits        %" PRIu64 "\n", t.hits);
-  out += fmt("misses      %" PRIu64 "\n", t.misses);
-  out += fmt("hit rate    %.1f%%\n", 100.0 * rate);
-  out += fmt("puts        %" PRIu64 "\n", t.puts);
-  out += fmt("evictions   %" PRIu64 "\n", t.evictions);
-  out += fmt("corrupt     %" PRIu64 "\n", t.corrupt);
-  out += fmt("errors      %" PRIu64 "\n", t.errors);
-  out += fmt("rejected    %" PRIu64 "\n", t.rejected);
+  // Entries and bytes are shown above, against their limits.
+  for (const auto& f : TierStats::kFields) {
+    if (f.member == &TierStats::entries || f.member == &TierStats::bytes) continue;
+    out += fmt("%-11s %" PRIu64 "\n", std::string(f.name).c_str(), t.*f.member);
+    if (f.member == &TierStats::misses) out += fmt("hit rate    %.1f%%\n", 100.0 * rate);
+  }
   for (const auto& [tier, ts] : others) {
-    out += fmt("%-11s %s: %" PRIu64 " hits, %" PRIu64 " misses, %" PRIu64 " puts, %" PRIu64 " errors, %" PRIu64
-               " skipped, %" PRIu64 " dropped (this process)\n",
-               std::string(tier_kind_name(tier->kind())).c_str(), std::string(tier->name()).c_str(), ts.hits, ts.misses,
-               ts.puts, ts.errors, ts.skipped, ts.dropped);
+    std::string counts;
+    for (const auto& f : TierStats::kFields)
+      counts += fmt("%s%" PRIu64 " %s", counts.empty() ? "" : ", ", ts.*f.member, std::string(f.name).c_str());
+    out += fmt("%-11s %s: %s (this process)\n", std::string(tier_kind_name(tier->kind())).c_str(),
+               std::string(tier->name()).c_str(), counts.c_str());
   }
   return c.out(out);
 }
@@ -134,8 +125,8 @@ int cmd_verify(Ctx& c) {
   bool fix = c.args.has("--fix");
   if (int rc = open_tiers(c, kDiskOnly)) return rc;
   VerifyReport rep;
-  if (c.store.disk) {
-    auto r = c.store.disk->verify(fix);
+  if (c.store.admin) {
+    auto r = c.store.admin->verify(fix);
     if (!r) return c.fail(kExitError, "verifying " + c.store.where.path + ": " + r.error().to_string());
     rep = std::move(r).value();
   }
@@ -175,8 +166,8 @@ int cmd_trim(Ctx& c) {
   }
   uint64_t evicted = 0;
   TierStats t;
-  if (c.store.disk) {
-    auto r = c.store.disk->trim(limit);
+  if (c.store.admin) {
+    auto r = c.store.admin->trim(limit);
     if (!r) return c.fail(kExitError, "trimming " + c.store.where.path + ": " + r.error().to_string());
     evicted = *r;
     t = c.store.disk->stats();
@@ -198,7 +189,7 @@ int cmd_clear(Ctx& c) {
   if (int rc = open_tiers(c, kDiskOnly)) return rc;
   std::vector<ListItem> items;
   Status st = list_disk(c, &items);
-  if (st.is_ok() && c.store.disk) st = c.store.disk->clear();
+  if (st.is_ok() && c.store.admin) st = c.store.admin->clear();
   if (!st.is_ok()) return c.fail(kExitError, "clearing " + c.store.where.path + ": " + st.to_string());
   if (c.json) {
     util::JsonWriter w;

@@ -147,7 +147,7 @@ int cmd_show(Ctx& c) {
   auto key = key_flag(c);
   if (!key) return kExitUsage;
   if (int rc = open_tiers(c, {.create = false, .remote = true, .honour_disable = false})) return rc;
-  Lookup l = lookup(c, *key);
+  Lookup l = lookup(c, *key, Access::peek);
   if (!l.entry) return report_miss(c, *key, l);
   const Entry& e = *l.entry;
   const EntryMeta& m = e.meta();

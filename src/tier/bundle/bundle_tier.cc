@@ -15,6 +15,7 @@
 #include "kcache/bundle.h"
 #include "tier/bundle/bundle_format.h"
 #include "tier/bundle/bundle_reader.h"
+#include "tier/core/atomic_stats.h"
 #include "util/util.h"
 
 namespace kcache::bundle {
@@ -197,12 +198,13 @@ Expected<Entry> Reader::entry_at(uint64_t i, bool check_sha) const {
 
 namespace {
 
-class BundleTier final : public Tier {
+class BundleTier final : public Tier, public StoreAdmin {
  public:
   explicit BundleTier(std::shared_ptr<Reader> r) : r_(std::move(r)) {}
   std::string_view name() const noexcept override { return "bundle"; }
   TierKind kind() const noexcept override { return TierKind::bundle; }
   bool writable() const noexcept override { return false; }
+  StoreAdmin* admin() noexcept override { return this; }
 
   Status list(const std::function<bool(const ListItem&)>& fn) override {
     for (uint64_t i = 0; i < r_->count(); ++i)
@@ -223,33 +225,32 @@ class BundleTier final : public Tier {
   Status clear() override { return refuse("clear"); }
 
  protected:
-  Expected<std::optional<Entry>> do_get(const Key& key, MissCount miss) override {
+  std::string_view admin_name() const noexcept override { return name(); }
+
+  Expected<std::optional<Entry>> do_get(const Key& key, Access access) override {
+    const bool counts = access != Access::peek;
     auto i = r_->find(key);
     if (i && *i >= 0) {
       auto e = r_->entry_at(static_cast<uint64_t>(*i), false);
       if (e) {
-        hits_.fetch_add(1, std::memory_order_relaxed);
+        if (counts) counts_.add(&TierStats::hits);
         return std::optional<Entry>(std::move(e).value());
       }
       if (e.error().code() != Errc::stale_format) {
-        corrupt_.fetch_add(1, std::memory_order_relaxed);
+        if (counts) counts_.add(&TierStats::corrupt);
         return Status(Errc::corrupt, r_->name() + " entry " + key.hex() + ": " + e.error().message());
       }
     } else if (!i) {
-      corrupt_.fetch_add(1, std::memory_order_relaxed);
+      if (counts) counts_.add(&TierStats::corrupt);
       return Status(Errc::corrupt, r_->name() + ": " + i.error().message());
     }
-    if (miss == MissCount::counted) misses_.fetch_add(1, std::memory_order_relaxed);
+    if (access == Access::counted) counts_.add(&TierStats::misses);
     return std::optional<Entry>();
   }
   Status do_put(const Entry&) override { return refuse("put"); }
   Status do_remove(const Key&) override { return refuse("remove"); }
   TierStats do_stats() override {
-    TierStats s;
-    s.hits = hits_.load(std::memory_order_relaxed);
-    s.misses = misses_.load(std::memory_order_relaxed);
-    s.corrupt = corrupt_.load(std::memory_order_relaxed);
-    s.rejected = rejected_.load(std::memory_order_relaxed);
+    TierStats s = counts_.snapshot();
     s.entries = r_->count();
     s.bytes = r_->info().bytes;
     return s;
@@ -257,11 +258,11 @@ class BundleTier final : public Tier {
 
  private:
   Status refuse(const char* what) {
-    rejected_.fetch_add(1, std::memory_order_relaxed);
+    counts_.add(&TierStats::rejected);
     return Status(Errc::read_only, std::string(what) + " refused: a bundle is read-only");
   }
   std::shared_ptr<Reader> r_;
-  std::atomic<uint64_t> hits_{0}, misses_{0}, corrupt_{0}, rejected_{0};
+  AtomicTierStats counts_;  // this process's lookups
 };
 
 }  // namespace

@@ -88,7 +88,9 @@ Expected<std::string> build(Tier& from, const BundleSelection& sel, const Bundle
   if (!wanted.empty() && !sel.since) {
     keys.assign(wanted.begin(), wanted.end());
   } else {
-    KCACHE_RETURN_IF_ERROR(from.list([&](const ListItem& it) {
+    StoreAdmin* admin = from.admin();
+    if (!admin) return Status(Errc::unavailable, std::string(from.name()) + " tier cannot list its entries");
+    KCACHE_RETURN_IF_ERROR(admin->list([&](const ListItem& it) {
       if (sel.since && it.last_use_ms < *sel.since) return true;
       if (!wanted.empty() && !wanted.count(it.key)) return true;
       keys.push_back(it.key);
@@ -103,7 +105,8 @@ Expected<std::string> build(Tier& from, const BundleSelection& sel, const Bundle
   uint64_t unreadable = 0;
   static constexpr char kZeros[kAlign] = {};
   for (size_t i = 0; i < keys.size(); ++i) {
-    auto r = from.get(keys[i], MissCount::uncounted);
+    // Making a bundle is not a use: no counter, recency record or repair.
+    auto r = from.get(keys[i], Access::peek);
     if (!r) ++unreadable;
     if (r && r->has_value() && (spaces.empty() || spaces.count((*r)->manifest().ns))) {
       std::string_view enc = (*r)->encoded();

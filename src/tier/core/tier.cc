@@ -1,6 +1,5 @@
-// Tier base behaviour (argument checks, generic list/verify/trim) and the
+// Tier base behaviour (argument checks), the defaults of StoreAdmin and the
 // read-only wrapper.
-#include <unistd.h>
 
 #include <atomic>
 #include <cctype>
@@ -60,77 +59,51 @@ std::vector<Status> Tier::put_many(const std::vector<Entry>& entries) {
   return out;
 }
 
-Status Tier::list(const std::function<bool(const ListItem&)>&) {
-  return Status(Errc::unavailable, std::string(name()) + " tier cannot list its entries");
+Expected<uint64_t> StoreAdmin::trim(uint64_t) {
+  return Status(Errc::unavailable, std::string(admin_name()) + " tier cannot trim");
 }
 
-Expected<VerifyReport> Tier::verify(bool fix) {
-  // Generic: list, then get each key (get verifies).
-  VerifyReport rep;
-  std::vector<Key> keys;
-  KCACHE_RETURN_IF_ERROR(list([&](const ListItem& it) {
-    keys.push_back(it.key);
-    return true;
-  }));
-  for (const auto& k : keys) {
-    ++rep.checked;
-    auto r = get(k);
-    if (!r && r.error().code() == Errc::corrupt) {
-      rep.bad.emplace_back(k, r.error().message());
-      if (fix && remove(k).is_ok()) ++rep.removed;
-    }
-  }
-  return rep;
-}
+Status StoreAdmin::clear() { return Status(Errc::unavailable, std::string(admin_name()) + " tier cannot clear"); }
 
-Expected<uint64_t> Tier::mark() {
-  return Status(Errc::unavailable, std::string(name()) + " tier keeps no recency records to mark");
-}
-
-Expected<uint64_t> Tier::recency_mark() {
-  KCACHE_RETURN_IF_ERROR(flush());
-  // Everything recorded so far carries a time <= now; everything recorded
-  // from here on carries one > now.
-  uint64_t now = util::now_unix_ms();
-  while (util::now_unix_ms() <= now) ::usleep(100);
-  return now + 1;
-}
-
-Expected<uint64_t> Tier::trim(uint64_t) { return Status(Errc::unavailable, std::string(name()) + " tier cannot trim"); }
-
-Status Tier::clear() {
-  std::vector<Key> keys;
-  KCACHE_RETURN_IF_ERROR(list([&](const ListItem& it) {
-    keys.push_back(it.key);
-    return true;
-  }));
-  for (const auto& k : keys) KCACHE_RETURN_IF_ERROR(remove(k));
-  return Status();
+Expected<uint64_t> StoreAdmin::mark() {
+  return Status(Errc::unavailable, std::string(admin_name()) + " tier keeps no recency records to mark");
 }
 
 namespace {
 
-class ReadOnlyTier final : public Tier {
+// Refuses what writes, in front of the tier and of its administration; the
+// inner tier is only called for what reads.
+class ReadOnlyTier final : public Tier, public StoreAdmin {
  public:
   explicit ReadOnlyTier(std::shared_ptr<Tier> inner) : inner_(std::move(inner)) {
     name_ = std::string(inner_->name()) + "(ro)";
-    inner_->set_repair(false);
   }
   std::string_view name() const noexcept override { return name_; }
   TierKind kind() const noexcept override { return inner_->kind(); }
   bool writable() const noexcept override { return false; }
-  Status list(const std::function<bool(const ListItem&)>& fn) override { return inner_->list(fn); }
-  Expected<VerifyReport> verify(bool fix) override {
-    if (fix) return refuse("verify --fix");
-    return inner_->verify(false);
-  }
-  Expected<uint64_t> trim(uint64_t) override { return refuse("trim"); }
-  Expected<uint64_t> mark() override { return inner_->mark(); }
-  Status clear() override { return refuse("clear"); }
+  StoreAdmin* admin() noexcept override { return this; }
   Status flush() override { return Status(); }
 
+  Status list(const std::function<bool(const ListItem&)>& fn) override {
+    StoreAdmin* a = inner_->admin();
+    return a ? a->list(fn) : Status(Errc::unavailable, name_ + " tier cannot list its entries");
+  }
+  Expected<VerifyReport> verify(bool fix) override {
+    if (fix) return refuse("verify --fix");
+    StoreAdmin* a = inner_->admin();
+    if (!a) return Status(Errc::unavailable, name_ + " tier cannot verify its entries");
+    return a->verify(false);
+  }
+  Expected<uint64_t> trim(uint64_t) override { return refuse("trim"); }
+  Status clear() override { return refuse("clear"); }
+  Expected<uint64_t> mark() override {
+    StoreAdmin* a = inner_->admin();
+    return a ? a->mark() : StoreAdmin::mark();
+  }
+
  protected:
-  Expected<std::optional<Entry>> do_get(const Key& key, MissCount count) override { return inner_->get(key, count); }
+  std::string_view admin_name() const noexcept override { return name_; }
+  Expected<std::optional<Entry>> do_get(const Key& key, Access access) override { return inner_->get(key, access); }
   Status do_put(const Entry&) override { return refuse("put"); }
   Status do_remove(const Key&) override { return refuse("remove"); }
   TierStats do_stats() override {
@@ -188,18 +161,8 @@ const char* version_string() noexcept { return KCACHE_VERSION_STRING; }
 
 std::string tier_stats_json(const TierStats& s) {
   util::JsonWriter w;
-  w.begin_object()
-      .field("hits", s.hits)
-      .field("misses", s.misses)
-      .field("puts", s.puts)
-      .field("evictions", s.evictions)
-      .field("corrupt", s.corrupt)
-      .field("errors", s.errors)
-      .field("rejected", s.rejected)
-      .field("entries", s.entries)
-      .field("bytes", s.bytes)
-      .field("skipped", s.skipped)
-      .field("dropped", s.dropped);
+  w.begin_object();
+  for (const auto& f : TierStats::kFields) w.field(f.name, s.*f.member);
   return w.end_object().take();
 }
 

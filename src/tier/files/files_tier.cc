@@ -10,14 +10,17 @@
 //                     under flock(2); that lock also covers every rename
 //                     into place and every unlink of an entry, so entries/
 //                     bytes stay exact with many writers
-//   evict.lease       held by the one process evicting; a lease older than
-//                     60 s is taken over
+//   leases/           the store's lease files (lease/file_leases.cc); one of
+//                     them, on a fixed key (kEvictorKey), is held by the
+//                     one process evicting, so a dead or expired evictor is
+//                     judged as any lease holder is (PID, start time,
+//                     expiry) and taken over under the takeover marker
 //
 // Files are made for this user only (0600, folders 0700). In a folder
 // shared with a group (setgid and group-writable: Options::shared_group),
-// entries are made group-readable, and folders, stats and the eviction
-// lease group-writable, with the modes set explicitly so the umask cannot
-// take the group's access away.
+// entries are made group-readable, and folders and stats group-writable,
+// with the modes set explicitly so the umask cannot take the group's access
+// away (the lease files do the same for theirs).
 //
 // A reader opens the final path, so it sees a whole old entry, a whole new
 // entry or nothing; every read is verified (header, key, checksum). Recency
@@ -39,20 +42,31 @@
 #include <cerrno>
 #include <cstring>
 #include <mutex>
+#include <type_traits>
 #include <unordered_map>
 #include <vector>
 
 #include "entry/buffer.h"
 #include "kcache/env.h"
+#include "kcache/lease.h"
 #include "kcache/tier.h"
+#include "tier/core/counters.h"
 #include "tier/files/files_probe.h"
 #include "util/util.h"
 
 namespace kcache {
 namespace {
 
-enum Counter { c_hits, c_misses, c_puts, c_evictions, c_corrupt, c_errors, c_entries, c_bytes, c_count };
-constexpr uint64_t kLeaseStaleMs = 60'000;
+// How long the evictor's lease lasts without a renewal; it is renewed
+// between the walk and the removals.
+constexpr uint64_t kEvictLeaseMs = 60'000;
+
+// The lease of "the evictor": a key no entry has (entry keys are hashes of
+// manifests; this one is the hash of a fixed name).
+const Key& evictor_key() {
+  static const Key k = KeyBuilder("kcache/files-evictor").finish()->key;
+  return k;
+}
 
 // Entry files this process's walks have visited so far (files_probe.h).
 std::atomic<uint64_t> g_files_visited{0};
@@ -100,7 +114,7 @@ Status write_temp(Env& env, const std::string& prefix, std::string_view data, bo
   return Status();
 }
 
-class FilesTier final : public Tier {
+class FilesTier final : public Tier, public StoreAdmin {
  public:
   FilesTier(std::string dir, const DiskTierOptions& o) : dir_(std::move(dir)), env_(o.env ? o.env : Env::posix()) {
     max_bytes_ = effective_max_bytes(o);
@@ -110,11 +124,17 @@ class FilesTier final : public Tier {
     batch_ = o.recency_batch ? o.recency_batch : 256;
     stale_temp_ms_ = o.stale_temp_ms ? o.stale_temp_ms : 3600'000;
     sync_ = o.durability != Durability::none;
+    read_only_ = o.read_only;
   }
   ~FilesTier() override { (void)flush(); }
 
   Status init() {
     shared_ = util::folder_is_shared(dir_, *env_);
+    if (read_only_) {
+      // Nothing is made or collected: the store is only read.
+      if (env_->access(dir_, R_OK | X_OK) != 0) return util::errno_status(errno, dir_);
+      return Status();
+    }
     Status st = make_dir(dir_ + "/tmp", /*parents=*/true);
     if (st.is_ok()) {
       int fd = open_shared_rw(dir_ + "/stats", O_RDWR | O_CREAT | O_CLOEXEC);
@@ -141,36 +161,26 @@ class FilesTier final : public Tier {
 
   std::string_view name() const noexcept override { return "files"; }
   TierKind kind() const noexcept override { return TierKind::disk; }
-
-  // Off (the read-only wrapper): the tier makes no write of its own to the
-  // store: a corrupt entry is reported and counted in this process only,
-  // never removed; recency (mtimes) and counters are never written; stale
-  // temp files are left for a writer to collect.
-  void set_repair(bool on) noexcept override { repair_.store(on, std::memory_order_relaxed); }
+  bool writable() const noexcept override { return !read_only_; }
+  StoreAdmin* admin() noexcept override { return this; }
 
   Status flush() override {
-    if (!repair_.load(std::memory_order_relaxed)) return Status();
+    // A read-only store: a corrupt entry is reported and counted in this
+    // process only, never removed; recency (mtimes) and counters are never
+    // written; stale temp files are left for a writer to collect.
+    if (read_only_) return Status();
     std::unordered_map<Key, uint64_t> touched;
-    int64_t d[c_count] = {};
     {
       std::lock_guard lk(mu_);
       touched.swap(touched_);
-      for (int i = 0; i < c_count; ++i) {
-        d[i] = pending_[i];
-        pending_[i] = 0;
-      }
     }
     for (const auto& [k, ms] : touched) set_mtime_ms(path_of(k), ms);  // gone meanwhile: fine
-    Status st = add_counters(d);
-    if (!st.is_ok()) {
-      // Not stored (a read-only or failing disk): keep counting them here.
-      std::lock_guard lk(mu_);
-      for (int i = 0; i < c_count; ++i) pending_[i] += d[i];
-    }
-    return st;
+    // Not stored (a read-only or failing disk): they stay pending here.
+    return counters_.flush([&](const CounterDeltas& d) { return update_stored(d, nullptr); });
   }
 
-  // Tier::recency_mark on this tier's clock, which also stamps the mtimes.
+  // Flushes recency, then waits for this tier's clock (which also stamps the
+  // mtimes) to pass the current millisecond and returns the next one.
   Expected<uint64_t> mark() override {
     KCACHE_RETURN_IF_ERROR(flush());
     const uint64_t now = env_->now_unix_ms();
@@ -190,6 +200,7 @@ class FilesTier final : public Tier {
   }
 
   Expected<VerifyReport> verify(bool fix) override {
+    if (fix && read_only_) return refuse("verify --fix");
     (void)flush();
     VerifyReport rep;
     std::vector<std::pair<Key, std::string>> paths;
@@ -215,20 +226,21 @@ class FilesTier final : public Tier {
       KCACHE_LOG(LogLevel::info, "files verify %s: %llu entries of another format version left in place", dir_.c_str(),
                  static_cast<unsigned long long>(other_format));
     if (fix) {
-      int64_t d[c_count] = {};
-      d[c_corrupt] = static_cast<int64_t>(rep.removed);
-      (void)add_counters(d);
+      counters_.add(c_corrupt, static_cast<int64_t>(rep.removed));
+      (void)flush();
       KCACHE_RETURN_IF_ERROR(recount());
     }
     return rep;
   }
 
   Expected<uint64_t> trim(uint64_t max_bytes) override {
+    if (read_only_) return refuse("trim");
     (void)flush();
     return evict(max_bytes, max_entries_);
   }
 
   Status clear() override {
+    if (read_only_) return refuse("clear");
     {
       std::lock_guard lk(mu_);
       touched_.clear();
@@ -241,30 +253,36 @@ class FilesTier final : public Tier {
   }
 
  protected:
-  Expected<std::optional<Entry>> do_get(const Key& key, MissCount miss) override {
+  std::string_view admin_name() const noexcept override { return name(); }
+
+  Expected<std::optional<Entry>> do_get(const Key& key, Access access) override {
     std::string p = path_of(key);
     auto e = read_entry(key, p);
+    const bool peek = access == Access::peek;
     if (!e) {
       // Another build's entry is a miss, left for the build that reads it.
       if (e.error().code() == Errc::not_found || e.error().code() == Errc::stale_format) {
-        if (miss == MissCount::counted) count(c_misses);
+        if (access == Access::counted) count(c_misses);
         return std::optional<Entry>();
       }
       if (e.error().code() == Errc::corrupt) {
-        // Counted in this process; stored (with the removal) only when
-        // repair is on. A read-only store is never written.
-        count(c_corrupt);
-        if (repair_.load(std::memory_order_relaxed)) remove_if_same(p);
+        // Counted (stored with the removal, in a read-only store in this
+        // process only); a peek leaves it all as it was.
+        if (!peek) {
+          count(c_corrupt);
+          if (!read_only_) remove_if_same(p);
+        }
         return Status(Errc::corrupt, "files entry " + key.hex() + ": " + e.error().message());
       }
-      count(c_errors);
+      if (!peek) count(c_errors);
       return e.error();
     }
+    if (peek) return std::optional<Entry>(std::move(e).value());
     bool flush_now;
-    bool writes = repair_.load(std::memory_order_relaxed);
+    const bool writes = !read_only_;
+    count(c_hits);
     {
       std::lock_guard lk(mu_);
-      ++pending_[c_hits];
       if (writes) touched_[key] = env_->now_unix_ms();
       flush_now = writes && touched_.size() >= batch_;
     }
@@ -273,6 +291,7 @@ class FilesTier final : public Tier {
   }
 
   Status do_put(const Entry& entry) override {
+    if (read_only_) return refuse("put");
     std::string_view enc = entry.encoded();
     if (enc.size() > max_entry_) {
       count(c_errors);
@@ -301,11 +320,11 @@ class FilesTier final : public Tier {
       return st;
     }
     // The recency record starts at kcache's own clock, not the file
-    // system's coarser one, so marks (Tier::mark) compare exactly.
+    // system's coarser one, so marks (StoreAdmin::mark) compare exactly.
     set_mtime_ms(tmp, env_->now_unix_ms());
-    uint64_t totals[c_count];
+    CounterValues totals{};
     st = with_counters(
-        [&](uint64_t* v) {
+        [&](CounterValues& v) {
           struct stat old;
           bool replaced = env_->stat(final_path, &old) == 0;
           if (env_->rename(tmp, final_path) != 0) return util::errno_status(errno, "rename " + tmp);
@@ -318,7 +337,7 @@ class FilesTier final : public Tier {
           v[c_bytes] += enc.size();
           return Status();
         },
-        totals);
+        &totals);
     if (!st.is_ok()) {
       env_->unlink(tmp);
       count(c_errors);
@@ -342,10 +361,11 @@ class FilesTier final : public Tier {
   }
 
   Status do_remove(const Key& key) override {
+    if (read_only_) return refuse("remove");
     std::string p = path_of(key);
     struct stat pre;
     if (env_->stat(p, &pre) != 0) return Status();
-    return with_counters([&](uint64_t* v) {
+    return with_counters([&](CounterValues& v) {
       struct stat st;
       if (env_->stat(p, &st) != 0) return Status();
       if (env_->unlink(p) != 0) {
@@ -359,25 +379,14 @@ class FilesTier final : public Tier {
   }
 
   TierStats do_stats() override {
-    uint64_t v[c_count] = {};
+    CounterValues v{};
     (void)read_counters(v);
-    {
-      std::lock_guard lk(mu_);
-      for (int i = 0; i < c_count; ++i) v[i] += pending_[i];
-    }
-    TierStats s;
-    s.hits = v[c_hits];
-    s.misses = v[c_misses];
-    s.puts = v[c_puts];
-    s.evictions = v[c_evictions];
-    s.corrupt = v[c_corrupt];
-    s.errors = v[c_errors];
-    s.entries = v[c_entries];
-    s.bytes = v[c_bytes];
-    return s;
+    return counters_.stats(v);
   }
 
  private:
+  Status refuse(const char* what) { return counters_.refuse(what, dir_); }
+
   // Modes (see the top): this user only, or the group of a shared folder.
   unsigned entry_mode() const noexcept { return shared_ ? 0640 : 0600; }
   // With `parents`, missing folders above it are made too (as mkdir -p).
@@ -405,10 +414,7 @@ class FilesTier final : public Tier {
     return dir_ + "/" + h.substr(0, 2) + "/" + h + ".kce";
   }
 
-  void count(int c) {
-    std::lock_guard lk(mu_);
-    ++pending_[c];
-  }
+  void count(StoreCounter c) { counters_.add(c); }
 
   Expected<Entry> read_entry(const Key& key, const std::string& p) {
     int fd = env_->open(p, O_RDONLY | O_CLOEXEC);
@@ -451,7 +457,7 @@ class FilesTier final : public Tier {
     bool ok = env_->fstat(fd, &a) == 0;
     env_->close(fd);
     if (!ok) return;
-    (void)with_counters([&](uint64_t* v) {
+    (void)with_counters([&](CounterValues& v) {
       struct stat b;
       if (env_->stat(p, &b) != 0 || a.st_ino != b.st_ino || a.st_dev != b.st_dev) return Status();
       if (env_->unlink(p) == 0) {
@@ -462,7 +468,7 @@ class FilesTier final : public Tier {
     });
   }
 
-  Status read_counters(uint64_t* v) {
+  Status read_counters(CounterValues& v) {
     int fd = env_->open(dir_ + "/stats", O_RDONLY | O_CLOEXEC);
     if (fd < 0) return util::errno_status(errno, "open stats");
     char b[8 * c_count] = {};
@@ -481,26 +487,23 @@ class FilesTier final : public Tier {
   // processes; only a process killed inside fn can make them drift (verify
   // --fix recounts). Returns the new totals in `out` when given.
   template <class F>
-  Status with_counters(F&& fn, uint64_t* out = nullptr) {
-    int64_t d[c_count];
-    {
-      std::lock_guard lk(mu_);
-      for (int i = 0; i < c_count; ++i) {
-        d[i] = pending_[i];
-        pending_[i] = 0;
-      }
-    }
-    auto restore = [&] {
-      std::lock_guard lk(mu_);
-      for (int i = 0; i < c_count; ++i) pending_[i] += d[i];
-    };
+  Status with_counters(F&& fn, CounterValues* out = nullptr) {
+    const CounterDeltas d = counters_.take();
+    Status fn_status;
+    Status stored = update_stored(
+        d, [&](CounterValues& v) { return fn_status = fn(v); }, out);
+    if (!stored.is_ok()) counters_.restore(d);  // the deltas were not stored
+    return fn_status.is_ok() ? stored : fn_status;
+  }
+
+  // The store function of the counters: adds `d` to the stored counters,
+  // then runs fn (when given) on them, and writes them back, all under the
+  // flock. Returns whether `d` was stored; fn's own result is fn's to keep.
+  template <class F = std::nullptr_t>
+  Status update_stored(const CounterDeltas& d, F&& fn, CounterValues* out = nullptr) {
     std::string p = dir_ + "/stats";
     int fd = open_shared_rw(p, O_RDWR | O_CREAT | O_CLOEXEC);
-    if (fd < 0) {
-      Status st = util::errno_status(errno, "open " + p);
-      restore();
-      return st;
-    }
+    if (fd < 0) return util::errno_status(errno, "open " + p);
     while (env_->flock(fd, LOCK_EX) != 0 && errno == EINTR) {}
     char b[8 * c_count] = {};
     ssize_t n = env_->pread(fd, b, sizeof b, 0);
@@ -510,52 +513,21 @@ class FilesTier final : public Tier {
       Status rs = util::errno_status(errno, "read " + p);
       env_->flock(fd, LOCK_UN);
       env_->close(fd);
-      restore();
       return rs;
     }
-    uint64_t v[c_count];
-    for (int i = 0; i < c_count; ++i) {
-      v[i] = n == static_cast<ssize_t>(sizeof b) ? util::get_u64(b + 8 * i) : 0;
-      if (d[i] < 0) {
-        sub(v[i], static_cast<uint64_t>(-d[i]));
-      } else {
-        v[i] += static_cast<uint64_t>(d[i]);
-      }
-    }
-    Status st = fn(v);
+    CounterValues v{};
+    for (int i = 0; i < c_count; ++i) v[i] = n == static_cast<ssize_t>(sizeof b) ? util::get_u64(b + 8 * i) : 0;
+    add_deltas(v, d);
+    if constexpr (!std::is_same_v<std::decay_t<F>, std::nullptr_t>) (void)fn(v);
     std::string w;
     for (int i = 0; i < c_count; ++i) util::put_u64(w, v[i]);
     ssize_t wn = env_->pwrite(fd, w.data(), w.size(), 0);
     int e = errno;
     env_->flock(fd, LOCK_UN);
     env_->close(fd);
-    if (wn != static_cast<ssize_t>(w.size())) {
-      restore();  // the deltas taken from pending_ were not stored
-      if (st.is_ok()) st = util::errno_status(wn < 0 ? e : ENOSPC, "write " + p);
-      if (!st.is_ok()) return st;
-    }
-    if (out) std::memcpy(out, v, sizeof v);
-    return st;
-  }
-
-  // Adds deltas to the stored counters (clamped at 0).
-  Status add_counters(const int64_t* d) {
-    bool any = std::any_of(d, d + c_count, [](int64_t x) { return x != 0; });
-    {
-      std::lock_guard lk(mu_);
-      any = any || std::any_of(pending_, pending_ + c_count, [](int64_t x) { return x != 0; });
-    }
-    if (!any) return Status();
-    return with_counters([&](uint64_t* v) {
-      for (int i = 0; i < c_count; ++i) {
-        if (d[i] < 0) {
-          sub(v[i], static_cast<uint64_t>(-d[i]));
-        } else {
-          v[i] += static_cast<uint64_t>(d[i]);
-        }
-      }
-      return Status();
-    });
+    if (wn != static_cast<ssize_t>(w.size())) return util::errno_status(wn < 0 ? e : ENOSPC, "write " + p);
+    if (out) *out = v;
+    return Status();
   }
 
   // Calls fn for every entry file; also collects stale temp files.
@@ -583,7 +555,7 @@ class FilesTier final : public Tier {
   }
 
   void collect_temps() {
-    if (!repair_.load(std::memory_order_relaxed)) return;
+    if (read_only_) return;
     std::string d = dir_ + "/tmp";
     std::vector<std::string> names;
     if (env_->list_dir(d, &names) != 0) return;
@@ -601,7 +573,7 @@ class FilesTier final : public Tier {
   // Sets entries/bytes from a walk of the store, under the counters' lock so
   // that no publish or unlink lands between the walk and the store.
   Status recount() {
-    return with_counters([&](uint64_t* v) {
+    return with_counters([&](CounterValues& v) {
       uint64_t n = 0, bytes = 0;
       KCACHE_RETURN_IF_ERROR(scan([&](const Key&, const std::string&, const struct stat& st) {
         ++n;
@@ -613,23 +585,22 @@ class FilesTier final : public Tier {
     });
   }
 
-  // One evictor at a time: the lease file is created exclusively; a lease
-  // whose holder died is taken over once it is older than kLeaseStaleMs.
-  bool take_lease() {
-    std::string p = dir_ + "/evict.lease";
-    for (int attempt = 0; attempt < 2; ++attempt) {
-      int fd = open_shared_rw(p, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC);
-      if (fd >= 0) {
-        env_->close(fd);
-        return true;
+  // One evictor at a time: within this object the evict mutex, across
+  // objects and processes the lease on evictor_key() (a holder that died
+  // or ran past its expiry is taken over). Null when the leases cannot be
+  // opened (said once in the log): then no eviction is started.
+  Leases* evictor_leases() {
+    std::lock_guard lk(leases_mu_);
+    if (!evict_leases_ && !leases_failed_) {
+      auto l = open_file_leases(dir_, env_);
+      if (l) {
+        evict_leases_ = std::move(l).value();
+      } else {
+        leases_failed_ = true;
+        KCACHE_LOG(LogLevel::warn, "files store %s: no eviction: %s", dir_.c_str(), l.error().to_string().c_str());
       }
-      struct stat st;
-      if (errno != EEXIST || env_->stat(p, &st) != 0) return false;
-      uint64_t mt = static_cast<uint64_t>(st.st_mtim.tv_sec) * 1000;
-      if (mt + kLeaseStaleMs > env_->now_unix_ms()) return false;
-      env_->unlink(p);
     }
-    return false;
+    return evict_leases_.get();
   }
 
   // The walk that orders files by recency runs without the counters' lock;
@@ -637,7 +608,9 @@ class FilesTier final : public Tier {
   // used since the walk, so totals stay exact while others put.
   // Sets *busy when another process holds the lease (and does nothing).
   Expected<uint64_t> evict(uint64_t target_bytes, uint64_t target_entries, bool* busy = nullptr) {
-    if (!take_lease()) {
+    std::unique_lock one(evict_mu_, std::try_to_lock);
+    Leases* leases = one.owns_lock() ? evictor_leases() : nullptr;
+    if (!leases || leases->acquire(evictor_key(), kEvictLeaseMs) != LeaseResult::acquired) {
       if (busy) *busy = true;
       return uint64_t(0);
     }
@@ -660,7 +633,7 @@ class FilesTier final : public Tier {
       // add more than a few entries, far below this margin.
       uint64_t walked_bytes = 0;
       for (const auto& it : items) walked_bytes += it.size;
-      uint64_t cur[c_count] = {};
+      CounterValues cur{};
       if (read_counters(cur).is_ok() &&
           (cur[c_entries] > 2 * items.size() + 1024 || cur[c_bytes] > walked_bytes + max_bytes_ / 2)) {
         KCACHE_LOG(LogLevel::warn,
@@ -671,9 +644,15 @@ class FilesTier final : public Tier {
         st = recount();
       }
     }
+    // A long walk (a large store on a slow NFS server) must not let the
+    // lease expire under the removals.
+    if (st.is_ok() && !leases->renew(evictor_key(), kEvictLeaseMs)) {
+      if (busy) *busy = true;
+      return uint64_t(0);  // taken over as expired: the new holder evicts
+    }
     if (st.is_ok()) {
       std::sort(items.begin(), items.end(), [](const Item& a, const Item& b) { return a.mtime_ns < b.mtime_ns; });
-      st = with_counters([&](uint64_t* v) {
+      st = with_counters([&](CounterValues& v) {
         for (const auto& it : items) {
           if (v[c_bytes] <= target_bytes && v[c_entries] <= target_entries) break;
           struct stat cur;
@@ -690,7 +669,7 @@ class FilesTier final : public Tier {
         return Status();
       });
     }
-    env_->unlink(dir_ + "/evict.lease");
+    leases->release(evictor_key());
     if (!st.is_ok()) return st;
     return removed;
   }
@@ -702,10 +681,14 @@ class FilesTier final : public Tier {
   double low_water_;
   unsigned batch_;
   bool sync_;
-  std::atomic<bool> repair_{true};
+  bool read_only_ = false;  // DiskTierOptions::read_only
   std::mutex mu_;
   std::unordered_map<Key, uint64_t> touched_;  // GUARDED_BY(mu_)
-  int64_t pending_[c_count] = {};              // GUARDED_BY(mu_)
+  PendingCounters counters_;                   // deltas not yet in `stats`
+  std::mutex evict_mu_;                        // one eviction of this object at a time
+  std::mutex leases_mu_;
+  std::shared_ptr<Leases> evict_leases_;  // GUARDED_BY(leases_mu_): opened at the first eviction
+  bool leases_failed_ = false;            // GUARDED_BY(leases_mu_)
 };
 
 }  // namespace

@@ -49,6 +49,7 @@
 #include "entry/buffer.h"
 #include "kcache/env.h"
 #include "kcache/tier.h"
+#include "tier/core/counters.h"
 #include "tier/lmdb/lmdb_env.h"
 #include "util/util.h"
 
@@ -66,9 +67,6 @@ void lru_key(char out[24], uint64_t ms, const Key& k) {
 
 // Records walked by eviction and repair, for tests of put cost.
 std::atomic<uint64_t> g_records_visited{0};
-
-const char* const kCounterNames[] = {"hits", "misses", "puts", "evictions", "corrupt", "errors", "entries", "bytes"};
-enum Counter { c_hits, c_misses, c_puts, c_evictions, c_corrupt, c_errors, c_entries, c_bytes, c_count };
 
 // What delete_locked returns for an entry whose overflow run has a damaged
 // page header: LMDB would free pages by that header (lmdb_env.h,
@@ -108,7 +106,7 @@ class PinnedBuffer final : public Buffer {
   std::string_view bytes_;
 };
 
-class LmdbTier final : public Tier {
+class LmdbTier final : public Tier, public StoreAdmin {
  public:
   LmdbTier(std::shared_ptr<LmdbEnv> env, const DiskTierOptions& o)
       : env_(std::move(env)), opt_(o), clock_(Env::or_posix(opt_.env)) {
@@ -117,7 +115,8 @@ class LmdbTier final : public Tier {
     low_water_ = o.low_water > 0 && o.low_water < 1 ? o.low_water : 0.8;
     max_entry_ = o.max_entry_bytes ? o.max_entry_bytes : std::max<uint64_t>(max_bytes_ / 8, 1);
     batch_ = o.recency_batch ? o.recency_batch : 256;
-    flusher_ = std::thread([this] { flusher_loop(); });
+    // A read-only store gets no writes, so nothing needs flushing.
+    if (!read_only_) flusher_ = std::thread([this] { flusher_loop(); });
   }
   ~LmdbTier() override {
     if (env_->inherited()) {
@@ -135,17 +134,14 @@ class LmdbTier final : public Tier {
       stop_ = true;
     }
     pend_cv_->notify_all();
-    flusher_.join();
+    if (flusher_.joinable()) flusher_.join();
     (void)flush();
   }
 
   std::string_view name() const noexcept override { return "lmdb"; }
   TierKind kind() const noexcept override { return TierKind::disk; }
-
-  // Off (the read-only wrapper): the tier makes no write of its own to the
-  // store: a corrupt entry is reported and counted in this process only,
-  // never removed, and recency and counters are never flushed.
-  void set_repair(bool on) noexcept override { repair_.store(on, std::memory_order_relaxed); }
+  bool writable() const noexcept override { return !read_only_; }
+  StoreAdmin* admin() noexcept override { return this; }
 
   // Counts a damaged store found (and moved aside) when opening.
   void note_corrupt() { count(c_corrupt); }
@@ -236,32 +232,9 @@ class LmdbTier final : public Tier {
 
   Status flush() override {
     // Nothing to write in a child of fork() (it counts nothing there), nor
-    // when repair is off (nothing is ever written then).
-    if (env_->inherited() || !repair_.load(std::memory_order_relaxed)) return Status();
-    std::unordered_map<Key, uint64_t> touched;
-    uint64_t counts[c_count] = {};
-    {
-      std::lock_guard lk(pend_mu_);
-      touched.swap(touched_);
-      for (int i = 0; i < c_count; ++i) {
-        counts[i] = pending_[i];
-        pending_[i] = 0;
-      }
-    }
-    if (touched.empty() && std::all_of(counts, counts + c_count, [](uint64_t v) { return v == 0; })) return Status();
-    KCACHE_TRY(MDB_txn * txn, env_->begin_write());
-    int rc = 0;
-    for (const auto& [k, ms] : touched) {
-      rc = touch_locked(txn, k, ms);
-      if (rc) break;
-    }
-    if (!rc) rc = add_counters(txn, counts);
-    if (rc) {
-      env_->abort_write(txn);
-      return mdb_status(rc, "flush");
-    }
-    rc = env_->commit_write(txn);
-    return rc ? mdb_status(rc, "commit flush") : Status();
+    // in a read-only store (nothing is ever written there).
+    if (env_->inherited() || read_only_) return Status();
+    return put_once({}, "flush");
   }
 
   // Recency records (meta/lru) hold wall-clock ms of a put or a hit.
@@ -302,6 +275,7 @@ class LmdbTier final : public Tier {
 
   Expected<VerifyReport> verify(bool fix) override {
     if (env_->inherited()) return env_->inherited_error();
+    if (fix && read_only_) return refuse("verify --fix");
     (void)flush();
     VerifyReport rep;
     uint64_t entries = 0, bytes = 0, other_format = 0;
@@ -354,12 +328,14 @@ class LmdbTier final : public Tier {
 
   Expected<uint64_t> trim(uint64_t max_bytes) override {
     if (env_->inherited()) return env_->inherited_error();
+    if (read_only_) return refuse("trim");
     (void)flush();
     return evict(max_bytes, max_entries_);
   }
 
   Status clear() override {
     if (env_->inherited()) return env_->inherited_error();
+    if (read_only_) return refuse("clear");
     {
       std::lock_guard lk(pend_mu_);
       touched_.clear();
@@ -412,7 +388,9 @@ class LmdbTier final : public Tier {
   }
 
  protected:
-  Expected<std::optional<Entry>> do_get(const Key& key, MissCount miss) override {
+  std::string_view admin_name() const noexcept override { return name(); }
+
+  Expected<std::optional<Entry>> do_get(const Key& key, Access access) override {
     // In a child of fork() this returns before any lock or counter is
     // touched: a thread of the parent may have held them at the fork.
     if (env_->inherited()) return env_->inherited_error();
@@ -421,12 +399,12 @@ class LmdbTier final : public Tier {
     int rc = mdb_get(txn, env_->entries, &k, &v);
     if (rc == MDB_NOTFOUND) {
       env_->end_read(txn);
-      if (miss == MissCount::counted) count(c_misses);
+      if (access == Access::counted) count(c_misses);
       return std::optional<Entry>();
     }
     if (rc) {
       env_->end_read(txn);
-      count(c_errors);
+      if (access != Access::peek) count(c_errors);
       return mdb_status(rc, "get");
     }
     std::string_view bytes(static_cast<const char*>(v.mv_data), v.mv_size);
@@ -444,22 +422,25 @@ class LmdbTier final : public Tier {
     auto e = Entry::decode(std::move(buf), &key);
     if (!e && e.error().code() == Errc::stale_format) {
       // Another build's entry: a miss, left for the build that reads it.
-      if (miss == MissCount::counted) count(c_misses);
+      if (access == Access::counted) count(c_misses);
       return std::optional<Entry>();
     }
     if (!e) {
-      // Counted in this process; stored (with the removal) only when
-      // repair is on. A read-only store is never written.
-      count(c_corrupt);
-      if (repair_.load(std::memory_order_relaxed)) (void)remove_entry(key, false);
+      // Counted (stored with the removal, in a read-only store in this
+      // process only); a peek leaves it all as it was.
+      if (access != Access::peek) {
+        count(c_corrupt);
+        if (!read_only_) (void)remove_entry(key, false);
+      }
       return Status(Errc::corrupt, "lmdb entry " + key.hex() + ": " + e.error().message());
     }
-    note_hit(key);
+    if (access != Access::peek) note_hit(key);
     return std::optional<Entry>(std::move(e).value());
   }
 
   Status do_put(const Entry& entry) override {
     if (env_->inherited()) return env_->inherited_error();
+    if (read_only_) return refuse("put");
     std::string_view enc = entry.encoded();
     if (enc.size() > max_entry_) {
       count(c_errors);
@@ -476,8 +457,8 @@ class LmdbTier final : public Tier {
   // Cache's committer hands over (group commit).
   std::vector<Status> put_many(const std::vector<Entry>& entries) override {
     std::vector<Status> out(entries.size());
-    if (env_->inherited()) {
-      for (auto& s : out) s = env_->inherited_error();
+    if (env_->inherited() || read_only_) {
+      for (auto& s : out) s = read_only_ ? refuse("put") : env_->inherited_error();
       return out;
     }
     std::vector<std::pair<Key, std::string_view>> group;
@@ -510,34 +491,24 @@ class LmdbTier final : public Tier {
  protected:
   Status do_remove(const Key& key) override {
     if (env_->inherited()) return env_->inherited_error();
+    if (read_only_) return refuse("remove");
     return remove_entry(key, false);
   }
 
   TierStats do_stats() override {
-    TierStats s;
-    if (env_->inherited()) return s;  // the store's counters are the parent's
-    uint64_t v[c_count] = {};
+    if (env_->inherited()) return TierStats();  // the store's counters are the parent's
+    CounterValues v{};
     auto txn = env_->begin_read();
     if (txn) {
       for (int i = 0; i < c_count; ++i) v[i] = get_counter(*txn, i);
       env_->end_read(*txn);
     }
-    {
-      std::lock_guard lk(pend_mu_);
-      for (int i = 0; i < c_count; ++i) v[i] += pending_[i];
-    }
-    s.hits = v[c_hits];
-    s.misses = v[c_misses];
-    s.puts = v[c_puts];
-    s.evictions = v[c_evictions];
-    s.corrupt = v[c_corrupt];
-    s.errors = v[c_errors];
-    s.entries = v[c_entries];
-    s.bytes = v[c_bytes];
-    return s;
+    return counters_.stats(v);
   }
 
  private:
+  Status refuse(const char* what) { return counters_.refuse(what, env_->dir()); }
+
   // Free space (for unprivileged users) below what one commit of `need`
   // bytes may write, with room for the B-tree pages that change with it.
   bool disk_nearly_full(uint64_t need) {
@@ -547,39 +518,71 @@ class LmdbTier final : public Tier {
     return free_bytes < need + (uint64_t(1) << 20) || v.f_favail == 0;
   }
 
-  void count(int c, uint64_t n = 1) {
+  void count(StoreCounter c, int64_t n = 1) { counters_.add(c, n); }
+
+  // Recency and counter changes not yet stored, taken to ride along with a
+  // write transaction, and given back when it fails.
+  struct Pending {
+    std::unordered_map<Key, uint64_t> touched;
+    CounterDeltas counts;
+  };
+  Pending take_pending() {
+    Pending p;
+    {
+      std::lock_guard lk(pend_mu_);
+      p.touched.swap(touched_);
+    }
+    p.counts = counters_.take();
+    return p;
+  }
+  void restore_pending(const Pending& p) {
+    counters_.restore(p.counts);
     std::lock_guard lk(pend_mu_);
-    pending_[c] += n;
+    for (const auto& [k, ms] : p.touched) touched_.emplace(k, ms);
+  }
+
+  // Enough buffered that the flusher should write it.
+  bool flush_due(size_t touched) const {
+    return touched >= batch_ ||
+           counters_.pending(c_hits) + counters_.pending(c_misses) >= 16 * static_cast<int64_t>(batch_);
   }
 
   void note_hit(const Key& key) {
     bool wake;
-    bool writes = repair_.load(std::memory_order_relaxed);
+    const bool writes = !read_only_;
+    count(c_hits);
     {
       std::lock_guard lk(pend_mu_);
       if (writes) touched_[key] = clock_.now_unix_ms();
-      ++pending_[c_hits];
-      wake = writes && (touched_.size() >= batch_ || pending_[c_hits] + pending_[c_misses] >= 16 * batch_);
+      wake = writes && flush_due(touched_.size());
     }
     if (wake) pend_cv_->notify_one();
   }
 
   void flusher_loop() {
     std::unique_lock lk(pend_mu_);
+    // After a failed flush (a full disk) what was not stored stays pending
+    // and the next try waits out a whole period, so hits do not turn into
+    // a write attempt each.
+    auto not_before = std::chrono::steady_clock::time_point::min();
     while (!stop_) {
       pend_cv_->wait_for(lk, std::chrono::seconds(5));
       if (stop_) break;
-      bool due = touched_.size() >= batch_ || pending_[c_hits] + pending_[c_misses] >= 16 * batch_;
-      if (!due) continue;
+      bool due = flush_due(touched_.size());
+      if (!due || std::chrono::steady_clock::now() < not_before) continue;
       lk.unlock();
       Status st = flush();
-      if (!st.is_ok()) KCACHE_LOG(LogLevel::debug, "lmdb recency flush: %s", st.to_string().c_str());
+      if (!st.is_ok()) {
+        KCACHE_LOG(LogLevel::debug, "lmdb recency flush: %s", st.to_string().c_str());
+        not_before = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+      }
       lk.lock();
     }
   }
 
   static uint64_t get_counter(MDB_txn* txn, MDB_dbi dbi, int c) {
-    MDB_val k = val(kCounterNames[c], std::strlen(kCounterNames[c])), v;
+    std::string_view name = store_counter_name(c);
+    MDB_val k = val(name.data(), name.size()), v;
     if (mdb_get(txn, dbi, &k, &v) != 0 || v.mv_size != 8) return 0;
     return util::get_u64(static_cast<const char*>(v.mv_data));
   }
@@ -587,7 +590,8 @@ class LmdbTier final : public Tier {
   int put_counter(MDB_txn* txn, int c, uint64_t value) {
     std::string b;
     util::put_u64(b, value);
-    MDB_val k = val(kCounterNames[c], std::strlen(kCounterNames[c])), v = val(b.data(), 8);
+    std::string_view name = store_counter_name(c);
+    MDB_val k = val(name.data(), name.size()), v = val(b.data(), 8);
     return mdb_put(txn, env_->stats, &k, &v, 0);
   }
   int add_counter(MDB_txn* txn, int c, int64_t delta) {
@@ -596,9 +600,9 @@ class LmdbTier final : public Tier {
     uint64_t next = delta < 0 && static_cast<uint64_t>(-delta) > cur ? 0 : cur + delta;
     return put_counter(txn, c, next);
   }
-  int add_counters(MDB_txn* txn, const uint64_t* counts) {
+  int add_counters(MDB_txn* txn, const CounterDeltas& counts) {
     for (int i = 0; i < c_count; ++i) {
-      int rc = add_counter(txn, i, static_cast<int64_t>(counts[i]));
+      int rc = add_counter(txn, i, counts[i]);
       if (rc) return rc;
     }
     return 0;
@@ -727,23 +731,14 @@ class LmdbTier final : public Tier {
     return st;
   }
 
-  Status put_once(const std::vector<std::pair<Key, std::string_view>>& group) {
-    // Pending recency and counters ride along with the put's transaction.
-    std::unordered_map<Key, uint64_t> touched;
-    uint64_t counts[c_count] = {};
-    {
-      std::lock_guard lk(pend_mu_);
-      touched.swap(touched_);
-      for (int i = 0; i < c_count; ++i) {
-        counts[i] = pending_[i];
-        pending_[i] = 0;
-      }
-    }
-    auto restore = [&] {
-      std::lock_guard lk(pend_mu_);
-      for (auto& [k, ms] : touched) touched_.emplace(k, ms);
-      for (int i = 0; i < c_count; ++i) pending_[i] += counts[i];
-    };
+  // Puts the group (none: a flush) in one transaction, with this process's
+  // pending recency and counters riding along; what was not stored stays
+  // pending, for the next flush or put.
+  Status put_once(const std::vector<std::pair<Key, std::string_view>>& group, const char* what = "put") {
+    Pending p = take_pending();
+    const auto& [touched, counts] = p;
+    if (group.empty() && touched.empty() && !any_delta(counts)) return Status();
+    auto restore = [&] { restore_pending(p); };
     auto txn_or = env_->begin_write();
     if (!txn_or) {
       restore();
@@ -779,12 +774,12 @@ class LmdbTier final : public Tier {
     if (rc) {
       env_->abort_write(txn);
       restore();
-      return tier_status(rc, "put");
+      return tier_status(rc, what);
     }
     rc = env_->commit_write(txn);
     if (rc) {
       restore();
-      return mdb_status(rc, "commit put");
+      return mdb_status(rc, std::string("commit ") + what);
     }
     return Status();
   }
@@ -904,13 +899,13 @@ class LmdbTier final : public Tier {
   double low_water_;
   unsigned batch_;
 
-  std::atomic<bool> repair_{true};
+  const bool read_only_ = opt_.read_only;
 
+  PendingCounters counters_;  // counter deltas not yet stored
   std::mutex pend_mu_;
   // On the heap so that a child of fork() can leak it (see ~LmdbTier).
   std::unique_ptr<std::condition_variable> pend_cv_ = std::make_unique<std::condition_variable>();
   std::unordered_map<Key, uint64_t> touched_;  // GUARDED_BY(pend_mu_): key -> last hit ms
-  uint64_t pending_[c_count] = {};             // GUARDED_BY(pend_mu_): counter deltas not yet stored
   bool stop_ = false;                          // GUARDED_BY(pend_mu_)
   std::thread flusher_;
 };
@@ -927,7 +922,7 @@ Expected<std::shared_ptr<Tier>> open_lmdb_tier(const std::string& dir, const Dis
   auto env = LmdbEnv::open(dir, map_size, sync_data, sync_meta, options.check_on_open);
   bool quarantined = false;
   std::shared_ptr<LmdbTier> tier;
-  if (!env && env.error().code() == Errc::corrupt) {
+  if (!env && env.error().code() == Errc::corrupt && !options.read_only) {
     // A store LMDB cannot use safely is moved aside, never deleted, and a
     // fresh one takes its place: the cache keeps working. Processes that
     // find it damaged at once take turns under a lock beside the folder, and

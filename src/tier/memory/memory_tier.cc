@@ -22,7 +22,7 @@
 namespace kcache {
 namespace {
 
-class MemoryTier final : public Tier {
+class MemoryTier final : public Tier, public StoreAdmin {
  public:
   explicit MemoryTier(const MemoryTierOptions& o) {
     uint64_t total = o.max_bytes ? o.max_bytes : (uint64_t(256) << 20);
@@ -33,6 +33,7 @@ class MemoryTier final : public Tier {
   }
   std::string_view name() const noexcept override { return "memory"; }
   TierKind kind() const noexcept override { return TierKind::memory; }
+  StoreAdmin* admin() noexcept override { return this; }
 
   Status list(const std::function<bool(const ListItem&)>& fn) override {
     for (auto& sh : shards_) {
@@ -45,6 +46,16 @@ class MemoryTier final : public Tier {
         if (!fn(it)) return Status();
     }
     return Status();
+  }
+  // Entries were checked when they were built or read, and live in this
+  // process's memory only: there is nothing to find damaged.
+  Expected<VerifyReport> verify(bool) override {
+    VerifyReport rep;
+    for (auto& sh : shards_) {
+      std::lock_guard lk(sh.mu);
+      rep.checked += sh.map.size();
+    }
+    return rep;
   }
   Expected<uint64_t> trim(uint64_t max_bytes) override {
     uint64_t per = max_bytes / shards_.size(), evicted = 0;
@@ -59,22 +70,25 @@ class MemoryTier final : public Tier {
       std::lock_guard lk(sh.mu);
       sh.map.clear();
       sh.lru.clear();
-      sh.bytes = 0;
+      sh.st.bytes = 0;
     }
     return Status();
   }
 
  protected:
-  Expected<std::optional<Entry>> do_get(const Key& key, MissCount count) override {
+  std::string_view admin_name() const noexcept override { return name(); }
+
+  Expected<std::optional<Entry>> do_get(const Key& key, Access access) override {
     Shard& sh = shard(key);
     std::lock_guard lk(sh.mu);
     auto it = sh.map.find(key);
     if (it == sh.map.end()) {
-      if (count == MissCount::counted) ++sh.misses;
+      if (access == Access::counted) ++sh.st.misses;
       return std::optional<Entry>();
     }
+    if (access == Access::peek) return std::optional<Entry>(it->second.entry);
     sh.lru.splice(sh.lru.begin(), sh.lru, it->second.it);
-    ++sh.hits;
+    ++sh.st.hits;
     return std::optional<Entry>(it->second.entry);
   }
 
@@ -84,20 +98,20 @@ class MemoryTier final : public Tier {
     Shard& sh = shard(e.key());
     std::lock_guard lk(sh.mu);
     if (size > max_entry_) {
-      ++sh.rejected;
+      ++sh.st.rejected;
       return Status(Errc::too_large, "entry larger than the memory tier's shard budget");
     }
     auto it = sh.map.find(e.key());
     if (it != sh.map.end()) {
-      sh.bytes -= it->second.entry.memory_size();
+      sh.st.bytes -= it->second.entry.memory_size();
       sh.lru.erase(it->second.it);
       sh.map.erase(it);
     }
     sh.lru.push_front(e.key());
     sh.map.emplace(e.key(), Node{std::move(e), sh.lru.begin()});
-    sh.bytes += size;
-    ++sh.puts;
-    sh.evictions += evict_locked(sh, per_shard_);
+    sh.st.bytes += size;
+    ++sh.st.puts;
+    sh.st.evictions += evict_locked(sh, per_shard_);
     return Status();
   }
 
@@ -106,7 +120,7 @@ class MemoryTier final : public Tier {
     std::lock_guard lk(sh.mu);
     auto it = sh.map.find(key);
     if (it != sh.map.end()) {
-      sh.bytes -= it->second.entry.memory_size();
+      sh.st.bytes -= it->second.entry.memory_size();
       sh.lru.erase(it->second.it);
       sh.map.erase(it);
     }
@@ -117,13 +131,8 @@ class MemoryTier final : public Tier {
     TierStats s;
     for (auto& sh : shards_) {
       std::lock_guard lk(sh.mu);
-      s.hits += sh.hits;
-      s.misses += sh.misses;
-      s.puts += sh.puts;
-      s.evictions += sh.evictions;
-      s.rejected += sh.rejected;
-      s.entries += sh.map.size();
-      s.bytes += sh.bytes;
+      sh.st.entries = sh.map.size();
+      s += sh.st;
     }
     return s;
   }
@@ -135,9 +144,9 @@ class MemoryTier final : public Tier {
   };
   struct Shard {
     std::mutex mu;
-    std::list<Key> lru;                                                               // GUARDED_BY(mu)
-    std::unordered_map<Key, Node> map;                                                // GUARDED_BY(mu)
-    uint64_t bytes = 0, hits = 0, misses = 0, puts = 0, evictions = 0, rejected = 0;  // GUARDED_BY(mu)
+    std::list<Key> lru;                 // GUARDED_BY(mu)
+    std::unordered_map<Key, Node> map;  // GUARDED_BY(mu)
+    TierStats st;                       // GUARDED_BY(mu): this shard's counts and bytes (entries: set when read)
   };
 
   Shard& shard(const Key& k) { return shards_[k.bytes[15] % shards_.size()]; }
@@ -145,9 +154,9 @@ class MemoryTier final : public Tier {
   // REQUIRES: sh.mu held.
   static uint64_t evict_locked(Shard& sh, uint64_t budget) {
     uint64_t n = 0;
-    while (sh.bytes > budget && !sh.lru.empty()) {
+    while (sh.st.bytes > budget && !sh.lru.empty()) {
       auto it = sh.map.find(sh.lru.back());
-      sh.bytes -= it->second.entry.memory_size();
+      sh.st.bytes -= it->second.entry.memory_size();
       sh.map.erase(it);
       sh.lru.pop_back();
       ++n;

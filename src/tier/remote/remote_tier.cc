@@ -41,6 +41,7 @@
 #include <unordered_set>
 
 #include "kcache/remote.h"
+#include "tier/core/atomic_stats.h"
 #include "util/util.h"
 
 namespace kcache {
@@ -119,7 +120,7 @@ class RemoteTierImpl final : public RemoteTier {
     std::vector<std::optional<Entry>> out(keys.size());
     if (keys.empty()) return out;
     if (!allow()) {
-      skipped_ += keys.size();
+      counts_.add(&TierStats::skipped, keys.size());
       return out;
     }
     std::vector<Expected<RemoteBytes>> vals;
@@ -132,9 +133,9 @@ class RemoteTierImpl final : public RemoteTier {
     for (size_t i = 0; i < keys.size(); ++i) {
       out[i] = accept(keys[i], std::move(vals[i]));
       if (out[i])
-        hits_++;
+        counts_.add(&TierStats::hits);
       else
-        misses_++;
+        counts_.add(&TierStats::misses);
     }
     return out;
   }
@@ -184,7 +185,7 @@ class RemoteTierImpl final : public RemoteTier {
   // False: skip the server (counted as skipped).
   bool allow_or_skip() {
     if (allow()) return true;
-    skipped_++;
+    counts_.add(&TierStats::skipped);
     return false;
   }
   void count_lease(bool held) {
@@ -192,7 +193,7 @@ class RemoteTierImpl final : public RemoteTier {
     ++(held ? c_.leases_taken : c_.leases_busy);
   }
   void count_hit(bool lease_wait) {
-    hits_++;
+    counts_.add(&TierStats::hits);
     if (!lease_wait) return;
     std::lock_guard g(c_mu_);
     ++c_.lease_waits;
@@ -237,7 +238,7 @@ class RemoteTierImpl final : public RemoteTier {
       succeed();
     } else if (r.error().code() == Errc::corrupt) {
       succeed();
-      errors_++;
+      counts_.add(&TierStats::errors);
       bad_replies_++;
     } else {
       fail(r.error());
@@ -246,33 +247,34 @@ class RemoteTierImpl final : public RemoteTier {
   }
 
  protected:
-  Expected<std::optional<Entry>> do_get(const Key& key, MissCount count) override {
+  Expected<std::optional<Entry>> do_get(const Key& key, Access access) override {
     if (!allow()) {
-      skipped_++;
+      if (access != Access::peek) counts_.add(&TierStats::skipped);
       return std::optional<Entry>();
     }
     auto r = fetch(key);
     if (!r) return std::move(r).error();
+    if (access == Access::peek) return r;
     if (r->has_value())
-      hits_++;
-    else if (count == MissCount::counted)
-      misses_++;
+      counts_.add(&TierStats::hits);
+    else if (access == Access::counted)
+      counts_.add(&TierStats::misses);
     return r;
   }
 
   Status do_put(const Entry& entry) override {
     if (o_.read_only) {
-      rejected_++;
+      counts_.add(&TierStats::rejected);
       return Status(Errc::read_only, name_ + " tier is read-only");
     }
     if (entry.encoded().size() > o_.max_entry_bytes) {
-      rejected_++;
+      counts_.add(&TierStats::rejected);
       return Status(Errc::too_large, "entry of " + std::to_string(entry.encoded().size()) +
                                          " bytes is larger than the " + name_ + " tier's max_entry_bytes");
     }
     forget_said(entry.key());
     if (breaker_open()) {
-      skipped_++;
+      counts_.add(&TierStats::skipped);
       return Status();
     }
     Task t;
@@ -282,7 +284,7 @@ class RemoteTierImpl final : public RemoteTier {
     {
       std::lock_guard lk(q_mu_);
       if (q_.size() >= o_.write_queue_depth) {
-        if (dropped_.fetch_add(1) == 0)
+        if (counts_.add(&TierStats::dropped) == 0)
           KCACHE_LOG(LogLevel::info, "%s: write queue full (%u); dropping writes", name_.c_str(), o_.write_queue_depth);
         return Status();
       }
@@ -294,29 +296,18 @@ class RemoteTierImpl final : public RemoteTier {
 
   Status do_remove(const Key& key) override {
     if (o_.read_only) {
-      rejected_++;
+      counts_.add(&TierStats::rejected);
       return Status(Errc::read_only, name_ + " tier is read-only");
     }
     if (!allow()) {
-      skipped_++;
+      counts_.add(&TierStats::skipped);
       return Status(Errc::unavailable, name_ + ": circuit breaker open");
     }
     KCACHE_RETURN_IF_ERROR(call_status(t_->remove(key)));
     return Status();
   }
 
-  TierStats do_stats() override {
-    TierStats s;
-    s.hits = hits_.load();
-    s.misses = misses_.load();
-    s.puts = puts_.load();
-    s.corrupt = corrupt_.load();
-    s.errors = errors_.load();
-    s.rejected = rejected_.load();
-    s.skipped = skipped_.load();
-    s.dropped = dropped_.load();
-    return s;
-  }
+  TierStats do_stats() override { return counts_.snapshot(); }
 
  private:
   struct Task {
@@ -382,7 +373,7 @@ class RemoteTierImpl final : public RemoteTier {
   // configured) is checked.
   std::optional<Entry> accept(const Key& key, Expected<RemoteBytes> got) {
     if (!got) {  // a reply of the wrong type for this key
-      errors_++;
+      counts_.add(&TierStats::errors);
       bad_replies_++;
       if (first_word(key))
         KCACHE_LOG(LogLevel::warn, "%s: bad reply for %s: %s", name_.c_str(), key.hex().c_str(),
@@ -393,7 +384,7 @@ class RemoteTierImpl final : public RemoteTier {
     if (!bytes) return std::nullopt;
     std::string_view v = bytes->bytes();
     auto reject = [&](const char* why) -> std::optional<Entry> {
-      rejected_++;
+      counts_.add(&TierStats::rejected);
       if (first_word(key))
         KCACHE_LOG(LogLevel::warn, "%s: rejected value for %s: %s", name_.c_str(), key.hex().c_str(), why);
       return std::nullopt;
@@ -417,7 +408,7 @@ class RemoteTierImpl final : public RemoteTier {
     }
     auto e = Entry::decode(std::make_shared<SliceBuffer>(std::move(bytes), off), &key);
     if (!e) {
-      corrupt_++;
+      counts_.add(&TierStats::corrupt);
       if (first_word(key))
         KCACHE_LOG(LogLevel::warn, "%s: corrupt entry %s: %s", name_.c_str(), key.hex().c_str(),
                    e.error().to_string().c_str());
@@ -456,7 +447,7 @@ class RemoteTierImpl final : public RemoteTier {
   }
 
   void fail(const Status& st) {
-    errors_++;
+    counts_.add(&TierStats::errors);
     bool timeout = st.code() == Errc::timeout;
     switch (st.code()) {
       case Errc::timeout:
@@ -525,7 +516,7 @@ class RemoteTierImpl final : public RemoteTier {
 
   void send(const Task& t) {
     if (!allow()) {
-      skipped_++;
+      counts_.add(&TierStats::skipped);
       return;
     }
     if (t.kind == Task::release) {
@@ -534,10 +525,10 @@ class RemoteTierImpl final : public RemoteTier {
     }
     auto v = encode_value(t.entry);
     if (!v) {
-      errors_++;
+      counts_.add(&TierStats::errors);
       return;
     }
-    if (call_status(t_->set(t.key, *v, o_.ttl_ms)).is_ok()) puts_++;
+    if (call_status(t_->set(t.key, *v, o_.ttl_ms)).is_ok()) counts_.add(&TierStats::puts);
   }
 
   std::shared_ptr<RemoteTransport> t_;
@@ -547,7 +538,7 @@ class RemoteTierImpl final : public RemoteTier {
 
   std::atomic<uint64_t> failures_{0}, timeouts_{0}, open_until_ms_{0}, breaker_opens_{0};
   std::atomic<bool> outage_{false};
-  std::atomic<uint64_t> hits_{0}, misses_{0}, puts_{0}, corrupt_{0}, errors_{0}, rejected_{0}, skipped_{0}, dropped_{0};
+  AtomicTierStats counts_;  // this process's counts: a server keeps none
   std::atomic<uint64_t> timeouts_total_{0}, unreachable_{0}, server_errors_{0}, bad_replies_{0};
   mutable std::mutex c_mu_;
   RemoteCounters c_;  // GUARDED_BY(c_mu_): the lease counters
