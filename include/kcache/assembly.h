@@ -45,8 +45,10 @@ struct DiskStoreSpec {
   bool create = true;
   // Open the store's leases too (cross-process single-flight).
   bool leases = true;
-  // Open the store only to read it (DiskTierOptions::read_only): the engine
-  // writes nothing, and writes through it are refused.
+  // Open the store only to read it (DiskTierOptions::read_only): nothing is
+  // created (a missing store is not_found, whatever `create` says), the
+  // engine writes nothing of its own, and the tier comes wrapped by
+  // make_read_only, which refuses writes and names it "lmdb(ro)".
   bool read_only = false;
 
   // The store Options name: folder (default_dir() when empty), engine,

@@ -118,12 +118,13 @@ struct Options {
   bool process_single_flight = true;
   // Lease time-to-live in ms (default 10 s); a holder renews every ttl/3
   // while it compiles, so this bounds how long a hung-but-alive holder's
-  // lease outlives it, not how long a compile may take. 0 is taken as the
-  // default.
+  // lease outlives it, not how long a compile may take. By name: 1 ms to a
+  // day; a 0 set in C++ is taken as the default.
   // "lease_ttl_ms", KCACHE_LEASE_TTL_MS.
   uint64_t lease_ttl_ms = 10000;
   // Longest one process waits for another's compile before compiling the
-  // key itself, in ms (default 300 s; 0: never wait). "wait_bound_ms",
+  // key itself, in ms (default 300 s; 0: never wait; by name at most a
+  // week). "wait_bound_ms",
   // KCACHE_WAIT_BOUND_MS.
   uint64_t wait_bound_ms = 300000;
   // Shared remote tier, slowest and last: "redis://host:port[/db]" or
@@ -311,8 +312,9 @@ class Cache {
   // returned as errors (the result says whether any tier took it).
   bool put(const Entry& entry);
   // Builds the entry (with metadata and manifest) and puts it. nullopt when
-  // the artifacts are invalid (logged) or no tier took the entry (a
-  // read-only or disabled cache, faults in every tier).
+  // the artifacts are invalid (logged) or the cache stores nothing (read-only
+  // or disabled). The slower tiers are written later, off the caller's
+  // path, so their faults are counted there, not returned here.
   std::optional<Entry> put(const KeyInfo& key, std::vector<Artifact> artifacts, uint64_t compile_cost_us = 0);
 
   // The artifacts for `key`: from a tier, or from `compile` (run at most once
@@ -345,6 +347,11 @@ class Cache {
   // Adds a slower tier after the existing ones (e.g. a remote tier); a
   // bundle tier (TierKind::bundle) goes after the memory tier and the
   // bundles already there, before the disk store.
+  // Under Options::read_only a writable tier added here is wrapped
+  // (make_read_only): the Cache writes nothing to it. What the tier writes
+  // on its own (recency, counters) is decided where it was opened: open a
+  // disk tier with DiskTierOptions::read_only for a store nothing may
+  // change; the stores Cache::open opens are opened so.
   void add_tier(std::shared_ptr<Tier> tier);
   const std::vector<std::shared_ptr<Tier>>& tiers() const noexcept;
   CacheStats stats() const;

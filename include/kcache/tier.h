@@ -250,9 +250,11 @@ struct DiskTierOptions {
   // (no corrupt-entry removal, no recency or counter flushes, no temp-file
   // collection, no moving a damaged store aside), and put, remove, trim,
   // clear and verify --fix are refused with Errc::read_only. Counters of
-  // this process's lookups are kept in memory only. For a shipped store,
-  // one on a read-only mount, or KCACHE_READONLY: how a tier is opened, not
-  // a switch on a tier others may share. Default off.
+  // this process's lookups are kept in memory only. For a shipped store or
+  // KCACHE_READONLY: how a tier is opened, not a switch on a tier others may
+  // share. Caveat: LMDB's readers still register in its lock file, so an
+  // LMDB store must be writable to the process at the file-system level.
+  // Default off.
   bool read_only = false;
   // LMDB engine: check the store's B-tree structure when a process first
   // opens it, and move a damaged store aside instead of crashing on it

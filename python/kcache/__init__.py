@@ -178,7 +178,8 @@ class Cache:
 
     def put(self, key: Key, artifacts: Artifacts) -> Optional[Entry]:  # type: ignore[no-redef]  # noqa: F811
         """Stores `artifacts` (name -> bytes or str) under `key` in every
-        writable tier; the stored Entry, or None when no tier took it."""
+        writable tier; the stored Entry, or None when the cache stores nothing (read_only,
+        disabled); faults of the disk and remote tiers are counted, not raised."""
         return self._c.put(key, artifacts)
 
     def begin(self, key: Key) -> Flight:  # type: ignore[no-redef]  # noqa: F811

@@ -186,7 +186,9 @@ Expected<DiskStore> open_disk_store(const DiskStoreSpec& spec) {
   d.path = spec.path();
   KCACHE_TRY(util::StoreTrust trust, util::shared_group_trust(spec.shared_group));
   const unsigned dir_mode = trust.shared ? 02770 : 0700;
-  if (spec.create) {
+  // A read-only cache makes nothing: not the folder, not the store (a
+  // read-only mount, or a shipped store another user owns, opens as it is).
+  if (spec.create && !spec.read_only) {
     const bool fresh = !exists(d.dir);
     KCACHE_RETURN_IF_ERROR(util::make_dirs(d.dir, dir_mode));
     if (fresh) util::share_with_group(d.dir, trust);
@@ -207,9 +209,12 @@ Expected<DiskStore> open_disk_store(const DiskStoreSpec& spec) {
   KCACHE_TRY(d.tier, engine.open_tier(d.path, tier_options));
   // Once more, now that the engine has made its files: LMDB's files get the
   // group's write here, since LMDB makes them for this user only.
-  if (trust.shared)
+  if (trust.shared && !spec.read_only)
     for (const auto& p : store_paths(d)) util::share_with_group(p, trust);
   KCACHE_RETURN_IF_ERROR(check_store(d, trust));
+  // The engine writes nothing of its own; the wrapper refuses the writes
+  // others ask for and says "(ro)" in the tier's name.
+  if (spec.read_only) d.tier = make_read_only(std::move(d.tier));
   if (spec.leases) {
     auto l = engine.open_leases(d.path, spec.tier);
     if (l)

@@ -88,6 +88,16 @@ Want set_u64(std::string_view v, uint64_t* out, bool positive) {
   return kTaken;
 }
 
+// Milliseconds up to a bound that keeps every sum and product of them
+// (deadlines, microseconds) far from overflowing.
+constexpr uint64_t kDayMs = 86'400'000;
+Want set_ms(std::string_view v, uint64_t* out, bool positive, uint64_t max_ms, Want want) {
+  uint64_t n = 0;
+  if (Want w = set_u64(v, &n, positive); !w.empty() || n > max_ms) return want;
+  *out = n;
+  return kTaken;
+}
+
 Want set_size(std::string_view v, uint64_t* out, bool positive) {
   auto s = util::parse_size(v);
   if (!s || (positive && *s == 0)) return positive ? "a size above 0, such as 500M or 2G" : "a size such as 500M or 2G";
@@ -171,8 +181,12 @@ const std::array kRows = {
       [](Options& o, std::string_view v) -> Want {
         uint64_t n = 0;
         if (Want w = set_size(v, &n, false); !w.empty()) return w;
-        o.memory_tier = n != 0;
-        if (n != 0) o.memory_bytes = n;
+        // 0 leaves the tier out; a size never brings back a tier the
+        // program left out ("memory" 0).
+        if (n == 0)
+          o.memory_tier = false;
+        else
+          o.memory_bytes = n;
         return kTaken;
       },
       [](const Options& o) { return o.memory_tier ? size_text(o.memory_bytes) : std::string("0"); }},
@@ -217,10 +231,14 @@ const std::array kRows = {
       [](Options& o, std::string_view v) { return set_bool(v, &o.process_single_flight); },
       [](const Options& o) { return flag(o.process_single_flight); }},
   Row{{"lease_ttl_ms", "KCACHE_LEASE_TTL_MS", "lease time-to-live in ms, renewed while compiling (default 10000)"},
-      [](Options& o, std::string_view v) { return set_u64(v, &o.lease_ttl_ms, true); },
+      [](Options& o, std::string_view v) {
+        return set_ms(v, &o.lease_ttl_ms, true, kDayMs, "a number of ms from 1 to 86400000 (a day)");
+      },
       [](const Options& o) { return std::to_string(o.lease_ttl_ms); }},
   Row{{"wait_bound_ms", "KCACHE_WAIT_BOUND_MS", "longest wait for another process's compile, ms (default 300000)"},
-      [](Options& o, std::string_view v) { return set_u64(v, &o.wait_bound_ms, false); },
+      [](Options& o, std::string_view v) {
+        return set_ms(v, &o.wait_bound_ms, false, 7 * kDayMs, "a number of ms from 0 to 604800000 (a week)");
+      },
       [](const Options& o) { return std::to_string(o.wait_bound_ms); }},
   Row{{"remote", "KCACHE_REMOTE", "shared remote tier: redis://host:port[/db][?...] or redis+cluster://..."},
       [](Options& o, std::string_view v) -> Want {
@@ -267,7 +285,8 @@ const std::array kRows = {
         auto l = parse_level(level);
         if (!l) return "off, error, warn, info or debug, with :FILE to write to a file";
         o.log_level = *l;
-        o.log_file = std::string(file);
+        // A level alone keeps the destination the program chose.
+        if (v.find(':') != std::string_view::npos) o.log_file = std::string(file);
         return kTaken;
       },
       [](const Options& o) {

@@ -121,6 +121,20 @@ TEST(OptionsTest, SetParsesEachKindAndRefusesBadValuesWithoutChangingAnything) {
   EXPECT_EQ(o.disk.max_bytes, before.disk.max_bytes);
   EXPECT_EQ(o.lease_ttl_ms, before.lease_ttl_ms);
 
+  // Bounds that keep deadlines far from overflowing.
+  EXPECT_EQ(o.set("wait_bound_ms", "18446744073709552").code(), Errc::invalid_argument);
+  EXPECT_EQ(o.set("lease_ttl_ms", "86400001").code(), Errc::invalid_argument);
+  ASSERT_TRUE(o.set("lease_ttl_ms", "86400000").is_ok());
+  // A level alone keeps the program's destination; a size never brings
+  // back a memory tier the program left out.
+  Options logs;
+  logs.log_file = "/var/log/jit.log";
+  ASSERT_TRUE(logs.set("log", "debug").is_ok());
+  EXPECT_EQ(logs.log_file, "/var/log/jit.log");
+  ASSERT_TRUE(logs.set("memory", "0").is_ok());
+  ASSERT_TRUE(logs.set("memory_size", "64M").is_ok());
+  EXPECT_FALSE(logs.memory_tier);
+
   st = o.set("read_onyl", "1");
   EXPECT_EQ(st.code(), Errc::invalid_argument);
   EXPECT_NE(st.message().find("read_only"), std::string::npos) << "lists the known names: " << st.message();

@@ -184,6 +184,11 @@ TEST(RedisUrl, ErrorsNameTheOptionNeverTheUrl) {
     EXPECT_EQ(t.error().message(), c.message);
     EXPECT_EQ(t.error().to_string().find("hunter2"), std::string::npos) << t.error().to_string();
   }
+  // A password holding '?': the rest of it would read as an option.
+  auto in_query = make_redis_tier("redis://:hun?ter2=x@h");
+  ASSERT_FALSE(in_query.has_value());
+  EXPECT_EQ(in_query.error().code(), Errc::invalid_argument);
+  EXPECT_EQ(in_query.error().to_string().find("ter2"), std::string::npos) << in_query.error().to_string();
   auto unknown = make_redis_remote("redis://:hunter2@h?breaker=1");
   ASSERT_FALSE(unknown.has_value());
   EXPECT_TRUE(unknown.error().message().starts_with("redis URL: unknown remote option 'breaker' (known: "))

@@ -9,6 +9,7 @@
 #include <sched.h>
 #include <sys/inotify.h>
 #include <sys/mount.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -303,9 +304,22 @@ TEST_P(ReadOnlyNoWrite, ReadOnlyOptionsOpenTheStoreReadOnly) {
   DiskStoreSpec spec = DiskStoreSpec::from(o);
   EXPECT_TRUE(spec.read_only);
   EXPECT_FALSE(spec.leases);
+  // A read-only cache creates nothing: a missing store is not_found, and
+  // the folder stays empty.
+  auto missing = open_disk_store(spec);
+  ASSERT_FALSE(missing.has_value());
+  EXPECT_EQ(missing.error().code(), Errc::not_found);
+  struct stat st;
+  EXPECT_NE(::stat(spec.path().c_str(), &st), 0) << "the read-only open made " << spec.path();
+  {
+    DiskStoreSpec writer = spec;
+    writer.read_only = false;
+    ASSERT_TRUE(open_disk_store(writer).has_value());
+  }
   auto d = open_disk_store(spec);
   ASSERT_TRUE(d.has_value()) << d.error().to_string();
   EXPECT_FALSE(d->tier->writable());
+  EXPECT_EQ(d->tier->name(), std::string(eng.name) + "(ro)");
   EXPECT_EQ(d->tier->put(make_entry(1, kSize)).code(), Errc::read_only);
   o.read_only = false;
   EXPECT_FALSE(DiskStoreSpec::from(o).read_only);

@@ -51,6 +51,10 @@ struct Reach {
   bool create = false;          // create a missing cache folder and store
   bool remote = true;           // include the remote tier (KCACHE_REMOTE)
   bool honour_disable = false;  // KCACHE_DISABLE leaves every tier out
+  // Only look: the disk store is opened read-only (DiskTierOptions::
+  // read_only: no recency, counters, repairs or temp collection) and
+  // without leases, so a diagnostic leaves the store as it found it.
+  bool inspect = false;
 };
 
 // The tiers a command opened, as the library assembled them.

@@ -155,7 +155,7 @@ int cmd_explain(Ctx& c) {
   if (int rc = read_manifest_flag(c, want)) return rc;
   Key key;
   if (int rc = key_to_explain(c, want, key)) return rc;
-  if (int rc = open_tiers(c, {.create = false, .remote = true, .honour_disable = false})) return rc;
+  if (int rc = open_tiers(c, {.create = false, .remote = true, .honour_disable = false, .inspect = true})) return rc;
 
   Lookup l = lookup(c, key, Access::peek);
   const bool stored = l.entry.has_value();

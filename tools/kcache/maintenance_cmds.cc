@@ -26,7 +26,7 @@ Status list_disk(const Ctx& c, std::vector<ListItem>* items) {
 }  // namespace
 
 int cmd_ls(Ctx& c) {
-  if (int rc = open_tiers(c, kDiskOnly)) return rc;
+  if (int rc = open_tiers(c, {.create = false, .remote = false, .honour_disable = false, .inspect = true})) return rc;
   std::vector<ListItem> items;
   Status st = list_disk(c, &items);
   if (!st.is_ok()) return c.fail(kExitError, "listing " + c.store.where.path + ": " + st.to_string());
@@ -55,7 +55,7 @@ int cmd_ls(Ctx& c) {
 }
 
 int cmd_stats(Ctx& c) {
-  if (int rc = open_tiers(c, {.create = false, .remote = true, .honour_disable = false})) return rc;
+  if (int rc = open_tiers(c, {.create = false, .remote = true, .honour_disable = false, .inspect = true})) return rc;
   const Opened& s = c.store;
   TierStats t;
   if (s.disk) t = s.disk->stats();
@@ -123,7 +123,8 @@ int cmd_stats(Ctx& c) {
 
 int cmd_verify(Ctx& c) {
   bool fix = c.args.has("--fix");
-  if (int rc = open_tiers(c, kDiskOnly)) return rc;
+  // Without --fix verify only reads; with it, it removes what fails.
+  if (int rc = open_tiers(c, {.create = false, .remote = false, .honour_disable = false, .inspect = !fix})) return rc;
   VerifyReport rep;
   if (c.store.admin) {
     auto r = c.store.admin->verify(fix);

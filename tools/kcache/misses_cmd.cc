@@ -106,7 +106,7 @@ int cmd_misses(Ctx& c) {
       return usage_error("misses", "--limit wants a positive number, not '" + *l + "'");
     limit = static_cast<size_t>(*n);
   }
-  if (int rc = open_tiers(c, {.create = false, .remote = false, .honour_disable = false})) return rc;
+  if (int rc = open_tiers(c, {.create = false, .remote = false, .honour_disable = false, .inspect = true})) return rc;
   uint64_t skipped = 0;
   auto recs = read_miss_journal(c.store.where.path, limit, &skipped);
   if (!recs) return c.fail(recs.error());

@@ -146,7 +146,7 @@ int cmd_get(Ctx& c) {
 int cmd_show(Ctx& c) {
   auto key = key_flag(c);
   if (!key) return kExitUsage;
-  if (int rc = open_tiers(c, {.create = false, .remote = true, .honour_disable = false})) return rc;
+  if (int rc = open_tiers(c, {.create = false, .remote = true, .honour_disable = false, .inspect = true})) return rc;
   Lookup l = lookup(c, *key, Access::peek);
   if (!l.entry) return report_miss(c, *key, l);
   const Entry& e = *l.entry;

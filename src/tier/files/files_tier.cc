@@ -60,6 +60,10 @@ namespace {
 // How long the evictor's lease lasts without a renewal; it is renewed
 // between the walk and the removals.
 constexpr uint64_t kEvictLeaseMs = 60'000;
+// How long after its lease folder could not be opened the evictor tries
+// again (a full disk or a passing NFS fault must not end eviction for the
+// life of the process).
+constexpr uint64_t kLeasesRetryMs = 10'000;
 
 // The lease of "the evictor": a key no entry has (entry keys are hashes of
 // manifests; this one is the hash of a fixed name).
@@ -486,14 +490,28 @@ class FilesTier final : public Tier, public StoreAdmin {
   // into place, unlink) happens inside fn, so the counters stay exact across
   // processes; only a process killed inside fn can make them drift (verify
   // --fix recounts). Returns the new totals in `out` when given.
+  // When fn ran but the totals could not be written back, what fn did
+  // (published or removed files) still happened: its change to the totals
+  // is kept pending with the deltas, and fn's own result is returned.
   template <class F>
   Status with_counters(F&& fn, CounterValues* out = nullptr) {
     const CounterDeltas d = counters_.take();
     Status fn_status;
+    bool ran = false;
+    CounterDeltas unstored = d;
     Status stored = update_stored(
-        d, [&](CounterValues& v) { return fn_status = fn(v); }, out);
-    if (!stored.is_ok()) counters_.restore(d);  // the deltas were not stored
-    return fn_status.is_ok() ? stored : fn_status;
+        d,
+        [&](CounterValues& v) {
+          ran = true;
+          const CounterValues before = v;
+          fn_status = fn(v);
+          for (int i = 0; i < c_count; ++i) unstored[i] += static_cast<int64_t>(v[i]) - static_cast<int64_t>(before[i]);
+          return fn_status;
+        },
+        out);
+    if (stored.is_ok()) return fn_status;
+    counters_.restore(ran ? unstored : d);  // stored on a later flush
+    return ran ? fn_status : stored;
   }
 
   // The store function of the counters: adds `d` to the stored counters,
@@ -588,16 +606,17 @@ class FilesTier final : public Tier, public StoreAdmin {
   // One evictor at a time: within this object the evict mutex, across
   // objects and processes the lease on evictor_key() (a holder that died
   // or ran past its expiry is taken over). Null when the leases cannot be
-  // opened (said once in the log): then no eviction is started.
+  // opened now (said in the log); tried again after kLeasesRetryMs.
   Leases* evictor_leases() {
     std::lock_guard lk(leases_mu_);
-    if (!evict_leases_ && !leases_failed_) {
+    if (!evict_leases_ && env_->now_mono_ms() >= leases_retry_ms_) {
       auto l = open_file_leases(dir_, env_);
       if (l) {
         evict_leases_ = std::move(l).value();
       } else {
-        leases_failed_ = true;
-        KCACHE_LOG(LogLevel::warn, "files store %s: no eviction: %s", dir_.c_str(), l.error().to_string().c_str());
+        leases_retry_ms_ = env_->now_mono_ms() + kLeasesRetryMs;
+        KCACHE_LOG(LogLevel::warn, "files store %s: evicting without the evictor's lease: %s", dir_.c_str(),
+                   l.error().to_string().c_str());
       }
     }
     return evict_leases_.get();
@@ -607,13 +626,22 @@ class FilesTier final : public Tier, public StoreAdmin {
   // the unlinks run under it, each one skipping a file that was replaced or
   // used since the walk, so totals stay exact while others put.
   // Sets *busy when another process holds the lease (and does nothing).
+  // The lease only spares two processes the same walk: when it cannot be
+  // written (a full disk, the very case eviction is for) or its folder
+  // cannot be opened, this process evicts without it.
   Expected<uint64_t> evict(uint64_t target_bytes, uint64_t target_entries, bool* busy = nullptr) {
     std::unique_lock one(evict_mu_, std::try_to_lock);
-    Leases* leases = one.owns_lock() ? evictor_leases() : nullptr;
-    if (!leases || leases->acquire(evictor_key(), kEvictLeaseMs) != LeaseResult::acquired) {
+    if (!one.owns_lock()) {
       if (busy) *busy = true;
       return uint64_t(0);
     }
+    Leases* leases = evictor_leases();
+    const LeaseResult claim = leases ? leases->acquire(evictor_key(), kEvictLeaseMs) : LeaseResult::error;
+    if (claim == LeaseResult::busy) {
+      if (busy) *busy = true;
+      return uint64_t(0);
+    }
+    const bool held = claim == LeaseResult::acquired;
     struct Item {
       uint64_t mtime_ns;
       ino_t ino;
@@ -646,7 +674,7 @@ class FilesTier final : public Tier, public StoreAdmin {
     }
     // A long walk (a large store on a slow NFS server) must not let the
     // lease expire under the removals.
-    if (st.is_ok() && !leases->renew(evictor_key(), kEvictLeaseMs)) {
+    if (st.is_ok() && held && !leases->renew(evictor_key(), kEvictLeaseMs)) {
       if (busy) *busy = true;
       return uint64_t(0);  // taken over as expired: the new holder evicts
     }
@@ -669,7 +697,7 @@ class FilesTier final : public Tier, public StoreAdmin {
         return Status();
       });
     }
-    leases->release(evictor_key());
+    if (held) leases->release(evictor_key());
     if (!st.is_ok()) return st;
     return removed;
   }
@@ -688,7 +716,7 @@ class FilesTier final : public Tier, public StoreAdmin {
   std::mutex evict_mu_;                        // one eviction of this object at a time
   std::mutex leases_mu_;
   std::shared_ptr<Leases> evict_leases_;  // GUARDED_BY(leases_mu_): opened at the first eviction
-  bool leases_failed_ = false;            // GUARDED_BY(leases_mu_)
+  uint64_t leases_retry_ms_ = 0;          // GUARDED_BY(leases_mu_): no open before this (mono ms)
 };
 
 }  // namespace

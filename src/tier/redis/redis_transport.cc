@@ -261,6 +261,11 @@ Expected<ParsedUrl> parse_url(const std::string& url, const RedisTierOptions& ba
     return bad_url(url, "scheme must be redis:// or redis+cluster://");
   }
   if (auto q = s.find('?'); q != std::string_view::npos) {
+    // A '?' inside a password would put the rest of the password in the
+    // query, and the messages about options would show it: refuse it
+    // without naming any part of the URL.
+    if (s.find('@', q) != std::string_view::npos)
+      return bad_url(url, "an '@' after the '?' (a password may not hold '?' nor an option '@')");
     KCACHE_RETURN_IF_ERROR(apply_query(s.substr(q + 1), &p.opt, url));
     s = s.substr(0, q);
   }
