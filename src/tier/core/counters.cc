@@ -27,23 +27,21 @@ bool any_delta(const CounterDeltas& d) noexcept {
 }
 
 CounterDeltas PendingCounters::take() noexcept {
-  std::lock_guard lk(mu_);
-  CounterDeltas out = d_;
-  d_.fill(0);
+  CounterDeltas out{};
+  for (size_t i = 0; i < out.size(); ++i) out[i] = d_[i].exchange(0, std::memory_order_relaxed);
   return out;
 }
 
 void PendingCounters::restore(const CounterDeltas& d) noexcept {
-  std::lock_guard lk(mu_);
-  for (size_t i = 0; i < d_.size(); ++i) d_[i] += d[i];
+  for (size_t i = 0; i < d.size(); ++i)
+    if (d[i] != 0) d_[i].fetch_add(d[i], std::memory_order_relaxed);
 }
 
 TierStats PendingCounters::stats(const CounterValues& stored) const noexcept {
   CounterValues v = stored;
-  {
-    std::lock_guard lk(mu_);
-    add_deltas(v, d_);
-  }
+  CounterDeltas d{};
+  for (size_t i = 0; i < d.size(); ++i) d[i] = d_[i].load(std::memory_order_relaxed);
+  add_deltas(v, d);
   TierStats s;
   for (size_t i = 0; i < v.size(); ++i) s.*kStoreCounterFields[i] = v[i];
   s.rejected = rejected_.load(std::memory_order_relaxed);
