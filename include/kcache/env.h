@@ -1,9 +1,10 @@
 // kcache/env.h — the operating system as the disk engines see it.
 //
 // An Env is everything kcache itself asks of the system underneath a store:
-// the file operations of the files engine and the lease files, the
-// byte-range-free flock(2) that guards its counters, the clocks, and
-// sleeping. Routing them through one object (LevelDB's idea) lets a test put
+// the file operations of the files engine, the lease files and the miss
+// journal, the byte-range-free flock(2) that guards their counters and
+// records, the clocks, and sleeping (lease waits, the committer's group
+// wait). A Cache passes Options::env to all of them. Routing them through one object (LevelDB's idea) lets a test put
 // a store on a "full" or "read-only" disk, make reads fail, or move time
 // forward by hand, without root, without special mounts and without real
 // sleeps. Production code uses Env::posix(), which calls the system directly.
@@ -16,7 +17,9 @@
 // sets errno just as the kernel would.
 //
 // The LMDB engine's own I/O happens inside liblmdb and does not pass
-// through here; only kcache's clock reads there do.
+// through here; only kcache's clock reads there do. The LMDB lease table
+// (fcntl byte-range locks, a mapped file) and the reader of the miss
+// journal use the system directly.
 //
 // Thread-safety: every Env method may be called from many threads at once,
 // and one Env may be shared by many tiers, leases and caches.
@@ -65,6 +68,8 @@ class Env {
   virtual int mkdir(const std::string& path, unsigned mode) = 0;
   virtual int rename(const std::string& from, const std::string& to) = 0;
   virtual int unlink(const std::string& path) = 0;
+  // A second name for a file (link(2)).
+  virtual int link(const std::string& from, const std::string& to) = 0;
   // Sets the modification time and leaves the access time (utimensat with
   // UTIME_OMIT): the files engine keeps recency in mtimes it sets itself.
   virtual int set_mtime_ms(const std::string& path, uint64_t unix_ms) = 0;

@@ -61,7 +61,8 @@ std::unique_ptr<Cache> Cache::open(Assembly assembly, const Options& options) {
   if (assembly.disk && !options.read_only && (options.miss_journal > 0 || options.explain)) {
     std::unique_ptr<MissJournal> journal;
     if (options.miss_journal > 0)
-      journal = std::make_unique<MissJournal>(assembly.disk->path, options.miss_journal, !options.shared_group.empty());
+      journal = std::make_unique<MissJournal>(assembly.disk->path, options.miss_journal, !options.shared_group.empty(),
+                                              options.env);
     c->impl_->explainer = std::make_unique<MissExplainer>(assembly.disk->tier, std::move(journal), options.explain);
   }
   return c;

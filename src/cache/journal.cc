@@ -172,14 +172,14 @@ void read_records(int fd, std::vector<MissRecord>& out, uint64_t& skipped) {
   if (pos != data.size()) ++skipped;  // a few bytes too few for a record
 }
 
-bool same_file(int fd, const std::string& path) {
+bool same_file(Env& env, int fd, const std::string& path) {
   struct stat a, b;
-  return ::fstat(fd, &a) == 0 && ::stat(path.c_str(), &b) == 0 && a.st_ino == b.st_ino && a.st_dev == b.st_dev;
+  return env.fstat(fd, &a) == 0 && env.stat(path, &b) == 0 && a.st_ino == b.st_ino && a.st_dev == b.st_dev;
 }
 
-Status write_all_at(int fd, std::string_view s, off_t at, const std::string& path) {
+Status write_all_at(Env& env, int fd, std::string_view s, off_t at, const std::string& path) {
   while (!s.empty()) {
-    ssize_t n = ::pwrite(fd, s.data(), s.size(), at);
+    ssize_t n = env.pwrite(fd, s.data(), s.size(), at);
     if (n < 0) {
       if (errno == EINTR) continue;
       return util::errno_status(errno, path);
@@ -201,8 +201,11 @@ std::string header_bytes(uint64_t count, uint64_t end) {
 
 // ---- the journal ---------------------------------------------------------------
 
-MissJournal::MissJournal(const std::string& store_path, size_t keep, bool shared)
-    : path_(path_for(store_path)), keep_(std::max<size_t>(keep, 1)), mode_(shared ? 0660 : 0600) {}
+MissJournal::MissJournal(const std::string& store_path, size_t keep, bool shared, std::shared_ptr<Env> env)
+    : path_(path_for(store_path)),
+      keep_(std::max<size_t>(keep, 1)),
+      mode_(shared ? 0660 : 0600),
+      env_(env ? std::move(env) : Env::posix()) {}
 
 MissJournal::~MissJournal() {
   renew_after_fork();
@@ -212,7 +215,7 @@ MissJournal::~MissJournal() {
   }
   writer_.cv().notify_all();
   writer_.join();  // after it has written what was posted
-  if (fd_ >= 0 && fd_pid_ == ::getpid()) ::close(fd_);
+  if (fd_ >= 0 && fd_pid_ == ::getpid()) env_->close(fd_);
 }
 
 // A child of fork() leaves its parent's posted records to the parent. The
@@ -294,21 +297,21 @@ Status MissJournal::open_locked() {
   for (int attempt = 0; attempt < 8; ++attempt) {
     if (fd_ >= 0 && fd_pid_ != ::getpid()) fd_ = -1;  // the parent's: its lock would be shared with us
     if (fd_ < 0) {
-      fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, mode_);
+      fd_ = env_->open(path_, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, mode_);
       if (fd_ < 0) return util::errno_status(errno, path_);
       fd_pid_ = ::getpid();
-      if (mode_ != 0600) (void)::fchmod(fd_, mode_);  // the group's write, whatever the umask (owner only)
+      if (mode_ != 0600) (void)env_->fchmod(fd_, mode_);  // the group's write, whatever the umask (owner only)
     }
-    int rc = util::flock_within(fd_, LOCK_EX, kLockBoundMs);
+    int rc = util::flock_within(fd_, LOCK_EX, kLockBoundMs, *env_);
     if (rc == ETIMEDOUT) {
-      skip_until_us_.store(util::now_mono_us() + std::chrono::microseconds(kSkipAfterTimeout).count());
+      skip_until_us_.store(env_->now_mono_us() + std::chrono::microseconds(kSkipAfterTimeout).count());
       return Status(Errc::timeout, path_ + ": locked by another process for over 1 s");
     }
     if (rc != 0) return util::errno_status(rc, path_);
-    if (same_file(fd_, path_)) return Status();
+    if (same_file(*env_, fd_, path_)) return Status();
     // Rotated (or removed) since we opened it: open the current one.
-    ::flock(fd_, LOCK_UN);
-    ::close(fd_);
+    env_->flock(fd_, LOCK_UN);
+    env_->close(fd_);
     fd_ = -1;
   }
   return Status(Errc::unavailable, path_ + ": changes too often to be locked");
@@ -321,7 +324,7 @@ Status MissJournal::append(const MissRecord& r) {
 }
 
 Status MissJournal::append_encoded(const std::string* recs, size_t n, size_t* appended) {
-  if (util::now_mono_us() < skip_until_us_.load())
+  if (env_->now_mono_us() < skip_until_us_.load())
     return Status(Errc::timeout, path_ + ": its lock timed out less than 10 s ago; record dropped");
   std::lock_guard<std::mutex> g(*mu_);
   // Each round holds the lock once: it appends as many records as the
@@ -334,30 +337,30 @@ Status MissJournal::append_encoded(const std::string* recs, size_t n, size_t* ap
   for (size_t rotations = 0; done < n;) {
     KCACHE_RETURN_IF_ERROR(open_locked());
     struct stat st;
-    if (::fstat(fd_, &st) != 0) {
+    if (env_->fstat(fd_, &st) != 0) {
       Status s = util::errno_status(errno, path_);
-      ::flock(fd_, LOCK_UN);
+      env_->flock(fd_, LOCK_UN);
       return s;
     }
     uint64_t count = 0, end = kHeader;
     char h[kHeader];
-    if (st.st_size >= static_cast<off_t>(kHeader) && ::pread(fd_, h, kHeader, 0) == static_cast<ssize_t>(kHeader) &&
+    if (st.st_size >= static_cast<off_t>(kHeader) && env_->pread(fd_, h, kHeader, 0) == static_cast<ssize_t>(kHeader) &&
         std::memcmp(h, kMagic, 8) == 0) {
       count = util::get_u64(h + 8);
       end = std::clamp<uint64_t>(util::get_u64(h + 16), kHeader, static_cast<uint64_t>(st.st_size));
     }
     if (count >= keep_) {
       if (rotations++ > n / keep_ + 1) {
-        ::flock(fd_, LOCK_UN);
+        env_->flock(fd_, LOCK_UN);
         return Status(Errc::unavailable, path_ + ": could not rotate");
       }
       // Full: this generation becomes the previous one; a fresh file with
       // its header in place is renamed in, and the next round locks that one.
       std::string tmp = path_ + ".tmp" + std::to_string(::getpid());
-      int t = ::open(tmp.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, mode_);
-      if (t >= 0 && mode_ != 0600) (void)::fchmod(t, mode_);
-      Status s = t < 0 ? util::errno_status(errno, tmp) : write_all_at(t, header_bytes(0, kHeader), 0, tmp);
-      if (t >= 0) ::close(t);
+      int t = env_->open(tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, mode_);
+      if (t >= 0 && mode_ != 0600) (void)env_->fchmod(t, mode_);
+      Status s = t < 0 ? util::errno_status(errno, tmp) : write_all_at(*env_, t, header_bytes(0, kHeader), 0, tmp);
+      if (t >= 0) env_->close(t);
       // The current name never goes missing: another process opening it
       // in a gap would create a file of its own there and append to it
       // under a lock no one else takes. So the previous generation is made
@@ -365,13 +368,12 @@ Status MissJournal::append_encoded(const std::string* recs, size_t n, size_t* ap
       // the fresh file replaces the current one in a single rename.
       const std::string prev = path_ + ".1";
       if (s.is_ok()) {
-        (void)::unlink(prev.c_str());
-        if (::link(path_.c_str(), prev.c_str()) != 0 && ::rename(path_.c_str(), prev.c_str()) != 0)
-          s = util::errno_status(errno, path_);
+        (void)env_->unlink(prev);
+        if (env_->link(path_, prev) != 0 && env_->rename(path_, prev) != 0) s = util::errno_status(errno, path_);
       }
-      if (s.is_ok() && ::rename(tmp.c_str(), path_.c_str()) != 0) s = util::errno_status(errno, path_);
-      if (!s.is_ok()) ::unlink(tmp.c_str());
-      ::flock(fd_, LOCK_UN);
+      if (s.is_ok() && env_->rename(tmp, path_) != 0) s = util::errno_status(errno, path_);
+      if (!s.is_ok()) env_->unlink(tmp);
+      env_->flock(fd_, LOCK_UN);
       if (!s.is_ok()) return s;
       continue;  // open_locked() finds the new file
     }
@@ -385,9 +387,9 @@ Status MissJournal::append_encoded(const std::string* recs, size_t n, size_t* ap
       for (size_t i = done; i < done + take; ++i) joined += recs[i];
       blob = joined;
     }
-    Status s = write_all_at(fd_, blob, static_cast<off_t>(end), path_);
-    if (s.is_ok()) s = write_all_at(fd_, header_bytes(count + take, end + blob.size()), 0, path_);
-    ::flock(fd_, LOCK_UN);
+    Status s = write_all_at(*env_, fd_, blob, static_cast<off_t>(end), path_);
+    if (s.is_ok()) s = write_all_at(*env_, fd_, header_bytes(count + take, end + blob.size()), 0, path_);
+    env_->flock(fd_, LOCK_UN);
     if (!s.is_ok()) return s;
     done += take;
   }
@@ -415,7 +417,7 @@ Expected<std::vector<MissRecord>> read_miss_journal(const std::string& store_pat
       ::close(fd);
       return Status(Errc::timeout, path + ": locked by another process for over 1 s");
     }
-    if (same_file(fd, path)) break;
+    if (same_file(*Env::posix(), fd, path)) break;
     ::close(fd);
     fd = -1;
   }

@@ -23,6 +23,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "kcache/env.h"
 #include "kcache/explain.h"
 #include "kcache/key.h"
 #include "kcache/manifest.h"
@@ -38,7 +39,9 @@ class MissJournal {
   // `store_path` is the disk store's folder (DiskStore::path); the journal
   // is that path + ".misses". keep: records kept (at least 1). shared: the
   // files are made group-writable (a store shared with a group).
-  MissJournal(const std::string& store_path, size_t keep, bool shared = false);
+  // Its file operations, lock waits and clock go through `env` (null: the
+  // real one), the Cache's Options::env.
+  MissJournal(const std::string& store_path, size_t keep, bool shared = false, std::shared_ptr<Env> env = nullptr);
   ~MissJournal();
   MissJournal(const MissJournal&) = delete;
   MissJournal& operator=(const MissJournal&) = delete;
@@ -78,6 +81,7 @@ class MissJournal {
   std::string path_;
   size_t keep_;
   unsigned mode_;
+  const std::shared_ptr<Env> env_;  // never null
   // On the heap: a child of fork() replaces it (a parent thread may have
   // held it at the fork), as util::Worker does its own.
   std::unique_ptr<std::mutex> mu_ = std::make_unique<std::mutex>();

@@ -41,6 +41,7 @@ class PosixEnv final : public Env {
   }
   int rename(const std::string& from, const std::string& to) override { return ::rename(from.c_str(), to.c_str()); }
   int unlink(const std::string& path) override { return ::unlink(path.c_str()); }
+  int link(const std::string& from, const std::string& to) override { return ::link(from.c_str(), to.c_str()); }
   int set_mtime_ms(const std::string& path, uint64_t ms) override {
     struct timespec ts[2];
     ts[0].tv_sec = 0;

@@ -17,6 +17,7 @@
 #include <sstream>
 
 #include "cache/journal.h"
+#include "fault_env.h"
 #include "kcache/assembly.h"
 #include "kcache/cache.h"
 #include "kcache/miss_journal.h"
@@ -78,6 +79,34 @@ TEST(MissJournal, RecordsReadBackWhole) {
   ASSERT_EQ(last2->size(), 2u);
   EXPECT_EQ(index_of((*last2)[0]), 3u);
   EXPECT_EQ(index_of((*last2)[1]), 4u);
+}
+
+// The journal's file operations go through the Env: a full or read-only
+// disk fails an append with its own code and loses no record already
+// committed, and the journal works again once the disk does. Rotation
+// (link, rename) under a read-only disk fails the same way.
+TEST(MissJournal, FaultsOfTheEnvFailAppendsAndLoseNothingCommitted) {
+  test::TempDir tmp;
+  std::string store = tmp.path() + "/lmdb";
+  auto env = std::make_shared<test::FaultEnv>();
+  MissJournal j(store, 3, false, env);
+  for (uint64_t i = 0; i < 3; ++i) ASSERT_TRUE(j.append(record(i)).is_ok());
+  env->no_space = true;
+  Status full = j.append(record(3));  // the file is at `keep`: a rotation, which must create a file
+  EXPECT_EQ(full.code(), Errc::no_space) << full.to_string();
+  env->no_space = false;
+  env->read_only = true;
+  EXPECT_EQ(j.append(record(4)).code(), Errc::read_only);
+  EXPECT_GT(env->faults.load(), 0u);
+  auto kept = read_miss_journal(store, 10);
+  ASSERT_TRUE(kept);
+  ASSERT_EQ(kept->size(), 3u) << "what was committed before the faults is all there";
+  EXPECT_EQ(index_of((*kept)[2]), 2u);
+  env->read_only = false;
+  ASSERT_TRUE(j.append(record(5)).is_ok());
+  auto after = read_miss_journal(store, 10);
+  ASSERT_TRUE(after);
+  EXPECT_EQ(index_of(after->back()), 5u);
 }
 
 TEST(MissJournal, BoundedKeepsTheNewest) {

@@ -123,6 +123,10 @@ class FaultEnv final : public Env {
     if (read_only) return fail(EROFS);
     return base_->unlink(path);
   }
+  int link(const std::string& from, const std::string& to) override {
+    if (int e = write_fault()) return fail(e);
+    return base_->link(from, to);
+  }
   int set_mtime_ms(const std::string& path, uint64_t unix_ms) override {
     mtimes.fetch_add(1);
     if (read_only) return fail(EROFS);
