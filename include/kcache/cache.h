@@ -188,7 +188,7 @@ struct Options {
 };
 
 // One option: its name for Options::set, its variable (empty when it has
-// none) and what it takes, for help texts and `kcache config`.
+// none) and what it takes, for help texts and tools that list options.
 struct OptionInfo {
   std::string_view name;
   std::string_view env;

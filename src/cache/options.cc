@@ -371,8 +371,8 @@ std::vector<Status> Options::apply_env() {
     bool known = other_variable(var);
     for (const auto& r : kRows) known = known || r.info.env == var;
     if (!known)
-      problems.push_back(
-          Status(Errc::not_found, std::string(var) + " is not a kcache variable (`kcache config` lists them)"));
+      problems.push_back(Status(
+          Errc::not_found, std::string(var) + " is not a kcache variable (docs/design.md, \"Options\", lists them)"));
   }
   return problems;
 }
