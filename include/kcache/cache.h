@@ -91,7 +91,7 @@ struct Options {
   // The memory tier and its size in bytes (default 256 MiB). "memory",
   // "memory_size" (KCACHE_MEMORY_SIZE; "0" leaves the tier out).
   bool memory_tier = true;
-  uint64_t memory_bytes = uint64_t(256) << 20;
+  uint64_t memory_bytes = MemoryTierOptions().max_bytes;
   // The disk store. "disk".
   bool disk_tier = true;
   // Nothing is looked up or stored; every get_or_compile compiles.

@@ -85,6 +85,15 @@ class Env {
   virtual uint64_t now_unix_ms() = 0;
   virtual void sleep_us(uint64_t us) = 0;
   void sleep_for(uint64_t ms) { sleep_us(ms * 1000); }
+  // Waits for the wall clock to pass the current millisecond and returns
+  // the next one: what was stamped before the call has a smaller time, what
+  // is stamped after it a time at or past the result (the disk engines'
+  // StoreAdmin::mark).
+  uint64_t next_unix_ms() {
+    const uint64_t now = now_unix_ms();
+    while (now_unix_ms() <= now) sleep_us(100);
+    return now + 1;
+  }
   // Waits on `cv` (whose mutex `lk` holds) until notified or about `us`
   // passed on this Env's clock. It may return early: callers re-check
   // their condition and the clock, so an Env whose clock only moves by

@@ -200,8 +200,9 @@ class Tier {
 // ---- Factories -----------------------------------------------------------
 
 struct MemoryTierOptions {
-  // Bytes of encoded entries held; 0 means 256 MiB. Default 256 MiB.
-  uint64_t max_bytes = 0;
+  // Bytes of encoded entries held (default 256 MiB); 0 is taken as the
+  // default.
+  uint64_t max_bytes = uint64_t(256) << 20;
   // Number of independently locked shards; 0 means 16.
   unsigned shards = 0;
   // Largest single entry held; 0 means one shard's budget.
@@ -268,7 +269,18 @@ struct DiskTierOptions {
   std::shared_ptr<Env> env;
 };
 
-// Effective limits (a 0 taken as the default).
+// The limits an engine applies: each value the comments above say is taken
+// as the default (0, a low_water outside (0, 1)) replaced by the default of
+// the initialiser, and max_entry_bytes 0 by max_bytes / 8. Both disk
+// engines read their limits through this, so the defaults live in one
+// place.
+struct DiskLimits {
+  uint64_t max_bytes, max_entries, max_entry_bytes;
+  double low_water;
+  unsigned recency_batch;
+  uint64_t stale_temp_ms;
+};
+DiskLimits effective_limits(const DiskTierOptions& o) noexcept;
 uint64_t effective_max_bytes(const DiskTierOptions& o) noexcept;
 uint64_t effective_max_entries(const DiskTierOptions& o) noexcept;
 

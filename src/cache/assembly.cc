@@ -149,6 +149,14 @@ const EngineInfo& engine_info(Engine e) noexcept {
   return kEngines[0];
 }
 
+namespace {
+
+// Whether this cache takes part in cross-process single-flight: the disk
+// store's leases and the remote's both follow it.
+bool takes_leases(const Options& o) { return o.process_single_flight && !o.read_only && !o.disabled; }
+
+}  // namespace
+
 DiskStoreSpec DiskStoreSpec::from(const Options& options) {
   DiskStoreSpec s;
   s.dir = options.dir.empty() ? Options::default_dir() : options.dir;
@@ -158,7 +166,7 @@ DiskStoreSpec DiskStoreSpec::from(const Options& options) {
   s.shared_group = options.shared_group;
   s.create = options.create_dir;
   s.read_only = options.read_only;
-  s.leases = options.process_single_flight && !options.read_only && !options.disabled;
+  s.leases = takes_leases(options);
   return s;
 }
 
@@ -228,7 +236,6 @@ Expected<DiskStore> open_disk_store(const DiskStoreSpec& spec) {
 Assembly assemble(const Options& options) {
   Assembly a;
   if (options.disabled) return a;
-  const bool coordinate = options.process_single_flight && !options.read_only;
   if (options.memory_tier) {
     MemoryTierOptions mo;
     mo.max_bytes = options.memory_bytes;
@@ -259,7 +266,7 @@ Assembly assemble(const Options& options) {
       a.remote = remote->tier;
       a.tiers.push_back(a.remote);
       // Machines sharing the remote also share single-flight through it.
-      if (coordinate && remote->leases) a.leases = remote->leases(std::move(a.leases));
+      if (takes_leases(options) && remote->leases) a.leases = remote->leases(std::move(a.leases));
     } else {
       KCACHE_LOG(LogLevel::warn, "running without the remote tier: %s", remote.error().to_string().c_str());
     }

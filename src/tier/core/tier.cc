@@ -1,6 +1,7 @@
 // Tier base behaviour (argument checks), the defaults of StoreAdmin and the
 // read-only wrapper.
 
+#include <algorithm>
 #include <atomic>
 #include <cctype>
 #include <cstdio>
@@ -128,10 +129,19 @@ std::shared_ptr<Tier> make_read_only(std::shared_ptr<Tier> inner) {
   return std::make_shared<ReadOnlyTier>(std::move(inner));
 }
 
-uint64_t effective_max_bytes(const DiskTierOptions& o) noexcept {
-  return o.max_bytes ? o.max_bytes : (uint64_t(4) << 30);
+DiskLimits effective_limits(const DiskTierOptions& o) noexcept {
+  static const DiskTierOptions d;
+  DiskLimits l;
+  l.max_bytes = o.max_bytes ? o.max_bytes : d.max_bytes;
+  l.max_entries = o.max_entries ? o.max_entries : d.max_entries;
+  l.max_entry_bytes = o.max_entry_bytes ? o.max_entry_bytes : std::max<uint64_t>(l.max_bytes / 8, 1);
+  l.low_water = o.low_water > 0 && o.low_water < 1 ? o.low_water : d.low_water;
+  l.recency_batch = o.recency_batch ? o.recency_batch : d.recency_batch;
+  l.stale_temp_ms = o.stale_temp_ms ? o.stale_temp_ms : d.stale_temp_ms;
+  return l;
 }
-uint64_t effective_max_entries(const DiskTierOptions& o) noexcept { return o.max_entries ? o.max_entries : 200000; }
+uint64_t effective_max_bytes(const DiskTierOptions& o) noexcept { return effective_limits(o).max_bytes; }
+uint64_t effective_max_entries(const DiskTierOptions& o) noexcept { return effective_limits(o).max_entries; }
 
 std::vector<std::string> features() {
   std::vector<std::string> f;

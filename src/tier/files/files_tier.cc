@@ -121,12 +121,13 @@ Status write_temp(Env& env, const std::string& prefix, std::string_view data, bo
 class FilesTier final : public Tier, public StoreAdmin {
  public:
   FilesTier(std::string dir, const DiskTierOptions& o) : dir_(std::move(dir)), env_(o.env ? o.env : Env::posix()) {
-    max_bytes_ = effective_max_bytes(o);
-    max_entries_ = effective_max_entries(o);
-    low_water_ = o.low_water > 0 && o.low_water < 1 ? o.low_water : 0.8;
-    max_entry_ = o.max_entry_bytes ? o.max_entry_bytes : std::max<uint64_t>(max_bytes_ / 8, 1);
-    batch_ = o.recency_batch ? o.recency_batch : 256;
-    stale_temp_ms_ = o.stale_temp_ms ? o.stale_temp_ms : 3600'000;
+    const DiskLimits l = effective_limits(o);
+    max_bytes_ = l.max_bytes;
+    max_entries_ = l.max_entries;
+    low_water_ = l.low_water;
+    max_entry_ = l.max_entry_bytes;
+    batch_ = l.recency_batch;
+    stale_temp_ms_ = l.stale_temp_ms;
     sync_ = o.durability != Durability::none;
     read_only_ = o.read_only;
   }
@@ -187,9 +188,7 @@ class FilesTier final : public Tier, public StoreAdmin {
   // mtimes) to pass the current millisecond and returns the next one.
   Expected<uint64_t> mark() override {
     KCACHE_RETURN_IF_ERROR(flush());
-    const uint64_t now = env_->now_unix_ms();
-    while (env_->now_unix_ms() <= now) env_->sleep_us(100);
-    return now + 1;
+    return env_->next_unix_ms();
   }
 
   void set_mtime_ms(const std::string& path, uint64_t ms) { (void)env_->set_mtime_ms(path, ms); }

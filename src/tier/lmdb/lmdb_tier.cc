@@ -110,11 +110,12 @@ class LmdbTier final : public Tier, public StoreAdmin {
  public:
   LmdbTier(std::shared_ptr<LmdbEnv> env, const DiskTierOptions& o)
       : env_(std::move(env)), opt_(o), clock_(Env::or_posix(opt_.env)) {
-    max_bytes_ = effective_max_bytes(o);
-    max_entries_ = effective_max_entries(o);
-    low_water_ = o.low_water > 0 && o.low_water < 1 ? o.low_water : 0.8;
-    max_entry_ = o.max_entry_bytes ? o.max_entry_bytes : std::max<uint64_t>(max_bytes_ / 8, 1);
-    batch_ = o.recency_batch ? o.recency_batch : 256;
+    const DiskLimits l = effective_limits(o);
+    max_bytes_ = l.max_bytes;
+    max_entries_ = l.max_entries;
+    low_water_ = l.low_water;
+    max_entry_ = l.max_entry_bytes;
+    batch_ = l.recency_batch;
     // A read-only store gets no writes, so nothing needs flushing.
     if (!read_only_) flusher_ = std::thread([this] { flusher_loop(); });
   }
@@ -241,9 +242,7 @@ class LmdbTier final : public Tier, public StoreAdmin {
   Expected<uint64_t> mark() override {
     if (env_->inherited()) return env_->inherited_error();
     KCACHE_RETURN_IF_ERROR(flush());
-    const uint64_t now = clock_.now_unix_ms();
-    while (clock_.now_unix_ms() <= now) clock_.sleep_us(100);
-    return now + 1;
+    return clock_.next_unix_ms();
   }
 
   Status list(const std::function<bool(const ListItem&)>& fn) override {

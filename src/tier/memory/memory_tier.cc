@@ -25,7 +25,7 @@ namespace {
 class MemoryTier final : public Tier, public StoreAdmin {
  public:
   explicit MemoryTier(const MemoryTierOptions& o) {
-    uint64_t total = o.max_bytes ? o.max_bytes : (uint64_t(256) << 20);
+    uint64_t total = o.max_bytes ? o.max_bytes : MemoryTierOptions().max_bytes;
     unsigned n = o.shards ? o.shards : 16;
     shards_ = std::vector<Shard>(n);
     per_shard_ = total / n;
