@@ -119,12 +119,9 @@ std::string join(const std::vector<std::string>& v) {
 
 class ReadOnlyNoWrite : public ::testing::TestWithParam<DiskEngine> {};
 
-}  // namespace
-
-TEST_P(ReadOnlyNoWrite, CorruptEntryIsReportedNotRemovedAndNothingIsWritten) {
-  const DiskEngine& eng = GetParam();
-  TempDir td;
-  std::string dir = td.path() + "/store";
+// A writable store in `dir` with entries 1 and 2, then entry 1 damaged on
+// disk. Check HasFatalFailure() after it.
+void store_two_and_corrupt_the_first(const DiskEngine& eng, const std::string& dir) {
   {
     auto w = eng.open(dir, options());
     ASSERT_TRUE(w.has_value()) << w.error().to_string();
@@ -133,6 +130,15 @@ TEST_P(ReadOnlyNoWrite, CorruptEntryIsReportedNotRemovedAndNothingIsWritten) {
     ASSERT_TRUE((*w)->flush().is_ok());
   }
   corrupt_entry_1(eng.name, dir);
+}
+
+}  // namespace
+
+TEST_P(ReadOnlyNoWrite, CorruptEntryIsReportedNotRemovedAndNothingIsWritten) {
+  const DiskEngine& eng = GetParam();
+  TempDir td;
+  std::string dir = td.path() + "/store";
+  store_two_and_corrupt_the_first(eng, dir);
   if (HasFatalFailure()) return;
   TierStats stored;
   {
@@ -192,13 +198,7 @@ TEST_P(ReadOnlyNoWrite, PeekLeavesACorruptEntryAndWritesNothing) {
   const DiskEngine& eng = GetParam();
   TempDir td;
   std::string dir = td.path() + "/store";
-  {
-    auto w = eng.open(dir, options());
-    ASSERT_TRUE(w.has_value()) << w.error().to_string();
-    ASSERT_TRUE((*w)->put(make_entry(1, kSize)).is_ok());
-    ASSERT_TRUE((*w)->put(make_entry(2, kSize)).is_ok());
-  }
-  corrupt_entry_1(eng.name, dir);
+  store_two_and_corrupt_the_first(eng, dir);
   if (HasFatalFailure()) return;
   auto t = eng.open(dir, options());
   ASSERT_TRUE(t.has_value()) << t.error().to_string();
@@ -270,13 +270,7 @@ TEST_P(ReadOnlyNoWrite, WrapperLeavesTheSharedTierAsItWas) {
   const DiskEngine& eng = GetParam();
   TempDir td;
   std::string dir = td.path() + "/store";
-  {
-    auto w = eng.open(dir, options());
-    ASSERT_TRUE(w.has_value()) << w.error().to_string();
-    ASSERT_TRUE((*w)->put(make_entry(1, kSize)).is_ok());
-    ASSERT_TRUE((*w)->put(make_entry(2, kSize)).is_ok());
-  }
-  corrupt_entry_1(eng.name, dir);
+  store_two_and_corrupt_the_first(eng, dir);
   if (HasFatalFailure()) return;
   auto shared = eng.open(dir, options());
   ASSERT_TRUE(shared.has_value()) << shared.error().to_string();
