@@ -188,6 +188,8 @@ Expected<DiskStore> open_disk_store(const DiskStoreSpec& spec) {
   if (!engine.built)
     return Status(Errc::unavailable, "this kcache was built without the " + std::string(engine.name) + " engine");
   if (spec.dir.empty()) return Status(Errc::unavailable, "no cache folder (HOME and XDG_CACHE_HOME unset)");
+  // No file of the store may take a closed descriptor 0, 1 or 2.
+  util::reserve_std_fds();
   DiskStore d;
   d.engine = spec.engine;
   d.dir = spec.dir;

@@ -325,7 +325,7 @@ class TableLeases final : public Leases {
         State* old = state_.release();
         if (old->fd >= 0) ::close(old->fd);  // leaves the parent's locks alone
         state_ = std::make_unique<State>();
-        int fd = ::open(path_.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+        int fd = util::open_above_std(path_.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW);
         state_->fd = fd;
         gen_.store(g, std::memory_order_release);
       }
@@ -351,7 +351,7 @@ class TableLeases final : public Leases {
   // Opens and maps the table, making it ready first if no process has.
   Status open_file() {
     const unsigned mode = shared_ ? 0660 : 0600;
-    int fd = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, mode);
+    int fd = util::open_above_std(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, mode);
     if (fd < 0) return util::errno_status(errno, path_);
     // The mapping outlives the descriptor. It also keeps the open file
     // description, and with it any lock on it, so the header lock is

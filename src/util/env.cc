@@ -11,13 +11,16 @@
 #include <cstring>
 #include <thread>
 
+#include "util/util.h"
+
 namespace kcache {
 namespace {
 
 class PosixEnv final : public Env {
  public:
   int open(const std::string& path, int flags, unsigned mode) override {
-    return ::open(path.c_str(), flags, static_cast<mode_t>(mode));
+    // Never 0, 1 or 2: a program's standard output must not land in a store file.
+    return util::open_above_std(path.c_str(), flags, mode);
   }
   int close(int fd) override { return ::close(fd); }
   ssize_t read(int fd, void* buf, size_t n) override { return ::read(fd, buf, n); }

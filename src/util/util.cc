@@ -4,6 +4,8 @@
 #include <grp.h>
 #include <pthread.h>
 #include <pwd.h>
+#include <setjmp.h>
+#include <signal.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -66,10 +68,181 @@ std::string Status::to_string() const {
 }
 
 namespace util {
+
+// ---- descriptors 0, 1 and 2 ------------------------------------------------
+
+namespace {
+
+// A descriptor for a standard slot that nothing can be written through by
+// mistake: /dev/null, else the root folder (writes to it fail).
+int open_placeholder() noexcept {
+  int fd = ::open("/dev/null", O_RDWR);
+  if (fd < 0) fd = ::open("/", O_RDONLY | O_DIRECTORY);
+  return fd;
+}
+
+bool fd_closed(int fd) noexcept { return ::fcntl(fd, F_GETFD) == -1 && errno == EBADF; }
+
+std::mutex g_store_files_mu;
+std::vector<std::pair<dev_t, ino_t>>* g_store_files = nullptr;  // GUARDED_BY(g_store_files_mu); leaked
+
+bool is_store_file(const struct stat& st) {
+  std::lock_guard lk(g_store_files_mu);
+  if (!g_store_files) return false;
+  for (const auto& [dev, ino] : *g_store_files)
+    if (dev == st.st_dev && ino == st.st_ino) return true;
+  return false;
+}
+
+}  // namespace
+
+void reserve_std_fds() noexcept {
+  const int saved = errno;
+  for (int i = 0; i < 3; ++i) {
+    if (!fd_closed(i)) continue;
+    // The lowest free descriptor: this one, or a lower one another thread
+    // freed meanwhile (which needs it as much).
+    int fd = open_placeholder();
+    if (fd > 2) {
+      ::close(fd);
+      break;
+    }
+    if (fd < 0) break;
+  }
+  errno = saved;
+}
+
+int open_above_std(const char* path, int flags, unsigned mode) noexcept {
+  int fd = ::open(path, flags, static_cast<mode_t>(mode));
+  if (fd < 0 || fd > 2) return fd;
+  int high = ::fcntl(fd, (flags & O_CLOEXEC) ? F_DUPFD_CLOEXEC : F_DUPFD, 3);
+  const int err = errno;
+  // The slot keeps a harmless file, never this one.
+  int nul = open_placeholder();
+  if (nul >= 0 && nul != fd) {
+    ::dup2(nul, fd);
+    if (nul > 2) ::close(nul);
+  } else if (nul < 0) {
+    ::close(fd);
+  }
+  reserve_std_fds();
+  if (high < 0) errno = err;
+  return high;
+}
+
+void note_store_file(int fd) noexcept {
+  struct stat st;
+  if (::fstat(fd, &st) != 0) return;
+  std::lock_guard lk(g_store_files_mu);
+  if (!g_store_files) g_store_files = new std::vector<std::pair<dev_t, ino_t>>();
+  for (const auto& [dev, ino] : *g_store_files)
+    if (dev == st.st_dev && ino == st.st_ino) return;
+  g_store_files->emplace_back(st.st_dev, st.st_ino);
+}
+
+void note_store_file(const std::string& path) noexcept {
+  int fd = ::open(path.c_str(), O_PATH | O_CLOEXEC);
+  if (fd < 0) return;
+  note_store_file(fd);
+  ::close(fd);
+}
+
+// ---- maps that other processes can shrink ----------------------------------
+
+namespace {
+
+thread_local sigjmp_buf* t_guard = nullptr;  // set inside run_guarded
+struct sigaction g_prev_bus;                 // the handler before ours
+std::once_flag g_bus_once;
+
+void on_sigbus(int sig, siginfo_t* info, void* uc) {
+  if (sigjmp_buf* jb = t_guard) {
+    t_guard = nullptr;
+    siglongjmp(*jb, 1);
+  }
+  // Not a guarded read: what the handler before ours would have done.
+  if (g_prev_bus.sa_flags & SA_SIGINFO) {
+    if (g_prev_bus.sa_sigaction) g_prev_bus.sa_sigaction(sig, info, uc);
+    return;
+  }
+  if (g_prev_bus.sa_handler != SIG_DFL && g_prev_bus.sa_handler != SIG_IGN) {
+    g_prev_bus.sa_handler(sig);
+    return;
+  }
+  ::signal(SIGBUS, SIG_DFL);
+  ::raise(SIGBUS);
+}
+
+void install_sigbus_handler() {
+  struct sigaction sa {};
+  sa.sa_sigaction = on_sigbus;
+  // SIGBUS stays unblocked in the handler, so the jump back (which does
+  // not restore the signal mask) leaves it unblocked.
+  sa.sa_flags = SA_SIGINFO | SA_NODEFER | SA_ONSTACK;
+  sigemptyset(&sa.sa_mask);
+  ::sigaction(SIGBUS, &sa, &g_prev_bus);
+}
+
+}  // namespace
+
+bool run_guarded(void (*fn)(void*), void* arg) noexcept {
+  std::call_once(g_bus_once, install_sigbus_handler);
+  sigjmp_buf jb;
+  sigjmp_buf* volatile outer = t_guard;
+  if (sigsetjmp(jb, 0) != 0) {
+    t_guard = outer;
+    return false;
+  }
+  t_guard = &jb;
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+  fn(arg);
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+  t_guard = outer;
+  return true;
+}
+
+bool copy_guarded(void* dst, const void* src, size_t n) noexcept {
+  struct Copy {
+    void* dst;
+    const void* src;
+    size_t n;
+  } c{dst, src, n};
+  return run_guarded(
+      +[](void* a) {
+        auto* c = static_cast<Copy*>(a);
+        std::memcpy(c->dst, c->src, c->n);
+      },
+      &c);
+}
+
+// ---- logging ----------------------------------------------------------------
+
 namespace {
 std::atomic<int> g_level{static_cast<int>(LogLevel::warn)};
 std::mutex g_log_mu;
-FILE* g_log_file = nullptr;  // GUARDED_BY(g_log_mu); null means stderr
+FILE* g_log_file = nullptr;  // GUARDED_BY(g_log_mu); null means descriptor 2
+// Descriptor 2 when the log first wrote to it (GUARDED_BY(g_log_mu)).
+bool g_err_seen = false, g_err_open = false;
+dev_t g_err_dev = 0;
+ino_t g_err_ino = 0;
+
+// Whether a line may be written to descriptor 2 now (see util.h).
+bool stderr_writable() {
+  struct stat st;
+  const bool open = ::fstat(2, &st) == 0;
+  if (!g_err_seen) {
+    g_err_seen = true;
+    g_err_open = open;
+    if (open) {
+      g_err_dev = st.st_dev;
+      g_err_ino = st.st_ino;
+    }
+  }
+  if (!open || is_store_file(st)) return false;
+  if (g_err_open && st.st_dev == g_err_dev && st.st_ino == g_err_ino) return true;
+  const int fl = ::fcntl(2, F_GETFL);
+  return !S_ISREG(st.st_mode) || (fl >= 0 && (fl & O_ACCMODE) == O_WRONLY);
+}
 }  // namespace
 
 void set_log(LogLevel level, const std::string& file) {
@@ -79,7 +252,9 @@ void set_log(LogLevel level, const std::string& file) {
     std::fclose(g_log_file);
     g_log_file = nullptr;
   }
-  if (!file.empty()) g_log_file = std::fopen(file.c_str(), "ae");
+  if (file.empty()) return;
+  int fd = open_above_std(file.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0666);
+  if (fd >= 0 && !(g_log_file = ::fdopen(fd, "a"))) ::close(fd);
 }
 
 LogLevel log_level() noexcept { return static_cast<LogLevel>(g_level.load(std::memory_order_relaxed)); }
@@ -92,8 +267,13 @@ void log(LogLevel level, const char* fmt, ...) {
   std::vsnprintf(buf, sizeof buf, fmt, ap);
   va_end(ap);
   std::lock_guard lk(g_log_mu);
-  std::fprintf(g_log_file ? g_log_file : stderr, "kcache: %s: %s\n", names[static_cast<int>(level)], buf);
-  if (g_log_file) std::fflush(g_log_file);
+  if (g_log_file) {
+    std::fprintf(g_log_file, "kcache: %s: %s\n", names[static_cast<int>(level)], buf);
+    std::fflush(g_log_file);
+    return;
+  }
+  if (!stderr_writable()) return;
+  std::fprintf(stderr, "kcache: %s: %s\n", names[static_cast<int>(level)], buf);
 }
 
 uint64_t now_unix_ms() noexcept {

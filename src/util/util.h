@@ -21,6 +21,49 @@ void log(LogLevel level, const char* fmt, ...) __attribute__((format(printf, 2, 
     if (::kcache::util::log_level() >= (level)) ::kcache::util::log((level), __VA_ARGS__); \
   } while (0)
 
+// The log goes to the file set_log names, else to descriptor 2, but only
+// while descriptor 2 is what a log may be written to: open, not a store
+// file (note_store_file), and either the file it was when the log was
+// first used or one opened write-only (a redirection) or not a regular
+// file (a terminal, pipe, socket, /dev/null). A line that may not be
+// written is dropped: a data file that landed on descriptor 2 after a
+// program closed it is never written to.
+
+// ---- descriptors 0, 1 and 2 ------------------------------------------------
+// A program started with descriptor 0, 1 or 2 closed (daemons, some
+// launchers) would hand the next file opened that number, and whatever the
+// program (or the log) then writes to its standard input, output or error
+// would land in that file. Every store file kcache opens therefore opens
+// above 2:
+//
+// Gives each closed descriptor among 0, 1 and 2 /dev/null (read-write, not
+// close-on-exec), so no file opened next takes one of them. Called before
+// LMDB opens its files and before a disk store is assembled.
+void reserve_std_fds() noexcept;
+// open(2) that never returns 0, 1 or 2: a file that would take one of them
+// is moved above 2 (F_DUPFD, close-on-exec as `flags` say) and the slot
+// gets /dev/null. The POSIX Env, the lease table and bundles open through it.
+int open_above_std(const char* path, int flags, unsigned mode = 0) noexcept;
+// Records that `fd` (or the file at `path`) is a file of a store: the log
+// never writes to descriptor 2 while it is one of them.
+void note_store_file(int fd) noexcept;
+void note_store_file(const std::string& path) noexcept;
+
+// ---- maps that other processes can shrink ----------------------------------
+// A read of a page of a mapped file that lies past the file's end (the file
+// was truncated, or rewritten in place, under the map) raises SIGBUS.
+// run_guarded calls fn(arg) and returns true, or returns false as soon as a
+// SIGBUS interrupts it on this thread: a process-wide SIGBUS handler,
+// installed on first use, jumps back here (sigsetjmp/siglongjmp) when the
+// fault happens inside a guarded call and otherwise does what the handler
+// installed before it would have (by default: the process dies of SIGBUS).
+// fn must be plain reads: it must take no lock, allocate nothing and own
+// nothing that would need releasing when it is cut short.
+bool run_guarded(void (*fn)(void*), void* arg) noexcept;
+// memcpy that returns false instead of dying when `src` is a map whose
+// file shrank (what was copied until then is unspecified).
+bool copy_guarded(void* dst, const void* src, size_t n) noexcept;
+
 // ---- time ----------------------------------------------------------------
 uint64_t now_unix_ms() noexcept;
 uint64_t now_mono_us() noexcept;

@@ -149,7 +149,7 @@ Status bundle_keygen(const std::string& key_file) {
   KCACHE_TRY(std::string priv, pem(true));
   KCACHE_TRY(std::string pub, pem(false));
   // O_EXCL: never replaces a key that appeared meanwhile.
-  int fd = ::open(key_file.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  int fd = util::open_above_std(key_file.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
   if (fd < 0) return util::errno_status(errno, "create " + key_file);
   bool ok = ::fchmod(fd, 0600) == 0 && ::write(fd, priv.data(), priv.size()) == static_cast<ssize_t>(priv.size()) &&
             ::fsync(fd) == 0;

@@ -270,7 +270,7 @@ class BundleTier final : public Tier, public StoreAdmin {
 uint64_t Reader::length_at(uint64_t i) const { return util::get_u64(index_ + i * kRecordSize + r_length); }
 
 Expected<std::shared_ptr<Reader>> open_file(const std::string& path, const std::vector<std::string>& trusted_keys) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  int fd = util::open_above_std(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return util::errno_status(errno, "open bundle " + path);
   struct stat st;
   if (::fstat(fd, &st) != 0) {

@@ -200,7 +200,7 @@ Expected<BundleInfo> write_bundle(Tier& from, const BundleSelection& selection, 
   // The entries go to an unnamed temp file beside the bundle first (the
   // index comes before them and is known only at the end); then header,
   // index and entries are copied into a named temp file renamed into place.
-  int data_fd = ::open(dir.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+  int data_fd = util::open_above_std(dir.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
   if (data_fd < 0) return util::errno_status(errno, "temp file in " + dir);
   struct Closer {
     int fd;
@@ -214,7 +214,7 @@ Expected<BundleInfo> write_bundle(Tier& from, const BundleSelection& selection, 
   std::snprintf(suffix, sizeof suffix, "%016llx", static_cast<unsigned long long>(util::random_u64()));
   std::string tmp = path + ".tmp." + suffix;
   // Shipped to others: readable by all, like any file one ships.
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  int fd = util::open_above_std(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (fd < 0) return util::errno_status(errno, "create " + tmp);
   Status st = bundle::write_all(fd, head, tmp);
   loff_t in = 0;

@@ -215,7 +215,7 @@ class TreeChecker {
 // newer one claims are present (LMDB would otherwise map past the end of
 // the file, or size its map from a corrupt field).
 Status check_metas_before_open(const std::string& data_path) {
-  int fd = ::open(data_path.c_str(), O_RDONLY | O_CLOEXEC);
+  int fd = util::open_above_std(data_path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return Status();  // a new store
   struct stat st;
   Status res;
@@ -252,7 +252,7 @@ Status check_tree(MDB_env* env, const std::string& data_path, const unsigned cha
   mdb_env_stat(env, &mst);
   uint32_t ps = mst.ms_psize;
   Status res;
-  int fd = ::open(data_path.c_str(), O_RDONLY | O_CLOEXEC);
+  int fd = util::open_above_std(data_path.c_str(), O_RDONLY | O_CLOEXEC);
   struct stat fst;
   if (fd < 0 || ::fstat(fd, &fst) != 0) {
     res = util::errno_status(errno, "open " + data_path);

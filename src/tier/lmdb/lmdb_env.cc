@@ -184,9 +184,15 @@ Expected<std::shared_ptr<LmdbEnv>> LmdbEnv::open(const std::string& dir, uint64_
     flags |= MDB_NOSYNC;
   else if (!sync_meta)
     flags |= MDB_NOMETASYNC;
+  // LMDB opens its files inside mdb_env_open: none of them may take a
+  // closed descriptor 0, 1 or 2, or what the program writes to its standard
+  // output or error would land in the store.
+  util::reserve_std_fds();
   rc = mdb_env_open(env->env_, dir.c_str(), flags, 0600);
   if (rc) return mdb_status(rc, "open " + dir);
   set_cloexec_on_store_fds(env->env_, dir);
+  util::note_store_file(data);
+  util::note_store_file(dir + "/lock.mdb");
   int dead = 0;
   mdb_reader_check(env->env_, &dead);
 
@@ -205,7 +211,7 @@ Expected<std::shared_ptr<LmdbEnv>> LmdbEnv::open(const std::string& dir, uint64_
   // Through LMDB's own map where it was found: the pages the check reads
   // are then mapped for the lookups that follow, not faulted in twice.
   if (check_structure) KCACHE_RETURN_IF_ERROR(check_tree(env->env_, data, env->map_base_, env->map_len_));
-  env->gate_fd_ = ::open((dir + "/lock.mdb").c_str(), O_RDONLY | O_CLOEXEC);
+  env->gate_fd_ = util::open_above_std((dir + "/lock.mdb").c_str(), O_RDONLY | O_CLOEXEC);
   KCACHE_RETURN_IF_ERROR(env->open_databases());
   registry[id] = env;
   return env;

@@ -928,7 +928,7 @@ Expected<std::shared_ptr<Tier>> open_lmdb_tier(const std::string& dir, const Dis
     // each looks again first, so a fresh store another one just made is
     // used, not moved aside in its turn.
     std::string lock_path = dir + ".quarantine-lock";
-    int lfd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    int lfd = util::open_above_std(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
     if (lfd >= 0) {
       while (::flock(lfd, LOCK_EX) != 0 && errno == EINTR) {}
       env = LmdbEnv::open(dir, map_size, sync_data, sync_meta, options.check_on_open);
