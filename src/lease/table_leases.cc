@@ -37,6 +37,7 @@
 // In a store folder shared with a group, the file is group-writable.
 #include <fcntl.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/vfs.h>
@@ -132,17 +133,105 @@ bool ofd_lock(int fd, off_t at, off_t len) {
 
 void ofd_unlock(int fd, off_t at, off_t len) { (void)ofd_setlk(fd, F_UNLCK, at, len); }
 
+// The kind a bucket's mutex has when make_ready made it (robust,
+// process-shared). Garbage in the bucket's lock shows here first. Only
+// glibc's layout is known; elsewhere every kind passes.
+#if defined(__GLIBC__)
+int expected_lock_kind() {
+  static const int want = [] {
+    pthread_mutexattr_t a;
+    pthread_mutex_t m;
+    ::pthread_mutexattr_init(&a);
+    ::pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
+    ::pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST);
+    ::pthread_mutex_init(&m, &a);
+    ::pthread_mutexattr_destroy(&a);
+    int k = m.__data.__kind;
+    ::pthread_mutex_destroy(&m);
+    return k;
+  }();
+  return want;
+}
+#endif
+
+bool lock_kind_ok(const pthread_mutex_t* mu) {
+#if defined(__GLIBC__)
+  return __atomic_load_n(&mu->__data.__kind, __ATOMIC_RELAXED) == expected_lock_kind();
+#else
+  (void)mu;
+  return true;
+#endif
+}
+
+uint32_t max_tid();
+
+// Runs f() with SIGBUS caught (util::run_guarded): false when the mapped
+// table's file was truncated under it. f captures by reference only.
+template <class F>
+bool guarded(F&& f) {
+  using Fn = std::remove_reference_t<F>;
+  return util::run_guarded(
+      +[](void* p) { (*static_cast<Fn*>(p))(); }, &f);
+}
+
+// Whether pthread_mutex_trylock's result `rc` on a bucket's lock says it is
+// not a lock: not one this C library can use (garbage where the mutex
+// should be), or "held" by an owner no process can have (no thread id, or
+// one past the largest the kernel gives out), which nobody would release.
+bool lock_damaged(const pthread_mutex_t* mu, int rc) {
+  if (rc == 0 || rc == EOWNERDEAD || rc == EFAULT) return false;
+  if (rc != EBUSY || !lock_kind_ok(mu)) return true;
+  uint32_t word = __atomic_load_n(reinterpret_cast<const uint32_t*>(mu), __ATOMIC_RELAXED);
+  uint32_t tid = word & 0x3fffffffu;  // FUTEX_TID_MASK
+  return tid == 0 || tid > max_tid();
+}
+
+// Attributes of a bucket's lock: process-shared and robust.
+const pthread_mutexattr_t* robust_shared_attr() {
+  static const pthread_mutexattr_t* a = [] {
+    auto* attr = new pthread_mutexattr_t;
+    ::pthread_mutexattr_init(attr);
+    ::pthread_mutexattr_setpshared(attr, PTHREAD_PROCESS_SHARED);
+    ::pthread_mutexattr_setrobust(attr, PTHREAD_MUTEX_ROBUST);
+    return attr;
+  }();
+  return a;
+}
+
+constexpr const char kTruncated[] = "is shorter than a lease table (truncated under this process)";
+
+// The largest thread id the kernel hands out (pid_max).
+uint32_t max_tid() {
+  static const uint32_t v = [] {
+    uint32_t n = 4194304;  // PID_MAX_LIMIT on 64-bit Linux
+    if (FILE* f = std::fopen("/proc/sys/kernel/pid_max", "re")) {
+      unsigned long x = 0;
+      if (std::fscanf(f, "%lu", &x) == 1 && x > 0 && x <= 0x3fffffffUL) n = static_cast<uint32_t>(x);
+      std::fclose(f);
+    }
+    return n;
+  }();
+  return v;
+}
+
 class TableLeases final : public Leases {
  public:
   TableLeases(std::string path, bool may_map) : path_(std::move(path)), may_map_(may_map) {}
   ~TableLeases() override {
     if (map_) ::munmap(map_, kTableSize);
+    if (map_fd_ >= 0) ::close(map_fd_);
     if (state_->fd >= 0) ::close(state_->fd);
   }
   std::string_view name() const noexcept override { return "table"; }
   uint64_t takeovers() const noexcept override { return takeovers_.load(); }
 
   Status init() {
+    // Made here, not first inside a guarded touch of the map.
+    (void)max_tid();
+    (void)robust_shared_attr();
+#if defined(__GLIBC__)
+    (void)expected_lock_kind();
+#endif
     shared_ = util::folder_is_shared(path_.substr(0, path_.rfind('/')));
     return open_file();
   }
@@ -213,11 +302,12 @@ class TableLeases final : public Leases {
   // object's mutex and an open-file-description lock on its slots.
   class Locked {
    public:
-    Locked(TableLeases& t, size_t bucket) : at_(static_cast<off_t>(bucket_at(bucket))) {
+    Locked(TableLeases& t, size_t bucket) : t_(t), at_(static_cast<off_t>(bucket_at(bucket))) {
       if (t.map_) {
+        if (!t.map_intact()) return;
         base_ = t.map_ + bucket_at(bucket);
         mu_ = reinterpret_cast<pthread_mutex_t*>(base_);
-        ok_ = lock();
+        ok_ = lock(t);
         return;
       }
       State& s = t.state();
@@ -231,7 +321,7 @@ class TableLeases final : public Leases {
     ~Locked() {
       if (!ok_) return;
       if (mu_) {
-        ::pthread_mutex_unlock(mu_);
+        if (!guarded([&] { ::pthread_mutex_unlock(mu_); })) t_.give_up(kTruncated);
         return;
       }
       ofd_unlock(fd_, slots_at(), static_cast<off_t>(kSlots * kSlotSize));
@@ -239,8 +329,9 @@ class TableLeases final : public Leases {
     bool ok() const noexcept { return ok_; }
     bool read(Bucket* b) const {
       if (mu_) {
-        std::memcpy(b->bytes, base_ + kLockSize, sizeof b->bytes);
-        return true;
+        if (util::copy_guarded(b->bytes, base_ + kLockSize, sizeof b->bytes)) return true;
+        t_.give_up(kTruncated);
+        return false;
       }
       return ::pread(fd_, b->bytes, sizeof b->bytes, slots_at()) == static_cast<ssize_t>(sizeof b->bytes);
     }
@@ -268,21 +359,38 @@ class TableLeases final : public Leases {
                static_cast<ssize_t>(kSlotSize);
       char* s = base_ + kLockSize + i * kSlotSize;
       auto* expiry = reinterpret_cast<uint64_t*>(s + kExpiryAt);
-      __atomic_store_n(expiry, uint64_t{0}, __ATOMIC_SEQ_CST);
-      // The rest is never stored before it. What matters is the order of the
-      // writer's own instructions (it may die between any two), so a
-      // compiler barrier is enough: what it stored before it died is all
-      // seen by the next locker.
-      std::atomic_signal_fence(std::memory_order_seq_cst);
-      std::memcpy(s, slot, kExpiryAt);
-      std::memcpy(s + kExpiryAt + 8, slot + kExpiryAt + 8, kSlotSize - kExpiryAt - 8);
       uint64_t e;
       std::memcpy(&e, slot + kExpiryAt, 8);
-      __atomic_store_n(expiry, e, __ATOMIC_RELEASE);
-      return true;
+      const bool stored = guarded([&] {
+        __atomic_store_n(expiry, uint64_t{0}, __ATOMIC_SEQ_CST);
+        // The rest is never stored before it. What matters is the order of
+        // the writer's own instructions (it may die between any two), so a
+        // compiler barrier is enough: what it stored before it died is all
+        // seen by the next locker.
+        std::atomic_signal_fence(std::memory_order_seq_cst);
+        std::memcpy(s, slot, kExpiryAt);
+        std::memcpy(s + kExpiryAt + 8, slot + kExpiryAt + 8, kSlotSize - kExpiryAt - 8);
+        __atomic_store_n(expiry, e, __ATOMIC_RELEASE);
+      });
+      if (!stored) t_.give_up(kTruncated);
+      return stored;
     }
-    bool lock() {
-      int rc = ::pthread_mutex_trylock(mu_);
+    // Every touch of the mapped lock is guarded: a file truncated between
+    // map_intact and here gives up the table (said once), never a SIGBUS.
+    bool lock(TableLeases& t) {
+      // Garbage where the mutex should be is made afresh before the C
+      // library sees it (which may abort on a lock of an unknown kind).
+      bool kind_ok = true;
+      if (!guarded([&] { kind_ok = lock_kind_ok(mu_); })) {
+        t.give_up(kTruncated);
+        return false;
+      }
+      if (!kind_ok) t.repair(mu_);
+      int rc = trylock();
+      if (damaged(rc)) {
+        t.repair(mu_);
+        rc = trylock();
+      }
       if (rc == EBUSY) {
         struct timespec until;
         ::clock_gettime(CLOCK_REALTIME, &until);
@@ -292,22 +400,32 @@ class TableLeases final : public Leases {
           until.tv_sec += 1;
           until.tv_nsec -= 1000000000L;
         }
-        rc = ::pthread_mutex_timedlock(mu_, &until);
+        if (!guarded([&] { rc = ::pthread_mutex_timedlock(mu_, &until); })) rc = EFAULT;
       }
       if (rc == EOWNERDEAD) {
         // Its holder died with it: a slot it was writing reads as expired.
-        ::pthread_mutex_consistent(mu_);
-        return true;
+        if (guarded([&] { ::pthread_mutex_consistent(mu_); })) return true;
+        rc = EFAULT;
       }
       if (rc == 0) return true;
-      if (rc == ETIMEDOUT)
+      if (rc == EFAULT)
+        t.give_up(kTruncated);
+      else if (rc == ETIMEDOUT)
         KCACHE_LOG(LogLevel::warn, "lease table: a bucket stayed locked for %llu ms; compiling uncoordinated",
                    static_cast<unsigned long long>(kLockBoundMs));
       else
         KCACHE_LOG(LogLevel::warn, "lease table: locking a bucket: %s; compiling uncoordinated", std::strerror(rc));
       return false;
     }
+    // pthread_mutex_trylock, or EFAULT when the page is gone.
+    int trylock() {
+      int rc = EFAULT;
+      if (!guarded([&] { rc = ::pthread_mutex_trylock(mu_); })) return EFAULT;
+      return rc;
+    }
+    bool damaged(int rc) const { return lock_damaged(mu_, rc); }
 
+    TableLeases& t_;
     off_t at_;
     char* base_ = nullptr;
     pthread_mutex_t* mu_ = nullptr;  // mapped
@@ -315,6 +433,57 @@ class TableLeases final : public Leases {
     std::unique_lock<std::mutex> guard_;
     bool ok_ = false;
   };
+
+  // Whether the mapped file still holds the whole table. A file truncated
+  // under the map would make every touch of a bucket past its new end
+  // SIGBUS: the table is then given up for this process (said once), and
+  // leases are errors (compiles go on uncoordinated).
+  bool map_intact() {
+    if (broken_.load(std::memory_order_relaxed)) return false;
+    struct stat st;
+    if (::fstat(map_fd_, &st) == 0 && st.st_size >= static_cast<off_t>(kTableSize)) return true;
+    give_up(kTruncated);
+    return false;
+  }
+  void give_up(const char* why) {
+    if (!broken_.exchange(true))
+      KCACHE_LOG(LogLevel::warn, "lease table %s %s; no cross-process single-flight until the store is opened again",
+                 path_.c_str(), why);
+  }
+
+  // Makes a bucket's lock afresh when it holds garbage (Locked::damaged),
+  // under the header's lock so that processes that find it at once make it
+  // once. A lock of no known kind takes its slots with it (no process
+  // could have taken a lease there); a lock "held" by an impossible owner
+  // keeps them. Said once.
+  void repair(pthread_mutex_t* mu) {
+    if (!ofd_lock(map_fd_, 0, static_cast<off_t>(kHeaderSize))) return;
+    int rc = EFAULT;
+    bool made = false;
+    (void)guarded([&] {
+      if (!lock_kind_ok(mu)) {
+        // No process could lock it, so no lease in its slots is real.
+        std::memset(static_cast<void*>(mu), 0, kBucketSize);
+        made = ::pthread_mutex_init(mu, robust_shared_attr()) == 0;
+        return;
+      }
+      rc = ::pthread_mutex_trylock(mu);
+      if (rc == 0 || rc == EOWNERDEAD) {
+        // Another process made it afresh first.
+        if (rc == EOWNERDEAD) ::pthread_mutex_consistent(mu);
+        ::pthread_mutex_unlock(mu);
+      } else if (lock_damaged(mu, rc)) {
+        std::memset(static_cast<void*>(mu), 0, kLockSize);
+        made = ::pthread_mutex_init(mu, robust_shared_attr()) == 0;
+      }
+    });
+    if (made) {
+      if (!repaired_logged_.exchange(true))
+        KCACHE_LOG(LogLevel::warn, "lease table %s: a bucket's lock held garbage; made afresh (said once)",
+                   path_.c_str());
+    }
+    ofd_unlock(map_fd_, 0, static_cast<off_t>(kHeaderSize));
+  }
 
   // The unmapped table's state, opened again in a child of fork().
   State& state() {
@@ -366,6 +535,7 @@ class TableLeases final : public Leases {
     } closer{fd};
     struct stat st;
     if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) return Status(Errc::io_error, path_ + " is not a regular file");
+    util::note_store_file(fd);
     if (shared_ && st.st_uid == ::geteuid()) (void)::fchmod(fd, mode);
     const bool mapped = may_map_ && writes_in_place(fd);
     if (!ofd_lock(fd, 0, static_cast<off_t>(kHeaderSize)))
@@ -405,6 +575,14 @@ class TableLeases final : public Leases {
       return made;
     }
     if (mapped) {
+      // Kept to look at the file's size before a bucket is touched, and to
+      // lock the header while a damaged bucket is made afresh.
+      map_fd_ = ::fcntl(fd, F_DUPFD_CLOEXEC, 3);
+      if (map_fd_ < 0) {
+        Status st = util::errno_status(errno, path_);
+        ::munmap(m, kTableSize);
+        return st;
+      }
       map_ = m;
     } else {
       state_->fd = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
@@ -469,7 +647,10 @@ class TableLeases final : public Leases {
   const std::string path_;
   const bool may_map_;
   bool shared_ = false;
-  char* map_ = nullptr;                                       // a mapped table
+  char* map_ = nullptr;              // a mapped table
+  int map_fd_ = -1;                  // and its file
+  std::atomic<bool> broken_{false};  // the mapped file shrank
+  std::atomic<bool> repaired_logged_{false};
   std::unique_ptr<State> state_ = std::make_unique<State>();  // an unmapped one
   std::mutex fork_mu_;                                        // only taken when a fork was seen
   std::atomic<uint64_t> gen_{util::fork_generation()};

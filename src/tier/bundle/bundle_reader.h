@@ -15,11 +15,20 @@
 
 namespace kcache::bundle {
 
-// The bundle's bytes: a read-only file mapping or a heap copy (64-byte aligned).
+// The bundle's bytes: an open file read with pread, or a heap copy (64-byte
+// aligned). A file is never mapped: a bundle rewritten or truncated in
+// place (`cp new.kcb b.kcb`) would make every read of a page past its new
+// end kill the process with SIGBUS.
 class Image {
  public:
   virtual ~Image() = default;
-  virtual std::string_view bytes() const noexcept = 0;
+  virtual uint64_t size() const noexcept = 0;
+  // Bytes [off, off + len), within size(): a view of the heap copy or a
+  // buffer read from the file. Errc::unavailable once the file changed
+  // since it was opened (its size or modification time: rewritten in
+  // place), Errc::io_error or Errc::corrupt when the read fails or comes
+  // back short.
+  virtual Expected<std::shared_ptr<const Buffer>> read(uint64_t off, uint64_t len) const = 0;
 };
 
 class Reader {
@@ -38,8 +47,8 @@ class Reader {
   uint64_t length_at(uint64_t i) const;
   // Entry i's bytes, bounds-checked; its SHA-256 is compared with the index
   // when check_sha, and once per process in a signed bundle.
-  Expected<std::string_view> bytes_at(uint64_t i, bool check_sha) const;
-  // Entry i verified and decoded (zero-copy: views into the image).
+  Expected<std::shared_ptr<const Buffer>> bytes_at(uint64_t i, bool check_sha) const;
+  // Entry i verified and decoded (views into the buffer bytes_at gave).
   Expected<Entry> entry_at(uint64_t i, bool check_sha) const;
 
  private:
@@ -47,6 +56,7 @@ class Reader {
   bool block_good(uint64_t b) const;
 
   std::shared_ptr<const Image> img_;
+  std::shared_ptr<const Buffer> head_;  // header, index, digests and signature: [0, data offset)
   std::string name_;
   BundleInfo info_;
   bool signed_ = false;

@@ -3,7 +3,6 @@
 // tier (TierKind::bundle) by binary search in the index. Also bundle_info,
 // verify_bundle and import_bundle, which read through the same checks.
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -22,27 +21,58 @@ namespace kcache::bundle {
 
 namespace {
 
-class MappedFile final : public Image {
+// A bundle file, read with pread. The file may be replaced in place or
+// truncated under a running process (a deploy step that copies over it):
+// each read first compares the file's size and modification time with
+// those it had when opened, and a changed file is unavailable from then on
+// (the Cache logs that once and treats the bundle as a miss); a change
+// between that check and the read gives a short read or bytes that fail
+// their checks, never a signal.
+class FileImage final : public Image, public std::enable_shared_from_this<FileImage> {
  public:
-  MappedFile(void* p, size_t n) : p_(p), n_(n) {}
-  ~MappedFile() override { ::munmap(p_, n_); }
-  std::string_view bytes() const noexcept override { return {static_cast<const char*>(p_), n_}; }
+  FileImage(int fd, const struct stat& st, std::string path) : fd_(fd), st_(st), path_(std::move(path)) {}
+  ~FileImage() override { ::close(fd_); }
+  uint64_t size() const noexcept override { return static_cast<uint64_t>(st_.st_size); }
+  Expected<std::shared_ptr<const Buffer>> read(uint64_t off, uint64_t len) const override {
+    if (changed_.load(std::memory_order_relaxed)) return changed_error();
+    struct stat now;
+    if (::fstat(fd_, &now) != 0) return util::errno_status(errno, "stat bundle " + path_);
+    if (now.st_size != st_.st_size || now.st_mtim.tv_sec != st_.st_mtim.tv_sec ||
+        now.st_mtim.tv_nsec != st_.st_mtim.tv_nsec) {
+      changed_.store(true, std::memory_order_relaxed);
+      return changed_error();
+    }
+    std::shared_ptr<AlignedBuffer> buf;
+    try {
+      buf = std::make_shared<AlignedBuffer>(static_cast<size_t>(len));
+    } catch (const std::bad_alloc&) {
+      return Status(Errc::too_large, "no memory for " + std::to_string(len) + " bytes of bundle " + path_);
+    }
+    uint64_t got = 0;
+    while (got < len) {
+      ssize_t n = ::pread(fd_, buf->data() + got, static_cast<size_t>(len - got), static_cast<off_t>(off + got));
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) return util::errno_status(errno, "read bundle " + path_);
+      if (n == 0) return Status(Errc::corrupt, "bundle " + path_ + " is shorter than when it was opened");
+      got += static_cast<uint64_t>(n);
+    }
+    return std::shared_ptr<const Buffer>(std::move(buf));
+  }
 
  private:
-  void* p_;
-  size_t n_;
+  Status changed_error() const {
+    return Status(Errc::unavailable, "bundle " + path_ +
+                                         " changed on disk since it was mounted (rewritten or truncated in place); "
+                                         "not used until mounted again (replace a bundle by renaming a new file "
+                                         "over it)");
+  }
+  const int fd_;
+  const struct stat st_;
+  const std::string path_;
+  mutable std::atomic<bool> changed_{false};
 };
 
-class HeapImage final : public Image {
- public:
-  explicit HeapImage(std::string_view s) : buf_(s.size()) { std::memcpy(buf_.data(), s.data(), s.size()); }
-  std::string_view bytes() const noexcept override { return buf_.bytes(); }
-
- private:
-  AlignedBuffer buf_;
-};
-
-// An entry's bytes inside the image; keeps the image alive.
+// An entry's bytes inside a heap image; keeps the image alive.
 class Slice final : public Buffer {
  public:
   Slice(std::shared_ptr<const Image> img, std::string_view v) : img_(std::move(img)), v_(v) {}
@@ -51,6 +81,18 @@ class Slice final : public Buffer {
  private:
   std::shared_ptr<const Image> img_;
   std::string_view v_;
+};
+
+class HeapImage final : public Image, public std::enable_shared_from_this<HeapImage> {
+ public:
+  explicit HeapImage(std::string_view s) : buf_(s.size()) { std::memcpy(buf_.data(), s.data(), s.size()); }
+  uint64_t size() const noexcept override { return buf_.size(); }
+  Expected<std::shared_ptr<const Buffer>> read(uint64_t off, uint64_t len) const override {
+    return std::shared_ptr<const Buffer>(std::make_shared<Slice>(shared_from_this(), buf_.bytes().substr(off, len)));
+  }
+
+ private:
+  AlignedBuffer buf_;
 };
 
 Status refused(const std::string& what, const std::string& why) {
@@ -63,9 +105,11 @@ bool add_overflows(uint64_t a, uint64_t b, uint64_t* out) { return __builtin_add
 
 Expected<std::shared_ptr<Reader>> Reader::open(std::shared_ptr<const Image> img, std::string name,
                                                const std::vector<std::string>& trusted_keys) {
-  std::string_view all = img->bytes();
+  const uint64_t size = img->size();
+  if (size < kHeaderSize) return refused(name, "shorter than its header");
+  KCACHE_TRY(std::shared_ptr<const Buffer> head, img->read(0, kHeaderSize));
+  std::string_view all = head->bytes();
   const char* p = all.data();
-  if (all.size() < kHeaderSize) return refused(name, "shorter than its header");
   if (std::memcmp(p, kMagic, 8) != 0) return refused(name, "not a kcache bundle (bad magic)");
   auto hsum = xxh128(all.substr(0, h_header_checksum));
   if (std::memcmp(hsum.data(), p + h_header_checksum, 16) != 0) return refused(name, "header checksum mismatch");
@@ -87,24 +131,32 @@ Expected<std::shared_ptr<Reader>> Reader::open(std::shared_ptr<const Image> img,
   uint64_t sig_off = util::get_u64(p + h_sig_offset), data_off = util::get_u64(p + h_data_offset);
   uint64_t file_size = util::get_u64(p + h_file_size);
   r->info_.created_unix_ms = util::get_u64(p + h_created);
-  if (file_size != all.size())
-    return refused(r->name_, "size " + std::to_string(all.size()) + " differs from the " + std::to_string(file_size) +
+  if (file_size != size)
+    return refused(r->name_, "size " + std::to_string(size) + " differs from the " + std::to_string(file_size) +
                                  " bytes its header gives (truncated or extended)");
   // The layout is fixed by the count; every offset must be what it implies.
-  if (block_records != kBlockRecords || index_off != kHeaderSize || r->count_ > (all.size() / kRecordSize))
+  if (block_records != kBlockRecords || index_off != kHeaderSize || r->count_ > (size / kRecordSize))
     return refused(r->name_, "index does not fit the file");
   r->blocks_ = (r->count_ + kBlockRecords - 1) / kBlockRecords;
   uint64_t sig_end = sig_off + (r->signed_ ? kSigSize : 0);
   if (blocks_off != index_off + r->count_ * kRecordSize || sig_off != blocks_off + r->blocks_ * 32 ||
-      data_off < sig_end || data_off % kAlign != 0 || data_off > all.size())
+      data_off < sig_end || data_off % kAlign != 0 || data_off > size)
     return refused(r->name_, "inconsistent layout");
+  // Everything before the entries, read once and kept: the checks below
+  // and every lookup read this copy.
+  KCACHE_TRY(head, img->read(0, data_off));
+  all = head->bytes();
+  p = all.data();
+  if (xxh128(all.substr(0, h_header_checksum)) != hsum || std::memcmp(hsum.data(), p + h_header_checksum, 16) != 0)
+    return refused(r->name_, "header changed while it was read");
+  r->head_ = head;
   auto isum = xxh128(all.substr(index_off, sig_off - index_off));
   if (std::memcmp(isum.data(), p + h_index_checksum, 16) != 0) return refused(r->name_, "index checksum mismatch");
   r->index_ = p + index_off;
   r->block_sums_ = p + blocks_off;
   r->data_off_ = data_off;
   r->info_.entries = r->count_;
-  r->info_.bytes = all.size();
+  r->info_.bytes = size;
 
   std::vector<PublicKey> trusted;
   for (const auto& f : trusted_keys) {
@@ -173,27 +225,27 @@ Key Reader::key_at(uint64_t i) const {
   return k;
 }
 
-Expected<std::string_view> Reader::bytes_at(uint64_t i, bool check_sha) const {
+Expected<std::shared_ptr<const Buffer>> Reader::bytes_at(uint64_t i, bool check_sha) const {
   const char* rec = index_ + i * kRecordSize;
   uint64_t off = util::get_u64(rec + r_offset), len = util::get_u64(rec + r_length), end;
-  std::string_view all = img_->bytes();
-  if (off < data_off_ || off % kAlign != 0 || add_overflows(off, len, &end) || end > all.size())
+  if (off < data_off_ || off % kAlign != 0 || add_overflows(off, len, &end) || end > img_->size())
     return Status(Errc::corrupt, "index record points outside the bundle");
-  std::string_view v = all.substr(off, len);
   if (signed_ && !block_good(i / kBlockRecords)) return Status(Errc::corrupt, "index block fails its signed digest");
+  KCACHE_TRY(std::shared_ptr<const Buffer> buf, img_->read(off, len));
+  std::string_view v = buf->bytes();
   bool need = check_sha || (signed_ && entry_ok_[i].load(std::memory_order_acquire) == 0);
   if (need) {
     Sha256 h = sha256(v);
     if (std::memcmp(h.data(), rec + r_sha, 32) != 0) return Status(Errc::corrupt, "SHA-256 mismatch");
     if (signed_) entry_ok_[i].store(1, std::memory_order_release);
   }
-  return v;
+  return buf;
 }
 
 Expected<Entry> Reader::entry_at(uint64_t i, bool check_sha) const {
-  KCACHE_TRY(std::string_view v, bytes_at(i, check_sha));
+  KCACHE_TRY(std::shared_ptr<const Buffer> buf, bytes_at(i, check_sha));
   Key k = key_at(i);
-  return Entry::decode(std::make_shared<Slice>(img_, v), &k);
+  return Entry::decode(std::move(buf), &k);
 }
 
 namespace {
@@ -235,6 +287,13 @@ class BundleTier final : public Tier, public StoreAdmin {
       if (e) {
         if (counts) counts_.add(&TierStats::hits);
         return std::optional<Entry>(std::move(e).value());
+      }
+      if (e.error().code() == Errc::unavailable || e.error().code() == Errc::io_error ||
+          e.error().code() == Errc::too_large) {
+        // The file changed under the mount, or could not be read: not the
+        // entry's fault.
+        if (counts) counts_.add(&TierStats::errors);
+        return e.error();
       }
       if (e.error().code() != Errc::stale_format) {
         if (counts) counts_.add(&TierStats::corrupt);
@@ -287,11 +346,8 @@ Expected<std::shared_ptr<Reader>> open_file(const std::string& path, const std::
     ::close(fd);
     return refused(path, "shorter than its header");
   }
-  void* p = ::mmap(nullptr, n, PROT_READ, MAP_SHARED, fd, 0);
-  int err = errno;
-  ::close(fd);
-  if (p == MAP_FAILED) return util::errno_status(err, "map bundle " + path);
-  return Reader::open(std::make_shared<MappedFile>(p, n), path, trusted_keys);
+  util::note_store_file(fd);
+  return Reader::open(std::make_shared<FileImage>(fd, st, path), path, trusted_keys);
 }
 
 Expected<std::shared_ptr<Reader>> open_bytes(std::string_view bytes, const std::vector<std::string>& trusted_keys) {

@@ -217,8 +217,71 @@ Expected<std::shared_ptr<LmdbEnv>> LmdbEnv::open(const std::string& dir, uint64_
   return env;
 }
 
+void LmdbEnv::mark_lost(const std::string& why) {
+  std::lock_guard lk(lost_mu_);
+  if (lost_.load()) return;
+  lost_why_ = why;
+  lost_.store(true);
+}
+
+Status LmdbEnv::lost_error() const {
+  std::string why;
+  {
+    std::lock_guard lk(const_cast<std::mutex&>(lost_mu_));
+    why = lost_why_;
+  }
+  return Status(Errc::unavailable, "lmdb store " + dir_ + ": " + why + "; not used until opened again");
+}
+
+Status LmdbEnv::check_data_file() {
+  if (lost()) return lost_error();
+  mdb_filehandle_t fd;
+  if (mdb_env_get_fd(env_, &fd) != 0 || fd < 0) return Status();
+  struct stat open_st, path_st;
+  if (::fstat(fd, &open_st) != 0) return Status();
+  const std::string data = dir_ + "/data.mdb";
+  if (open_st.st_nlink == 0 || ::stat(data.c_str(), &path_st) != 0 || path_st.st_dev != open_st.st_dev ||
+      path_st.st_ino != open_st.st_ino) {
+    mark_lost("the store was deleted or replaced while in use (" + data + " is no longer the file open here)");
+    return lost_error();
+  }
+  MDB_envinfo info;
+  if (psize_ && mdb_env_info(env_, &info) == 0 &&
+      static_cast<uint64_t>(open_st.st_size) < (info.me_last_pgno + 1) * static_cast<uint64_t>(psize_)) {
+    mark_lost(data + " was truncated under this process");
+    return lost_error();
+  }
+  return Status();
+}
+
+int LmdbEnv::get_guarded(MDB_txn* txn, MDB_dbi dbi, MDB_val* key, MDB_val* value) {
+  struct Get {
+    MDB_txn* txn;
+    MDB_dbi dbi;
+    MDB_val* key;
+    MDB_val* value;
+    int rc;
+  } g{txn, dbi, key, value, EFAULT};
+  // mdb_get in a read transaction only reads the map: no lock, no
+  // allocation, nothing to undo when a SIGBUS cuts it short.
+  bool ok = util::run_guarded(
+      +[](void* p) {
+        auto* g = static_cast<Get*>(p);
+        g->rc = mdb_get(g->txn, g->dbi, g->key, g->value);
+        if (g->rc != 0) return;
+        const auto* b = static_cast<const volatile unsigned char*>(g->value->mv_data);
+        for (size_t i = 0; i < g->value->mv_size; i += 4096) (void)b[i];
+        if (g->value->mv_size) (void)b[g->value->mv_size - 1];
+      },
+      &g);
+  if (ok) return g.rc;
+  mark_lost(dir_ + "/data.mdb was truncated under this process");
+  return EFAULT;
+}
+
 Expected<MDB_txn*> LmdbEnv::begin_read() {
   if (inherited()) return inherited_error();
+  if (lost()) return lost_error();
   MDB_txn* t = nullptr;
   {
     std::lock_guard lk(mu_);
@@ -390,6 +453,7 @@ void LmdbEnv::gate_unlock() {
 
 Expected<MDB_txn*> LmdbEnv::begin_write(int wait_ms) {
   if (inherited()) return inherited_error();
+  KCACHE_RETURN_IF_ERROR(check_data_file());
   if (!gate_lock(wait_ms)) {
     if (!busy_logged_.exchange(true, std::memory_order_relaxed))
       KCACHE_LOG(LogLevel::warn, "lmdb store %s: another writer held the store for %d ms; the write is skipped",

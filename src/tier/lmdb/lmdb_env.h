@@ -77,6 +77,22 @@ class LmdbEnv {
   void mark_damaged(const std::string& why);
   static std::string damaged_marker(const std::string& dir) { return dir + "/damaged"; }
 
+  // A store this process can no longer use: its data file was truncated
+  // under the map (a read of a page past the new end would SIGBUS), or
+  // the store was deleted or replaced (what this process wrote would go to
+  // a file no one else opens). Every read and write is then
+  // Errc::unavailable, which the Cache says once per tier, until the store
+  // is opened again.
+  bool lost() const noexcept { return lost_.load(std::memory_order_relaxed); }
+  Status lost_error() const;
+  void mark_lost(const std::string& why);
+  // mdb_get in read transaction `txn`, then one read of each page of the
+  // value found, with SIGBUS caught (util::run_guarded): a data file
+  // truncated under the map gives EFAULT and marks the store lost instead
+  // of killing the process. The value is then mapped and readable unless
+  // the file shrinks again before the caller reads it.
+  int get_guarded(MDB_txn* txn, MDB_dbi dbi, MDB_val* key, MDB_val* value);
+
   // Read transactions come from a pool of reset handles (MDB_NOTLS), so a
   // hit costs a renew rather than a reader-table registration.
   // Errc::unavailable when the map must grow (another process wrote past
@@ -101,6 +117,9 @@ class LmdbEnv {
  private:
   LmdbEnv() = default;
   Status resized_error();
+  // Before a write transaction: whether data.mdb is still the file this
+  // process has open (not deleted or replaced) and as long as its pages.
+  Status check_data_file();
   Status open_databases();
   void find_map(const struct stat& data_st);
   bool gate_lock(int wait_ms);
@@ -126,6 +145,9 @@ class LmdbEnv {
   bool gate_held_ = false;  // GUARDED_BY(gate_mu_)
   std::atomic<bool> busy_logged_{false};
   std::atomic<bool> damaged_{false};
+  std::atomic<bool> lost_{false};
+  std::mutex lost_mu_;
+  std::string lost_why_;  // GUARDED_BY(lost_mu_)
   // LMDB's map of data.mdb (found in /proc/self/maps; null if it was not)
   // and the store's page size.
   const unsigned char* map_base_ = nullptr;

@@ -395,7 +395,13 @@ class LmdbTier final : public Tier, public StoreAdmin {
     if (env_->inherited()) return env_->inherited_error();
     KCACHE_TRY(MDB_txn * txn, env_->begin_read());
     MDB_val k = val(key), v;
-    int rc = mdb_get(txn, env_->entries, &k, &v);
+    // Guarded: a data file truncated under the map is a miss, not SIGBUS.
+    int rc = env_->get_guarded(txn, env_->entries, &k, &v);
+    if (rc == EFAULT) {
+      env_->end_read(txn);
+      if (access != Access::peek) count(c_errors);
+      return env_->lost_error();
+    }
     if (rc == MDB_NOTFOUND) {
       env_->end_read(txn);
       if (access == Access::counted) count(c_misses);
@@ -414,8 +420,13 @@ class LmdbTier final : public Tier, public StoreAdmin {
       // Each pinned hit holds a reader slot; a caller that keeps many
       // entries alive gets copies instead of exhausting the reader table.
       auto copy = std::make_shared<AlignedBuffer>(bytes.size());
-      std::memcpy(copy->data(), bytes.data(), bytes.size());
+      const bool copied = util::copy_guarded(copy->data(), bytes.data(), bytes.size());
       env_->end_read(txn);
+      if (!copied) {
+        env_->mark_lost(env_->dir() + "/data.mdb was truncated under this process");
+        if (access != Access::peek) count(c_errors);
+        return env_->lost_error();
+      }
       buf = std::move(copy);
     }
     auto e = Entry::decode(std::move(buf), &key);
