@@ -73,10 +73,12 @@ namespace util {
 
 namespace {
 
-// A descriptor for a standard slot that nothing can be written through by
-// mistake: /dev/null, else the root folder (writes to it fail).
+// A descriptor for a standard slot: /dev/null read-only (else the root
+// folder). Reads give end of file and writes fail with EBADF, as they did
+// while the slot was closed, so a program still learns that its output
+// goes nowhere.
 int open_placeholder() noexcept {
-  int fd = ::open("/dev/null", O_RDWR);
+  int fd = ::open("/dev/null", O_RDONLY);
   if (fd < 0) fd = ::open("/", O_RDONLY | O_DIRECTORY);
   return fd;
 }

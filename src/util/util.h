@@ -36,9 +36,11 @@ void log(LogLevel level, const char* fmt, ...) __attribute__((format(printf, 2, 
 // would land in that file. Every store file kcache opens therefore opens
 // above 2:
 //
-// Gives each closed descriptor among 0, 1 and 2 /dev/null (read-write, not
-// close-on-exec), so no file opened next takes one of them. Called before
-// LMDB opens its files and before a disk store is assembled.
+// Gives each closed descriptor among 0, 1 and 2 /dev/null, opened
+// read-only and not close-on-exec, so no file opened next takes one of
+// them. Writes to it fail with EBADF, as they did while it was closed: a
+// program that checks its writes still sees that its output goes nowhere.
+// Called before LMDB opens its files and before a disk store is assembled.
 void reserve_std_fds() noexcept;
 // open(2) that never returns 0, 1 or 2: a file that would take one of them
 // is moved above 2 (F_DUPFD, close-on-exec as `flags` say) and the slot

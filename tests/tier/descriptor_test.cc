@@ -5,6 +5,7 @@
 // uses a store (gets, puts, a warning line, the program's own output on
 // the closed numbers), and exits; the parent then finds every entry intact
 // and the store where it was.
+#include <errno.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/wait.h>
@@ -45,7 +46,8 @@ int std_fds_in(const std::string& dir) {
 
 // In a child with the descriptors of `closed` (a bit mask) closed: uses the
 // store, writes what a program writes to its standard descriptors and a
-// warning line, and exits 0, or 10 + n when store files took n of them.
+// warning line, and exits 0; 10 + mask when store files took descriptors,
+// 20 + fd when a write to a closed one did not fail as it would have.
 [[noreturn]] void child(const std::string& dir, const std::string& engine, int closed, const std::string& bundle) {
   for (int fd = 0; fd < 3; ++fd)
     if (closed & (1 << fd)) ::close(fd);
@@ -65,8 +67,10 @@ int std_fds_in(const std::string& dir) {
     // numbers it closed (as `printf` would write to a closed stdout).
     KCACHE_LOG(LogLevel::warn, "a warning line from a process started with closed descriptors");
     const std::string line = "program output that must not reach the store\n";
+    // It still fails, as on a closed descriptor: the program can tell.
     for (int fd = 0; fd < 3; ++fd)
-      if (closed & (1 << fd)) (void)!::write(fd, line.data(), line.size());
+      if ((closed & (1 << fd)) && !(::write(fd, line.data(), line.size()) < 0 && errno == EBADF) && code == 0)
+        code = 20 + fd;
   }
   ::_exit(code);
 }

@@ -186,88 +186,97 @@ TEST(MapShrink, LeaseTableTruncatedUnderItsUsers) {
 }
 
 TEST(MapShrink, LmdbDataFileTruncatedUnderAReader) {
-  TempDir td;
-  const std::string dir = td.path() + "/c", log = td.path() + "/log";
-  constexpr int kN = 59;
-  fill_store(dir, 0, kN);
-  int code = in_child([&] {
-    Options o = disk_options(dir, false);
-    o.log_level = LogLevel::warn;
-    o.log_file = log;
-    auto cache = Cache::open(o);
-    for (int i = 0; i < kN; ++i) {
-      auto e = cache->get(key_of(static_cast<uint64_t>(i)));
-      if (!e || !entry_ok(*e, static_cast<uint64_t>(i), kBig)) return 5;
-    }
-    // Two pages left: the meta pages. Every tree page is gone.
-    if (::truncate((dir + "/lmdb/data.mdb").c_str(), 8192) != 0) return 4;
-    int after = 0;
-    for (int round = 0; round < 3; ++round)
-      for (int i = 0; i < kN; ++i) after += cache->get(key_of(static_cast<uint64_t>(i))).has_value();
-    cache->put(make_entry(1000, kBig));
-    cache->flush();
-    return after ? 3 : 0;
-  });
-  EXPECT_EQ(code, 0) << "128 + signal when it died; 3: hits from a truncated store";
-  auto [all, truncated] = log_lines(log, "truncated");
-  EXPECT_EQ(truncated, 1) << file_text(log);
-  EXPECT_EQ(all, 1) << file_text(log);
+  for (int trial = 0; trial < trials(); ++trial) {
+    SCOPED_TRACE("trial " + std::to_string(trial));
+    TempDir td;
+    const std::string dir = td.path() + "/c", log = td.path() + "/log";
+    constexpr int kN = 59;
+    fill_store(dir, 0, kN);
+    int code = in_child([&] {
+      Options o = disk_options(dir, false);
+      o.log_level = LogLevel::warn;
+      o.log_file = log;
+      auto cache = Cache::open(o);
+      for (int i = 0; i < kN; ++i) {
+        auto e = cache->get(key_of(static_cast<uint64_t>(i)));
+        if (!e || !entry_ok(*e, static_cast<uint64_t>(i), kBig)) return 5;
+      }
+      // Two pages left: the meta pages. Every tree page is gone.
+      if (::truncate((dir + "/lmdb/data.mdb").c_str(), 8192) != 0) return 4;
+      int after = 0;
+      for (int round = 0; round < 3; ++round)
+        for (int i = 0; i < kN; ++i) after += cache->get(key_of(static_cast<uint64_t>(i))).has_value();
+      cache->put(make_entry(1000, kBig));
+      cache->flush();
+      return after ? 3 : 0;
+    });
+    EXPECT_EQ(code, 0) << "128 + signal when it died; 3: hits from a truncated store";
+    auto [all, truncated] = log_lines(log, "truncated");
+    EXPECT_EQ(truncated, 1) << file_text(log);
+    EXPECT_EQ(all, 1) << file_text(log);
+  }
 }
 
 TEST(LogOnce, GarbageInLeaseBucketsIsOneLineAndNoWait) {
-  TempDir td;
-  const std::string log = td.path() + "/log", dir = td.path() + "/store";
-  std::filesystem::create_directories(dir);
-  int code = in_child([&] {
-    util::set_log(LogLevel::warn, log);
-    auto l = open_table_leases(dir);
-    if (!l) return 6;
-    // Garbage over every bucket, locks and slots.
-    std::string junk(lease::table::kTableSize - lease::table::kHeaderSize, '\0');
-    std::mt19937_64 rng(7);
-    for (auto& c : junk) c = static_cast<char>(rng());
-    int fd = ::open((dir + "/" + lease::table::kFileName).c_str(), O_WRONLY);
-    if (fd < 0 ||
-        ::pwrite(fd, junk.data(), junk.size(), lease::table::kHeaderSize) != static_cast<ssize_t>(junk.size()))
-      return 4;
-    ::close(fd);
-    int refused = 0;
-    for (uint64_t i = 0; i < 59; ++i) {
-      if ((*l)->acquire(key_of(i), 10000) != LeaseResult::acquired)
-        ++refused;
-      else
-        (*l)->release(key_of(i));
-    }
-    return std::min(refused, 100);
-  });
-  EXPECT_EQ(code, 0) << "leases refused after garbage in the buckets (or 128 + signal)";
-  auto [all, garbage] = log_lines(log, "garbage");
-  EXPECT_EQ(garbage, 1) << file_text(log);
-  EXPECT_EQ(all, 1) << file_text(log);
+  for (int trial = 0; trial < trials(); ++trial) {
+    SCOPED_TRACE("trial " + std::to_string(trial));
+    TempDir td;
+    const std::string log = td.path() + "/log", dir = td.path() + "/store";
+    std::filesystem::create_directories(dir);
+    int code = in_child([&] {
+      util::set_log(LogLevel::warn, log);
+      auto l = open_table_leases(dir);
+      if (!l) return 6;
+      // Garbage over every bucket, locks and slots.
+      std::string junk(lease::table::kTableSize - lease::table::kHeaderSize, '\0');
+      std::mt19937_64 rng(static_cast<uint64_t>(trial) + 7);
+      for (auto& c : junk) c = static_cast<char>(rng());
+      int fd = ::open((dir + "/" + lease::table::kFileName).c_str(), O_WRONLY);
+      if (fd < 0 ||
+          ::pwrite(fd, junk.data(), junk.size(), lease::table::kHeaderSize) != static_cast<ssize_t>(junk.size()))
+        return 4;
+      ::close(fd);
+      int refused = 0;
+      for (uint64_t i = 0; i < 59; ++i) {
+        if ((*l)->acquire(key_of(i), 10000) != LeaseResult::acquired)
+          ++refused;
+        else
+          (*l)->release(key_of(i));
+      }
+      return std::min(refused, 100);
+    });
+    EXPECT_EQ(code, 0) << "leases refused after garbage in the buckets (or 128 + signal)";
+    auto [all, garbage] = log_lines(log, "garbage");
+    EXPECT_EQ(garbage, 1) << file_text(log);
+    EXPECT_EQ(all, 1) << file_text(log);
+  }
 }
 
 TEST(LogOnce, StoreFolderDeletedWhileInUseIsSaidOnce) {
-  TempDir td;
-  const std::string dir = td.path() + "/c", log = td.path() + "/log";
-  int code = in_child([&] {
-    Options o = disk_options(dir, false);
-    o.log_level = LogLevel::warn;
-    o.log_file = log;
-    auto cache = Cache::open(o);
-    for (uint64_t i = 0; i < 10; ++i) cache->put(make_entry(i, kBig));
-    cache->flush();
-    std::filesystem::remove_all(dir);
-    for (uint64_t i = 10; i < 40; ++i) {
-      cache->put(make_entry(i, kBig));
+  for (int trial = 0; trial < trials(); ++trial) {
+    SCOPED_TRACE("trial " + std::to_string(trial));
+    TempDir td;
+    const std::string dir = td.path() + "/c", log = td.path() + "/log";
+    int code = in_child([&] {
+      Options o = disk_options(dir, false);
+      o.log_level = LogLevel::warn;
+      o.log_file = log;
+      auto cache = Cache::open(o);
+      for (uint64_t i = 0; i < 10; ++i) cache->put(make_entry(i, kBig));
       cache->flush();
-    }
-    return 0;
-  });
-  EXPECT_EQ(code, 0);
-  auto [all, deleted] = log_lines(log, "deleted or replaced");
-  EXPECT_EQ(deleted, 1) << file_text(log);
-  EXPECT_EQ(all, 1) << file_text(log);
-  EXPECT_FALSE(std::filesystem::exists(dir + "/lmdb/data.mdb")) << "nothing makes the deleted store again";
+      std::filesystem::remove_all(dir);
+      for (uint64_t i = 10; i < 40; ++i) {
+        cache->put(make_entry(i, kBig));
+        cache->flush();
+      }
+      return 0;
+    });
+    EXPECT_EQ(code, 0);
+    auto [all, deleted] = log_lines(log, "deleted or replaced");
+    EXPECT_EQ(deleted, 1) << file_text(log);
+    EXPECT_EQ(all, 1) << file_text(log);
+    EXPECT_FALSE(std::filesystem::exists(dir + "/lmdb/data.mdb")) << "nothing makes the deleted store again";
+  }
 }
 
 }  // namespace
