@@ -250,7 +250,7 @@ class TableLeases final : public Leases {
       lease::Holder h;
       bool readable = b.holder(i, &h);
       if (same_key(b.slot_key(i), key) && readable) {
-        if (h.token != me && lease::alive(h, now)) return LeaseResult::busy;
+        if (h.token != me && live(h, now)) return LeaseResult::busy;
         if (!lk.write_slot(i, key, ours)) return LeaseResult::error;
         if (h.token != me) takeovers_.fetch_add(1);
         return LeaseResult::acquired;
@@ -260,7 +260,7 @@ class TableLeases final : public Leases {
     // No lease of this key: a free slot, else one whose holder is gone.
     for (size_t i = 0; free_slot < 0 && i < kSlots; ++i) {
       lease::Holder h;
-      if (!b.holder(i, &h) || !lease::alive(h, now)) free_slot = static_cast<int>(i);
+      if (!b.holder(i, &h) || !live(h, now)) free_slot = static_cast<int>(i);
     }
     if (free_slot < 0) return LeaseResult::error;  // kSlots live leases in this bucket
     return lk.write_slot(static_cast<size_t>(free_slot), key, ours) ? LeaseResult::acquired : LeaseResult::error;
@@ -434,6 +434,25 @@ class TableLeases final : public Leases {
     bool ok_ = false;
   };
 
+  // Whether a slot's holder must not be taken over: alive (lease::alive),
+  // and a record a process could have written. An expiry further ahead
+  // than the longest lease (a day: Options::lease_ttl_ms) and an hour of
+  // clock difference is garbage: without this, a bucket of such slots
+  // would refuse every lease for ever, and a foreign host's holder is
+  // judged by its expiry alone. Said once.
+  bool live(const lease::Holder& h, uint64_t now) {
+    constexpr uint64_t kLongestAheadMs = (24 + 1) * 3600 * 1000ull;
+    if (h.expiry_ms > now && h.expiry_ms - now > kLongestAheadMs) {
+      if (!garbage_logged_.exchange(true))
+        KCACHE_LOG(LogLevel::warn,
+                   "lease table %s: a slot held garbage (a lease ending %llu s from now); taken over "
+                   "(said once)",
+                   path_.c_str(), static_cast<unsigned long long>((h.expiry_ms - now) / 1000));
+      return false;
+    }
+    return lease::alive(h, now);
+  }
+
   // Whether the mapped file still holds the whole table. A file truncated
   // under the map would make every touch of a bucket past its new end
   // SIGBUS: the table is then given up for this process (said once), and
@@ -478,7 +497,7 @@ class TableLeases final : public Leases {
       }
     });
     if (made) {
-      if (!repaired_logged_.exchange(true))
+      if (!garbage_logged_.exchange(true))
         KCACHE_LOG(LogLevel::warn, "lease table %s: a bucket's lock held garbage; made afresh (said once)",
                    path_.c_str());
     }
@@ -647,10 +666,10 @@ class TableLeases final : public Leases {
   const std::string path_;
   const bool may_map_;
   bool shared_ = false;
-  char* map_ = nullptr;              // a mapped table
-  int map_fd_ = -1;                  // and its file
-  std::atomic<bool> broken_{false};  // the mapped file shrank
-  std::atomic<bool> repaired_logged_{false};
+  char* map_ = nullptr;                                       // a mapped table
+  int map_fd_ = -1;                                           // and its file
+  std::atomic<bool> broken_{false};                           // the mapped file shrank
+  std::atomic<bool> garbage_logged_{false};                   // a garbage lock or slot was said
   std::unique_ptr<State> state_ = std::make_unique<State>();  // an unmapped one
   std::mutex fork_mu_;                                        // only taken when a fork was seen
   std::atomic<uint64_t> gen_{util::fork_generation()};

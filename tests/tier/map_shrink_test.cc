@@ -252,6 +252,47 @@ TEST(LogOnce, GarbageInLeaseBucketsIsOneLineAndNoWait) {
   }
 }
 
+// Garbage in the slots only, the locks intact (mapped and unmapped tables):
+// records no process could have written are taken over, said once.
+TEST(LogOnce, GarbageInLeaseSlotsIsOneLineAndEveryLeaseGranted) {
+  for (int trial = 0; trial < trials(); ++trial) {
+    for (bool mapped : {true, false}) {
+      SCOPED_TRACE("trial " + std::to_string(trial) + (mapped ? " mapped" : " unmapped"));
+      TempDir td;
+      const std::string log = td.path() + "/log", dir = td.path() + "/store";
+      std::filesystem::create_directories(dir);
+      int code = in_child([&] {
+        util::set_log(LogLevel::warn, log);
+        auto l = mapped ? open_table_leases(dir) : lease::table::open_unmapped(dir);
+        if (!l) return 6;
+        std::mt19937_64 rng(static_cast<uint64_t>(trial) + 99);
+        int fd = ::open((dir + "/" + lease::table::kFileName).c_str(), O_WRONLY);
+        if (fd < 0) return 4;
+        for (size_t b = 0; b < lease::table::kBuckets; ++b) {
+          std::string junk(lease::table::kSlots * lease::table::kSlotSize, '\0');
+          for (auto& c : junk) c = static_cast<char>(rng());
+          if (::pwrite(fd, junk.data(), junk.size(), static_cast<off_t>(lease::table::slot_at(b, 0))) !=
+              static_cast<ssize_t>(junk.size()))
+            return 4;
+        }
+        ::close(fd);
+        int refused = 0;
+        for (uint64_t i = 0; i < 59; ++i) {
+          if ((*l)->acquire(key_of(i), 10000) != LeaseResult::acquired)
+            ++refused;
+          else
+            (*l)->release(key_of(i));
+        }
+        return std::min(refused, 100);
+      });
+      EXPECT_EQ(code, 0) << "leases refused after garbage in the slots (or 128 + signal)";
+      auto [all, garbage] = log_lines(log, "garbage");
+      EXPECT_EQ(garbage, 1) << file_text(log);
+      EXPECT_EQ(all, 1) << file_text(log);
+    }
+  }
+}
+
 TEST(LogOnce, StoreFolderDeletedWhileInUseIsSaidOnce) {
   for (int trial = 0; trial < trials(); ++trial) {
     SCOPED_TRACE("trial " + std::to_string(trial));
