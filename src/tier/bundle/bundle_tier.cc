@@ -28,7 +28,7 @@ namespace {
 // (the Cache logs that once and treats the bundle as a miss); a change
 // between that check and the read gives a short read or bytes that fail
 // their checks, never a signal.
-class FileImage final : public Image, public std::enable_shared_from_this<FileImage> {
+class FileImage final : public Image {
  public:
   FileImage(int fd, const struct stat& st, std::string path) : fd_(fd), st_(st), path_(std::move(path)) {}
   ~FileImage() override { ::close(fd_); }

@@ -227,7 +227,7 @@ void LmdbEnv::mark_lost(const std::string& why) {
 Status LmdbEnv::lost_error() const {
   std::string why;
   {
-    std::lock_guard lk(const_cast<std::mutex&>(lost_mu_));
+    std::lock_guard lk(lost_mu_);
     why = lost_why_;
   }
   return Status(Errc::unavailable, "lmdb store " + dir_ + ": " + why + "; not used until opened again");

@@ -146,7 +146,7 @@ class LmdbEnv {
   std::atomic<bool> busy_logged_{false};
   std::atomic<bool> damaged_{false};
   std::atomic<bool> lost_{false};
-  std::mutex lost_mu_;
+  mutable std::mutex lost_mu_;
   std::string lost_why_;  // GUARDED_BY(lost_mu_)
   // LMDB's map of data.mdb (found in /proc/self/maps; null if it was not)
   // and the store's page size.
