@@ -2,6 +2,7 @@
 // command, lookups through every tier.
 #include "cli.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -66,7 +67,22 @@ int Ctx::fail(int code, const std::string& msg) const {
 
 int Ctx::fail(const Status& st) const { return fail(exit_for(st), st.message()); }
 
+namespace {
+bool g_stdout_closed = false;
+}  // namespace
+
+void hold_standard_fds() {
+  for (int fd = 0; fd <= 2; ++fd) {
+    if (::fcntl(fd, F_GETFD) != -1 || errno != EBADF) continue;
+    if (fd == 1) g_stdout_closed = true;
+    // The lowest free descriptor is fd itself: /dev/null holds its place.
+    int n = ::open("/dev/null", fd == 0 ? O_RDONLY : O_WRONLY);
+    if (n >= 0 && n != fd) ::close(n);
+  }
+}
+
 int Ctx::out(std::string_view s) const {
+  if (g_stdout_closed) return fail(kExitError, "stdout is closed: nothing written (redirect it, or pass -o FILE)");
   bool ok = s.empty() || std::fwrite(s.data(), 1, s.size(), stdout) == s.size();
   if (std::fflush(stdout) != 0) ok = false;
   if (!ok) return fail(kExitError, std::string("writing to stdout: ") + std::strerror(errno));

@@ -75,9 +75,16 @@ struct Ctx {
   // Prints "kcache: COMMAND: msg" on stderr (one line) and returns code.
   int fail(int code, const std::string& msg) const;
   int fail(const Status& st) const;
-  // Writes s to stdout; kExitOk, or kExitError (said on stderr) when stdout refused it.
+  // Writes s to stdout; kExitOk, or kExitError (said on stderr) when stdout
+  // refused it or was closed when the tool started (hold_standard_fds).
   int out(std::string_view s) const;
 };
+
+// Run first: a closed stdin, stdout or stderr gets /dev/null in its place,
+// so no file the tool opens (a store, an output) lands on fd 0-2 and
+// receives what was meant for the terminal. Remembers a closed stdout:
+// Ctx::out then writes nothing and fails (exit 3).
+void hold_standard_fds();
 
 // printf into a std::string.
 std::string fmt(const char* f, ...) __attribute__((format(printf, 1, 2)));
