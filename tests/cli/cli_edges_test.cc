@@ -87,6 +87,46 @@ TEST_P(CliEdges, GetWithStdoutClosedExitsThree) {
   EXPECT_EQ(run({"get", "--key", k.hex(), "--artifact", "obj"}).out, data);
 }
 
+// `verify --fix` on a store its user cannot modify (run as another user,
+// 65534, that owns the store: a read-only data file for LMDB, read-only
+// shard folders for the files engine) reports only what it removed and
+// exits 3; both bad entries are still there. `clear` (and `trim` of an
+// LMDB store it cannot open) never says it did what it could not.
+TEST_P(CliEdges, VerifyFixOnAStoreItCannotModifyExitsThree) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to act as a second user";
+  for (uint64_t i = 0; i < 3; ++i) put(key_of(i), binary_payload(i, 20000));
+  corrupt(key_of(1), marker_of(1));
+  corrupt(key_of(2), marker_of(2));
+  ASSERT_EQ(::chmod(tmp_.path().c_str(), 0755), 0);
+  ASSERT_EQ(std::system(("chown -R 65534:65534 '" + dir() + "'").c_str()), 0);
+  if (engine() == "files") {
+    for (uint64_t i : {1, 2}) ASSERT_EQ(::chmod((dir() + "/files/" + key_of(i).hex().substr(0, 2)).c_str(), 0555), 0);
+  } else {
+    ASSERT_EQ(::chmod((dir() + "/lmdb/data.mdb").c_str(), 0444), 0);
+  }
+  auto as_nobody = [] { return ::setgroups(0, nullptr) == 0 && ::setgid(65534) == 0 && ::setuid(65534) == 0; };
+
+  Result r = run_child({"verify", "--fix", "--json"}, as_nobody);
+  EXPECT_EQ(r.rc, 3) << r.out << r.err;
+  EXPECT_NE(r.err.find("kcache: verify: "), std::string::npos) << r.err;
+  if (!r.out.empty()) {
+    EXPECT_EQ(json_num(r.out, "removed"), 0) << r.out;
+  }
+  r = run_child({"clear"}, as_nobody);
+  EXPECT_EQ(r.rc, 3) << r.out << r.err;
+  if (engine() == "lmdb") {  // the files engine trims the shards it can write
+    r = run_child({"trim", "--max-size", "1"}, as_nobody);
+    EXPECT_EQ(r.rc, 3) << r.out << r.err;
+  }
+
+  // Nothing was removed: root (the store's other owner here) still sees both.
+  ASSERT_EQ(std::system(("chown -R 0:0 '" + dir() + "'").c_str()), 0);
+  ASSERT_EQ(std::system(("chmod -R u+w '" + dir() + "'").c_str()), 0);
+  r = run({"verify", "--json"});
+  EXPECT_EQ(r.rc, 1) << r.err;
+  EXPECT_EQ(json_num(r.out, "bad_count"), 2) << r.out;
+}
+
 INSTANTIATE_TEST_SUITE_P(Engines, CliEdges, ::testing::ValuesIn(engine_names()),
                          [](const auto& info) { return info.param; });
 
