@@ -13,6 +13,7 @@
 
 #include <cerrno>
 #include <cstdlib>
+#include <fstream>
 #include <functional>
 #include <string>
 #include <vector>
@@ -125,6 +126,106 @@ TEST_P(CliEdges, VerifyFixOnAStoreItCannotModifyExitsThree) {
   r = run({"verify", "--json"});
   EXPECT_EQ(r.rc, 1) << r.err;
   EXPECT_EQ(json_num(r.out, "bad_count"), 2) << r.out;
+}
+
+bool is_kind(const std::string& path, mode_t kind) {
+  struct stat st;
+  return ::lstat(path.c_str(), &st) == 0 && (st.st_mode & S_IFMT) == kind;
+}
+
+// -o never replaces what is not a regular file: a character device is
+// written through (a full one fails, naming the path), a FIFO is written
+// through to its reader, a symbolic link's target is replaced and the link
+// stays; a bundle, which must be a file, refuses devices and FIFOs.
+// Failures name the user's path, not a temp file.
+TEST_P(CliEdges, OutputPathsThatAreNotRegularFilesAreNeverReplaced) {
+  const Key k = key_of(1);
+  const std::string data = binary_payload(1, 30000);
+  put(k, data);
+  const std::vector<std::string> get = {"get", "--key", k.hex(), "--artifact", "obj", "-o"};
+  auto with = [](std::vector<std::string> v, const std::string& last) {
+    v.push_back(last);
+    return v;
+  };
+
+  // A device like /dev/full, made here (as root) so the real one is never at stake.
+  const std::string full = file("full");
+  if (::mknod(full.c_str(), S_IFCHR | 0666, ::makedev(1, 7)) == 0) {
+    Result r = run(with(get, full));
+    expect_failure(r, 3, full);
+    EXPECT_NE(r.err.find("No space"), std::string::npos) << r.err;
+    r = run({"bundle", "create", "-o", full});
+    expect_failure(r, 3, full);
+    EXPECT_TRUE(is_kind(full, S_IFCHR)) << "the device was replaced";
+  }
+
+  const std::string fifo = file("fifo");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  // Held open for reading and writing here, so the tool's open does not
+  // wait and its 30000 bytes fit in the pipe without a reader draining it.
+  int held = ::open(fifo.c_str(), O_RDWR | O_NONBLOCK);
+  ASSERT_GE(held, 0);
+  Result r = run(with(get, fifo));
+  EXPECT_EQ(r.rc, 0) << r.err;
+  std::string got(data.size() + 1, '\0');
+  ssize_t n = ::read(held, got.data(), got.size());
+  got.resize(n > 0 ? static_cast<size_t>(n) : 0);
+  ::close(held);
+  EXPECT_EQ(got, data);
+  expect_failure(run({"bundle", "create", "-o", fifo}), 3, fifo);
+  EXPECT_TRUE(is_kind(fifo, S_IFIFO)) << "the FIFO was replaced";
+
+  const std::string real = file("real.o"), link = file("link.o");
+  spit(real, "old");
+  ASSERT_EQ(::symlink(real.c_str(), link.c_str()), 0);
+  r = run(with(get, link));
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_TRUE(is_kind(link, S_IFLNK));
+  EXPECT_EQ(slurp(real), data);
+  const std::string real_kcb = file("real.kcb"), link_kcb = file("link.kcb");
+  spit(real_kcb, "old");
+  ASSERT_EQ(::symlink(real_kcb.c_str(), link_kcb.c_str()), 0);
+  r = run({"bundle", "create", "-o", link_kcb});
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_TRUE(is_kind(link_kcb, S_IFLNK));
+  EXPECT_EQ(run({"bundle", "ls", real_kcb}).rc, 0);
+
+  const std::string nowhere = file("no-such-folder/out");
+  r = run(with(get, nowhere));
+  expect_failure(r, 3, nowhere);
+  EXPECT_EQ(r.err.find("kcache-tmp"), std::string::npos) << r.err;
+  r = run({"bundle", "create", "-o", nowhere + ".kcb"});
+  expect_failure(r, 3, nowhere + ".kcb");
+  EXPECT_EQ(r.err.find(".tmp."), std::string::npos) << r.err;
+}
+
+// A killed writer leaves its temp file behind; the next write of the same
+// output removes those an hour old or more (its own pattern only), and
+// leaves fresh ones (a writer that may still be running) alone.
+TEST_P(CliEdges, StaleTempFilesBesideTheOutputAreCollected) {
+  const Key k = key_of(1);
+  put(k, binary_payload(1, 3000));
+  auto age = [](const std::string& p, int seconds) {
+    struct timeval tv[2];
+    ::gettimeofday(&tv[0], nullptr);
+    tv[0].tv_sec -= seconds;
+    tv[1] = tv[0];
+    return ::utimes(p.c_str(), tv) == 0;
+  };
+  const std::string kcb = file("pkg.kcb"), obj = file("obj.o");
+  const std::string old_kcb = kcb + ".tmp.0123456789abcdef", fresh_kcb = kcb + ".tmp.fedcba9876543210";
+  const std::string other = kcb + ".tmp.notours";
+  const std::string old_obj = obj + ".kcache-tmp.0123456789abcdef", fresh_obj = obj + ".kcache-tmp.00000000000000aa";
+  for (const auto& p : {old_kcb, fresh_kcb, other, old_obj, fresh_obj}) spit(p, "partial");
+  for (const auto& p : {old_kcb, other, old_obj}) ASSERT_TRUE(age(p, 2 * 3600));
+
+  Result r = run({"bundle", "create", "-o", kcb});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  r = run({"get", "--key", k.hex(), "--artifact", "obj", "-o", obj});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_FALSE(std::ifstream(old_kcb).good()) << "a stale bundle temp file was left";
+  EXPECT_FALSE(std::ifstream(old_obj).good()) << "a stale output temp file was left";
+  for (const auto& p : {fresh_kcb, other, fresh_obj}) EXPECT_TRUE(std::ifstream(p).good()) << p;
 }
 
 INSTANTIATE_TEST_SUITE_P(Engines, CliEdges, ::testing::ValuesIn(engine_names()),

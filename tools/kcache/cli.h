@@ -121,9 +121,18 @@ Lookup lookup(const Ctx& c, const Key& k, Access access = Access::counted);
 // store could not answer and no tier said "not here".
 int report_miss(const Ctx& c, const Key& k, const Lookup& l);
 
-// Writes data to path through a temp file in the same folder and a rename,
-// so a reader of path never sees a partial artifact (mode 0666 & ~umask).
+// Writes data to the file the user named. A regular file or a missing path:
+// through a temp file in the same folder and a rename, so a reader never
+// sees a partial artifact (mode 0666 & ~umask); a symbolic link is followed
+// and its target replaced. A character device or FIFO (/dev/stdout, a
+// terminal, a named pipe) is written through, never replaced; anything else
+// (a folder, a block device, a link to a missing file) is refused. Errors
+// name `path`, never the temp file.
 Status write_output(const std::string& path, std::string_view data);
+// Removes this user's regular files named NAME + mark + 16 hex digits beside
+// `path` (NAME its last component) that were not modified for older_than_s:
+// the temp files of runs killed before their rename.
+void collect_stale_temps(const std::string& path, std::string_view mark, uint64_t older_than_s);
 
 // The commands, by group.
 int cmd_put(Ctx& c);  // store_cmds.cc
