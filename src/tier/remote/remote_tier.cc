@@ -94,6 +94,7 @@ class RemoteTierImpl final : public RemoteTier {
   RemoteTierImpl(std::shared_ptr<RemoteTransport> t, const RemoteTierOptions& o) : t_(std::move(t)), o_(o) {
     name_ = std::string(t_->name()) + (o_.read_only ? "(ro)" : "");
     t_->set_timeouts(o_.connect_timeout_ms, o_.command_timeout_ms);
+    t_->set_max_value_bytes(o_.max_entry_bytes + kValueHeader + kMacSize);
     if (!o_.secret.empty()) mac_ = EVP_MAC_fetch(nullptr, "HMAC", nullptr);
     writer_ = std::thread([this] { write_loop(); });
   }
@@ -222,7 +223,7 @@ class RemoteTierImpl final : public RemoteTier {
   // GET and accept; an error only when the server could not be asked.
   Expected<std::optional<Entry>> fetch(const Key& key) {
     auto r = t_->get(key);
-    if (!r && r.error().code() != Errc::corrupt) {
+    if (!r && r.error().code() != Errc::corrupt && r.error().code() != Errc::too_large) {
       fail(r.error());
       return std::move(r).error();
     }
@@ -372,6 +373,13 @@ class RemoteTierImpl final : public RemoteTier {
   // Nothing past the value header is parsed before the MAC (when
   // configured) is checked.
   std::optional<Entry> accept(const Key& key, Expected<RemoteBytes> got) {
+    if (!got && got.error().code() == Errc::too_large) {  // refused unread: a miss, not a fault
+      counts_.add(&TierStats::rejected);
+      if (first_word(key))
+        KCACHE_LOG(LogLevel::warn, "%s: rejected value for %s: larger than max_entry_bytes (%s)", name_.c_str(),
+                   key.hex().c_str(), got.error().message().c_str());
+      return std::nullopt;
+    }
     if (!got) {  // a reply of the wrong type for this key
       counts_.add(&TierStats::errors);
       bad_replies_++;
@@ -528,7 +536,28 @@ class RemoteTierImpl final : public RemoteTier {
       counts_.add(&TierStats::errors);
       return;
     }
-    if (call_status(t_->set(t.key, *v, o_.ttl_ms)).is_ok()) counts_.add(&TierStats::puts);
+    Status st = t_->set(t.key, *v, o_.ttl_ms);
+    if (st.is_ok()) {
+      succeed();
+      counts_.add(&TierStats::puts);
+      if (writes_refused_.load(std::memory_order_relaxed) && writes_refused_.exchange(false))
+        KCACHE_LOG(LogLevel::info, "%s: the server takes writes again", name_.c_str());
+      return;
+    }
+    if (st.code() == Errc::io_error) {
+      // The server answered, refusing the write (out of memory, a
+      // read-only replica): reads still work, so the breaker is left out
+      // of it, and the condition is one line until a write is taken.
+      succeed();
+      counts_.add(&TierStats::errors);
+      server_errors_++;
+      if (!writes_refused_.exchange(true))
+        KCACHE_LOG(LogLevel::warn,
+                   "%s: the server refuses writes (%s); entries are not stored there until it takes one", name_.c_str(),
+                   st.to_string().c_str());
+      return;
+    }
+    fail(st);
   }
 
   std::shared_ptr<RemoteTransport> t_;
@@ -538,7 +567,8 @@ class RemoteTierImpl final : public RemoteTier {
 
   std::atomic<uint64_t> failures_{0}, timeouts_{0}, open_until_ms_{0}, breaker_opens_{0};
   std::atomic<bool> outage_{false};
-  AtomicTierStats counts_;  // this process's counts: a server keeps none
+  std::atomic<bool> writes_refused_{false};  // the last write got an error reply
+  AtomicTierStats counts_;                   // this process's counts: a server keeps none
   std::atomic<uint64_t> timeouts_total_{0}, unreachable_{0}, server_errors_{0}, bad_replies_{0};
   mutable std::mutex c_mu_;
   RemoteCounters c_;  // GUARDED_BY(c_mu_): the lease counters
