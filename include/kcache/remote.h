@@ -81,6 +81,8 @@ struct RemoteTierOptions {
   // Writes waiting for the background thread; more are dropped.
   unsigned write_queue_depth = 64;
   // HMAC-SHA256 secret. Empty: values carry no MAC and none is checked.
+  // Values carry a 16-bit id of the secret: values stored with another
+  // secret are misses, said once, and never overwritten by this tier.
   std::string secret;
 };
 
