@@ -16,7 +16,10 @@
 //  * Errors (kcache/remote.h): a socket timeout (errno EAGAIN, or a connect
 //    that timed out) is Errc::timeout; any other connection fault is
 //    Errc::unavailable; an error reply is Errc::io_error; a reply of the
-//    wrong type, or WRONGTYPE (a key holding another type), is Errc::corrupt.
+//    wrong type, or WRONGTYPE (a key holding another type), is Errc::corrupt;
+//    a value over the policy's bound (set_max_value_bytes) is Errc::too_large,
+//    answered by the server as its length instead of the value (a small
+//    script in place of GET, the same one round trip).
 //  * URL: redis://[:password@]host[:port][/db][?option=value&...] and
 //    redis+cluster://host:port[,host:port...][?...]; each option of the
 //    query goes through set_remote_option, whose one table (kRemoteOptions)
@@ -447,8 +450,8 @@ class RedisTransport final : public RemoteTransport, public RemoteLeaseBackend {
             if (p_.cluster && (msg.starts_with("MOVED ") || msg.starts_with("ASK ")))
               retry.push_back(i);
             else
-              (*out)[i] =
-                  Status(msg.starts_with("WRONGTYPE") ? Errc::corrupt : Errc::io_error, "redis: " + std::string(msg));
+              (*out)[i] = Status(msg.find("WRONGTYPE") != std::string_view::npos ? Errc::corrupt : Errc::io_error,
+                                 "redis: " + std::string(msg));
             continue;
           }
           (*out)[i] = value_of(std::move(r));
@@ -668,7 +671,7 @@ class RedisTransport final : public RemoteTransport, public RemoteLeaseBackend {
         continue;
       }
       // A key of another type: that key is unusable, the server is fine.
-      if (msg.starts_with("WRONGTYPE")) return Status(Errc::corrupt, "redis: " + std::string(msg));
+      if (msg.find("WRONGTYPE") != std::string_view::npos) return Status(Errc::corrupt, "redis: " + std::string(msg));
       return Status(Errc::io_error, "redis: " + std::string(msg));
     }
     return Status(Errc::io_error, "redis: too many cluster redirections");
