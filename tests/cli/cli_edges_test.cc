@@ -190,6 +190,17 @@ TEST_P(CliEdges, OutputPathsThatAreNotRegularFilesAreNeverReplaced) {
   EXPECT_TRUE(is_kind(link_kcb, S_IFLNK));
   EXPECT_EQ(run({"bundle", "ls", real_kcb}).rc, 0);
 
+  // -o /dev/stdout writes to the descriptor as the shell set it up (here
+  // `>> log`: appended), never replacing the file it points to.
+  const std::string appended = file("appended.log");
+  spit(appended, "head:");
+  r = run_child(with(get, "/dev/stdout"), [&] {
+    int fd = ::open(appended.c_str(), O_WRONLY | O_APPEND);
+    return fd >= 0 && ::dup2(fd, 1) == 1 && ::close(fd) == 0;
+  });
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(slurp(appended), "head:" + data);
+
   const std::string nowhere = file("no-such-folder/out");
   r = run(with(get, nowhere));
   expect_failure(r, 3, nowhere);

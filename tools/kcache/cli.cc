@@ -245,7 +245,33 @@ void collect_stale_temps(const std::string& path, std::string_view mark, uint64_
   ::closedir(d);
 }
 
+namespace {
+
+// The descriptor a path names by itself: /dev/stdout, /dev/stderr,
+// /dev/fd/N, /proc/self/fd/N; -1 for any other path.
+int named_fd(const std::string& path) {
+  if (path == "/dev/stdout") return 1;
+  if (path == "/dev/stderr") return 2;
+  for (std::string_view dir : {"/dev/fd/", "/proc/self/fd/"}) {
+    if (!path.starts_with(dir) || path.size() == dir.size() || path.size() > dir.size() + 6) continue;
+    std::string_view n = std::string_view(path).substr(dir.size());
+    if (!std::all_of(n.begin(), n.end(), [](char ch) { return ch >= '0' && ch <= '9'; })) continue;
+    return std::atoi(std::string(n).c_str());
+  }
+  return -1;
+}
+
+}  // namespace
+
 Status write_output(const std::string& path, std::string_view data) {
+  // A descriptor named by path (`-o /dev/stdout > out.o`, `-o /dev/fd/3`):
+  // written where it points, with its own offset and flags, as a shell
+  // redirection expects; never reopened or replaced.
+  if (int fd = named_fd(path); fd >= 0) {
+    if ((fd == 1 && g_stdout_closed) || ::fcntl(fd, F_GETFD) == -1)
+      return Status(Errc::io_error, path + " is not open; nothing written");
+    return write_all(fd, data, path);
+  }
   struct stat st;
   std::string target = path;
   if (::stat(path.c_str(), &st) == 0) {

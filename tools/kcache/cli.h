@@ -125,7 +125,9 @@ int report_miss(const Ctx& c, const Key& k, const Lookup& l);
 // through a temp file in the same folder and a rename, so a reader never
 // sees a partial artifact (mode 0666 & ~umask); a symbolic link is followed
 // and its target replaced. A character device or FIFO (/dev/stdout, a
-// terminal, a named pipe) is written through, never replaced; anything else
+// terminal, a named pipe) is written through, never replaced; /dev/stdout,
+// /dev/stderr, /dev/fd/N and /proc/self/fd/N are written to that descriptor
+// as it is (offset and append flag kept); anything else
 // (a folder, a block device, a link to a missing file) is refused. Errors
 // name `path`, never the temp file.
 Status write_output(const std::string& path, std::string_view data);
