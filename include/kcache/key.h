@@ -120,7 +120,9 @@ class KeyBuilder {
   KeyBuilder& add_map(std::string_view name, const std::map<std::string, std::string>& value);
   KeyBuilder& add_list(std::string_view name, const std::vector<std::string>& value);
   KeyBuilder& add_digest(std::string_view name, const Digest& value);
-  // Hashes the file's contents. An unreadable file makes finish() fail.
+  // Hashes the file's contents. An unreadable file, or anything but a
+  // regular file (a folder, a device such as /dev/zero, a FIFO, which is
+  // never waited on), makes finish() fail with a message naming it.
   KeyBuilder& add_file(std::string_view name, const std::string& path);
 
   // Keeps the value of component `name` (added before or after this call)

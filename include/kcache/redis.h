@@ -23,7 +23,8 @@
 // SET-if-absent with a PX expiry, compared and changed by small Lua scripts.
 //
 // Caveats: values are whole entries (no streaming), so max_entry_bytes also
-// bounds memory per concurrent get; the command timeout bounds each socket
+// bounds memory per concurrent get (a longer value is refused by the server
+// script that looks values up, unread); the command timeout bounds each socket
 // read, so a very large value on a slow link may take longer in total.
 //
 // Thread-safety: a Redis tier, its leases or its transport may be used by

@@ -81,6 +81,8 @@ struct RemoteTierOptions {
   // Writes waiting for the background thread; more are dropped.
   unsigned write_queue_depth = 64;
   // HMAC-SHA256 secret. Empty: values carry no MAC and none is checked.
+  // Values carry a 16-bit id of the secret: values stored with another
+  // secret are misses, said once, and never overwritten by this tier.
   std::string secret;
 };
 
@@ -121,7 +123,9 @@ using RemoteBytes = std::shared_ptr<const Buffer>;
 //                      (garbled) stream;
 //   Errc::io_error     the server answered with an error reply;
 //   Errc::corrupt      the server answered, but with a reply of the wrong
-//                      type for this key (the connection is fine).
+//                      type for this key (the connection is fine);
+//   Errc::too_large    (get, get_many) the value is longer than the bound
+//                      of set_max_value_bytes (the server is fine).
 // Keys are cache keys: the transport names them on its server, and
 // documents the naming.
 class RemoteTransport {
@@ -134,6 +138,13 @@ class RemoteTransport {
   // this object, and of the lease backend when it is the same object).
   virtual void set_timeouts(uint64_t connect_ms, uint64_t command_ms) = 0;
 
+  // Bounds get and get_many: a value longer than max_bytes is answered
+  // with Errc::too_large, ideally without being transferred (Redis asks
+  // the server for the length and the value in one scripted round trip).
+  // Called by make_remote with the policy's max_entry_bytes plus the value
+  // framing. A transport that cannot do better may ignore it: the policy
+  // refuses an oversized value after reading it.
+  virtual void set_max_value_bytes(uint64_t max_bytes) { (void)max_bytes; }
   // The value stored under `key`, or null.
   virtual Expected<RemoteBytes> get(const Key& key) = 0;
   // Values for many keys in few round trips: on success `out` holds one

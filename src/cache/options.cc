@@ -357,8 +357,11 @@ std::vector<Status> Options::apply_env() {
     if (r.info.env.empty()) continue;
     std::string var(r.info.env);
     const char* v = std::getenv(var.c_str());
-    // An empty variable is unset (as a shell's VAR= prefix is often meant).
-    if (!v || !*v) continue;
+    // An empty variable is unset (as a shell's VAR= prefix is often meant),
+    // except KCACHE_DIR: an empty folder is more likely a variable that was
+    // meant to be set than a wish for the default store, which the tool's
+    // `clear` would then empty; it is refused like --dir "".
+    if (!v || (!*v && var != "KCACHE_DIR")) continue;
     Status st = set(r.info.name, v);
     // "option NAME: WHAT": said of the variable instead.
     if (!st.is_ok())

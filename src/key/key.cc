@@ -15,6 +15,10 @@
 
 #include "util/fast_xxhash.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstring>
 
@@ -167,8 +171,48 @@ KeyBuilder& KeyBuilder::add_digest(std::string_view name, const Digest& value) {
        hash_typed(ComponentType::digest, std::string_view(reinterpret_cast<const char*>(value.bytes.data()), 16)));
   return *this;
 }
+namespace {
+
+const char* file_kind(mode_t m) {
+  if (S_ISDIR(m)) return "a folder";
+  if (S_ISCHR(m)) return "a character device";
+  if (S_ISBLK(m)) return "a block device";
+  if (S_ISFIFO(m)) return "a FIFO";
+  if (S_ISSOCK(m)) return "a socket";
+  return "not a regular file";
+}
+
+// The contents of the regular file at `path`. Anything else is refused
+// before a byte is read: a device such as /dev/zero never ends, and a FIFO
+// would block (it is opened without blocking, then looked at).
+Expected<std::string> read_regular_file(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+  if (fd < 0) return util::errno_status(errno, "open " + path);
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st;
+  if (::fstat(fd, &st) != 0) return util::errno_status(errno, "stat " + path);
+  if (!S_ISREG(st.st_mode))
+    return Status(Errc::invalid_argument, path + " is " + file_kind(st.st_mode) + ", not a regular file");
+  std::string out;
+  out.reserve(static_cast<size_t>(st.st_size));
+  char buf[65536];
+  for (;;) {
+    ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return util::errno_status(errno, "read " + path);
+    if (n == 0) break;
+    out.append(buf, static_cast<size_t>(n));
+  }
+  return out;
+}
+
+}  // namespace
+
 KeyBuilder& KeyBuilder::add_file(std::string_view name, const std::string& path) {
-  auto data = util::read_file(path);
+  auto data = read_regular_file(path);
   if (!data) {
     if (error_.is_ok())
       error_ = Status(Errc::io_error, "key component '" + std::string(name) + "': " + data.error().to_string());

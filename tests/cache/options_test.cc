@@ -156,6 +156,30 @@ TEST(OptionsTest, TheEnvironmentOverridesTheProgram) {
   EXPECT_EQ(o.disk.max_bytes, 12345u) << "an unset variable leaves the program's setting";
 }
 
+// An empty folder is refused wherever it comes from, so an unset shell
+// variable in `--dir "$X"` or KCACHE_DIR="$X" never means the default
+// store; an unset KCACHE_DIR still does.
+TEST(OptionsTest, AnEmptyFolderIsRefusedAndAnUnsetOneIsTheDefault) {
+  Options o;
+  Status st = o.set("dir", "");
+  EXPECT_EQ(st.code(), Errc::invalid_argument);
+  EXPECT_NE(st.message().find("dir"), std::string::npos) << st.message();
+  {
+    ScopedEnv dir("KCACHE_DIR", "");
+    Options e;
+    e.dir = "/from/program";
+    auto problems = e.apply_env();
+    ASSERT_EQ(problems.size(), 1u);
+    EXPECT_EQ(problems[0].code(), Errc::invalid_argument);
+    EXPECT_NE(problems[0].message().find("KCACHE_DIR"), std::string::npos) << problems[0].message();
+    EXPECT_EQ(e.dir, "/from/program") << "the refused value changes nothing";
+  }
+  ScopedEnv dir("KCACHE_DIR", nullptr);
+  Options u;
+  EXPECT_TRUE(u.apply_env().empty());
+  EXPECT_EQ(u.dir, "") << "unset: the default folder";
+}
+
 TEST(OptionsTest, ApplyEnvReportsBadValuesAndUnknownVariables) {
   ScopedEnv size("KCACHE_MAX_SIZE", "huge");
   ScopedEnv typo("KCACHE_READ_ONLY", "1");

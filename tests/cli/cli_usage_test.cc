@@ -1,5 +1,6 @@
 // kcache tool usage, help and version: bad command lines exit 2 with one
 // line on stderr and touch no store; the same for every engine.
+#include <cstdlib>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -41,6 +42,32 @@ TEST_P(CliUsageTest, BadUsageExitsTwoWithOneLine) {
   }
   // Nothing above created a store.
   EXPECT_FALSE(std::ifstream(dir()).good());
+}
+
+// An empty folder (`--dir "$UNSET"`, KCACHE_DIR="$UNSET") is bad usage,
+// never the default store; an unset KCACHE_DIR is the default store.
+TEST_P(CliUsageTest, AnEmptyFolderIsBadUsageNotTheDefaultStore) {
+  const std::string home = file("xdg");
+  const char* old = std::getenv("XDG_CACHE_HOME");
+  std::string saved = old ? old : "";
+  ::setenv("XDG_CACHE_HOME", home.c_str(), 1);
+  std::string in = file("in");
+  spit(in, "bytes");
+  const std::string k = key_of(1).hex();
+  Result r = run_in("", {"--engine", engine(), "put", "--key", k, "obj=" + in});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  expect_failure(run_in("", {"--dir", "", "--engine", engine(), "clear"}), 2, "dir");
+  expect_failure(run_in("", {"--engine", engine(), "clear"}, {{"KCACHE_DIR", ""}}), 2, "KCACHE_DIR");
+  r = run_in("", {"--engine", engine(), "get", "--key", k, "--artifact", "obj"});
+  EXPECT_EQ(r.out, "bytes") << "the default store kept its entry: " << r.err;
+  r = run_in("", {"--engine", engine(), "clear"});
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.out, "removed 1 entry\n");
+  if (old) {
+    ::setenv("XDG_CACHE_HOME", saved.c_str(), 1);
+  } else {
+    ::unsetenv("XDG_CACHE_HOME");
+  }
 }
 
 TEST_P(CliUsageTest, VersionAndHelp) {

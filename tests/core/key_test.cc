@@ -1,4 +1,5 @@
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -119,6 +120,40 @@ TEST(Key, FileContentsNotPath) {
   auto missing = KeyBuilder("n").add_file("f", d + "/does-not-exist").finish();
   ASSERT_FALSE(missing.has_value());
   EXPECT_EQ(missing.error().code(), Errc::io_error);
+}
+
+// Only regular files are hashed: a device that never ends (/dev/zero), a
+// FIFO without a writer (which would block at open) and a folder make
+// finish() fail with a message naming the path. Each runs in a child under
+// an alarm, so a builder that never returns fails the test instead of
+// hanging it.
+TEST(Key, AddFileRefusesWhatIsNotARegularFile) {
+  std::string d = ::testing::TempDir() + "/kc_key_kinds." + std::to_string(::getpid());
+  ASSERT_EQ(::mkdir(d.c_str(), 0700), 0);
+  std::string fifo = d + "/fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  for (const std::string& path : {std::string("/dev/zero"), fifo, d}) {
+    SCOPED_TRACE(path);
+    pid_t pid = ::fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      ::alarm(20);
+      auto k = KeyBuilder("n").add_file("f", path).finish();
+      bool ok = !k.has_value() && k.error().code() == Errc::io_error &&
+                k.error().message().find(path) != std::string::npos &&
+                k.error().message().find("not a regular file") != std::string::npos;
+      if (!ok) std::fprintf(stderr, "%s\n", k ? "accepted" : k.error().to_string().c_str());
+      ::_exit(ok ? 0 : 1);
+    }
+    int status = 0;
+    ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+    EXPECT_TRUE(WIFEXITED(status)) << "add_file did not return (signal " << WTERMSIG(status) << ")";
+    if (WIFEXITED(status)) {
+      EXPECT_EQ(WEXITSTATUS(status), 0);
+    }
+  }
+  ::unlink(fifo.c_str());
+  ::rmdir(d.c_str());
 }
 
 TEST(Key, HexRoundTrip) {

@@ -99,9 +99,13 @@ int bundle_create(Ctx& c) {
     Progress p("kcache: bundle create");
     o.progress = p.fn();
     // The writer peeks (Access::peek): recency records stay as they were.
-    info = write_bundle(*c.store.disk, sel, *out, o);
+    // Through the Cache: -o names a regular file or a link to one, never a
+    // device it would replace, and stale temp files beside it are collected.
+    info = write_bundle(*c.store.cache, sel, *out, o);
   }
-  if (!info) return c.fail(info.error());
+  // A missing folder for -o is a file that cannot be written (3), not a miss.
+  if (!info)
+    return c.fail(info.error().code() == Errc::not_found ? kExitError : exit_for(info.error()), info.error().message());
   if (c.json) {
     util::JsonWriter w;
     w.begin_object().field("path", *out);

@@ -2,9 +2,13 @@
 // command, lookups through every tier.
 #include "cli.h"
 
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstdarg>
 #include <cstdio>
@@ -66,7 +70,22 @@ int Ctx::fail(int code, const std::string& msg) const {
 
 int Ctx::fail(const Status& st) const { return fail(exit_for(st), st.message()); }
 
+namespace {
+bool g_stdout_closed = false;
+}  // namespace
+
+void hold_standard_fds() {
+  for (int fd = 0; fd <= 2; ++fd) {
+    if (::fcntl(fd, F_GETFD) != -1 || errno != EBADF) continue;
+    if (fd == 1) g_stdout_closed = true;
+    // The lowest free descriptor is fd itself: /dev/null holds its place.
+    int n = ::open("/dev/null", fd == 0 ? O_RDONLY : O_WRONLY);
+    if (n >= 0 && n != fd) ::close(n);
+  }
+}
+
 int Ctx::out(std::string_view s) const {
+  if (g_stdout_closed) return fail(kExitError, "stdout is closed: nothing written (redirect it, or pass -o FILE)");
   bool ok = s.empty() || std::fwrite(s.data(), 1, s.size(), stdout) == s.size();
   if (std::fflush(stdout) != 0) ok = false;
   if (!ok) return fail(kExitError, std::string("writing to stdout: ") + std::strerror(errno));
@@ -177,8 +196,117 @@ int report_miss(const Ctx& c, const Key& k, const Lookup& l) {
   return c.fail(kExitMiss, msg);
 }
 
+namespace {
+
+const char* kind_of(mode_t m) {
+  if (S_ISDIR(m)) return "a folder";
+  if (S_ISBLK(m)) return "a block device";
+  if (S_ISSOCK(m)) return "a socket";
+  return "not a regular file";
+}
+
+Status write_all(int fd, std::string_view data, const std::string& path) {
+  size_t off = 0;
+  while (off < data.size()) {
+    ssize_t n = ::write(fd, data.data() + off, data.size() - off);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return util::errno_status(errno, "writing " + path);
+    off += static_cast<size_t>(n);
+  }
+  return Status();
+}
+
+// The temp files of write_output: "NAME.kcache-tmp.<16 hex>" beside NAME.
+constexpr std::string_view kTempMark = ".kcache-tmp.";
+
+}  // namespace
+
+void collect_stale_temps(const std::string& path, std::string_view mark, uint64_t older_than_s) {
+  size_t slash = path.rfind('/');
+  std::string folder = slash == std::string::npos ? std::string(".") : path.substr(0, slash ? slash : 1);
+  std::string prefix = (slash == std::string::npos ? path : path.substr(slash + 1)) + std::string(mark);
+  DIR* d = ::opendir(folder.c_str());
+  if (!d) return;
+  const time_t now = ::time(nullptr);
+  while (struct dirent* de = ::readdir(d)) {
+    std::string_view name(de->d_name);
+    if (name.size() != prefix.size() + 16 || name.substr(0, prefix.size()) != prefix) continue;
+    std::string_view hex = name.substr(prefix.size());
+    if (!std::all_of(hex.begin(), hex.end(), [](char ch) { return std::isxdigit(static_cast<unsigned char>(ch)); }))
+      continue;
+    struct stat st;
+    // Only this user's plain files, untouched for older_than_s: a run
+    // still writing one keeps its mtime fresh.
+    if (::fstatat(::dirfd(d), de->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode) ||
+        st.st_uid != ::geteuid() || now - st.st_mtime < static_cast<time_t>(older_than_s))
+      continue;
+    ::unlinkat(::dirfd(d), de->d_name, 0);
+  }
+  ::closedir(d);
+}
+
+namespace {
+
+// The descriptor a path names by itself: /dev/stdout, /dev/stderr,
+// /dev/fd/N, /proc/self/fd/N; -1 for any other path.
+int named_fd(const std::string& path) {
+  if (path == "/dev/stdout") return 1;
+  if (path == "/dev/stderr") return 2;
+  for (std::string_view dir : {"/dev/fd/", "/proc/self/fd/"}) {
+    if (!path.starts_with(dir) || path.size() == dir.size() || path.size() > dir.size() + 6) continue;
+    std::string_view n = std::string_view(path).substr(dir.size());
+    if (!std::all_of(n.begin(), n.end(), [](char ch) { return ch >= '0' && ch <= '9'; })) continue;
+    return std::atoi(std::string(n).c_str());
+  }
+  return -1;
+}
+
+}  // namespace
+
 Status write_output(const std::string& path, std::string_view data) {
-  return util::write_file_atomic_via(path + ".kcache-tmp", path, data, /*sync=*/false, 0666);
+  // A descriptor named by path (`-o /dev/stdout > out.o`, `-o /dev/fd/3`):
+  // written where it points, with its own offset and flags, as a shell
+  // redirection expects; never reopened or replaced.
+  if (int fd = named_fd(path); fd >= 0) {
+    if ((fd == 1 && g_stdout_closed) || ::fcntl(fd, F_GETFD) == -1)
+      return Status(Errc::io_error, path + " is not open; nothing written");
+    return write_all(fd, data, path);
+  }
+  struct stat st;
+  std::string target = path;
+  if (::stat(path.c_str(), &st) == 0) {
+    if (S_ISCHR(st.st_mode) || S_ISFIFO(st.st_mode)) {
+      // A terminal, /dev/null, /dev/stdout on a pipe, a named pipe: written
+      // through, never replaced (O_NONBLOCK is not used: a FIFO waits for
+      // its reader, as it does for any writer).
+      int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC | O_NOCTTY);
+      if (fd < 0) return util::errno_status(errno, "opening " + path);
+      Status w = write_all(fd, data, path);
+      if (::close(fd) != 0 && w.is_ok()) w = util::errno_status(errno, "writing " + path);
+      return w;
+    }
+    if (!S_ISREG(st.st_mode)) return Status(Errc::io_error, path + " is " + kind_of(st.st_mode) + "; not replaced");
+    // A symbolic link is followed: its target is replaced, the link stays.
+    char* real = ::realpath(path.c_str(), nullptr);
+    if (!real) return util::errno_status(errno, "resolving " + path);
+    target = real;
+    std::free(real);
+  } else if (errno != ENOENT) {
+    return util::errno_status(errno, path);
+  } else if (::lstat(path.c_str(), &st) == 0 && S_ISLNK(st.st_mode)) {
+    return Status(Errc::io_error, path + " is a symbolic link to a missing file; not replaced");
+  }
+  // Temp files of runs killed before their rename, an hour old or more.
+  collect_stale_temps(target, kTempMark, 3600);
+  std::string tmp =
+      target + std::string(kTempMark) + fmt("%016llx", static_cast<unsigned long long>(util::random_u64()));
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+  if (fd < 0) return util::errno_status(errno, "writing " + path);
+  Status w = write_all(fd, data, path);
+  if (::close(fd) != 0 && w.is_ok()) w = util::errno_status(errno, "writing " + path);
+  if (w.is_ok() && ::rename(tmp.c_str(), target.c_str()) != 0) w = util::errno_status(errno, "writing " + path);
+  if (!w.is_ok()) ::unlink(tmp.c_str());
+  return w;
 }
 
 }  // namespace kcache::cli

@@ -75,9 +75,16 @@ struct Ctx {
   // Prints "kcache: COMMAND: msg" on stderr (one line) and returns code.
   int fail(int code, const std::string& msg) const;
   int fail(const Status& st) const;
-  // Writes s to stdout; kExitOk, or kExitError (said on stderr) when stdout refused it.
+  // Writes s to stdout; kExitOk, or kExitError (said on stderr) when stdout
+  // refused it or was closed when the tool started (hold_standard_fds).
   int out(std::string_view s) const;
 };
+
+// Run first: a closed stdin, stdout or stderr gets /dev/null in its place,
+// so no file the tool opens (a store, an output) lands on fd 0-2 and
+// receives what was meant for the terminal. Remembers a closed stdout:
+// Ctx::out then writes nothing and fails (exit 3).
+void hold_standard_fds();
 
 // printf into a std::string.
 std::string fmt(const char* f, ...) __attribute__((format(printf, 1, 2)));
@@ -114,9 +121,20 @@ Lookup lookup(const Ctx& c, const Key& k, Access access = Access::counted);
 // store could not answer and no tier said "not here".
 int report_miss(const Ctx& c, const Key& k, const Lookup& l);
 
-// Writes data to path through a temp file in the same folder and a rename,
-// so a reader of path never sees a partial artifact (mode 0666 & ~umask).
+// Writes data to the file the user named. A regular file or a missing path:
+// through a temp file in the same folder and a rename, so a reader never
+// sees a partial artifact (mode 0666 & ~umask); a symbolic link is followed
+// and its target replaced. A character device or FIFO (/dev/stdout, a
+// terminal, a named pipe) is written through, never replaced; /dev/stdout,
+// /dev/stderr, /dev/fd/N and /proc/self/fd/N are written to that descriptor
+// as it is (offset and append flag kept); anything else
+// (a folder, a block device, a link to a missing file) is refused. Errors
+// name `path`, never the temp file.
 Status write_output(const std::string& path, std::string_view data);
+// Removes this user's regular files named NAME + mark + 16 hex digits beside
+// `path` (NAME its last component) that were not modified for older_than_s:
+// the temp files of runs killed before their rename.
+void collect_stale_temps(const std::string& path, std::string_view mark, uint64_t older_than_s);
 
 // The commands, by group.
 int cmd_put(Ctx& c);  // store_cmds.cc

@@ -159,6 +159,7 @@ bool global_takes_value(std::string_view a) {
 }
 
 int run(int argc, char** argv) {
+  hold_standard_fds();
   std::vector<std::string> args(argv + 1, argv + argc);
   // The command is the first word that is not an option or an option's value.
   size_t cmd_at = args.size();

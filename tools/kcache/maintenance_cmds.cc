@@ -1,6 +1,8 @@
 // kcache tool — the commands of the whole store: ls, stats, verify, trim,
 // clear. ls, verify, trim and clear act on the disk store only (a remote
 // cannot list its entries); stats shows every tier.
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <cinttypes>
 
@@ -21,6 +23,16 @@ Status list_disk(const Ctx& c, std::vector<ListItem>* items) {
     items->push_back(it);
     return true;
   });
+}
+
+// A command that acts on the store (verify, trim, clear) and got no disk
+// tier: fine when there is no store yet (nothing to do), exit 3 when one
+// exists but could not be opened (read-only, another user's, damaged), so
+// "all good" or "removed 0 entries" never stands for a store it never saw.
+int unopened_store(const Ctx& c, const std::string& nothing_done) {
+  struct stat st;
+  if (c.store.admin || ::stat(c.store.where.path.c_str(), &st) != 0) return kExitOk;
+  return c.fail(kExitError, disk_failure(c) + "; nothing " + nothing_done);
 }
 
 }  // namespace
@@ -125,6 +137,7 @@ int cmd_verify(Ctx& c) {
   bool fix = c.args.has("--fix");
   // Without --fix verify only reads; with it, it removes what fails.
   if (int rc = open_tiers(c, {.create = false, .remote = false, .honour_disable = false, .inspect = !fix})) return rc;
+  if (int rc = unopened_store(c, fix ? "verified or removed" : "verified")) return rc;
   VerifyReport rep;
   if (c.store.admin) {
     auto r = c.store.admin->verify(fix);
@@ -159,6 +172,7 @@ int cmd_verify(Ctx& c) {
 
 int cmd_trim(Ctx& c) {
   if (int rc = open_tiers(c, kDiskOnly)) return rc;
+  if (int rc = unopened_store(c, "evicted")) return rc;
   uint64_t limit = effective_max_bytes(c.store.options.disk);
   if (const std::string* v = c.args.get("--max-size")) {
     auto s = util::parse_size(*v);
@@ -188,6 +202,7 @@ int cmd_trim(Ctx& c) {
 
 int cmd_clear(Ctx& c) {
   if (int rc = open_tiers(c, kDiskOnly)) return rc;
+  if (int rc = unopened_store(c, "removed")) return rc;
   std::vector<ListItem> items;
   Status st = list_disk(c, &items);
   if (st.is_ok() && c.store.admin) st = c.store.admin->clear();

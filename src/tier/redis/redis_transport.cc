@@ -16,7 +16,10 @@
 //  * Errors (kcache/remote.h): a socket timeout (errno EAGAIN, or a connect
 //    that timed out) is Errc::timeout; any other connection fault is
 //    Errc::unavailable; an error reply is Errc::io_error; a reply of the
-//    wrong type, or WRONGTYPE (a key holding another type), is Errc::corrupt.
+//    wrong type, or WRONGTYPE (a key holding another type), is Errc::corrupt;
+//    a value over the policy's bound (set_max_value_bytes) is Errc::too_large,
+//    answered by the server as its length instead of the value (a small
+//    script in place of GET, the same one round trip).
 //  * URL: redis://[:password@]host[:port][/db][?option=value&...] and
 //    redis+cluster://host:port[,host:port...][?...]; each option of the
 //    query goes through set_remote_option, whose one table (kRemoteOptions)
@@ -340,9 +343,20 @@ constexpr const char* kReleaseLua =
     "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end "
     "return 0";
 
-// A GET reply to value bytes (null: nothing stored).
+// GET bounded by size, in one round trip: the server answers the value's
+// length (an integer) instead of a value longer than ARGV[1], so an
+// oversized value is never sent. A missing key: STRLEN 0, GET nil.
+constexpr const char* kBoundedGetLua =
+    "local n = redis.call('STRLEN', KEYS[1]) "
+    "if n > tonumber(ARGV[1]) then return n end "
+    "return redis.call('GET', KEYS[1])";
+
+// A (bounded) GET reply to value bytes (null: nothing stored; too_large:
+// the server answered the length of a value over the bound).
 Expected<RemoteBytes> value_of(Reply r) {
   if (r->type == REDIS_REPLY_NIL) return RemoteBytes();
+  if (r->type == REDIS_REPLY_INTEGER)
+    return Status(Errc::too_large, "redis: a value of " + std::to_string(r->integer) + " bytes, over the bound");
   if (r->type != REDIS_REPLY_STRING)
     return Status(Errc::corrupt, "redis: GET answered a reply of type " + std::to_string(r->type));
   return RemoteBytes(std::make_shared<ReplyBuffer>(std::move(r), 0));
@@ -380,9 +394,17 @@ class RedisTransport final : public RemoteTransport, public RemoteLeaseBackend {
     }
   }
 
+  void set_max_value_bytes(uint64_t max_bytes) override { max_value_ = max_bytes; }
+
   Expected<RemoteBytes> get(const Key& key) override {
     std::string k = entry_key(key);
-    KCACHE_TRY(Reply r, run(k, {"GET", k}));
+    uint64_t bound = max_value_.load();
+    if (bound == 0) {
+      KCACHE_TRY(Reply r, run(k, {"GET", k}));
+      return value_of(std::move(r));
+    }
+    std::string b = std::to_string(bound);
+    KCACHE_TRY(Reply r, run(k, {"EVAL", kBoundedGetLua, "1", k, b}));
     return value_of(std::move(r));
   }
 
@@ -404,10 +426,18 @@ class RedisTransport final : public RemoteTransport, public RemoteLeaseBackend {
         size_t e = std::min(idx.size(), b + kPipelineBatch);
         KCACHE_TRY(Conn conn, borrow(n));
         redisContext* c = conn.get();
+        uint64_t bound = max_value_.load();
+        std::string bs = std::to_string(bound);
         for (size_t j = b; j < e; ++j) {
-          const char* argv[2] = {"GET", rkeys[idx[j]].data()};
-          size_t lens[2] = {3, rkeys[idx[j]].size()};
-          redisAppendCommandArgv(c, 2, argv, lens);
+          if (bound == 0) {
+            const char* argv[2] = {"GET", rkeys[idx[j]].data()};
+            size_t lens[2] = {3, rkeys[idx[j]].size()};
+            redisAppendCommandArgv(c, 2, argv, lens);
+          } else {
+            const char* argv[5] = {"EVAL", kBoundedGetLua, "1", rkeys[idx[j]].data(), bs.data()};
+            size_t lens[5] = {4, std::strlen(kBoundedGetLua), 1, rkeys[idx[j]].size(), bs.size()};
+            redisAppendCommandArgv(c, 5, argv, lens);
+          }
         }
         for (size_t j = b; j < e; ++j) {
           void* raw = nullptr;
@@ -420,8 +450,8 @@ class RedisTransport final : public RemoteTransport, public RemoteLeaseBackend {
             if (p_.cluster && (msg.starts_with("MOVED ") || msg.starts_with("ASK ")))
               retry.push_back(i);
             else
-              (*out)[i] =
-                  Status(msg.starts_with("WRONGTYPE") ? Errc::corrupt : Errc::io_error, "redis: " + std::string(msg));
+              (*out)[i] = Status(msg.find("WRONGTYPE") != std::string_view::npos ? Errc::corrupt : Errc::io_error,
+                                 "redis: " + std::string(msg));
             continue;
           }
           (*out)[i] = value_of(std::move(r));
@@ -641,7 +671,7 @@ class RedisTransport final : public RemoteTransport, public RemoteLeaseBackend {
         continue;
       }
       // A key of another type: that key is unusable, the server is fine.
-      if (msg.starts_with("WRONGTYPE")) return Status(Errc::corrupt, "redis: " + std::string(msg));
+      if (msg.find("WRONGTYPE") != std::string_view::npos) return Status(Errc::corrupt, "redis: " + std::string(msg));
       return Status(Errc::io_error, "redis: " + std::string(msg));
     }
     return Status(Errc::io_error, "redis: too many cluster redirections");
@@ -698,6 +728,7 @@ class RedisTransport final : public RemoteTransport, public RemoteLeaseBackend {
 
   ParsedUrl p_;
   std::atomic<uint64_t> connect_ms_, command_ms_;
+  std::atomic<uint64_t> max_value_{0};  // 0: GET without a bound
   std::atomic<uint64_t> moved_{0}, ask_{0}, slot_refreshes_{0};
 
   std::shared_mutex map_mu_;

@@ -53,6 +53,7 @@ constexpr uint8_t kValueVersion = 1;
 constexpr uint8_t kMacNone = 0, kMacHmacSha256 = 1;
 constexpr size_t kValueHeader = 8, kMacSize = 32;
 constexpr std::string_view kMacContext = "kcache-redis-value/1";
+constexpr std::string_view kFingerprintContext = "kcache-secret-fingerprint/1";
 constexpr size_t kSaidKeys = 4096;
 
 uint64_t mono_ms() { return util::now_mono_us() / 1000; }
@@ -94,7 +95,11 @@ class RemoteTierImpl final : public RemoteTier {
   RemoteTierImpl(std::shared_ptr<RemoteTransport> t, const RemoteTierOptions& o) : t_(std::move(t)), o_(o) {
     name_ = std::string(t_->name()) + (o_.read_only ? "(ro)" : "");
     t_->set_timeouts(o_.connect_timeout_ms, o_.command_timeout_ms);
-    if (!o_.secret.empty()) mac_ = EVP_MAC_fetch(nullptr, "HMAC", nullptr);
+    t_->set_max_value_bytes(o_.max_entry_bytes + kValueHeader + kMacSize);
+    if (!o_.secret.empty()) {
+      mac_ = EVP_MAC_fetch(nullptr, "HMAC", nullptr);
+      fingerprint_ = secret_fingerprint();
+    }
     writer_ = std::thread([this] { write_loop(); });
   }
 
@@ -222,7 +227,7 @@ class RemoteTierImpl final : public RemoteTier {
   // GET and accept; an error only when the server could not be asked.
   Expected<std::optional<Entry>> fetch(const Key& key) {
     auto r = t_->get(key);
-    if (!r && r.error().code() != Errc::corrupt) {
+    if (!r && r.error().code() != Errc::corrupt && r.error().code() != Errc::too_large) {
       fail(r.error());
       return std::move(r).error();
     }
@@ -271,6 +276,10 @@ class RemoteTierImpl final : public RemoteTier {
       counts_.add(&TierStats::rejected);
       return Status(Errc::too_large, "entry of " + std::to_string(entry.encoded().size()) +
                                          " bytes is larger than the " + name_ + " tier's max_entry_bytes");
+    }
+    if (foreign(entry.key())) {
+      counts_.add(&TierStats::rejected);
+      return Status();
     }
     forget_said(entry.key());
     if (breaker_open()) {
@@ -337,6 +346,18 @@ class RemoteTierImpl final : public RemoteTier {
     return ok;
   }
 
+  // 16 bits naming the secret (never 0, which stands for "not said"):
+  // HMAC-SHA256(secret, kFingerprintContext), its first two bytes. Values
+  // carry it in their header, so a reader with another secret knows the
+  // value was stored with a different one rather than damaged.
+  uint16_t secret_fingerprint() const {
+    unsigned char m[kMacSize];
+    Key none{};
+    if (!mac_ || !compute_mac(none, kFingerprintContext, {}, m)) return 1;
+    uint16_t f = static_cast<uint16_t>(m[0] | (m[1] << 8));
+    return f ? f : 1;
+  }
+
   Expected<std::string> encode_value(const Entry& e) const {
     std::string_view body = e.encoded();
     std::string v;
@@ -345,7 +366,8 @@ class RemoteTierImpl final : public RemoteTier {
     v.append(kMagic, 4);
     v.push_back(static_cast<char>(kValueVersion));
     v.push_back(static_cast<char>(mac ? kMacHmacSha256 : kMacNone));
-    v.append(2, '\0');
+    v.push_back(static_cast<char>(fingerprint_ & 0xff));  // 0 without a secret
+    v.push_back(static_cast<char>(fingerprint_ >> 8));
     if (mac) {
       unsigned char m[kMacSize];
       if (!compute_mac(e.key(), std::string_view(v.data(), kValueHeader), body, m))
@@ -363,6 +385,25 @@ class RemoteTierImpl final : public RemoteTier {
     if (said_.size() >= kSaidKeys) said_.clear();
     return said_.insert(key).second;
   }
+  // A value under `key` was stored with another secret (fingerprint fp):
+  // remembered (bounded) so that this tier does not overwrite it; said once
+  // per tier.
+  void note_foreign(const Key& key, uint16_t fp) {
+    {
+      std::lock_guard g(said_mu_);
+      if (foreign_.size() >= kSaidKeys) foreign_.clear();
+      foreign_.insert(key);
+    }
+    if (!foreign_said_.exchange(true))
+      KCACHE_LOG(LogLevel::warn,
+                 "%s: values on the server were stored with another secret (fingerprint %04x; this one's is %04x): "
+                 "they are misses here and are not overwritten; check the secret file",
+                 name_.c_str(), fp, fingerprint_);
+  }
+  bool foreign(const Key& key) {
+    std::lock_guard g(said_mu_);
+    return foreign_.count(key) != 0;
+  }
   void forget_said(const Key& key) {
     std::lock_guard g(said_mu_);
     said_.erase(key);
@@ -372,6 +413,13 @@ class RemoteTierImpl final : public RemoteTier {
   // Nothing past the value header is parsed before the MAC (when
   // configured) is checked.
   std::optional<Entry> accept(const Key& key, Expected<RemoteBytes> got) {
+    if (!got && got.error().code() == Errc::too_large) {  // refused unread: a miss, not a fault
+      counts_.add(&TierStats::rejected);
+      if (first_word(key))
+        KCACHE_LOG(LogLevel::warn, "%s: rejected value for %s: larger than max_entry_bytes (%s)", name_.c_str(),
+                   key.hex().c_str(), got.error().message().c_str());
+      return std::nullopt;
+    }
     if (!got) {  // a reply of the wrong type for this key
       counts_.add(&TierStats::errors);
       bad_replies_++;
@@ -399,6 +447,16 @@ class RemoteTierImpl final : public RemoteTier {
       off += kMacSize;
     } else if (alg != kMacNone) {
       return reject("unknown MAC algorithm");
+    }
+    uint16_t stored_fp = static_cast<uint16_t>(static_cast<uint8_t>(v[6]) | (static_cast<uint8_t>(v[7]) << 8));
+    if (fingerprint_ != 0 && alg == kMacHmacSha256 && stored_fp != 0 && stored_fp != fingerprint_) {
+      // Stored with another secret: not damaged, not ours. A miss, and the
+      // value is left alone (a put of the key is not sent from here), so a
+      // node with the wrong secret cannot empty the others' cache. (A value
+      // of a build that wrote no fingerprint, 0, gets the MAC check.)
+      counts_.add(&TierStats::rejected);
+      note_foreign(key, stored_fp);
+      return std::nullopt;
     }
     if (!o_.secret.empty()) {
       if (alg != kMacHmacSha256) return reject("no MAC, and a secret is configured");
@@ -528,7 +586,28 @@ class RemoteTierImpl final : public RemoteTier {
       counts_.add(&TierStats::errors);
       return;
     }
-    if (call_status(t_->set(t.key, *v, o_.ttl_ms)).is_ok()) counts_.add(&TierStats::puts);
+    Status st = t_->set(t.key, *v, o_.ttl_ms);
+    if (st.is_ok()) {
+      succeed();
+      counts_.add(&TierStats::puts);
+      if (writes_refused_.load(std::memory_order_relaxed) && writes_refused_.exchange(false))
+        KCACHE_LOG(LogLevel::info, "%s: the server takes writes again", name_.c_str());
+      return;
+    }
+    if (st.code() == Errc::io_error) {
+      // The server answered, refusing the write (out of memory, a
+      // read-only replica): reads still work, so the breaker is left out
+      // of it, and the condition is one line until a write is taken.
+      succeed();
+      counts_.add(&TierStats::errors);
+      server_errors_++;
+      if (!writes_refused_.exchange(true))
+        KCACHE_LOG(LogLevel::warn,
+                   "%s: the server refuses writes (%s); entries are not stored there until it takes one", name_.c_str(),
+                   st.to_string().c_str());
+      return;
+    }
+    fail(st);
   }
 
   std::shared_ptr<RemoteTransport> t_;
@@ -538,13 +617,17 @@ class RemoteTierImpl final : public RemoteTier {
 
   std::atomic<uint64_t> failures_{0}, timeouts_{0}, open_until_ms_{0}, breaker_opens_{0};
   std::atomic<bool> outage_{false};
-  AtomicTierStats counts_;  // this process's counts: a server keeps none
+  std::atomic<bool> writes_refused_{false};  // the last write got an error reply
+  AtomicTierStats counts_;                   // this process's counts: a server keeps none
   std::atomic<uint64_t> timeouts_total_{0}, unreachable_{0}, server_errors_{0}, bad_replies_{0};
   mutable std::mutex c_mu_;
   RemoteCounters c_;  // GUARDED_BY(c_mu_): the lease counters
 
   std::mutex said_mu_;
-  std::unordered_set<Key> said_;  // GUARDED_BY(said_mu_): keys named in a log line
+  std::unordered_set<Key> said_;     // GUARDED_BY(said_mu_): keys named in a log line
+  std::unordered_set<Key> foreign_;  // GUARDED_BY(said_mu_): keys holding another secret's value
+  std::atomic<bool> foreign_said_{false};
+  uint16_t fingerprint_ = 0;  // of the secret; 0: none
 
   std::mutex q_mu_;
   std::condition_variable q_cv_, idle_cv_;
