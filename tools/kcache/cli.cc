@@ -75,13 +75,8 @@ bool g_stdout_closed = false;
 }  // namespace
 
 void hold_standard_fds() {
-  for (int fd = 0; fd <= 2; ++fd) {
-    if (::fcntl(fd, F_GETFD) != -1 || errno != EBADF) continue;
-    if (fd == 1) g_stdout_closed = true;
-    // The lowest free descriptor is fd itself: /dev/null holds its place.
-    int n = ::open("/dev/null", fd == 0 ? O_RDONLY : O_WRONLY);
-    if (n >= 0 && n != fd) ::close(n);
-  }
+  g_stdout_closed = ::fcntl(1, F_GETFD) == -1 && errno == EBADF;
+  util::reserve_std_fds();
 }
 
 int Ctx::out(std::string_view s) const {
