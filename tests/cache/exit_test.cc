@@ -122,9 +122,7 @@ TEST_P(ExitCommit, ExitWithoutCloseKeepsEveryEntry) { run(Way::exit_without_clos
 TEST_P(ExitCommit, ExitWithoutCloseKeepsEveryFlightCommit) { run(Way::exit_without_close, true); }
 TEST_P(ExitCommit, FlushThenUnderscoreExitKeepsEveryEntry) { run(Way::flush_then_underscore_exit, false); }
 TEST_P(ExitCommit, SyncCommitThenUnderscoreExitKeepsEveryEntry) { run(Way::sync_commit_underscore_exit, false); }
-TEST_P(ExitCommit, SyncCommitThenUnderscoreExitKeepsEveryFlightCommit) {
-  run(Way::sync_commit_underscore_exit, true);
-}
+TEST_P(ExitCommit, SyncCommitThenUnderscoreExitKeepsEveryFlightCommit) { run(Way::sync_commit_underscore_exit, true); }
 
 INSTANTIATE_TEST_SUITE_P(Engines, ExitCommit, ::testing::ValuesIn(engine_names()),
                          [](const auto& info) { return info.param; });

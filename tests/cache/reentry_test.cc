@@ -78,7 +78,8 @@ TEST(Reentry, GetOrCompileInsideItsOwnCompileIsRefused) {
               CHILD_CHECK(inner_error.message().find("re-entrant") != std::string::npos, 5);
               // The key works as before afterwards: a hit.
               Source s = Source::compiled;
-              auto again = c->get_or_compile(info_of(1), [] { return arts("again"); }, &s);
+              auto again = c->get_or_compile(
+                  info_of(1), [] { return arts("again"); }, &s);
               CHILD_CHECK(again && *again->artifact("obj") == "outer" && s == Source::memory, 6);
               return 0;
             }),
@@ -174,7 +175,8 @@ TEST(Reentry, SecondCacheOnTheSameStoreDoesNotWaitForItsOwnThread) {
               Options o = disk_options(d.path(), false);
               auto fresh = Cache::open(o);
               Source s = Source::compiled;
-              auto hit = fresh->get_or_compile(info_of(5), [] { return arts("third"); }, &s);
+              auto hit = fresh->get_or_compile(
+                  info_of(5), [] { return arts("third"); }, &s);
               CHILD_CHECK(hit && *hit->artifact("obj") == "same" && s == Source::disk, 3);
               return 0;
             }),

@@ -167,9 +167,9 @@ static void test_flush_then_sigkill(const char* root, const char* engine, int n)
 
 struct reentry {
   kcache_cache* c;
-  int inner_rc;    /* what the nested call returned */
-  int inner_runs;  /* compiles of the nested call */
-  int use_begin;   /* nested call: kcache_begin instead of kcache_get_or_compile */
+  int inner_rc;   /* what the nested call returned */
+  int inner_runs; /* compiles of the nested call */
+  int use_begin;  /* nested call: kcache_begin instead of kcache_get_or_compile */
   char inner_error[256];
 };
 
