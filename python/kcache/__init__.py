@@ -262,7 +262,9 @@ class Cache:
         """Starts a flight for `key`: a hit (flight.hit, flight.entry), or this
         caller owns the compile (flight.owner: compile, then flight.commit()
         or flight.abandon()). While another thread or process compiles the
-        key, begin() waits (without the GIL) and returns its entry."""
+        key, begin() waits (without the GIL) and returns its entry.
+        ReentryError when this thread is compiling the key itself (it owns
+        an uncommitted flight of it, or calls from its compile function)."""
         return self._c.begin(key)
 
     def get_or_compile(self, key: Key, compile: Callable[[], Artifacts]) -> Entry:
