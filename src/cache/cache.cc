@@ -81,18 +81,19 @@ ProcessWide<HeldLeases>& held_leases() {
 
 void Cache::Impl::Leadership::hold_lease() {
   leased = true;
-  held_leases().with([&](HeldLeases& h) { h.emplace(lead.key(), std::this_thread::get_id()); });
+  lease_thread = std::this_thread::get_id();
+  held_leases().with([&](HeldLeases& h) { h.emplace(lead.key(), lease_thread); });
 }
 
+// May run on another thread than hold_lease (a Flight committed there).
 void Cache::Impl::Leadership::hand_over_lease() {
   held_leases().with([&](HeldLeases& h) {
     auto [b, e] = h.equal_range(lead.key());
     for (auto it = b; it != e; ++it)
-      if (it->second == std::this_thread::get_id()) {
+      if (it->second == lease_thread) {
         h.erase(it);
         return;
       }
-    if (b != e) h.erase(b);  // handed over by another thread than the one that claimed it
   });
 }
 

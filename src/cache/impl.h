@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <optional>
+#include <thread>
 
 #include "cache/committer.h"
 #include "cache/flight.h"
@@ -69,9 +70,13 @@ struct Cache::Impl {
     Impl* impl;
     FlightTable::Lead lead;
     bool leased = false;
+    std::thread::id lease_thread;  // the thread that claimed the lease
 
     Leadership(Impl* i, FlightTable::Lead l) : impl(i), lead(std::move(l)) {}
-    Leadership(Leadership&& o) noexcept : impl(o.impl), lead(std::move(o.lead)), leased(o.leased) { o.leased = false; }
+    Leadership(Leadership&& o) noexcept
+        : impl(o.impl), lead(std::move(o.lead)), leased(o.leased), lease_thread(o.lease_thread) {
+      o.leased = false;
+    }
     ~Leadership() { release_lease(); }
     // Holding the claimed lease: noted as this thread's (see held_here).
     void hold_lease();
