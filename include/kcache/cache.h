@@ -18,6 +18,22 @@
 // Thread-safety: all methods may be called concurrently. set_leases and
 // add_tier belong to set-up, before the Cache is shared between threads.
 //
+// Re-entry: the thread that is compiling a key (inside get_or_compile's
+// compile function, or owning a Flight it has not committed or abandoned)
+// must not ask for the same key again: it would wait for itself. Such a
+// request is refused at once: get_or_compile returns invalid_argument
+// (without running its compile function) and begin() returns a Flight
+// whose error() says so. A thread that holds a key's cross-process lease
+// through another Cache of this process on the same store compiles without
+// the lease instead of waiting for itself.
+//
+// Exit: entries reach the disk and remote tiers through a committer thread
+// that lets a group gather for up to 100 ms. Every open Cache is flushed by
+// an exit handler (std::atexit), so a process that returns from main or
+// calls exit() without closing its caches loses nothing it stored. A
+// process that ends with _exit() (a forked worker, Python's os._exit)
+// skips that handler: call flush() before it, or set Options::sync_commit.
+//
 // fork(): a Cache belongs to the process that opened it. A child of fork()
 // opens its own; one it inherited answers every lookup with a miss (the
 // disk store refuses handles opened before the fork), compiles still
@@ -127,6 +143,13 @@ struct Options {
   // week). "wait_bound_ms",
   // KCACHE_WAIT_BOUND_MS.
   uint64_t wait_bound_ms = 300000;
+  // Every store (get_or_compile's, a Flight's commit, put) waits until the
+  // disk and remote tiers have the entry before it returns, instead of
+  // leaving it to the committer's next group (up to 100 ms later). For
+  // hosts that end with _exit() without flush(); costs a transaction and a
+  // sync per store. Default off: a normal exit() flushes every open Cache.
+  // "sync_commit", KCACHE_SYNC_COMMIT.
+  bool sync_commit = false;
   // Shared remote tier, slowest and last: "redis://host:port[/db]" or
   // "redis+cluster://host:port[,host:port...]" (see kcache/redis.h for the
   // URL and its options). Empty (the default): none. A remote that cannot be
@@ -274,6 +297,11 @@ class Flight {
   const Entry& entry() const;
   // Where entry() came from (Source::compiled after commit()).
   Source source() const noexcept;
+  // Why begin() gave neither an entry nor the ownership: invalid_argument
+  // when the calling thread is compiling this key itself (it owns an
+  // uncommitted Flight of the key, or begin() was called from the key's
+  // compile function). OK otherwise.
+  const Status& error() const noexcept;
   // Builds the entry from the caller's artifacts, stores it in every
   // writable tier, hands it to the waiting callers and gives the lease up.
   // Errors: invalid_argument when this Flight is not the owner (or was
@@ -318,12 +346,15 @@ class Cache {
   std::optional<Entry> put(const KeyInfo& key, std::vector<Artifact> artifacts, uint64_t compile_cost_us = 0);
 
   // The artifacts for `key`: from a tier, or from `compile` (run at most once
-  // at a time per key in this process) and then stored.
+  // at a time per key in this process) and then stored. invalid_argument,
+  // at once, when the calling thread is compiling `key` itself (a compile
+  // function asking for its own key; see Re-entry above).
   Expected<Entry> get_or_compile(const KeyInfo& key, const CompileFn& compile, Source* source = nullptr);
   Expected<Entry> get_or_compile(const Key& key, const CompileFn& compile, Source* source = nullptr);
 
   // The key's entry, or ownership of its compile (see Flight). May block
-  // while another thread or process compiles the key.
+  // while another thread or process compiles the key; never for a compile
+  // the calling thread runs itself (Flight::error() then says so).
   Flight begin(const KeyInfo& key);
 
   // Looks up every key in one pass, then compiles the misses on a pool of
@@ -356,9 +387,11 @@ class Cache {
   const std::vector<std::shared_ptr<Tier>>& tiers() const noexcept;
   CacheStats stats() const;
   // Waits until every entry stored so far is in the slower tiers (and its
-  // lease released), and every miss so far is in the miss journal (or was
-  // dropped: the journal is a diagnostic, and a journal whose lock another
-  // process held for over a second drops what it had).
+  // lease released): on disk, as durable as Options::disk's durability
+  // makes a commit, so a process may then end by _exit() or SIGKILL
+  // without losing it. Also waits until every miss so far is in the miss
+  // journal (or was dropped: the journal is a diagnostic, and a journal
+  // whose lock another process held for over a second drops what it had).
   void flush();
   const Options& options() const noexcept;
 

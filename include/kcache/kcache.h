@@ -134,6 +134,7 @@ KCACHE_EXPORT void kcache_options_free(kcache_options* o);
  *   "remote"       remote tier URL, "redis://host:port"
  *   "remote_secret_file", "bundles", "bundle_trust", "explain",
  *   "miss_journal", "lease_ttl_ms", "wait_bound_ms", "log", ...
+ *   "sync_commit"  "1": each store is on disk before it returns
  *   "producer"     free text stored in each entry's metadata
  *   "compression"  "none", "zstd" or "auto"
  * and the C ABI's own:
@@ -186,6 +187,17 @@ KCACHE_EXPORT int kcache_key_from_hex(const char* hex, kcache_key* out);
 KCACHE_EXPORT int kcache_open(const kcache_options* options, kcache_cache** out);
 /* Flushes and closes. NULL is fine. */
 KCACHE_EXPORT void kcache_close(kcache_cache* c);
+/* Waits until every entry stored so far (kcache_put, kcache_get_or_compile,
+ * kcache_flight_commit) is written to the disk and remote tiers, as
+ * durably as the "durability" option makes a commit: after it returns, a
+ * SIGKILL or _exit() loses none of them. Stores reach the disk through a
+ * background thread that lets a group gather for up to 100 ms; a process
+ * that returns from main or calls exit() flushes every open cache by
+ * itself (an atexit handler), but a process that ends with _exit() (a
+ * forked worker) must call kcache_flush first, or open the cache with the
+ * option "sync_commit" = "1", which makes every store wait for its write.
+ * KCACHE_INVALID_ARGUMENT for NULL. */
+KCACHE_EXPORT int kcache_flush(kcache_cache* c);
 
 /* KCACHE_OK and *out set on a hit; KCACHE_NOT_FOUND and *out = NULL on a
  * miss (a cache fault is a miss). */
@@ -209,7 +221,11 @@ typedef int (*kcache_compile_fn)(void* user_data, kcache_artifacts* out);
 KCACHE_EXPORT int kcache_artifacts_add(kcache_artifacts* a, const char* name, const void* data, size_t size);
 
 /* The entry for `key`: from a tier, or from `compile` (run at most once at a
- * time per key in this process) and then stored. `source` may be NULL. */
+ * time per key in this process) and then stored. `source` may be NULL.
+ * Re-entry: called from inside the compile callback of the same key (the
+ * thread compiling the key asking for it again), it returns
+ * KCACHE_INVALID_ARGUMENT at once instead of waiting for itself; so does
+ * kcache_begin on a key whose flight the calling thread owns. */
 KCACHE_EXPORT int kcache_get_or_compile(kcache_cache* c, const kcache_key* key, kcache_compile_fn compile,
                                         void* user_data, kcache_entry** out, int* source);
 /* The same, keyed by a builder: the entry also records the key's manifest,
@@ -231,7 +247,10 @@ KCACHE_EXPORT int kcache_get_or_compile_built(kcache_cache* c, const kcache_key_
  * abandons it, and a waiter then becomes the owner. A flight must be freed
  * before its cache is closed. */
 /* KCACHE_OK and *out set (a hit or the ownership); KCACHE_INVALID_ARGUMENT
- * for a NULL pointer or a key builder that cannot finish. */
+ * for a NULL pointer, a key builder that cannot finish, or a key the
+ * calling thread is compiling itself (it owns a flight of the key not yet
+ * committed or abandoned, or calls from the key's compile callback):
+ * *out is then NULL, at once, where waiting would never end. */
 KCACHE_EXPORT int kcache_begin(kcache_cache* c, const kcache_key_builder* key, kcache_flight** out);
 /* 1 when the flight holds the stored entry, 0 otherwise (and for NULL). */
 KCACHE_EXPORT int kcache_flight_hit(const kcache_flight* f);

@@ -21,18 +21,45 @@ CompileError.
 
 Hosts that run their own compile between two calls (Triton, Inductor) use
 Cache.begin(): see Flight.
+
+Re-entry: a compile function that asks the cache for its own key (through
+get_or_compile or begin), or a thread that calls begin() again for a key whose
+flight it owns, would wait for itself; it gets ReentryError at once instead.
+
+Strings: every str handed to kcache (option values and paths, namespaces,
+component and artifact names, text values) must be valid text: one holding a
+lone surrogate (such as '\udcff', what os.fsdecode makes of bytes that are
+not UTF-8) raises ValueError, and so does a NUL in an option value, a path
+or a name.
+
+Processes: entries reach the disk through a background thread that lets a
+group gather for up to 100 ms. Every open Cache is flushed when its process
+ends by a normal path: interpreter exit (atexit) and the end of a
+multiprocessing worker (fork, forkserver or spawn; multiprocessing's
+finalizers run before the worker's os._exit). A Cache used in a child of
+fork() reopens itself there with the same options on its first call (the
+parent's handles must not be used across fork), so a module-level Cache
+works in forked workers. A process that leaves through os._exit() of its
+own, or is killed (multiprocessing.Pool's terminate(), which its context
+manager calls, sends SIGTERM), keeps only what was flushed: call
+Cache.flush() before, or pass sync_commit=True (KCACHE_SYNC_COMMIT=1) to make
+every store wait for its write.
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import sys
+import weakref
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
 
 from . import _kcache
 from ._kcache import Entry, Flight, Key
 
-__all__ = ["Cache", "CompileError", "Entry", "Flight", "Key", "key", "features", "options", "__version__"]
+__all__ = ["Cache", "CompileError", "Entry", "Flight", "Key", "ReentryError", "key", "features", "options",
+           "__version__"]
 
 __version__: str = _kcache.version()
 
@@ -54,7 +81,47 @@ def _encode_value(v: Any) -> str:
         raise TypeError(f"kcache.key: cannot encode {type(v).__name__} inside a dict or list component: {e}") from None
 
 
-_kcache._set_encoder(_encode_value, CompileError)
+class ReentryError(ValueError):
+    """The thread compiling a key asked the cache for the same key again (a
+    compile function calling get_or_compile or begin for its own key, or a
+    second begin() of a key whose flight this thread owns): waiting would
+    never end, so the request is refused at once."""
+
+
+# Every Cache this process opened and has not closed, flushed when the
+# process ends.
+_open_caches: "weakref.WeakSet[Cache]" = weakref.WeakSet()
+_atexit_pid = 0
+_finalizer_pid = 0
+
+
+def _flush_open_caches() -> None:
+    for c in list(_open_caches):
+        try:
+            c._c._flush_at_exit()
+        except Exception:  # a cache fault never fails an exit
+            pass
+
+
+def _note_open() -> None:
+    # Registers this process's exit flushes once: atexit for an interpreter
+    # that exits, and multiprocessing's own finalizers for its workers, which
+    # leave through os._exit() after running them (a worker forked from a
+    # parent starts with an empty list of finalizers, so each process
+    # registers its own). multiprocessing is not imported for this: a worker
+    # has it already.
+    global _atexit_pid, _finalizer_pid
+    pid = os.getpid()
+    if _atexit_pid != pid:
+        _atexit_pid = pid
+        atexit.register(_flush_open_caches)
+    mp_util = sys.modules.get("multiprocessing.util")
+    if _finalizer_pid != pid and mp_util is not None:
+        _finalizer_pid = pid
+        mp_util.Finalize(None, _flush_open_caches, exitpriority=100)
+
+
+_kcache._set_encoder(_encode_value, CompileError, ReentryError, _note_open)
 
 
 def key(namespace: str, **components: Any) -> Key:
@@ -102,7 +169,14 @@ def _option_text(name: str, v: Any) -> str:
     if isinstance(v, str):
         return v
     if isinstance(v, os.PathLike):
-        return os.fspath(v)
+        v = os.fspath(v)
+    if isinstance(v, bytes):
+        try:
+            return v.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ValueError(f"kcache.Cache: option {name}: {v!r} is not UTF-8") from None
+    if isinstance(v, str):
+        return v
     if isinstance(v, (list, tuple)):  # bundles, bundle_trust: a list of files
         return ":".join(_option_text(name, x) for x in v)
     raise TypeError(f"kcache.Cache: option {name} takes a str, int, bool or list of files, not {type(v).__name__}")
@@ -166,6 +240,8 @@ class Cache:
                 raise TypeError(f"kcache.Cache: unknown option '{name}' (kcache.options() lists them)")
         settings = [(n, _option_text(n, v)) for n, v in list(named.items()) + list(options.items()) if v is not None]
         self._c = _kcache.Cache._open(settings, env)
+        _open_caches.add(self)
+        _note_open()
         # The hot calls go straight to the extension (no Python frame).
         self.get = self._c.get
         self.put = self._c.put
@@ -186,12 +262,15 @@ class Cache:
         """Starts a flight for `key`: a hit (flight.hit, flight.entry), or this
         caller owns the compile (flight.owner: compile, then flight.commit()
         or flight.abandon()). While another thread or process compiles the
-        key, begin() waits (without the GIL) and returns its entry."""
+        key, begin() waits (without the GIL) and returns its entry.
+        ReentryError when this thread is compiling the key itself (it owns
+        an uncommitted flight of it, or calls from its compile function)."""
         return self._c.begin(key)
 
     def get_or_compile(self, key: Key, compile: Callable[[], Artifacts]) -> Entry:
         """The entry for `key`: from a tier, or from compile() (run at most
-        once at a time per key across threads and processes), then stored."""
+        once at a time per key across threads and processes), then stored.
+        ReentryError when called for a key this thread is compiling."""
         return self._c.get_or_compile(key, compile)
 
     def stats(self) -> Dict[str, Any]:
@@ -204,8 +283,9 @@ class Cache:
         return self._c.tiers()
 
     def flush(self) -> None:
-        """Waits until new entries are written to the disk and remote tiers,
-        and writes buffered recency records."""
+        """Waits until new entries are written to the disk and remote tiers
+        (after it returns, os._exit() or a kill loses none of them), and
+        writes buffered recency records."""
         self._c.flush()
 
     def close(self) -> None:

@@ -61,6 +61,27 @@ std::string buffer_bytes(nb::handle h) {
 
 bool is_buffer(nb::handle h) { return PyObject_CheckBuffer(h.ptr()) != 0; }
 
+// The UTF-8 of a str, for every string the binding hands to the library.
+// ValueError, naming `what`, for a str that has none (a lone surrogate such
+// as '\udcff', which os.fsdecode makes of bytes that are not UTF-8) and,
+// with no_nul (paths, option values, names), for one holding a NUL, which
+// the library would cut the string at. TypeError for anything but a str.
+std::string text_of(nb::handle h, const std::string& what, bool no_nul) {
+  if (!PyUnicode_Check(h.ptr())) throw nb::type_error((what + " must be a str").c_str());
+  Py_ssize_t len = 0;
+  const char* p = PyUnicode_AsUTF8AndSize(h.ptr(), &len);
+  if (!p) {
+    PyErr_Clear();
+    throw nb::value_error((what + " is not valid text: it holds a lone surrogate (such as '\\udcff'), which has no "
+                                  "UTF-8 form")
+                              .c_str());
+  }
+  std::string out(p, static_cast<size_t>(len));
+  if (no_nul && out.find('\0') != std::string::npos)
+    throw nb::value_error((what + " must not contain a NUL character ('\\0')").c_str());
+  return out;
+}
+
 // The bytes of a buffer-protocol object, for as long as the view lives.
 class BufferView {
  public:
@@ -94,22 +115,21 @@ std::string encode_value(nb::handle v) {
     if (overflow == 0 && !(n == -1 && PyErr_Occurred())) return std::to_string(n);
     PyErr_Clear();
   } else if (PyUnicode_CheckExact(v.ptr())) {
-    Py_ssize_t len = 0;
-    const char* p = PyUnicode_AsUTF8AndSize(v.ptr(), &len);
-    if (!p) throw nb::python_error();
+    std::string t = text_of(v, "kcache.key: a str inside a dict or list component", false);
     std::string out;
-    out.reserve(static_cast<size_t>(len) + 2);
-    append_json_string(out, std::string_view(p, static_cast<size_t>(len)));
+    out.reserve(t.size() + 2);
+    append_json_string(out, t);
     return out;
   }
-  return nb::cast<std::string>(g_encode_value(v));
+  return text_of(g_encode_value(v), "kcache.key: a value inside a dict or list component", false);
 }
 
-PyKey make_key(const std::string& ns, nb::dict components) {
+PyKey make_key(nb::handle ns_obj, nb::dict components) {
+  std::string ns = text_of(ns_obj, "kcache.key: the namespace", true);
   if (ns.empty()) throw nb::value_error("kcache.key: the namespace must not be empty");
   kcache::KeyBuilder b(ns);
   for (auto [name_h, v] : components) {
-    std::string name = nb::cast<std::string>(nb::str(name_h));
+    std::string name = text_of(name_h, "kcache.key: a component name", true);
     if (v.is_none()) throw nb::type_error(("kcache.key: component '" + name + "' is None").c_str());
     if (PyBool_Check(v.ptr())) {
       b.add_bool(name, v.ptr() == Py_True);
@@ -127,7 +147,7 @@ PyKey make_key(const std::string& ns, nb::dict components) {
         b.add_u64(name, u);
       }
     } else if (nb::isinstance<nb::str>(v)) {
-      b.add_string(name, nb::cast<std::string_view>(v));
+      b.add_string(name, text_of(v, "kcache.key: component '" + name + "'", false));
     } else if (nb::isinstance<PyKey>(v)) {
       b.add_digest(name, nb::cast<const PyKey&>(v).info.key);
     } else if (is_buffer(v)) {
@@ -138,7 +158,7 @@ PyKey make_key(const std::string& ns, nb::dict components) {
       for (auto [k, x] : nb::borrow<nb::dict>(v)) {
         if (!nb::isinstance<nb::str>(k))
           throw nb::type_error(("kcache.key: keys of dict component '" + name + "' must be str").c_str());
-        m[nb::cast<std::string>(k)] = encode_value(x);
+        m[text_of(k, "kcache.key: a key of dict component '" + name + "'", false)] = encode_value(x);
       }
       b.add_map(name, m);
     } else if (nb::isinstance<nb::list>(v) || nb::isinstance<nb::tuple>(v)) {
@@ -218,11 +238,12 @@ std::vector<kcache::Artifact> to_artifacts(nb::handle obj, const char* what) {
   for (nb::handle it : items) {
     nb::handle k = it[0], v = it[1];
     if (!nb::isinstance<nb::str>(k)) throw nb::type_error((std::string(what) + ": artifact names must be str").c_str());
-    std::string name = nb::cast<std::string>(k);
+    std::string name = text_of(k, std::string(what) + ": an artifact name", true);
     if (name.empty() || name.size() > 255)
       throw nb::value_error((std::string(what) + ": artifact names must be 1 to 255 bytes").c_str());
     if (nb::isinstance<nb::str>(v)) {
-      out.push_back({std::move(name), nb::cast<std::string>(v)});
+      std::string bytes = text_of(v, std::string(what) + ": artifact '" + name + "'", false);
+      out.push_back({std::move(name), std::move(bytes)});
     } else if (is_buffer(v)) {
       out.push_back({std::move(name), buffer_bytes(v)});
     } else {
@@ -238,44 +259,93 @@ std::vector<kcache::Artifact> to_artifacts(nb::handle obj, const char* what) {
 
 struct PyFlight;
 
+// Called (with the GIL) each time a process opens a Cache, its first own
+// one included: the package registers its exit flushes for that process
+// there (kcache/__init__.py, _note_open).
+nb::handle g_on_open;
+
+void note_open() {
+  if (g_on_open.is_valid()) g_on_open();
+}
+
+// A Python Cache. A child of fork() that uses a Cache its parent opened
+// gets one of its own, opened with the same options on its first call (a
+// Cache belongs to the process that opened it; the inherited one would
+// answer misses and store nothing), so a module-level Cache works in
+// forked workers as it does in spawned ones.
 class PyCache {
  public:
-  explicit PyCache(std::shared_ptr<kcache::Cache> c) : c_(std::move(c)) {}
+  PyCache(std::shared_ptr<kcache::Cache> c, kcache::Options o)
+      : c_(std::move(c)), opt_(std::move(o)), gen_(kcache::util::fork_generation()) {}
 
-  std::shared_ptr<kcache::Cache> get_cache() const {
+  // REQUIRES: the GIL held (it serialises the reopening in a child).
+  std::shared_ptr<kcache::Cache> get_cache() {
     std::shared_ptr<kcache::Cache> c = std::atomic_load(&c_);
     if (!c) throw nb::value_error("kcache.Cache: the cache is closed");
+    if (gen_ != kcache::util::fork_generation()) c = reopen(std::move(c));
     return c;
   }
   void close() {
     std::shared_ptr<kcache::Cache> c = std::atomic_exchange(&c_, std::shared_ptr<kcache::Cache>());
     if (c) {
       nb::gil_scoped_release nogil;
-      c->flush();
+      if (gen_ == kcache::util::fork_generation()) c->flush();
       c.reset();
     }
+  }
+  // At the end of a process (multiprocessing's finalizers, atexit): what
+  // this process stored goes to disk. A Cache it only inherited and never
+  // used holds nothing of its own: left alone, not reopened.
+  void flush_at_exit() {
+    std::shared_ptr<kcache::Cache> c = std::atomic_load(&c_);
+    if (!c || gen_ != kcache::util::fork_generation()) return;
+    nb::gil_scoped_release nogil;
+    c->flush();
   }
   bool closed() const { return !std::atomic_load(&c_); }
 
  private:
+  std::shared_ptr<kcache::Cache> reopen(std::shared_ptr<kcache::Cache> inherited) {
+    // The inherited Cache is kept (flights of the parent may point to it;
+    // it writes nothing here), never flushed.
+    inherited_.push_back(std::move(inherited));
+    std::shared_ptr<kcache::Cache> fresh;
+    {
+      nb::gil_scoped_release nogil;
+      fresh = kcache::Cache::open(opt_);
+    }
+    std::atomic_store(&c_, fresh);
+    gen_ = kcache::util::fork_generation();
+    note_open();
+    return fresh;
+  }
+
   std::shared_ptr<kcache::Cache> c_;
+  const kcache::Options opt_;  // as opened, environment applied
+  uint64_t gen_;               // the fork generation c_ was opened in
+  std::vector<std::shared_ptr<kcache::Cache>> inherited_;
 };
 
 // The options pipeline of kcache/cache.h: the settings the program passed
 // (name, text) through Options::set, in order, then the environment on
-// top unless env is false.
-std::unique_ptr<PyCache> open_cache(const std::vector<std::pair<std::string, std::string>>& settings, bool env) {
+// top unless env is false. A name or value that is not valid text, or holds
+// a NUL, is refused (ValueError) before the library sees it.
+std::unique_ptr<PyCache> open_cache(nb::list settings, bool env) {
   kcache::Options o;
-  for (const auto& [name, value] : settings)
+  for (nb::handle item : settings) {
+    nb::tuple t = nb::borrow<nb::tuple>(item);
+    std::string name = text_of(t[0], "kcache.Cache: an option name", true);
+    std::string value = text_of(t[1], "kcache.Cache: option " + name, true);
     if (kcache::Status st = o.set(name, value); !st.is_ok())
       throw nb::value_error(("kcache.Cache: " + st.message()).c_str());
+  }
   if (env) o = kcache::Options::from_env(o);
   std::unique_ptr<kcache::Cache> c;
   {
     nb::gil_scoped_release nogil;
     c = kcache::Cache::open(o);
   }
-  return std::make_unique<PyCache>(std::shared_ptr<kcache::Cache>(std::move(c)));
+  return std::make_unique<PyCache>(std::shared_ptr<kcache::Cache>(std::move(c)), std::move(o));
 }
 
 nb::dict tier_stats_dict(const kcache::TierStats& s) {
@@ -334,8 +404,18 @@ struct PyCompile {
 };
 
 nb::handle g_compile_error;  // kcache.CompileError
+nb::handle g_reentry_error;  // kcache.ReentryError
 
+[[noreturn]] void raise_reentry_error(const std::string& msg) {
+  PyErr_SetString(g_reentry_error.ptr(), msg.c_str());
+  throw nb::python_error();
+}
+
+// The library refuses, at once, a request for a key that the calling thread
+// is compiling itself (kcache/cache.h, "Re-entry"): invalid_argument, which
+// a compile never returns here (the artifacts are checked before).
 [[noreturn]] void raise_compile_error(const kcache::Status& st) {
+  if (st.code() == kcache::Errc::invalid_argument) raise_reentry_error(st.message());
   PyErr_SetString(g_compile_error.ptr(), st.message().c_str());
   throw nb::python_error();
 }
@@ -380,13 +460,20 @@ std::unique_ptr<PyFlight> begin_flight(std::shared_ptr<kcache::Cache> cache, con
     std::lock_guard<std::mutex> l(g_owned_mu);
     auto it = g_owned.find(key.key);
     if (it != g_owned.end() && it->second == std::this_thread::get_id())
-      throw nb::value_error("Cache.begin: this thread already owns a flight for this key; commit or abandon it first");
+      raise_reentry_error("Cache.begin: this thread already owns a flight for this key; commit or abandon it first");
   }
   auto f = std::make_unique<PyFlight>();
   f->cache = cache;
   f->key = key;
+  std::optional<kcache::Flight> began;
+  {
+    nb::gil_scoped_release nogil;
+    began.emplace(cache->begin(key));
+  }
+  kcache::Flight fl = std::move(*began);
+  // From inside the key's own compile function (get_or_compile's).
+  if (!fl.error().is_ok()) raise_reentry_error("Cache.begin: " + fl.error().message());
   nb::gil_scoped_release nogil;
-  kcache::Flight fl = cache->begin(key);
   if (fl.owner()) {
     {
       std::lock_guard<std::mutex> l(g_owned_mu);
@@ -451,9 +538,11 @@ void abandon_flight(PyFlight& f) {
 NB_MODULE(_kcache, m) {
   m.doc() = "kcache core bindings (use the kcache package, not this module)";
 
-  m.def("_set_encoder", [](nb::object enc, nb::object compile_error) {
+  m.def("_set_encoder", [](nb::object enc, nb::object compile_error, nb::object reentry_error, nb::object on_open) {
     g_encode_value = enc.release();
     g_compile_error = compile_error.release();
+    g_reentry_error = reentry_error.release();
+    g_on_open = on_open.release();
   });
   m.def("version", [] { return std::string(KCACHE_VERSION_STRING); });
   m.def("features", [] { return kcache::features(); });
@@ -487,14 +576,16 @@ NB_MODULE(_kcache, m) {
 
   nb::class_<PyEntry>(m, "Entry")
       .def("__getitem__",
-           [](const PyEntry& e, std::string_view name) {
+           [](const PyEntry& e, nb::handle name_obj) {
+             std::string name = text_of(name_obj, "Entry: an artifact name", false);
              auto a = e.entry.artifact(name);
-             if (!a) throw nb::key_error(std::string(name).c_str());
+             if (!a) throw nb::key_error(name.c_str());
              return artifact_memoryview(e.entry, *a);
            })
       .def(
           "get",
-          [](const PyEntry& e, std::string_view name, nb::object dflt) -> nb::object {
+          [](const PyEntry& e, nb::handle name_obj, nb::object dflt) -> nb::object {
+            std::string name = text_of(name_obj, "Entry.get: the artifact name", false);
             auto a = e.entry.artifact(name);
             if (!a) return dflt;
             return artifact_memoryview(e.entry, *a);
@@ -502,7 +593,14 @@ NB_MODULE(_kcache, m) {
           "name"_a, "default"_a = nb::none())
       .def("__contains__",
            [](const PyEntry& e, nb::handle name) {
-             return nb::isinstance<nb::str>(name) && e.entry.artifact(nb::cast<std::string_view>(name)).has_value();
+             if (!nb::isinstance<nb::str>(name)) return false;
+             Py_ssize_t len = 0;
+             const char* p = PyUnicode_AsUTF8AndSize(name.ptr(), &len);
+             if (!p) {
+               PyErr_Clear();  // no UTF-8 form: no artifact has that name
+               return false;
+             }
+             return e.entry.artifact(std::string_view(p, static_cast<size_t>(len))).has_value();
            })
       .def("__len__", [](const PyEntry& e) { return e.entry.artifacts().size(); })
       .def("keys",
@@ -646,5 +744,6 @@ NB_MODULE(_kcache, m) {
            })
       .def_prop_ro("dir", [](PyCache& self) { return self.get_cache()->options().dir; })
       .def_prop_ro("closed", &PyCache::closed)
-      .def("close", &PyCache::close);
+      .def("close", &PyCache::close)
+      .def("_flush_at_exit", &PyCache::flush_at_exit);
 }

@@ -5,12 +5,106 @@
 #include "kcache/cache.h"
 
 #include <cstdio>
+#include <cstdlib>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
 
 #include "cache/impl.h"
 #include "kcache/assembly.h"
 #include "util/util.h"
 
 namespace kcache {
+
+namespace {
+
+// State shared by every Cache of the process. Never destroyed, so the exit
+// handler can use it whatever the order of static destruction. Safe across
+// fork(): a parent thread may hold the mutex at the fork, so the first use
+// in a child abandons (leaks) what it inherited and starts empty; as with
+// util::Worker, a child begins using it from one thread.
+template <class T>
+class ProcessWide {
+ public:
+  template <class F>
+  auto with(F&& fn) {
+    renew();
+    std::lock_guard lk(*mu_);
+    return fn(*val_);
+  }
+
+ private:
+  void renew() {
+    uint64_t now = util::fork_generation(), was = gen_.load();
+    if (was == now || !gen_.compare_exchange_strong(was, now)) return;
+    mu_ = new std::mutex;
+    val_ = new T;
+  }
+  std::atomic<uint64_t> gen_{util::fork_generation()};
+  std::mutex* mu_ = new std::mutex;
+  T* val_ = new T;
+};
+
+// Every open Cache of the process, flushed by the exit handler: a program
+// that returns from main or calls exit() without closing its caches still
+// has every entry it stored on disk. Caches inherited across fork() are
+// dropped in the child (they have nothing of their own to write).
+ProcessWide<std::unordered_set<Cache*>>& live_caches() {
+  static auto* l = new ProcessWide<std::unordered_set<Cache*>>;
+  return *l;
+}
+
+// Registered once per process image (a child of fork() inherits it), by
+// the first Cache: after the statics the opening made, so those are
+// destroyed after it runs.
+void flush_live_caches() {
+  live_caches().with([](std::unordered_set<Cache*>& caches) {
+    for (Cache* c : caches) c->flush();
+  });
+}
+
+void register_live(Cache* c) {
+  static std::atomic<bool> handler{false};
+  if (!handler.exchange(true)) std::atexit(flush_live_caches);
+  live_caches().with([c](std::unordered_set<Cache*>& caches) { caches.insert(c); });
+}
+
+// The cross-process leases each thread of this process holds, through any
+// Cache: key -> holding threads.
+using HeldLeases = std::unordered_multimap<Key, std::thread::id>;
+ProcessWide<HeldLeases>& held_leases() {
+  static auto* h = new ProcessWide<HeldLeases>;
+  return *h;
+}
+
+}  // namespace
+
+void Cache::Impl::Leadership::hold_lease() {
+  leased = true;
+  lease_thread = std::this_thread::get_id();
+  held_leases().with([&](HeldLeases& h) { h.emplace(lead.key(), lease_thread); });
+}
+
+// May run on another thread than hold_lease (a Flight committed there).
+void Cache::Impl::Leadership::hand_over_lease() {
+  held_leases().with([&](HeldLeases& h) {
+    auto [b, e] = h.equal_range(lead.key());
+    for (auto it = b; it != e; ++it)
+      if (it->second == lease_thread) {
+        h.erase(it);
+        return;
+      }
+  });
+}
+
+bool Cache::Impl::held_here(const Key& key) {
+  return held_leases().with([&](HeldLeases& h) {
+    auto [b, e] = h.equal_range(key);
+    for (auto it = b; it != e; ++it)
+      if (it->second == std::this_thread::get_id()) return true;
+    return false;
+  });
+}
 
 std::string_view source_name(Source s) noexcept {
   switch (s) {
@@ -34,9 +128,12 @@ std::string_view source_name(Source s) noexcept {
 
 // ---- opening ---------------------------------------------------------------
 
-Cache::Cache(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Cache::Cache(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) { register_live(this); }
 
 Cache::~Cache() {
+  // Off the exit handler's list first (waiting for it if it is flushing
+  // this Cache now).
+  live_caches().with([this](std::unordered_set<Cache*>& caches) { caches.erase(this); });
   impl_->committer.stop();  // releases the leases that went with its entries
   impl_->lease.stop();
   impl_->chain.flush();
@@ -91,10 +188,16 @@ bool Cache::Impl::store(const Entry& e, Leadership* owner) {
   if (!chain.has_slow_writable()) return any;
   std::function<void()> then;
   if (owner && owner->leased) {
+    owner->hand_over_lease();
     owner->leased = false;
     then = [this, k = e.key()] { lease.release(k); };
   }
   committer.submit(e, std::move(then));
+  // The lease (released in `then`) goes only after the write, so another
+  // process that waited on it finds the entry; with sync_commit the entry
+  // is also written before this store returns and before the threads that
+  // wait in this process get it.
+  if (opt.sync_commit) committer.flush();
   return true;
 }
 
@@ -173,7 +276,20 @@ Cache::Impl::Turn Cache::Impl::take_turn(const Key& key, Source* source, bool wa
   Turn t;
   for (;;) {
     std::shared_ptr<FlightTable::Shared> join;
-    std::optional<FlightTable::Lead> lead = flights.lead_or_join(key, &join);
+    bool reentry = false;
+    std::optional<FlightTable::Lead> lead = flights.lead_or_join(key, &join, &reentry);
+    if (reentry) {
+      KCACHE_LOG(LogLevel::warn,
+                 "key %s asked for again by the thread compiling it (a compile function that asks the cache for "
+                 "its own key, or a second begin() before commit or abandon): refused",
+                 key.hex().c_str());
+      t.reentry = true;
+      t.answer = Status(Errc::invalid_argument,
+                        "re-entrant request: this thread is already compiling key " + key.hex() +
+                            " (a compile function asked the cache for its own key, or begin() was called again "
+                            "before commit or abandon)");
+      return t;
+    }
     if (!lead) {
       // Another thread leads: its result is ours, unless it gave the key
       // up (another process holds the lease, or a Flight was abandoned).
@@ -195,11 +311,17 @@ Cache::Impl::Turn Cache::Impl::take_turn(const Key& key, Source* source, bool wa
     };
     // Another thread may have stored it between our lookup and our flight.
     if (auto hit = look_up(key, source, Access::uncounted)) return found(std::move(*hit));
-    if (lease.active() && !opt.read_only) {
+    // A thread that holds the key's lease through another Cache of this
+    // process (one on the same store) would wait for itself: it compiles
+    // without the lease instead.
+    if (lease.active() && !opt.read_only && held_here(key)) {
+      KCACHE_LOG(LogLevel::info, "key %s asked for again by the thread holding its lease: compiling without it",
+                 key.hex().c_str());
+    } else if (lease.active() && !opt.read_only) {
       bool waited = false;
       switch (lease.claim(key, wait, &waited)) {
         case LeaseWait::Claim::held:
-          leader.leased = true;
+          leader.hold_lease();
           if (auto hit = look_up(key, source, Access::uncounted)) {
             if (waited && source && *source != Source::memory) *source = Source::waited;
             return found(std::move(*hit));
@@ -246,6 +368,7 @@ struct Flight::State {
   std::optional<Entry> entry;
   std::optional<Cache::Impl::Leadership> leader;
   bool owner = false;  // until committed or abandoned
+  Status error;        // why begin() refused (re-entry)
 };
 
 Flight::Flight(std::unique_ptr<State> s) : s_(std::move(s)) {}
@@ -264,6 +387,10 @@ bool Flight::owner() const noexcept { return s_ && s_->owner; }
 Source Flight::source() const noexcept { return s_ ? s_->source : Source::compiled; }
 bool Flight::has_entry() const noexcept { return s_ && s_->entry.has_value(); }
 const Entry& Flight::entry() const { return *s_->entry; }
+const Status& Flight::error() const noexcept {
+  static const Status ok;
+  return s_ ? s_->error : ok;
+}
 
 Expected<Entry> Flight::commit(std::vector<Artifact> artifacts, uint64_t compile_cost_us) {
   if (!owner()) return Status(Errc::invalid_argument, "commit on a flight that does not own its key");
@@ -308,6 +435,11 @@ Flight Cache::begin(const KeyInfo& key) {
   impl_->explain_miss(key);
   for (;;) {
     Impl::Turn turn = impl_->take_turn(key.key, &s->source, /*wait=*/true);
+    if (turn.reentry) {
+      s->error = turn.answer->error();
+      s->source = Source::compiled;
+      return Flight(std::move(s));
+    }
     if (turn.leader) {
       s->leader.emplace(std::move(*turn.leader));
       s->owner = true;

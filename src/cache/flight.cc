@@ -4,16 +4,25 @@
 
 namespace kcache {
 
-std::optional<FlightTable::Lead> FlightTable::lead_or_join(const Key& key, std::shared_ptr<Shared>* join) {
+std::optional<FlightTable::Lead> FlightTable::lead_or_join(const Key& key, std::shared_ptr<Shared>* join,
+                                                           bool* reentry) {
   std::optional<Lead> lead;
+  *reentry = false;
+  join->reset();
+  const std::thread::id me = std::this_thread::get_id();
   std::lock_guard lk(mu_);
   if (auto it = flights_.find(key); it != flights_.end()) {
+    if (it->second->leader == me) {
+      *reentry = true;
+      return lead;
+    }
     ++it->second->waiters;  // before the lock drops: the leader then keeps its result for us
     *join = it->second;
     return lead;
   }
   lead.emplace(this, key);
   lead->shared_ = std::make_shared<Shared>();
+  lead->shared_->leader = me;
   flights_.emplace(key, lead->shared_);
   return lead;
 }

@@ -2,12 +2,18 @@
 // it up again, claims the cross-process lease, compiles, stores); the other
 // threads that miss the key meanwhile wait for the leader's result instead
 // of compiling it again.
+//
+// Re-entry: a flight remembers the thread that leads it. That thread asking
+// for the same key again (a compile function that asks the cache for its own
+// key, or a second begin() of a key it has not committed) would wait for
+// itself for ever; lead_or_join refuses it instead (Join::reentry), at once.
 #pragma once
 
 #include <condition_variable>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <thread>
 #include <unordered_map>
 #include <utility>
 
@@ -34,6 +40,7 @@ class FlightTable {
     bool ended = false;                             // GUARDED_BY(the table's mu_)
     unsigned waiters = 0;                           // GUARDED_BY(the table's mu_)
     std::condition_variable cv;                     // `ended` became true
+    std::thread::id leader;                         // the thread that took the lead; set once
   };
 
   // The leader's hold on a flight. Whatever happens (a result, an error, an
@@ -59,8 +66,10 @@ class FlightTable {
 
   // Leads the key's flight (returns the Lead), or joins the one another
   // thread leads (returns nullopt and sets *join; the caller must then
-  // wait() on it).
-  std::optional<Lead> lead_or_join(const Key& key, std::shared_ptr<Shared>* join);
+  // wait() on it). When the calling thread leads the key's flight itself,
+  // returns nullopt, leaves *join null and sets *reentry: joining would
+  // wait for ever.
+  std::optional<Lead> lead_or_join(const Key& key, std::shared_ptr<Shared>* join, bool* reentry);
   // Waits until the joined flight ends: its result, and how it ended.
   std::pair<Expected<Entry>, End> wait(const std::shared_ptr<Shared>& join);
 

@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <optional>
+#include <thread>
 
 #include "cache/committer.h"
 #include "cache/flight.h"
@@ -69,10 +70,20 @@ struct Cache::Impl {
     Impl* impl;
     FlightTable::Lead lead;
     bool leased = false;
+    std::thread::id lease_thread;  // the thread that claimed the lease
 
     Leadership(Impl* i, FlightTable::Lead l) : impl(i), lead(std::move(l)) {}
-    Leadership(Leadership&& o) noexcept : impl(o.impl), lead(std::move(o.lead)), leased(o.leased) { o.leased = false; }
+    Leadership(Leadership&& o) noexcept
+        : impl(o.impl), lead(std::move(o.lead)), leased(o.leased), lease_thread(o.lease_thread) {
+      o.leased = false;
+    }
     ~Leadership() { release_lease(); }
+    // Holding the claimed lease: noted as this thread's (see held_here).
+    void hold_lease();
+    // The note of hold_lease goes: the lease is released, or handed to the
+    // committer with the entry (which releases it once the entry is
+    // written, whatever this thread does next).
+    void hand_over_lease();
     // The lease goes after the entry is stored, so that other processes
     // find it; then the waiting threads get the result.
     void finish(const Expected<Entry>& r, FlightTable::End end = FlightTable::End::done) {
@@ -80,10 +91,16 @@ struct Cache::Impl {
       lead.finish(r, end);
     }
     void release_lease() {
-      if (leased) impl->lease.release(lead.key());
+      if (!leased) return;
+      hand_over_lease();
       leased = false;
+      impl->lease.release(lead.key());
     }
   };
+  // Whether the calling thread holds `key`'s lease through any Cache of
+  // this process: claiming it again (a compile function asking another
+  // Cache on the same store for its own key) would wait for itself.
+  static bool held_here(const Key& key);
 
   // After a miss: either an answer (another thread's result, an entry a
   // re-check found, or "busy" when the caller would not wait for another
@@ -92,6 +109,9 @@ struct Cache::Impl {
     std::optional<Expected<Entry>> answer;
     std::optional<Leadership> leader;
     bool busy = false;
+    // The calling thread leads the key's flight already (re-entry): the
+    // answer is invalid_argument, at once.
+    bool reentry = false;
   };
 
   // Step 1: every tier, in order (skipped under recompile); an entry still

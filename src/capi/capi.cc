@@ -332,6 +332,14 @@ void kcache_close(kcache_cache* c) {
   } catch (...) {}
 }
 
+int kcache_flush(kcache_cache* c) {
+  return guard([&] {
+    if (!c) return set_error(KCACHE_INVALID_ARGUMENT, "kcache_flush: NULL cache");
+    c->cache->flush();
+    return static_cast<int>(KCACHE_OK);
+  });
+}
+
 int kcache_get(kcache_cache* c, const kcache_key* key, kcache_entry** out) {
   return guard([&] {
     if (!c || !key || !out) return set_error(KCACHE_INVALID_ARGUMENT, "kcache_get: NULL argument");
@@ -418,7 +426,9 @@ int kcache_begin(kcache_cache* c, const kcache_key_builder* key, kcache_flight**
     *out = nullptr;
     auto info = key->b.finish();
     if (!info) return set_error(info.error());
-    *out = new kcache_flight{c->cache->begin(*info)};
+    kcache::Flight f = c->cache->begin(*info);
+    if (!f.error().is_ok()) return set_error(f.error());
+    *out = new kcache_flight{std::move(f)};
     return static_cast<int>(KCACHE_OK);
   });
 }

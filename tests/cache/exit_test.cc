@@ -1,0 +1,168 @@
+// What a process stored reaches the disk however it ends by a normal path:
+// exit() or a return from main without closing its Cache (the exit
+// handler flushes every open Cache), _exit() after flush(), and _exit()
+// without flush() under Options::sync_commit. Each trial is a child of
+// fork() that compiles through get_or_compile or a Flight, then ends; the
+// parent opens the store afresh and counts the entries.
+//
+// KCACHE_TRIALS sets the number of trials per case (default 5).
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <functional>
+#include <string>
+
+#include "kcache/cache.h"
+#include "test_util.h"
+
+using namespace kcache;
+using namespace kcache::test;
+
+namespace {
+
+int trials() {
+  const char* t = std::getenv("KCACHE_TRIALS");
+  int n = t ? std::atoi(t) : 0;
+  return n > 0 ? n : 5;
+}
+
+constexpr uint64_t kPerChild = 24;
+
+// Runs `body` in a child of fork() and returns its wait status. The body
+// ends the child its own way; returning from it is exit code 97.
+int in_child(const std::function<void()>& body) {
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    body();
+    ::_exit(97);
+  }
+  int st = 0;
+  ::waitpid(pid, &st, 0);
+  return st;
+}
+
+Options options_for(const std::string& dir, const std::string& engine) {
+  Options o = disk_options(dir);
+  EXPECT_TRUE(o.set("engine", engine).is_ok());
+  return o;
+}
+
+// Keys [first, first + n) compiled through get_or_compile, or through
+// begin/commit when `flights`.
+void compile_keys(Cache& c, uint64_t first, uint64_t n, bool flights) {
+  for (uint64_t i = first; i < first + n; ++i) {
+    KeyInfo k;
+    k.key = key_of(i);
+    if (flights) {
+      Flight f = c.begin(k);
+      if (f.owner()) (void)f.commit({{"obj", bytes_for(i, 1000)}, {"sig", "kernel_" + std::to_string(i)}});
+    } else {
+      (void)c.get_or_compile(k, [i]() -> Expected<std::vector<Artifact>> {
+        return std::vector<Artifact>{{"obj", bytes_for(i, 1000)}, {"sig", "kernel_" + std::to_string(i)}};
+      });
+    }
+  }
+}
+
+// Entries [first, first + n) that a fresh Cache without a memory tier finds
+// with the right bytes.
+uint64_t count_on_disk(const std::string& dir, const std::string& engine, uint64_t first, uint64_t n) {
+  Options o = options_for(dir, engine);
+  o.memory_tier = false;
+  auto c = Cache::open(o);
+  uint64_t found = 0;
+  for (uint64_t i = first; i < first + n; ++i)
+    if (auto e = c->get(key_of(i)); e && entry_ok(*e, i)) ++found;
+  return found;
+}
+
+enum class Way { exit_without_close, flush_then_underscore_exit, sync_commit_underscore_exit };
+
+// One trial: a child stores kPerChild entries and ends `way`; returns how
+// many the parent finds.
+uint64_t trial(const std::string& dir, const std::string& engine, Way way, bool flights, uint64_t first) {
+  int st = in_child([&] {
+    Options o = options_for(dir, engine);
+    o.sync_commit = way == Way::sync_commit_underscore_exit;
+    // Never closed: the exit paths below are all the Cache gets.
+    Cache* c = Cache::open(o).release();
+    compile_keys(*c, first, kPerChild, flights);
+    switch (way) {
+      case Way::exit_without_close:
+        std::exit(0);
+      case Way::flush_then_underscore_exit:
+        c->flush();
+        ::_exit(0);
+      case Way::sync_commit_underscore_exit:
+        ::_exit(0);
+    }
+  });
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "child status " << st;
+  return count_on_disk(dir, engine, first, kPerChild);
+}
+
+class ExitCommit : public ::testing::TestWithParam<std::string> {
+ protected:
+  void run(Way way, bool flights) {
+    TempDir d;
+    uint64_t lost = 0;
+    const int n = trials();
+    for (int t = 0; t < n; ++t) {
+      uint64_t first = uint64_t(t) * kPerChild;
+      lost += kPerChild - trial(d.path(), GetParam(), way, flights, first);
+    }
+    EXPECT_EQ(lost, 0u) << "entries lost in " << n << " trials of " << kPerChild;
+  }
+};
+
+TEST_P(ExitCommit, ExitWithoutCloseKeepsEveryEntry) { run(Way::exit_without_close, false); }
+TEST_P(ExitCommit, ExitWithoutCloseKeepsEveryFlightCommit) { run(Way::exit_without_close, true); }
+TEST_P(ExitCommit, FlushThenUnderscoreExitKeepsEveryEntry) { run(Way::flush_then_underscore_exit, false); }
+TEST_P(ExitCommit, SyncCommitThenUnderscoreExitKeepsEveryEntry) { run(Way::sync_commit_underscore_exit, false); }
+TEST_P(ExitCommit, SyncCommitThenUnderscoreExitKeepsEveryFlightCommit) { run(Way::sync_commit_underscore_exit, true); }
+
+INSTANTIATE_TEST_SUITE_P(Engines, ExitCommit, ::testing::ValuesIn(engine_names()),
+                         [](const auto& info) { return info.param; });
+
+// A Cache closed before exit leaves nothing for the exit handler; one still
+// open in the parent of a child that exits is not the child's to write
+// (the child inherited it): neither may hang or crash the exit.
+TEST(ExitHandler, ClosedAndInheritedCachesExitCleanly) {
+  TempDir d;
+  const std::string engine = engine_names()[0];
+  Options o = options_for(d.path(), engine);
+  auto parent = Cache::open(o);
+  compile_keys(*parent, 0, 4, false);
+  int st = in_child([&] {
+    {
+      auto own = Cache::open(o);  // opened and closed in the child
+      compile_keys(*own, 100, 4, false);
+    }
+    compile_keys(*parent, 200, 4, false);  // the inherited one: misses, no writes
+    std::exit(0);
+  });
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "child status " << st;
+  parent->flush();
+  EXPECT_EQ(count_on_disk(d.path(), engine, 0, 4), 4u);
+  EXPECT_EQ(count_on_disk(d.path(), engine, 100, 4), 4u);
+}
+
+TEST(SyncCommit, IsAnOptionByNameAndVariable) {
+  Options o;
+  EXPECT_FALSE(o.sync_commit);
+  ASSERT_TRUE(o.set("sync_commit", "1").is_ok());
+  EXPECT_TRUE(o.sync_commit);
+  EXPECT_EQ(*o.get("sync_commit"), "1");
+  ::setenv("KCACHE_SYNC_COMMIT", "yes", 1);
+  Options e = Options::from_env();
+  ::unsetenv("KCACHE_SYNC_COMMIT");
+  EXPECT_TRUE(e.sync_commit);
+  bool listed = false;
+  for (const auto& i : option_table()) listed |= i.name == "sync_commit" && i.env == "KCACHE_SYNC_COMMIT";
+  EXPECT_TRUE(listed);
+}
+
+}  // namespace
