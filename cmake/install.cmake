@@ -27,7 +27,7 @@ endforeach()
 
 # Public headers: the core's always, an integration's only when it is built.
 file(GLOB _kcache_headers ${PROJECT_SOURCE_DIR}/include/kcache/*.h)
-set(_kcache_optional_headers llvm.h:kcache_llvm llvm_compat.h:kcache_llvm nvrtc.h:kcache_nvrtc opencl.h:kcache_opencl
+set(_kcache_optional_headers llvm.h:kcache_llvm llvm_compat.h:kcache_llvm llvm_file_cache.h:kcache_llvm nvrtc.h:kcache_nvrtc opencl.h:kcache_opencl
                              redis.h:kcache_tier_redis kcache.h:kcache_capi)
 foreach(pair ${_kcache_optional_headers})
   string(REPLACE ":" ";" pair ${pair})

@@ -121,6 +121,16 @@ inline void call_add_buffer(const ::llvm::AddBufferFn& add, unsigned task, const
 #endif
 }
 
+// CachedFileStream: up to LLVM 20 its destruction commits what was written
+// (localCache renames the file into place); LLVM 21 adds `virtual Error
+// commit()`, which the host must call. A stream class declares
+// `::llvm::Error commit() KCACHE_LLVM_COMMIT_OVERRIDE` to fit both.
+#if LLVM_VERSION_MAJOR >= 21
+#define KCACHE_LLVM_COMMIT_OVERRIDE override
+#else
+#define KCACHE_LLVM_COMMIT_OVERRIDE
+#endif
+
 // An AddBufferFn calling `f(unsigned task, std::string module_name,
 // std::unique_ptr<MemoryBuffer>)` (the name empty up to LLVM 15).
 template <typename F>
