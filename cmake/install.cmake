@@ -69,9 +69,12 @@ set(KCACHE_HAS_REDIS OFF)
 if(TARGET kcache_tier_redis)
   set(KCACHE_HAS_REDIS ON)
 endif()
+# Where the FileCache drop-in's source is installed (src/integrations/llvm).
+set(KCACHE_DATADIR ${CMAKE_INSTALL_DATADIR}/kcache)
 configure_package_config_file(${CMAKE_CURRENT_LIST_DIR}/kcacheConfig.cmake.in
                               ${PROJECT_BINARY_DIR}/cmake/kcacheConfig.cmake
-                              INSTALL_DESTINATION ${KCACHE_INSTALL_CMAKEDIR})
+                              INSTALL_DESTINATION ${KCACHE_INSTALL_CMAKEDIR}
+                              PATH_VARS KCACHE_DATADIR)
 # 0.x: a minor version may change the API; 1.x and later: the major version.
 if(PROJECT_VERSION_MAJOR EQUAL 0)
   set(_kcache_compat SameMinorVersion)

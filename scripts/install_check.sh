@@ -3,7 +3,8 @@
 # project does, outside the source tree: checks the installed layout, runs
 # the installed `kcache` tool, builds and runs a C++ program through
 # find_package(kcache) and a C program through `pkg-config kcache` (both
-# with -Werror), and, when kcache::llvm is installed, a program linking it.
+# with -Werror), and, when kcache::llvm is installed, a program linking it
+# and one that compiles the installed FileCache source itself.
 #   scripts/install_check.sh [BUILD_DIR]      (default: build; `make install-check`)
 # KCACHE_KEEP_TMP=1 keeps the temporary folder for a look afterwards.
 set -euo pipefail
@@ -71,5 +72,6 @@ if [ -e "$prefix/lib/cmake/kcache/kcache-llvm-targets.cmake" ]; then
   configure "$tmp/consumer/llvm" "$tmp/llvm"
   cmake --build "$tmp/llvm" -j "$jobs" >"$tmp/llvm-build.log" 2>&1 || { cat "$tmp/llvm-build.log" >&2; fail "building the LLVM client"; }
   "$tmp/llvm/consumer_llvm"
+  "$tmp/llvm/consumer_file_cache"
 fi
 echo "install check: ok"
