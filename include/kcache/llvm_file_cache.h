@@ -47,7 +47,12 @@
 //
 // Thread-safety: the FileCache and the AddStreamFns it returns may be
 // called from many threads at once (LLD's backend threads do); one stream
-// is used by one thread.
+// is used by one thread. REQUIRES: a caller that owns a key (holds its
+// AddStreamFn or an uncommitted stream) does not look the same key up
+// again on the same thread before it commits or drops it: the lookup would
+// wait for that caller itself (up to Options::wait_bound_ms across
+// processes, without end within the process). LLVM's hosts look each key
+// up once per task, and compile it on the thread that looked it up.
 //
 // For a host with its own LLVM: this header, kcache/llvm_compat.h and one
 // source file (src/integrations/llvm/file_cache.cc, installed as
