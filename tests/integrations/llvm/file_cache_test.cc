@@ -301,3 +301,18 @@ TEST(LlvmFileCache, HitBuffersOutliveTheCache) {
     EXPECT_EQ(reinterpret_cast<uintptr_t>(held[i]->getBufferStart()) % 8, 0u);
   }
 }
+
+// Under KCACHE_DISABLE (read as the folder's Cache is opened) every lookup
+// is a miss the host compiles, and the object still reaches AddBuffer.
+TEST(LlvmFileCache, DisabledByTheEnvironmentCompilesEveryTime) {
+  TempDir dir;
+  ::setenv("KCACHE_DISABLE", "1", 1);
+  Received got;
+  auto fc = kl::localCache("ThinLTO", "Thin", dir.path(), got.fn());
+  ::unsetenv("KCACHE_DISABLE");
+  ASSERT_TRUE(bool(fc));
+  EXPECT_TRUE(lookup(*fc, 0, "k", "first"));
+  EXPECT_TRUE(lookup(*fc, 1, "k", "second"));
+  EXPECT_EQ(got.at(0), "first");
+  EXPECT_EQ(got.at(1), "second");
+}
