@@ -5,7 +5,7 @@ BUILD ?= build
 JOBS  ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: all deps configure build demo test bench sanitize install-check clean python format format-check
+.PHONY: all deps configure build demo test test-llvm bench sanitize install-check clean python format format-check
 
 all: build
 
@@ -19,7 +19,7 @@ build: configure
 	@cmake --build $(BUILD) -j $(JOBS)
 
 # The demo builds only what scripts/demo.sh runs (kcache-demo and the libraries
-# it links), not the tests and benchmarks. Without LLVM 14 there is no
+# it links), not the tests and benchmarks. Without LLVM (14 to 19) there is no
 # kcache-demo target, and demo.sh says what to install.
 DEMO_TARGETS = kcache-demo
 demo: configure
@@ -50,6 +50,21 @@ bench: build
 install-check: build
 	@bash scripts/install_check.sh $(BUILD)
 
+# The LLVM integration against another installed LLVM (14 to 19; the default
+# build takes the newest): a build folder of its own with only what the
+# install check installs, the LLVM integration and its tests, then those
+# tests and the install check. CI runs it with LLVM 14, the oldest.
+LLVM_VERSION ?= 14
+BUILD_LLVM   ?= build-llvm$(LLVM_VERSION)
+LLVM_TARGETS  = kcache_capi kcache_cli kcache_llvm llvm_test llvm_file_cache_test llvm_thinlto_test
+test-llvm: deps
+	@cmake -S . -B $(BUILD_LLVM) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKCACHE_LLVM_VERSION=$(LLVM_VERSION) \
+	  -DKCACHE_WITH_NVRTC=OFF -DKCACHE_WITH_OPENCL=OFF -DKCACHE_BUILD_BENCH=OFF -DKCACHE_BUILD_EXAMPLES=OFF \
+	  $(CMAKE_FLAGS) >/dev/null
+	@cmake --build $(BUILD_LLVM) -j $(JOBS) --target $(LLVM_TARGETS)
+	@cd $(BUILD_LLVM) && ctest -j $(JOBS) -L llvm --output-on-failure --timeout 600
+	@bash scripts/install_check.sh $(BUILD_LLVM)
+
 # AddressSanitizer + UndefinedBehaviorSanitizer on the whole core suite, and
 # ThreadSanitizer on the concurrency tests.
 sanitize: deps
@@ -63,4 +78,4 @@ format-check: deps
 	@clang-format --dry-run -Werror $(FORMAT_FILES) && echo "format-check: $(words $(FORMAT_FILES)) files formatted"
 
 clean:
-	rm -rf $(BUILD) build-asan build-tsan
+	rm -rf $(BUILD) build-asan build-tsan build-llvm*

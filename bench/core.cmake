@@ -10,6 +10,7 @@ if(KCACHE_WITH_LLVM)
   # the one file that includes LLVM headers is built to match.
   add_library(kcache_bench_llvm STATIC ${CMAKE_CURRENT_LIST_DIR}/llvm_file_cache.cc)
   target_include_directories(kcache_bench_llvm SYSTEM PRIVATE ${LLVM_INCLUDE_DIRS})
+  target_include_directories(kcache_bench_llvm PRIVATE ${PROJECT_SOURCE_DIR}/include)
   separate_arguments(_llvm_defs NATIVE_COMMAND "${LLVM_DEFINITIONS}")
   target_compile_definitions(kcache_bench_llvm PRIVATE ${_llvm_defs})
   target_compile_options(kcache_bench_llvm PRIVATE -fno-rtti)

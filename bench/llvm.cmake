@@ -14,3 +14,16 @@ if(KCACHE_WITH_LLVM AND TARGET kcache_llvm)
   add_executable(kcache_bench_lua_jit ${CMAKE_CURRENT_LIST_DIR}/lua_jit_bench.cc)
   target_link_libraries(kcache_bench_lua_jit PRIVATE kcache_llvm kcache)
 endif()
+
+# ThinLTO links through llvm::lto::LTO with llvm::localCache and with
+# kcache::llvm::localCache (bench/thinlto_bench.cc), over the ThinLTO
+# bitcode the tests make (tests/integrations/llvm/CMakeLists.txt).
+get_property(_thinlto_objects GLOBAL PROPERTY KCACHE_THINLTO_OBJECTS)
+if(KCACHE_WITH_LLVM AND TARGET kcache_llvm AND TARGET llvm_thinlto_inputs)
+  add_executable(kcache_bench_thinlto ${CMAKE_CURRENT_LIST_DIR}/thinlto_bench.cc)
+  target_include_directories(kcache_bench_thinlto PRIVATE ${PROJECT_SOURCE_DIR}/tests/integrations/llvm)
+  string(REPLACE ";" ":" _thinlto_list "${_thinlto_objects}")
+  target_compile_definitions(kcache_bench_thinlto PRIVATE KCACHE_THINLTO_INPUTS="${_thinlto_list}")
+  target_link_libraries(kcache_bench_thinlto PRIVATE kcache_llvm kcache)
+  add_dependencies(kcache_bench_thinlto llvm_thinlto_inputs)
+endif()

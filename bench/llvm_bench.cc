@@ -132,7 +132,7 @@ void lookup_all(llvm::orc::LLJIT& jit) {
   for (auto& k : world().kernels) {
     auto s = jit.lookup(k.name);
     if (!s) std::abort();
-    benchmark::DoNotOptimize(s->getAddress());
+    benchmark::DoNotOptimize(kcache::llvm::compat::jit_pointer<void*>(*s));
   }
 }
 

@@ -1,4 +1,4 @@
-// Wraps llvm::localCache (llvm/Support/Caching.h, LLVM 14). Compiled with
+// Wraps llvm::localCache (llvm/Support/Caching.h, LLVM 14 to 19). Compiled with
 // -fno-rtti to match libLLVM.
 #include "llvm_file_cache.h"
 
@@ -6,6 +6,8 @@
 #include <llvm/Support/Error.h>
 #include <llvm/Support/MemoryBuffer.h>
 #include <llvm/Support/raw_ostream.h>
+
+#include "kcache/llvm_compat.h"
 
 namespace kcache_bench {
 namespace {
@@ -15,8 +17,10 @@ class Impl final : public LlvmFileCache {
   bool init(const std::string& dir, std::string* error) {
     // AddBuffer is fixed when the cache is made, so it parks the buffer in
     // a member where get()/put() pick it up.
-    auto c = llvm::localCache("kcache-bench", "kcache-bench-tmp", dir,
-                              [this](unsigned, std::unique_ptr<llvm::MemoryBuffer> mb) { slot_ = std::move(mb); });
+    auto c = llvm::localCache(
+        "kcache-bench", "kcache-bench-tmp", dir,
+        kcache::llvm::compat::make_add_buffer(
+            [this](unsigned, std::string, std::unique_ptr<llvm::MemoryBuffer> mb) { slot_ = std::move(mb); }));
     if (!c) {
       *error = llvm::toString(c.takeError());
       return false;
@@ -27,7 +31,7 @@ class Impl final : public LlvmFileCache {
 
   std::string_view get(std::string_view key, bool* ok) override {
     slot_.reset();
-    auto add_stream = cache_(0, llvm::StringRef(key.data(), key.size()));
+    auto add_stream = kcache::llvm::compat::call_cache(cache_, 0, llvm::StringRef(key.data(), key.size()));
     if (!add_stream) {
       llvm::consumeError(add_stream.takeError());
       *ok = false;
@@ -46,13 +50,13 @@ class Impl final : public LlvmFileCache {
 
   bool put(std::string_view key, std::string_view data) override {
     slot_.reset();
-    auto add_stream = cache_(0, llvm::StringRef(key.data(), key.size()));
+    auto add_stream = kcache::llvm::compat::call_cache(cache_, 0, llvm::StringRef(key.data(), key.size()));
     if (!add_stream) {
       llvm::consumeError(add_stream.takeError());
       return false;
     }
     if (!*add_stream) return true;  // already there: localCache never replaces
-    auto stream = (*add_stream)(0);
+    auto stream = kcache::llvm::compat::call_add_stream(*add_stream, 0);
     if (!stream) {
       llvm::consumeError(stream.takeError());
       return false;

@@ -1,7 +1,7 @@
 // The baseline the core benchmarks compare against: llvm::localCache, LLVM's
 // file-per-entry cache (the one ThinLTO uses), behind a plain interface.
 //
-// LLVM 14 is built without RTTI, so only llvm_file_cache.cc includes LLVM
+// libLLVM is built without RTTI, so only llvm_file_cache.cc includes LLVM
 // headers and it is compiled with -fno-rtti; the benchmark itself stays an
 // ordinary translation unit.
 //

@@ -177,7 +177,7 @@ int run_once(const Args& a) {
   auto addr = [&](const char* n) -> uint64_t {
     auto s = (*jit)->lookup(n);
     if (!s) die(std::string("lookup ") + n + ": " + llvm::toString(s.takeError()));
-    return s->getAddress();
+    return reinterpret_cast<uint64_t>(kcache::llvm::compat::jit_pointer<void*>(*s));
   };
   using NewState = void* (*)();
   using OpenLibs = void (*)(void*);

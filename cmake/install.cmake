@@ -27,7 +27,7 @@ endforeach()
 
 # Public headers: the core's always, an integration's only when it is built.
 file(GLOB _kcache_headers ${PROJECT_SOURCE_DIR}/include/kcache/*.h)
-set(_kcache_optional_headers llvm.h:kcache_llvm nvrtc.h:kcache_nvrtc opencl.h:kcache_opencl
+set(_kcache_optional_headers llvm.h:kcache_llvm llvm_compat.h:kcache_llvm llvm_file_cache.h:kcache_llvm nvrtc.h:kcache_nvrtc opencl.h:kcache_opencl
                              redis.h:kcache_tier_redis kcache.h:kcache_capi)
 foreach(pair ${_kcache_optional_headers})
   string(REPLACE ":" ";" pair ${pair})
@@ -52,9 +52,12 @@ foreach(c llvm nvrtc opencl)
 endforeach()
 
 # What kcacheConfig.cmake needs to find the dependencies again.
+# kcache::llvm records the LLVM it was built with: its version and folder.
+set(KCACHE_LLVM_VERSION "")
 set(KCACHE_LLVM_MAJOR "")
 set(KCACHE_LLVM_DIR "")
 if(TARGET kcache_llvm)
+  set(KCACHE_LLVM_VERSION ${LLVM_PACKAGE_VERSION})
   set(KCACHE_LLVM_MAJOR ${LLVM_VERSION_MAJOR})
   set(KCACHE_LLVM_DIR ${LLVM_DIR})
 endif()
@@ -66,9 +69,12 @@ set(KCACHE_HAS_REDIS OFF)
 if(TARGET kcache_tier_redis)
   set(KCACHE_HAS_REDIS ON)
 endif()
+# Where the FileCache drop-in's source is installed (src/integrations/llvm).
+set(KCACHE_DATADIR ${CMAKE_INSTALL_DATADIR}/kcache)
 configure_package_config_file(${CMAKE_CURRENT_LIST_DIR}/kcacheConfig.cmake.in
                               ${PROJECT_BINARY_DIR}/cmake/kcacheConfig.cmake
-                              INSTALL_DESTINATION ${KCACHE_INSTALL_CMAKEDIR})
+                              INSTALL_DESTINATION ${KCACHE_INSTALL_CMAKEDIR}
+                              PATH_VARS KCACHE_DATADIR)
 # 0.x: a minor version may change the API; 1.x and later: the major version.
 if(PROJECT_VERSION_MAJOR EQUAL 0)
   set(_kcache_compat SameMinorVersion)

@@ -10,7 +10,7 @@ set -euo pipefail
 B=${1:-build}
 DEMO="$B/examples/jit/kcache-demo"
 if [ ! -x "$DEMO" ]; then
-  echo "demo: $DEMO not built (it needs LLVM 14: apt-get install llvm-14-dev, then reconfigure)" >&2
+  echo "demo: $DEMO not built (it needs LLVM 14 to 19: apt-get install llvm-19-dev, then reconfigure)" >&2
   exit 1
 fi
 D=$(mktemp -d "${TMPDIR:-/tmp}/kcache-demo.XXXXXX")

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Installs the Debian packages kcache builds and tests with, if any are
-# missing. Runs apt-get update at most once. Needs root (or sudo) only when
+# missing (LLVM 19 for the default build, LLVM 14 for `make test-llvm`,
+# which CI runs too; clang-14 makes the ThinLTO test's bitcode). Runs apt-get
+# update at most once. Needs root (or sudo) only when
 # something is missing.
 set -euo pipefail
 
 pkgs=(build-essential cmake pkg-config g++ clang-format libgtest-dev libbenchmark-dev
       liblmdb-dev lmdb-utils libzstd-dev libxxhash-dev libhiredis-dev libssl-dev
-      redis-server python3-dev python3-venv llvm-14-dev zlib1g-dev libtinfo-dev libedit-dev libxml2-dev libcurl4-openssl-dev
+      redis-server python3-dev python3-venv llvm-14-dev llvm-19-dev clang-14 zlib1g-dev libtinfo-dev libedit-dev libxml2-dev libcurl4-openssl-dev
       pocl-opencl-icd ocl-icd-opencl-dev opencl-headers clinfo)
 
 missing=()

@@ -3,7 +3,9 @@
 # project does, outside the source tree: checks the installed layout, runs
 # the installed `kcache` tool, builds and runs a C++ program through
 # find_package(kcache) and a C program through `pkg-config kcache` (both
-# with -Werror), and, when kcache::llvm is installed, a program linking it.
+# with -Werror), and, when kcache::llvm is installed, a program linking it
+# and one that compiles the installed FileCache source itself, and checks
+# that an LLVM of another major version is refused.
 #   scripts/install_check.sh [BUILD_DIR]      (default: build; `make install-check`)
 # KCACHE_KEEP_TMP=1 keeps the temporary folder for a look afterwards.
 set -euo pipefail
@@ -71,5 +73,20 @@ if [ -e "$prefix/lib/cmake/kcache/kcache-llvm-targets.cmake" ]; then
   configure "$tmp/consumer/llvm" "$tmp/llvm"
   cmake --build "$tmp/llvm" -j "$jobs" >"$tmp/llvm-build.log" 2>&1 || { cat "$tmp/llvm-build.log" >&2; fail "building the LLVM client"; }
   "$tmp/llvm/consumer_llvm"
+  "$tmp/llvm/consumer_file_cache"
+  # An LLVM of another major version is refused, never mixed in: tried with
+  # one such LLVM where one is installed.
+  built=$(sed -n 's/^set(kcache_LLVM_VERSION "\([0-9]*\)\..*/\1/p' "$prefix/lib/cmake/kcache/kcacheConfig.cmake")
+  for v in 14 15 16 17 18 19; do
+    other=/usr/lib/llvm-$v/lib/cmake/llvm
+    [ "$v" != "$built" ] && [ -f "$other/LLVMConfig.cmake" ] || continue
+    if cmake -S "$tmp/consumer/llvm" -B "$tmp/llvm-other" -DCMAKE_PREFIX_PATH="$prefix" -DLLVM_DIR="$other" \
+         -DCMAKE_FIND_PACKAGE_NO_PACKAGE_REGISTRY=ON >"$tmp/llvm-other.log" 2>&1; then
+      fail "kcache::llvm (LLVM $built) was found with LLVM $v"
+    fi
+    grep -q "was built with LLVM $built" "$tmp/llvm-other.log" || { cat "$tmp/llvm-other.log" >&2; fail "no reason given for refusing LLVM $v"; }
+    echo "install check: kcache::llvm (LLVM $built) refuses LLVM $v"
+    break
+  done
 fi
 echo "install check: ok"

@@ -177,7 +177,7 @@ int run_once(const Args& a) {
   for (unsigned i = 0; i < a.kernels; ++i) {
     auto sym = (*jit)->lookup(ks[i].name);
     if (!sym) die("lookup " + ks[i].name + ": " + llvm::toString(sym.takeError()));
-    fns[i] = reinterpret_cast<kjit::KernelFn>(sym->getAddress());
+    fns[i] = kcache::llvm::compat::jit_pointer<kjit::KernelFn>(*sym);
   }
   double t_ready = now_s(), cpu_ready = cpu_s(), process_cpu_ready = process_cpu_s();
 

@@ -77,6 +77,7 @@
 
 #include "kcache/cache.h"
 #include "kcache/key.h"
+#include "kcache/llvm_compat.h"
 #include "kcache/stage.h"
 #include "kcache/status.h"
 
@@ -96,7 +97,7 @@ struct TargetDesc {
   std::string triple;
   std::string cpu;
   std::string features;
-  unsigned codegen_opt_level = 2;  // llvm::CodeGenOpt::Level
+  unsigned codegen_opt_level = 2;  // the code generator's level, 0 (None) to 3 (Aggressive)
   std::string code_model;          // "small", "kernel", "medium", "large", "tiny"
   std::string reloc_model;         // "static", "pic", "dynamic-no-pic", ...
   std::map<std::string, std::string> target_options;

@@ -42,6 +42,7 @@
 #include <llvm/Support/Memory.h>
 
 #include "kcache/llvm.h"
+#include "kcache/llvm_compat.h"
 
 namespace kcache::llvm {
 namespace {
@@ -167,13 +168,14 @@ class ArenaMemoryManager final : public ::llvm::RTDyldMemoryManager {
 
   bool needsToReserveAllocationSpace() override { return true; }
 
-  void reserveAllocationSpace(uintptr_t code, uint32_t code_align, uintptr_t ro, uint32_t ro_align, uintptr_t rw,
-                              uint32_t rw_align) override {
+  void reserveAllocationSpace(uintptr_t code, compat::ReserveAlign code_align, uintptr_t ro,
+                              compat::ReserveAlign ro_align, uintptr_t rw, compat::ReserveAlign rw_align) override {
     // The sizes already hold each section rounded up to its kind's largest
     // alignment; a region starts on a page, which covers any alignment up
     // to a page.
     const uintptr_t need[kKinds] = {code, ro, rw};
-    const uint32_t align[kKinds] = {code_align, ro_align, rw_align};
+    const uint64_t align[kKinds] = {compat::align_value(code_align), compat::align_value(ro_align),
+                                    compat::align_value(rw_align)};
     size_t sizes[kKinds];
     for (unsigned k = 0; k < kKinds; ++k)
       sizes[k] = need[k] ? round_up(need[k] + (align[k] > page_size() ? align[k] : 0), page_size()) : 0;

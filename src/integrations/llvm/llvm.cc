@@ -8,6 +8,7 @@
 // module tagged with its IR digest skips the bitcode; FrontendKeys::find
 // skips the module altogether (front-end key -> stage link -> object).
 #include "kcache/llvm.h"
+#include "kcache/llvm_compat.h"
 
 #include <dlfcn.h>
 #include <elf.h>
@@ -30,7 +31,6 @@
 #include <llvm/ExecutionEngine/Orc/RTDyldObjectLinkingLayer.h>
 #include <llvm/IR/LegacyPassManager.h>
 #include <llvm/IR/Module.h>
-#include <llvm/MC/SubtargetFeature.h>
 #include <llvm/Object/ObjectFile.h>
 #include <llvm/Passes/PassBuilder.h>
 #include <llvm/Support/raw_ostream.h>
@@ -761,22 +761,7 @@ namespace {
   if (!jtmb) return jtmb.takeError();
   if (!options.cpu.empty()) jtmb->setCPU(options.cpu);
   if (!options.features.empty()) jtmb->getFeatures() = ::llvm::SubtargetFeatures(options.features);
-  ::llvm::CodeGenOpt::Level cg = ::llvm::CodeGenOpt::Default;
-  switch (options.opt_level) {
-    case 0:
-      cg = ::llvm::CodeGenOpt::None;
-      break;
-    case 1:
-      cg = ::llvm::CodeGenOpt::Less;
-      break;
-    case 2:
-      cg = ::llvm::CodeGenOpt::Default;
-      break;
-    default:
-      cg = ::llvm::CodeGenOpt::Aggressive;
-      break;
-  }
-  jtmb->setCodeGenOptLevel(cg);
+  jtmb->setCodeGenOptLevel(compat::codegen_opt_level(options.opt_level));
   return jtmb;
 }
 

@@ -7,6 +7,7 @@
 #include <kcache/llvm.h>
 
 #include <llvm/AsmParser/Parser.h>
+#include <llvm/Config/llvm-config.h>
 #include <llvm/IR/LLVMContext.h>
 #include <llvm/IR/Module.h>
 #include <llvm/Support/SourceMgr.h>
@@ -18,6 +19,11 @@
 #include <filesystem>
 #include <memory>
 #include <string>
+
+// The LLVM headers seen here are those of the LLVM the package found.
+#if defined(KCACHE_CONSUMER_LLVM_MAJOR)
+static_assert(LLVM_VERSION_MAJOR == KCACHE_CONSUMER_LLVM_MAJOR, "LLVM headers of another release");
+#endif
 
 namespace {
 
@@ -68,7 +74,7 @@ std::shared_ptr<kcache::llvm::CompileCounters> jit_once(const std::string& dir) 
     check(false, "lookup: " + ::llvm::toString(sym.takeError()));
     return counters;
   }
-  auto* fn = reinterpret_cast<int (*)(int, int)>(static_cast<uintptr_t>(sym->getAddress()));
+  auto* fn = kcache::llvm::compat::jit_pointer<int (*)(int, int)>(*sym);
   check(fn(6, 7) == 49, "kc_mad(6, 7) == 49");
   return counters;
 }
@@ -89,6 +95,8 @@ int main() {
   check(warm->hits == 1 && warm->codegen_runs == 0, "the second JIT loaded the stored object");
   std::filesystem::remove_all(dir);
   if (failures) return 1;
-  std::printf("consumer (LLVM): compiled once, then loaded from the cache; kc_mad(6, 7) = 49\nconsumer (LLVM): ok\n");
+  std::printf("consumer (LLVM %s): compiled once, then loaded from the cache; kc_mad(6, 7) = 49\n",
+              LLVM_VERSION_STRING);
+  std::printf("consumer (LLVM): ok\n");
   return 0;
 }

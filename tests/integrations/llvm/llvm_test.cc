@@ -25,6 +25,7 @@
 #include <llvm/Support/TargetSelect.h>
 
 #include "kcache/llvm.h"
+#include "kcache/llvm_compat.h"
 #include "test_util.h"
 
 namespace kl = kcache::llvm;
@@ -95,7 +96,7 @@ std::unique_ptr<kcache::Cache> open_cache(const std::string& dir, const std::str
 
 std::unique_ptr<llvm::TargetMachine> make_tm(const std::string& triple, const std::string& cpu,
                                              const std::string& features,
-                                             llvm::CodeGenOpt::Level level = llvm::CodeGenOpt::Default) {
+                                             kl::compat::CodeGenOptLevel level = kl::compat::CodeGenOptLevel::Default) {
   llvm::orc::JITTargetMachineBuilder b{llvm::Triple(triple)};
   b.setCPU(cpu);
   b.getFeatures() = llvm::SubtargetFeatures(features);
@@ -128,7 +129,7 @@ std::vector<uint64_t> run_jit(kcache::Cache& cache, int count, std::shared_ptr<k
     auto sym = (*jit)->lookup("f" + std::to_string(i));
     EXPECT_TRUE(bool(sym)) << (sym ? "" : llvm::toString(sym.takeError()));
     if (!sym) return {};
-    out.push_back(reinterpret_cast<Fn>(sym->getAddress())(100 + i));
+    out.push_back(kl::compat::jit_pointer<Fn>(*sym)(100 + i));
   }
   return out;
 }
@@ -528,8 +529,8 @@ TEST(LlvmKey, ChangingIrOptLevelCpuFeaturesOrTripleIsAMiss) {
   };
   std::vector<Variant> vs;
   vs.push_back({"ir", make_tm(kTriple, "x86-64", "+sse2"), ir_text("k", 2), "ir"});
-  vs.push_back(
-      {"opt level", make_tm(kTriple, "x86-64", "+sse2", llvm::CodeGenOpt::Less), ir_text("k", 1), "codegen_opt_level"});
+  vs.push_back({"opt level", make_tm(kTriple, "x86-64", "+sse2", kl::compat::CodeGenOptLevel::Less), ir_text("k", 1),
+                "codegen_opt_level"});
   vs.push_back({"cpu", make_tm(kTriple, "skylake", "+sse2"), ir_text("k", 1), "cpu"});
   vs.push_back({"features", make_tm(kTriple, "x86-64", "+sse2,+avx2"), ir_text("k", 1), "features"});
   vs.push_back({"triple", make_tm("i686-pc-linux-gnu", "x86-64", "+sse2"), ir_text("k", 1), "triple"});
@@ -594,7 +595,7 @@ TEST(LlvmKey, ModuleIdentifierAndSourceFileNameAreNotInTheKey) {
     ASSERT_FALSE((*jit)->addIRModule(tsm(ir_text("n", 1), id)));
     auto sym = (*jit)->lookup("n");
     ASSERT_TRUE(bool(sym));
-    EXPECT_EQ(reinterpret_cast<Fn>(sym->getAddress())(50), reference(1, 50));
+    EXPECT_EQ(kl::compat::jit_pointer<Fn>(*sym)(50), reference(1, 50));
   }
   EXPECT_EQ(counters->codegen_runs.load(), 1u);
   EXPECT_EQ(counters->hits.load(), 1u);
@@ -635,7 +636,7 @@ TEST(LlvmKey, ManifestNamesEveryComponent) {
       "llvm",       "module_triple",     "reloc_model", "target_options", "triple"};
   EXPECT_EQ(names, want);
   EXPECT_EQ(k->manifest.ns, kl::kKeyNamespace);
-  EXPECT_TRUE(kl::llvm_identity().starts_with("14."));
+  EXPECT_TRUE(kl::llvm_identity().starts_with(LLVM_VERSION_STRING " ")) << kl::llvm_identity();
   EXPECT_EQ(kl::llvm_identity().find("no-build-id"), std::string::npos) << kl::llvm_identity();
 }
 
@@ -662,7 +663,7 @@ TEST(LlvmObjectCache, OrcConcurrentIRCompilerUsesIt) {
     ASSERT_FALSE((*jit)->addIRModule(tsm(ir_text("c", 9))));
     auto sym = (*jit)->lookup("c");
     ASSERT_TRUE(bool(sym));
-    EXPECT_EQ(reinterpret_cast<Fn>(sym->getAddress())(20), reference(9, 20));
+    EXPECT_EQ(kl::compat::jit_pointer<Fn>(*sym)(20), reference(9, 20));
   }
   EXPECT_EQ(oc.counters().codegen_runs.load(), 1u);
   EXPECT_EQ(oc.counters().hits.load(), 1u);
@@ -716,7 +717,7 @@ llvm::orc::ThreadSafeModule tsm_from_bitcode(const std::string& bc, const std::s
 uint64_t call(llvm::orc::LLJIT& jit, const std::string& fn, int64_t x) {
   auto sym = jit.lookup(fn);
   EXPECT_TRUE(bool(sym)) << (sym ? "" : llvm::toString(sym.takeError()));
-  return sym ? reinterpret_cast<Fn>(sym->getAddress())(x) : 0;
+  return sym ? kl::compat::jit_pointer<Fn>(*sym)(x) : 0;
 }
 
 }  // namespace
@@ -767,7 +768,7 @@ kcache::Key default_jit_key(const kcache::Digest& ir) {
     ADD_FAILURE() << llvm::toString(tmb.takeError());
     return {};
   }
-  tmb->setCodeGenOptLevel(llvm::CodeGenOpt::Default);
+  tmb->setCodeGenOptLevel(kl::compat::CodeGenOptLevel::Default);
   auto tm = tmb->createTargetMachine();
   if (!tm) {
     ADD_FAILURE() << llvm::toString(tm.takeError());
@@ -928,7 +929,7 @@ TEST(LlvmFrontend, RememberedTargetsAreThoseOfFreshMachines) {
   TempDir d;
   auto cache = open_cache(d.path(), "lmdb");
   auto in = kcache::hash_bytes("src");
-  auto fresh_key = [&](const kl::JitOptions& o, llvm::CodeGenOpt::Level cg) {
+  auto fresh_key = [&](const kl::JitOptions& o, kl::compat::CodeGenOptLevel cg) {
     auto jtmb = llvm::orc::JITTargetMachineBuilder::detectHost();
     EXPECT_TRUE(bool(jtmb));
     if (!o.cpu.empty()) jtmb->setCPU(o.cpu);
@@ -951,10 +952,10 @@ TEST(LlvmFrontend, RememberedTargetsAreThoseOfFreshMachines) {
   auto jit = kl::make_cached_lljit(*cache, o2);
   ASSERT_TRUE(bool(jit));
   for (int round = 0; round < 2; ++round) {
-    EXPECT_EQ(kl::FrontendKeys::for_jit(o2)->key(in).key, fresh_key(o2, llvm::CodeGenOpt::Default));
-    EXPECT_EQ(kl::FrontendKeys::for_jit(o1)->key(in).key, fresh_key(o1, llvm::CodeGenOpt::Less));
-    EXPECT_EQ(kl::FrontendKeys::for_jit(cpu)->key(in).key, fresh_key(cpu, llvm::CodeGenOpt::Default));
-    EXPECT_EQ(kl::FrontendKeys::for_jit(feat)->key(in).key, fresh_key(feat, llvm::CodeGenOpt::Default));
+    EXPECT_EQ(kl::FrontendKeys::for_jit(o2)->key(in).key, fresh_key(o2, kl::compat::CodeGenOptLevel::Default));
+    EXPECT_EQ(kl::FrontendKeys::for_jit(o1)->key(in).key, fresh_key(o1, kl::compat::CodeGenOptLevel::Less));
+    EXPECT_EQ(kl::FrontendKeys::for_jit(cpu)->key(in).key, fresh_key(cpu, kl::compat::CodeGenOptLevel::Default));
+    EXPECT_EQ(kl::FrontendKeys::for_jit(feat)->key(in).key, fresh_key(feat, kl::compat::CodeGenOptLevel::Default));
   }
   EXPECT_NE(kl::FrontendKeys::for_jit(cpu)->key(in).key, kl::FrontendKeys::for_jit(o2)->key(in).key);
   EXPECT_NE(kl::FrontendKeys::for_jit(feat)->key(in).key, kl::FrontendKeys::for_jit(cpu)->key(in).key);
@@ -1076,7 +1077,7 @@ TEST(LlvmArenaMemory, ObjectsRunWithTheirProtectionsAndComeBackAfterRemoval) {
   auto addr = [&](const std::string& name) -> uintptr_t {
     auto sym = (*jit)->lookup(name);
     EXPECT_TRUE(bool(sym)) << name << ": " << (sym ? "" : llvm::toString(sym.takeError()));
-    return sym ? static_cast<uintptr_t>(sym->getAddress()) : 0;
+    return sym ? reinterpret_cast<uintptr_t>(kl::compat::jit_pointer<void*>(*sym)) : 0;
   };
   using G = int64_t (*)(int64_t);
   for (int i = 0; i < kModules; ++i) add(i);
@@ -1130,7 +1131,8 @@ TEST(LlvmArenaMemory, SectionsAreAlignedAndASectionBeyondTheReservationStillGets
   {
     auto mm = make();
     ASSERT_TRUE(mm->needsToReserveAllocationSpace());
-    mm->reserveAllocationSpace(100, 16, 40, 64, 8, 8);
+    mm->reserveAllocationSpace(100, kl::compat::ReserveAlign(16), 40, kl::compat::ReserveAlign(64), 8,
+                               kl::compat::ReserveAlign(8));
     uint8_t* code = mm->allocateCodeSection(100, 16, 1, ".text");
     uint8_t* ro = mm->allocateDataSection(40, 64, 2, ".rodata", true);
     uint8_t* rw = mm->allocateDataSection(8, 8, 3, ".data", false);
