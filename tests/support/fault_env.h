@@ -32,6 +32,8 @@ class FaultEnv final : public Env {
   std::atomic<bool> io_error{false};   // read/pread: EIO
   // Each fsync/fdatasync "takes" this long: the manual clock moves by it.
   std::atomic<uint64_t> fsync_delay_ms{0};
+  // Each unlink "takes" this long (a sleep: real or on the manual clock).
+  std::atomic<uint64_t> unlink_delay_us{0};
   // Off: the clock is the system's (and sleeps are real).
   std::atomic<bool> manual_clock{true};
 
@@ -120,6 +122,7 @@ class FaultEnv final : public Env {
   }
   int unlink(const std::string& path) override {
     unlinks.fetch_add(1);
+    if (uint64_t d = unlink_delay_us.load()) sleep_us(d);
     if (read_only) return fail(EROFS);
     return base_->unlink(path);
   }
@@ -168,6 +171,7 @@ class FaultEnv final : public Env {
   }
   int unlinkat(int dir, const std::string& path) override {
     unlinks.fetch_add(1);
+    if (uint64_t d = unlink_delay_us.load()) sleep_us(d);
     if (read_only) return fail(EROFS);
     return base_->unlinkat(dir, path);
   }

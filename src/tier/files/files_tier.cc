@@ -16,6 +16,13 @@
 //                     judged as any lease holder is (PID, start time,
 //                     expiry) and taken over under the takeover marker
 //
+// Eviction: the evictor walks the shards and removes the oldest files to
+// the low-water mark, at most kRemoveBatch per hold of the counters' lock.
+// What a walk found and left stays with the process as candidates, oldest
+// first; a put that would take the store over a limit removes candidates in
+// the same hold of the lock as its rename, so writers make their own room
+// and never queue behind an evictor.
+//
 // Files are made for this user only (0600, folders 0700). In a folder
 // shared with a group (setgid and group-writable: Options::shared_group),
 // entries are made group-readable, and folders and stats group-writable,
@@ -351,41 +358,72 @@ class FilesTier final : public Tier, public StoreAdmin {
     // The recency record starts at kcache's own clock, not the file
     // system's coarser one, so marks (StoreAdmin::mark) compare exactly.
     set_mtime_ms(tmp, env_->now_unix_ms());
+    // A put that will need room and has no candidates left walks first,
+    // outside the lock, so that it makes its room in the same hold of the
+    // lock as it publishes (make_room_locked).
+    {
+      CounterValues pre{};
+      struct stat old;
+      const uint64_t adds = env_->statat(dfd_, final_path, &old) == 0 ? 0 : 1;
+      if (read_counters(pre).is_ok() &&
+          (pre[c_bytes] + enc.size() > max_bytes_ || pre[c_entries] + adds > max_entries_) && !has_candidates())
+        refill_candidates();
+    }
+    // The room first, then the rename, in one hold of the lock: whoever
+    // reads the totals never sees the store over its limit by more than
+    // this entry. When the candidates run out (other processes removed
+    // them), the put walks again outside the lock and tries once more; the
+    // second time it publishes in any case.
     CounterValues totals{};
-    st = with_counters(
-        [&](CounterValues& v) {
-          struct stat old;
-          bool replaced = env_->statat(dfd_, final_path, &old) == 0;
-          if (env_->renameat(dfd_, tmp, final_path) != 0) return util::errno_status(errno, "rename " + full(tmp));
-          v[c_puts] += 1;
-          if (replaced) {
-            sub(v[c_bytes], static_cast<uint64_t>(old.st_size));
-          } else {
-            v[c_entries] += 1;
-          }
-          v[c_bytes] += enc.size();
-          make_room_locked(v, final_path);
-          return Status();
-        },
-        &totals);
+    bool published = false;
+    for (int attempt = 0; attempt < 2 && !published; ++attempt) {
+      if (attempt == 1) refill_candidates();
+      st = with_counters(
+          [&](CounterValues& v) {
+            struct stat old;
+            bool replaced = env_->statat(dfd_, final_path, &old) == 0;
+            const uint64_t old_size = replaced ? static_cast<uint64_t>(old.st_size) : 0;
+            const uint64_t adds = replaced ? 0 : 1;
+            const bool room = make_room_locked(v, final_path, enc.size() > old_size ? enc.size() - old_size : 0, adds);
+            if (!room && attempt == 0) return Status();
+            if (env_->renameat(dfd_, tmp, final_path) != 0) return util::errno_status(errno, "rename " + full(tmp));
+            published = true;
+            v[c_puts] += 1;
+            sub(v[c_bytes], old_size);
+            v[c_entries] += adds;
+            v[c_bytes] += enc.size();
+            return Status();
+          },
+          &totals);
+      if (!st.is_ok()) break;
+    }
     if (!st.is_ok()) {
       env_->unlinkat(dfd_, tmp);
       count(c_errors);
       return st;
     }
     // A put that found no room above (no candidates left from a walk of
-    // this process) evicts down to the low-water mark; one that finds
-    // another process evicting leaves the work to it and returns at once.
-    for (int pass = 0; pass < 4 && (totals[c_bytes] > max_bytes_ || totals[c_entries] > max_entries_); ++pass) {
-      bool busy = false;
+    // this process) evicts down to the low-water mark. One that finds
+    // another process evicting does not wait for it: it walks the store
+    // itself (without the lease) and makes its own room, so writers do not
+    // pile up over the limit while the evictor works.
+    auto over = [&] { return totals[c_bytes] > max_bytes_ || totals[c_entries] > max_entries_; };
+    bool busy = false;
+    for (int pass = 0; pass < 4 && over() && !busy; ++pass) {
       auto r = evict(static_cast<uint64_t>(max_bytes_ * low_water_), static_cast<uint64_t>(max_entries_ * low_water_),
                      &busy);
       if (!r) {
         KCACHE_LOG(LogLevel::warn, "files eviction: %s", r.error().to_string().c_str());
-        break;
+        return Status();
       }
-      if (busy) break;  // another process holds the lease
-      if (!read_counters(totals).is_ok()) break;
+      if (!read_counters(totals).is_ok()) return Status();
+    }
+    if (busy && over()) {
+      refill_candidates();
+      (void)with_counters([&](CounterValues& v) {
+        (void)make_room_locked(v, final_path, 0, 0);
+        return Status();
+      });
     }
     return Status();
   }
@@ -644,14 +682,20 @@ class FilesTier final : public Tier, public StoreAdmin {
   // under the counters' lock it already holds, the room it needs (each
   // one checked as eviction checks it; gone or used since: passed over).
   // REQUIRES: the counters' lock (inside with_counters' fn).
-  void make_room_locked(CounterValues& v, const std::string& keep) {
+  // Returns whether the store now has room for `bytes` and `entries` more
+  // (true also when it does not act: see below).
+  bool make_room_locked(CounterValues& v, const std::string& keep, uint64_t bytes, uint64_t entries) {
     std::lock_guard lk(cand_mu_);
-    for (int looked = 0; (v[c_bytes] > max_bytes_ || v[c_entries] > max_entries_) &&
-                         next_candidate_ < candidates_.size() && looked < kRoomLooks;
-         ++looked) {
+    // Totals far beyond what the walk found (a damaged `stats` file) are
+    // not acted on here: eviction recounts them first.
+    if (v[c_bytes] > walked_bytes_ + max_bytes_ / 2 + kMaxEntrySize || v[c_entries] > 2 * walked_entries_ + 1024)
+      return true;
+    auto over = [&] { return v[c_bytes] + bytes > max_bytes_ || v[c_entries] + entries > max_entries_; };
+    for (int looked = 0; over() && next_candidate_ < candidates_.size() && looked < kRoomLooks; ++looked) {
       const Item& it = candidates_[next_candidate_++];
       if (it.path != keep && remove_if_unchanged(it, v)) v[c_evictions] += 1;
     }
+    return !over();
   }
 
   // Unlinks the walked file if it is still the one walked (same inode,
@@ -665,6 +709,39 @@ class FilesTier final : public Tier, public StoreAdmin {
     sub(v[c_entries], 1);
     sub(v[c_bytes], static_cast<uint64_t>(cur.st_size));
     return true;
+  }
+
+  // Every entry file, oldest first (a walk; no lock held).
+  std::vector<Item> walk_by_age() {
+    std::vector<Item> items;
+    (void)scan([&](const Key&, const std::string& p, const struct stat& s) {
+      items.push_back({static_cast<uint64_t>(s.st_mtim.tv_sec) * 1000000000ull + s.st_mtim.tv_nsec, s.st_ino,
+                       static_cast<uint64_t>(s.st_size), p});
+    });
+    std::sort(items.begin(), items.end(), [](const Item& a, const Item& b) { return a.mtime_ns < b.mtime_ns; });
+    return items;
+  }
+
+  // Whether a candidate that is still there is left, passing over those
+  // other processes removed since this one's walk (a bounded look).
+  bool has_candidates() {
+    std::lock_guard lk(cand_mu_);
+    for (int looked = 0; next_candidate_ < candidates_.size() && looked < kRoomLooks; ++looked) {
+      struct stat st;
+      if (env_->statat(dfd_, candidates_[next_candidate_].path, &st) == 0) return true;
+      ++next_candidate_;
+    }
+    return false;
+  }
+
+  void refill_candidates() {
+    std::vector<Item> items = walk_by_age();
+    std::lock_guard lk(cand_mu_);
+    walked_bytes_ = 0;
+    for (const auto& it : items) walked_bytes_ += it.size;
+    walked_entries_ = items.size();
+    candidates_ = std::move(items);
+    next_candidate_ = 0;
   }
 
   // One evictor at a time: within this object the evict mutex, across
@@ -763,6 +840,9 @@ class FilesTier final : public Tier, public StoreAdmin {
     {
       // What is left, oldest first, is where later puts make their room.
       std::lock_guard lk(cand_mu_);
+      walked_bytes_ = 0;
+      for (const auto& it : items) walked_bytes_ += it.size;
+      walked_entries_ = items.size();
       candidates_.assign(std::make_move_iterator(items.begin() + static_cast<ptrdiff_t>(std::min(next, items.size()))),
                          std::make_move_iterator(items.end()));
       next_candidate_ = 0;
@@ -790,7 +870,9 @@ class FilesTier final : public Tier, public StoreAdmin {
   uint64_t leases_retry_ms_ = 0;          // GUARDED_BY(leases_mu_): no open before this (mono ms)
   std::mutex cand_mu_;                    // taken inside the counters' lock, never around it
   std::vector<Item> candidates_;          // GUARDED_BY(cand_mu_): see make_room_locked
-  size_t next_candidate_ = 0;             // GUARDED_BY(cand_mu_): the first not yet looked at
+  size_t next_candidate_ = 0;
+  uint64_t walked_bytes_ = 0, walked_entries_ = 0;  // GUARDED_BY(cand_mu_): what that walk found             //
+                                                    // GUARDED_BY(cand_mu_): the first not yet looked at
 };
 
 }  // namespace
