@@ -101,7 +101,7 @@ std::vector<std::string> lmdb_paths(const std::string& path) {
 
 std::vector<std::string> files_paths(const std::string& path) {
   std::vector<std::string> p;
-  for (const char* f : {"/tmp", "/stats", "/leases"}) p.push_back(path + f);
+  for (const char* f : {"/tmp", "/stats", "/leases", "/evict.lock"}) p.push_back(path + f);
   static const char hex[] = "0123456789abcdef";
   for (int i = 0; i < 256; ++i) p.push_back(path + "/" + hex[i >> 4] + hex[i & 15]);
   return p;

@@ -9,13 +9,13 @@
 // 8 x 4 run (default 32, rounded up to whole groups of 4):
 //   KCACHE_TRIALS=200 build/tests/tier/disk_eviction_multiprocess_test
 #include <gtest/gtest.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 
 #include <atomic>
 #include <thread>
 
 #include "fault_env.h"
-#include "kcache/lease.h"
 #include "robust_util.h"
 
 using namespace kcache;
@@ -92,43 +92,50 @@ TEST_P(DiskEvictionMultiProcess, ConcurrentPutsPastTheLimitStayWithinItAndCounte
   EXPECT_TRUE(v->bad.empty());
 }
 
-// The files engine's one evictor at a time is a lease of the store's leases
-// (lease/file_leases.cc) on a fixed key: while a live holder has it, others
-// do not evict to the low-water mark but do not wait for it either (each
-// put makes its own room, so the store stays within its limit); one that
-// died holding it is taken over at once, judged by its PID and start time,
-// not by the age of a file.
-TEST(FilesEvictorLease, ALiveHolderBlocksEvictionADeadOneIsTakenOver) {
+// The files engine's one evictor at a time is an exclusive flock(2) of
+// `evict.lock`: while a live process holds it, others do not evict to the
+// low-water mark but do not wait for it either (each put makes its own
+// room, so the store stays within its limit); when the holder dies, even
+// by SIGKILL, the kernel drops the lock and the next writer evicts at once.
+TEST(FilesEvictorLock, ALiveHolderBlocksEvictionADeadOneIsFollowedAtOnce) {
   TempDir td;
   const std::string dir = td.path() + "/store";
   DiskTierOptions o = options();
   o.max_bytes = 1 << 20;
-  const Key evictor = KeyBuilder("kcache/files-evictor").finish()->key;
   auto t = open_files_tier(dir, o);
   ASSERT_TRUE(t.has_value()) << t.error().to_string();
-  auto holder = open_file_leases(dir);
-  ASSERT_TRUE(holder.has_value()) << holder.error().to_string();
-  ASSERT_EQ((*holder)->acquire(evictor, 600'000), LeaseResult::acquired);
+  // Another process takes the evictor's lock and keeps it until killed.
+  int ready[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  fflush(nullptr);
+  pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    int fd = ::open((dir + "/evict.lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (fd < 0 || ::flock(fd, LOCK_EX) != 0) _exit(2);
+    (void)!::write(ready[1], "x", 1);
+    for (;;) ::pause();
+  }
+  char c;
+  ASSERT_EQ(::read(ready[0], &c, 1), 1);
   uint64_t k = 0;
   for (; k < 40; ++k) ASSERT_TRUE((*t)->put(make_entry(k, 50000)).is_ok());
   // Only the room each put needed: just under the limit, not at 80% of it.
   EXPECT_LE((*t)->stats().bytes, uint64_t(1) << 20);
-  EXPECT_GT((*t)->stats().bytes, (uint64_t(1) << 20) - 2 * 51000) << "evicted to the low-water mark without the lease";
-  (*holder)->release(evictor);
-  ASSERT_TRUE((*t)->put(make_entry(k++, 50000)).is_ok());
-  EXPECT_LE((*t)->stats().bytes, uint64_t(1) << 20);
-  const uint64_t evicted = (*t)->stats().evictions;
-  EXPECT_GT(evicted, 0u);
+  EXPECT_GT((*t)->stats().bytes, (uint64_t(1) << 20) - 2 * 51000) << "evicted to the low-water mark without the lock";
+  auto trimmed = (*t)->admin()->trim(0);
+  ASSERT_TRUE(trimmed.has_value());
+  EXPECT_EQ(*trimmed, 0u) << "trimmed while another process held the evictor's lock";
 
-  // A holder that dies with the lease (a long TTL, never released).
-  int ws = run_child([&] {
-    auto l = open_file_leases(dir);
-    return l && (*l)->acquire(evictor, 600'000) == LeaseResult::acquired ? 0 : 1;
-  });
-  ASSERT_TRUE(WIFEXITED(ws) && WEXITSTATUS(ws) == 0) << describe_wait(ws);
-  for (int i = 0; i < 30; ++i) ASSERT_TRUE((*t)->put(make_entry(k++, 50000)).is_ok());
-  EXPECT_LE((*t)->stats().bytes, uint64_t(1) << 20) << "a dead evictor's lease was not taken over";
-  EXPECT_GT((*t)->stats().evictions, evicted);
+  ASSERT_EQ(::kill(pid, SIGKILL), 0);
+  int ws = 0;
+  ASSERT_EQ(::waitpid(pid, &ws, 0), pid);
+  ::close(ready[0]);
+  ::close(ready[1]);
+  trimmed = (*t)->admin()->trim(0);
+  ASSERT_TRUE(trimmed.has_value());
+  EXPECT_GT(*trimmed, 0u) << "a killed evictor's lock kept others from evicting";
+  EXPECT_EQ(walk(**t).entries, 0u);
   auto v = (*t)->admin()->verify(false);
   ASSERT_TRUE(v.has_value()) << v.error().to_string();
   EXPECT_TRUE(v->bad.empty());
@@ -268,8 +275,8 @@ TEST(FilesEviction, NoPutWaitsForAnotherProcesssWholeEviction) {
 }
 
 // An evictor killed (SIGKILL) in the middle of its removals holds the
-// evictor's lease when it dies; the next writer over the limit takes it
-// over at once (the holder's PID and start time say it is dead) and evicts.
+// evictor's lock when it dies; the kernel drops it, and the next writer
+// over the limit evicts at once.
 TEST(FilesEviction, AnEvictorKilledMidEvictionIsTakenOverByTheNextWriterAtOnce) {
   TempDir td;
   const std::string dir = td.path() + "/store";
@@ -308,8 +315,70 @@ TEST(FilesEviction, AnEvictorKilledMidEvictionIsTakenOverByTheNextWriterAtOnce) 
   const uint64_t before = (*t)->stats().evictions;
   ASSERT_LT(before, uint64_t(kFiles) / 2) << "the evictor got too far before it was killed";
   ASSERT_TRUE((*t)->put(make_entry(100'000, 2000)).is_ok());
-  EXPECT_GT((*t)->stats().evictions, before) << "the dead evictor's lease kept the next writer from evicting";
+  EXPECT_GT((*t)->stats().evictions, before) << "the dead evictor's lock kept the next writer from evicting";
   EXPECT_LE((*t)->stats().bytes, small.max_bytes);
+}
+
+// Writers killed over and over, often in the middle of an eviction (each
+// unlink made slow, a trim every 5 puts): the store never grows past its
+// limit by more than a few entries, and the evictor's lock a killed writer
+// held is free at once (a last trim to nothing empties the store).
+// KCACHE_TRIALS sets the number of kills (default 20).
+TEST(FilesEviction, RepeatedlyKilledWritersLeaveTheStoreWithinItsLimit) {
+  TempDir td;
+  const std::string dir = td.path() + "/store";
+  DiskTierOptions o = options();
+  o.max_bytes = 300'000;
+  constexpr size_t kSize = 10'000;
+  const int kills = env_trials(test::trials(20, 5));
+  uint64_t most = 0, killed_evicting = 0;
+  for (int trial = 0; trial < kills; ++trial) {
+    fflush(nullptr);
+    pid_t pid = ::fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      auto env = std::make_shared<FaultEnv>();
+      env->manual_clock = false;
+      env->unlink_delay_us = 1000;
+      DiskTierOptions eo = o;
+      eo.env = env;
+      auto t = open_files_tier(dir, eo);
+      if (!t) _exit(2);
+      for (uint64_t k = uint64_t(trial) * 100'000;; ++k) {
+        (void)(*t)->put(make_entry(k, kSize));
+        if (k % 5 == 4) (void)(*t)->admin()->trim(o.max_bytes / 2);  // takes the evictor's lock
+      }
+    }
+    ::usleep(static_cast<useconds_t>(20'000 + (trial * 7919) % 60'000));
+    // Killed while evicting when the evictor's lock is taken.
+    bool evicting = false;
+    if (int fd = ::open((dir + "/evict.lock").c_str(), O_RDONLY | O_CLOEXEC); fd >= 0) {
+      evicting = ::flock(fd, LOCK_SH | LOCK_NB) != 0;
+      ::close(fd);
+    }
+    ASSERT_EQ(::kill(pid, SIGKILL), 0);
+    int ws = 0;
+    ASSERT_EQ(::waitpid(pid, &ws, 0), pid);
+    killed_evicting += evicting;
+    auto t = open_files_tier(dir, o);
+    ASSERT_TRUE(t.has_value());
+    most = std::max(most, walk(**t).bytes);
+  }
+  auto t = open_files_tier(dir, o);
+  ASSERT_TRUE(t.has_value());
+  ASSERT_TRUE((*t)->put(make_entry(999'999'999, kSize)).is_ok());
+  Walk w = walk(**t);
+  // No dead holder keeps the evictor's lock: a trim to nothing empties it.
+  auto trimmed = (*t)->admin()->trim(0);
+  ASSERT_TRUE(trimmed.has_value()) << trimmed.error().to_string();
+  EXPECT_EQ(walk(**t).entries, 0u) << "the evictor's lock of a killed writer was not dropped";
+  printf(
+      "[ files ] %d writers killed (%llu holding the evictor's lock): largest store %llu bytes, after one "
+      "more put %llu (limit %llu)\n",
+      kills, (unsigned long long)killed_evicting, (unsigned long long)most, (unsigned long long)w.bytes,
+      (unsigned long long)o.max_bytes);
+  EXPECT_LE(most, o.max_bytes + 4 * (kSize + 4096)) << "the store grew past its limit under repeated kills";
+  EXPECT_LE(w.bytes, o.max_bytes);
 }
 
 INSTANTIATE_TEST_SUITE_P(Engines, DiskEvictionMultiProcess, ::testing::ValuesIn(disk_engines()), disk_engine_name);

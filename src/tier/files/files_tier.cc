@@ -10,11 +10,10 @@
 //                     under flock(2); that lock also covers every rename
 //                     into place and every unlink of an entry, so entries/
 //                     bytes stay exact with many writers
-//   leases/           the store's lease files (lease/file_leases.cc); one of
-//                     them, on a fixed key (kEvictorKey), is held by the
-//                     one process evicting, so a dead or expired evictor is
-//                     judged as any lease holder is (PID, start time,
-//                     expiry) and taken over under the takeover marker
+//   leases/           the store's lease files (lease/file_leases.cc)
+//   evict.lock        flock(2)ed, without waiting, by the one process
+//                     evicting; the kernel drops the lock when that process
+//                     dies, so a killed evictor is followed at once
 //
 // Eviction: the evictor walks the shards and removes the oldest files to
 // the low-water mark, at most kRemoveBatch per hold of the counters' lock.
@@ -62,7 +61,6 @@
 
 #include "entry/buffer.h"
 #include "kcache/env.h"
-#include "kcache/lease.h"
 #include "kcache/tier.h"
 #include "tier/core/counters.h"
 #include "tier/files/files_probe.h"
@@ -71,26 +69,14 @@
 namespace kcache {
 namespace {
 
-// How long the evictor's lease lasts without a renewal; it is renewed
-// between the walk and the removals.
-constexpr uint64_t kEvictLeaseMs = 60'000;
 // The most entry files one hold of the counters' lock removes: eviction
 // takes and gives back the lock between batches, so a put waits behind an
 // evictor for one batch at most, never for a whole eviction.
 constexpr size_t kRemoveBatch = 32;
 // The most candidates a put looks at to make room for itself.
 constexpr int kRoomLooks = 64;
-// How long after its lease folder could not be opened the evictor tries
-// again (a full disk or a passing NFS fault must not end eviction for the
-// life of the process).
-constexpr uint64_t kLeasesRetryMs = 10'000;
-
-// The lease of "the evictor": a key no entry has (entry keys are hashes of
-// manifests; this one is the hash of a fixed name).
-const Key& evictor_key() {
-  static const Key k = KeyBuilder("kcache/files-evictor").finish()->key;
-  return k;
-}
+// The file the one process evicting holds flock(2)ed.
+constexpr const char* kEvictLock = "evict.lock";
 
 // Entry files this process's walks have visited so far (files_probe.h).
 std::atomic<uint64_t> g_files_visited{0};
@@ -405,7 +391,7 @@ class FilesTier final : public Tier, public StoreAdmin {
     // A put that found no room above (no candidates left from a walk of
     // this process) evicts down to the low-water mark. One that finds
     // another process evicting does not wait for it: it walks the store
-    // itself (without the lease) and makes its own room, so writers do not
+    // itself (without the evictor's lock) and makes its own room, so writers do not
     // pile up over the limit while the evictor works.
     auto over = [&] { return totals[c_bytes] > max_bytes_ || totals[c_entries] > max_entries_; };
     bool busy = false;
@@ -745,44 +731,40 @@ class FilesTier final : public Tier, public StoreAdmin {
   }
 
   // One evictor at a time: within this object the evict mutex, across
-  // objects and processes the lease on evictor_key() (a holder that died
-  // or ran past its expiry is taken over). Null when the leases cannot be
-  // opened now (said in the log); tried again after kLeasesRetryMs.
-  Leases* evictor_leases() {
-    std::lock_guard lk(leases_mu_);
-    if (!evict_leases_ && env_->now_mono_ms() >= leases_retry_ms_) {
-      auto l = open_file_leases(dir_, env_);
-      if (l) {
-        evict_leases_ = std::move(l).value();
-      } else {
-        leases_retry_ms_ = env_->now_mono_ms() + kLeasesRetryMs;
-        KCACHE_LOG(LogLevel::warn, "files store %s: evicting without the evictor's lease: %s", dir_.c_str(),
-                   l.error().to_string().c_str());
-      }
-    }
-    return evict_leases_.get();
+  // objects and processes an exclusive flock(2) of `evict.lock`, tried
+  // without waiting. The kernel drops it when its holder dies, however it
+  // dies, so an evictor killed mid-eviction is followed at once: no record
+  // to judge, no age to wait out. The lock only spares two processes the
+  // same walk: when its file cannot be opened (a full disk, the very case
+  // eviction is for), this process evicts without it.
+  // Returns the locked descriptor (-1 without one); *busy when another
+  // holds it.
+  int lock_evictor(bool* busy) {
+    int fd = open_shared_rw(kEvictLock, O_RDWR | O_CREAT | O_CLOEXEC);
+    if (fd < 0) return -1;
+    if (env_->flock(fd, LOCK_EX | LOCK_NB) == 0) return fd;
+    const int err = errno;
+    env_->close(fd);
+    *busy = err == EWOULDBLOCK;
+    return -1;
   }
 
   // The walk that orders files by recency runs without the counters' lock;
   // the unlinks run under it, each one skipping a file that was replaced or
   // used since the walk, so totals stay exact while others put.
-  // Sets *busy when another process holds the lease (and does nothing).
-  // The lease only spares two processes the same walk: when it cannot be
-  // written (a full disk, the very case eviction is for) or its folder
-  // cannot be opened, this process evicts without it.
+  // Sets *busy when another process is evicting (and does nothing).
   Expected<uint64_t> evict(uint64_t target_bytes, uint64_t target_entries, bool* busy = nullptr) {
     std::unique_lock one(evict_mu_, std::try_to_lock);
     if (!one.owns_lock()) {
       if (busy) *busy = true;
       return uint64_t(0);
     }
-    Leases* leases = evictor_leases();
-    const LeaseResult claim = leases ? leases->acquire(evictor_key(), kEvictLeaseMs) : LeaseResult::error;
-    if (claim == LeaseResult::busy) {
+    bool other = false;
+    const int lock_fd = lock_evictor(&other);
+    if (other) {
       if (busy) *busy = true;
       return uint64_t(0);
     }
-    const bool held = claim == LeaseResult::acquired;
     std::vector<Item> items;
     Status st = scan([&](const Key&, const std::string& p, const struct stat& s) {
       items.push_back({static_cast<uint64_t>(s.st_mtim.tv_sec) * 1000000000ull + s.st_mtim.tv_nsec, s.st_ino,
@@ -807,18 +789,11 @@ class FilesTier final : public Tier, public StoreAdmin {
         st = recount();
       }
     }
-    // A long walk (a large store on a slow NFS server) must not let the
-    // lease expire under the removals.
-    if (st.is_ok() && held && !leases->renew(evictor_key(), kEvictLeaseMs)) {
-      if (busy) *busy = true;
-      return uint64_t(0);  // taken over as expired: the new holder evicts
-    }
     size_t next = 0;
     if (st.is_ok()) {
       std::sort(items.begin(), items.end(), [](const Item& a, const Item& b) { return a.mtime_ns < b.mtime_ns; });
       // In batches, each under its own hold of the counters' lock: puts go
       // on between them.
-      uint64_t renewed_ms = env_->now_mono_ms();
       for (bool more = true; st.is_ok() && more && next < items.size();) {
         st = with_counters([&](CounterValues& v) {
           uint64_t n = 0;
@@ -831,10 +806,6 @@ class FilesTier final : public Tier, public StoreAdmin {
           removed += n;
           return Status();
         });
-        if (more && held && env_->now_mono_ms() > renewed_ms + kEvictLeaseMs / 3) {
-          if (!leases->renew(evictor_key(), kEvictLeaseMs)) break;  // taken over: the new holder evicts
-          renewed_ms = env_->now_mono_ms();
-        }
       }
     }
     {
@@ -847,12 +818,15 @@ class FilesTier final : public Tier, public StoreAdmin {
                          std::make_move_iterator(items.end()));
       next_candidate_ = 0;
     }
-    if (held) leases->release(evictor_key());
+    if (lock_fd >= 0) {
+      env_->flock(lock_fd, LOCK_UN);
+      env_->close(lock_fd);
+    }
     if (!st.is_ok()) return st;
     return removed;
   }
 
-  std::string dir_;                 // for messages and the leases folder only
+  std::string dir_;                 // for messages only
   int dfd_ = -1;                    // the store folder, held from init (see the top)
   const std::shared_ptr<Env> env_;  // never null
   bool shared_ = false;             // dir_ is shared with its group (see the top)
@@ -865,11 +839,8 @@ class FilesTier final : public Tier, public StoreAdmin {
   std::unordered_map<Key, uint64_t> touched_;  // GUARDED_BY(mu_)
   PendingCounters counters_;                   // deltas not yet in `stats`
   std::mutex evict_mu_;                        // one eviction of this object at a time
-  std::mutex leases_mu_;
-  std::shared_ptr<Leases> evict_leases_;  // GUARDED_BY(leases_mu_): opened at the first eviction
-  uint64_t leases_retry_ms_ = 0;          // GUARDED_BY(leases_mu_): no open before this (mono ms)
-  std::mutex cand_mu_;                    // taken inside the counters' lock, never around it
-  std::vector<Item> candidates_;          // GUARDED_BY(cand_mu_): see make_room_locked
+  std::mutex cand_mu_;                         // taken inside the counters' lock, never around it
+  std::vector<Item> candidates_;               // GUARDED_BY(cand_mu_): see make_room_locked
   size_t next_candidate_ = 0;
   uint64_t walked_bytes_ = 0, walked_entries_ = 0;  // GUARDED_BY(cand_mu_): what that walk found             //
                                                     // GUARDED_BY(cand_mu_): the first not yet looked at
