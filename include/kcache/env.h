@@ -76,6 +76,24 @@ class Env {
   // The names in folder `dir` (without "." and ".."), in no particular order.
   virtual int list_dir(const std::string& dir, std::vector<std::string>* names) = 0;
 
+  // ---- files relative to a folder held open: as openat(2), ... ----------------
+  // `dir` is a descriptor of a folder (or AT_FDCWD) and `path` is resolved
+  // from it, so a folder renamed or replaced after `dir` was opened is never
+  // reached through its old name (the files engine holds its store folder
+  // so). The defaults call the system; an Env that injects faults into the
+  // path methods above overrides these too.
+  virtual int openat(int dir, const std::string& path, int flags, unsigned mode = 0);
+  // fstatat(2) without following a final symbolic link.
+  virtual int statat(int dir, const std::string& path, struct stat* st);
+  virtual int accessat(int dir, const std::string& path, int mode);
+  virtual int chmodat(int dir, const std::string& path, unsigned mode);
+  virtual int mkdirat(int dir, const std::string& path, unsigned mode);
+  // Both names relative to `dir`.
+  virtual int renameat(int dir, const std::string& from, const std::string& to);
+  virtual int unlinkat(int dir, const std::string& path);
+  virtual int set_mtime_ms_at(int dir, const std::string& path, uint64_t unix_ms);
+  virtual int list_dir_at(int dir, const std::string& path, std::vector<std::string>* names);
+
   // ---- time ------------------------------------------------------------------
   // Monotonic: for timeouts and intervals.
   virtual uint64_t now_mono_us() = 0;

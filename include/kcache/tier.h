@@ -235,8 +235,10 @@ struct DiskTierOptions {
   uint64_t max_bytes = uint64_t(4) << 30;
   // Entry-count limit (default 200,000). 0 is taken as the default.
   uint64_t max_entries = 200000;
-  // Eviction goes down to this fraction of the limits (default 0.8); a
-  // value outside (0, 1) is taken as the default.
+  // Eviction to a low-water mark (the files engine's evictor, LMDB on a
+  // full map) goes down to this fraction of the limits (default 0.8); a
+  // put over a limit only makes its own room. A value outside (0, 1) is
+  // taken as the default.
   double low_water = 0.8;
   // Largest single entry accepted; 0 (the default) means max_bytes / 8.
   uint64_t max_entry_bytes = 0;

@@ -10,6 +10,7 @@
 
 #include "kcache/bundle.h"
 #include "lease/table_layout.h"
+#include "tier/core/folder_check.h"
 #include "util/util.h"
 #if KCACHE_HAVE_REDIS
 #include "kcache/redis.h"
@@ -100,7 +101,7 @@ std::vector<std::string> lmdb_paths(const std::string& path) {
 
 std::vector<std::string> files_paths(const std::string& path) {
   std::vector<std::string> p;
-  for (const char* f : {"/tmp", "/stats", "/leases"}) p.push_back(path + f);
+  for (const char* f : {"/tmp", "/stats", "/leases", "/evict.lock"}) p.push_back(path + f);
   static const char hex[] = "0123456789abcdef";
   for (int i = 0; i < 256; ++i) p.push_back(path + "/" + hex[i >> 4] + hex[i & 15]);
   return p;
@@ -125,18 +126,21 @@ std::vector<std::string> store_paths(const DiskStore& d) {
   return p;
 }
 
-// Ok when every existing path of the store is trusted.
+bool exists(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+// Ok when the folders above the store (check_store_folders) and every
+// existing path of the store are trusted.
 Status check_store(const DiskStore& d, const util::StoreTrust& trust) {
+  Status folders = check_store_folders(exists(d.path) ? d.path : d.dir, trust);
+  if (!folders.is_ok() && folders.code() != Errc::not_found) return folders;
   for (const auto& p : store_paths(d)) {
     Status st = util::check_trusted(p, trust);
     if (!st.is_ok() && st.code() != Errc::not_found) return st;
   }
   return Status();
-}
-
-bool exists(const std::string& path) {
-  struct stat st;
-  return ::stat(path.c_str(), &st) == 0;
 }
 
 }  // namespace

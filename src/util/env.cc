@@ -1,4 +1,6 @@
-// The POSIX Env: each method is the system call of the same name.
+// The POSIX Env: each method is the system call of the same name; the
+// folder-relative methods (openat, ...) are the base class's, which call the
+// system.
 #include "kcache/env.h"
 
 #include <dirent.h>
@@ -79,6 +81,49 @@ class PosixEnv final : public Env {
 };
 
 }  // namespace
+
+int Env::openat(int dir, const std::string& path, int flags, unsigned mode) {
+  return ::openat(dir, path.c_str(), flags, static_cast<mode_t>(mode));
+}
+int Env::statat(int dir, const std::string& path, struct stat* st) {
+  return ::fstatat(dir, path.c_str(), st, AT_SYMLINK_NOFOLLOW);
+}
+int Env::accessat(int dir, const std::string& path, int mode) { return ::faccessat(dir, path.c_str(), mode, 0); }
+int Env::chmodat(int dir, const std::string& path, unsigned mode) {
+  return ::fchmodat(dir, path.c_str(), static_cast<mode_t>(mode), 0);
+}
+int Env::mkdirat(int dir, const std::string& path, unsigned mode) {
+  return ::mkdirat(dir, path.c_str(), static_cast<mode_t>(mode));
+}
+int Env::renameat(int dir, const std::string& from, const std::string& to) {
+  return ::renameat(dir, from.c_str(), dir, to.c_str());
+}
+int Env::unlinkat(int dir, const std::string& path) { return ::unlinkat(dir, path.c_str(), 0); }
+int Env::set_mtime_ms_at(int dir, const std::string& path, uint64_t ms) {
+  struct timespec ts[2];
+  ts[0].tv_sec = 0;
+  ts[0].tv_nsec = UTIME_OMIT;
+  ts[1].tv_sec = static_cast<time_t>(ms / 1000);
+  ts[1].tv_nsec = static_cast<long>((ms % 1000) * 1000000);
+  return ::utimensat(dir, path.c_str(), ts, AT_SYMLINK_NOFOLLOW);
+}
+int Env::list_dir_at(int dir, const std::string& path, std::vector<std::string>* names) {
+  int fd = ::openat(dir, path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  DIR* dp = ::fdopendir(fd);
+  if (!dp) {
+    int e = errno;
+    ::close(fd);
+    errno = e;
+    return -1;
+  }
+  while (struct dirent* de = ::readdir(dp)) {
+    if (std::strcmp(de->d_name, ".") == 0 || std::strcmp(de->d_name, "..") == 0) continue;
+    names->emplace_back(de->d_name);
+  }
+  ::closedir(dp);
+  return 0;
+}
 
 const std::shared_ptr<Env>& Env::posix() {
   // Leaked on purpose: usable from static destructors in any order.

@@ -610,12 +610,7 @@ Expected<StoreTrust> shared_group_trust(const std::string& group) {
   return StoreTrust{true, static_cast<unsigned>(gid)};
 }
 
-Status check_trusted(const std::string& path, const StoreTrust& trust) {
-  struct stat st;
-  if (::stat(path.c_str(), &st) != 0) {
-    if (errno == ENOENT) return Status(Errc::not_found, path + " does not exist");
-    return errno_status(errno, "stat " + path);
-  }
+std::string untrusted_reason(const struct stat& st, const StoreTrust& trust) {
   const bool in_group = trust.shared && st.st_gid == static_cast<gid_t>(trust.group);
   const uid_t me = ::geteuid();
   std::string why;
@@ -633,6 +628,16 @@ Status check_trusted(const std::string& path, const StoreTrust& trust) {
     why = "writable by group " + std::to_string(st.st_gid) + " (mode " + mode_string(st.st_mode) + ")" +
           (trust.shared ? ", not the shared group" : "");
   }
+  return why;
+}
+
+Status check_trusted(const std::string& path, const StoreTrust& trust) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT) return Status(Errc::not_found, path + " does not exist");
+    return errno_status(errno, "stat " + path);
+  }
+  std::string why = untrusted_reason(st, trust);
   if (why.empty()) return Status();
   return Status(Errc::unavailable, "refusing " + path + ": " + why +
                                        (trust.shared ? std::string()

@@ -119,6 +119,9 @@ Expected<StoreTrust> shared_group_trust(const std::string& group);
 // writable only as `trust` allows; not_found when it does not exist;
 // unavailable with the reason (owner, mode) otherwise.
 Status check_trusted(const std::string& path, const StoreTrust& trust);
+// Why a file or folder with these owner and mode bits is not trusted as
+// `trust` allows (as check_trusted words it); empty when it is.
+std::string untrusted_reason(const struct stat& st, const StoreTrust& trust);
 // Gives a folder or file this process owns to the shared group with group
 // write (folders also setgid, so what is made inside inherits the group).
 // Does nothing without sharing or for a path owned by someone else.

@@ -32,6 +32,8 @@ class FaultEnv final : public Env {
   std::atomic<bool> io_error{false};   // read/pread: EIO
   // Each fsync/fdatasync "takes" this long: the manual clock moves by it.
   std::atomic<uint64_t> fsync_delay_ms{0};
+  // Each unlink "takes" this long (a sleep: real or on the manual clock).
+  std::atomic<uint64_t> unlink_delay_us{0};
   // Off: the clock is the system's (and sleeps are real).
   std::atomic<bool> manual_clock{true};
 
@@ -120,6 +122,7 @@ class FaultEnv final : public Env {
   }
   int unlink(const std::string& path) override {
     unlinks.fetch_add(1);
+    if (uint64_t d = unlink_delay_us.load()) sleep_us(d);
     if (read_only) return fail(EROFS);
     return base_->unlink(path);
   }
@@ -133,6 +136,53 @@ class FaultEnv final : public Env {
     return base_->set_mtime_ms(path, unix_ms);
   }
   int list_dir(const std::string& dir, std::vector<std::string>* names) override { return base_->list_dir(dir, names); }
+
+  // The same faults for names relative to a folder held open.
+  int openat(int dir, const std::string& path, int flags, unsigned mode) override {
+    opens.fetch_add(1);
+    const bool writing = (flags & O_ACCMODE) != O_RDONLY || (flags & (O_CREAT | O_TRUNC));
+    const bool creating = (flags & O_CREAT) && ::faccessat(dir, path.c_str(), F_OK, 0) != 0;
+    if (creating) creates.fetch_add(1);
+    if (read_only && writing) {
+      if ((flags & O_CREAT) && (flags & O_EXCL) && !creating) return fail(EEXIST);
+      return fail(EROFS);
+    }
+    if (no_space && creating) return fail(ENOSPC);
+    return base_->openat(dir, path, flags, mode);
+  }
+  int statat(int dir, const std::string& path, struct stat* st) override { return base_->statat(dir, path, st); }
+  int accessat(int dir, const std::string& path, int mode) override {
+    if (read_only && (mode & W_OK)) return fail(EROFS);
+    return base_->accessat(dir, path, mode);
+  }
+  int chmodat(int dir, const std::string& path, unsigned mode) override {
+    if (read_only) return fail(EROFS);
+    return base_->chmodat(dir, path, mode);
+  }
+  int mkdirat(int dir, const std::string& path, unsigned mode) override {
+    if ((read_only || no_space) && ::faccessat(dir, path.c_str(), F_OK, 0) == 0) return fail(EEXIST);
+    if (int e = write_fault()) return fail(e);
+    return base_->mkdirat(dir, path, mode);
+  }
+  int renameat(int dir, const std::string& from, const std::string& to) override {
+    renames.fetch_add(1);
+    if (read_only) return fail(EROFS);
+    return base_->renameat(dir, from, to);
+  }
+  int unlinkat(int dir, const std::string& path) override {
+    unlinks.fetch_add(1);
+    if (uint64_t d = unlink_delay_us.load()) sleep_us(d);
+    if (read_only) return fail(EROFS);
+    return base_->unlinkat(dir, path);
+  }
+  int set_mtime_ms_at(int dir, const std::string& path, uint64_t unix_ms) override {
+    mtimes.fetch_add(1);
+    if (read_only) return fail(EROFS);
+    return base_->set_mtime_ms_at(dir, path, unix_ms);
+  }
+  int list_dir_at(int dir, const std::string& path, std::vector<std::string>* names) override {
+    return base_->list_dir_at(dir, path, names);
+  }
 
   // ---- time ---------------------------------------------------------------------
   uint64_t now_mono_us() override { return manual_clock ? mono_us_.load() : base_->now_mono_us(); }

@@ -1,6 +1,7 @@
 // With 20,000 entries stored, a put touches its own records, not the store:
-// no walk runs on a put below the limit, and past the limit one eviction
-// pass makes room for many puts (eviction goes down to the low-water mark).
+// no walk runs on a put below the limit; past the limit an LMDB put removes
+// its own room in its transaction (visiting its victims only), and the
+// files engine walks once and makes the room of many puts from that walk.
 // Asserted on the engines' visit counters, not on time.
 #include <gtest/gtest.h>
 
@@ -60,8 +61,7 @@ TEST_P(DiskPutCost, PutDoesNotScanTheStore) {
   for (uint64_t i = 0; i < 1000; ++i) ASSERT_TRUE(tier.put(make_entry(i * 7, 64)).is_ok());
   EXPECT_EQ(visited(eng.name) - before, 0u) << "a put below the limit walked the store";
 
-  // Past the limit: 4,000 new keys. One pass evicts down to 80%, after which
-  // the rest fit without any walk.
+  // Past the limit: 4,000 new keys.
   const uint64_t kNew = 4000;
   uint64_t walking_puts = 0, most = 0;
   before = visited(eng.name);
@@ -76,7 +76,13 @@ TEST_P(DiskPutCost, PutDoesNotScanTheStore) {
   printf("[ %s ] %llu puts past a %llu-entry limit: %llu walked (largest walk %llu records), %llu records in all\n",
          eng.name.c_str(), (unsigned long long)kNew, (unsigned long long)kStored, (unsigned long long)walking_puts,
          (unsigned long long)most, (unsigned long long)total);
-  EXPECT_LE(walking_puts, 1u) << "eviction ran more than once in 4,000 puts";
+  // LMDB evicts each put's room in the put's transaction, visiting only its
+  // victims; the files engine walks once, then makes room from that walk.
+  if (eng.name != "lmdb") {
+    EXPECT_LE(walking_puts, 1u) << "eviction walked more than once in 4,000 puts";
+  } else {
+    EXPECT_LE(total, 4 * kNew) << "puts past the limit visited more than their victims";
+  }
   EXPECT_GE(tier.stats().evictions, kStored / 5);
   EXPECT_LE(tier.stats().entries, kStored);
   // LMDB walks only its victims in recency order; the files engine has no

@@ -10,11 +10,17 @@
 //                     under flock(2); that lock also covers every rename
 //                     into place and every unlink of an entry, so entries/
 //                     bytes stay exact with many writers
-//   leases/           the store's lease files (lease/file_leases.cc); one of
-//                     them, on a fixed key (kEvictorKey), is held by the
-//                     one process evicting, so a dead or expired evictor is
-//                     judged as any lease holder is (PID, start time,
-//                     expiry) and taken over under the takeover marker
+//   leases/           the store's lease files (lease/file_leases.cc)
+//   evict.lock        flock(2)ed, without waiting, by the one process
+//                     evicting; the kernel drops the lock when that process
+//                     dies, so a killed evictor is followed at once
+//
+// Eviction: the evictor walks the shards and removes the oldest files to
+// the low-water mark, at most kRemoveBatch per hold of the counters' lock.
+// What a walk found and left stays with the process as candidates, oldest
+// first; a put that would take the store over a limit removes candidates in
+// the same hold of the lock as its rename, so writers make their own room
+// and never queue behind an evictor.
 //
 // Files are made for this user only (0600, folders 0700). In a folder
 // shared with a group (setgid and group-writable: Options::shared_group),
@@ -28,6 +34,13 @@
 // never atime. Totals in `stats` drift only when a process dies between a
 // rename and the counter update (a few instructions); verify --fix and
 // clear recompute them.
+//
+// The store folder is opened once (O_DIRECTORY | O_NOFOLLOW) and every name
+// inside it is resolved from that descriptor (openat, renameat, unlinkat,
+// ...), never from the folder's path again: a store folder that another
+// user renames away and replaces while this process runs (or that a tmp
+// cleaner removes and someone else makes anew) is never read or written
+// here; a removed one leaves only misses and failed puts.
 //
 // Every file operation, clock read and sleep goes through the Env of the
 // options (kcache/env.h), so tests can fill the disk, make it read-only,
@@ -48,7 +61,6 @@
 
 #include "entry/buffer.h"
 #include "kcache/env.h"
-#include "kcache/lease.h"
 #include "kcache/tier.h"
 #include "tier/core/counters.h"
 #include "tier/files/files_probe.h"
@@ -57,20 +69,14 @@
 namespace kcache {
 namespace {
 
-// How long the evictor's lease lasts without a renewal; it is renewed
-// between the walk and the removals.
-constexpr uint64_t kEvictLeaseMs = 60'000;
-// How long after its lease folder could not be opened the evictor tries
-// again (a full disk or a passing NFS fault must not end eviction for the
-// life of the process).
-constexpr uint64_t kLeasesRetryMs = 10'000;
-
-// The lease of "the evictor": a key no entry has (entry keys are hashes of
-// manifests; this one is the hash of a fixed name).
-const Key& evictor_key() {
-  static const Key k = KeyBuilder("kcache/files-evictor").finish()->key;
-  return k;
-}
+// The most entry files one hold of the counters' lock removes: eviction
+// takes and gives back the lock between batches, so a put waits behind an
+// evictor for one batch at most, never for a whole eviction.
+constexpr size_t kRemoveBatch = 32;
+// The most candidates a put looks at to make room for itself.
+constexpr int kRoomLooks = 64;
+// The file the one process evicting holds flock(2)ed.
+constexpr const char* kEvictLock = "evict.lock";
 
 // Entry files this process's walks have visited so far (files_probe.h).
 std::atomic<uint64_t> g_files_visited{0};
@@ -89,13 +95,13 @@ std::string temp_name(Env& env, const std::string& prefix) {
   return prefix + b;
 }
 
-// Writes data to a fresh temp file (synced when `sync`); on failure nothing
-// is left behind.
-Status write_temp(Env& env, const std::string& prefix, std::string_view data, bool sync, unsigned mode,
-                  std::string* out) {
+// Writes data to a fresh temp file in folder `dir` (synced when `sync`);
+// on failure nothing is left behind. `where` names the folder in messages.
+Status write_temp(Env& env, int dir, const std::string& where, const std::string& prefix, std::string_view data,
+                  bool sync, unsigned mode, std::string* out) {
   std::string tmp = temp_name(env, prefix);
-  int fd = env.open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode);
-  if (fd < 0) return util::errno_status(errno, "create " + tmp);
+  int fd = env.openat(dir, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode);
+  if (fd < 0) return util::errno_status(errno, "create " + where + "/" + tmp);
   if (mode != 0600) (void)env.fchmod(fd, mode);
   size_t off = 0;
   int err = 0;
@@ -111,8 +117,8 @@ Status write_temp(Env& env, const std::string& prefix, std::string_view data, bo
   if (!err && sync && env.fdatasync(fd) != 0) err = errno;
   if (env.close(fd) != 0 && !err) err = errno;
   if (err) {
-    env.unlink(tmp);
-    return util::errno_status(err, "write " + tmp);
+    env.unlinkat(dir, tmp);
+    return util::errno_status(err, "write " + where + "/" + tmp);
   }
   *out = std::move(tmp);
   return Status();
@@ -131,18 +137,31 @@ class FilesTier final : public Tier, public StoreAdmin {
     sync_ = o.durability != Durability::none;
     read_only_ = o.read_only;
   }
-  ~FilesTier() override { (void)flush(); }
+  ~FilesTier() override {
+    (void)flush();
+    if (dfd_ >= 0) env_->close(dfd_);
+  }
 
   Status init() {
-    shared_ = util::folder_is_shared(dir_, *env_);
+    if (!read_only_) {
+      // The folder itself (and those above it) is made by path, once; what
+      // is inside, only through the descriptor.
+      shared_ = util::folder_is_shared(dir_, *env_);
+      if (env_->mkdir(dir_, shared_ ? 02770 : 0700) != 0 && errno == ENOENT)
+        (void)util::make_dirs(dir_, shared_ ? 02770 : 0700, *env_);
+    }
+    dfd_ = env_->open(dir_, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (dfd_ < 0) return util::errno_status(errno, "open " + dir_);
+    struct stat ds;
+    shared_ = env_->fstat(dfd_, &ds) == 0 && (ds.st_mode & S_ISGID) && (ds.st_mode & S_IWGRP);
     if (read_only_) {
       // Nothing is made or collected: the store is only read.
-      if (env_->access(dir_, R_OK | X_OK) != 0) return util::errno_status(errno, dir_);
+      if (env_->accessat(dfd_, ".", R_OK | X_OK) != 0) return util::errno_status(errno, dir_);
       return Status();
     }
-    Status st = make_dir(dir_ + "/tmp", /*parents=*/true);
+    Status st = make_dir("tmp");
     if (st.is_ok()) {
-      int fd = open_shared_rw(dir_ + "/stats", O_RDWR | O_CREAT | O_CLOEXEC);
+      int fd = open_shared_rw("stats", O_RDWR | O_CREAT | O_CLOEXEC);
       if (fd < 0)
         st = util::errno_status(errno, "open " + dir_ + "/stats");
       else
@@ -152,7 +171,7 @@ class FilesTier final : public Tier, public StoreAdmin {
       // A store this process may only read (a read-only mount, a shipped
       // folder of another user) still serves lookups; its writes fail as
       // read_only, which the Cache takes as "stop writing here".
-      if (st.code() == Errc::read_only && env_->access(dir_, R_OK | X_OK) == 0) {
+      if (st.code() == Errc::read_only && env_->accessat(dfd_, ".", R_OK | X_OK) == 0) {
         KCACHE_LOG(LogLevel::info, "files store %s is read-only here (%s)", dir_.c_str(), st.to_string().c_str());
         return Status();
       }
@@ -191,7 +210,7 @@ class FilesTier final : public Tier, public StoreAdmin {
     return env_->next_unix_ms();
   }
 
-  void set_mtime_ms(const std::string& path, uint64_t ms) { (void)env_->set_mtime_ms(path, ms); }
+  void set_mtime_ms(const std::string& rel, uint64_t ms) { (void)env_->set_mtime_ms_at(dfd_, rel, ms); }
 
   Status list(const std::function<bool(const ListItem&)>& fn) override {
     bool go = true;
@@ -222,7 +241,7 @@ class FilesTier final : public Tier, public StoreAdmin {
       }
       if (!e) {
         rep.bad.emplace_back(k, e.error().message());
-        if (fix && env_->unlink(p) == 0) ++rep.removed;
+        if (fix && env_->unlinkat(dfd_, p) == 0) ++rep.removed;
       }
     }
     if (other_format)
@@ -251,7 +270,7 @@ class FilesTier final : public Tier, public StoreAdmin {
     std::vector<std::string> paths;
     KCACHE_RETURN_IF_ERROR(scan([&](const Key&, const std::string& p, const struct stat&) { paths.push_back(p); }));
     for (const auto& p : paths)
-      if (env_->unlink(p) != 0 && errno != ENOENT) return util::errno_status(errno, "unlink " + p);
+      if (env_->unlinkat(dfd_, p) != 0 && errno != ENOENT) return util::errno_status(errno, "unlink " + full(p));
     return recount();
   }
 
@@ -301,7 +320,7 @@ class FilesTier final : public Tier, public StoreAdmin {
       return Status(Errc::too_large, "entry of " + util::format_size(enc.size()) + " exceeds the largest entry stored");
     }
     std::string final_path = path_of(entry.key());
-    std::string shard = final_path.substr(0, final_path.rfind('/'));
+    std::string shard = final_path.substr(0, 2);
     if (Status st = make_dir(shard); !st.is_ok()) {
       count(c_errors);
       return st;
@@ -309,14 +328,14 @@ class FilesTier final : public Tier, public StoreAdmin {
     // The temp file is written outside the lock; the rename and the counter
     // update happen under the counters' lock, so two processes replacing one
     // key cannot both count it as new.
-    std::string tmp_prefix = dir_ + "/tmp/" + entry.key().hex();
+    std::string tmp_prefix = "tmp/" + entry.key().hex();
     std::string tmp;
-    Status st = write_temp(*env_, tmp_prefix, enc, sync_, entry_mode(), &tmp);
+    Status st = write_temp(*env_, dfd_, dir_, tmp_prefix, enc, sync_, entry_mode(), &tmp);
     if (st.code() == Errc::not_found) {
       // tmp/ was removed (a cleaner, a user): make it again rather than fail
-      // every later write.
-      (void)make_dir(dir_ + "/tmp", /*parents=*/true);
-      st = write_temp(*env_, tmp_prefix, enc, sync_, entry_mode(), &tmp);
+      // every later write. (A store folder that was removed stays removed.)
+      (void)make_dir("tmp");
+      st = write_temp(*env_, dfd_, dir_, tmp_prefix, enc, sync_, entry_mode(), &tmp);
     }
     if (!st.is_ok()) {
       count(c_errors);
@@ -325,40 +344,72 @@ class FilesTier final : public Tier, public StoreAdmin {
     // The recency record starts at kcache's own clock, not the file
     // system's coarser one, so marks (StoreAdmin::mark) compare exactly.
     set_mtime_ms(tmp, env_->now_unix_ms());
+    // A put that will need room and has no candidates left walks first,
+    // outside the lock, so that it makes its room in the same hold of the
+    // lock as it publishes (make_room_locked).
+    {
+      CounterValues pre{};
+      struct stat old;
+      const uint64_t adds = env_->statat(dfd_, final_path, &old) == 0 ? 0 : 1;
+      if (read_counters(pre).is_ok() &&
+          (pre[c_bytes] + enc.size() > max_bytes_ || pre[c_entries] + adds > max_entries_) && !has_candidates())
+        refill_candidates();
+    }
+    // The room first, then the rename, in one hold of the lock: whoever
+    // reads the totals never sees the store over its limit by more than
+    // this entry. When the candidates run out (other processes removed
+    // them), the put walks again outside the lock and tries once more; the
+    // second time it publishes in any case.
     CounterValues totals{};
-    st = with_counters(
-        [&](CounterValues& v) {
-          struct stat old;
-          bool replaced = env_->stat(final_path, &old) == 0;
-          if (env_->rename(tmp, final_path) != 0) return util::errno_status(errno, "rename " + tmp);
-          v[c_puts] += 1;
-          if (replaced) {
-            sub(v[c_bytes], static_cast<uint64_t>(old.st_size));
-          } else {
-            v[c_entries] += 1;
-          }
-          v[c_bytes] += enc.size();
-          return Status();
-        },
-        &totals);
+    bool published = false;
+    for (int attempt = 0; attempt < 2 && !published; ++attempt) {
+      if (attempt == 1) refill_candidates();
+      st = with_counters(
+          [&](CounterValues& v) {
+            struct stat old;
+            bool replaced = env_->statat(dfd_, final_path, &old) == 0;
+            const uint64_t old_size = replaced ? static_cast<uint64_t>(old.st_size) : 0;
+            const uint64_t adds = replaced ? 0 : 1;
+            const bool room = make_room_locked(v, final_path, enc.size() > old_size ? enc.size() - old_size : 0, adds);
+            if (!room && attempt == 0) return Status();
+            if (env_->renameat(dfd_, tmp, final_path) != 0) return util::errno_status(errno, "rename " + full(tmp));
+            published = true;
+            v[c_puts] += 1;
+            sub(v[c_bytes], old_size);
+            v[c_entries] += adds;
+            v[c_bytes] += enc.size();
+            return Status();
+          },
+          &totals);
+      if (!st.is_ok()) break;
+    }
     if (!st.is_ok()) {
-      env_->unlink(tmp);
+      env_->unlinkat(dfd_, tmp);
       count(c_errors);
       return st;
     }
-    // A put that finds another process evicting leaves the work to it; the
-    // evictor looks at the totals again after giving up its lease, so a put
-    // counted after its last pass is not left over the limit.
-    for (int pass = 0; pass < 4 && (totals[c_bytes] > max_bytes_ || totals[c_entries] > max_entries_); ++pass) {
-      bool busy = false;
+    // A put that found no room above (no candidates left from a walk of
+    // this process) evicts down to the low-water mark. One that finds
+    // another process evicting does not wait for it: it walks the store
+    // itself (without the evictor's lock) and makes its own room, so writers do not
+    // pile up over the limit while the evictor works.
+    auto over = [&] { return totals[c_bytes] > max_bytes_ || totals[c_entries] > max_entries_; };
+    bool busy = false;
+    for (int pass = 0; pass < 4 && over() && !busy; ++pass) {
       auto r = evict(static_cast<uint64_t>(max_bytes_ * low_water_), static_cast<uint64_t>(max_entries_ * low_water_),
                      &busy);
       if (!r) {
         KCACHE_LOG(LogLevel::warn, "files eviction: %s", r.error().to_string().c_str());
-        break;
+        return Status();
       }
-      if (busy) break;  // another process holds the lease
-      if (!read_counters(totals).is_ok()) break;
+      if (!read_counters(totals).is_ok()) return Status();
+    }
+    if (busy && over()) {
+      refill_candidates();
+      (void)with_counters([&](CounterValues& v) {
+        (void)make_room_locked(v, final_path, 0, 0);
+        return Status();
+      });
     }
     return Status();
   }
@@ -367,13 +418,13 @@ class FilesTier final : public Tier, public StoreAdmin {
     if (read_only_) return refuse("remove");
     std::string p = path_of(key);
     struct stat pre;
-    if (env_->stat(p, &pre) != 0) return Status();
+    if (env_->statat(dfd_, p, &pre) != 0) return Status();
     return with_counters([&](CounterValues& v) {
       struct stat st;
-      if (env_->stat(p, &st) != 0) return Status();
-      if (env_->unlink(p) != 0) {
+      if (env_->statat(dfd_, p, &st) != 0) return Status();
+      if (env_->unlinkat(dfd_, p) != 0) {
         if (errno == ENOENT) return Status();
-        return util::errno_status(errno, "unlink " + p);
+        return util::errno_status(errno, "unlink " + full(p));
       }
       sub(v[c_entries], 1);
       sub(v[c_bytes], static_cast<uint64_t>(st.st_size));
@@ -388,22 +439,29 @@ class FilesTier final : public Tier, public StoreAdmin {
   }
 
  private:
+  // An entry file as an eviction walk found it.
+  struct Item {
+    uint64_t mtime_ns;
+    ino_t ino;
+    uint64_t size;
+    std::string path;  // relative to the store folder
+  };
+
   Status refuse(const char* what) { return counters_.refuse(what, dir_); }
 
   // Modes (see the top): this user only, or the group of a shared folder.
   unsigned entry_mode() const noexcept { return shared_ ? 0640 : 0600; }
-  // With `parents`, missing folders above it are made too (as mkdir -p).
-  Status make_dir(const std::string& path, bool parents = false) const {
-    if (env_->mkdir(path, shared_ ? 02770 : 0700) != 0) {
+  // A folder directly in the store folder.
+  Status make_dir(const std::string& rel) const {
+    if (env_->mkdirat(dfd_, rel, shared_ ? 02770 : 0700) != 0) {
       if (errno == EEXIST) return Status();
-      if (errno == ENOENT && parents) return util::make_dirs(path, shared_ ? 02770 : 0700, *env_);
-      return util::errno_status(errno, "mkdir " + path);
+      return util::errno_status(errno, "mkdir " + full(rel));
     }
-    if (shared_) (void)env_->chmod(path, 02770);
+    if (shared_) (void)env_->chmodat(dfd_, rel, 02770);
     return Status();
   }
-  int open_shared_rw(const std::string& path, int flags) const {
-    int fd = env_->open(path, flags, shared_ ? 0660 : 0600);
+  int open_shared_rw(const std::string& rel, int flags) const {
+    int fd = env_->openat(dfd_, rel, flags, shared_ ? 0660 : 0600);
     if (fd >= 0 && shared_ && (flags & O_CREAT)) {
       struct stat st;
       if (env_->fstat(fd, &st) == 0 && st.st_uid == ::geteuid() && (st.st_mode & 0777) != 0660)
@@ -412,21 +470,24 @@ class FilesTier final : public Tier, public StoreAdmin {
     return fd;
   }
 
+  // An entry's name, relative to the store folder.
   std::string path_of(const Key& k) const {
     std::string h = k.hex();
-    return dir_ + "/" + h.substr(0, 2) + "/" + h + ".kce";
+    return h.substr(0, 2) + "/" + h + ".kce";
   }
+  // A name relative to the store folder as messages give it.
+  std::string full(const std::string& rel) const { return dir_ + "/" + rel; }
 
   void count(StoreCounter c) { counters_.add(c); }
 
   Expected<Entry> read_entry(const Key& key, const std::string& p) {
-    int fd = env_->open(p, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return util::errno_status(errno, "open " + p);
+    int fd = env_->openat(dfd_, p, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return util::errno_status(errno, "open " + full(p));
     struct stat st;
     if (env_->fstat(fd, &st) != 0) {
       int e = errno;
       env_->close(fd);
-      return util::errno_status(e, "stat " + p);
+      return util::errno_status(e, "stat " + full(p));
     }
     uint64_t size = static_cast<uint64_t>(st.st_size);
     if (size < kEntryHeaderSize || size > kMaxEntrySize + kEntryHeaderSize) {
@@ -441,7 +502,7 @@ class FilesTier final : public Tier, public StoreAdmin {
       if (n < 0) {
         int e = errno;
         env_->close(fd);
-        return util::errno_status(e, "read " + p);
+        return util::errno_status(e, "read " + full(p));
       }
       if (n == 0) break;
       got += static_cast<size_t>(n);
@@ -454,7 +515,7 @@ class FilesTier final : public Tier, public StoreAdmin {
   // Unlinks p only if it is still the file we found bad (a writer may have
   // just published a good one in its place).
   void remove_if_same(const std::string& p) {
-    int fd = env_->open(p, O_RDONLY | O_CLOEXEC);
+    int fd = env_->openat(dfd_, p, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return;
     struct stat a;
     bool ok = env_->fstat(fd, &a) == 0;
@@ -462,8 +523,8 @@ class FilesTier final : public Tier, public StoreAdmin {
     if (!ok) return;
     (void)with_counters([&](CounterValues& v) {
       struct stat b;
-      if (env_->stat(p, &b) != 0 || a.st_ino != b.st_ino || a.st_dev != b.st_dev) return Status();
-      if (env_->unlink(p) == 0) {
+      if (env_->statat(dfd_, p, &b) != 0 || a.st_ino != b.st_ino || a.st_dev != b.st_dev) return Status();
+      if (env_->unlinkat(dfd_, p) == 0) {
         sub(v[c_entries], 1);
         sub(v[c_bytes], static_cast<uint64_t>(a.st_size));
       }
@@ -472,8 +533,8 @@ class FilesTier final : public Tier, public StoreAdmin {
   }
 
   Status read_counters(CounterValues& v) {
-    int fd = env_->open(dir_ + "/stats", O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return util::errno_status(errno, "open stats");
+    int fd = env_->openat(dfd_, "stats", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return util::errno_status(errno, "open " + full("stats"));
     char b[8 * c_count] = {};
     ssize_t n = env_->pread(fd, b, sizeof b, 0);
     int e = errno;
@@ -518,8 +579,8 @@ class FilesTier final : public Tier, public StoreAdmin {
   // flock. Returns whether `d` was stored; fn's own result is fn's to keep.
   template <class F = std::nullptr_t>
   Status update_stored(const CounterDeltas& d, F&& fn, CounterValues* out = nullptr) {
-    std::string p = dir_ + "/stats";
-    int fd = open_shared_rw(p, O_RDWR | O_CREAT | O_CLOEXEC);
+    std::string p = full("stats");
+    int fd = open_shared_rw("stats", O_RDWR | O_CREAT | O_CLOEXEC);
     if (fd < 0) return util::errno_status(errno, "open " + p);
     while (env_->flock(fd, LOCK_EX) != 0 && errno == EINTR) {}
     char b[8 * c_count] = {};
@@ -553,16 +614,16 @@ class FilesTier final : public Tier, public StoreAdmin {
     for (int s = 0; s < 256; ++s) {
       char sh[3];
       std::snprintf(sh, sizeof sh, "%02x", s);
-      std::string d = dir_ + "/" + sh;
+      std::string d = sh;
       names.clear();
-      if (env_->list_dir(d, &names) != 0) continue;
+      if (env_->list_dir_at(dfd_, d, &names) != 0) continue;
       for (const std::string& n : names) {
         if (n.size() != 36 || !n.ends_with(".kce")) continue;
         auto k = Digest::from_hex(std::string_view(n).substr(0, 32));
         if (!k) continue;
         std::string p = d + "/" + n;
         struct stat st;
-        if (env_->stat(p, &st) != 0) continue;
+        if (env_->statat(dfd_, p, &st) != 0) continue;
         g_files_visited.fetch_add(1, std::memory_order_relaxed);
         fn(*k, p, st);
       }
@@ -573,17 +634,17 @@ class FilesTier final : public Tier, public StoreAdmin {
 
   void collect_temps() {
     if (read_only_) return;
-    std::string d = dir_ + "/tmp";
+    std::string d = "tmp";
     std::vector<std::string> names;
-    if (env_->list_dir(d, &names) != 0) return;
+    if (env_->list_dir_at(dfd_, d, &names) != 0) return;
     uint64_t now = env_->now_unix_ms();
     for (const std::string& n : names) {
       if (n[0] == '.') continue;
       std::string p = d + "/" + n;
       struct stat st;
-      if (env_->stat(p, &st) != 0) continue;
+      if (env_->statat(dfd_, p, &st) != 0) continue;
       uint64_t mt = static_cast<uint64_t>(st.st_mtim.tv_sec) * 1000;
-      if (mt + stale_temp_ms_ < now) env_->unlink(p);
+      if (mt + stale_temp_ms_ < now) env_->unlinkat(dfd_, p);
     }
   }
 
@@ -602,51 +663,108 @@ class FilesTier final : public Tier, public StoreAdmin {
     });
   }
 
-  // One evictor at a time: within this object the evict mutex, across
-  // objects and processes the lease on evictor_key() (a holder that died
-  // or ran past its expiry is taken over). Null when the leases cannot be
-  // opened now (said in the log); tried again after kLeasesRetryMs.
-  Leases* evictor_leases() {
-    std::lock_guard lk(leases_mu_);
-    if (!evict_leases_ && env_->now_mono_ms() >= leases_retry_ms_) {
-      auto l = open_file_leases(dir_, env_);
-      if (l) {
-        evict_leases_ = std::move(l).value();
-      } else {
-        leases_retry_ms_ = env_->now_mono_ms() + kLeasesRetryMs;
-        KCACHE_LOG(LogLevel::warn, "files store %s: evicting without the evictor's lease: %s", dir_.c_str(),
-                   l.error().to_string().c_str());
-      }
+  // The oldest entry files of this process's last eviction walk that it
+  // did not remove, oldest first: a put over a limit removes from them,
+  // under the counters' lock it already holds, the room it needs (each
+  // one checked as eviction checks it; gone or used since: passed over).
+  // REQUIRES: the counters' lock (inside with_counters' fn).
+  // Returns whether the store now has room for `bytes` and `entries` more
+  // (true also when it does not act: see below).
+  bool make_room_locked(CounterValues& v, const std::string& keep, uint64_t bytes, uint64_t entries) {
+    std::lock_guard lk(cand_mu_);
+    // Totals far beyond what the walk found (a damaged `stats` file) are
+    // not acted on here: eviction recounts them first.
+    if (v[c_bytes] > walked_bytes_ + max_bytes_ / 2 + kMaxEntrySize || v[c_entries] > 2 * walked_entries_ + 1024)
+      return true;
+    auto over = [&] { return v[c_bytes] + bytes > max_bytes_ || v[c_entries] + entries > max_entries_; };
+    for (int looked = 0; over() && next_candidate_ < candidates_.size() && looked < kRoomLooks; ++looked) {
+      const Item& it = candidates_[next_candidate_++];
+      if (it.path != keep && remove_if_unchanged(it, v)) v[c_evictions] += 1;
     }
-    return evict_leases_.get();
+    return !over();
+  }
+
+  // Unlinks the walked file if it is still the one walked (same inode,
+  // same mtime: not replaced, not used since). REQUIRES: the counters' lock.
+  bool remove_if_unchanged(const Item& it, CounterValues& v) {
+    struct stat cur;
+    if (env_->statat(dfd_, it.path, &cur) != 0 || cur.st_ino != it.ino ||
+        static_cast<uint64_t>(cur.st_mtim.tv_sec) * 1000000000ull + cur.st_mtim.tv_nsec != it.mtime_ns)
+      return false;
+    if (env_->unlinkat(dfd_, it.path) != 0) return false;
+    sub(v[c_entries], 1);
+    sub(v[c_bytes], static_cast<uint64_t>(cur.st_size));
+    return true;
+  }
+
+  // Every entry file, oldest first (a walk; no lock held).
+  std::vector<Item> walk_by_age() {
+    std::vector<Item> items;
+    (void)scan([&](const Key&, const std::string& p, const struct stat& s) {
+      items.push_back({static_cast<uint64_t>(s.st_mtim.tv_sec) * 1000000000ull + s.st_mtim.tv_nsec, s.st_ino,
+                       static_cast<uint64_t>(s.st_size), p});
+    });
+    std::sort(items.begin(), items.end(), [](const Item& a, const Item& b) { return a.mtime_ns < b.mtime_ns; });
+    return items;
+  }
+
+  // Whether a candidate that is still there is left, passing over those
+  // other processes removed since this one's walk (a bounded look).
+  bool has_candidates() {
+    std::lock_guard lk(cand_mu_);
+    for (int looked = 0; next_candidate_ < candidates_.size() && looked < kRoomLooks; ++looked) {
+      struct stat st;
+      if (env_->statat(dfd_, candidates_[next_candidate_].path, &st) == 0) return true;
+      ++next_candidate_;
+    }
+    return false;
+  }
+
+  void refill_candidates() {
+    std::vector<Item> items = walk_by_age();
+    std::lock_guard lk(cand_mu_);
+    walked_bytes_ = 0;
+    for (const auto& it : items) walked_bytes_ += it.size;
+    walked_entries_ = items.size();
+    candidates_ = std::move(items);
+    next_candidate_ = 0;
+  }
+
+  // One evictor at a time: within this object the evict mutex, across
+  // objects and processes an exclusive flock(2) of `evict.lock`, tried
+  // without waiting. The kernel drops it when its holder dies, however it
+  // dies, so an evictor killed mid-eviction is followed at once: no record
+  // to judge, no age to wait out. The lock only spares two processes the
+  // same walk: when its file cannot be opened (a full disk, the very case
+  // eviction is for), this process evicts without it.
+  // Returns the locked descriptor (-1 without one); *busy when another
+  // holds it.
+  int lock_evictor(bool* busy) {
+    int fd = open_shared_rw(kEvictLock, O_RDWR | O_CREAT | O_CLOEXEC);
+    if (fd < 0) return -1;
+    if (env_->flock(fd, LOCK_EX | LOCK_NB) == 0) return fd;
+    const int err = errno;
+    env_->close(fd);
+    *busy = err == EWOULDBLOCK;
+    return -1;
   }
 
   // The walk that orders files by recency runs without the counters' lock;
   // the unlinks run under it, each one skipping a file that was replaced or
   // used since the walk, so totals stay exact while others put.
-  // Sets *busy when another process holds the lease (and does nothing).
-  // The lease only spares two processes the same walk: when it cannot be
-  // written (a full disk, the very case eviction is for) or its folder
-  // cannot be opened, this process evicts without it.
+  // Sets *busy when another process is evicting (and does nothing).
   Expected<uint64_t> evict(uint64_t target_bytes, uint64_t target_entries, bool* busy = nullptr) {
     std::unique_lock one(evict_mu_, std::try_to_lock);
     if (!one.owns_lock()) {
       if (busy) *busy = true;
       return uint64_t(0);
     }
-    Leases* leases = evictor_leases();
-    const LeaseResult claim = leases ? leases->acquire(evictor_key(), kEvictLeaseMs) : LeaseResult::error;
-    if (claim == LeaseResult::busy) {
+    bool other = false;
+    const int lock_fd = lock_evictor(&other);
+    if (other) {
       if (busy) *busy = true;
       return uint64_t(0);
     }
-    const bool held = claim == LeaseResult::acquired;
-    struct Item {
-      uint64_t mtime_ns;
-      ino_t ino;
-      uint64_t size;
-      std::string path;
-    };
     std::vector<Item> items;
     Status st = scan([&](const Key&, const std::string& p, const struct stat& s) {
       items.push_back({static_cast<uint64_t>(s.st_mtim.tv_sec) * 1000000000ull + s.st_mtim.tv_nsec, s.st_ino,
@@ -671,37 +789,45 @@ class FilesTier final : public Tier, public StoreAdmin {
         st = recount();
       }
     }
-    // A long walk (a large store on a slow NFS server) must not let the
-    // lease expire under the removals.
-    if (st.is_ok() && held && !leases->renew(evictor_key(), kEvictLeaseMs)) {
-      if (busy) *busy = true;
-      return uint64_t(0);  // taken over as expired: the new holder evicts
-    }
+    size_t next = 0;
     if (st.is_ok()) {
       std::sort(items.begin(), items.end(), [](const Item& a, const Item& b) { return a.mtime_ns < b.mtime_ns; });
-      st = with_counters([&](CounterValues& v) {
-        for (const auto& it : items) {
-          if (v[c_bytes] <= target_bytes && v[c_entries] <= target_entries) break;
-          struct stat cur;
-          if (env_->stat(it.path, &cur) != 0 || cur.st_ino != it.ino ||
-              static_cast<uint64_t>(cur.st_mtim.tv_sec) * 1000000000ull + cur.st_mtim.tv_nsec != it.mtime_ns)
-            continue;
-          if (env_->unlink(it.path) == 0) {
-            sub(v[c_entries], 1);
-            sub(v[c_bytes], static_cast<uint64_t>(cur.st_size));
-            ++removed;
+      // In batches, each under its own hold of the counters' lock: puts go
+      // on between them.
+      for (bool more = true; st.is_ok() && more && next < items.size();) {
+        st = with_counters([&](CounterValues& v) {
+          uint64_t n = 0;
+          for (size_t end = std::min(items.size(), next + kRemoveBatch); next < end; ++next) {
+            if (v[c_bytes] <= target_bytes && v[c_entries] <= target_entries) break;
+            if (remove_if_unchanged(items[next], v)) ++n;
           }
-        }
-        v[c_evictions] += removed;
-        return Status();
-      });
+          more = v[c_bytes] > target_bytes || v[c_entries] > target_entries;
+          v[c_evictions] += n;
+          removed += n;
+          return Status();
+        });
+      }
     }
-    if (held) leases->release(evictor_key());
+    {
+      // What is left, oldest first, is where later puts make their room.
+      std::lock_guard lk(cand_mu_);
+      walked_bytes_ = 0;
+      for (const auto& it : items) walked_bytes_ += it.size;
+      walked_entries_ = items.size();
+      candidates_.assign(std::make_move_iterator(items.begin() + static_cast<ptrdiff_t>(std::min(next, items.size()))),
+                         std::make_move_iterator(items.end()));
+      next_candidate_ = 0;
+    }
+    if (lock_fd >= 0) {
+      env_->flock(lock_fd, LOCK_UN);
+      env_->close(lock_fd);
+    }
     if (!st.is_ok()) return st;
     return removed;
   }
 
-  std::string dir_;
+  std::string dir_;                 // for messages only
+  int dfd_ = -1;                    // the store folder, held from init (see the top)
   const std::shared_ptr<Env> env_;  // never null
   bool shared_ = false;             // dir_ is shared with its group (see the top)
   uint64_t max_bytes_, max_entries_, max_entry_, stale_temp_ms_;
@@ -713,9 +839,11 @@ class FilesTier final : public Tier, public StoreAdmin {
   std::unordered_map<Key, uint64_t> touched_;  // GUARDED_BY(mu_)
   PendingCounters counters_;                   // deltas not yet in `stats`
   std::mutex evict_mu_;                        // one eviction of this object at a time
-  std::mutex leases_mu_;
-  std::shared_ptr<Leases> evict_leases_;  // GUARDED_BY(leases_mu_): opened at the first eviction
-  uint64_t leases_retry_ms_ = 0;          // GUARDED_BY(leases_mu_): no open before this (mono ms)
+  std::mutex cand_mu_;                         // taken inside the counters' lock, never around it
+  std::vector<Item> candidates_;               // GUARDED_BY(cand_mu_): see make_room_locked
+  size_t next_candidate_ = 0;
+  uint64_t walked_bytes_ = 0, walked_entries_ = 0;  // GUARDED_BY(cand_mu_): what that walk found             //
+                                                    // GUARDED_BY(cand_mu_): the first not yet looked at
 };
 
 }  // namespace

@@ -68,6 +68,9 @@ void lru_key(char out[24], uint64_t ms, const Key& k) {
 // Records walked by eviction and repair, for tests of put cost.
 std::atomic<uint64_t> g_records_visited{0};
 
+// The most entries one eviction transaction deletes.
+constexpr size_t kEvictBatch = 512;
+
 // What delete_locked returns for an entry whose overflow run has a damaged
 // page header: LMDB would free pages by that header (lmdb_env.h,
 // overflow_run_intact), so the entry is left in place.
@@ -781,6 +784,11 @@ class LmdbTier final : public Tier, public StoreAdmin {
     for (const auto& [tk, ms] : touched)
       if (!rc) rc = touch_locked(txn, tk, ms);
     if (!rc) rc = add_counters(txn, counts);
+    // The group is stored with the room it needs: the oldest entries go in
+    // this transaction, so no commit leaves the store over its limits
+    // (beyond what the group alone brings) and no writer waits behind
+    // another's eviction.
+    if (!rc && !group.empty()) rc = make_room_locked(txn, group);
     if (rc) {
       env_->abort_write(txn);
       restore();
@@ -801,11 +809,69 @@ class LmdbTier final : public Tier, public StoreAdmin {
     if (!r) KCACHE_LOG(LogLevel::warn, "lmdb eviction failed: %s", r.error().to_string().c_str());
   }
 
+  // Puts that take the store over a limit remove the oldest entries (never
+  // those of `group`) in their own transaction, down to the limits, at most
+  // kEvictBatch of them. REQUIRES: write txn, the group already put.
+  int make_room_locked(MDB_txn* txn, const std::vector<std::pair<Key, std::string_view>>& group) {
+    if (get_counter(txn, c_bytes) <= max_bytes_ && get_counter(txn, c_entries) <= max_entries_) return 0;
+    std::vector<Key> keep;
+    keep.reserve(group.size());
+    for (const auto& g : group) keep.push_back(g.first);
+    size_t removed = 0;
+    return evict_locked(txn, max_bytes_, max_entries_, &keep, &removed);
+  }
+
+  // Deletes the oldest entries, in this transaction, until bytes <=
+  // target_bytes and entries <= target_entries or kEvictBatch are gone,
+  // passing over the keys in `keep` (when given). *removed: how many went.
+  // REQUIRES: write txn.
+  int evict_locked(MDB_txn* txn, uint64_t target_bytes, uint64_t target_entries, const std::vector<Key>* keep,
+                   size_t* removed) {
+    *removed = 0;
+    uint64_t b = get_counter(txn, c_bytes), e = get_counter(txn, c_entries);
+    if (b <= target_bytes && e <= target_entries) return 0;
+    MDB_cursor* cur;
+    int rc = mdb_cursor_open(txn, env_->lru, &cur);
+    if (rc) return rc;
+    std::vector<Key> victims;
+    MDB_val k, v;
+    for (rc = mdb_cursor_get(cur, &k, &v, MDB_FIRST);
+         rc == 0 && victims.size() < kEvictBatch && (b > target_bytes || e > target_entries);
+         rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
+      g_records_visited.fetch_add(1, std::memory_order_relaxed);
+      if (k.mv_size != 24) continue;
+      Key key;
+      std::memcpy(key.bytes.data(), static_cast<const char*>(k.mv_data) + 8, 16);
+      if (keep && std::find(keep->begin(), keep->end(), key) != keep->end()) continue;
+      MDB_val ek = val(key), ev;
+      if (mdb_get(txn, env_->entries, &ek, &ev) == 0 && !env_->overflow_run_intact(ev)) {
+        // Never freed (delete_locked): passed over, left for the salvage
+        // of the store at its next open.
+        env_->mark_damaged("entry " + key.hex() + ": the page header of its overflow run is damaged");
+        continue;
+      }
+      victims.push_back(key);
+      MDB_val mk = val(key), mv;
+      if (mdb_get(txn, env_->meta, &mk, &mv) == 0 && mv.mv_size == 16)
+        b -= std::min(b, util::get_u64(static_cast<const char*>(mv.mv_data) + 8));
+      if (e) --e;
+    }
+    mdb_cursor_close(cur);
+    if (rc && rc != MDB_NOTFOUND) return rc;
+    for (const auto& key : victims) {
+      uint64_t sz;
+      rc = delete_locked(txn, key, &sz);
+      if (rc) return rc;
+    }
+    *removed = victims.size();
+    return add_counter(txn, c_evictions, static_cast<int64_t>(victims.size()));
+  }
+
   // Removes oldest entries until bytes <= target_bytes and entries <=
-  // target_entries, in transactions of at most 512 deletions so that other
-  // writers are never blocked for long. The write lock makes each batch
-  // exclusive, and each batch re-reads the totals, so concurrent evictors
-  // never remove more than needed.
+  // target_entries, in transactions of at most kEvictBatch deletions so
+  // that other writers are never blocked for long. The write lock makes
+  // each batch exclusive, and each batch re-reads the totals, so concurrent
+  // evictors never remove more than needed.
   Expected<uint64_t> evict(uint64_t target_bytes, uint64_t target_entries) {
     uint64_t total = 0;
     for (;;) {
@@ -815,52 +881,21 @@ class LmdbTier final : public Tier, public StoreAdmin {
         env_->abort_write(txn);
         return total;
       }
-      MDB_cursor* cur;
-      int rc = mdb_cursor_open(txn, env_->lru, &cur);
-      std::vector<Key> victims;
-      MDB_val k, v;
-      uint64_t b = bytes, e = entries;
-      for (rc = rc ? rc : mdb_cursor_get(cur, &k, &v, MDB_FIRST);
-           rc == 0 && victims.size() < 512 && (b > target_bytes || e > target_entries);
-           rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
-        g_records_visited.fetch_add(1, std::memory_order_relaxed);
-        if (k.mv_size != 24) continue;
-        Key key;
-        std::memcpy(key.bytes.data(), static_cast<const char*>(k.mv_data) + 8, 16);
-        MDB_val ek = val(key), ev;
-        if (mdb_get(txn, env_->entries, &ek, &ev) == 0 && !env_->overflow_run_intact(ev)) {
-          // Never freed (delete_locked): passed over, left for the salvage
-          // of the store at its next open.
-          env_->mark_damaged("entry " + key.hex() + ": the page header of its overflow run is damaged");
-          continue;
-        }
-        victims.push_back(key);
-        MDB_val mk = val(key), mv;
-        if (mdb_get(txn, env_->meta, &mk, &mv) == 0 && mv.mv_size == 16)
-          b -= std::min(b, util::get_u64(static_cast<const char*>(mv.mv_data) + 8));
-        if (e) --e;
-      }
-      mdb_cursor_close(cur);
-      if (victims.empty()) {
+      size_t removed = 0;
+      int rc = evict_locked(txn, target_bytes, target_entries, nullptr, &removed);
+      if (!rc && removed == 0) {
         // Totals say over the limit but nothing is indexed: repair them.
         env_->abort_write(txn);
         KCACHE_RETURN_IF_ERROR(repair_totals());
         return total;
       }
-      rc = 0;
-      for (const auto& key : victims) {
-        uint64_t sz;
-        rc = delete_locked(txn, key, &sz);
-        if (rc) break;
-      }
-      if (!rc) rc = add_counter(txn, c_evictions, static_cast<int64_t>(victims.size()));
       if (rc) {
         env_->abort_write(txn);
         return tier_status(rc, "evict");
       }
       rc = env_->commit_write(txn);
       if (rc) return mdb_status(rc, "commit evict");
-      total += victims.size();
+      total += removed;
     }
   }
 
