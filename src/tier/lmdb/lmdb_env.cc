@@ -237,6 +237,11 @@ Status LmdbEnv::check_data_file() {
   if (lost()) return lost_error();
   mdb_filehandle_t fd;
   if (mdb_env_get_fd(env_, &fd) != 0 || fd < 0) return Status();
+  // The meta page first, the file's size after: another process's commit
+  // between the two only grows the file, never the other way round (its
+  // pages are written before its meta page names them).
+  MDB_envinfo info;
+  const bool have_info = psize_ && mdb_env_info(env_, &info) == 0;
   struct stat open_st, path_st;
   if (::fstat(fd, &open_st) != 0) return Status();
   const std::string data = dir_ + "/data.mdb";
@@ -245,9 +250,7 @@ Status LmdbEnv::check_data_file() {
     mark_lost("the store was deleted or replaced while in use (" + data + " is no longer the file open here)");
     return lost_error();
   }
-  MDB_envinfo info;
-  if (psize_ && mdb_env_info(env_, &info) == 0 &&
-      static_cast<uint64_t>(open_st.st_size) < (info.me_last_pgno + 1) * static_cast<uint64_t>(psize_)) {
+  if (have_info && static_cast<uint64_t>(open_st.st_size) < (info.me_last_pgno + 1) * static_cast<uint64_t>(psize_)) {
     mark_lost(data + " was truncated under this process");
     return lost_error();
   }
