@@ -92,7 +92,10 @@ struct BundleInfo {
 };
 
 // Writes the selected entries of `from` to `path` (atomically: a temp file
-// renamed into place). A selection by mark, namespace alone or nothing
+// renamed into place). `path` is a regular file, a missing one or a link to
+// a regular file (written at its target); a device, FIFO, folder or broken
+// link is refused, never replaced. Temp files of writers of `path` killed an
+// hour ago or more ("PATH.tmp.<16 hex>") are removed first. A selection by mark, namespace alone or nothing
 // lists the store through from.admin() (unavailable when the tier has
 // none); one by keys alone reads just those, from any tier. Entries are
 // read with Access::peek, so making a bundle counts nothing and changes no

@@ -2,12 +2,18 @@
 // keys, or what was created or used since a mark), lays them out behind a
 // header and a sorted index (bundle_format.h), and signs header and index
 // digests with Ed25519 when a private key is given.
+#include <dirent.h>
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
+#include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <set>
 
 #include "kcache/bundle.h"
@@ -192,8 +198,84 @@ Expected<std::string> save_bundle(Tier& from, const BundleSelection& selection, 
   return out;
 }
 
-Expected<BundleInfo> write_bundle(Tier& from, const BundleSelection& selection, const std::string& path,
-                                  const BundleWriteOptions& options) {
+namespace {
+
+// Where a bundle named `path` goes: a regular file or a missing path as
+// named, a symbolic link's target (the link stays). Anything else (a device
+// such as /dev/full, a FIFO, a folder, a link to a missing file) is refused:
+// the writer's rename would replace it with a regular file.
+Expected<std::string> bundle_target(const std::string& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) == 0) {
+    if (!S_ISREG(st.st_mode))
+      return Status(Errc::io_error, path + " is not a regular file; a bundle is written to a file, not replaced");
+    char* real = ::realpath(path.c_str(), nullptr);
+    if (!real) return util::errno_status(errno, "resolving " + path);
+    std::string t = real;
+    std::free(real);
+    return t;
+  }
+  if (errno != ENOENT) return util::errno_status(errno, path);
+  if (::lstat(path.c_str(), &st) == 0 && S_ISLNK(st.st_mode))
+    return Status(Errc::io_error, path + " is a symbolic link to a missing file; not replaced");
+  return path;
+}
+
+// The bundle writer's temp files are "NAME.tmp.<16 hex>" beside NAME.
+constexpr std::string_view kBundleTemp = ".tmp.";
+constexpr time_t kStaleTempSeconds = 3600;
+
+bool is_bundle_temp(std::string_view name, std::string_view prefix) {
+  if (name.size() != prefix.size() + 16 || name.substr(0, prefix.size()) != prefix) return false;
+  for (char ch : name.substr(prefix.size()))
+    if (!std::isxdigit(static_cast<unsigned char>(ch))) return false;
+  return true;
+}
+
+// Removes the temp files of writers of `target` that were killed before
+// their rename: this user's plain files an hour old or more (a writer that
+// is still going keeps its file's mtime fresh).
+void collect_stale_temps(const std::string& target) {
+  size_t slash = target.rfind('/');
+  std::string folder = slash == std::string::npos ? std::string(".") : target.substr(0, slash ? slash : 1);
+  std::string prefix = (slash == std::string::npos ? target : target.substr(slash + 1)) + std::string(kBundleTemp);
+  DIR* d = ::opendir(folder.c_str());
+  if (!d) return;
+  const time_t now = ::time(nullptr);
+  uint64_t removed = 0;
+  while (struct dirent* de = ::readdir(d)) {
+    if (!is_bundle_temp(de->d_name, prefix)) continue;
+    struct stat st;
+    if (::fstatat(::dirfd(d), de->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode) ||
+        st.st_uid != ::geteuid() || now - st.st_mtime < kStaleTempSeconds)
+      continue;
+    if (::unlinkat(::dirfd(d), de->d_name, 0) == 0) ++removed;
+  }
+  ::closedir(d);
+  if (removed)
+    KCACHE_LOG(LogLevel::info, "removed %llu stale temp files of %s", static_cast<unsigned long long>(removed),
+               target.c_str());
+}
+
+// The writer's messages name its temp files ("NAME.tmp.<hex>", "temp file
+// in FOLDER"); the caller named `path`.
+Status naming(Status st, const std::string& target, const std::string& path) {
+  std::string m = st.message(), prefix = target + std::string(kBundleTemp);
+  size_t slash = target.rfind('/');
+  std::string unnamed =
+      "temp file in " + (slash == std::string::npos ? std::string(".") : target.substr(0, slash ? slash : 1));
+  if (m.starts_with(unnamed) && (m.size() == unnamed.size() || m[unnamed.size()] == ':'))
+    m.replace(0, unnamed.size(), path);
+  for (size_t at = m.find(prefix); at != std::string::npos; at = m.find(prefix, at + path.size())) {
+    size_t end = at + prefix.size();
+    while (end < m.size() && std::isxdigit(static_cast<unsigned char>(m[end]))) ++end;
+    m.replace(at, end - at, path);
+  }
+  return Status(st.code(), m);
+}
+
+Expected<BundleInfo> write_file(Tier& from, const BundleSelection& selection, const std::string& path,
+                                const BundleWriteOptions& options) {
   if (path.empty()) return Status(Errc::invalid_argument, "no bundle file named");
   size_t slash = path.rfind('/');
   std::string dir = slash == std::string::npos ? std::string(".") : path.substr(0, slash ? slash : 1);
@@ -243,6 +325,18 @@ Expected<BundleInfo> write_bundle(Tier& from, const BundleSelection& selection, 
     ::unlink(tmp.c_str());
     return st;
   }
+  return info;
+}
+
+}  // namespace
+
+Expected<BundleInfo> write_bundle(Tier& from, const BundleSelection& selection, const std::string& path,
+                                  const BundleWriteOptions& options) {
+  if (path.empty()) return Status(Errc::invalid_argument, "no bundle file named");
+  KCACHE_TRY(std::string target, bundle_target(path));
+  collect_stale_temps(target);
+  auto info = write_file(from, selection, target, options);
+  if (!info) return naming(std::move(info).error(), target, path);
   return info;
 }
 
