@@ -19,17 +19,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "c_check.h"
 #include "kcache/kcache.h"
-
-static int failures = 0;
-
-#define CHECK(cond)                                                                                                  \
-  do {                                                                                                               \
-    if (!(cond)) {                                                                                                   \
-      fprintf(stderr, "%s:%d: CHECK failed: %s (last error: %s)\n", __FILE__, __LINE__, #cond, kcache_last_error()); \
-      ++failures;                                                                                                    \
-    }                                                                                                                \
-  } while (0)
 
 #define PER_CHILD 20
 

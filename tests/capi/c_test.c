@@ -11,27 +11,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "c_check.h"
 #include "kcache/kcache.h"
-
-static int failures = 0;
-
-#define CHECK(cond)                                                                                                  \
-  do {                                                                                                               \
-    if (!(cond)) {                                                                                                   \
-      fprintf(stderr, "%s:%d: CHECK failed: %s (last error: %s)\n", __FILE__, __LINE__, #cond, kcache_last_error()); \
-      ++failures;                                                                                                    \
-    }                                                                                                                \
-  } while (0)
-
-#define CHECK_EQ_INT(a, b)                                                                                         \
-  do {                                                                                                             \
-    long long a_ = (long long)(a), b_ = (long long)(b);                                                            \
-    if (a_ != b_) {                                                                                                \
-      fprintf(stderr, "%s:%d: %s == %lld, want %s == %lld (last error: %s)\n", __FILE__, __LINE__, #a, a_, #b, b_, \
-              kcache_last_error());                                                                                \
-      ++failures;                                                                                                  \
-    }                                                                                                              \
-  } while (0)
 
 /* A compile callback: the artifacts of "kernel" number `n`. */
 struct job {

@@ -30,17 +30,7 @@ class CliEdges : public CliTest {
   // `prepare` may close or replace them). A child that cannot be prepared
   // exits 120.
   Result run_child(std::vector<std::string> args, const std::function<bool()>& prepare) {
-    std::vector<std::string> argv_s = {KCACHE_CLI, "--dir", dir(), "--engine", engine()};
-    argv_s.insert(argv_s.end(), args.begin(), args.end());
-    std::vector<char*> argv;
-    for (auto& a : argv_s) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    std::vector<std::string> env_s;
-    for (char** e = environ; *e; ++e)
-      if (std::strncmp(*e, "KCACHE_", 7) != 0) env_s.push_back(*e);
-    std::vector<char*> envp;
-    for (auto& e : env_s) envp.push_back(e.data());
-    envp.push_back(nullptr);
+    Command c = command(dir(), std::move(args));
     std::string out_path = file("child.out." + std::to_string(++runs_));
     std::string err_path = file("child.err." + std::to_string(runs_));
     Result r;
@@ -58,16 +48,11 @@ class CliEdges : public CliTest {
       ::close(e);
       ::close(n);
       if (!prepare()) ::_exit(120);
-      ::execve(KCACHE_CLI, argv.data(), envp.data());
+      ::execve(KCACHE_CLI, c.argv.data(), c.envp.data());
       ::_exit(121);
     }
-    int status = 0;
-    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
-    EXPECT_TRUE(WIFEXITED(status)) << "kcache died with signal " << (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
-    r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    r = wait_for(pid, out_path, err_path);
     EXPECT_LT(r.rc, 120) << "the child could not be prepared";
-    r.out = slurp(out_path);
-    r.err = slurp(err_path);
     return r;
   }
 };

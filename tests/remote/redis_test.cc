@@ -25,17 +25,6 @@ uint64_t now_ms() {
       std::chrono::duration_cast<Ms>(std::chrono::steady_clock::now().time_since_epoch()).count());
 }
 
-// Starts a server or skips the test, loudly, when redis-server is missing.
-#define START_REDIS(var, dir)                                         \
-  RedisServer var((dir).path());                                      \
-  if (!var.ok()) {                                                    \
-    if (find_program("redis-server").empty()) {                       \
-      std::fprintf(stderr, "*** SKIPPED: %s\n", var.error().c_str()); \
-      GTEST_SKIP() << var.error();                                    \
-    }                                                                 \
-    FAIL() << var.error();                                            \
-  }
-
 std::shared_ptr<RedisTier> redis(const std::string& url, RedisTierOptions o = {}) {
   auto t = make_redis_tier(url, o);
   EXPECT_TRUE(t.has_value()) << t.status().to_string();

@@ -17,16 +17,6 @@
 namespace kcache::test {
 namespace {
 
-#define START_REDIS(var, dir, ...)                                    \
-  RedisServer var((dir).path(), ##__VA_ARGS__);                       \
-  if (!var.ok()) {                                                    \
-    if (find_program("redis-server").empty()) {                       \
-      std::fprintf(stderr, "*** SKIPPED: %s\n", var.error().c_str()); \
-      GTEST_SKIP() << var.error();                                    \
-    }                                                                 \
-    FAIL() << var.error();                                            \
-  }
-
 std::shared_ptr<RedisTier> redis(const std::string& url, RedisTierOptions o = {}) {
   auto t = make_redis_tier(url, o);
   EXPECT_TRUE(t.has_value()) << t.status().to_string();
@@ -37,13 +27,6 @@ long max_rss_kib() {
   struct rusage ru;
   ::getrusage(RUSAGE_SELF, &ru);
   return ru.ru_maxrss;
-}
-
-std::vector<std::string> log_lines(const std::string& path) {
-  std::ifstream f(path);
-  std::vector<std::string> out;
-  for (std::string l; std::getline(f, l);) out.push_back(l);
-  return out;
 }
 
 // Sends the log to `path` for the scope; back to stderr at warn after.

@@ -75,21 +75,7 @@ class CliTest : public ::testing::TestWithParam<std::string> {
   // The same with the cache folder `cache_dir` (none: "").
   Result run_in(const std::string& cache_dir, std::vector<std::string> args,
                 const std::map<std::string, std::string>& env_extra = {}) {
-    std::vector<std::string> argv_s = {KCACHE_CLI};
-    if (!cache_dir.empty()) {
-      argv_s.insert(argv_s.end(), {"--dir", cache_dir, "--engine", engine()});
-    }
-    argv_s.insert(argv_s.end(), args.begin(), args.end());
-    std::vector<char*> argv;
-    for (auto& a : argv_s) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    std::vector<std::string> env_s;
-    for (char** e = environ; *e; ++e)
-      if (std::strncmp(*e, "KCACHE_", 7) != 0) env_s.push_back(*e);
-    for (const auto& [k, v] : env_extra) env_s.push_back(k + "=" + v);
-    std::vector<char*> envp;
-    for (auto& e : env_s) envp.push_back(e.data());
-    envp.push_back(nullptr);
+    Command c = command(cache_dir, std::move(args), env_extra);
 
     std::string out_path = file("stdout." + std::to_string(++runs_));
     std::string err_path = file("stderr." + std::to_string(runs_));
@@ -100,10 +86,40 @@ class CliTest : public ::testing::TestWithParam<std::string> {
     posix_spawn_file_actions_addopen(&fa, 2, err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
     pid_t pid;
     Result r;
-    int sp = posix_spawn(&pid, KCACHE_CLI, &fa, nullptr, argv.data(), envp.data());
+    int sp = posix_spawn(&pid, KCACHE_CLI, &fa, nullptr, c.argv.data(), c.envp.data());
     posix_spawn_file_actions_destroy(&fa);
     EXPECT_EQ(sp, 0) << "spawn " << KCACHE_CLI;
     if (sp != 0) return r;
+    return wait_for(pid, out_path, err_path);
+  }
+
+  // The tool's arguments (with --dir and --engine when cache_dir is not
+  // empty) and environment (KCACHE_* taken out, env_extra added), with the
+  // arrays exec wants pointing into them.
+  struct Command {
+    std::vector<std::string> args, env;
+    std::vector<char*> argv, envp;
+  };
+  Command command(const std::string& cache_dir, std::vector<std::string> args,
+                  const std::map<std::string, std::string>& env_extra = {}) const {
+    Command c;
+    c.args = {KCACHE_CLI};
+    if (!cache_dir.empty()) c.args.insert(c.args.end(), {"--dir", cache_dir, "--engine", engine()});
+    c.args.insert(c.args.end(), args.begin(), args.end());
+    for (char** e = environ; *e; ++e)
+      if (std::strncmp(*e, "KCACHE_", 7) != 0) c.env.push_back(*e);
+    for (const auto& [k, v] : env_extra) c.env.push_back(k + "=" + v);
+    for (auto& a : c.args) c.argv.push_back(a.data());
+    c.argv.push_back(nullptr);
+    for (auto& e : c.env) c.envp.push_back(e.data());
+    c.envp.push_back(nullptr);
+    return c;
+  }
+
+  // Waits for the tool's process `pid` and reads what it wrote to the two
+  // files.
+  Result wait_for(pid_t pid, const std::string& out_path, const std::string& err_path) {
+    Result r;
     int status = 0;
     while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
     EXPECT_TRUE(WIFEXITED(status)) << "kcache died with signal " << (WIFSIGNALED(status) ? WTERMSIG(status) : 0);

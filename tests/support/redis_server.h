@@ -283,3 +283,16 @@ class RedisCluster {
 };
 
 }  // namespace kcache::test
+
+// In a gtest test: starts a server in `dir` (a TempDir; further arguments go
+// to RedisServer) as `var`, or skips the test, loudly, when redis-server is
+// missing (fails it when redis-server is there but would not start).
+#define START_REDIS(var, dir, ...)                                    \
+  RedisServer var((dir).path(), ##__VA_ARGS__);                       \
+  if (!var.ok()) {                                                    \
+    if (find_program("redis-server").empty()) {                       \
+      std::fprintf(stderr, "*** SKIPPED: %s\n", var.error().c_str()); \
+      GTEST_SKIP() << var.error();                                    \
+    }                                                                 \
+    FAIL() << var.error();                                            \
+  }

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <fstream>
 #include <random>
 #include <string>
 #include <vector>
@@ -85,6 +86,16 @@ inline bool entry_ok(const Entry& e, uint64_t i, size_t n = 1000) {
   auto o = e.artifact("obj");
   auto s = e.artifact("sig");
   return e.key() == key_of(i) && o && *o == bytes_for(i, n) && s && *s == "kernel_" + std::to_string(i);
+}
+
+// The lines of a log file (Options::log_file) that contain `needle`; every
+// line when it is empty.
+inline std::vector<std::string> log_lines(const std::string& path, const std::string& needle = {}) {
+  std::ifstream f(path);
+  std::vector<std::string> out;
+  for (std::string line; std::getline(f, line);)
+    if (line.find(needle) != std::string::npos) out.push_back(line);
+  return out;
 }
 
 }  // namespace kcache::test

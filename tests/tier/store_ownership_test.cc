@@ -29,6 +29,7 @@
 namespace kcache {
 namespace {
 
+using test::log_lines;
 using test::TempDir;
 
 constexpr const char* kForeign = "kcache-foreign";  // a second user, member of kShared
@@ -114,14 +115,6 @@ int disk_hits(Cache& c) {
     if (e.has_value() && src == Source::disk && test::bytes_for(i, 500) == *e->artifact("obj")) ++hits;
   }
   return hits;
-}
-
-std::vector<std::string> log_lines(const std::string& path, const std::string& needle) {
-  std::ifstream f(path);
-  std::vector<std::string> out;
-  for (std::string line; std::getline(f, line);)
-    if (line.find(needle) != std::string::npos) out.push_back(line);
-  return out;
 }
 
 class StoreOwnership : public ::testing::TestWithParam<Engine> {

@@ -37,6 +37,7 @@
 namespace kcache {
 namespace {
 
+using test::log_lines;
 using test::TempDir;
 
 constexpr uid_t kOther = 65534;  // nobody
@@ -82,14 +83,6 @@ CompileFn compile_of(int i) {
   return [i]() -> Expected<std::vector<Artifact>> {
     return std::vector<Artifact>{{"obj", test::bytes_for(static_cast<uint64_t>(i), 500)}};
   };
-}
-
-std::vector<std::string> log_lines(const std::string& path, const std::string& needle) {
-  std::ifstream f(path);
-  std::vector<std::string> out;
-  for (std::string line; std::getline(f, line);)
-    if (line.find(needle) != std::string::npos) out.push_back(line);
-  return out;
 }
 
 void mkdir_as(const std::string& path, mode_t mode, uid_t uid) {
