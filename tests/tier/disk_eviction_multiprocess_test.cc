@@ -227,6 +227,30 @@ TEST_P(DiskEvictionMultiProcess, EightProcessesOfFourThreadsNeverSeeTheStoreOver
   EXPECT_EQ((*t)->stats().bytes, w.bytes);
 }
 
+// Puts `n` entries of `bytes` into a files store in `dir`, then forks a
+// process that trims the store to nothing with each unlink taking
+// `unlink_us`; it exits 0 when it removed them all. Its pid, or -1.
+pid_t fill_then_trim_slowly(const std::string& dir, const DiskTierOptions& o, int n, size_t bytes, unsigned unlink_us) {
+  {
+    auto t = open_files_tier(dir, o);
+    if (!t) return -1;
+    for (int k = 0; k < n; ++k)
+      if (!(*t)->put(make_entry(static_cast<uint64_t>(k), bytes)).is_ok()) return -1;
+  }
+  fflush(nullptr);
+  pid_t pid = ::fork();
+  if (pid != 0) return pid;
+  auto env = std::make_shared<FaultEnv>();
+  env->manual_clock = false;
+  env->unlink_delay_us = unlink_us;
+  DiskTierOptions eo = o;
+  eo.env = env;
+  auto t = open_files_tier(dir, eo);
+  if (!t) _exit(2);
+  auto r = (*t)->admin()->trim(0);
+  _exit(r && *r >= static_cast<uint64_t>(n) ? 0 : 3);
+}
+
 // The files engine's evictor gives the counters' lock back between batches:
 // while another process removes hundreds of files (each unlink made slow),
 // puts go in between its batches instead of waiting for all of them.
@@ -236,25 +260,9 @@ TEST(FilesEviction, NoPutWaitsForAnotherProcesssWholeEviction) {
   DiskTierOptions o = options();
   o.max_bytes = 1ull << 30;
   constexpr int kFiles = 800;
-  {
-    auto t = open_files_tier(dir, o);
-    ASSERT_TRUE(t.has_value()) << t.error().to_string();
-    for (int k = 0; k < kFiles; ++k) ASSERT_TRUE((*t)->put(make_entry(k, 200)).is_ok());
-  }
-  fflush(nullptr);
-  pid_t pid = ::fork();
-  ASSERT_GE(pid, 0);
-  if (pid == 0) {
-    auto env = std::make_shared<FaultEnv>();
-    env->manual_clock = false;
-    env->unlink_delay_us = 2000;  // 800 files: 1.6 s of eviction
-    DiskTierOptions eo = o;
-    eo.env = env;
-    auto t = open_files_tier(dir, eo);
-    if (!t) _exit(2);
-    auto r = (*t)->admin()->trim(0);
-    _exit(r && *r >= uint64_t(kFiles) ? 0 : 3);
-  }
+  // 800 files, each unlink 2 ms: 1.6 s of eviction.
+  pid_t pid = fill_then_trim_slowly(dir, o, kFiles, 200, 2000);
+  ASSERT_GT(pid, 0);
   auto t = open_files_tier(dir, o);
   ASSERT_TRUE(t.has_value());
   // Until the evictor's first batch is stored.
@@ -283,25 +291,9 @@ TEST(FilesEviction, AnEvictorKilledMidEvictionIsTakenOverByTheNextWriterAtOnce) 
   DiskTierOptions o = options();
   o.max_bytes = 1ull << 30;
   constexpr int kFiles = 400;
-  {
-    auto t = open_files_tier(dir, o);
-    ASSERT_TRUE(t.has_value()) << t.error().to_string();
-    for (int k = 0; k < kFiles; ++k) ASSERT_TRUE((*t)->put(make_entry(k, 2000)).is_ok());
-  }
-  fflush(nullptr);
-  pid_t pid = ::fork();
-  ASSERT_GE(pid, 0);
-  if (pid == 0) {
-    auto env = std::make_shared<FaultEnv>();
-    env->manual_clock = false;
-    env->unlink_delay_us = 20'000;  // 8 s for all: it is killed long before
-    DiskTierOptions eo = o;
-    eo.env = env;
-    auto t = open_files_tier(dir, eo);
-    if (!t) _exit(2);
-    (void)(*t)->admin()->trim(0);
-    _exit(0);
-  }
+  // Each unlink 20 ms, 8 s for all: it is killed long before.
+  pid_t pid = fill_then_trim_slowly(dir, o, kFiles, 2000, 20'000);
+  ASSERT_GT(pid, 0);
   DiskTierOptions small = o;
   small.max_bytes = 200'000;
   auto t = open_files_tier(dir, small);
