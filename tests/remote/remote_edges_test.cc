@@ -41,6 +41,17 @@ std::string joined(const std::vector<std::string>& v) {
   return s;
 }
 
+// A number from the server's INFO `section`, after `field`.
+uint64_t info_number(RedisClient& c, const std::string& section, const std::string& field) {
+  std::string info = c.str({"INFO", section});
+  auto at = info.find(field);
+  if (at == std::string::npos) return 0;
+  return std::stoull(info.substr(at + field.size()));
+}
+
+// The server's count of bytes sent to its clients.
+uint64_t net_output_bytes(RedisClient& c) { return info_number(c, "stats", "total_net_output_bytes:"); }
+
 // A 40 MB value under a 1 MB bound is a miss, counted as rejected, without
 // being read: the process does not grow by the value's size, and the
 // breaker stays closed. (The server makes the value itself, SETRANGE, so
@@ -73,6 +84,111 @@ TEST(RemoteEdges, AnOversizedValueIsAMissWithoutBeingRead) {
   EXPECT_EQ(t->stats().errors, 0u);
   EXPECT_FALSE(t->breaker_open());
   EXPECT_EQ(t->counters().breaker_opens, 0u);
+  // The script's text went once, to be cached; the lookups after it named
+  // it by its SHA-1.
+  EXPECT_EQ(info_number(c, "commandstats", "cmdstat_eval:calls="), 1u);
+  EXPECT_GE(info_number(c, "commandstats", "cmdstat_evalsha:calls="), 2u);
+  // A server that forgot the script (restarted, SCRIPT FLUSH) is sent it
+  // again, within the same lookups: no fault, the same answers.
+  ASSERT_EQ(c.str({"SCRIPT", "FLUSH"}), "OK");
+  auto again = t->get_many({key_of(2), key_of(3)});
+  ASSERT_EQ(again.size(), 2u);
+  EXPECT_FALSE(again[0].has_value());
+  ASSERT_TRUE(again[1].has_value());
+  EXPECT_TRUE(entry_ok(*again[1], 3));
+  EXPECT_EQ(info_number(c, "commandstats", "cmdstat_eval:calls="), 3u);
+  EXPECT_EQ(t->stats().rejected, 3u);
+  EXPECT_EQ(t->stats().errors, 0u);
+  EXPECT_FALSE(t->breaker_open());
+}
+
+// An ACL user without scripting cannot run the lookup script: lookups go
+// without it (bounded all the same), the refusal is one log line and no
+// fault, and the tier keeps serving. Both ways in are checked: a first
+// lookup by get and a first lookup by get_many.
+TEST(RemoteEdges, AServerThatRefusesScriptsStillServesBoundedLookups) {
+  TempDir d;
+  START_REDIS(srv, d);
+  RedisClient admin("127.0.0.1", srv.port());
+  ASSERT_EQ(admin.str({"ACL", "SETUSER", "nolua", "on", ">pw", "~*", "+@all", "-@scripting"}), "OK");
+  const std::string url = "redis://nolua:pw@127.0.0.1:" + std::to_string(srv.port());
+  RedisTierOptions o;
+  o.max_entry_bytes = 1 << 20;
+  const size_t big = 4u << 20;
+  for (uint64_t i : {1, 2}) admin.str({"SETRANGE", "kcache:{" + key_of(i).hex() + "}", std::to_string(big - 1), "x"});
+  {
+    auto w = redis(url, o);
+    ASSERT_TRUE(w);
+    for (uint64_t i : {3, 4, 5}) ASSERT_TRUE(w->put(make_entry(i, 1000 * i)).is_ok());
+    ASSERT_TRUE(w->flush().is_ok());
+    ASSERT_EQ(w->stats().puts, 3u) << "the user without scripting could not write";
+  }
+
+  for (bool first_many : {false, true}) {
+    SCOPED_TRACE(first_many ? "first lookup by get_many" : "first lookup by get");
+    const std::string log = d.path() + (first_many ? "/many.log" : "/get.log");
+    std::shared_ptr<RedisTier> t;
+    uint64_t sent = 0;
+    {
+      LogTo to(log);
+      t = redis(url, o);
+      ASSERT_TRUE(t);
+      uint64_t before = net_output_bytes(admin);
+      if (first_many) {
+        auto many = t->get_many({key_of(1), key_of(3), key_of(2), key_of(4)});
+        ASSERT_EQ(many.size(), 4u);
+        EXPECT_FALSE(many[0].has_value());
+        EXPECT_FALSE(many[2].has_value());
+        ASSERT_TRUE(many[1].has_value());
+        ASSERT_TRUE(many[3].has_value());
+        EXPECT_TRUE(entry_ok(*many[1], 3, 3000));
+        EXPECT_TRUE(entry_ok(*many[3], 4, 4000));
+      } else {
+        auto g = t->get(key_of(1));
+        ASSERT_TRUE(g.has_value()) << g.status().to_string();
+        EXPECT_FALSE(g->has_value());
+        auto h = t->get(key_of(3));
+        ASSERT_TRUE(h.has_value()) << h.status().to_string();
+        ASSERT_TRUE(h->has_value());
+        EXPECT_TRUE(entry_ok(**h, 3, 3000));
+        auto many = t->get_many({key_of(2), key_of(4)});
+        ASSERT_EQ(many.size(), 2u);
+        EXPECT_FALSE(many[0].has_value());
+        ASSERT_TRUE(many[1].has_value());
+        EXPECT_TRUE(entry_ok(*many[1], 4, 4000));
+      }
+      sent = net_output_bytes(admin) - before;
+    }
+    // Two 4 MB values looked up: at most the bound (1 MB and the framing)
+    // of each may travel, never the values.
+    EXPECT_LT(sent, 3u << 20) << "the oversized values were sent";
+    EXPECT_EQ(t->stats().rejected, 2u);
+    EXPECT_EQ(t->stats().errors, 0u);
+    EXPECT_FALSE(t->breaker_open());
+    EXPECT_EQ(t->counters().breaker_opens, 0u);
+    // Still serving, without another line.
+    {
+      LogTo to(log);
+      for (int n = 0; n < 5; ++n) {
+        auto g = t->get(key_of(5));
+        ASSERT_TRUE(g.has_value()) << g.status().to_string();
+        ASSERT_TRUE(g->has_value()) << "the tier stopped serving";
+        EXPECT_TRUE(entry_ok(**g, 5, 5000));
+      }
+      auto missing = t->get(key_of(6));
+      ASSERT_TRUE(missing.has_value());
+      EXPECT_FALSE(missing->has_value());
+    }
+    EXPECT_EQ(t->stats().errors, 0u);
+    EXPECT_EQ(t->stats().rejected, 2u);
+    // One line for the refusal, one for each oversized key, nothing else.
+    auto lines = log_lines(log);
+    EXPECT_EQ(lines.size(), 3u) << joined(lines);
+    auto refusal = log_lines(log, "script");
+    ASSERT_EQ(refusal.size(), 1u) << joined(lines);
+    EXPECT_NE(refusal[0].find("NOPERM"), std::string::npos) << refusal[0];
+    EXPECT_EQ(log_lines(log, "rejected value").size(), 2u) << joined(lines);
+  }
 }
 
 // A client with another secret neither takes nor replaces the values the

@@ -19,7 +19,12 @@
 //    wrong type, or WRONGTYPE (a key holding another type), is Errc::corrupt;
 //    a value over the policy's bound (set_max_value_bytes) is Errc::too_large,
 //    answered by the server as its length instead of the value (a small
-//    script in place of GET, the same one round trip).
+//    script in place of GET, the same one round trip; EVALSHA, and EVAL of
+//    its text only after NOSCRIPT). A server that will not run the script
+//    (an ACL user without +@scripting, a server or proxy without Lua) is
+//    asked GETRANGE key 0 bound instead, for the life of the transport: at
+//    most bound + 1 bytes of an oversized value travel, and the refusal is
+//    one log line, never an error of the call.
 //  * URL: redis://[:password@]host[:port][/db][?option=value&...] and
 //    redis+cluster://host:port[,host:port...][?...]; each option of the
 //    query goes through set_remote_option, whose one table (kRemoteOptions)
@@ -30,6 +35,7 @@
 
 #include <array>
 #include <atomic>
+#include <cctype>
 #include <cerrno>
 #include <charconv>
 #include <climits>
@@ -350,6 +356,48 @@ constexpr const char* kBoundedGetLua =
     "local n = redis.call('STRLEN', KEYS[1]) "
     "if n > tonumber(ARGV[1]) then return n end "
     "return redis.call('GET', KEYS[1])";
+// Its SHA-1, for EVALSHA: the text goes to a server only when that server
+// answers NOSCRIPT (then EVAL runs and caches it).
+constexpr std::string_view kBoundedGetSha = "215b79c7e8ab23f5f835776b43fd0033c789bece";
+
+bool is_noscript(const Status& st) {
+  return st.code() == Errc::io_error && st.message().starts_with("redis: NOSCRIPT");
+}
+
+// Whether an error reply (as run() words it) says the server will not run
+// the lookup script at all, as opposed to a fault of the server or of one
+// key: an ACL user without +@scripting (NOPERM), a server or proxy without
+// EVAL (unknown command), a script cache EVAL cannot fill (NOSCRIPT), or
+// scripting switched off.
+bool refuses_scripts(const Status& st) {
+  if (st.code() != Errc::io_error) return false;
+  std::string_view msg = st.message();
+  if (msg.starts_with("redis: ")) msg.remove_prefix(7);
+  if (msg.starts_with("NOPERM") || msg.starts_with("NOSCRIPT")) return true;
+  if (!msg.starts_with("ERR")) return false;
+  std::string low(msg);
+  for (char& ch : low) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  if (low.starts_with("err unknown command")) return true;
+  bool about_scripts = low.find("script") != std::string::npos || low.find("lua") != std::string::npos ||
+                       low.find("eval") != std::string::npos;
+  bool switched_off = low.find("disabled") != std::string::npos || low.find("not enabled") != std::string::npos ||
+                      low.find("not supported") != std::string::npos || low.find("unsupported") != std::string::npos;
+  return about_scripts && switched_off;
+}
+
+// A GETRANGE key 0 bound reply to value bytes, where the server would not
+// run the lookup script: more than `bound` bytes is a value over the bound
+// (only bound + 1 of its bytes were sent); "" is a missing key (an empty
+// value is never a kcache value: it has at least its header).
+Expected<RemoteBytes> range_value_of(Reply r, uint64_t bound) {
+  if (r->type == REDIS_REPLY_NIL) return RemoteBytes();
+  if (r->type != REDIS_REPLY_STRING)
+    return Status(Errc::corrupt, "redis: GETRANGE answered a reply of type " + std::to_string(r->type));
+  if (r->len > bound)
+    return Status(Errc::too_large, "redis: a value of more than " + std::to_string(bound) + " bytes, over the bound");
+  if (r->len == 0) return RemoteBytes();
+  return RemoteBytes(std::make_shared<ReplyBuffer>(std::move(r), 0));
+}
 
 // A (bounded) GET reply to value bytes (null: nothing stored; too_large:
 // the server answered the length of a value over the bound).
@@ -404,8 +452,16 @@ class RedisTransport final : public RemoteTransport, public RemoteLeaseBackend {
       return value_of(std::move(r));
     }
     std::string b = std::to_string(bound);
-    KCACHE_TRY(Reply r, run(k, {"EVAL", kBoundedGetLua, "1", k, b}));
-    return value_of(std::move(r));
+    if (!no_scripts_.load()) {
+      std::vector<std::string_view> load = {"EVAL", kBoundedGetLua, "1", k, b};
+      auto r = run(k, {"EVALSHA", kBoundedGetSha, "1", k, b}, &load);
+      if (r) return value_of(std::move(*r));
+      if (!refuses_scripts(r.error())) return std::move(r).error();
+      scripts_refused(r.error());
+    }
+    // GETRANGE's end is inclusive: at most bound + 1 bytes.
+    KCACHE_TRY(Reply r, run(k, {"GETRANGE", k, "0", b}));
+    return range_value_of(std::move(r), bound);
   }
 
   Status get_many(std::span<const Key> keys, std::vector<Expected<RemoteBytes>>* out) override {
@@ -424,39 +480,14 @@ class RedisTransport final : public RemoteTransport, public RemoteLeaseBackend {
       Node& n = node(ni);
       for (size_t b = 0; b < idx.size(); b += kPipelineBatch) {
         size_t e = std::min(idx.size(), b + kPipelineBatch);
-        KCACHE_TRY(Conn conn, borrow(n));
-        redisContext* c = conn.get();
-        uint64_t bound = max_value_.load();
-        std::string bs = std::to_string(bound);
-        for (size_t j = b; j < e; ++j) {
-          if (bound == 0) {
-            const char* argv[2] = {"GET", rkeys[idx[j]].data()};
-            size_t lens[2] = {3, rkeys[idx[j]].size()};
-            redisAppendCommandArgv(c, 2, argv, lens);
-          } else {
-            const char* argv[5] = {"EVAL", kBoundedGetLua, "1", rkeys[idx[j]].data(), bs.data()};
-            size_t lens[5] = {4, std::strlen(kBoundedGetLua), 1, rkeys[idx[j]].size(), bs.size()};
-            redisAppendCommandArgv(c, 5, argv, lens);
-          }
-        }
-        for (size_t j = b; j < e; ++j) {
-          void* raw = nullptr;
-          if (redisGetReply(c, &raw) != REDIS_OK || !raw)
-            return conn_error(n, c, errno);  // the connection is dropped with its unread replies
-          Reply r(static_cast<redisReply*>(raw));
-          size_t i = idx[j];
-          if (r->type == REDIS_REPLY_ERROR) {
-            std::string_view msg = reply_str(r.get());
-            if (p_.cluster && (msg.starts_with("MOVED ") || msg.starts_with("ASK ")))
-              retry.push_back(i);
-            else
-              (*out)[i] = Status(msg.find("WRONGTYPE") != std::string_view::npos ? Errc::corrupt : Errc::io_error,
-                                 "redis: " + std::string(msg));
-            continue;
-          }
-          (*out)[i] = value_of(std::move(r));
-        }
-        give_back(n, std::move(conn));
+        // Asked by EVALSHA, then with the script's text (EVAL) where the
+        // server had not cached it, then without it where the server
+        // refused it (pipeline() turns it off).
+        std::vector<size_t> again(idx.begin() + static_cast<std::ptrdiff_t>(b),
+                                  idx.begin() + static_cast<std::ptrdiff_t>(e));
+        for (int pass = 0; pass < 3 && !again.empty(); ++pass)
+          KCACHE_RETURN_IF_ERROR(pipeline(n, pass > 0, rkeys, out, &retry, &again));
+        for (size_t i : again) (*out)[i] = Status(Errc::io_error, "redis: the lookup script was not run");
       }
     }
     for (size_t i : retry) {
@@ -505,6 +536,77 @@ class RedisTransport final : public RemoteTransport, public RemoteLeaseBackend {
     KCACHE_TRY(Reply r, run(lk, {"EXISTS", lk}));
     if (r->type != REDIS_REPLY_INTEGER) return Status(Errc::corrupt, "redis: unexpected EXISTS reply");
     return r->integer != 0;
+  }
+
+  // One pipeline of lookups on one node, for the keys in *again: the
+  // replies land in (*out)[i]; a redirected key is added to `retry`, and
+  // *again becomes the keys to ask again: those the server answered
+  // NOSCRIPT (not cached: `load` sends the script's text) or whose script
+  // it refused (then the transport stops sending the script, so asking
+  // those again goes without it).
+  Status pipeline(Node& n, bool load, const std::vector<std::string>& rkeys, std::vector<Expected<RemoteBytes>>* out,
+                  std::vector<size_t>* retry, std::vector<size_t>* again) {
+    std::vector<size_t> ask;
+    ask.swap(*again);
+    KCACHE_TRY(Conn conn, borrow(n));
+    redisContext* c = conn.get();
+    uint64_t bound = max_value_.load();
+    bool scripted = bound != 0 && !no_scripts_.load();
+    std::string bs = std::to_string(bound);
+    for (size_t i : ask) {
+      const std::string& k = rkeys[i];
+      if (bound == 0) {
+        const char* argv[2] = {"GET", k.data()};
+        size_t lens[2] = {3, k.size()};
+        redisAppendCommandArgv(c, 2, argv, lens);
+      } else if (scripted) {
+        std::string_view cmd = load ? "EVAL" : "EVALSHA";
+        std::string_view script = load ? std::string_view(kBoundedGetLua) : kBoundedGetSha;
+        const char* argv[5] = {cmd.data(), script.data(), "1", k.data(), bs.data()};
+        size_t lens[5] = {cmd.size(), script.size(), 1, k.size(), bs.size()};
+        redisAppendCommandArgv(c, 5, argv, lens);
+      } else {
+        const char* argv[4] = {"GETRANGE", k.data(), "0", bs.data()};
+        size_t lens[4] = {8, k.size(), 1, bs.size()};
+        redisAppendCommandArgv(c, 4, argv, lens);
+      }
+    }
+    for (size_t i : ask) {
+      void* raw = nullptr;
+      if (redisGetReply(c, &raw) != REDIS_OK || !raw)
+        return conn_error(n, c, errno);  // the connection is dropped with its unread replies
+      Reply r(static_cast<redisReply*>(raw));
+      if (r->type == REDIS_REPLY_ERROR) {
+        std::string_view msg = reply_str(r.get());
+        Status st(msg.find("WRONGTYPE") != std::string_view::npos ? Errc::corrupt : Errc::io_error,
+                  "redis: " + std::string(msg));
+        if (p_.cluster && (msg.starts_with("MOVED ") || msg.starts_with("ASK "))) {
+          retry->push_back(i);
+        } else if (scripted && !load && is_noscript(st)) {
+          again->push_back(i);
+        } else if (scripted && refuses_scripts(st)) {
+          scripts_refused(st);
+          again->push_back(i);
+        } else {
+          (*out)[i] = std::move(st);
+        }
+        continue;
+      }
+      (*out)[i] = scripted || bound == 0 ? value_of(std::move(r)) : range_value_of(std::move(r), bound);
+    }
+    give_back(n, std::move(conn));
+    return Status();
+  }
+
+  // The server will not run the lookup script: bounded lookups go without
+  // it from now on, and the log says so once.
+  void scripts_refused(const Status& why) {
+    if (no_scripts_.exchange(true)) return;
+    std::string_view msg = why.message();
+    if (msg.starts_with("redis: ")) msg.remove_prefix(7);
+    KCACHE_LOG(LogLevel::warn,
+               "redis: the server refuses the lookup script (%.*s); lookups bounded by size use GETRANGE instead",
+               static_cast<int>(msg.size()), msg.data());
   }
 
   TransportCounters counters() const override {
@@ -642,13 +744,23 @@ class RedisTransport final : public RemoteTransport, public RemoteLeaseBackend {
   }
 
   // Runs one command on the node owning `rkey`, following redirections. An
-  // error reply other than a redirection is Errc::io_error.
-  Expected<Reply> run(std::string_view rkey, const std::vector<std::string_view>& args) {
+  // error reply other than a redirection is Errc::io_error. A node that
+  // answers NOSCRIPT to EVALSHA is sent `on_noscript` (the EVAL of the same
+  // script) at once, asked the same way.
+  Expected<Reply> run(std::string_view rkey, const std::vector<std::string_view>& args,
+                      const std::vector<std::string_view>* on_noscript = nullptr) {
     int ni = p_.cluster ? node_for_slot(redis_key_slot(rkey)) : 0;
     bool asking = false;
+    const std::vector<std::string_view>* cmd = &args;
     for (int hop = 0; hop <= kMaxRedirects; ++hop) {
-      auto r = exec_on(node(ni), args, asking);
+      auto r = exec_on(node(ni), *cmd, asking);
       if (!r) return std::move(r).error();
+      if (on_noscript && (*r)->type == REDIS_REPLY_ERROR && reply_str(r->get()).starts_with("NOSCRIPT")) {
+        cmd = on_noscript;
+        on_noscript = nullptr;
+        r = exec_on(node(ni), *cmd, asking);
+        if (!r) return std::move(r).error();
+      }
       asking = false;
       if ((*r)->type != REDIS_REPLY_ERROR) return r;
       std::string_view msg = reply_str(r->get());
@@ -728,7 +840,8 @@ class RedisTransport final : public RemoteTransport, public RemoteLeaseBackend {
 
   ParsedUrl p_;
   std::atomic<uint64_t> connect_ms_, command_ms_;
-  std::atomic<uint64_t> max_value_{0};  // 0: GET without a bound
+  std::atomic<uint64_t> max_value_{0};   // 0: GET without a bound
+  std::atomic<bool> no_scripts_{false};  // the server refused the lookup script
   std::atomic<uint64_t> moved_{0}, ask_{0}, slot_refreshes_{0};
 
   std::shared_mutex map_mu_;
