@@ -25,7 +25,8 @@
 // (without running its compile function) and begin() returns a Flight
 // whose error() says so. A thread that holds a key's cross-process lease
 // through another Cache of this process on the same store compiles without
-// the lease instead of waiting for itself.
+// the lease instead of waiting for itself. is_reentry(status) tells such a
+// refusal from other invalid_argument errors (a compile's bad artifacts).
 //
 // Exit: entries reach the disk and remote tiers through a committer thread
 // that lets a group gather for up to 100 ms. Every open Cache is flushed by
@@ -40,6 +41,7 @@
 // succeed, and destroying it is safe.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -144,7 +146,8 @@ struct Options {
   // KCACHE_WAIT_BOUND_MS.
   uint64_t wait_bound_ms = 300000;
   // Every store (get_or_compile's, a Flight's commit, put) waits until the
-  // disk and remote tiers have the entry before it returns, instead of
+  // disk tier has the entry before it returns (a remote tier is written
+  // behind, by its own queue; flush() waits for it), instead of
   // leaving it to the committer's next group (up to 100 ms later). For
   // hosts that end with _exit() without flush(); costs a transaction and a
   // sync per store. Default off: a normal exit() flushes every open Cache.
@@ -318,6 +321,10 @@ class Flight {
   std::unique_ptr<State> s_;
 };
 
+// True for the status of a request refused as re-entrant (see Re-entry
+// above), never for any other error.
+bool is_reentry(const Status& st) noexcept;
+
 class Cache {
  public:
   // Never fails: a disk folder that cannot be used leaves the disk tier out
@@ -393,6 +400,13 @@ class Cache {
   // journal (or was dropped: the journal is a diagnostic, and a journal
   // whose lock another process held for over a second drops what it had).
   void flush();
+  // The same, waiting at most `bound` for the disk (a store whose lock
+  // another process holds, or a hung file system, can take longer); false
+  // when the bound ran out with entries still on their way. The exit
+  // handler flushes each open Cache this way, with a bound of 10 s, so a
+  // stuck store never keeps a process from ending (one log line says what
+  // was left unwritten).
+  bool flush(std::chrono::milliseconds bound);
   const Options& options() const noexcept;
 
  private:

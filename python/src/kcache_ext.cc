@@ -412,10 +412,10 @@ nb::handle g_reentry_error;  // kcache.ReentryError
 }
 
 // The library refuses, at once, a request for a key that the calling thread
-// is compiling itself (kcache/cache.h, "Re-entry"): invalid_argument, which
-// a compile never returns here (the artifacts are checked before).
+// is compiling itself (kcache/cache.h, "Re-entry"); any other error is the
+// compile's.
 [[noreturn]] void raise_compile_error(const kcache::Status& st) {
-  if (st.code() == kcache::Errc::invalid_argument) raise_reentry_error(st.message());
+  if (kcache::is_reentry(st)) raise_reentry_error(st.message());
   PyErr_SetString(g_compile_error.ptr(), st.message().c_str());
   throw nb::python_error();
 }

@@ -37,6 +37,8 @@ class ProcessWide {
   void renew() {
     uint64_t now = util::fork_generation(), was = gen_.load();
     if (was == now || !gen_.compare_exchange_strong(was, now)) return;
+    util::abandon(mu_);
+    util::abandon(val_);
     mu_ = new std::mutex;
     val_ = new T;
   }
@@ -44,6 +46,9 @@ class ProcessWide {
   std::mutex* mu_ = new std::mutex;
   T* val_ = new T;
 };
+
+// How a re-entrant request's status begins (is_reentry).
+constexpr std::string_view kReentryPrefix = "re-entrant request: ";
 
 // Every open Cache of the process, flushed by the exit handler: a program
 // that returns from main or calls exit() without closing its caches still
@@ -57,9 +62,13 @@ ProcessWide<std::unordered_set<Cache*>>& live_caches() {
 // Registered once per process image (a child of fork() inherits it), by
 // the first Cache: after the statics the opening made, so those are
 // destroyed after it runs.
+// Each waits at most 10 s: a store another process keeps locked must not
+// keep this one from ending.
 void flush_live_caches() {
   live_caches().with([](std::unordered_set<Cache*>& caches) {
-    for (Cache* c : caches) c->flush();
+    for (Cache* c : caches)
+      if (!c->flush(std::chrono::seconds(10)))
+        KCACHE_LOG(LogLevel::warn, "at exit: entries still not written after 10 s; the process ends without them");
   });
 }
 
@@ -176,10 +185,21 @@ void Cache::add_tier(std::shared_ptr<Tier> tier) {
 
 const std::vector<std::shared_ptr<Tier>>& Cache::tiers() const noexcept { return impl_->chain.tiers(); }
 const Options& Cache::options() const noexcept { return impl_->opt; }
+bool is_reentry(const Status& st) noexcept {
+  return st.code() == Errc::invalid_argument && st.message().starts_with(kReentryPrefix);
+}
+
 void Cache::flush() {
   impl_->committer.flush();
   impl_->chain.flush();
   if (impl_->explainer) impl_->explainer->flush();
+}
+
+bool Cache::flush(std::chrono::milliseconds bound) {
+  if (!impl_->committer.flush_for(bound)) return false;
+  impl_->chain.flush();
+  if (impl_->explainer) impl_->explainer->flush();
+  return true;
 }
 
 bool Cache::Impl::store(const Entry& e, Leadership* owner) {
@@ -285,7 +305,7 @@ Cache::Impl::Turn Cache::Impl::take_turn(const Key& key, Source* source, bool wa
                  key.hex().c_str());
       t.reentry = true;
       t.answer = Status(Errc::invalid_argument,
-                        "re-entrant request: this thread is already compiling key " + key.hex() +
+                        std::string(kReentryPrefix) + "this thread is already compiling key " + key.hex() +
                             " (a compile function asked the cache for its own key, or begin() was called again "
                             "before commit or abandon)");
       return t;

@@ -25,15 +25,15 @@ void Committer::renew_after_fork() {
   inherited_ = true;
   // The inherited containers may be mid-update by a parent thread: leak
   // them rather than destroy them.
-  new std::deque<Item>(std::move(queue_));
-  new std::unordered_map<Key, std::pair<uint64_t, Entry>>(std::move(inflight_));
+  util::abandon(new std::deque<Item>(std::move(queue_)));
+  util::abandon(new std::unordered_map<Key, std::pair<uint64_t, Entry>>(std::move(inflight_)));
   queue_ = {};
   inflight_ = {};
   submitted_ = written_ = queued_bytes_ = 0;
   flushing_ = 0;
   stop_ = false;
   waiting_.store(0);
-  (void)done_cv_.release();
+  util::abandon(done_cv_.release());
   done_cv_ = std::make_unique<std::condition_variable>();
 }
 
@@ -79,6 +79,18 @@ void Committer::flush() {
   worker_.cv().notify_all();  // no lingering: someone waits
   done_cv_->wait(lk, [&] { return written_ >= target; });
   --flushing_;
+}
+
+bool Committer::flush_for(std::chrono::milliseconds bound) {
+  renew_after_fork();
+  std::unique_lock lk(worker_.mu());
+  uint64_t target = submitted_;
+  if (written_ >= target) return true;
+  ++flushing_;
+  worker_.cv().notify_all();
+  const bool done = done_cv_->wait_for(lk, bound, [&] { return written_ >= target; });
+  --flushing_;
+  return done;
 }
 
 void Committer::stop() {

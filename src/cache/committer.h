@@ -20,6 +20,7 @@
 // clock by hand.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -49,6 +50,8 @@ class Committer {
   bool idle() const noexcept { return waiting_.load(std::memory_order_acquire) == 0; }
   // Waits until everything submitted before the call was written.
   void flush();
+  // The same, waiting at most `bound`; false when it ran out first.
+  bool flush_for(std::chrono::milliseconds bound);
   // flush(), then ends the thread (a later submit() starts it again).
   void stop();
 

@@ -222,10 +222,10 @@ MissJournal::~MissJournal() {
 // inherited vector may be mid-update by a parent thread: leaked, not freed.
 void MissJournal::renew_after_fork() {
   if (!writer_.renewed()) return;
-  (void)mu_.release();
+  util::abandon(mu_.release());
   mu_ = std::make_unique<std::mutex>();
   inherited_ = true;
-  new std::vector<MissRecord>(std::move(posted_));
+  util::abandon(new std::vector<MissRecord>(std::move(posted_)));
   posted_ = {};
   n_posted_ = n_done_ = 0;
   flushing_ = 0;

@@ -83,7 +83,9 @@ class PosixEnv final : public Env {
 }  // namespace
 
 int Env::openat(int dir, const std::string& path, int flags, unsigned mode) {
-  return ::openat(dir, path.c_str(), flags, static_cast<mode_t>(mode));
+  // Never 0, 1 or 2, as open: the program may have closed them since the
+  // store was opened.
+  return util::above_std(::openat(dir, path.c_str(), flags, static_cast<mode_t>(mode)), flags);
 }
 int Env::statat(int dir, const std::string& path, struct stat* st) {
   return ::fstatat(dir, path.c_str(), st, AT_SYMLINK_NOFOLLOW);
@@ -108,7 +110,7 @@ int Env::set_mtime_ms_at(int dir, const std::string& path, uint64_t ms) {
   return ::utimensat(dir, path.c_str(), ts, AT_SYMLINK_NOFOLLOW);
 }
 int Env::list_dir_at(int dir, const std::string& path, std::vector<std::string>* names) {
-  int fd = ::openat(dir, path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  int fd = util::above_std(::openat(dir, path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC), O_CLOEXEC);
   if (fd < 0) return -1;
   DIR* dp = ::fdopendir(fd);
   if (!dp) {

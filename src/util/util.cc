@@ -115,7 +115,10 @@ void reserve_std_fds() noexcept {
 }
 
 int open_above_std(const char* path, int flags, unsigned mode) noexcept {
-  int fd = ::open(path, flags, static_cast<mode_t>(mode));
+  return above_std(::open(path, flags, static_cast<mode_t>(mode)), flags);
+}
+
+int above_std(int fd, int flags) noexcept {
   if (fd < 0 || fd > 2) return fd;
   int high = ::fcntl(fd, (flags & O_CLOEXEC) ? F_DUPFD_CLOEXEC : F_DUPFD, 3);
   const int err = errno;
@@ -153,12 +156,18 @@ void note_store_file(const std::string& path) noexcept {
 
 namespace {
 
-thread_local sigjmp_buf* t_guard = nullptr;  // set inside run_guarded
-struct sigaction g_prev_bus;                 // the handler before ours
+// Set inside run_guarded. Initial-exec: the handler reads it without the
+// lazy allocation a module loaded by dlopen (Python's extension) may
+// otherwise do on a thread's first access.
+__attribute__((tls_model("initial-exec"))) thread_local sigjmp_buf* t_guard = nullptr;
+struct sigaction g_prev_bus;  // the handler before ours
 std::once_flag g_bus_once;
 
 void on_sigbus(int sig, siginfo_t* info, void* uc) {
-  if (sigjmp_buf* jb = t_guard) {
+  // Only a fault of this thread's guarded read jumps back; a SIGBUS sent by
+  // kill() or sigqueue() (si_code <= 0) is not one.
+  sigjmp_buf* jb = info && info->si_code > 0 ? t_guard : nullptr;
+  if (jb) {
     t_guard = nullptr;
     siglongjmp(*jb, 1);
   }

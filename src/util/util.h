@@ -1,6 +1,10 @@
 // Private helpers shared by every component: logging, time, sizes, files.
 #pragma once
 
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/lsan_interface.h>
+#endif
+
 #include <cstdint>
 #include <cstdio>
 #include <optional>
@@ -11,6 +15,17 @@
 #include "kcache/status.h"
 
 namespace kcache::util {
+
+// Marks memory never to be freed on purpose (what a child of fork()
+// inherited and abandons: a parent thread may have been changing it) so a
+// leak checker takes it, and what it points to, as in use. Returns p.
+template <class T>
+T* abandon(T* p) noexcept {
+#if defined(__SANITIZE_ADDRESS__)
+  __lsan_ignore_object(p);
+#endif
+  return p;
+}
 
 // ---- logging: one line per event, "kcache: <level>: <message>" ----------
 void set_log(LogLevel level, const std::string& file);
@@ -46,6 +61,10 @@ void reserve_std_fds() noexcept;
 // is moved above 2 (F_DUPFD, close-on-exec as `flags` say) and the slot
 // gets /dev/null. The POSIX Env, the lease table and bundles open through it.
 int open_above_std(const char* path, int flags, unsigned mode = 0) noexcept;
+// The same for a descriptor just opened some other way (openat, ...) with
+// `flags`: returned as it is when above 2, else moved above 2 (the slot
+// keeps /dev/null); -1 with errno when that fails.
+int above_std(int fd, int flags) noexcept;
 // Records that `fd` (or the file at `path`) is a file of a store: the log
 // never writes to descriptor 2 while it is one of them.
 void note_store_file(int fd) noexcept;

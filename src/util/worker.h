@@ -31,9 +31,9 @@ class Worker {
   bool renewed() {
     uint64_t now = fork_generation(), was = gen_.load();
     if (was == now || !gen_.compare_exchange_strong(was, now)) return false;
-    if (thread_.joinable()) new std::thread(std::move(thread_));
-    (void)mu_.release();
-    (void)cv_.release();
+    if (thread_.joinable()) abandon(new std::thread(std::move(thread_)));
+    abandon(mu_.release());
+    abandon(cv_.release());
     mu_ = std::make_unique<std::mutex>();
     cv_ = std::make_unique<std::condition_variable>();
     return true;
