@@ -27,6 +27,9 @@
 // through another Cache of this process on the same store compiles without
 // the lease instead of waiting for itself. is_reentry(status) tells such a
 // refusal from other invalid_argument errors (a compile's bad artifacts).
+// The leader is the thread that called begin(): a Flight handed to another
+// thread to compile keeps it, so that thread's own begin() of the same key
+// is refused (not left to wait) until the flight is committed or abandoned.
 //
 // Exit: entries reach the disk and remote tiers through a committer thread
 // that lets a group gather for up to 100 ms. Every open Cache is flushed by
