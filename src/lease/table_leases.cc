@@ -181,9 +181,16 @@ bool guarded(F&& f) {
 bool lock_damaged(const pthread_mutex_t* mu, int rc) {
   if (rc == 0 || rc == EOWNERDEAD || rc == EFAULT) return false;
   if (rc != EBUSY || !lock_kind_ok(mu)) return true;
-  uint32_t word = __atomic_load_n(reinterpret_cast<const uint32_t*>(mu), __ATOMIC_RELAXED);
+  const auto* w = reinterpret_cast<const uint32_t*>(mu);
+  uint32_t word = __atomic_load_n(w, __ATOMIC_RELAXED);
   uint32_t tid = word & 0x3fffffffu;  // FUTEX_TID_MASK
-  return tid == 0 || tid > max_tid();
+  if (tid != 0) return tid > max_tid();
+  // Busy, yet no owner: the owner may have let go between the trylock and
+  // this read (the word is then 0, or changes). Garbage only when the same
+  // owner-less word is still there a moment later.
+  if (word == 0) return false;
+  std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  return __atomic_load_n(w, __ATOMIC_RELAXED) == word;
 }
 
 // Attributes of a bucket's lock: process-shared and robust.
@@ -476,6 +483,10 @@ class TableLeases final : public Leases {
   // could have taken a lease there); a lock "held" by an impossible owner
   // keeps them. Said once.
   void repair(pthread_mutex_t* mu) {
+    // The header's lock is an open file description's, which every thread
+    // of this process shares: it keeps other processes out, this mutex the
+    // other threads.
+    std::lock_guard threads(repair_mu_);
     if (!ofd_lock(map_fd_, 0, static_cast<off_t>(kHeaderSize))) return;
     int rc = EFAULT;
     bool made = false;
@@ -669,6 +680,7 @@ class TableLeases final : public Leases {
   char* map_ = nullptr;                                       // a mapped table
   int map_fd_ = -1;                                           // and its file
   std::atomic<bool> broken_{false};                           // the mapped file shrank
+  std::mutex repair_mu_;                                      // one thread of this process repairs at a time
   std::atomic<bool> garbage_logged_{false};                   // a garbage lock or slot was said
   std::unique_ptr<State> state_ = std::make_unique<State>();  // an unmapped one
   std::mutex fork_mu_;                                        // only taken when a fork was seen
