@@ -24,15 +24,6 @@ DiskTierOptions options() {
 
 }  // namespace
 
-// ThreadSanitizer cannot follow a child of a multi-threaded fork() that
-// starts threads of its own (it stops such a child with "starting new
-// threads after multi-threaded fork is not supported").
-#if defined(__SANITIZE_THREAD__)
-#define SKIP_UNDER_TSAN() GTEST_SKIP() << "ThreadSanitizer does not support threads started after a multi-threaded fork"
-#else
-#define SKIP_UNDER_TSAN() (void)0
-#endif
-
 TEST(LmdbFork, InheritedTierIsAMissInTheChildAndTheParentsPinnedHitSurvives) {
   TempDir td;
   std::string dir = td.path() + "/store";
