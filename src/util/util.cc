@@ -156,10 +156,9 @@ void note_store_file(const std::string& path) noexcept {
 
 namespace {
 
-// Set inside run_guarded. Initial-exec: the handler reads it without the
-// lazy allocation a module loaded by dlopen (Python's extension) may
-// otherwise do on a thread's first access.
-__attribute__((tls_model("initial-exec"))) thread_local sigjmp_buf* t_guard = nullptr;
+// Set inside run_guarded. (Not initial-exec: a module loaded by dlopen,
+// Python's extension, may find no static TLS left for it.)
+thread_local sigjmp_buf* t_guard = nullptr;
 struct sigaction g_prev_bus;  // the handler before ours
 std::once_flag g_bus_once;
 
