@@ -167,6 +167,15 @@ KCACHE_EXPORT int kcache_key_add_bool(kcache_key_builder* b, const char* name, i
 KCACHE_EXPORT int kcache_key_add_digest(kcache_key_builder* b, const char* name, const kcache_key* value);
 /* Hashes the file's contents (not its path). */
 KCACHE_EXPORT int kcache_key_add_file(kcache_key_builder* b, const char* name, const char* path);
+/* The label of what is compiled (a kernel's or module's name, cut at 1024
+ * bytes): not part of the key; it names the entry in `kcache misses`,
+ * `explain` and debug logs. */
+KCACHE_EXPORT int kcache_key_set_label(kcache_key_builder* b, const char* label);
+/* Keeps component `name` (added before or after this call) out of the stored
+ * manifest and the miss journal: only its digest is kept (tokens, user names,
+ * paths). kcache_key_builder_finish fails with KCACHE_INVALID_ARGUMENT when no
+ * component has that name. */
+KCACHE_EXPORT int kcache_key_mark_private(kcache_key_builder* b, const char* name);
 /* The key; KCACHE_INVALID_ARGUMENT on a repeated or empty component name,
  * KCACHE_IO_ERROR / KCACHE_NOT_FOUND when an added file could not be read. */
 KCACHE_EXPORT int kcache_key_builder_finish(const kcache_key_builder* b, kcache_key* out);

@@ -127,7 +127,8 @@ class KeyBuilder {
 
   // Keeps the value of component `name` (added before or after this call)
   // out of the manifest: only its digest is stored. For values that must
-  // not be written to a cache (tokens, user names, paths).
+  // not be written to a cache (tokens, user names, paths). finish() fails
+  // when no component has that name (a misspelt name would leak the value).
   KeyBuilder& mark_private(std::string_view name);
   // The label of what is compiled (KeyInfo::label); not part of the key.
   KeyBuilder& label(std::string_view label);

@@ -53,7 +53,7 @@ import json
 import os
 import sys
 import weakref
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple, Union
 
 from . import _kcache
 from ._kcache import Entry, Flight, Key
@@ -124,9 +124,17 @@ def _note_open() -> None:
 _kcache._set_encoder(_encode_value, CompileError, ReentryError, _note_open)
 
 
-def key(namespace: str, **components: Any) -> Key:
+def key(namespace: str, *, label: Optional[str] = None, private: Iterable[str] = (), **components: Any) -> Key:
     """The cache key of `namespace` (the client and its schema version, e.g.
     "mydsl/1") and the named components.
+
+    `label` names what is compiled (a kernel's or function's name); it is
+    not part of the key, but `kcache misses` and `kcache explain` group and
+    compare entries by it. `private` lists components whose values must not
+    be written anywhere (tokens, user names, paths): the stored manifest and
+    the miss journal keep only their digests. A private name that is not a
+    component raises ValueError. `label` and `private` are therefore not
+    available as component names.
 
     Component types: bytes-like (hashed as bytes), str, int (64-bit), bool,
     dict (str keys; values JSON-encoded with sorted keys), list or tuple
@@ -137,7 +145,9 @@ def key(namespace: str, **components: Any) -> Key:
     """
     if not isinstance(namespace, str):
         raise TypeError("kcache.key: the namespace must be a str")
-    return _kcache.key(namespace, components)
+    if isinstance(private, (str, bytes)):
+        raise TypeError("kcache.key: private must be a list of component names, not a single string")
+    return _kcache.key(namespace, components, label, tuple(private))
 
 
 def features() -> list:

@@ -124,10 +124,23 @@ std::string encode_value(nb::handle v) {
   return text_of(g_encode_value(v), "kcache.key: a value inside a dict or list component", false);
 }
 
-PyKey make_key(nb::handle ns_obj, nb::dict components) {
+PyKey make_key(nb::handle ns_obj, nb::dict components, nb::handle label_obj, nb::handle private_obj) {
   std::string ns = text_of(ns_obj, "kcache.key: the namespace", true);
   if (ns.empty()) throw nb::value_error("kcache.key: the namespace must not be empty");
   kcache::KeyBuilder b(ns);
+  if (!label_obj.is_none()) {
+    if (!nb::isinstance<nb::str>(label_obj)) throw nb::type_error("kcache.key: the label must be a str");
+    b.label(text_of(label_obj, "kcache.key: the label", false));
+  }
+  if (nb::isinstance<nb::str>(private_obj))
+    throw nb::type_error("kcache.key: private must be a list of component names, not a str");
+  for (nb::handle p : private_obj) {
+    if (!nb::isinstance<nb::str>(p)) throw nb::type_error("kcache.key: private names must be str");
+    std::string name = text_of(p, "kcache.key: a private name", true);
+    if (!components.contains(p))
+      throw nb::value_error(("kcache.key: private component '" + name + "' is not a component").c_str());
+    b.mark_private(name);
+  }
   for (auto [name_h, v] : components) {
     std::string name = text_of(name_h, "kcache.key: a component name", true);
     if (v.is_none()) throw nb::type_error(("kcache.key: component '" + name + "' is None").c_str());
@@ -557,6 +570,7 @@ NB_MODULE(_kcache, m) {
       .def_prop_ro("hex", [](const PyKey& k) { return k.info.key.hex(); })
       .def_prop_ro("namespace", [](const PyKey& k) { return k.info.manifest.ns; })
       .def_prop_ro("manifest", [](const PyKey& k) { return manifest_list(k.info.manifest); })
+      .def_prop_ro("label", [](const PyKey& k) { return k.info.label; })
       .def("__bytes__",
            [](const PyKey& k) {
              return nb::bytes(reinterpret_cast<const char*>(k.info.key.bytes.data()), k.info.key.bytes.size());
@@ -566,10 +580,13 @@ NB_MODULE(_kcache, m) {
              return nb::isinstance<PyKey>(b) && a.info.key == nb::cast<const PyKey&>(b).info.key;
            })
       .def("__hash__", [](const PyKey& k) { return static_cast<Py_ssize_t>(std::hash<kcache::Digest>()(k.info.key)); })
-      .def("__repr__",
-           [](const PyKey& k) { return "kcache.Key('" + k.info.manifest.ns + "', " + k.info.key.hex() + ")"; });
+      .def("__repr__", [](const PyKey& k) {
+        std::string r = "kcache.Key('" + k.info.manifest.ns + "', " + k.info.key.hex();
+        if (!k.info.label.empty()) r += ", label='" + k.info.label + "'";
+        return r + ")";
+      });
 
-  m.def("key", &make_key, "namespace"_a, "components"_a);
+  m.def("key", &make_key, "namespace"_a, "components"_a, "label"_a = nb::none(), "private"_a = nb::tuple());
 
   static_assert(sizeof(ArtifactView) > 0);
   nb::class_<ArtifactView>(m, "_ArtifactBytes", nb::type_slots(artifact_slots));

@@ -466,3 +466,27 @@ def test_every_option_is_reachable_by_name(tmp_path):
         kcache.Cache(str(tmp_path), lease_ttl_ms=0)
     with pytest.raises(TypeError):
         kcache.Cache(str(tmp_path), explain=1.0)
+
+
+def test_key_label_and_private(tmp_path):
+    token = "tok-5ecret-9921"
+    k = kcache.key("lbl/1", label="saxpy_label_kernel", private=["user_token"], ir=b"ir", user_token=token)
+    assert k.label == "saxpy_label_kernel"
+    assert "saxpy_label_kernel" in repr(k)
+    # The label is not part of the key; private changes only what is stored.
+    assert k == kcache.key("lbl/1", ir=b"ir", user_token=token)
+    with pytest.raises(ValueError, match="user_tokn"):
+        kcache.key("lbl/1", private=["user_tokn"], ir=b"ir", user_token=token)
+    with pytest.raises(TypeError):
+        kcache.key("lbl/1", private="user_token", ir=b"ir", user_token=token)
+    with pytest.raises(TypeError):
+        kcache.key("lbl/1", label=3, ir=b"ir")
+    store = tmp_path / "store"
+    with kcache.Cache(str(store), engine="files", compression="none", memory=False, sync_commit=True) as c:
+        c.get_or_compile(k, lambda: {"obj": b"compiled"})
+        # A changed component under the same label: a miss the journal records.
+        k2 = kcache.key("lbl/1", label="saxpy_label_kernel", private=["user_token"], ir=b"ir2", user_token=token)
+        c.get_or_compile(k2, lambda: {"obj": b"compiled2"})
+    data = b"".join(p.read_bytes() for p in store.rglob("*") if p.is_file())
+    assert b"saxpy_label_kernel" in data
+    assert token.encode() not in data

@@ -269,6 +269,15 @@ int kcache_key_add_file(kcache_key_builder* b, const char* name, const char* pat
   KCACHE_BUILDER_ADD(b->b.add_file(name, path));
 }
 
+int kcache_key_set_label(kcache_key_builder* b, const char* label) {
+  return guard([&] {
+    if (!b || !label) return set_error(KCACHE_INVALID_ARGUMENT, "kcache_key_set_label: NULL argument");
+    b->b.label(label);
+    return static_cast<int>(KCACHE_OK);
+  });
+}
+int kcache_key_mark_private(kcache_key_builder* b, const char* name) { KCACHE_BUILDER_ADD(b->b.mark_private(name)); }
+
 int kcache_key_builder_finish(const kcache_key_builder* b, kcache_key* out) {
   return guard([&] {
     if (!b || !out) return set_error(KCACHE_INVALID_ARGUMENT, "kcache_key_builder_finish: NULL argument");

@@ -250,6 +250,11 @@ Expected<KeyInfo> KeyBuilder::finish(std::string ns, std::vector<ManifestItem> i
   m.items = std::move(items);
   for (auto& it : m.items)
     if (std::find(private_names.begin(), private_names.end(), it.name) != private_names.end()) it.value.reset();
+  // A private name that names no component is a misspelling whose value
+  // would otherwise be stored in plain text.
+  for (const auto& p : private_names)
+    if (std::none_of(m.items.begin(), m.items.end(), [&](const ManifestItem& it) { return it.name == p; }))
+      return Status(Errc::invalid_argument, "private key component '" + p + "' was never added");
   std::sort(m.items.begin(), m.items.end(),
             [](const ManifestItem& a, const ManifestItem& b) { return a.name < b.name; });
   for (size_t i = 1; i < m.items.size(); ++i)

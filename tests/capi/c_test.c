@@ -660,6 +660,57 @@ static void test_flights(const char* root) {
   kcache_close(c);
 }
 
+/* A label and a private component: the token never reaches the store's
+ * files (manifest, journal), the label does; a private name that names no
+ * component is refused. */
+static void test_label_and_private(const char* root) {
+  char dir[512], cmd[1200];
+  kcache_cache* c;
+  kcache_options* o = kcache_options_new();
+  kcache_key_builder* b = kcache_key_builder_new("label/1");
+  kcache_flight* f = NULL;
+  kcache_artifact a;
+  kcache_key k;
+  snprintf(dir, sizeof dir, "%s/label", root);
+  CHECK(o != NULL && b != NULL);
+  CHECK_OK(kcache_options_set(o, "env", "0"));
+  CHECK_OK(kcache_options_set(o, "dir", dir));
+  CHECK_OK(kcache_options_set(o, "engine", "files"));
+  CHECK_OK(kcache_options_set(o, "compression", "none"));
+  CHECK_OK(kcache_options_set(o, "memory_size", "0"));
+  CHECK_OK(kcache_options_set(o, "sync_commit", "1"));
+  CHECK_OK(kcache_open(o, &c));
+  kcache_options_free(o);
+
+  CHECK_FAILS(kcache_key_set_label(NULL, "x"), KCACHE_INVALID_ARGUMENT);
+  CHECK_FAILS(kcache_key_set_label(b, NULL), KCACHE_INVALID_ARGUMENT);
+  CHECK_FAILS(kcache_key_mark_private(b, NULL), KCACHE_INVALID_ARGUMENT);
+  CHECK_OK(kcache_key_add_string(b, "src", "kernel body"));
+  CHECK_OK(kcache_key_mark_private(b, "user_token"));
+  /* Marked before it exists: refused at finish until it is added. */
+  CHECK_FAILS(kcache_key_builder_finish(b, &k), KCACHE_INVALID_ARGUMENT);
+  CHECK(strstr(kcache_last_error(), "user_token") != NULL);
+  CHECK_OK(kcache_key_add_string(b, "user_token", "tok-5ecret-7731"));
+  CHECK_OK(kcache_key_set_label(b, "saxpy_kernel_label"));
+  CHECK_OK(kcache_key_builder_finish(b, &k));
+
+  CHECK_OK(kcache_begin(c, b, &f));
+  CHECK_EQ_INT(kcache_flight_owner(f), 1);
+  a.name = "obj";
+  a.data = "compiled bytes";
+  a.size = 14;
+  CHECK_OK(kcache_flight_commit(f, &a, 1, NULL));
+  kcache_flight_free(f);
+  kcache_key_builder_free(b);
+  CHECK_OK(kcache_flush(c));
+  kcache_close(c);
+
+  snprintf(cmd, sizeof cmd, "grep -rqa 'saxpy_kernel_label' '%s'", dir);
+  CHECK_EQ_INT(system(cmd), 0);
+  snprintf(cmd, sizeof cmd, "grep -rqa 'tok-5ecret-7731' '%s'", dir);
+  CHECK(system(cmd) != 0);
+}
+
 int main(void) {
   char root[] = "/tmp/kcache-c-test-XXXXXX";
   char cmd[600];
@@ -671,6 +722,7 @@ int main(void) {
   test_errors_and_version();
   test_bad_arguments(root);
   test_flights(root);
+  test_label_and_private(root);
   test_options_pipeline(root);
   if (strstr(kcache_features(), "lmdb")) test_engine(root, "lmdb");
   test_engine(root, "files");
