@@ -5,7 +5,7 @@
     key = kcache.key("mydsl/1", ir=ir_bytes, arch="sm_90", options={"O": 3})
     entry = cache.get_or_compile(key, lambda: {"cubin": compile(ir)})
     entry["cubin"]                            # a read-only memoryview
-    entry.source                              # "compiled", "memory", "disk", "remote" or "waited"
+    entry.source                              # "compiled", "memory", "disk", "remote", "bundle" or "waited"
 
 A key is made of named components (bytes, str, int, bool, dict, list, or
 another Key); it does not depend on their order. A compile runs at most once
