@@ -42,6 +42,11 @@ for so in $mods; do
       fail "$(basename "$so") needs $lib, which is neither in the wheel nor a system library"
   done
 done
+# The licence terms of the code it carries.
+for pkg in liblmdb-dev libzstd-dev libxxhash-dev libhiredis-dev libssl-dev; do
+  ls "$tmp"/unpacked/kcache-*.dist-info/licenses/$pkg.copyright >/dev/null 2>&1 ||
+    fail "the wheel lacks the licence terms of $pkg (.dist-info/licenses/$pkg.copyright)"
+done
 ext=$(find "$tmp/unpacked/kcache" -name '_kcache*.so')
 # hiredis and OpenSSL are linked in (KCACHE_STATIC_DEPS) and kept inside.
 if nm -D --defined-only "$ext" | awk '{print $3}' | grep -E '^(EVP_|OPENSSL_|CRYPTO_|redis|mdb_|ZSTD_|XXH)' >"$tmp/exported"; then
