@@ -105,12 +105,17 @@ secret = os.path.join(tmp, "secret")
 with open(secret, "w") as f:
     f.write("wheel-check-secret\n")
 if live:
-    for _ in range(100):  # the server is starting
-        with kcache.Cache(disk=False, memory=False, remote=remote, remote_secret_file=secret) as c:
-            if c.put(k, {"obj": b"remote"}) is not None:
-                c.flush()
-                break
-        time.sleep(0.05)
+    import socket
+    port = int(remote.rsplit(":", 1)[1])
+    for _ in range(200):  # the server is starting
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            time.sleep(0.05)
+    with kcache.Cache(disk=False, memory=False, remote=remote, remote_secret_file=secret) as c:
+        assert c.put(k, {"obj": b"remote"}) is not None
+        c.flush()
     with kcache.Cache(disk=False, memory=False, remote=remote, remote_secret_file=secret) as c:
         e = c.get(k)
         assert e is not None and e.source == "remote" and bytes(e["obj"]) == b"remote", e
