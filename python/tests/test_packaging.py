@@ -15,6 +15,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 # pkg-config module -> Debian package.
 MODULES = {"libxxhash": "libxxhash-dev", "lmdb": "liblmdb-dev", "libzstd": "libzstd-dev", "hiredis": "libhiredis-dev"}
 
+# name -> (pkg-config modules left out, extra CMake definitions)
+CASES = {
+    **{m: ([m], []) for m in MODULES},
+    "openssl": ([], ["-DCMAKE_DISABLE_FIND_PACKAGE_OpenSSL=ON"]),
+    "reduced": (["lmdb"], ["-DKCACHE_PYTHON_REDUCED=ON"]),
+}
+
 
 def _pc_file(module):
     out = subprocess.run(["pkg-config", "--variable=pcfiledir", module], capture_output=True, text=True)
@@ -24,40 +31,46 @@ def _pc_file(module):
 
 
 @pytest.fixture(scope="module")
-def tools():
+def configured(tmp_path_factory):
+    """Every case configured at once (each is a CMake run of a few seconds):
+    name -> (exit status, output on one line)."""
     if not shutil.which("cmake") or not shutil.which("pkg-config"):
         pytest.skip("cmake and pkg-config are needed")
-
-
-def _configure(tmp_path, without=(), defines=()):
-    # A pkg-config folder holding every module but `without`: to CMake, as
-    # on a machine where those packages are not installed.
-    pc = tmp_path / "pkgconfig"
-    pc.mkdir()
-    for m in MODULES:
-        if m not in without:
-            shutil.copy(_pc_file(m), pc / (m + ".pc"))
-    env = dict(os.environ, PKG_CONFIG_LIBDIR=str(pc), PKG_CONFIG_PATH="")
-    args = ["cmake", "-S", ROOT, "-B", str(tmp_path / "build"), "-DKCACHE_BUILD_PYTHON=ON",
-            f"-DPython_EXECUTABLE={sys.executable}", "-DKCACHE_WITH_LLVM=OFF", "-DKCACHE_WITH_NVRTC=OFF",
-            "-DKCACHE_WITH_OPENCL=OFF", "-DKCACHE_BUILD_TESTS=OFF", "-DKCACHE_BUILD_BENCH=OFF",
-            "-DKCACHE_BUILD_EXAMPLES=OFF", *defines]
-    r = subprocess.run(args, capture_output=True, text=True, env=env, timeout=120)
-    return r.returncode, " ".join((r.stdout + r.stderr).split())
+    procs = {}
+    for name, (without, defines) in CASES.items():
+        tmp = tmp_path_factory.mktemp(name)
+        # A pkg-config folder holding every module but `without`: to CMake,
+        # as on a machine where those packages are not installed.
+        pc = tmp / "pkgconfig"
+        pc.mkdir()
+        for m in MODULES:
+            if m not in without:
+                shutil.copy(_pc_file(m), pc / (m + ".pc"))
+        env = dict(os.environ, PKG_CONFIG_LIBDIR=str(pc), PKG_CONFIG_PATH="")
+        args = ["cmake", "-S", ROOT, "-B", str(tmp / "build"), "-DKCACHE_BUILD_PYTHON=ON",
+                f"-DPython_EXECUTABLE={sys.executable}", "-DKCACHE_WITH_LLVM=OFF", "-DKCACHE_WITH_NVRTC=OFF",
+                "-DKCACHE_WITH_OPENCL=OFF", "-DKCACHE_BUILD_TESTS=OFF", "-DKCACHE_BUILD_BENCH=OFF",
+                "-DKCACHE_BUILD_EXAMPLES=OFF", *defines]
+        procs[name] = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    out = {}
+    for name, p in procs.items():
+        text, _ = p.communicate(timeout=300)
+        out[name] = (p.returncode, " ".join(text.split()))
+    return out
 
 
 @pytest.mark.parametrize("module", list(MODULES))
-def test_missing_library_names_its_debian_package(tools, tmp_path, module):
-    rc, out = _configure(tmp_path, without=[module])
+def test_missing_library_names_its_debian_package(configured, module):
+    rc, out = configured[module]
     assert rc != 0, out
     assert f"install {MODULES[module]}" in out, out
 
 
-def test_missing_openssl_names_libssl_dev(tools, tmp_path):
-    rc, out = _configure(tmp_path, defines=["-DCMAKE_DISABLE_FIND_PACKAGE_OpenSSL=ON"])
+def test_missing_openssl_names_libssl_dev(configured):
+    rc, out = configured["openssl"]
     assert rc != 0 and "install libssl-dev" in out, out
 
 
-def test_reduced_python_build_is_an_explicit_choice(tools, tmp_path):
-    rc, out = _configure(tmp_path, without=["lmdb"], defines=["-DKCACHE_PYTHON_REDUCED=ON"])
+def test_reduced_python_build_is_an_explicit_choice(configured):
+    rc, out = configured["reduced"]
     assert "Debian package liblmdb-dev" in out and "kcache features: LMDB=OFF" in out, out
