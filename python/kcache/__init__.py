@@ -5,7 +5,7 @@
     key = kcache.key("mydsl/1", ir=ir_bytes, arch="sm_90", options={"O": 3})
     entry = cache.get_or_compile(key, lambda: {"cubin": compile(ir)})
     entry["cubin"]                            # a read-only memoryview
-    entry.source                              # "compiled", "memory", "disk", "remote" or "waited"
+    entry.source                              # "compiled", "memory", "disk", "remote", "bundle" or "waited"
 
 A key is made of named components (bytes, str, int, bool, dict, list, or
 another Key); it does not depend on their order. A compile runs at most once
@@ -21,6 +21,13 @@ CompileError.
 
 Hosts that run their own compile between two calls (Triton, Inductor) use
 Cache.begin(): see Flight.
+
+Bundles (shipped, optionally signed, read-only sets of entries): m =
+cache.mark(); ... compile what a package needs ...; data =
+cache.save_bundle(since=m, key_file="signing.key") makes one as bytes, and
+another cache mounts it with cache.load_bundle(data) (or KCACHE_BUNDLES
+names bundle files). These calls raise kcache.Error (with .code, the
+library's error name) when they cannot be done.
 
 Re-entry: a compile function that asks the cache for its own key (through
 get_or_compile or begin), or a thread that calls begin() again for a key whose
@@ -58,10 +65,24 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple
 from . import _kcache
 from ._kcache import Entry, Flight, Key
 
-__all__ = ["Cache", "CompileError", "Entry", "Flight", "Key", "ReentryError", "key", "features", "options",
-           "__version__"]
+__all__ = ["Cache", "CompileError", "Entry", "Error", "Flight", "Key", "ReentryError", "bundle_keygen", "key",
+           "features", "options", "__version__"]
 
 __version__: str = _kcache.version()
+
+
+class Error(RuntimeError):
+    """An operation that is not a lookup (Cache.mark, Cache.save_bundle,
+    Cache.load_bundle, bundle_keygen) could not be done. `code` names the
+    code the C ABI returns for the same failure, lowercase without the
+    KCACHE_ prefix: "unavailable" (no disk store to mark or bundle),
+    "corrupt" (a bundle refused: damaged, badly signed, or not signed by a
+    trusted key), "io_error", "not_found", ... Bad arguments raise
+    TypeError or ValueError instead."""
+
+    def __init__(self, message: str, code: str = "internal") -> None:
+        super().__init__(message)
+        self.code: str = code
 
 
 class CompileError(RuntimeError):
@@ -121,7 +142,7 @@ def _note_open() -> None:
         mp_util.Finalize(None, _flush_open_caches, exitpriority=100)
 
 
-_kcache._set_encoder(_encode_value, CompileError, ReentryError, _note_open)
+_kcache._set_encoder(_encode_value, CompileError, ReentryError, _note_open, Error)
 
 
 def key(namespace: str, *, label: Optional[str] = None, private: Iterable[str] = (), **components: Any) -> Key:
@@ -150,9 +171,22 @@ def key(namespace: str, *, label: Optional[str] = None, private: Iterable[str] =
     return _kcache.key(namespace, components, label, tuple(private))
 
 
-def features() -> list:
-    """Features built into this kcache ("lmdb", "zstd", "redis", ...)."""
-    return list(_kcache.features())
+def features() -> Tuple[str, ...]:
+    """The features built into this kcache, as a tuple of names in a fixed
+    order: the list `kcache --version` prints (the same C++ function,
+    kcache::features()). Names: "lmdb" (the LMDB engine), "files" (the
+    files engine, always), "zstd" (compressed entries), "redis" (the Redis
+    remote), and, in C++ builds only, "llvm", "nvrtc", "opencl". A wheel has
+    lmdb, files, zstd and redis: `"lmdb" in kcache.features()`."""
+    return _kcache.features()
+
+
+def bundle_keygen(key_file: Union[str, os.PathLike]) -> None:
+    """Writes a new Ed25519 key pair for signing bundles: `key_file`
+    (private, mode 0600) and `key_file`.pub (public: what bundle_trust /
+    KCACHE_BUNDLE_TRUST names). ValueError when either file exists (a key
+    is never overwritten), Error when they cannot be written."""
+    _kcache.bundle_keygen(_option_text("key_file", key_file))
 
 
 def options() -> List[Tuple[str, str, str]]:
@@ -202,7 +236,10 @@ class Cache:
     KCACHE_DISABLE, KCACHE_REMOTE, ...), so an operator's variable reaches
     every program; pass env=False to ignore the environment. Opening never
     fails for cache reasons: a folder that cannot be used leaves the disk
-    tier out (one log line).
+    tier out (one log line; `dir` is then None). A configured remote is
+    asked once when the Cache opens (bounded by its connect timeout), so
+    one that cannot be reached is said in one log line at once, even when
+    every later lookup is answered by a faster tier.
 
     dir: the cache folder (default $XDG_CACHE_HOME/kcache or
         ~/.cache/kcache). max_size: the disk limit, bytes or "2G".
@@ -284,9 +321,61 @@ class Cache:
         return self._c.get_or_compile(key, compile)
 
     def stats(self) -> Dict[str, Any]:
-        """Counters: hits, misses, compiles, waits, faults, lease_waits, ... and
-        per-tier counters under "tiers"."""
+        """Counters of this Cache: hits, misses, compiles, compile_failures,
+        waits, faults, compile_us, lease_waits, lease_timeouts,
+        lease_takeovers; and under "tiers" a list, fastest first, of
+        {"name": "lmdb", "kind": "disk", "stats": {"hits": ..., "entries":
+        ..., ...}} (kind: "memory", "disk", "remote", "bundle" or "other"),
+        the shape of the C ABI's kcache_stats_json and `kcache stats
+        --json`. tier_stats(name) picks one tier's counters."""
         return self._c.stats()
+
+    def tier_stats(self, name: str) -> Optional[Dict[str, int]]:
+        """The counters of the first tier called `name` ("memory", "lmdb",
+        "files", "redis", ...) or of kind `name` ("disk", "remote", ...), or
+        None when there is no such tier."""
+        for t in self._c.stats()["tiers"]:
+            if t["name"] == name or t["kind"] == name:
+                return t["stats"]
+        return None
+
+    @property
+    def dir(self) -> Optional[str]:
+        """The cache folder of the disk store in effect (the dir option, or
+        the default $XDG_CACHE_HOME/kcache or ~/.cache/kcache, the folder the
+        `kcache` tool uses too); None when the cache has no disk tier (disk
+        off, disabled, or a folder that could not be used)."""
+        return self._c.dir
+
+    def mark(self) -> int:
+        """A position in the disk store's recency records: save_bundle(since=m)
+        later takes the entries created or used at or after it, in any
+        process using the store. Error (code "unavailable") without a disk
+        store."""
+        return self._c.mark()
+
+    def save_bundle(self, since: int = 0, key_file: Optional[Union[str, os.PathLike]] = None) -> bytes:
+        """A bundle of the disk store as bytes: the entries created or used at
+        or after the mark `since` (0: the whole store), signed with the
+        Ed25519 private key file `key_file` (`kcache bundle keygen`) unless
+        it is None. Making it counts nothing and changes no recency.
+        Error: code "unavailable" without a disk store; the key file's
+        failure ("not_found", "io_error", "corrupt") otherwise."""
+        if isinstance(since, bool) or not isinstance(since, int):
+            raise TypeError("Cache.save_bundle: since must be an int (a mark)")
+        if since < 0:
+            raise ValueError("Cache.save_bundle: since must not be negative")
+        kf = None if key_file is None else _option_text("key_file", key_file)
+        return self._c.save_bundle(since, kf)
+
+    def load_bundle(self, data: Union[bytes, bytearray, memoryview]) -> None:
+        """Mounts bundle bytes (copied) as a read-only tier after the memory
+        tier and before the disk store; call it before other threads use the
+        cache. Error (code "corrupt") when the bundle is refused: damaged,
+        badly signed, or not signed by a key of bundle_trust
+        (KCACHE_BUNDLE_TRUST) when that is set; the log says why. A Cache
+        reopened in a forked child mounts it again."""
+        self._c.load_bundle(data)
 
     def tiers(self) -> list:
         """Names of the tiers, fastest first."""
@@ -304,9 +393,11 @@ class Cache:
 
     @property
     def closed(self) -> bool:
+        """True after close()."""
         return self._c.closed
 
     def __enter__(self) -> "Cache":
+        """The cache itself; leaving the block closes it."""
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -315,4 +406,4 @@ class Cache:
     def __repr__(self) -> str:
         if self._c.closed:
             return "kcache.Cache(closed)"
-        return f"kcache.Cache(tiers={self._c.tiers()})"
+        return f"kcache.Cache(dir={self._c.dir!r}, tiers={self._c.tiers()})"

@@ -2,13 +2,15 @@
 //
 // What it binds: keys (KeyBuilder behind kcache.key()), Entry (artifacts as
 // read-only memoryviews over the entry's own bytes), Cache (open, get, put,
-// get_or_compile, begin, stats) and Flight (the lease-style API for hosts
-// that run their own compile between two calls).
+// get_or_compile, begin, stats, the bundle calls mark / save_bundle /
+// load_bundle) and Flight (the lease-style API for hosts that run their own
+// compile between two calls).
 //
 // The GIL is released during lookups, stores, waits for other threads' or
 // processes' compiles, and flights; it is taken again only to run a Python
 // compile function. Bad usage raises (TypeError, ValueError); cache faults
-// stay misses, as everywhere in kcache.
+// stay misses, as everywhere in kcache. Operations that are not lookups
+// (mark, bundles) raise kcache.Error with the library's error code name.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
@@ -29,6 +31,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "kcache/assembly.h"
+#include "kcache/bundle.h"
 #include "kcache/cache.h"
 #include "kcache/entry.h"
 #include "kcache/key.h"
@@ -266,9 +270,72 @@ std::vector<kcache::Artifact> to_artifacts(nb::handle obj, const char* what) {
   return out;
 }
 
-// ---- options -------------------------------------------------------------
+// ---- errors ----------------------------------------------------------------
+
+nb::handle g_error;  // kcache.Error(message, code)
+
+// The name of an error code as the C ABI spells it, lowercase and without
+// the KCACHE_ prefix (KCACHE_NOT_FOUND: "not_found").
+const char* code_name(kcache::Errc e) {
+  switch (e) {
+    case kcache::Errc::ok:
+      return "ok";
+    case kcache::Errc::not_found:
+      return "not_found";
+    case kcache::Errc::invalid_argument:
+      return "invalid_argument";
+    case kcache::Errc::corrupt:
+      return "corrupt";
+    case kcache::Errc::io_error:
+      return "io_error";
+    case kcache::Errc::no_space:
+      return "no_space";
+    case kcache::Errc::read_only:
+      return "read_only";
+    case kcache::Errc::unavailable:
+      return "unavailable";
+    case kcache::Errc::timeout:
+      return "timeout";
+    case kcache::Errc::too_large:
+      return "too_large";
+    case kcache::Errc::compile_failed:
+      return "compile_failed";
+    case kcache::Errc::internal:
+      return "internal";
+    case kcache::Errc::stale_format:
+      return "stale_format";
+  }
+  return "internal";
+}
+
+// An operation that is not a lookup (mark, bundles) failed: ValueError for
+// bad usage (Errc::invalid_argument), else kcache.Error carrying the code
+// the C ABI returns for the same failure ("unavailable", "corrupt",
+// "io_error", ...).
+[[noreturn]] void raise_status(const std::string& what, const kcache::Status& st) {
+  std::string msg = what + ": " + st.message();
+  if (st.code() == kcache::Errc::invalid_argument) throw nb::value_error(msg.c_str());
+  nb::object err = g_error(msg, std::string(code_name(st.code())));
+  PyErr_SetObject(g_error.ptr(), err.ptr());
+  throw nb::python_error();
+}
 
 // ---- the cache -------------------------------------------------------------
+
+// Asks the remote tier for a key that is never stored (Access::peek: no
+// counter of hits or misses moves), so that a remote that cannot be reached
+// is said when the Cache opens, in the remote tier's own one log line per
+// outage, rather than never when every lookup is answered by a faster tier.
+// Bounded by the remote's connect and command timeouts.
+void probe_remotes(kcache::Cache& c) {
+  static const kcache::Key kProbe = [] {
+    kcache::Key k;
+    for (size_t i = 0; i < k.bytes.size(); ++i) k.bytes[i] = static_cast<uint8_t>(0xa5 ^ i);
+    return k;
+  }();
+  for (const auto& t : c.tiers())
+    if (t->kind() == kcache::TierKind::remote) (void)t->get(kProbe, kcache::Access::peek);
+}
 
 struct PyFlight;
 
@@ -317,6 +384,19 @@ class PyCache {
   }
   bool closed() const { return !std::atomic_load(&c_); }
 
+  // Mounts bundle bytes (kcache::load_bundle); kept, so that a forked
+  // child's reopened Cache mounts them too.
+  void load_bundle(std::string bytes) {
+    auto c = get_cache();
+    kcache::Status st;
+    {
+      nb::gil_scoped_release nogil;
+      st = kcache::load_bundle(*c, bytes);
+    }
+    if (!st.is_ok()) raise_status("Cache.load_bundle", st);
+    bundles_.push_back(std::move(bytes));
+  }
+
  private:
   std::shared_ptr<kcache::Cache> reopen(std::shared_ptr<kcache::Cache> inherited) {
     // The inherited Cache is kept (flights of the parent may point to it;
@@ -326,6 +406,7 @@ class PyCache {
     {
       nb::gil_scoped_release nogil;
       fresh = kcache::Cache::open(opt_);
+      for (const auto& b : bundles_) (void)kcache::load_bundle(*fresh, b);
     }
     std::atomic_store(&c_, fresh);
     gen_ = kcache::util::fork_generation();
@@ -337,6 +418,7 @@ class PyCache {
   const kcache::Options opt_;  // as opened, environment applied
   uint64_t gen_;               // the fork generation c_ was opened in
   std::vector<std::shared_ptr<kcache::Cache>> inherited_;
+  std::vector<std::string> bundles_;  // loaded with load_bundle, in order
 };
 
 // The options pipeline of kcache/cache.h: the settings the program passed
@@ -357,6 +439,7 @@ std::unique_ptr<PyCache> open_cache(nb::list settings, bool env) {
   {
     nb::gil_scoped_release nogil;
     c = kcache::Cache::open(o);
+    probe_remotes(*c);
   }
   return std::make_unique<PyCache>(std::shared_ptr<kcache::Cache>(std::move(c)), std::move(o));
 }
@@ -367,7 +450,10 @@ nb::dict tier_stats_dict(const kcache::TierStats& s) {
   return d;
 }
 
-nb::dict stats_dict(const kcache::CacheStats& s) {
+// Counters of the cache, and of each tier as a list, fastest first, of
+// {"name", "kind", "stats"}: the shape of the C ABI's kcache_stats_json and
+// `kcache stats --json` (two bundles may share a name).
+nb::dict stats_dict(const kcache::CacheStats& s, const std::vector<std::shared_ptr<kcache::Tier>>& tiers) {
   nb::dict d;
   d["hits"] = s.hits;
   d["misses"] = s.misses;
@@ -379,9 +465,18 @@ nb::dict stats_dict(const kcache::CacheStats& s) {
   d["lease_waits"] = s.lease_waits;
   d["lease_timeouts"] = s.lease_timeouts;
   d["lease_takeovers"] = s.lease_takeovers;
-  nb::dict tiers;
-  for (const auto& t : s.tiers) tiers[nb::str(t.name.c_str())] = tier_stats_dict(t.stats);
-  d["tiers"] = tiers;
+  nb::list out;
+  for (size_t i = 0; i < s.tiers.size(); ++i) {
+    const auto& t = s.tiers[i];
+    nb::dict td;
+    td["name"] = t.name;
+    kcache::TierKind kind = kcache::TierKind::other;
+    if (i < tiers.size() && tiers[i]->name() == t.name) kind = tiers[i]->kind();
+    td["kind"] = std::string(kcache::tier_kind_name(kind));
+    td["stats"] = tier_stats_dict(t.stats);
+    out.append(td);
+  }
+  d["tiers"] = out;
   return d;
 }
 
@@ -551,14 +646,29 @@ void abandon_flight(PyFlight& f) {
 NB_MODULE(_kcache, m) {
   m.doc() = "kcache core bindings (use the kcache package, not this module)";
 
-  m.def("_set_encoder", [](nb::object enc, nb::object compile_error, nb::object reentry_error, nb::object on_open) {
-    g_encode_value = enc.release();
-    g_compile_error = compile_error.release();
-    g_reentry_error = reentry_error.release();
-    g_on_open = on_open.release();
-  });
+  m.def("_set_encoder",
+        [](nb::object enc, nb::object compile_error, nb::object reentry_error, nb::object on_open, nb::object error) {
+          g_encode_value = enc.release();
+          g_compile_error = compile_error.release();
+          g_reentry_error = reentry_error.release();
+          g_on_open = on_open.release();
+          g_error = error.release();
+        });
   m.def("version", [] { return std::string(KCACHE_VERSION_STRING); });
-  m.def("features", [] { return kcache::features(); });
+  // kcache::features(): the list `kcache --version` prints, in its order.
+  m.def("features", [] {
+    nb::list l;
+    for (const auto& f : kcache::features()) l.append(nb::str(f.c_str()));
+    return nb::tuple(l);
+  });
+  m.def("bundle_keygen", [](const std::string& key_file) {
+    kcache::Status st;
+    {
+      nb::gil_scoped_release nogil;
+      st = kcache::bundle_keygen(key_file);
+    }
+    if (!st.is_ok()) raise_status("kcache.bundle_keygen", st);
+  });
   m.def("options", [] {
     std::vector<std::tuple<std::string, std::string, std::string>> out;
     for (const auto& i : kcache::option_table())
@@ -566,15 +676,25 @@ NB_MODULE(_kcache, m) {
     return out;
   });
 
-  nb::class_<PyKey>(m, "Key")
-      .def_prop_ro("hex", [](const PyKey& k) { return k.info.key.hex(); })
-      .def_prop_ro("namespace", [](const PyKey& k) { return k.info.manifest.ns; })
-      .def_prop_ro("manifest", [](const PyKey& k) { return manifest_list(k.info.manifest); })
-      .def_prop_ro("label", [](const PyKey& k) { return k.info.label; })
-      .def("__bytes__",
-           [](const PyKey& k) {
-             return nb::bytes(reinterpret_cast<const char*>(k.info.key.bytes.data()), k.info.key.bytes.size());
-           })
+  nb::class_<PyKey>(m, "Key",
+                    "A cache key (made by kcache.key): a 128-bit digest of a namespace and named components, "
+                    "with the manifest it was made from. Hashable and comparable; bytes(key) is the digest.")
+      .def_prop_ro(
+          "hex", [](const PyKey& k) { return k.info.key.hex(); }, "The digest as 32 lowercase hex digits.")
+      .def_prop_ro(
+          "namespace", [](const PyKey& k) { return k.info.manifest.ns; }, "The namespace the key was made in.")
+      .def_prop_ro(
+          "manifest", [](const PyKey& k) { return manifest_list(k.info.manifest); },
+          "The components, sorted by name: a list of (name, type, digest hex).")
+      .def_prop_ro(
+          "label", [](const PyKey& k) { return k.info.label; },
+          "The label given to kcache.key (not part of the key); empty when none was given.")
+      .def(
+          "__bytes__",
+          [](const PyKey& k) {
+            return nb::bytes(reinterpret_cast<const char*>(k.info.key.bytes.data()), k.info.key.bytes.size());
+          },
+          "The 16 bytes of the digest.")
       .def("__eq__",
            [](const PyKey& a, nb::handle b) {
              return nb::isinstance<PyKey>(b) && a.info.key == nb::cast<const PyKey&>(b).info.key;
@@ -591,14 +711,19 @@ NB_MODULE(_kcache, m) {
   static_assert(sizeof(ArtifactView) > 0);
   nb::class_<ArtifactView>(m, "_ArtifactBytes", nb::type_slots(artifact_slots));
 
-  nb::class_<PyEntry>(m, "Entry")
-      .def("__getitem__",
-           [](const PyEntry& e, nb::handle name_obj) {
-             std::string name = text_of(name_obj, "Entry: an artifact name", false);
-             auto a = e.entry.artifact(name);
-             if (!a) throw nb::key_error(name.c_str());
-             return artifact_memoryview(e.entry, *a);
-           })
+  nb::class_<PyEntry>(m, "Entry",
+                      "A cache entry: named artifacts (read-only mapping of name to memoryview) and where it came "
+                      "from. The memoryviews stay valid as long as they are referenced, whatever happens to the "
+                      "cache.")
+      .def(
+          "__getitem__",
+          [](const PyEntry& e, nb::handle name_obj) {
+            std::string name = text_of(name_obj, "Entry: an artifact name", false);
+            auto a = e.entry.artifact(name);
+            if (!a) throw nb::key_error(name.c_str());
+            return artifact_memoryview(e.entry, *a);
+          },
+          "The bytes of artifact `name` as a read-only memoryview; KeyError when there is none.")
       .def(
           "get",
           [](const PyEntry& e, nb::handle name_obj, nb::object dflt) -> nb::object {
@@ -607,7 +732,7 @@ NB_MODULE(_kcache, m) {
             if (!a) return dflt;
             return artifact_memoryview(e.entry, *a);
           },
-          "name"_a, "default"_a = nb::none())
+          "name"_a, "default"_a = nb::none(), "The bytes of artifact `name` (a memoryview), or `default`.")
       .def("__contains__",
            [](const PyEntry& e, nb::handle name) {
              if (!nb::isinstance<nb::str>(name)) return false;
@@ -620,69 +745,123 @@ NB_MODULE(_kcache, m) {
              return e.entry.artifact(std::string_view(p, static_cast<size_t>(len))).has_value();
            })
       .def("__len__", [](const PyEntry& e) { return e.entry.artifacts().size(); })
-      .def("keys",
-           [](const PyEntry& e) {
-             nb::list l;
-             for (const auto& a : e.entry.artifacts()) l.append(nb::str(a.name.c_str()));
-             return l;
-           })
+      .def(
+          "keys",
+          [](const PyEntry& e) {
+            nb::list l;
+            for (const auto& a : e.entry.artifacts()) l.append(nb::str(a.name.c_str()));
+            return l;
+          },
+          "The artifact names, in stored order.")
       .def("__iter__",
            [](const PyEntry& e) {
              nb::list l;
              for (const auto& a : e.entry.artifacts()) l.append(nb::str(a.name.c_str()));
              return nb::iter(l);
            })
-      .def("items",
-           [](const PyEntry& e) {
-             nb::list l;
-             for (const auto& a : e.entry.artifacts())
-               l.append(nb::make_tuple(nb::str(a.name.c_str()), artifact_memoryview(e.entry, a.data)));
-             return l;
-           })
-      .def("to_dict",
-           [](const PyEntry& e) {
-             nb::dict d;
-             for (const auto& a : e.entry.artifacts())
-               d[nb::str(a.name.c_str())] = nb::bytes(a.data.data(), a.data.size());
-             return d;
-           })
-      .def_prop_ro("source", [](const PyEntry& e) { return std::string(kcache::source_name(e.source)); })
-      .def_prop_ro("key_hex", [](const PyEntry& e) { return e.entry.key().hex(); })
-      .def_prop_ro("size", [](const PyEntry& e) { return e.entry.payload_size(); })
-      .def_prop_ro("created_unix_ms", [](const PyEntry& e) { return e.entry.meta().created_unix_ms; })
-      .def_prop_ro("compile_cost_us", [](const PyEntry& e) { return e.entry.meta().compile_cost_us; })
-      .def_prop_ro("producer", [](const PyEntry& e) { return e.entry.meta().producer; })
-      .def_prop_ro("manifest", [](const PyEntry& e) { return manifest_list(e.entry.manifest()); })
+      .def(
+          "items",
+          [](const PyEntry& e) {
+            nb::list l;
+            for (const auto& a : e.entry.artifacts())
+              l.append(nb::make_tuple(nb::str(a.name.c_str()), artifact_memoryview(e.entry, a.data)));
+            return l;
+          },
+          "(name, memoryview) of every artifact.")
+      .def(
+          "to_dict",
+          [](const PyEntry& e) {
+            nb::dict d;
+            for (const auto& a : e.entry.artifacts())
+              d[nb::str(a.name.c_str())] = nb::bytes(a.data.data(), a.data.size());
+            return d;
+          },
+          "A dict of name to bytes (copies).")
+      .def_prop_ro(
+          "source", [](const PyEntry& e) { return std::string(kcache::source_name(e.source)); },
+          "Where it came from: \"compiled\", \"memory\", \"disk\", \"remote\", \"bundle\", \"waited\" or "
+          "\"other\".")
+      .def_prop_ro(
+          "key_hex", [](const PyEntry& e) { return e.entry.key().hex(); }, "The key's digest as hex.")
+      .def_prop_ro(
+          "size", [](const PyEntry& e) { return e.entry.payload_size(); }, "Bytes of all artifacts together.")
+      .def_prop_ro(
+          "created_unix_ms", [](const PyEntry& e) { return e.entry.meta().created_unix_ms; },
+          "When the entry was made (ms since the Unix epoch).")
+      .def_prop_ro(
+          "compile_cost_us", [](const PyEntry& e) { return e.entry.meta().compile_cost_us; },
+          "How long its compile took (us), as the producer recorded it.")
+      .def_prop_ro(
+          "producer", [](const PyEntry& e) { return e.entry.meta().producer; },
+          "Who stored it (Options::producer, \"python\" by default here).")
+      .def_prop_ro(
+          "manifest", [](const PyEntry& e) { return manifest_list(e.entry.manifest()); },
+          "The key's components: a list of (name, type, digest hex).")
       .def("__repr__", [](const PyEntry& e) {
         std::string names;
         for (const auto& a : e.entry.artifacts()) names += (names.empty() ? "" : ", ") + a.name;
         return "kcache.Entry(" + e.entry.key().hex() + ", source=" + std::string(kcache::source_name(e.source)) +
-               ", artifacts=[" + names + "])";
+               ", artifacts=[" + names + "], " + std::to_string(e.entry.payload_size()) + " bytes)";
       });
 
-  nb::class_<PyFlight>(m, "Flight", nb::is_weak_referenceable())
-      .def_prop_ro("hit", [](const PyFlight& f) { return f.state == PyFlight::hit; })
-      .def_prop_ro("owner", [](const PyFlight& f) { return f.state == PyFlight::owner; })
-      .def_prop_ro("done", [](const PyFlight& f) { return f.state != PyFlight::owner; })
-      .def_prop_ro("source",
-                   [](const PyFlight& f) {
-                     return f.state == PyFlight::owner ? std::string("pending")
-                                                       : std::string(kcache::source_name(f.source));
-                   })
-      .def_prop_ro("entry",
-                   [](const PyFlight& f) -> std::optional<PyEntry> {
-                     if (!f.entry) return std::nullopt;
-                     return make_entry(*f.entry, f.source);
-                   })
-      .def_prop_ro("key", [](const PyFlight& f) { return PyKey{f.key}; })
-      .def("commit", &commit_flight, "artifacts"_a)
-      .def("abandon", &abandon_flight)
+  nb::class_<PyFlight>(m, "Flight", nb::is_weak_referenceable(),
+                       "A request started with Cache.begin(key): either a hit (hit is True, entry holds it) or this "
+                       "caller owns the compile (owner is True) and must commit(artifacts) or abandon(); until it "
+                       "does, other threads and processes asking for the key wait. Leaving a `with` block or "
+                       "dropping the flight without a commit abandons it.")
+      .def_prop_ro(
+          "hit", [](const PyFlight& f) { return f.state == PyFlight::hit; }, "True when begin() found an entry.")
+      .def_prop_ro(
+          "owner", [](const PyFlight& f) { return f.state == PyFlight::owner; },
+          "True while this caller owns the compile (not yet committed or abandoned).")
+      .def_prop_ro(
+          "done", [](const PyFlight& f) { return f.state != PyFlight::owner; },
+          "True once there is nothing left to do: a hit, a commit or an abandon.")
+      .def_prop_ro(
+          "source",
+          [](const PyFlight& f) {
+            return f.state == PyFlight::owner ? std::string("pending") : std::string(kcache::source_name(f.source));
+          },
+          "Where the entry came from (as Entry.source), or \"pending\" while owned.")
+      .def_prop_ro(
+          "entry",
+          [](const PyFlight& f) -> std::optional<PyEntry> {
+            if (!f.entry) return std::nullopt;
+            return make_entry(*f.entry, f.source);
+          },
+          "The entry of a hit or of the commit; None while owned or after an abandon.")
+      .def_prop_ro(
+          "key", [](const PyFlight& f) { return PyKey{f.key}; }, "The key this flight is for.")
+      .def("commit", &commit_flight, "artifacts"_a,
+           "Stores the compiled artifacts (name -> bytes or str) and hands them to the waiters; returns the "
+           "Entry. ValueError when the flight is not owned (a hit, or already finished).")
+      .def("abandon", &abandon_flight,
+           "Gives up the compile without storing anything; a waiter compiles instead. Does nothing when not owned.")
       .def("__enter__", [](nb::handle self) { return nb::borrow(self); })
-      .def("__exit__", [](PyFlight& f, nb::args) {
-        // Leaving the block without a commit abandons: the lease goes and
-        // another process may compile.
-        abandon_flight(f);
-        return false;
+      .def("__exit__",
+           [](PyFlight& f, nb::args) {
+             // Leaving the block without a commit abandons: the lease goes and
+             // another process may compile.
+             abandon_flight(f);
+             return false;
+           })
+      .def("__repr__", [](const PyFlight& f) {
+        std::string state;
+        switch (f.state) {
+          case PyFlight::hit:
+            state = "hit from " + std::string(kcache::source_name(f.source));
+            break;
+          case PyFlight::owner:
+            state = "owner";
+            break;
+          case PyFlight::committed:
+            state = "committed";
+            break;
+          case PyFlight::abandoned:
+            state = "abandoned";
+            break;
+        }
+        return "kcache.Flight('" + f.key.manifest.ns + "', " + f.key.key.hex() + ", " + state + ")";
       });
 
   nb::class_<PyCache>(m, "Cache")
@@ -741,11 +920,13 @@ NB_MODULE(_kcache, m) {
            [](PyCache& self) {
              auto c = self.get_cache();
              kcache::CacheStats s;
+             std::vector<std::shared_ptr<kcache::Tier>> tiers;
              {
                nb::gil_scoped_release nogil;
                s = c->stats();
+               tiers = c->tiers();
              }
-             return stats_dict(s);
+             return stats_dict(s, tiers);
            })
       .def("flush",
            [](PyCache& self) {
@@ -759,7 +940,45 @@ NB_MODULE(_kcache, m) {
              for (const auto& t : self.get_cache()->tiers()) l.append(nb::str(std::string(t->name()).c_str()));
              return l;
            })
-      .def_prop_ro("dir", [](PyCache& self) { return self.get_cache()->options().dir; })
+      // The cache folder of the disk store in effect (Options::dir, or the
+      // default folder when that is empty); None when no disk tier is open.
+      .def_prop_ro("dir",
+                   [](PyCache& self) -> std::optional<std::string> {
+                     auto c = self.get_cache();
+                     for (const auto& t : c->tiers())
+                       if (t->kind() == kcache::TierKind::disk) return kcache::disk_store_location(c->options()).dir;
+                     return std::nullopt;
+                   })
+      .def("mark",
+           [](PyCache& self) {
+             auto c = self.get_cache();
+             std::optional<kcache::Expected<uint64_t>> r;
+             {
+               nb::gil_scoped_release nogil;
+               r.emplace(c->mark());
+             }
+             if (!*r) raise_status("Cache.mark", r->error());
+             return **r;
+           })
+      .def(
+          "save_bundle",
+          [](PyCache& self, uint64_t since, std::optional<std::string> key_file) {
+            auto c = self.get_cache();
+            kcache::BundleSelection sel;
+            if (since) sel.since = since;
+            kcache::BundleWriteOptions wo;
+            if (key_file) wo.sign_key_file = *key_file;
+            std::optional<kcache::Expected<std::string>> r;
+            {
+              nb::gil_scoped_release nogil;
+              r.emplace(kcache::save_bundle(*c, sel, wo));
+            }
+            if (!*r) raise_status("Cache.save_bundle", r->error());
+            return nb::bytes((*r)->data(), (*r)->size());
+          },
+          "since"_a, "key_file"_a)
+      .def(
+          "load_bundle", [](PyCache& self, nb::handle data) { self.load_bundle(buffer_bytes(data)); }, "data"_a)
       .def_prop_ro("closed", &PyCache::closed)
       .def("close", &PyCache::close)
       .def("_flush_at_exit", &PyCache::flush_at_exit);

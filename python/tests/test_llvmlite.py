@@ -58,7 +58,7 @@ def test_cold_then_warm(cache_dir):
         assert fib(20) == 6765
         assert (objects.hits, objects.misses) == (0, 1)
         c.flush()  # the disk tier is written by a committer thread
-        assert c.stats()["tiers"]["lmdb"]["entries"] == 1
+        assert c.tier_stats("lmdb")["entries"] == 1
         engine2, fib2 = _jit(objects)
         assert fib2(21) == 10946
         assert (objects.hits, objects.misses) == (1, 1)
@@ -67,7 +67,7 @@ def test_cold_then_warm(cache_dir):
         _, fib3 = _jit(other)
         assert fib3(10) == 55 and other.misses == 1
         c.flush()
-        assert c.stats()["tiers"]["lmdb"]["entries"] == 2
+        assert c.tier_stats("lmdb")["entries"] == 2
 
 
 _WARM = r"""
