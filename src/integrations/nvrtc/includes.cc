@@ -4,10 +4,13 @@
 #include "integrations/nvrtc/includes.h"
 
 #include <dirent.h>
+#include <fcntl.h>
+#include <unistd.h>
 #include <sys/stat.h>
 
 #include <algorithm>
 #include <atomic>
+#include <climits>
 #include <ctime>
 #include <deque>
 #include <map>
@@ -234,6 +237,24 @@ std::atomic<uint64_t> g_reads{0};
 std::atomic<uint64_t> g_walks{0};
 constexpr size_t kMemoCap = 100000;
 
+// The scan of a text, remembered by the text's digest (a file rewritten with
+// bytes seen before, or the same header at two paths, is scanned once).
+std::mutex g_text_mu;
+std::unordered_map<Digest, std::shared_ptr<const Scan>> g_texts;  // GUARDED_BY(g_text_mu)
+constexpr size_t kTextCap = 16384;
+
+std::shared_ptr<const Scan> scan_digest(const Digest& d, std::string_view text) {
+  {
+    std::lock_guard lk(g_text_mu);
+    if (auto it = g_texts.find(d); it != g_texts.end()) return it->second;
+  }
+  auto s = std::make_shared<const Scan>(scan_includes(text));
+  std::lock_guard lk(g_text_mu);
+  if (g_texts.size() >= kTextCap) g_texts.clear();
+  g_texts.emplace(d, s);
+  return s;
+}
+
 // The file's digest and directives; nullopt when `path` is not a readable
 // regular file. `st` is its stat.
 std::optional<Scanned> scan_file(const std::string& path, const struct stat& st, int64_t now) {
@@ -248,7 +269,7 @@ std::optional<Scanned> scan_file(const std::string& path, const struct stat& st,
   g_reads.fetch_add(1, std::memory_order_relaxed);
   Scanned s;
   s.digest = hash_bytes(*text);
-  s.scan = std::make_shared<const Scan>(scan_includes(*text));
+  s.scan = scan_digest(s.digest, *text);
   // Re-stat: the identity kept must be that of the bytes read.
   struct stat st2;
   if (::stat(path.c_str(), &st2) != 0) return std::nullopt;
@@ -262,24 +283,8 @@ std::optional<Scanned> scan_file(const std::string& path, const struct stat& st,
   return s;
 }
 
-// The scan of an in-memory text (the source, a named header), remembered
-// by the text's digest.
-std::mutex g_text_mu;
-std::unordered_map<Digest, std::shared_ptr<const Scan>> g_texts;  // GUARDED_BY(g_text_mu)
-constexpr size_t kTextCap = 4096;
-
-std::shared_ptr<const Scan> scan_text(std::string_view text) {
-  Digest d = hash_bytes(text);
-  {
-    std::lock_guard lk(g_text_mu);
-    if (auto it = g_texts.find(d); it != g_texts.end()) return it->second;
-  }
-  auto s = std::make_shared<const Scan>(scan_includes(text));
-  std::lock_guard lk(g_text_mu);
-  if (g_texts.size() >= kTextCap) g_texts.clear();
-  g_texts.emplace(d, s);
-  return s;
-}
+// The scan of an in-memory text (the source, a named header).
+std::shared_ptr<const Scan> scan_text(std::string_view text) { return scan_digest(hash_bytes(text), text); }
 
 std::string join(const std::string& dir, const std::string& name) {
   if (!name.empty() && name[0] == '/') return name;
@@ -291,6 +296,39 @@ std::string dir_of(const std::string& path) {
   size_t slash = path.rfind('/');
   if (slash == std::string::npos) return std::string();
   return slash == 0 ? std::string("/") : path.substr(0, slash);
+}
+
+// stat() of paths given in runs of the same folder, through a descriptor of
+// the folder (O_PATH) kept while the folder repeats.
+class FolderStat {
+ public:
+  FolderStat() = default;
+  FolderStat(const FolderStat&) = delete;
+  FolderStat& operator=(const FolderStat&) = delete;
+  ~FolderStat() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  bool stat(const std::string& path, struct stat* st) {
+    size_t slash = path.rfind('/');
+    if (slash == std::string::npos || slash == 0) return ::stat(path.c_str(), st) == 0;
+    std::string_view dir(path.data(), slash);
+    if (fd_ < 0 || dir != dir_) {
+      if (fd_ >= 0) ::close(fd_);
+      dir_.assign(dir);
+      fd_ = ::open(dir_.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
+    }
+    if (fd_ < 0) return ::stat(path.c_str(), st) == 0;
+    return ::fstatat(fd_, path.c_str() + slash + 1, st, 0) == 0;
+  }
+
+ private:
+  int fd_ = -1;
+  std::string dir_;
+};
+
+std::string current_dir() {
+  char buf[PATH_MAX];
+  return ::getcwd(buf, sizeof buf) ? std::string(buf) : std::string("?");
 }
 
 // ---- options ---------------------------------------------------------------
@@ -353,6 +391,15 @@ class Walk {
     c.absent.assign(absent_.begin(), absent_.end());
     for (auto& [path, d] : dirs_) c.dirs.push_back(d);
     c.fallback = std::move(fallback_notes_);
+    // A relative path (a quoted include beside a program name without a
+    // folder, a relative -I) means the record holds for this working
+    // folder only.
+    auto relative = [](const std::string& path) { return path.empty() || path[0] != '/'; };
+    bool rel = std::any_of(c.files.begin(), c.files.end(), [&](const auto& f) { return relative(f.path); }) ||
+               std::any_of(c.present.begin(), c.present.end(), relative) ||
+               std::any_of(c.absent.begin(), c.absent.end(), relative) ||
+               std::any_of(c.dirs.begin(), c.dirs.end(), [&](const auto& d) { return relative(d.path); });
+    if (rel) c.cwd = current_dir();
     return c;
   }
 
@@ -727,6 +774,7 @@ Expected<Closure> walk_closure(const Program& program, const ParsedOptions& opti
 
 bool closure_still_valid(const Closure& c) {
   if (!c.settled) return false;
+  if (!c.cwd.empty() && current_dir() != c.cwd) return false;
   const int64_t now = now_real_ns();
   struct stat st;
   for (const auto& d : c.dirs) {
@@ -734,11 +782,15 @@ bool closure_still_valid(const Closure& c) {
     if (exists != d.exists) return false;
     if (exists && (!(id_of(st) == d.id) || young(d.id, now))) return false;
   }
+  // Files are sorted by path, so those of one folder are together: each
+  // folder is looked up once and its files stat'ed relative to it (a full
+  // path lookup per file costs about as much again).
+  FolderStat fs;
   for (const auto& f : c.files) {
-    if (::stat(f.path.c_str(), &st) != 0 || !(id_of(st) == f.id) || young(f.id, now)) return false;
+    if (!fs.stat(f.path, &st) || !(id_of(st) == f.id) || young(f.id, now)) return false;
   }
   for (const auto& p : c.present)
-    if (::stat(p.c_str(), &st) != 0) return false;
+    if (!fs.stat(p, &st)) return false;
   return true;
 }
 
@@ -755,6 +807,7 @@ std::string encode_closure(const Closure& c) {
     util::put_u32(out, static_cast<uint32_t>(list->size()));
     for (const auto& s : *list) put_str(out, s);
   }
+  put_str(out, c.cwd);
   util::put_u32(out, static_cast<uint32_t>(c.dirs.size()));
   for (const auto& d : c.dirs) {
     put_str(out, d.path);
@@ -785,6 +838,7 @@ std::optional<Closure> decode_closure(std::string_view bytes) {
     list->resize(m);
     for (auto& s : *list) s = r.str();
   }
+  c.cwd = r.str();
   uint32_t m = r.u32();
   if (!r.ok || m > r.s.size()) return std::nullopt;
   c.dirs.resize(m);

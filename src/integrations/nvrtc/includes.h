@@ -117,6 +117,7 @@ struct Closure {
   std::vector<std::string> absent;   // looked for and not found
   std::vector<Dir> dirs;             // the folders of `absent` paths, and fallback folders
   std::vector<std::string> fallback;  // "include X: folder Y", one per unresolved include and folder
+  std::string cwd;                    // the working folder, when a path above is relative; else empty
   // No file or folder was changed within the last seconds (a younger one
   // could change again within one timestamp tick): the record may be kept.
   bool settled = true;

@@ -294,8 +294,9 @@ struct Compiler::Impl {
     return ident;
   }
 
-  // Warm keys. Per program (all its inputs and the working folder): the
-  // closure last walked and the key built from it. A key whose closure is
+  // Warm keys. Per program (all its inputs): the closure last walked and
+  // the key built from it (a closure with relative paths holds only in the
+  // working folder it was walked in). A key whose closure is
   // still as recorded (closure_still_valid: a stat per file and folder) is
   // answered from here without reading a header; another process finds the
   // record in the cache (namespace kRecordNs) and checks it the same way.
@@ -317,8 +318,6 @@ struct Compiler::Impl {
   // Everything the program's key and closure depend on besides the files.
   static Digest program_digest(const Program& p) {
     std::string b;
-    char cwd[PATH_MAX];
-    put_field(b, ::getcwd(cwd, sizeof cwd) ? cwd : "");
     put_field(b, p.source);
     put_field(b, p.name);
     util::put_u32(b, static_cast<uint32_t>(p.options.size()));

@@ -610,6 +610,38 @@ TEST_F(NvrtcDiskHeaders, AnUnresolvableIncludeKeysOnlyTheIncludeFoldersAndSaysSo
   EXPECT_EQ(compiler_->key(p)->key, k2->key);
 }
 
+TEST_F(NvrtcDiskHeaders, AQuotedIncludeBesideAProgramWithoutAFolderFollowsTheWorkingFolder) {
+  const std::string a = tmp_.path() + "/a", b = tmp_.path() + "/b";
+  ASSERT_EQ(::mkdir(a.c_str(), 0755), 0);
+  ASSERT_EQ(::mkdir(b.c_str(), 0755), 0);
+  write_text(a + "/kc_local.cuh", "#define KC_LOCAL 1.0f\n");
+  write_text(b + "/kc_local.cuh", "#define KC_LOCAL 3.0f\n");
+  nvrtc::Program p;
+  p.name = "local.cu";
+  p.source = "#include \"kc_local.cuh\"\nextern \"C\" __global__ void k(float* x) { x[0] += KC_LOCAL; }\n";
+  p.options = {"-arch=sm_80"};
+  char cwd[4096];
+  ASSERT_NE(::getcwd(cwd, sizeof cwd), nullptr);
+  struct Back {
+    std::string dir;
+    ~Back() { (void)::chdir(dir.c_str()); }
+  } back{cwd};
+  ASSERT_EQ(::chdir(a.c_str()), 0);
+  auto in_a = compiler_->compile(p);
+  ASSERT_TRUE(in_a.has_value()) << in_a.error().to_string();
+  EXPECT_NE(in_a->ptx.find(kOne), std::string_view::npos);
+  ASSERT_EQ(::chdir(b.c_str()), 0);
+  auto in_b = compiler_->compile(p);
+  ASSERT_TRUE(in_b.has_value()) << in_b.error().to_string();
+  EXPECT_EQ(in_b->source, Source::compiled);
+  EXPECT_NE(in_b->ptx.find(kThree), std::string_view::npos);
+  ASSERT_EQ(::chdir(a.c_str()), 0);
+  auto again = compiler_->compile(p);
+  ASSERT_TRUE(again.has_value());
+  EXPECT_EQ(again->source, Source::memory);
+  EXPECT_EQ(again->ptx, in_a->ptx);
+}
+
 TEST_F(NvrtcDiskHeaders, ADigraphIncludeIsFollowed) {
   nvrtc::Program p = program_;
   p.source =
