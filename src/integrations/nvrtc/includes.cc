@@ -4,6 +4,8 @@
 #include "integrations/nvrtc/includes.h"
 
 #include <dirent.h>
+#include <sys/inotify.h>
+#include <sys/statfs.h>
 #include <fcntl.h>
 #include <unistd.h>
 #include <sys/stat.h>
@@ -791,6 +793,161 @@ bool closure_still_valid(const Closure& c) {
   }
   for (const auto& p : c.present)
     if (!fs.stat(p, &st)) return false;
+  return true;
+}
+
+// ---- watched checks ----------------------------------------------------------
+
+namespace {
+
+// File systems whose inotify events cover every change (local ones). On
+// others (NFS, FUSE, ...) a change made elsewhere raises no event.
+bool local_fs(const std::string& dir) {
+  struct statfs fs;
+  if (::statfs(dir.c_str(), &fs) != 0) return false;
+  switch (static_cast<unsigned long>(fs.f_type)) {
+    case 0xEF53:      // ext2/3/4
+    case 0x01021994:  // tmpfs
+    case 0x58465342:  // xfs
+    case 0x9123683E:  // btrfs
+    case 0x794C7630:  // overlayfs
+    case 0x2FC12FC1:  // zfs
+    case 0xF2F52010:  // f2fs
+      return true;
+    default:
+      return false;
+  }
+}
+
+// One inotify descriptor for the process. Each folder a closure depends on
+// is watched once; each read of the events stamps the folders that had any
+// with a new sequence number.
+class Watcher {
+ public:
+  static Watcher& get() {
+    static Watcher* w = new Watcher();  // never destroyed: used until exit
+    return *w;
+  }
+  bool available() const { return fd_ >= 0; }
+
+  // Watches every folder of `dirs`; false when one cannot be watched.
+  bool watch(const std::vector<std::string>& dirs, std::vector<int>* wds) {
+    std::lock_guard lk(mu_);
+    for (const auto& d : dirs) {
+      auto it = wd_of_.find(d);
+      if (it == wd_of_.end()) {
+        if (!local_fs(d)) return false;
+        int wd = ::inotify_add_watch(fd_, d.c_str(),
+                                     IN_MODIFY | IN_ATTRIB | IN_CLOSE_WRITE | IN_CREATE | IN_DELETE | IN_MOVED_FROM |
+                                         IN_MOVED_TO | IN_DELETE_SELF | IN_MOVE_SELF);
+        if (wd < 0) return false;
+        it = wd_of_.emplace(d, wd).first;
+        dir_of_[wd] = d;
+      }
+      wds->push_back(it->second);
+    }
+    return true;
+  }
+
+  // Reads the pending events; the current sequence number.
+  uint64_t drain() {
+    std::lock_guard lk(mu_);
+    alignas(struct inotify_event) char buf[16384];
+    bool any = false;
+    for (;;) {
+      ssize_t n = ::read(fd_, buf, sizeof buf);
+      if (n <= 0) break;
+      if (!any) ++seq_;
+      any = true;
+      for (ssize_t at = 0; at < n;) {
+        const auto* e = reinterpret_cast<const struct inotify_event*>(buf + at);
+        at += static_cast<ssize_t>(sizeof(struct inotify_event) + e->len);
+        if (e->mask & IN_Q_OVERFLOW) overflow_seq_ = seq_;
+        last_event_[e->wd] = seq_;
+        if (e->mask & IN_IGNORED) {  // the folder went: watched anew next time
+          auto d = dir_of_.find(e->wd);
+          if (d != dir_of_.end()) {
+            wd_of_.erase(d->second);
+            dir_of_.erase(d);
+          }
+        }
+      }
+    }
+    return seq_;
+  }
+
+  // Whether any of `wds` had an event stamped `seq` or later.
+  bool changed_since(const std::vector<int>& wds, uint64_t seq) {
+    std::lock_guard lk(mu_);
+    if (overflow_seq_ >= seq) return true;
+    for (int wd : wds) {
+      auto it = last_event_.find(wd);
+      if (it != last_event_.end() && it->second >= seq) return true;
+      if (!dir_of_.count(wd)) return true;  // no longer watched
+    }
+    return false;
+  }
+
+ private:
+  Watcher() : fd_(::inotify_init1(IN_NONBLOCK | IN_CLOEXEC)) {}
+  const int fd_;
+  std::mutex mu_;
+  uint64_t seq_ = 1;                                // GUARDED_BY(mu_)
+  uint64_t overflow_seq_ = 0;                       // GUARDED_BY(mu_)
+  std::unordered_map<int, uint64_t> last_event_;    // GUARDED_BY(mu_)
+  std::unordered_map<std::string, int> wd_of_;      // GUARDED_BY(mu_)
+  std::unordered_map<int, std::string> dir_of_;     // GUARDED_BY(mu_)
+};
+
+// The folders whose events cover every change `c` depends on: the folder of
+// each file and probe, each recorded folder, and for a folder that does not
+// exist its nearest existing ancestor (where it would be created).
+std::vector<std::string> watch_dirs(const Closure& c) {
+  std::set<std::string> dirs;
+  auto folder = [](const std::string& path) {
+    std::string d = dir_of(path);
+    return d.empty() ? std::string(".") : d;
+  };
+  for (const auto& f : c.files) dirs.insert(folder(f.path));
+  for (const auto& p : c.present) dirs.insert(folder(p));
+  for (const auto& d : c.dirs) {
+    std::string at = d.path.empty() ? std::string(".") : d.path;
+    struct stat st;
+    while (::stat(at.c_str(), &st) != 0) {
+      std::string up = dir_of(at);
+      at = up.empty() ? std::string(".") : up;
+      if (at == "/" || at == ".") break;
+    }
+    dirs.insert(at);
+  }
+  return {dirs.begin(), dirs.end()};
+}
+
+constexpr int64_t kRecheckNs = 1'000'000'000;
+
+}  // namespace
+
+bool closure_still_valid(const Closure& c, WatchState* w) {
+  Watcher& watcher = Watcher::get();
+  if (!watcher.available()) return closure_still_valid(c);
+  const int64_t now = now_real_ns();
+  uint64_t seq = watcher.drain();
+  if (w->watched && w->verified_seq != 0 && now - w->verified_ns < kRecheckNs &&
+      !watcher.changed_since(w->wds, w->verified_seq) && (c.cwd.empty() || current_dir() == c.cwd))
+    return true;
+  // The watches first, then the stats: a change after a stat raises an
+  // event that the next check sees.
+  if (!w->watched) {
+    w->wds.clear();
+    w->watched = watcher.watch(watch_dirs(c), &w->wds);
+    seq = watcher.drain();
+  }
+  w->verified_seq = 0;
+  if (!closure_still_valid(c)) return false;
+  if (w->watched) {
+    w->verified_seq = seq + 1;
+    w->verified_ns = now;
+  }
   return true;
 }
 

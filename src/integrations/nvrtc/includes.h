@@ -137,6 +137,18 @@ Expected<Closure> walk_closure(const Program& program, const ParsedOptions& opti
 // each; absent paths through their folder's identity) and none is young.
 bool closure_still_valid(const Closure& c);
 
+// The same for a closure checked again and again in one process: when every
+// folder it depends on is watched (inotify, on a local file system) and no
+// event came since the last full check, less than a second ago, it holds
+// without a stat; otherwise the full check runs and `state` is renewed.
+struct WatchState {
+  bool watched = false;
+  std::vector<int> wds;       // the watches of its folders
+  uint64_t verified_seq = 0;  // events stamped at or after this mean a change; 0: not verified
+  int64_t verified_ns = 0;    // wall clock of the last full check
+};
+bool closure_still_valid(const Closure& c, WatchState* state);
+
 // The record in bytes (stored in the cache for other processes), and back.
 std::string encode_closure(const Closure& c);
 std::optional<Closure> decode_closure(std::string_view bytes);

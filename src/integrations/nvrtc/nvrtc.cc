@@ -303,6 +303,7 @@ struct Compiler::Impl {
   struct Memo {
     std::shared_ptr<const detail::Closure> closure;
     std::shared_ptr<const KeyInfo> info;
+    detail::WatchState watch;
   };
   static constexpr std::string_view kRecordNs = "kcache.nvrtc.closure/1";
   static constexpr size_t kMemoCap = 4096;
@@ -345,9 +346,11 @@ struct Compiler::Impl {
     const Digest pd = program_digest(p);
     bool known = false;
     {
+      // Checked under the lock: the watch state is updated by the check
+      // (a stat per file at most once a second, else no system call).
       std::lock_guard lk(memo_mu);
       if (auto it = memo.find(pd); it != memo.end()) {
-        if (detail::closure_still_valid(*it->second.closure)) return it->second.info;
+        if (detail::closure_still_valid(*it->second.closure, &it->second.watch)) return it->second.info;
         known = true;
       }
     }
@@ -374,7 +377,7 @@ struct Compiler::Impl {
       {
         std::lock_guard lk(memo_mu);
         if (memo.size() >= kMemoCap) memo.clear();
-        memo[pd] = Memo{closure, info};
+        memo[pd] = Memo{closure, info, {}};
       }
       if (walked && rk) cache.put(*rk, {{"closure", detail::encode_closure(*closure)}});
     }
