@@ -75,6 +75,15 @@
 //   * Environment variables NVRTC may read are not in the key.
 //   * Headers built into libnvrtc-builtins are covered by the library
 //     digest, not by the disk closure.
+//   * A computed include is resolved with the object-like macros the
+//     scanned files define, all of their definitions; a macro that is
+//     defined somewhere but undefined where the include is expanded is
+//     taken as defined. A name only a function-like macro builds keys the
+//     -I folders whole (see above).
+//   * In a process, a closure whose folders are all watched (inotify, local
+//     file systems) is trusted without a stat until an event comes, and is
+//     stat'ed again at least once a second: a change made through a hard
+//     link in another folder is seen within that second.
 //   * The first compile in a process hashes the NVRTC library (about 110 MB
 //     for CUDA 13); the digest is remembered in the cache under the file's
 //     identity (device, inode, size, mtime, ctime), so later processes pay a

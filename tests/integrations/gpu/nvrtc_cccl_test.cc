@@ -310,8 +310,13 @@ TEST_F(NvrtcCccl, EditingEachHeaderOfTheClosureIsAMissNamingIt) {
     before.push_back(std::move(*k));
   }
   ASSERT_GT(users.size(), 300u);
-  size_t edits = 0;
+  // Every header the libcu++ and cooperative_groups programs read; of the
+  // headers only CUB programs read, one in eight (all of them with
+  // KCACHE_TRIALS set).
+  const bool all = std::getenv("KCACHE_TRIALS") != nullptr;
+  size_t edits = 0, cub_only = 0;
   for (const auto& [path, progs] : users) {
+    if (progs.back() < 2 && !all && cub_only++ % 8 != 0) continue;
     std::string original = read_all(path);
     write_all(path, original + "\n// edited\n");
     // One program that reads it (the one with the smallest closure).
