@@ -4,11 +4,11 @@
 #include "integrations/nvrtc/includes.h"
 
 #include <dirent.h>
-#include <sys/inotify.h>
-#include <sys/statfs.h>
 #include <fcntl.h>
-#include <unistd.h>
+#include <sys/inotify.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -824,11 +824,23 @@ bool local_fs(const std::string& dir) {
 // with a new sequence number.
 class Watcher {
  public:
+  // The process's watcher. A forked child makes its own: reading the
+  // parent's descriptor would take events the parent waits for.
   static Watcher& get() {
-    static Watcher* w = new Watcher();  // never destroyed: used until exit
+    static std::mutex mu;
+    static Watcher* w = nullptr;  // never destroyed: used until exit
+    static pid_t owner = 0;
+    static uint64_t generation = 0;
+    std::lock_guard lk(mu);
+    pid_t pid = ::getpid();
+    if (!w || owner != pid) {
+      w = new Watcher(++generation);
+      owner = pid;
+    }
     return *w;
   }
   bool available() const { return fd_ >= 0; }
+  uint64_t generation() const { return generation_; }
 
   // Watches every folder of `dirs`; false when one cannot be watched.
   bool watch(const std::vector<std::string>& dirs, std::vector<int>* wds) {
@@ -889,14 +901,15 @@ class Watcher {
   }
 
  private:
-  Watcher() : fd_(::inotify_init1(IN_NONBLOCK | IN_CLOEXEC)) {}
+  explicit Watcher(uint64_t generation) : fd_(::inotify_init1(IN_NONBLOCK | IN_CLOEXEC)), generation_(generation) {}
   const int fd_;
+  const uint64_t generation_;
   std::mutex mu_;
-  uint64_t seq_ = 1;                                // GUARDED_BY(mu_)
-  uint64_t overflow_seq_ = 0;                       // GUARDED_BY(mu_)
-  std::unordered_map<int, uint64_t> last_event_;    // GUARDED_BY(mu_)
-  std::unordered_map<std::string, int> wd_of_;      // GUARDED_BY(mu_)
-  std::unordered_map<int, std::string> dir_of_;     // GUARDED_BY(mu_)
+  uint64_t seq_ = 1;                              // GUARDED_BY(mu_)
+  uint64_t overflow_seq_ = 0;                     // GUARDED_BY(mu_)
+  std::unordered_map<int, uint64_t> last_event_;  // GUARDED_BY(mu_)
+  std::unordered_map<std::string, int> wd_of_;    // GUARDED_BY(mu_)
+  std::unordered_map<int, std::string> dir_of_;   // GUARDED_BY(mu_)
 };
 
 // The folders whose events cover every change `c` depends on: the folder of
@@ -932,14 +945,17 @@ bool closure_still_valid(const Closure& c, WatchState* w) {
   if (!watcher.available()) return closure_still_valid(c);
   const int64_t now = now_real_ns();
   uint64_t seq = watcher.drain();
-  if (w->watched && w->verified_seq != 0 && now - w->verified_ns < kRecheckNs &&
-      !watcher.changed_since(w->wds, w->verified_seq) && (c.cwd.empty() || current_dir() == c.cwd))
+  if (w->watched && w->generation == watcher.generation() && w->verified_seq != 0 &&
+      now - w->verified_ns < kRecheckNs && !watcher.changed_since(w->wds, w->verified_seq) &&
+      (c.cwd.empty() || current_dir() == c.cwd))
     return true;
   // The watches first, then the stats: a change after a stat raises an
   // event that the next check sees.
-  if (!w->watched) {
+  if (w->generation != watcher.generation()) *w = WatchState{false, false, {}, 0, 0, watcher.generation()};
+  if (!w->watched && !w->unwatchable) {
     w->wds.clear();
     w->watched = watcher.watch(watch_dirs(c), &w->wds);
+    w->unwatchable = !w->watched;
     seq = watcher.drain();
   }
   w->verified_seq = 0;

@@ -112,10 +112,10 @@ struct Closure {
     bool exists = false;
     FileId id;  // when exists
   };
-  std::vector<File> files;           // read: their bytes are keyed
-  std::vector<std::string> present;  // probed and found (existence keyed)
-  std::vector<std::string> absent;   // looked for and not found
-  std::vector<Dir> dirs;             // the folders of `absent` paths, and fallback folders
+  std::vector<File> files;            // read: their bytes are keyed
+  std::vector<std::string> present;   // probed and found (existence keyed)
+  std::vector<std::string> absent;    // looked for and not found
+  std::vector<Dir> dirs;              // the folders of `absent` paths, and fallback folders
   std::vector<std::string> fallback;  // "include X: folder Y", one per unresolved include and folder
   std::string cwd;                    // the working folder, when a path above is relative; else empty
   // No file or folder was changed within the last seconds (a younger one
@@ -143,9 +143,11 @@ bool closure_still_valid(const Closure& c);
 // without a stat; otherwise the full check runs and `state` is renewed.
 struct WatchState {
   bool watched = false;
+  bool unwatchable = false;   // a folder could not be watched (not a local file system)
   std::vector<int> wds;       // the watches of its folders
   uint64_t verified_seq = 0;  // events stamped at or after this mean a change; 0: not verified
   int64_t verified_ns = 0;    // wall clock of the last full check
+  uint64_t generation = 0;    // the process's watcher these belong to (a forked child has its own)
 };
 bool closure_still_valid(const Closure& c, WatchState* state);
 

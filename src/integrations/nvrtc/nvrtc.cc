@@ -15,8 +15,8 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <deque>
 #include <climits>
+#include <deque>
 #include <mutex>
 #include <set>
 #include <unordered_map>
@@ -308,7 +308,7 @@ struct Compiler::Impl {
   static constexpr std::string_view kRecordNs = "kcache.nvrtc.closure/1";
   static constexpr size_t kMemoCap = 4096;
   std::mutex memo_mu;
-  std::unordered_map<Digest, Memo> memo;           // GUARDED_BY(memo_mu)
+  std::unordered_map<Digest, Memo> memo;       // GUARDED_BY(memo_mu)
   std::set<std::string> without_cache_logged;  // GUARDED_BY(memo_mu); said once each
 
   static void put_field(std::string& out, std::string_view s) {

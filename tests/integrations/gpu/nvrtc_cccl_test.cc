@@ -37,10 +37,10 @@
 namespace kcache {
 namespace {
 
-using test::disk_options;
-using test::TempDir;
 using cccl_kernels::kKernelCount;
 using cccl_kernels::kKernels;
+using test::disk_options;
+using test::TempDir;
 
 const std::string kToolkitInclude = KCACHE_TEST_CUDA_INCLUDE;
 
@@ -222,8 +222,8 @@ TEST_F(NvrtcCccl, TheWorkingFolderGainingFilesIsAHitAndIsNeverWalked) {
   // them quickly): still cached, and a warm key reads no header and walks
   // nothing.
   struct stat shm;
-  std::string many = (::stat("/dev/shm", &shm) == 0 && S_ISDIR(shm.st_mode) ? "/dev/shm" : root_->path()) +
-                     "/kcache-many-XXXXXX";
+  std::string many =
+      (::stat("/dev/shm", &shm) == 0 && S_ISDIR(shm.st_mode) ? "/dev/shm" : root_->path()) + "/kcache-many-XXXXXX";
   ASSERT_NE(::mkdtemp(many.data()), nullptr);
   struct Remove {
     std::string dir;

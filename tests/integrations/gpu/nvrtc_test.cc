@@ -236,7 +236,8 @@ TEST_F(NvrtcCorpus, MacroOptionOrderOnlyMattersWhenAMacroRepeats) {
 TEST_F(NvrtcCorpus, CanonicalOptionsAreDocumentedShape) {
   auto c = nvrtc::canonical_options(
       {"-arch=sm_80", "-DB=1", "-I", "/y", "--use_fast_math", "--define-macro=A", "-I/x", "-include", "p.h"});
-  EXPECT_EQ(c.options, (std::vector<std::string>{"-arch=sm_80", "--use_fast_math", "-I/y", "-I/x", "--pre-include=p.h"}));
+  EXPECT_EQ(c.options,
+            (std::vector<std::string>{"-arch=sm_80", "--use_fast_math", "-I/y", "-I/x", "--pre-include=p.h"}));
   EXPECT_EQ(c.macros, (std::vector<std::string>{"-DA=1", "-DB=1"}));
   // The last operation on a macro is what NVRTC uses.
   EXPECT_EQ(nvrtc::canonical_options({"-DA=1", "-UA"}).macros, std::vector<std::string>{"-UA"});
@@ -686,8 +687,9 @@ TEST_F(NvrtcDiskHeaders, CreatingAProbedHeaderIsAMissNamedInTheExplanation) {
   EXPECT_NE(std::find(diff.begin(), diff.end(), "probes.absent"), diff.end());
   // A probe alone (no include follows it) records existence, not contents.
   nvrtc::Program q = program_;
-  q.source = "#if __has_include(\"kc_flag.cuh\")\n#define KC_F 3.0f\n#else\n#define KC_F 1.0f\n#endif\n"
-             "extern \"C\" __global__ void flag(float* x) { x[threadIdx.x] += KC_F; }\n";
+  q.source =
+      "#if __has_include(\"kc_flag.cuh\")\n#define KC_F 3.0f\n#else\n#define KC_F 1.0f\n#endif\n"
+      "extern \"C\" __global__ void flag(float* x) { x[threadIdx.x] += KC_F; }\n";
   auto qa = compiler_->key(q);
   ASSERT_TRUE(qa.has_value());
   write_text(inc_ + "/kc_flag.cuh", "a");
