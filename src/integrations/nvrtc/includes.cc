@@ -598,6 +598,9 @@ class Walk {
           std::string path = join(dir, n);
           struct stat es;
           if (::lstat(path.c_str(), &es) != 0) continue;
+          // Folders are entered only as themselves (a link to a folder
+          // could loop); a link to a file counts as the file.
+          if (S_ISLNK(es.st_mode) && (::stat(path.c_str(), &es) != 0 || S_ISDIR(es.st_mode))) continue;
           if (S_ISDIR(es.st_mode)) {
             stack.push_back(path);
           } else if (S_ISREG(es.st_mode) && !files_.count(path)) {
