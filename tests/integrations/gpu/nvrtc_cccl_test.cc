@@ -368,6 +368,32 @@ TEST_F(NvrtcCccl, CreatingAHeaderWhereTheSearchLookedIsAMiss) {
   std::printf("%zu created headers checked of %zu paths looked for\n", checked, candidates.size());
 }
 
+TEST_F(NvrtcCccl, ThrustAndDeviceCubResolveEveryComputedInclude) {
+  // Thrust names its backend headers by macros
+  // (`#include __THRUST_HOST_SYSTEM_SORT_HEADER`); each is resolved through
+  // the macros its headers define, so no folder is keyed whole and the
+  // working folder never is. Keys only, on the toolkit's own headers.
+  auto cache = Cache::open(disk_options(cache_dir()));
+  nvrtc::Compiler c(*cache);
+  for (const char* h : {"thrust/sort.h", "thrust/device_vector.h", "cub/device/device_radix_sort.cuh"}) {
+    nvrtc::Program p;
+    p.name = "thrust_user.cu";
+    p.source = std::string("#include <") + h + ">\n";
+    p.options = cccl_kernels::options_for(kToolkitInclude);
+    auto k = c.key(p);
+    ASSERT_TRUE(k.has_value()) << h << ": " << k.error().to_string();
+    bool whole = false;
+    for (const auto& it : k->manifest.items) whole |= it.name == "whole_folders";
+    EXPECT_FALSE(whole) << h;
+    auto files = keyed_files(*k);
+    EXPECT_GT(files.size(), 100u) << h;
+    for (const auto& f : files) EXPECT_TRUE(f.starts_with(kToolkitInclude + "/")) << h << ": " << f;
+    if (std::string(h) == "thrust/sort.h") {  // a backend header named only through macros
+      EXPECT_TRUE(files.count(kToolkitInclude + "/cccl/thrust/system/cpp/detail/sort.h")) << h;
+    }
+  }
+}
+
 TEST_F(NvrtcCccl, MissesAreExplainedByTheFilesThatChanged) {
   auto cache = Cache::open(disk_options(cache_dir()));
   nvrtc::Compiler c(*cache);
