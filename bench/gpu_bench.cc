@@ -19,6 +19,15 @@
 // `x_vs_none` and `x_vs_pocl`; `build_ms` is the part spent building
 // programs, `first_run_ms` the rest (kernel creation and first launches).
 //
+// NVRTC on CCCL (CUB, libcu++ and cooperative_groups kernels including the
+// toolkit's headers): an uncached compile ("cold"), a warm key
+// (Compiler::key: the closure checked by file identity) and a warm hit from
+// memory, each with `cpu_us` per call and `files_keyed`; and the CPU of the
+// first key in a new process that shares the cache (a child: the closure
+// record comes from the cache), `first_key_cpu_us` for the process's first
+// key (it also finds the NVRTC library's identity) and
+// `next_first_keys_cpu_us` for the first key of each other program.
+//
 // Usage: kcache_bench_gpu [--benchmark_filter=nvrtc|opencl] [google benchmark flags]
 #include <benchmark/benchmark.h>
 #include <stdlib.h>
@@ -36,6 +45,7 @@
 #include "util/util.h"
 
 #if KCACHE_HAVE_NVRTC
+#include "cccl_kernels.h"
 #include "gpu_kernels.h"
 #include "kcache/nvrtc.h"
 #endif
@@ -120,6 +130,123 @@ void BM_NvrtcWarm(benchmark::State& state, size_t i, bool memory) {
   state.counters["bytes"] = static_cast<double>(bytes);
   // Both sides are wall-clock times of this run.
   if (auto it = g_cold_ns.find(k.name); it != g_cold_ns.end()) state.counters["x_vs_cold"] = it->second / warm_ns;
+}
+
+// ---- CCCL kernels from the toolkit (CUB, libcu++, cooperative_groups) ------
+
+kcache::nvrtc::Program cccl_program(size_t i) {
+  kcache::nvrtc::Program p;
+  p.name = kcache::cccl_kernels::kKernels[i].name;
+  p.source = kcache::cccl_kernels::kKernels[i].source;
+  p.options = kcache::cccl_kernels::options_for(KCACHE_BENCH_CUDA_INCLUDE);
+  return p;
+}
+
+struct CcclState {
+  std::string dir;
+  std::unique_ptr<kcache::Cache> cache;
+  std::unique_ptr<kcache::nvrtc::Compiler> compiler;
+  std::map<size_t, double> cold_ns;
+};
+CcclState* g_cccl = nullptr;
+
+CcclState& cccl() {
+  if (!g_cccl) {
+    g_cccl = new CcclState();
+    g_cccl->dir = g_tmp + "/cccl";
+    g_cccl->cache = kcache::Cache::open(cache_options(g_cccl->dir, true));
+    g_cccl->compiler = std::make_unique<kcache::nvrtc::Compiler>(*g_cccl->cache);
+    for (size_t i = 0; i < kcache::cccl_kernels::kKernelCount; ++i) (void)g_cccl->compiler->compile(cccl_program(i));
+    g_cccl->cache->flush();
+  }
+  return *g_cccl;
+}
+
+double cpu_ns() {
+  struct timespec ts;
+  ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return ts.tv_sec * 1e9 + ts.tv_nsec;
+}
+
+void BM_CcclCold(benchmark::State& state, size_t i) {
+  auto& s = cccl();
+  auto p = cccl_program(i);
+  double total = 0;
+  for (auto _ : state) {
+    auto t0 = std::chrono::steady_clock::now();
+    auto r = kcache::nvrtc::compile_uncached(p);
+    total += std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count();
+    if (!r) state.SkipWithError(r.error().to_string().c_str());
+  }
+  s.cold_ns[i] = total / static_cast<double>(state.iterations());
+}
+
+// A warm key (Compiler::key, which also copies the KeyInfo out) or a warm
+// hit from the memory tier (Compiler::compile): CPU per call.
+void BM_CcclWarm(benchmark::State& state, size_t i, bool hit) {
+  auto& s = cccl();
+  auto p = cccl_program(i);
+  size_t files = 0;
+  if (auto k = s.compiler->key(p))
+    for (const auto& it : k->manifest.items) files += it.name.starts_with("file:");
+  double c0 = cpu_ns();
+  auto t0 = std::chrono::steady_clock::now();
+  for (auto _ : state) {
+    if (hit) {
+      auto r = s.compiler->compile(p);
+      if (!r || r->source != kcache::Source::memory) {
+        state.SkipWithError("expected a hit from memory");
+        break;
+      }
+    } else {
+      auto k = s.compiler->key(p);
+      benchmark::DoNotOptimize(k);
+    }
+  }
+  double iters = static_cast<double>(std::max<benchmark::IterationCount>(1, state.iterations()));
+  double wall = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count() / iters;
+  state.counters["cpu_us"] = (cpu_ns() - c0) / iters / 1e3;
+  state.counters["files_keyed"] = static_cast<double>(files);
+  if (auto it = s.cold_ns.find(i); it != s.cold_ns.end()) state.counters["x_vs_cold"] = it->second / wall;
+}
+
+// The first key of each program in a new process that shares the cache:
+// printed by a child as "first_us rest_us" (CPU of the process's first key,
+// which also finds the NVRTC library's identity; mean CPU of the others).
+int cccl_child(const std::string& dir) {
+  auto cache = kcache::Cache::open(cache_options(dir, true));
+  kcache::nvrtc::Compiler c(*cache);
+  double first = 0, rest = 0;
+  for (size_t i = 0; i < kcache::cccl_kernels::kKernelCount; ++i) {
+    auto p = cccl_program(i);
+    double c0 = cpu_ns();
+    auto k = c.key(p);
+    double us = (cpu_ns() - c0) / 1e3;
+    if (!k) return 2;
+    (i == 0 ? first : rest) += us;
+  }
+  std::printf("%.1f %.1f\n", first, rest / double(kcache::cccl_kernels::kKernelCount - 1));
+  return 0;
+}
+
+void BM_CcclFirstKeyNewProcess(benchmark::State& state) {
+  auto& s = cccl();
+  std::string cmd = "'" + g_self + "' --cccl-child '" + s.dir + "'";
+  double first = 0, rest = 0;
+  for (auto _ : state) {
+    FILE* f = ::popen(cmd.c_str(), "r");
+    double a = -1, b = -1;
+    if (!f || std::fscanf(f, "%lf %lf", &a, &b) != 2 || ::pclose(f) != 0 || a < 0) {
+      state.SkipWithError("child failed");
+      break;
+    }
+    state.SetIterationTime(a / 1e6);
+    first += a;
+    rest += b;
+  }
+  double iters = static_cast<double>(std::max<benchmark::IterationCount>(1, state.iterations()));
+  state.counters["first_key_cpu_us"] = first / iters;
+  state.counters["next_first_keys_cpu_us"] = rest / iters;
 }
 #endif
 
@@ -223,6 +350,9 @@ int main(int argc, char** argv) {
 #if KCACHE_HAVE_OPENCL
   if (argc == 4 && std::strcmp(argv[1], "--opencl-child") == 0) return opencl_child(argv[2], argv[3]);
 #endif
+#if KCACHE_HAVE_NVRTC
+  if (argc == 3 && std::strcmp(argv[1], "--cccl-child") == 0) return cccl_child(argv[2]);
+#endif
   g_self = argv[0];
   if (g_self.find('/') == std::string::npos) g_self = "./" + g_self;
   g_tmp = make_temp_dir("run");
@@ -242,6 +372,20 @@ int main(int argc, char** argv) {
           ->Unit(benchmark::kMicrosecond);
     }
   }
+  for (size_t i = 0; i < kcache::cccl_kernels::kKernelCount; ++i) {
+    std::string n = kcache::cccl_kernels::kKernels[i].name;
+    benchmark::RegisterBenchmark(("nvrtc_cccl/cold/" + n).c_str(), BM_CcclCold, i)
+        ->Iterations(1)
+        ->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark(("nvrtc_cccl/warm_key/" + n).c_str(), BM_CcclWarm, i, false)
+        ->Unit(benchmark::kMicrosecond);
+    benchmark::RegisterBenchmark(("nvrtc_cccl/warm_hit/" + n).c_str(), BM_CcclWarm, i, true)
+        ->Unit(benchmark::kMicrosecond);
+  }
+  benchmark::RegisterBenchmark("nvrtc_cccl/first_key_new_process", BM_CcclFirstKeyNewProcess)
+      ->UseManualTime()
+      ->Iterations(5)
+      ->Unit(benchmark::kMicrosecond);
 #endif
 #if KCACHE_HAVE_OPENCL
   for (const char* mode : {"none", "pocl", "kcache", "kcache+pocl"})
@@ -257,6 +401,7 @@ int main(int argc, char** argv) {
   benchmark::Shutdown();
 #if KCACHE_HAVE_NVRTC
   delete g_nv;
+  delete g_cccl;
 #endif
   std::string rm = "rm -rf '" + g_tmp + "'";
   (void)::system(rm.c_str());

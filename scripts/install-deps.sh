@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the Debian packages kcache builds and tests with, if any are
 # missing (LLVM 19 for the default build, LLVM 14 for `make test-llvm`,
-# which CI runs too; clang-14 makes the ThinLTO test's bitcode). Runs apt-get
+# which CI runs too; clang-14 makes the ThinLTO test's bitcode; strace lets
+# nvrtc_cccl_test see which files NVRTC opens). Runs apt-get
 # update at most once. Needs root (or sudo) only when
 # something is missing.
 set -euo pipefail
@@ -9,7 +10,7 @@ set -euo pipefail
 pkgs=(build-essential cmake pkg-config g++ clang-format libgtest-dev libbenchmark-dev
       liblmdb-dev lmdb-utils libzstd-dev libxxhash-dev libhiredis-dev libssl-dev
       redis-server python3-dev python3-venv llvm-14-dev llvm-19-dev clang-14 zlib1g-dev libtinfo-dev libedit-dev libxml2-dev libcurl4-openssl-dev
-      pocl-opencl-icd ocl-icd-opencl-dev opencl-headers clinfo)
+      pocl-opencl-icd ocl-icd-opencl-dev opencl-headers clinfo strace)
 
 missing=()
 for p in "${pkgs[@]}"; do

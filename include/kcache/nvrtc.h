@@ -11,42 +11,57 @@
 // the same program, in this process or another one sharing the cache, is a
 // lookup.
 //
-// What the key covers (namespace "kcache.nvrtc/2"):
+// What the key covers (namespace "kcache.nvrtc/3"):
 //   * the NVRTC build: nvrtcVersion() and a digest of the libnvrtc file that
 //     is loaded in this process (found with dladdr on an NVRTC symbol) and of
 //     the libnvrtc-builtins file beside it, so a patched library with the
 //     same version number is a miss;
 //   * the options in canonical form (see below);
 //   * every named header: its include name and its contents;
-//   * every file on disk the compile can read: the #include closure of the
-//     source, the named headers and the -include / --pre-include headers
-//     over NVRTC's search (for "name": the including file's folder, or the
-//     program name's folder for the source; then each -I / --include-path
-//     folder in order; <name>: the -I folders), each by path and digest.
-//     The closure is a superset: every directive counts whatever #if
-//     surrounds it, and every existing candidate along the search counts,
-//     not only the first, so a header that appears earlier in the search
-//     is a miss too. A computed include (`#include MACRO`) puts every file
-//     under every search folder into the key. A program whose search holds
-//     more than 20,000 files is compiled without the cache (one log line).
-//     Digests are remembered per process by file identity (device, inode,
-//     size, mtime and ctime in ns), so a warm compile pays a stat per header,
-//     not a read; a file changed in the last 2 s is read every time, since
-//     it could change again within one timestamp tick;
+//   * the files on disk the compile can read, found as the preprocessor
+//     finds them (src/integrations/nvrtc/includes.h): the #include closure
+//     of the source, the named headers and the -include / --pre-include
+//     headers over NVRTC's search (for "name": the including file's folder,
+//     or the program name's folder for the source; then each -I /
+//     --include-path folder in order; <name>: the -I folders). Each file
+//     read is a component "file:PATH" (its digest); each __has_include
+//     probe that found a file is "probe:PATH"; every path looked for and
+//     not found is in "probes.absent", so a header created earlier in the
+//     search, or where a probe looked, is a miss. `#include MACRO` is
+//     resolved by expanding the macros the scanned files and -D options
+//     define (every definition counts); #if is not evaluated (every
+//     directive counts). Only an include no expansion resolves keys whole
+//     folders: every file under each -I folder (never the working folder),
+//     at most 5,000 (more: the program is compiled without the cache), the
+//     component "whole_folders" naming the include and folders, and one
+//     log line. A program whose closure holds more than 20,000 files is
+//     compiled without the cache (one log line per program).
+//     Warm keys: the closure of each program (its inputs and the working
+//     folder) is remembered with each file's identity (device, inode, size,
+//     mtime and ctime in ns), in the process and in the cache (namespace
+//     "kcache.nvrtc.closure/1", for other processes); a key whose files,
+//     probes and folders all still have their identity is built without
+//     reading a header, and otherwise only files whose identity changed are
+//     read again. A file or folder changed in the last 2 s is looked at
+//     every time, since it could change again within one timestamp tick;
 //   * the source and the program name (it appears in diagnostics);
 //   * the name expressions, in the order given;
 //   * which outputs are produced (ptx / cubin / ltoir);
 //   * `Program::extra_key`: anything else the caller knows decides the output.
 //
-// Canonical options. Options are kept in the order given, because for NVRTC
-// order can matter (a repeated option: the last one wins; include paths are
-// searched in order). The one exception is macro definitions: `-D`/`-U`
-// (and their long spellings `--define-macro=`, `--undefine-macro=`, which
-// are rewritten to the short ones) are taken out of the list and sorted
-// when every macro is named once, since then their order cannot change the
-// result; when one macro is defined or undefined more than once, all macro
-// options keep their given order. So `-DA=1 -DB=2` and `-DB=2 -DA=1` hit
-// the same entry, while `-DA -UA` and `-UA -DA` do not.
+// Canonical options, as NVRTC reads them: -D and -U in every spelling it
+// accepts (-DX, -D X as two entries, "-D X" as one, --define-macro X,
+// --define-macro=X; likewise -U / --undefine-macro) become "-DNAME=VALUE"
+// ("-DX" is "-DX=1") or "-UNAME"; only the last operation on each macro
+// counts (NVRTC's result: `-DA=1 -DA=2` is `-DA=2`, `-DA -UA` is `-UA`),
+// and they are sorted by macro name, since operations on different macros
+// commute. -I / --include-path (-IX, -I X, -I=X, --include-path=X, two
+// entries) become "-IX" and -include / --pre-include (two entries or =)
+// "--pre-include=X", each kept in its given order (the search order).
+// Other options keep their given order (a repeated option: the last one
+// wins). One-string forms NVRTC rejects ("--define-macro X", "-include X")
+// stay as given. A -U of a macro nothing defined is kept: NVRTC predefines
+// names such as NULL and CUDART_VERSION, so no -U is dropped.
 //
 // Failures. A failed compile returns Errc::compile_failed whose message is
 // the full NVRTC log. Failures are never stored in the cache tiers, so a
@@ -60,6 +75,15 @@
 //   * Environment variables NVRTC may read are not in the key.
 //   * Headers built into libnvrtc-builtins are covered by the library
 //     digest, not by the disk closure.
+//   * A computed include is resolved with the object-like macros the
+//     scanned files define, all of their definitions; a macro that is
+//     defined somewhere but undefined where the include is expanded is
+//     taken as defined. A name only a function-like macro builds keys the
+//     -I folders whole (see above).
+//   * In a process, a closure whose folders are all watched (inotify, local
+//     file systems) is trusted without a stat until an event comes, and is
+//     stat'ed again at least once a second: a change made through a hard
+//     link in another folder is seen within that second.
 //   * The first compile in a process hashes the NVRTC library (about 110 MB
 //     for CUDA 13); the digest is remembered in the cache under the file's
 //     identity (device, inode, size, mtime, ctime), so later processes pay a
@@ -85,7 +109,7 @@
 
 namespace kcache::nvrtc {
 
-inline constexpr std::string_view kNamespace = "kcache.nvrtc/2";
+inline constexpr std::string_view kNamespace = "kcache.nvrtc/3";
 
 struct Header {
   std::string name;  // the name the source #includes it by
@@ -118,9 +142,8 @@ Outputs outputs_for(const std::vector<std::string>& options);
 
 // The options in the canonical form hashed into the key (see top).
 struct CanonicalOptions {
-  std::vector<std::string> options;  // non-macro options, given order
-  std::vector<std::string> macros;   // -D/-U options, sorted when safe
-  bool macros_sorted = false;
+  std::vector<std::string> options;  // other options in given order, then -IX in order, then --pre-include=X in order
+  std::vector<std::string> macros;   // "-DNAME=VALUE" / "-UNAME", the last per name, sorted by name
 };
 CanonicalOptions canonical_options(const std::vector<std::string>& options);
 

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <climits>
 #include <deque>
 #include <mutex>
 #include <set>
@@ -41,20 +42,6 @@ std::string_view arch_value(const std::vector<std::string>& options, size_t* i) 
     }
   }
   return {};
-}
-
-// "-DX", "-D X" is not one NVRTC option; long forms are rewritten to short.
-std::optional<std::string> as_macro_option(std::string_view o) {
-  if (starts_with(o, "--define-macro=")) return "-D" + std::string(o.substr(15));
-  if (starts_with(o, "--undefine-macro=")) return "-U" + std::string(o.substr(17));
-  if ((starts_with(o, "-D") || starts_with(o, "-U")) && o.size() > 2) return std::string(o);
-  return std::nullopt;
-}
-
-std::string macro_name(std::string_view m) {
-  std::string_view body = m.substr(2);
-  size_t end = std::min(body.find('='), body.find('('));
-  return std::string(body.substr(0, end));
 }
 
 std::string encode_lowered(const std::vector<std::pair<std::string, std::string>>& names) {
@@ -133,21 +120,12 @@ Outputs outputs_for(const std::vector<std::string>& options) {
 }
 
 CanonicalOptions canonical_options(const std::vector<std::string>& options) {
+  detail::ParsedOptions p = detail::parse_options(options);
   CanonicalOptions c;
-  std::set<std::string> names;
-  bool repeated = false;
-  for (const auto& o : options) {
-    if (auto m = as_macro_option(o)) {
-      repeated |= !names.insert(macro_name(*m)).second;
-      c.macros.push_back(std::move(*m));
-    } else {
-      c.options.push_back(o);
-    }
-  }
-  if (!repeated) {
-    std::sort(c.macros.begin(), c.macros.end());
-    c.macros_sorted = true;
-  }
+  c.options = std::move(p.other);
+  for (auto& d : p.include_dirs) c.options.push_back("-I" + d);
+  for (auto& h : p.pre_includes) c.options.push_back("--pre-include=" + h);
+  c.macros = std::move(p.macros);
   return c;
 }
 
@@ -316,12 +294,102 @@ struct Compiler::Impl {
     return ident;
   }
 
-  Expected<KeyInfo> key(const Program& p) {
-    KCACHE_TRY(detail::DiskInputs disk, detail::disk_inputs(p));
-    return key(p, disk);
+  // Warm keys. Per program (all its inputs): the closure last walked and
+  // the key built from it (a closure with relative paths holds only in the
+  // working folder it was walked in). A key whose closure is
+  // still as recorded (closure_still_valid: a stat per file and folder) is
+  // answered from here without reading a header; another process finds the
+  // record in the cache (namespace kRecordNs) and checks it the same way.
+  struct Memo {
+    std::shared_ptr<const detail::Closure> closure;
+    std::shared_ptr<const KeyInfo> info;
+    detail::WatchState watch;
+  };
+  static constexpr std::string_view kRecordNs = "kcache.nvrtc.closure/1";
+  static constexpr size_t kMemoCap = 4096;
+  std::mutex memo_mu;
+  std::unordered_map<Digest, Memo> memo;       // GUARDED_BY(memo_mu)
+  std::set<std::string> without_cache_logged;  // GUARDED_BY(memo_mu); said once each
+
+  static void put_field(std::string& out, std::string_view s) {
+    util::put_u32(out, static_cast<uint32_t>(s.size()));
+    out += s;
   }
 
-  Expected<KeyInfo> key(const Program& p, const detail::DiskInputs& disk) {
+  // Everything the program's key and closure depend on besides the files.
+  static Digest program_digest(const Program& p) {
+    std::string b;
+    put_field(b, p.source);
+    put_field(b, p.name);
+    util::put_u32(b, static_cast<uint32_t>(p.options.size()));
+    for (const auto& o : p.options) put_field(b, o);
+    util::put_u32(b, static_cast<uint32_t>(p.headers.size()));
+    for (const auto& h : p.headers) {
+      put_field(b, h.name);
+      put_field(b, h.contents);
+    }
+    util::put_u32(b, static_cast<uint32_t>(p.name_expressions.size()));
+    for (const auto& e : p.name_expressions) put_field(b, e);
+    util::put_u32(b, static_cast<uint32_t>(p.extra_key.size()));
+    for (const auto& [k, v] : p.extra_key) {
+      put_field(b, k);
+      put_field(b, v);
+    }
+    return hash_bytes(b);
+  }
+
+  static Expected<KeyInfo> record_key(const Digest& program) {
+    return KeyBuilder(kRecordNs).add_digest("program", program).finish();
+  }
+
+  Expected<std::shared_ptr<const KeyInfo>> key_info(const Program& p) {
+    const Digest pd = program_digest(p);
+    bool known = false;
+    {
+      // Checked under the lock: the watch state is updated by the check
+      // (a stat per file at most once a second, else no system call).
+      std::lock_guard lk(memo_mu);
+      if (auto it = memo.find(pd); it != memo.end()) {
+        if (detail::closure_still_valid(*it->second.closure, &it->second.watch)) return it->second.info;
+        known = true;
+      }
+    }
+    detail::ParsedOptions parsed = detail::parse_options(p.options);
+    std::shared_ptr<const detail::Closure> closure;
+    auto rk = record_key(pd);
+    if (!known && rk) {
+      if (auto e = cache.get(rk->key)) {
+        if (auto bytes = e->artifact("closure")) {
+          auto c = detail::decode_closure(*bytes);
+          if (c && detail::closure_still_valid(*c)) closure = std::make_shared<const detail::Closure>(std::move(*c));
+        }
+      }
+    }
+    bool walked = false;
+    if (!closure) {
+      KCACHE_TRY(detail::Closure c, detail::walk_closure(p, parsed));
+      closure = std::make_shared<const detail::Closure>(std::move(c));
+      walked = true;
+    }
+    KCACHE_TRY(KeyInfo ki, key(p, parsed, *closure));
+    auto info = std::make_shared<const KeyInfo>(std::move(ki));
+    if (closure->settled) {
+      {
+        std::lock_guard lk(memo_mu);
+        if (memo.size() >= kMemoCap) memo.clear();
+        memo[pd] = Memo{closure, info, {}};
+      }
+      if (walked && rk) cache.put(*rk, {{"closure", detail::encode_closure(*closure)}});
+    }
+    return info;
+  }
+
+  Expected<KeyInfo> key(const Program& p) {
+    KCACHE_TRY(auto info, key_info(p));
+    return *info;
+  }
+
+  Expected<KeyInfo> key(const Program& p, const detail::ParsedOptions& parsed, const detail::Closure& disk) {
     const Identity& id = identity();
     if (!ident_error.is_ok()) return ident_error;
     std::map<std::string, std::string> headers;
@@ -330,7 +398,9 @@ struct Compiler::Impl {
       if (!headers.emplace(h.name, h.contents).second)
         return Status(Errc::invalid_argument, "nvrtc: header named twice: " + h.name);
     }
-    CanonicalOptions co = canonical_options(p.options);
+    std::vector<std::string> options = parsed.other;
+    for (const auto& d : parsed.include_dirs) options.push_back("-I" + d);
+    for (const auto& h : parsed.pre_includes) options.push_back("--pre-include=" + h);
     Outputs out = outputs_for(p.options);
     std::vector<std::string> outs;
     if (out.ptx) outs.push_back("ptx");
@@ -340,18 +410,22 @@ struct Compiler::Impl {
     KeyBuilder kb(kNamespace);
     kb.add_string("nvrtc.version", std::to_string(id.major) + "." + std::to_string(id.minor))
         .add_digest("nvrtc.library", id.library_digest)
-        .add_list("options", co.options)
-        .add_list("macros", co.macros)
+        .add_list("options", options)
+        .add_list("macros", parsed.macros)
         .add_map("headers", headers)
-        .add_list("disk_headers", disk.files)
-        .add_bool("disk_headers.whole_folders", disk.whole_folders)
         .add_bytes("source", p.source)
         .add_string("program_name", p.name.empty() ? "default_program" : p.name)
         .add_list("name_expressions", p.name_expressions)
         .add_list("outputs", outs);
+    // The disk closure, one component per file and per probe found, so that
+    // an explanation names the file: "file:/x/y.h: changed (...)".
+    for (const auto& f : disk.files) kb.add_digest("file:" + f.path, f.digest);
+    for (const auto& pr : disk.present) kb.add_bool("probe:" + pr, true);
+    kb.add_list("probes.absent", disk.absent);
+    if (!disk.fallback.empty()) kb.add_list("whole_folders", disk.fallback);
     for (const auto& [k, v] : p.extra_key) kb.add_string("extra." + k, v);
     kb.label(p.name.empty() ? "default_program" : p.name);  // not part of the key: compared first on a miss
-    return kb.finish();
+    return std::move(kb).finish();
   }
 
   // Views into the entry, or nullopt when the entry does not hold what the
@@ -406,8 +480,14 @@ struct Compiler::Impl {
   // A program whose include search holds too many files for a key: compiled
   // without the cache, never with a partial key.
   Expected<Result> compile_without_cache(const Program& p, const Status& why) {
-    KCACHE_LOG(LogLevel::warn, "nvrtc: compiling %s without the cache: %s",
-               p.name.empty() ? "default_program" : p.name.c_str(), why.to_string().c_str());
+    std::string line = std::string("nvrtc: compiling ") + (p.name.empty() ? "default_program" : p.name.c_str()) +
+                       " without the cache: " + why.to_string();
+    bool first = false;
+    {
+      std::lock_guard lk(memo_mu);
+      first = without_cache_logged.size() < 1000 && without_cache_logged.insert(line).second;
+    }
+    if (first) KCACHE_LOG(LogLevel::warn, "%s", line.c_str());
     auto arts = compile_uncached(p);
     if (!arts) return std::move(arts).error();
     EntryBuilder b{Key{}};
@@ -419,12 +499,12 @@ struct Compiler::Impl {
   }
 
   Expected<Result> compile(const Program& p) {
-    auto disk = detail::disk_inputs(p);
-    if (!disk) {
-      if (disk.error().code() == Errc::too_large) return compile_without_cache(p, disk.error());
-      return std::move(disk).error();
+    auto info = key_info(p);
+    if (!info) {
+      if (info.error().code() == Errc::too_large) return compile_without_cache(p, info.error());
+      return std::move(info).error();
     }
-    KCACHE_TRY(KeyInfo ki, key(p, *disk));
+    const KeyInfo& ki = **info;
     if (auto f = remembered_failure(ki.key)) return *f;
     Source src = Source::compiled;
     auto e = cache.get_or_compile(

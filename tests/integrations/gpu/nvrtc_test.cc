@@ -8,6 +8,7 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -233,13 +234,16 @@ TEST_F(NvrtcCorpus, MacroOptionOrderOnlyMattersWhenAMacroRepeats) {
 }
 
 TEST_F(NvrtcCorpus, CanonicalOptionsAreDocumentedShape) {
-  auto c = nvrtc::canonical_options({"-arch=sm_80", "-DB=1", "--use_fast_math", "--define-macro=A", "-I/x"});
-  EXPECT_EQ(c.options, (std::vector<std::string>{"-arch=sm_80", "--use_fast_math", "-I/x"}));
-  EXPECT_EQ(c.macros, (std::vector<std::string>{"-DA", "-DB=1"}));
-  EXPECT_TRUE(c.macros_sorted);
-  auto d = nvrtc::canonical_options({"-DA=1", "-UA"});
-  EXPECT_EQ(d.macros, (std::vector<std::string>{"-DA=1", "-UA"}));
-  EXPECT_FALSE(d.macros_sorted);
+  auto c = nvrtc::canonical_options(
+      {"-arch=sm_80", "-DB=1", "-I", "/y", "--use_fast_math", "--define-macro=A", "-I/x", "-include", "p.h"});
+  EXPECT_EQ(c.options,
+            (std::vector<std::string>{"-arch=sm_80", "--use_fast_math", "-I/y", "-I/x", "--pre-include=p.h"}));
+  EXPECT_EQ(c.macros, (std::vector<std::string>{"-DA=1", "-DB=1"}));
+  // The last operation on a macro is what NVRTC uses.
+  EXPECT_EQ(nvrtc::canonical_options({"-DA=1", "-UA"}).macros, std::vector<std::string>{"-UA"});
+  EXPECT_EQ(nvrtc::canonical_options({"-UA", "-D", "A"}).macros, std::vector<std::string>{"-DA=1"});
+  // One-string forms NVRTC rejects stay as given.
+  EXPECT_EQ(nvrtc::canonical_options({"--define-macro A=2"}).options, std::vector<std::string>{"--define-macro A=2"});
   // NVRTC makes a CUBIN when any -arch names a real architecture.
   EXPECT_TRUE(nvrtc::outputs_for({"--gpu-architecture=sm_90", "-arch=compute_90"}).cubin);
   EXPECT_TRUE(nvrtc::outputs_for({"--gpu-architecture=sm_90"}).cubin);
@@ -445,10 +449,11 @@ TEST_F(NvrtcDiskHeaders, EditingANestedHeaderIsAMissWithNewPtxFromMemoryAndFromD
   EXPECT_NE(edited->key, cold->key);
   EXPECT_NE(edited->ptx.find(kThree), std::string_view::npos);
   EXPECT_EQ(edited->ptx.find(kOne), std::string_view::npos);
-  // ...and the manifest names the component that changed.
+  // ...and the manifest names the file that changed.
   auto a = compiler_->key(program_);
   ASSERT_TRUE(a.has_value());
-  EXPECT_EQ(manifest_diff(a->manifest, cold->entry.manifest()), std::vector<std::string>{"disk_headers"});
+  EXPECT_EQ(manifest_diff(a->manifest, cold->entry.manifest()),
+            std::vector<std::string>{"file:" + inc_ + "/kc_offset.cuh"});
   // Another process sees the new header too: from disk, the new PTX.
   auto edited_disk = compile_in_fresh_process(program_);
   ASSERT_TRUE(edited_disk.has_value());
@@ -547,33 +552,154 @@ TEST_F(NvrtcDiskHeaders, AHeaderThatAppearsEarlierInTheSearchIsAMiss) {
   EXPECT_NE(beside2->ptx.find("0f40800000"), std::string_view::npos);  // 4.0f
 }
 
-TEST_F(NvrtcDiskHeaders, AComputedIncludePutsTheWholeFoldersInTheKey) {
+TEST_F(NvrtcDiskHeaders, AComputedIncludeIsResolvedThroughItsMacros) {
   nvrtc::Program p = program_;
+  // The name is built from two macros, one of them defined in a header
+  // found through -I and one given as an option.
+  write_text(inc_ + "/kc_names.cuh", "#define KC_ROOT kc_scale\n#define KC_HEADER <KC_ROOT.KC_EXT>\n");
   p.source =
-      "#define KC_HEADER <kc_scale.cuh>\n#include KC_HEADER\n"
+      "#include \"kc_names.cuh\"\n#include KC_HEADER\n"
       "extern \"C\" __global__ void computed(float* x) { x[threadIdx.x] *= KC_SCALE + KC_OFFSET; }\n";
+  p.options.push_back("-DKC_EXT=cuh");
   auto cold = compiler_->compile(p);
   ASSERT_TRUE(cold.has_value()) << cold.error().to_string();
   auto warm = compiler_->compile(p);
   ASSERT_TRUE(warm.has_value());
   EXPECT_EQ(warm->source, Source::memory);
-  // The header the macro names changes: a miss with new PTX (2 + 3 = 5).
+  auto k0 = compiler_->key(p);
+  ASSERT_TRUE(k0.has_value());
+  bool whole = false;
+  for (const auto& it : k0->manifest.items) whole |= it.name == "whole_folders";
+  EXPECT_FALSE(whole);
+  // The header the macros name changes: a miss with new PTX (2 + 3 = 5),
+  // and the explanation names it.
   write_text(inc_ + "/kc_offset.cuh", "#pragma once\n#define KC_OFFSET 3.0f\n");
   auto edited = compiler_->compile(p);
   ASSERT_TRUE(edited.has_value());
   EXPECT_EQ(edited->source, Source::compiled);
-  EXPECT_NE(edited->ptx, cold->ptx);
   EXPECT_NE(edited->ptx.find("0f40A00000"), std::string_view::npos);  // 5.0f
-  // Any file in the folder counts, even one no directive names.
+  EXPECT_EQ(manifest_diff(compiler_->key(p)->manifest, k0->manifest),
+            std::vector<std::string>{"file:" + inc_ + "/kc_offset.cuh"});
+  // A file no directive names is not in the key.
   Key k1 = compiler_->key(p)->key;
   write_text(inc_ + "/unrelated.txt", "x");
+  EXPECT_EQ(compiler_->key(p)->key, k1);
+}
+
+TEST_F(NvrtcDiskHeaders, AnUnresolvableIncludeKeysOnlyTheIncludeFoldersAndSaysSo) {
+  // A function-like macro names the header: the -I folder is keyed whole,
+  // the working folder is not.
+  nvrtc::Program p = program_;
+  p.source =
+      "#define KC_PICK(x) <x>\n#include KC_PICK(kc_scale.cuh)\n"
+      "extern \"C\" __global__ void picked(float* x) { x[threadIdx.x] *= KC_SCALE; }\n";
+  auto cold = compiler_->compile(p);
+  ASSERT_TRUE(cold.has_value()) << cold.error().to_string();
+  auto k1 = compiler_->key(p);
+  ASSERT_TRUE(k1.has_value());
+  std::string note;
+  for (const auto& it : k1->manifest.items)
+    if (it.name == "whole_folders") note = "present";
+  EXPECT_EQ(note, "present");
+  write_text(inc_ + "/unrelated.txt", "x");  // under the -I folder: in the key
   auto k2 = compiler_->key(p);
   ASSERT_TRUE(k2.has_value());
-  EXPECT_NE(k2->key, k1);
-  // Without the computed include, the unrelated file is not in the key.
-  Key plain = compiler_->key(program_)->key;
-  write_text(inc_ + "/unrelated.txt", "y");
-  EXPECT_EQ(compiler_->key(program_)->key, plain);
+  EXPECT_NE(k2->key, k1->key);
+  auto diff = manifest_diff(k1->manifest, k2->manifest);
+  EXPECT_NE(std::find(diff.begin(), diff.end(), "file:" + inc_ + "/unrelated.txt"), diff.end());
+  write_text(tmp_.path() + "/beside_the_cache.txt", "y");  // not under an -I folder
+  EXPECT_EQ(compiler_->key(p)->key, k2->key);
+}
+
+TEST_F(NvrtcDiskHeaders, AQuotedIncludeBesideAProgramWithoutAFolderFollowsTheWorkingFolder) {
+  const std::string a = tmp_.path() + "/a", b = tmp_.path() + "/b";
+  ASSERT_EQ(::mkdir(a.c_str(), 0755), 0);
+  ASSERT_EQ(::mkdir(b.c_str(), 0755), 0);
+  write_text(a + "/kc_local.cuh", "#define KC_LOCAL 1.0f\n");
+  write_text(b + "/kc_local.cuh", "#define KC_LOCAL 3.0f\n");
+  nvrtc::Program p;
+  p.name = "local.cu";
+  p.source = "#include \"kc_local.cuh\"\nextern \"C\" __global__ void k(float* x) { x[0] += KC_LOCAL; }\n";
+  p.options = {"-arch=sm_80"};
+  char cwd[4096];
+  ASSERT_NE(::getcwd(cwd, sizeof cwd), nullptr);
+  struct Back {
+    std::string dir;
+    ~Back() { (void)::chdir(dir.c_str()); }
+  } back{cwd};
+  ASSERT_EQ(::chdir(a.c_str()), 0);
+  auto in_a = compiler_->compile(p);
+  ASSERT_TRUE(in_a.has_value()) << in_a.error().to_string();
+  EXPECT_NE(in_a->ptx.find(kOne), std::string_view::npos);
+  ASSERT_EQ(::chdir(b.c_str()), 0);
+  auto in_b = compiler_->compile(p);
+  ASSERT_TRUE(in_b.has_value()) << in_b.error().to_string();
+  EXPECT_EQ(in_b->source, Source::compiled);
+  EXPECT_NE(in_b->ptx.find(kThree), std::string_view::npos);
+  ASSERT_EQ(::chdir(a.c_str()), 0);
+  auto again = compiler_->compile(p);
+  ASSERT_TRUE(again.has_value());
+  EXPECT_EQ(again->source, Source::memory);
+  EXPECT_EQ(again->ptx, in_a->ptx);
+}
+
+TEST_F(NvrtcDiskHeaders, ADigraphIncludeIsFollowed) {
+  nvrtc::Program p = program_;
+  p.source =
+      "%:include <kc_scale.cuh>\n"
+      "extern \"C\" __global__ void digraph(float* x) { x[threadIdx.x] += KC_OFFSET; }\n";
+  auto cold = compiler_->compile(p);
+  ASSERT_TRUE(cold.has_value()) << cold.error().to_string();
+  EXPECT_NE(cold->ptx.find(kOne), std::string_view::npos);
+  write_text(inc_ + "/kc_offset.cuh", "#pragma once\n#define KC_OFFSET 3.0f\n");
+  auto edited = compiler_->compile(p);
+  ASSERT_TRUE(edited.has_value());
+  EXPECT_EQ(edited->source, Source::compiled);
+  EXPECT_NE(edited->ptx.find(kThree), std::string_view::npos);
+  // A digraph directive split by a line splice, in a nested header.
+  write_text(inc_ + "/kc_scale.cuh", "#pragma once\n%:inc\\\nlude \"kc_offset.cuh\"\n#define KC_SCALE 2.0f\n");
+  ASSERT_TRUE(compiler_->compile(p).has_value());
+  write_text(inc_ + "/kc_offset.cuh", "#pragma once\n#define KC_OFFSET 4.0f\n");
+  auto spliced = compiler_->compile(p);
+  ASSERT_TRUE(spliced.has_value());
+  EXPECT_EQ(spliced->source, Source::compiled);
+  EXPECT_NE(spliced->ptx.find("0f40800000"), std::string_view::npos);  // 4.0f
+}
+
+TEST_F(NvrtcDiskHeaders, CreatingAProbedHeaderIsAMissNamedInTheExplanation) {
+  nvrtc::Program p = program_;
+  p.source =
+      "#if __has_include(<kc_opt.cuh>)\n#include <kc_opt.cuh>\n#endif\n"
+      "#ifndef KC_OPT\n#define KC_OPT 1.0f\n#endif\n"
+      "extern \"C\" __global__ void probed(float* x) { x[threadIdx.x] += KC_OPT; }\n";
+  auto cold = compiler_->compile(p);
+  ASSERT_TRUE(cold.has_value()) << cold.error().to_string();
+  EXPECT_NE(cold->ptx.find(kOne), std::string_view::npos);
+  auto k0 = compiler_->key(p);
+  ASSERT_TRUE(k0.has_value());
+  write_text(inc_ + "/kc_opt.cuh", "#define KC_OPT 3.0f\n");
+  auto created = compiler_->compile(p);
+  ASSERT_TRUE(created.has_value());
+  EXPECT_EQ(created->source, Source::compiled);
+  EXPECT_NE(created->ptx.find(kThree), std::string_view::npos);
+  auto diff = manifest_diff(k0->manifest, compiler_->key(p)->manifest);
+  EXPECT_NE(std::find(diff.begin(), diff.end(), "file:" + inc_ + "/kc_opt.cuh"), diff.end());
+  EXPECT_NE(std::find(diff.begin(), diff.end(), "probes.absent"), diff.end());
+  // A probe alone (no include follows it) records existence, not contents.
+  nvrtc::Program q = program_;
+  q.source =
+      "#if __has_include(\"kc_flag.cuh\")\n#define KC_F 3.0f\n#else\n#define KC_F 1.0f\n#endif\n"
+      "extern \"C\" __global__ void flag(float* x) { x[threadIdx.x] += KC_F; }\n";
+  auto qa = compiler_->key(q);
+  ASSERT_TRUE(qa.has_value());
+  write_text(inc_ + "/kc_flag.cuh", "a");
+  auto qb = compiler_->key(q);
+  ASSERT_TRUE(qb.has_value());
+  EXPECT_NE(qa->key, qb->key);
+  auto qdiff = manifest_diff(qa->manifest, qb->manifest);
+  EXPECT_NE(std::find(qdiff.begin(), qdiff.end(), "probe:" + inc_ + "/kc_flag.cuh"), qdiff.end());
+  write_text(inc_ + "/kc_flag.cuh", "different contents, same answer");
+  EXPECT_EQ(compiler_->key(q)->key, qb->key);
 }
 
 TEST_F(NvrtcDiskHeaders, AWarmProcessStatsHeadersInsteadOfReadingThem) {
@@ -581,13 +707,23 @@ TEST_F(NvrtcDiskHeaders, AWarmProcessStatsHeadersInsteadOfReadingThem) {
   // could change again within one timestamp tick).
   std::this_thread::sleep_for(std::chrono::milliseconds(2100));
   ASSERT_TRUE(compiler_->compile(program_).has_value());
-  uint64_t reads = nvrtc::detail::header_reads();
+  uint64_t reads = nvrtc::detail::header_reads(), walks = nvrtc::detail::closure_walks();
   for (int i = 0; i < 5; ++i) {
     auto r = compiler_->compile(program_);
     ASSERT_TRUE(r.has_value());
     EXPECT_EQ(r->source, Source::memory);
   }
   EXPECT_EQ(nvrtc::detail::header_reads(), reads);
+  EXPECT_EQ(nvrtc::detail::closure_walks(), walks);  // the record answered: no walk
+  // Another process (a fresh cache on the same folder) finds the record.
+  cache_->flush();
+  auto fresh = Cache::open(disk_options(cache_dir_, /*memory=*/false));
+  nvrtc::Compiler other(*fresh);
+  auto r2 = other.compile(program_);
+  ASSERT_TRUE(r2.has_value());
+  EXPECT_EQ(r2->source, Source::disk);
+  EXPECT_EQ(nvrtc::detail::header_reads(), reads);
+  EXPECT_EQ(nvrtc::detail::closure_walks(), walks);
   // A changed file is read again (its identity changed).
   write_text(inc_ + "/kc_offset.cuh", "#pragma once\n#define KC_OFFSET 3.0f\n");
   auto r = compiler_->compile(program_);
@@ -597,7 +733,7 @@ TEST_F(NvrtcDiskHeaders, AWarmProcessStatsHeadersInsteadOfReadingThem) {
 }
 
 TEST(NvrtcIncludeScan, DirectivesAreFoundWhereverTheyHide) {
-  auto d = nvrtc::detail::scan_includes(
+  auto s = nvrtc::detail::scan_includes(
       "#include \"a.h\"\n"
       "  #  include <b/c.h>\n"
       "#include_next <d.h>\n"
@@ -605,18 +741,120 @@ TEST(NvrtcIncludeScan, DirectivesAreFoundWhereverTheyHide) {
       "/* a comment\n#include \"in_comment.h\"\n*/\n"
       "#include \\\n  \"spliced.h\"\n"
       "#include MACRO_NAME\n"
+      "%:include <digraph.h>\n"
+      "  %:  include_next \"digraph_next.h\"\n"
+      "#ifdef __has_include\n#define HAS(X) __has_include(X)\n#endif\n"
+      "#if HAS(<wrapped.h>) && defined(FOO)\n#endif\n"
+      "#define HEADER <from_macro.h>\n"
       "const char* s = \"#include <not_a_directive.h>\";\n");
-  std::set<std::string> names;
-  bool computed = false;
-  for (const auto& x : d) {
+  std::set<std::string> names, probes, computed;
+  for (const auto& x : s.directives) {
     if (x.computed)
-      computed = true;
+      computed.insert(x.name);
+    else if (x.kind == nvrtc::detail::Directive::Kind::probe)
+      probes.insert(x.name);
     else
       names.insert(x.name);
   }
-  EXPECT_TRUE(computed);
-  for (const char* n : {"a.h", "b/c.h", "d.h", "e.h", "in_comment.h", "spliced.h"}) EXPECT_TRUE(names.count(n)) << n;
+  // `#ifdef __has_include` and the wrapper's parameter are not computed
+  // includes; the only one is MACRO_NAME.
+  EXPECT_EQ(computed, std::set<std::string>{"MACRO_NAME"});
+  for (const char* n : {"a.h", "b/c.h", "d.h", "in_comment.h", "spliced.h", "digraph.h", "digraph_next.h"})
+    EXPECT_TRUE(names.count(n)) << n;
+  EXPECT_EQ(probes, (std::set<std::string>{"e.h", "wrapped.h"}));
   EXPECT_FALSE(names.count("not_a_directive.h"));
+  bool header_macro = false;
+  for (const auto& d : s.defines) header_macro |= d.name == "HEADER" && d.body == "<from_macro.h>";
+  EXPECT_TRUE(header_macro);
+}
+
+// ---- options as NVRTC reads them ------------------------------------------------
+
+// A table of option lists, each compiled by NVRTC itself: for every pair,
+// the keys are equal exactly when NVRTC's results (PTX and log, or the
+// failure and its log) are equal. The kernel stores A * 1000 + B, each 7 or
+// 9 when not defined; h2.h (pre-included, found through -I) defines B as 5.
+// No row leaves A untouched: a -U of a macro nothing defined is a no-op
+// that keeps a key of its own (NVRTC predefines non-reserved names such as
+// NULL and CUDART_VERSION, so no -U can be dropped).
+TEST(NvrtcOptionTable, SameKeyExactlyWhenNvrtcGivesTheSameResult) {
+  TempDir dir;
+  const std::string d = dir.path() + "/d";
+  ASSERT_EQ(::mkdir(d.c_str(), 0755), 0);
+  write_text(d + "/h2.h", "#define B 5\n");
+  auto cache = Cache::open(disk_options(dir.path() + "/cache"));
+  nvrtc::Compiler compiler(*cache);
+  const std::vector<std::vector<std::string>> rows = {
+      {"-DA=1"},
+      {"-D", "A=1"},
+      {"-D A=1"},
+      {"-D", " A=1"},
+      {"--define-macro", "A=1"},
+      {"--define-macro=A=1"},
+      {"-DA"},
+      {"-D", "A"},
+      {"-DA=1", "-DA=1"},
+      {"-DA=2"},
+      {"-DA=1", "--define-macro", "A=2"},
+      {"--define-macro", "A=2", "-DA=1"},
+      {"-DA=1", "-DA=2"},
+      {"-DA=3", "-UA"},
+      {"-DA=3", "-U", "A"},
+      {"-DA=3", "-U A"},
+      {"-DA=3", "--undefine-macro", "A"},
+      {"-DA=3", "--undefine-macro=A"},
+      {"-UA", "-DA=3"},
+      {"--undefine-macro=A", "-DA=3"},
+      {"-DA=3"},
+      {"-DA=2", "-DB=3"},
+      {"-DB=3", "-DA=2"},
+      {"--define-macro=B=3", "-D", "A=2"},
+      {"-DA=4", "-include", "h2.h", "-I", d},
+      {"-DA=4", "--pre-include=h2.h", "-I" + d},
+      {"-DA=4", "--pre-include", "h2.h", "--include-path", d},
+      {"-DA=4", "-include=h2.h", "--include-path=" + d},
+      {"-DA=4", "-include", "h2.h", "-I " + d},
+      {"-DA=4", "-include", "h2.h", "-I=" + d},
+      {"-DA=1", "--define-macro A=2"},  // rejected by NVRTC
+      {"-DA=1", "-include h2.h"},       // rejected by NVRTC
+  };
+  struct Outcome {
+    Key key;
+    std::string result;
+  };
+  std::vector<Outcome> out;
+  for (const auto& opts : rows) {
+    nvrtc::Program p;
+    p.name = "table.cu";
+    p.source =
+        "#ifndef A\n#define A 7\n#endif\n#ifndef B\n#define B 9\n#endif\n"
+        "extern \"C\" __global__ void k(int* x) { x[0] = A * 1000 + B; }\n";
+    p.options = opts;
+    p.options.insert(p.options.begin(), "-arch=compute_80");
+    auto k = compiler.key(p);
+    ASSERT_TRUE(k.has_value()) << k.error().to_string();
+    auto arts = nvrtc::compile_uncached(p);
+    std::string result;
+    if (arts) {
+      for (const auto& a : *arts) result += a.name + "=" + a.data + ";";
+    } else {
+      result = "failed: " + arts.error().to_string();
+    }
+    out.push_back({k->key, std::move(result)});
+  }
+  auto show = [&](size_t i) {
+    std::string s;
+    for (const auto& o : rows[i]) s += "[" + o + "]";
+    return s;
+  };
+  size_t same = 0;
+  for (size_t i = 0; i < rows.size(); ++i)
+    for (size_t j = i + 1; j < rows.size(); ++j) {
+      bool same_key = out[i].key == out[j].key, same_result = out[i].result == out[j].result;
+      EXPECT_EQ(same_key, same_result) << show(i) << " vs " << show(j);
+      same += same_key;
+    }
+  EXPECT_GT(same, 40u);  // the table has many spellings of one meaning
 }
 
 // ---- outputs as NVRTC reports them; PTX ready for cuModuleLoadData -------------
