@@ -66,11 +66,11 @@ def test_process_killed_mid_build_is_taken_over(warp_env):
 
 
 def test_damaged_entry_is_a_miss(warp_env):
-    warp_env.run(N, KCACHE_ENGINE="files")
-    assert damage_files_engine_entries(warp_env.kcache_dir) == N
-    res = warp_env.run(N, KCACHE_ENGINE="files")
-    assert res["results"] == RESULTS and res["compiles"] == N
-    assert tier(res["stats"], "files")["corrupt"] == N
+    warp_env.run(1, KCACHE_ENGINE="files")
+    assert damage_files_engine_entries(warp_env.kcache_dir) == 1
+    res = warp_env.run(1, KCACHE_ENGINE="files")
+    assert res["results"] == RESULTS[:1] and res["compiles"] == 1
+    assert tier(res["stats"], "files")["corrupt"] == 1
 
 
 def test_remote_value_with_wrong_mac_is_a_miss(warp_env, redis, tmp_path):
@@ -79,12 +79,12 @@ def test_remote_value_with_wrong_mac_is_a_miss(warp_env, redis, tmp_path):
     remote = dict(KCACHE_REMOTE=redis.url, KCACHE_REMOTE_SECRET_FILE=str(secret))
 
     def run(tag):
-        return warp_env.run(N, KCACHE_DIR=tmp_path / tag, WARP_KERNEL_CACHE=tmp_path / f"warp-{tag}", **remote)
+        return warp_env.run(1, KCACHE_DIR=tmp_path / tag, WARP_KERNEL_CACHE=tmp_path / f"warp-{tag}", **remote)
 
-    assert run("a")["compiles"] == N
+    assert run("a")["compiles"] == 1
     second = run("b")  # another machine: all from Redis
-    assert second["compiles"] == 0 and second["results"] == RESULTS
+    assert second["compiles"] == 0 and second["results"] == RESULTS[:1]
     assert poison_redis_values(redis)
     third = run("c")
-    assert third["compiles"] == N and third["results"] == RESULTS
+    assert third["compiles"] == 1 and third["results"] == RESULTS[:1]
     assert tier(third["stats"], "remote")["rejected"] >= 1
