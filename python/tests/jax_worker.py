@@ -3,7 +3,9 @@ kcache.jax (or JAX's own file cache with HOST_CACHE=jax and
 JAX_CACHE_DIR), runs them and prints one JSON line: results, XLA compiles
 in this process and the kcache statistics. Every XLA compile is appended to
 $COUNT_FILE first; with $COMPILE_SLEEP the compile of a program named
-jit_slow_* then sleeps that long."""
+jit_slow_* then sleeps that long. With $CALLBACK it also compiles and runs
+a program with a host callback; with $HOLD it then creates that file and
+stays alive."""
 
 import json
 import os
@@ -65,6 +67,18 @@ a = jnp.ones((4, 4), dtype=jnp.float32)
 calls = [lambda: float(jnp.sum(slow_poly(x))), lambda: float(jnp.sum(matvec(a, x))),
          lambda: float(softmax_sum(x))]
 results = [round(c(), 4) for c in calls[:N]]
+
+if os.environ.get("CALLBACK"):
+    # A program with a host callback: JAX never stores it.
+    @jax.jit
+    def printed(x):
+        jax.debug.print("x={}", x)
+        return x + 1.0
+
+    results.append(float(jnp.sum(printed(x))))
+    if os.environ.get("HOLD"):  # stay alive after the compile
+        open(os.environ["HOLD"], "w").close()
+        time.sleep(120)
 out = {"results": results, "compiles": compiles, "pid": os.getpid()}
 if os.environ.get("HOST_CACHE") != "jax":
     out["stats"] = kcache.jax.cache().stats()

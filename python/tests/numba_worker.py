@@ -62,6 +62,21 @@ def collatz(n):
 x = np.arange(8, dtype=np.float64)
 calls = [lambda: float(axpy(2.0, 3.0, 1.0)), lambda: float(dot(x, x)), lambda: int(collatz(27))]
 results = [c() for c in calls[:N]]
+if os.environ.get("FAILING"):
+    # A function whose compile fails (no such attribute): nothing is stored.
+    @njit(cache=True)
+    def broken(x):
+        return x.no_such_attribute
+
+    try:
+        broken(1.0)
+        results.append("compiled")
+    except Exception as e:
+        results.append(type(e).__name__)
+    if os.environ.get("HOLD"):  # stay alive after the compile
+        open(os.environ["HOLD"], "w").close()
+        time.sleep(120)
+
 out = {"results": results, "compiles": compiles, "pid": os.getpid()}
 if os.environ.get("HOST_CACHE") != "numba":
     out["stats"] = kcache.numba.cache().stats()

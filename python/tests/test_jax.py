@@ -56,6 +56,26 @@ def test_process_killed_mid_compile_is_taken_over(jax_env):
     assert jax_env.run(1)["compiles"] == 0
 
 
+def test_program_not_stored_ends_its_flight(jax_env, tmp_path):
+    # A process compiles a program JAX does not store (a host callback) and
+    # stays alive: its flight ends with the compile, so another process
+    # compiles the program at once instead of waiting for the first.
+    held = tmp_path / "held"
+    holder = jax_env.start(0, CALLBACK=1, HOLD=held)
+    try:
+        deadline = time.time() + 60
+        while not held.exists():
+            assert holder.poll() is None and time.time() < deadline
+            time.sleep(0.05)
+        other = jax_env.run(0, CALLBACK=1, KCACHE_WAIT_BOUND_MS=20000)
+        assert other["results"] == [8.0]
+        assert other["stats"]["lease_waits"] == 0 and other["stats"]["lease_timeouts"] == 0
+        assert _compiled_names(jax_env).count("jit_printed") == 2
+    finally:
+        os.killpg(holder.pid, signal.SIGKILL)
+        holder.wait()
+
+
 def test_damaged_entry_is_a_miss(jax_env):
     cold = jax_env.run(N, KCACHE_ENGINE="files")
     programs = cold["compiles"]

@@ -54,6 +54,24 @@ def test_process_killed_mid_compile_is_taken_over(numba_env):
     assert numba_env.run(1)["compiles"] == 0
 
 
+def test_failed_compile_ends_its_flight(numba_env, tmp_path):
+    # A process whose compile fails stays alive: its flight ended with the
+    # failure, so another process compiles at once instead of waiting.
+    held = tmp_path / "held"
+    holder = numba_env.start(0, FAILING=1, HOLD=held)
+    try:
+        deadline = time.time() + 60
+        while not held.exists():
+            assert holder.poll() is None and time.time() < deadline
+            time.sleep(0.05)
+        other = numba_env.run(0, FAILING=1, KCACHE_WAIT_BOUND_MS=20000)
+        assert other["results"] == ["TypingError"] and other["compiles"] == 1
+        assert other["stats"]["lease_waits"] == 0 and other["stats"]["lease_timeouts"] == 0
+    finally:
+        os.killpg(holder.pid, signal.SIGKILL)
+        holder.wait()
+
+
 def test_damaged_entry_is_a_miss(numba_env):
     numba_env.run(N, KCACHE_ENGINE="files")
     assert damage_files_engine_entries(numba_env.kcache_dir) == N
