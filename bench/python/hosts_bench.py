@@ -1,11 +1,15 @@
 """numba, JAX and Warp, each with its own cache and with kcache, in one run.
 
-    build/venv/bin/python bench/python/hosts_bench.py [--procs 8] [--reps 2] [--hosts numba,jax,warp]
+    build/venv/bin/python bench/python/hosts_bench.py [--procs 8] [--reps 2] [--hosts numba,jax,warp] [--small]
 
 The programs are those of the test workers (python/tests/numba_worker.py,
-jax_worker.py, warp_worker.py): three small numba functions, three jitted
-JAX programs (plus the helper programs JAX compiles for array creation and
-reductions), three Warp kernel modules, all on the CPU. Each host runs with
+jax_worker.py, warp_worker.py) with their benchmark set (BENCH=1): seven
+numba functions (arithmetic, loops, np.linalg.solve, a parallel prange
+loop, np.unique, np.histogram), eight jitted JAX programs (an MLP gradient,
+a scan, an FFT, a linear solve, a convolution, ...; plus the helper
+programs JAX compiles for array creation and reductions), six Warp kernel
+modules (vector, quaternion and matrix math, loops), all on the CPU;
+--small: the tests' three of each. Each host runs with
 
   own       its own persistent cache: numba cache=True (NUMBA_CACHE_DIR),
             JAX jax_compilation_cache_dir with both thresholds off (every
@@ -47,8 +51,10 @@ HOSTS = {
 }
 
 
-def _env(host, mode, root, count_file):
+def _env(host, mode, root, count_file, bench=True):
     e = {k: v for k, v in os.environ.items() if not k.startswith("KCACHE_")}
+    if bench:
+        e["BENCH"] = "1"
     e.update(PYTHONWARNINGS="ignore", JAX_PLATFORMS="cpu", COUNT_FILE=count_file,
              KCACHE_DIR=os.path.join(root, "kcache"), WARP_KERNEL_CACHE=os.path.join(root, "warp"))
     if mode == "own":
@@ -83,19 +89,19 @@ def _run(argv_list, envs):
     return time.perf_counter() - t, cpu
 
 
-def measure(host, mode, procs, tmp):
+def measure(host, mode, procs, tmp, bench):
     worker = os.path.join(TESTS, HOSTS[host][0])
     rows = {}
     root = tempfile.mkdtemp(dir=tmp)
     cf = os.path.join(root, "count")
-    e = _env(host, mode, root, cf)
+    e = _env(host, mode, root, cf, bench)
     rows["cold"] = _run([[sys.executable, worker]], [e]) + (_count(cf),)
     os.unlink(cf)
     rows["warm"] = _run([[sys.executable, worker]], [e]) + (_count(cf),)
     shutil.rmtree(root, ignore_errors=True)
     root = tempfile.mkdtemp(dir=tmp)
     cf = os.path.join(root, "count")
-    e = _env(host, mode, root, cf)
+    e = _env(host, mode, root, cf, bench)
     rows["N"] = _run([[sys.executable, worker]] * procs, [e] * procs) + (_count(cf),)
     shutil.rmtree(root, ignore_errors=True)
     return rows
@@ -111,6 +117,7 @@ def main():
     ap.add_argument("--procs", type=int, default=8)
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--hosts", default="numba,jax,warp")
+    ap.add_argument("--small", action="store_true", help="the tests' three programs per host")
     args = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="kcache-hosts-bench-")
     n = args.procs
@@ -125,7 +132,7 @@ def main():
             print(f"\n{host}: {args.reps} reps, median; an interpreter importing {host}: {imp:.2f} s CPU")
             print(f"  {'cache':<7} {'run':<8} {'compiles':>8} {'CPU s':>7} {'wall s':>7}   notes")
             for mode in ("own", "kcache"):
-                reps = [measure(host, mode, n, tmp) for _ in range(args.reps)]
+                reps = [measure(host, mode, n, tmp, not args.small) for _ in range(args.reps)]
                 med = {r: tuple(statistics.median(x[r][i] for x in reps) for i in range(3)) for r in reps[0]}
                 floor = med["cold"][1] + (n - 1) * imp
                 for r, label in (("cold", "cold"), ("warm", "warm"), ("N", f"{n} cold")):

@@ -68,6 +68,23 @@ calls = [lambda: float(jnp.sum(slow_poly(x))), lambda: float(jnp.sum(matvec(a, x
          lambda: float(softmax_sum(x))]
 results = [round(c(), 4) for c in calls[:N]]
 
+if os.environ.get("BENCH"):
+    # Heavier programs for bench/python/hosts_bench.py.
+    def mlp(params, v):
+        for w, b in params:
+            v = jnp.tanh(v @ w + b)
+        return jnp.sum(v)
+
+    params = [(jnp.ones((4, 4), dtype=jnp.float32) * 0.1, jnp.zeros((4,), dtype=jnp.float32))] * 3
+    grad_mlp = jax.jit(jax.grad(mlp))
+    scan = jax.jit(lambda v: jax.lax.scan(lambda c, e: (c * 0.9 + e, c), 0.0, v)[0])
+    fft = jax.jit(lambda v: jnp.sum(jnp.abs(jnp.fft.fft(v))))
+    solve = jax.jit(lambda m, v: jnp.linalg.solve(m, v))
+    conv = jax.jit(lambda v: jnp.convolve(v, v))
+    results += [round(float(jnp.sum(grad_mlp(params, x)[0][0])), 4), round(float(scan(x)), 4),
+                round(float(fft(x)), 4), round(float(jnp.sum(solve(a + 3 * jnp.eye(4), x))), 4),
+                round(float(jnp.sum(conv(x))), 4)]
+
 if os.environ.get("CALLBACK"):
     # A program with a host callback: JAX never stores it.
     @jax.jit

@@ -62,6 +62,33 @@ def collatz(n):
 x = np.arange(8, dtype=np.float64)
 calls = [lambda: float(axpy(2.0, 3.0, 1.0)), lambda: float(dot(x, x)), lambda: int(collatz(27))]
 results = [c() for c in calls[:N]]
+if os.environ.get("BENCH"):
+    # Heavier programs for bench/python/hosts_bench.py.
+    from numba import prange
+
+    @njit(cache=True)
+    def solve(a, b):
+        return np.linalg.solve(a, b)
+
+    @njit(cache=True, parallel=True)
+    def prange_sum(v):
+        s = 0.0
+        for i in prange(v.shape[0]):
+            s += np.sqrt(v[i]) * np.sin(v[i])
+        return s
+
+    @njit(cache=True)
+    def uniq(v):
+        return np.unique(np.sort(v))
+
+    @njit(cache=True)
+    def hist(v):
+        return np.histogram(v, bins=4)[0]
+
+    m = np.eye(4) * 2.0
+    results += [float(solve(m, np.ones(4)).sum()), round(float(prange_sum(x)), 4), int(uniq(x).shape[0]),
+                int(hist(x).sum())]
+
 if os.environ.get("FAILING"):
     # A function whose compile fails (no such attribute): nothing is stored.
     @njit(cache=True)

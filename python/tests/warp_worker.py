@@ -72,6 +72,37 @@ def run(k):
 
 
 results = [run(k) for k in range(N)]
+
+if os.environ.get("BENCH"):
+    # Heavier modules for bench/python/hosts_bench.py.
+    @wp.kernel(module="unique")
+    def rotate(p: wp.array(dtype=wp.vec3), q: wp.quat, out: wp.array(dtype=wp.vec3)):
+        i = wp.tid()
+        out[i] = wp.quat_rotate(q, p[i]) + wp.cross(p[i], wp.vec3(1.0, 0.0, 0.0))
+
+    @wp.kernel(module="unique")
+    def inertia(p: wp.array(dtype=wp.vec3), out: wp.array(dtype=wp.mat33)):
+        i = wp.tid()
+        v = p[i]
+        m = wp.outer(v, v)
+        out[i] = wp.inverse(m + wp.identity(n=3, dtype=float)) * wp.determinant(m + wp.identity(n=3, dtype=float))
+
+    @wp.kernel(module="unique")
+    def series(a: wp.array(dtype=float)):
+        i = wp.tid()
+        s = float(0.0)
+        for k in range(16):
+            s += wp.sin(float(k) * a[i]) / float(k + 1)
+        a[i] = s
+
+    pts = wp.array([wp.vec3(1.0, 2.0, 3.0)] * 4, dtype=wp.vec3, device="cpu")
+    o3 = wp.zeros(4, dtype=wp.vec3, device="cpu")
+    wp.launch(rotate, dim=4, inputs=[pts, wp.quat_identity(), o3], device="cpu")
+    om = wp.zeros(4, dtype=wp.mat33, device="cpu")
+    wp.launch(inertia, dim=4, inputs=[pts, om], device="cpu")
+    fa = wp.array([0.5, 1.0, 1.5, 2.0], dtype=float, device="cpu")
+    wp.launch(series, dim=4, inputs=[fa], device="cpu")
+    results += [round(float(o3.numpy().sum()), 4), round(float(om.numpy().sum()), 3), round(float(fa.numpy().sum()), 4)]
 out = {"results": results, "compiles": compiles, "pid": os.getpid()}
 if os.environ.get("HOST_CACHE") != "warp":
     out["stats"] = kcache.warp.cache().stats()
