@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import threading
 import time
 from typing import Any, Dict, Optional
 
@@ -70,13 +71,14 @@ cache.__doc__ = "The process's kcache for JAX (opened on first use, and again af
 _flights = Flights()
 _enabled = False
 _originals: Dict[str, Any] = {}
-_platform: Dict[str, str] = {}
+_backend = threading.local()  # the platform of the compile this thread is in
 
 
 def _key(jax_key: str) -> kcache.Key:
     label = jax_key.rsplit("-", 1)[0] if "-" in jax_key else jax_key
-    return kcache.key(_NAMESPACE, label=label, jax_key=jax_key, jax=jax.__version__,
-                      jaxlib=jaxlib.__version__, **_platform)
+    return kcache.key(_NAMESPACE, label=label, jax_key=jax_key, jax=jax.__version__, jaxlib=jaxlib.__version__,
+                      platform=getattr(_backend, "platform", ""),
+                      platform_version=getattr(_backend, "version", ""))
 
 
 class KcacheCache(CacheInterface):
@@ -129,8 +131,8 @@ def _get_file_cache(path: str):
 def _compile_or_get_cached(backend, *args, **kwargs):
     # Flights begun for this program and not committed (an error, a program
     # JAX does not store) end here, so a waiting process takes over.
-    if not _platform:
-        _platform.update(platform=str(backend.platform), platform_version=str(backend.platform_version))
+    _backend.platform = str(getattr(backend, "platform", ""))
+    _backend.version = str(getattr(backend, "platform_version", ""))
     before = _flights.names()
     try:
         return _originals["compile_or_get_cached"](backend, *args, **kwargs)

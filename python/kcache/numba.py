@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+import os
 import pickle
 import sys
 import warnings
@@ -65,13 +66,21 @@ _enabled = False
 _originals: Dict[str, Any] = {}
 
 
+_digests: Dict[tuple, bytes] = {}  # (path, mtime_ns, size) -> SHA-256 of the file
+
+
 def _source_digest(py_func) -> bytes:
     # The whole source file, as numba's time stamp of it: a jitted callee in
     # the same file is compiled into its callers.
     try:
         path = inspect.getsourcefile(py_func) or inspect.getfile(py_func)
-        with open(path, "rb") as f:
-            return hashlib.sha256(f.read()).digest()
+        st = os.stat(path)
+        k = (path, st.st_mtime_ns, st.st_size)
+        d = _digests.get(k)
+        if d is None:
+            with open(path, "rb") as f:
+                d = _digests[k] = hashlib.sha256(f.read()).digest()
+        return d
     except (OSError, TypeError):
         pass
     try:
