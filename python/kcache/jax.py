@@ -24,7 +24,9 @@ The size limit, verification, statistics, KCACHE_REMOTE (values signed with
 KCACHE_REMOTE_SECRET_FILE: an executable is code, and a value that fails its
 MAC is a miss) and every other KCACHE_* variable are kcache's. The folder is
 $KCACHE_DIR, else <jax_compilation_cache_dir>/kcache when that is set, else
-kcache's default folder. jax_compilation_cache_check_contents still applies.
+kcache's default folder (and then XLA's GPU autotuning and kernel caches,
+which JAX puts under jax_compilation_cache_dir, stay off as they were).
+jax_compilation_cache_check_contents still applies.
 
 Plugged in through jax._src.compilation_cache.get_file_cache (the function
 that creates JAX's file cache), jax._src.compiler.compile_or_get_cached and
@@ -168,6 +170,11 @@ def enable(min_compile_time_secs: float = 0.0, min_entry_size_bytes: int = 0) ->
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", int(min_entry_size_bytes))
     if not _config.compilation_cache_dir.value:
         jax.config.update("jax_compilation_cache_dir", _MARKER)
+        _originals.setdefault("xla_caches", _config.persistent_cache_enable_xla_caches.value)
+        # With a cache folder JAX also points XLA's GPU caches into it (and
+        # their paths into its keys); without one they were off: they stay
+        # off, so the keys do not depend on a folder.
+        jax.config.update("jax_persistent_cache_enable_xla_caches", "none")
     if _enabled:
         return
     _originals["get_file_cache"] = _cc.get_file_cache
@@ -191,6 +198,7 @@ def disable() -> None:
     _compiler._compile_and_write_cache = _originals["_compile_and_write_cache"]
     if _config.compilation_cache_dir.value == _MARKER:
         jax.config.update("jax_compilation_cache_dir", None)
+        jax.config.update("jax_persistent_cache_enable_xla_caches", _originals.pop("xla_caches", None))
     _cc.reset_cache()
     _enabled = False
 
