@@ -35,7 +35,7 @@ test: build python
 # Triton, llvmlite and pytest; the Python suite in ctest runs in it.
 PYTHON ?= python3
 VENV   ?= $(BUILD)/venv
-PY_DEPS = scikit-build-core nanobind pytest triton llvmlite
+PY_DEPS = scikit-build-core nanobind pytest triton llvmlite jax numba warp-lang
 python: deps
 	@test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	@test -f $(VENV)/.kcache-deps || { $(VENV)/bin/pip install -q --upgrade pip && \

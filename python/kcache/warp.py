@@ -1,0 +1,168 @@
+"""kcache.warp: Warp's kernel cache in kcache.
+
+    import kcache.warp
+    kcache.warp.enable()           # before the first kernel launch
+
+Every module Warp builds (one per Python module of kernels, per device kind,
+block size and option set) is one kcache entry holding its binary (the CPU
+object file, or the CUDA cubin/PTX), its metadata file and its generated
+source, under a key made of Warp's module hash (the kernels' code and the
+module's options), the module name (the label), the output file name (which
+names the target: CUDA architecture, or the CPU target hash of LLVM version
+and ISA features), the block size and Warp's version.
+
+A module that N processes miss at once is built once: the first process
+owns the key's flight and builds; the others wait and load its entry. A
+build that raises abandons the flight, and a waiting process takes the build
+over. The size limit, verification, statistics, KCACHE_REMOTE (values
+signed with KCACHE_REMOTE_SECRET_FILE) and every other KCACHE_* variable are
+kcache's. The folder is $KCACHE_DIR, else <warp.config.kernel_cache_dir>/kcache.
+
+Warp loads a module from files in its kernel cache folder, so a hit is
+written out there: each file is left alone when it already holds the
+entry's bytes, else written under a temporary name and renamed into place
+(re-written whenever it is missing or differs, so the files Warp loads are
+always those of a verified entry; a file that cannot be written makes the
+module build as if kcache were not there). A build runs in a folder of its
+own and its files are then written out the same way.
+
+Plugged in by wrapping warp._src.context.Module._compile (the private method
+Module.load calls to build a module into the kernel cache, which reports
+whether it built). Ahead-of-time builds (wp.compile_aot_module), modules
+with strip_hash and autograd-access verification builds keep Warp's path.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from typing import Any, Dict, Optional
+
+import kcache
+import warp.config as _wconfig
+from warp._src import context as _context
+
+from ._hostutil import Flights, ProcessCache, log, write_file
+
+__all__ = ["cache", "enable", "enabled"]
+
+_NAMESPACE = "warp/1"
+
+
+def _default_dir() -> Optional[str]:
+    d = _wconfig.kernel_cache_dir
+    return os.path.join(d, "kcache") if d else None
+
+
+cache = ProcessCache("warp", _default_dir)
+cache.__doc__ = "The process's kcache for Warp (opened on first use, and again after fork)."
+_flights = Flights()
+_enabled = False
+_originals: Dict[str, Any] = {}
+
+
+def _safe_name(name: str) -> bool:
+    return bool(name) and "/" not in name and "\0" not in name and name not in (".", "..")
+
+
+def _write_out(entry: kcache.Entry, output_dir: str, needed) -> bool:
+    names = entry.keys()
+    if not all(_safe_name(n) for n in names) or not all(n in names for n in needed):
+        log("warp", f"entry {entry.key_hex} lacks a module file; building")
+        return False
+    try:
+        os.makedirs(output_dir, exist_ok=True)
+    except OSError as e:
+        log("warp", f"cannot create {output_dir}: {e}; building")
+        return False
+    for n, data in entry.items():
+        if not write_file(os.path.join(output_dir, n), bytes(data)):
+            log("warp", f"cannot write {n} into {output_dir}; building")
+            return False
+    return True
+
+
+def _compile(self, device=None, output_dir=None, output_name=None, output_arch=None, use_ptx=None, options=None):
+    orig = _originals["_compile"]
+    if (output_dir is None or output_name is None or options is None or not _wconfig.cache_kernels
+            or options.get("verify_autograd_array_access", False) or self.options.get("strip_hash")):
+        return orig(self, device, output_dir, output_name, output_arch, use_ptx, options)
+    output_dir = os.fspath(output_dir)
+    block_dim = options["block_dim"]
+    try:
+        meta_name = self._get_meta_name(block_dim=block_dim)
+        key = kcache.key(_NAMESPACE, label=str(self.name), module=str(self.name),
+                         module_hash=bytes(self.get_module_hash(block_dim)), output=str(output_name),
+                         block_dim=int(block_dim), arch="cpu" if output_arch is None else str(output_arch),
+                         warp=str(_wconfig.version))
+        flight = cache().begin(key)
+    except Exception as e:  # the cache never fails a build
+        log("warp", f"module {self.name}: lookup failed: {e}")
+        return orig(self, device, output_dir, output_name, output_arch, use_ptx, options)
+    if not flight.owner:
+        if flight.entry is not None and _write_out(flight.entry, output_dir, (output_name, meta_name)):
+            return False
+        flight = None
+    else:
+        _flights.add(key.hex, flight)
+    # Build into a folder of this process, then store and write out.
+    build_dir = f"{os.path.normpath(output_dir)}_kcache_p{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    try:
+        orig(self, device, build_dir, output_name, output_arch, use_ptx, options)
+        artifacts: Dict[str, bytes] = {}
+        for n in os.listdir(build_dir):
+            p = os.path.join(build_dir, n)
+            if os.path.isfile(p) and (n in (output_name, meta_name) or n.startswith(os.path.splitext(meta_name)[0])):
+                with open(p, "rb") as f:
+                    artifacts[n] = f.read()
+        if output_name not in artifacts or meta_name not in artifacts:
+            raise FileNotFoundError(f"Warp did not build {output_name} and {meta_name}")
+    except BaseException:
+        _flights.abandon(key.hex)
+        shutil.rmtree(build_dir, ignore_errors=True)
+        raise
+    flight = _flights.pop(key.hex)
+    entry = None
+    try:
+        entry = flight.commit(artifacts) if flight is not None else cache().put(key, artifacts)
+    except Exception as e:
+        log("warp", f"module {self.name}: not stored: {e}")
+        if flight is not None and not flight.done:
+            flight.abandon()
+    shutil.rmtree(build_dir, ignore_errors=True)
+    del entry
+    try:
+        os.makedirs(output_dir, exist_ok=True)
+        written = all(write_file(os.path.join(output_dir, n), data) for n, data in artifacts.items())
+    except OSError:
+        written = False
+    if not written:
+        log("warp", f"module {self.name}: cannot write its files into {output_dir}; Warp builds it there")
+        return orig(self, device, output_dir, output_name, output_arch, use_ptx, options)
+    return True
+
+
+def enable() -> None:
+    """Makes Warp keep every module it builds in kcache. Idempotent."""
+    global _enabled
+    if _enabled:
+        return
+    if "_compile" not in _originals:
+        _originals["_compile"] = _context.Module._compile
+    _context.Module._compile = _compile
+    _enabled = True
+
+
+def disable() -> None:
+    """Warp's own kernel cache again."""
+    global _enabled
+    if _enabled:
+        _context.Module._compile = _originals["_compile"]
+        _enabled = False
+
+
+def enabled() -> bool:
+    """Whether enable() is in effect."""
+    return _enabled
+

@@ -1,0 +1,99 @@
+"""kcache.jax with real JAX from PyPI on the CPU: the jitted programs of
+jax_worker.py in real processes, XLA compiles counted in each."""
+
+import os
+import signal
+import time
+
+import pytest
+
+pytest.importorskip("jax", reason="JAX is not installed in this Python (make python installs it)")
+
+from hosts_support import HostEnv, damage_files_engine_entries, poison_redis_values, tier  # noqa: E402
+
+N = 3
+RESULTS = [24.0, 3.9973, 1.0]
+
+
+@pytest.fixture
+def jax_env(tmp_path):
+    return HostEnv(tmp_path, "jax_worker.py", JAX_PLATFORMS="cpu")
+
+
+def _compiled_names(env):
+    with open(env.count_file) as f:
+        return [line.split(":", 1)[1] for line in f.read().split()]
+
+
+def test_round_trip_then_eight_processes_compile_each_program_once(jax_env, tmp_path):
+    cold = jax_env.run(N)
+    programs = cold["compiles"]  # the three programs and JAX's helper programs
+    assert cold["results"] == RESULTS and programs >= N and cold["stats"]["misses"] == programs
+    warm = jax_env.run(N)
+    assert warm["results"] == RESULTS and warm["compiles"] == 0 and warm["stats"]["hits"] == programs
+    # Eight processes at once on another empty cache: each program once.
+    os.unlink(jax_env.count_file)
+    procs = [jax_env.start(N, KCACHE_DIR=tmp_path / "eight") for _ in range(8)]
+    results = [jax_env.result(p) for p in procs]
+    assert all(r["results"] == RESULTS for r in results)
+    assert sum(r["compiles"] for r in results) == programs, sorted(_compiled_names(jax_env))
+
+
+def test_process_killed_mid_compile_is_taken_over(jax_env):
+    holder = jax_env.start(1, COMPILE_SLEEP=120)
+    deadline = time.time() + 60
+    while "jit_slow_poly" not in (_compiled_names(jax_env) if os.path.exists(jax_env.count_file) else []):
+        assert holder.poll() is None and time.time() < deadline
+        time.sleep(0.05)
+    waiter = jax_env.start(1)
+    time.sleep(3)
+    assert waiter.poll() is None  # waiting for the holder's compile
+    os.killpg(holder.pid, signal.SIGKILL)
+    holder.wait()
+    res = jax_env.result(waiter, timeout=120)
+    assert res["results"] == RESULTS[:1] and res["stats"]["lease_takeovers"] >= 1
+    assert _compiled_names(jax_env).count("jit_slow_poly") == 2
+    assert jax_env.run(1)["compiles"] == 0
+
+
+def test_program_not_stored_ends_its_flight(jax_env, tmp_path):
+    # A process compiles a program JAX does not store (a host callback) and
+    # stays alive: its flight ends with the compile, so another process
+    # compiles the program at once instead of waiting for the first.
+    held = tmp_path / "held"
+    holder = jax_env.start(0, CALLBACK=1, HOLD=held)
+    try:
+        deadline = time.time() + 60
+        while not held.exists():
+            assert holder.poll() is None and time.time() < deadline
+            time.sleep(0.05)
+        other = jax_env.run(0, CALLBACK=1, KCACHE_WAIT_BOUND_MS=20000)
+        assert other["results"] == [8.0]
+        assert other["stats"]["lease_waits"] == 0 and other["stats"]["lease_timeouts"] == 0
+        assert _compiled_names(jax_env).count("jit_printed") == 2
+    finally:
+        os.killpg(holder.pid, signal.SIGKILL)
+        holder.wait()
+
+
+def test_damaged_entry_is_a_miss(jax_env):
+    cold = jax_env.run(N, KCACHE_ENGINE="files")
+    programs = cold["compiles"]
+    assert damage_files_engine_entries(jax_env.kcache_dir) == programs
+    res = jax_env.run(N, KCACHE_ENGINE="files")
+    assert res["results"] == RESULTS and res["compiles"] == programs
+    assert tier(res["stats"], "files")["corrupt"] == programs
+
+
+def test_remote_value_with_wrong_mac_is_a_miss(jax_env, redis, tmp_path):
+    secret = tmp_path / "secret"
+    secret.write_text("s3cret-for-tests\n")
+    remote = dict(KCACHE_REMOTE=redis.url, KCACHE_REMOTE_SECRET_FILE=str(secret))
+    first = jax_env.run(N, KCACHE_DIR=tmp_path / "a", **remote)
+    programs = first["compiles"]
+    second = jax_env.run(N, KCACHE_DIR=tmp_path / "b", **remote)  # another machine: all from Redis
+    assert second["compiles"] == 0 and second["results"] == RESULTS
+    assert poison_redis_values(redis)
+    third = jax_env.run(N, KCACHE_DIR=tmp_path / "c", **remote)
+    assert third["compiles"] == programs and third["results"] == RESULTS
+    assert tier(third["stats"], "remote")["rejected"] >= 1
