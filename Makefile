@@ -38,8 +38,8 @@ VENV   ?= $(BUILD)/venv
 PY_DEPS = scikit-build-core nanobind pytest triton llvmlite jax numba warp-lang
 python: deps
 	@test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
-	@test -f $(VENV)/.kcache-deps || { $(VENV)/bin/pip install -q --upgrade pip && \
-	  $(VENV)/bin/pip install -q $(PY_DEPS) && touch $(VENV)/.kcache-deps; }
+	@test "$$(cat $(VENV)/.kcache-deps 2>/dev/null)" = "$(PY_DEPS)" || { $(VENV)/bin/pip install -q --upgrade pip && \
+	  $(VENV)/bin/pip install -q $(PY_DEPS) && echo "$(PY_DEPS)" > $(VENV)/.kcache-deps; }
 	@$(VENV)/bin/pip install -q --no-build-isolation \
 	  $(if $(shell command -v ccache),--config-settings=cmake.define.CMAKE_CXX_COMPILER_LAUNCHER=ccache) .
 
