@@ -55,6 +55,14 @@ struct Reach {
   // read_only: no recency, counters, repairs or temp collection) and
   // without leases, so a diagnostic leaves the store as it found it.
   bool inspect = false;
+  // The command needs the disk store: one that exists but cannot be opened
+  // (another user's, a folder others may write, damaged) fails the command
+  // (exit 3, the reason on stderr) instead of reading as an empty store.
+  // Off: the command goes on with the other tiers and one warning line.
+  bool needs_disk = true;
+  // The command names a store it could not open itself (put in its
+  // failure line; get and show through lookup()): no warning line here.
+  bool reports_disk = false;
 };
 
 // The tiers a command opened, as the library assembled them.
@@ -65,6 +73,11 @@ struct Opened {
   std::shared_ptr<Tier> disk;    // the disk tier in cache; null when the store does not exist or failed
   StoreAdmin* admin = nullptr;   // disk->admin(): ls, verify, trim, clear, mark; null without a disk tier
   std::shared_ptr<Tier> remote;  // the remote tier in cache; null when none
+  // Why the disk store was left out although it exists or was to be
+  // created ("cannot open the store PATH: why"); empty when it opened or
+  // does not exist.
+  std::string disk_refused;
+  Status remote_error;  // why the remote of KCACHE_REMOTE was left out
 };
 
 struct Ctx {
