@@ -19,6 +19,7 @@
 #include <cstdarg>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <mutex>
 #include <random>
 #include <vector>
@@ -278,7 +279,15 @@ void log(LogLevel level, const char* fmt, ...) {
   va_end(ap);
   std::lock_guard lk(g_log_mu);
   if (g_log_file) {
-    std::fprintf(g_log_file, "kcache: %s: %s\n", names[static_cast<int>(level)], buf);
+    // A file gathers the lines of many processes over days: each line
+    // says when (UTC, ms) and which process.
+    uint64_t ms = now_unix_ms();
+    time_t secs = static_cast<time_t>(ms / 1000);
+    struct tm tm;
+    char when[32] = "-";
+    if (::gmtime_r(&secs, &tm)) std::strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%S", &tm);
+    std::fprintf(g_log_file, "%s.%03uZ [%ld] kcache: %s: %s\n", when, static_cast<unsigned>(ms % 1000),
+                 static_cast<long>(::getpid()), names[static_cast<int>(level)], buf);
     std::fflush(g_log_file);
     return;
   }

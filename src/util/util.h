@@ -28,6 +28,8 @@ T* abandon(T* p) noexcept {
 }
 
 // ---- logging: one line per event, "kcache: <level>: <message>" ----------
+// In a log file (set_log's `file`) each line starts with the UTC time and
+// the process id: "2026-11-23T07:40:12.345Z [4242] kcache: warning: ...".
 void set_log(LogLevel level, const std::string& file);
 LogLevel log_level() noexcept;
 void log(LogLevel level, const char* fmt, ...) __attribute__((format(printf, 2, 3)));

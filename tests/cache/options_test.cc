@@ -14,6 +14,7 @@
 #include "kcache/cache.h"
 #include "kcache/stage.h"
 #include "test_util.h"
+#include "util/util.h"
 
 using namespace kcache;
 
@@ -196,6 +197,40 @@ TEST(OptionsTest, ApplyEnvReportsBadValuesAndUnknownVariables) {
   EXPECT_FALSE(o.read_only);
   if (engine_built(Engine::lmdb)) {
     EXPECT_EQ(o.engine, Engine::lmdb);
+  }
+}
+
+// KCACHE_LOG=debug says what became of each request, with the key's label:
+// the miss, the compile, the store, then the hit; in a file each line
+// carries the time and the process id.
+TEST(LogTest, DebugLogsEachLookupCompileAndStoreWithTheLabel) {
+  test::TempDir tmp;
+  const std::string log = tmp.path() + "/kcache.log";
+  Options o;
+  o.dir = tmp.path() + "/cache";
+  ASSERT_TRUE(o.set("log", "debug:" + log).is_ok());
+  auto key = KeyBuilder("logtest/1").add_string("ir", "k").label("matmul_f16").finish();
+  ASSERT_TRUE(key);
+  int runs = 0;
+  {
+    auto cache = Cache::open(o);
+    ASSERT_TRUE(cache->get_or_compile(*key, compile_to("x", &runs)));
+    ASSERT_TRUE(cache->get_or_compile(*key, compile_to("x", &runs)));
+  }
+  util::set_log(LogLevel::warn, "");
+  const std::string named = key->key.hex() + " \"matmul_f16\"";
+  EXPECT_EQ(test::log_lines(log, "miss " + named).size(), 1u);
+  EXPECT_EQ(test::log_lines(log, "compiled " + named).size(), 1u);
+  EXPECT_EQ(test::log_lines(log, "stored " + named).size(), 1u);
+  EXPECT_EQ(test::log_lines(log, "hit " + named + " (memory)").size(), 1u);
+  const std::string pid = " [" + std::to_string(::getpid()) + "] kcache: debug: ";
+  for (const auto& line : test::log_lines(log)) {
+    // 2026-11-23T07:40:12.345Z [4242] kcache: debug: ...
+    ASSERT_GT(line.size(), 25u) << line;
+    EXPECT_EQ(line[4], '-') << line;
+    EXPECT_EQ(line[10], 'T') << line;
+    EXPECT_EQ(line[23], 'Z') << line;
+    EXPECT_EQ(line.find(pid), 24u) << line;
   }
 }
 

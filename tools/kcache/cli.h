@@ -30,6 +30,7 @@ enum ExitCode : int { kExitOk = 0, kExitMiss = 1, kExitUsage = 2, kExitError = 3
 struct FlagSpec {
   const char* name;  // "--key"
   bool takes_value;
+  bool repeats = false;  // may be given more than once (a list)
 };
 
 struct Args {
