@@ -15,7 +15,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <set>
 
+#include "kcache/options.h"
 #include "util/util.h"
 
 namespace kcache::cli {
@@ -104,21 +106,28 @@ std::optional<Key> key_flag(const Ctx& c) {
   return k;
 }
 
-int open_tiers(Ctx& c, const Reach& reach) {
-  // The library's pipeline (kcache/cache.h, Options): defaults, the
+int settings(Ctx& c, Options* o, AppliedSettings* applied) {
+  // The library's pipeline (kcache/options.h): defaults, config files, the
   // environment, then this command line's flags. A bad value is bad usage
   // here (exit 2), where a JIT would only warn and go on; a variable that
-  // names no option is said and ignored.
-  Options o;
-  for (const auto& p : o.apply_env()) {
-    if (p.code() == Errc::not_found)
-      std::fprintf(stderr, "kcache: ignoring %s\n", p.message().c_str());
-    else
-      return usage_error(c.args.command, p.message());
-  }
+  // names no option, or a config file that is not read, is said and
+  // ignored.
+  std::vector<std::pair<std::string, std::string>> flags;
   for (const char* flag : {"--dir", "--engine"})
-    if (const std::string* v = c.args.get(flag))
-      if (Status st = o.set(flag + 2, *v); !st.is_ok()) return usage_error(c.args.command, st.message());
+    if (const std::string* v = c.args.get(flag)) flags.emplace_back(flag + 2, *v);
+  *applied = apply_settings(*o, flags);
+  for (const auto& p : applied->problems) {
+    if (p.code() == Errc::invalid_argument) return usage_error(c.args.command, p.message());
+    static std::set<std::string> said;
+    if (said.insert(p.message()).second) std::fprintf(stderr, "kcache: ignoring %s\n", p.message().c_str());
+  }
+  return kExitOk;
+}
+
+int open_tiers(Ctx& c, const Reach& reach) {
+  Options o;
+  AppliedSettings applied;
+  if (int rc = settings(c, &o, &applied)) return rc;
   o.memory_tier = false;  // one process, one lookup: what is printed is what is stored
   o.create_dir = reach.create;
   if (!reach.remote) o.remote_url.clear();

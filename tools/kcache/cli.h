@@ -20,6 +20,7 @@
 #include "kcache/entry.h"
 #include "kcache/key.h"
 #include "kcache/manifest.h"
+#include "kcache/options.h"
 #include "kcache/status.h"
 #include "kcache/tier.h"
 
@@ -112,6 +113,10 @@ int usage_error(const std::string& command, const std::string& msg);
 // Parses --key; on failure has printed the usage line and returns nullopt.
 std::optional<Key> key_flag(const Ctx& c);
 
+// The settings in effect (kcache/options.h: defaults, config files,
+// environment, --dir and --engine), and where each came from. Returns
+// kExitOk, or kExitUsage after saying which value is bad.
+int settings(Ctx& c, Options* o, AppliedSettings* applied);
 // Builds the Options and opens the tiers `reach` asks for. Returns kExitOk,
 // or the exit code after saying why on stderr (bad --engine, no folder).
 int open_tiers(Ctx& c, const Reach& reach);
@@ -164,5 +169,6 @@ int cmd_misses(Ctx& c);   // misses_cmd.cc
 int cmd_run(Ctx& c);      // run_cmd.cc
 int cmd_mark(Ctx& c);     // bundle_cmds.cc
 int cmd_bundle(Ctx& c);
+int cmd_config(Ctx& c);  // config_cmds.cc
 
 }  // namespace kcache::cli

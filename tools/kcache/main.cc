@@ -43,7 +43,10 @@ const Help kHelp[] = {
      "                                  (PATH is replaced atomically)\n"},
     {"ls", "  ls [--json]                     list entries: key, size, last use (newest first)\n"},
     {"show", "  show --key HEX [--json]         one entry: sizes, artifacts, metadata, manifest\n"},
-    {"stats", "  stats [--json]                  counters and totals of the store\n"},
+    {"stats",
+     "  stats [--json] [--zero]         counters and totals of the store, and the disk\n"
+     "                                  space its files take; --zero sets the store's\n"
+     "                                  counters to 0 after printing them\n"},
     {"verify",
      "  verify [--fix] [--json]         check every entry; list the bad ones;\n"
      "                                  --fix removes them. Exit 1 whenever bad entries\n"
@@ -72,6 +75,15 @@ const Help kHelp[] = {
      "                                  once across processes (others wait for it), then\n"
      "                                  store the files it left at those paths. Exit:\n"
      "                                  COMMAND's own status when it ran, else 0\n"},
+    {"config",
+     "  config [--json]                 every setting in effect, its value and where it\n"
+     "                                  came from (default, config file, environment,\n"
+     "                                  command line)\n"
+     "  config get NAME                 one setting's value\n"
+     "  config set NAME VALUE [--user]  keep a setting in the store folder's config file\n"
+     "                                  (DIR/config), or with --user in the user-wide one\n"
+     "                                  ($XDG_CONFIG_HOME/kcache/config)\n"
+     "  config unset NAME [--user]      remove a setting from that file\n"},
     {"mark",
      "  mark [--json]                   print a mark: a position in the store's recency\n"
      "                                  records (for bundle create --since)\n"},
@@ -114,10 +126,11 @@ const char kUsageTail[] =
     "\n"
     "Exit status: 0 success, 1 a miss or not-found, 2 bad usage, 3 any other error.\n"
     "Every failure prints one line on stderr.\n"
-    "Environment: every KCACHE_* variable the library reads (docs/cli.md), among\n"
-    "them KCACHE_DIR, KCACHE_ENGINE, KCACHE_MAX_SIZE (the configured limit),\n"
-    "KCACHE_REMOTE, KCACHE_REMOTE_SECRET_FILE, KCACHE_READONLY, KCACHE_DISABLE,\n"
-    "KCACHE_LOG, KCACHE_BUNDLES, KCACHE_BUNDLE_TRUST.\n";
+    "Settings: `kcache config` shows each one and where it came from (defaults,\n"
+    "config files, KCACHE_* variables, this command line), among them KCACHE_DIR,\n"
+    "KCACHE_ENGINE, KCACHE_MAX_SIZE (the configured limit), KCACHE_REMOTE,\n"
+    "KCACHE_REMOTE_SECRET_FILE, KCACHE_READONLY, KCACHE_DISABLE, KCACHE_LOG,\n"
+    "KCACHE_BUNDLES, KCACHE_BUNDLE_TRUST (docs/cli.md).\n";
 
 std::string full_usage() {
   std::string out = kUsageHead;
@@ -176,13 +189,14 @@ const std::vector<Command>& commands() {
       {"get", cmd_get, false, {{"--key", true}, {"--artifact", true}, {"-o", true}, {"--output", true}}},
       {"ls", cmd_ls, true, {}},
       {"show", cmd_show, true, {{"--key", true}}},
-      {"stats", cmd_stats, true, {}},
+      {"stats", cmd_stats, true, {{"--zero", false}}},
       {"verify", cmd_verify, true, {{"--fix", false}}},
       {"trim", cmd_trim, true, {{"--max-size", true}}},
       {"clear", cmd_clear, true, {}},
       {"explain", cmd_explain, true, {{"--key", true}, {"--manifest", true}}},
       {"misses", cmd_misses, true, {{"--limit", true}}},
       {"run", cmd_run, false, {{"--key", true}, {"--artifact", true, true}}},
+      {"config", cmd_config, true, {{"--user", false}}},
       {"mark", cmd_mark, true, {}},
       {"bundle",
        cmd_bundle,
@@ -315,7 +329,8 @@ int run(int argc, char** argv) {
     for (auto& w : ctx.args.after_dashes) ctx.args.positional.push_back(std::move(w));
     ctx.args.after_dashes.clear();
   }
-  if (!ctx.args.positional.empty() && cmd->run != cmd_put && cmd->run != cmd_bundle && cmd->run != cmd_help)
+  if (!ctx.args.positional.empty() && cmd->run != cmd_put && cmd->run != cmd_bundle && cmd->run != cmd_help &&
+      cmd->run != cmd_config)
     return usage_error(name, "unexpected argument '" + ctx.args.positional.front() + "'");
   if (!ctx.args.after_dashes.empty() && cmd->run != cmd_run)
     return usage_error(name, "unexpected argument '" + ctx.args.after_dashes.front() + "'");

@@ -1,6 +1,7 @@
 // kcache tool — the commands of the whole store: ls, stats, verify, trim,
 // clear. ls, verify, trim and clear act on the disk store only (a remote
 // cannot list its entries); stats shows every tier.
+#include <ftw.h>
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -66,11 +67,40 @@ int cmd_ls(Ctx& c) {
   return c.out(out);
 }
 
+namespace {
+
+uint64_t g_disk_used = 0;
+int add_blocks(const char*, const struct stat* st, int type, struct FTW*) {
+  if (type == FTW_F) g_disk_used += static_cast<uint64_t>(st->st_blocks) * 512;
+  return 0;
+}
+
+// The disk space the store's files take (allocated blocks, as du counts
+// them): the store's folder and the miss journal beside it.
+uint64_t disk_used(const DiskStore& where) {
+  g_disk_used = 0;
+  ::nftw(where.path.c_str(), add_blocks, 16, FTW_PHYS);
+  struct stat st;
+  if (::stat((where.path + ".misses").c_str(), &st) == 0) g_disk_used += static_cast<uint64_t>(st.st_blocks) * 512;
+  return g_disk_used;
+}
+
+}  // namespace
+
 int cmd_stats(Ctx& c) {
-  if (int rc = open_tiers(c, {.create = false, .remote = true, .honour_disable = false, .inspect = true})) return rc;
+  const bool zero = c.args.has("--zero");
+  // --zero writes the store's counters; otherwise stats only looks.
+  if (int rc = open_tiers(c, {.create = false, .remote = true, .honour_disable = false, .inspect = !zero})) return rc;
   const Opened& s = c.store;
   TierStats t;
   if (s.disk) t = s.disk->stats();
+  const uint64_t used = s.disk ? disk_used(s.where) : 0;
+  // The counters as printed are the ones zeroed: counts made meanwhile by
+  // other processes are kept.
+  if (zero && s.admin) {
+    if (Status st = s.admin->zero_counters(); !st.is_ok())
+      return c.fail(kExitError, "zeroing the counters of " + s.where.path + ": " + st.to_string());
+  }
   const std::string engine(engine_name(s.where.engine));
   uint64_t max_bytes = effective_max_bytes(s.options.disk), max_entries = effective_max_entries(s.options.disk);
   uint64_t lookups = t.hits + t.misses;
@@ -93,6 +123,8 @@ int cmd_stats(Ctx& c) {
         .field("dir", s.where.dir)
         .field("path", s.where.path)
         .field("exists", s.disk != nullptr)
+        .field("disk_used", used)
+        .field("zeroed", zero && s.admin != nullptr)
         .key("tiers")
         .begin_array();
     if (s.disk)
@@ -117,6 +149,7 @@ int cmd_stats(Ctx& c) {
   out +=
       fmt("size        %s of %s (%.1f%%)\n", util::format_size(t.bytes).c_str(), util::format_size(max_bytes).c_str(),
           100.0 * static_cast<double>(t.bytes) / static_cast<double>(max_bytes));
+  out += fmt("disk used   %s (the store's files)\n", util::format_size(used).c_str());
   // Entries and bytes are shown above, against their limits.
   for (const auto& f : TierStats::kFields) {
     if (f.member == &TierStats::entries || f.member == &TierStats::bytes) continue;
@@ -130,6 +163,7 @@ int cmd_stats(Ctx& c) {
     out += fmt("%-11s %s: %s (this process)\n", std::string(tier_kind_name(tier->kind())).c_str(),
                std::string(tier->name()).c_str(), counts.c_str());
   }
+  if (zero && s.admin) out += "counters zeroed\n";
   return c.out(out);
 }
 
