@@ -117,6 +117,11 @@ TEST_P(CliStateTest, ARefusedStoreIsReportedNotEmpty) {
     expect_failure(r, 3, "writable by group " + group);
     EXPECT_NE(r.err.find("cannot open the store " + dir() + "/" + engine()), std::string::npos) << r.err;
   }
+  // doctor reports it among the parts, and fails.
+  Result d = run({"doctor"});
+  EXPECT_EQ(d.rc, 3) << d.err;
+  EXPECT_NE(d.out.find("FAIL store   cannot open the store"), std::string::npos) << d.out;
+  EXPECT_NE(d.out.find("writable by group " + group), std::string::npos) << d.out;
   ASSERT_EQ(::chmod(dir().c_str(), 0700), 0);
   Result r = run({"get", "--key", k, "--artifact", "obj"});
   EXPECT_EQ(r.rc, 0) << r.err;

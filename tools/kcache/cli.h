@@ -170,5 +170,15 @@ int cmd_run(Ctx& c);      // run_cmd.cc
 int cmd_mark(Ctx& c);     // bundle_cmds.cc
 int cmd_bundle(Ctx& c);
 int cmd_config(Ctx& c);  // config_cmds.cc
+int cmd_doctor(Ctx& c);  // doctor_cmd.cc
+
+// One lookup of a key nobody stores, as a peek (nothing counted): whether
+// the remote answers, and how long it took.
+struct RemoteProbe {
+  bool ok = false;
+  uint64_t rtt_us = 0;
+  std::string error;  // why not, when !ok
+};
+RemoteProbe probe_remote(Tier& remote);
 
 }  // namespace kcache::cli

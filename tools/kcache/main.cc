@@ -84,6 +84,12 @@ const Help kHelp[] = {
      "                                  (DIR/config), or with --user in the user-wide one\n"
      "                                  ($XDG_CONFIG_HOME/kcache/config)\n"
      "  config unset NAME [--user]      remove a setting from that file\n"},
+    {"doctor",
+     "  doctor [--json]                 open every configured tier and say, one line\n"
+     "                                  each, whether it works: the store and its\n"
+     "                                  permissions, the remote (round trip), its secret,\n"
+     "                                  each bundle. Exit 3 when something configured\n"
+     "                                  does not work\n"},
     {"mark",
      "  mark [--json]                   print a mark: a position in the store's recency\n"
      "                                  records (for bundle create --since)\n"},
@@ -105,7 +111,7 @@ const char kUsageHead[] =
     "usage: kcache [--dir DIR] [--engine lmdb|files] COMMAND [OPTIONS]\n"
     "\n"
     "Inspect and maintain kcache's stores: the disk store, and the remote of\n"
-    "KCACHE_REMOTE for put, get, show, explain, run and stats.\n"
+    "KCACHE_REMOTE for put, get, show, explain, run, stats and doctor.\n"
     "\n"
     "Commands:\n";
 
@@ -197,6 +203,7 @@ const std::vector<Command>& commands() {
       {"misses", cmd_misses, true, {{"--limit", true}}},
       {"run", cmd_run, false, {{"--key", true}, {"--artifact", true, true}}},
       {"config", cmd_config, true, {{"--user", false}}},
+      {"doctor", cmd_doctor, true, {}},
       {"mark", cmd_mark, true, {}},
       {"bundle",
        cmd_bundle,

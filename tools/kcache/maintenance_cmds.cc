@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cinttypes>
+#include <optional>
 
 #include "cli.h"
 #include "util/json.h"
@@ -110,6 +111,13 @@ int cmd_stats(Ctx& c) {
   std::vector<std::pair<std::shared_ptr<Tier>, TierStats>> others;
   for (const auto& tier : s.cache->tiers())
     if (tier != s.disk) others.emplace_back(tier, tier->stats());
+  // A remote is asked once (a peek), so a refused or unreachable one never
+  // looks healthy; one that could not be set up is said too.
+  std::optional<RemoteProbe> probe;
+  if (s.remote) probe = probe_remote(*s.remote);
+  std::string remote_down;
+  if (!s.options.remote_url.empty() && !s.remote) remote_down = "not set up: " + s.remote_error.to_string();
+  if (probe && !probe->ok) remote_down = "unreachable: " + probe->error;
   if (c.json) {
     util::JsonWriter w;
     w.begin_object();
@@ -134,14 +142,18 @@ int cmd_stats(Ctx& c) {
           .key("stats")
           .raw(tier_stats_json(t))
           .end_object();
-    for (const auto& [tier, ts] : others)
-      w.begin_object()
-          .field("name", tier->name())
-          .field("kind", tier_kind_name(tier->kind()))
-          .key("stats")
-          .raw(tier_stats_json(ts))
-          .end_object();
-    return c.out(w.end_array().end_object().take() + "\n");
+    for (const auto& [tier, ts] : others) {
+      w.begin_object().field("name", tier->name()).field("kind", tier_kind_name(tier->kind()));
+      if (tier == s.remote && probe) {
+        w.field("reachable", probe->ok).field("rtt_us", probe->rtt_us);
+        if (!probe->ok) w.field("error", probe->error);
+      }
+      w.key("stats").raw(tier_stats_json(ts)).end_object();
+    }
+    w.end_array();
+    if (!remote_down.empty()) w.field("remote_error", remote_down);
+    if (int rc = c.out(w.end_object().take() + "\n")) return rc;
+    return remote_down.empty() ? kExitOk : c.fail(kExitError, "the remote of KCACHE_REMOTE is " + remote_down);
   }
   std::string out;
   out += fmt("store       %s (%s engine)%s\n", s.where.path.c_str(), engine.c_str(), s.disk ? "" : ", not created yet");
@@ -160,11 +172,19 @@ int cmd_stats(Ctx& c) {
     std::string counts;
     for (const auto& f : TierStats::kFields)
       counts += fmt("%s%" PRIu64 " %s", counts.empty() ? "" : ", ", ts.*f.member, std::string(f.name).c_str());
-    out += fmt("%-11s %s: %s (this process)\n", std::string(tier_kind_name(tier->kind())).c_str(),
-               std::string(tier->name()).c_str(), counts.c_str());
+    std::string state;
+    if (tier == s.remote && probe)
+      state = probe->ok ? fmt("reachable (round trip %.2f ms); ", static_cast<double>(probe->rtt_us) / 1000.0)
+                        : "UNREACHABLE (" + probe->error + "); ";
+    out += fmt("%-11s %s: %s%s (this process)\n", std::string(tier_kind_name(tier->kind())).c_str(),
+               std::string(tier->name()).c_str(), state.c_str(), counts.c_str());
   }
+  if (!s.options.remote_url.empty() && !s.remote)
+    out += "remote      NOT SET UP (" + s.remote_error.to_string() + ")\n";
   if (zero && s.admin) out += "counters zeroed\n";
-  return c.out(out);
+  if (int rc = c.out(out)) return rc;
+  // Everything is printed; the status says the cache is not all there.
+  return remote_down.empty() ? kExitOk : c.fail(kExitError, "the remote of KCACHE_REMOTE is " + remote_down);
 }
 
 int cmd_verify(Ctx& c) {
