@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "cli_util.h"
+#include "openmetrics_parser.h"
 #include "redis_server.h"
 
 namespace kcache::test {
@@ -157,6 +158,12 @@ TEST_P(CliRemoteTest, DoctorAndStatsSayWhetherTheRemoteWorks) {
   EXPECT_EQ(r.rc, 0);
   EXPECT_EQ(r.out.rfind("{\"ok\":true,\"checks\":[", 0), 0u) << r.out;
   EXPECT_EQ(run({"stats"}, true, env).rc, 0);
+  r = run({"stats", "--format", "openmetrics"}, true, env);
+  EXPECT_EQ(r.rc, 0) << r.err;
+  Exposition m = parse_exposition(r.out);
+  ASSERT_EQ(m.error, "") << r.out;
+  EXPECT_EQ(m.value("kcache_tier_up", {{"tier", "redis"}, {"kind", "remote"}}), 1);
+  EXPECT_GT(m.value("kcache_probe_latency_seconds", {{"tier", "redis"}}), 0);
 
   server_->stop();
   env["KCACHE_LOG"] = "off";
@@ -174,6 +181,11 @@ TEST_P(CliRemoteTest, DoctorAndStatsSayWhetherTheRemoteWorks) {
   r = run({"stats", "--json"}, true, env);
   EXPECT_EQ(r.rc, 3);
   EXPECT_NE(r.out.find("\"reachable\":false"), std::string::npos) << r.out;
+  r = run({"stats", "--format", "openmetrics"}, true, env);
+  EXPECT_EQ(r.rc, 3);
+  m = parse_exposition(r.out);
+  ASSERT_EQ(m.error, "") << r.out;
+  EXPECT_EQ(m.value("kcache_tier_up", {{"tier", "redis"}}), 0);
   // Without a remote, doctor has only the store to look at.
   r = run({"doctor"});
   EXPECT_EQ(r.rc, 0) << r.err;

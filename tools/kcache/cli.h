@@ -181,4 +181,20 @@ struct RemoteProbe {
 };
 RemoteProbe probe_remote(Tier& remote);
 
+// What `stats --format openmetrics` prints (metrics.cc).
+struct MetricsTier {
+  std::string name, kind;
+  TierStats stats;
+  bool probed = false;  // a probe lookup was made (the remote)
+  bool up = false;
+  double latency_s = 0;
+};
+struct MetricsInput {
+  std::string store;  // the store's path, the `store` label
+  bool store_up = false;
+  uint64_t disk_used = 0, max_bytes = 0, max_entries = 0;
+  std::vector<MetricsTier> tiers;  // fastest first
+};
+std::string openmetrics_text(const MetricsInput& in);
+
 }  // namespace kcache::cli

@@ -44,9 +44,12 @@ const Help kHelp[] = {
     {"ls", "  ls [--json]                     list entries: key, size, last use (newest first)\n"},
     {"show", "  show --key HEX [--json]         one entry: sizes, artifacts, metadata, manifest\n"},
     {"stats",
-     "  stats [--json] [--zero]         counters and totals of the store, and the disk\n"
-     "                                  space its files take; --zero sets the store's\n"
-     "                                  counters to 0 after printing them\n"},
+     "  stats [--json | --format openmetrics] [--zero]\n"
+     "                                  counters and totals of the store, disk used, and\n"
+     "                                  each other tier (a remote is probed); --format\n"
+     "                                  openmetrics prints them for Prometheus (node\n"
+     "                                  exporter's textfile collector); --zero sets the\n"
+     "                                  store's counters to 0 after printing them\n"},
     {"verify",
      "  verify [--fix] [--json]         check every entry; list the bad ones;\n"
      "                                  --fix removes them. Exit 1 whenever bad entries\n"
@@ -195,7 +198,7 @@ const std::vector<Command>& commands() {
       {"get", cmd_get, false, {{"--key", true}, {"--artifact", true}, {"-o", true}, {"--output", true}}},
       {"ls", cmd_ls, true, {}},
       {"show", cmd_show, true, {{"--key", true}}},
-      {"stats", cmd_stats, true, {{"--zero", false}}},
+      {"stats", cmd_stats, true, {{"--zero", false}, {"--format", true}}},
       {"verify", cmd_verify, true, {{"--fix", false}}},
       {"trim", cmd_trim, true, {{"--max-size", true}}},
       {"clear", cmd_clear, true, {}},

@@ -90,6 +90,16 @@ uint64_t disk_used(const DiskStore& where) {
 
 int cmd_stats(Ctx& c) {
   const bool zero = c.args.has("--zero");
+  bool metrics = false;
+  if (const std::string* f = c.args.get("--format")) {
+    if (*f == "openmetrics" || *f == "prometheus")
+      metrics = true;
+    else if (*f == "json")
+      c.json = true;
+    else if (*f != "text")
+      return usage_error("stats", "--format '" + *f + "' is not text, json or openmetrics");
+    if (metrics && c.json) return usage_error("stats", "--format openmetrics and --json do not go together");
+  }
   // --zero writes the store's counters; otherwise stats only looks.
   if (int rc = open_tiers(c, {.create = false, .remote = true, .honour_disable = false, .inspect = !zero})) return rc;
   const Opened& s = c.store;
@@ -118,6 +128,26 @@ int cmd_stats(Ctx& c) {
   std::string remote_down;
   if (!s.options.remote_url.empty() && !s.remote) remote_down = "not set up: " + s.remote_error.to_string();
   if (probe && !probe->ok) remote_down = "unreachable: " + probe->error;
+  if (metrics) {
+    MetricsInput m;
+    m.store = s.where.path;
+    m.store_up = s.disk != nullptr;
+    m.disk_used = used;
+    m.max_bytes = max_bytes;
+    m.max_entries = max_entries;
+    if (s.disk) m.tiers.push_back({std::string(s.disk->name()), std::string(tier_kind_name(s.disk->kind())), t});
+    for (const auto& [tier, ts] : others) {
+      MetricsTier mt{std::string(tier->name()), std::string(tier_kind_name(tier->kind())), ts};
+      if (tier == s.remote && probe) {
+        mt.probed = true;
+        mt.up = probe->ok;
+        mt.latency_s = static_cast<double>(probe->rtt_us) / 1e6;
+      }
+      m.tiers.push_back(std::move(mt));
+    }
+    if (int rc = c.out(openmetrics_text(m))) return rc;
+    return remote_down.empty() ? kExitOk : c.fail(kExitError, "the remote of KCACHE_REMOTE is " + remote_down);
+  }
   if (c.json) {
     util::JsonWriter w;
     w.begin_object();
