@@ -1,10 +1,10 @@
 // kcache tool — what the command groups share: the exit codes, the parsed
 // command line, the tiers a command opened, and the output helpers.
 //
-// Each command builds its Options as the library does (Options::from_env,
-// then --dir and --engine on top) and opens its tiers with assemble(), so it
-// honours every KCACHE_* variable (docs/cli.md says which tiers each one
-// reads and writes).
+// Each command builds its Options as the library does (settings():
+// apply_settings, config files and KCACHE_* then --dir and --engine) and
+// opens its tiers with assemble(), so it honours every setting (docs/cli.md
+// says which tiers each command reads and writes).
 #pragma once
 
 #include <map>

@@ -1,19 +1,23 @@
 // kcache — the command-line tool: inspect and maintain kcache's stores.
 //
-// Every command opens its tiers as the library does (Options::from_env,
-// --dir and --engine on top, assemble()), so KCACHE_REMOTE, KCACHE_READONLY
-// and the rest mean here what they mean to a JIT. It is meant for scripts
+// Every command opens its tiers as the library does (config files and the
+// environment through apply_settings, --dir and --engine on top,
+// assemble()), so KCACHE_REMOTE, KCACHE_READONLY and the rest mean here
+// what they mean to a JIT. It is meant for scripts
 // as much as for people, so its contract is fixed (docs/cli.md):
 //   exit 0 success, 1 a miss or not-found, 2 bad usage, 3 any other error;
 //   every failure is one line on stderr, "kcache: <command>: <why>";
 //   --json on every command that prints data, tables for people otherwise.
 // Only put and run create the cache folder: for the others a folder that
-// does not exist reads as an empty store. A corrupt entry is reported,
-// never fatal.
+// does not exist reads as an empty store, and one that exists but is
+// refused fails the command (exit 3, the reason). A corrupt entry is
+// reported, never fatal. `kcache help CMD` and `CMD --help` print one
+// command's usage (kHelp).
 //
 // This file: the usage text, help, version, and the command line. The
 // commands live in one file per group (store_cmds.cc, maintenance_cmds.cc,
-// explain_cmd.cc, misses_cmd.cc, run_cmd.cc, bundle_cmds.cc).
+// explain_cmd.cc, misses_cmd.cc, run_cmd.cc, bundle_cmds.cc,
+// config_cmds.cc, doctor_cmd.cc, metrics.cc).
 #include <cstdio>
 #include <optional>
 #include <string>
