@@ -12,7 +12,23 @@ K="$B/tools/kcache"
 K=$(cd "$(dirname "$K")" && pwd)/kcache
 
 T=$(mktemp -d)
-trap 'rm -rf "$T"' EXIT
+REDIS_PID=
+# One cleanup for every way out (the end, a failed step under set -e, ^C):
+# the Redis server stopped if it still runs (one that already exited is
+# fine), the temporary folder removed, the exit status kept.
+cleanup() {
+  local rc=$?
+  set +e
+  if [ -n "$REDIS_PID" ]; then
+    kill "$REDIS_PID" 2>/dev/null
+    wait "$REDIS_PID" 2>/dev/null
+  fi
+  rm -rf "$T"
+  exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM HUP
 export KCACHE_DIR="$T/cache"
 cd "$T"
 
@@ -58,6 +74,9 @@ step kcache get --key "$SAXPY" --artifact cubin -o out.cubin
 step cmp out.cubin saxpy.cubin
 step kcache stats
 step kcache stats --json
+step kcache stats --format openmetrics
+step kcache config
+step kcache doctor
 step kcache verify
 
 # A lookup that built its key with -O3 instead of the stored -O2 misses;
@@ -71,11 +90,24 @@ step kcache get --key 00000000000000000000000000000000 --artifact ptx
 # A shared remote: with KCACHE_REMOTE set, put stores in Redis as well, and
 # another cache folder (another machine, say) gets the entry from there.
 if command -v redis-server >/dev/null && command -v redis-cli >/dev/null; then
-  PORT=$((20000 + RANDOM % 20000))
-  redis-server --port "$PORT" --bind 127.0.0.1 --save '' --appendonly no --dir "$T" >"$T/redis.log" 2>&1 &
-  REDIS_PID=$!
-  trap 'kill "$REDIS_PID" 2>/dev/null; rm -rf "$T"' EXIT
-  for _ in $(seq 100); do redis-cli -p "$PORT" ping >/dev/null 2>&1 && break; sleep 0.05; done
+  # A free port: a server that could not bind one exits, and another port
+  # is tried.
+  UP=
+  for _ in 1 2 3 4 5; do
+    PORT=$((20000 + RANDOM % 20000))
+    redis-server --port "$PORT" --bind 127.0.0.1 --save '' --appendonly no --dir "$T" >"$T/redis.log" 2>&1 &
+    REDIS_PID=$!
+    for _ in $(seq 100); do
+      if redis-cli -p "$PORT" ping 2>/dev/null | grep -q PONG; then UP=1; break; fi
+      kill -0 "$REDIS_PID" 2>/dev/null || break
+      sleep 0.05
+    done
+    [ -n "$UP" ] && break
+    kill "$REDIS_PID" 2>/dev/null || true
+    wait "$REDIS_PID" 2>/dev/null || true
+    REDIS_PID=
+  done
+  [ -n "$UP" ] || { echo "redis-server did not start: $(tail -3 "$T/redis.log")" >&2; exit 1; }
   echo
   echo "\$ export KCACHE_REMOTE=redis://127.0.0.1:$PORT"
   export KCACHE_REMOTE="redis://127.0.0.1:$PORT"
@@ -83,8 +115,11 @@ if command -v redis-server >/dev/null && command -v redis-cli >/dev/null; then
   step kcache --dir "$T/other-machine" get --key "$SAXPY" --artifact ptx
   step kcache --dir "$T/other-machine" show --key "$SAXPY"
   step kcache stats --json
+  step kcache doctor
   unset KCACHE_REMOTE
   kill "$REDIS_PID" 2>/dev/null || true
+  wait "$REDIS_PID" 2>/dev/null || true
+  REDIS_PID=
 else
   echo
   echo "(no redis-server: the KCACHE_REMOTE part of the tour is left out)"

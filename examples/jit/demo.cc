@@ -9,7 +9,7 @@
 //   --opt-level N (default 2)        the IR optimisation level: a warm run at
 //                                    another level misses every kernel, and
 //                                    `kcache misses` says why
-//   --rounds N (default 1)           with --both or no --dir: N rounds of
+//   --rounds N (default 1)           (with --dir, implies --both): N rounds of
 //                                    no cache and cold, alternating which
 //                                    goes first, each cold run on an empty
 //                                    folder and followed by a warm run on
@@ -31,6 +31,7 @@
 // CachingCompiler, which stores the link. Then every kernel is
 // looked up -- that is "ready" -- and run on data and compared with the
 // interpreter.
+#include <dirent.h>
 #include <stdlib.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -325,6 +326,17 @@ std::string list(const std::vector<double>& v) {
   return s + "]";
 }
 
+// True when `dir` does not exist or holds nothing: a run there starts cold.
+bool folder_is_empty(const std::string& dir) {
+  DIR* d = ::opendir(dir.c_str());
+  if (!d) return true;
+  bool empty = true;
+  while (struct dirent* e = ::readdir(d))
+    if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0) empty = false;
+  ::closedir(d);
+  return empty;
+}
+
 int run_both(Args a, const char* self, bool temp) {
   // Rounds of no cache and cold; which goes first alternates, so neither
   // always runs on a machine the other has just warmed. Each cold run
@@ -340,8 +352,10 @@ int run_both(Args a, const char* self, bool temp) {
     match &= j.find("\"results_match\":true") != std::string::npos;
     return j;
   };
+  bool cold_on_empty = true;  // every cold run started on an empty folder
   for (unsigned r = 0; r < a.rounds; ++r) {
     if (a.rounds > 1) dir = a.dir + "/round-" + std::to_string(r + 1);
+    if (!folder_is_empty(dir)) cold_on_empty = false;
     for (int k = 0; k < 2; ++k) {
       if ((k == 0) == (r % 2 == 0))
         nocache = run(/*disabled=*/true, nocache_runs, nocache_cpus);
@@ -385,8 +399,8 @@ int run_both(Args a, const char* self, bool temp) {
     std::printf("  no cache (KCACHE_DISABLE=1, new process): %4.0f compiled, ready in %8.3f s (CPU %.3f s)\n",
                 num(nocache, "codegen_runs"), nocache_s, nocache_cpu);
     std::printf(
-        "  cold run (empty cache, new process):      %4.0f compiled, ready in %8.3f s (CPU %.3f s), "
-        "%.3fx no cache\n",
+        "  %s %4.0f compiled, ready in %8.3f s (CPU %.3f s), %.3fx no cache\n",
+        cold_on_empty ? "cold run (empty cache, new process):     " : "first run (cache NOT empty, new process):",
         num(cold, "codegen_runs"), cold_s, cold_cpu, cold_ratio);
     if (a.rounds > 1) std::printf("  cold / no cache within each round, median of the rounds: %.3fx\n", paired_ratio);
     std::printf("  warm run (same folder, new process):      %4.0f loaded,   ready in %8.3f s (CPU %.3f s)\n",
@@ -462,7 +476,8 @@ int main(int argc, char** argv) {
     (void)::system(rm.c_str());
     return rc;
   }
-  if (a.both) return run_both(a, self, false);
+  // --rounds compares runs, so it means the three runs (--both) on DIR.
+  if (a.both || a.rounds > 1) return run_both(a, self, false);
 
   llvm::InitializeNativeTarget();
   llvm::InitializeNativeTargetAsmPrinter();

@@ -134,6 +134,13 @@ struct Assembly {
   std::shared_ptr<Leases> leases;            // cross-process single-flight; may be null
   std::optional<DiskStore> disk;             // the disk store, when it opened
   std::shared_ptr<Tier> remote;              // the remote tier, when it was set up
+  // Why a part named by the options was left out (ok when it was not):
+  // the disk store (not_found when it does not exist and create_dir is
+  // off, which is not logged), the remote, and each refused bundle. A
+  // front end that reports them itself (the `kcache` tool) reads these.
+  Status disk_error;
+  Status remote_error;
+  std::vector<Status> bundle_errors;
 };
 
 // Opens what `options` names (see the top of this file). Never fails; what

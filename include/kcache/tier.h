@@ -154,6 +154,11 @@ class StoreAdmin {
   // entry last used before it with a smaller one. Default: unavailable; the
   // disk tiers implement it.
   virtual Expected<uint64_t> mark();
+  // Sets the store's counters (hits, misses, puts, evictions, corrupt,
+  // errors) to 0; entries and bytes stay what they are. Counts other
+  // processes make meanwhile are kept. Default: unavailable; the disk tiers
+  // implement it.
+  virtual Status zero_counters();
 
  protected:
   // Used in the messages of the defaults.

@@ -251,10 +251,12 @@ Assembly assemble(const Options& options) {
   // refused bundle (damaged, or not signed by a trusted key) is left out.
   for (const auto& f : options.bundles.files) {
     auto b = open_bundle(f, options.bundles.trusted_keys);
-    if (b)
+    if (b) {
       a.tiers.push_back(std::move(b).value());
-    else
+    } else {
+      a.bundle_errors.push_back(b.error());
       KCACHE_LOG(LogLevel::warn, "%s (left out)", b.error().to_string().c_str());
+    }
   }
   if (options.disk_tier) {
     auto disk = open_disk_store(DiskStoreSpec::from(options));
@@ -262,8 +264,10 @@ Assembly assemble(const Options& options) {
       a.tiers.push_back(disk->tier);
       a.leases = disk->leases;
       a.disk = std::move(disk).value();
-    } else if (!(disk.error().code() == Errc::not_found && !options.create_dir)) {
-      KCACHE_LOG(LogLevel::warn, "running without a disk tier: %s", disk.error().to_string().c_str());
+    } else {
+      a.disk_error = disk.error();
+      if (!(disk.error().code() == Errc::not_found && !options.create_dir))
+        KCACHE_LOG(LogLevel::warn, "running without a disk tier: %s", disk.error().to_string().c_str());
     }
   }
   if (!options.remote_url.empty()) {
@@ -274,6 +278,7 @@ Assembly assemble(const Options& options) {
       // Machines sharing the remote also share single-flight through it.
       if (takes_leases(options) && remote->leases) a.leases = remote->leases(std::move(a.leases));
     } else {
+      a.remote_error = remote.error();
       KCACHE_LOG(LogLevel::warn, "running without the remote tier: %s", remote.error().to_string().c_str());
     }
   }

@@ -223,10 +223,23 @@ bool Cache::Impl::store(const Entry& e, Leadership* owner) {
 
 // ---- get and put -------------------------------------------------------------
 
+namespace {
+// The key as a debug line names it: hex, and its label when it has one.
+std::string debug_name(const KeyInfo& key) {
+  return key.key.hex() + (key.label.empty() ? std::string() : " \"" + key.label + "\"");
+}
+}  // namespace
+
 std::optional<Entry> Cache::get(const Key& key, Source* source) { return impl_->look_up(key, source, Access::counted); }
 
 std::optional<Entry> Cache::get(const KeyInfo& key, Source* source) {
-  auto e = get(key.key, source);
+  Source found = Source::compiled;
+  auto e = get(key.key, &found);
+  if (source) *source = found;
+  if (e)
+    KCACHE_LOG(LogLevel::debug, "hit %s (%s)", debug_name(key).c_str(), std::string(source_name(found)).c_str());
+  else
+    KCACHE_LOG(LogLevel::debug, "miss %s", debug_name(key).c_str());
   if (!e) impl_->explain_miss(key);
   return e;
 }
@@ -273,7 +286,13 @@ Expected<Entry> Cache::Impl::resolve(const KeyInfo& key, const CompileFn& compil
   *outcome = Outcome::done;
   if (source) *source = Source::compiled;
   if (!policy.single_flight) return compile_entry(key, compile);
-  if (auto hit = look_up(key.key, source, count)) return std::move(*hit);
+  Source found = Source::compiled;
+  if (auto hit = look_up(key.key, &found, count)) {
+    if (source) *source = found;
+    KCACHE_LOG(LogLevel::debug, "hit %s (%s)", debug_name(key).c_str(), std::string(source_name(found)).c_str());
+    return std::move(*hit);
+  }
+  KCACHE_LOG(LogLevel::debug, "miss %s", debug_name(key).c_str());
   if (count == Access::counted) explain_miss(key);
 
   Turn turn = take_turn(key.key, source, wait_for_others);
@@ -285,7 +304,11 @@ Expected<Entry> Cache::Impl::resolve(const KeyInfo& key, const CompileFn& compil
   Expected<Entry> r = compile_entry(key, compile);
   if (r) {
     if (source) *source = Source::compiled;
-    store(*r, &*turn.leader);
+    bool stored = store(*r, &*turn.leader);
+    KCACHE_LOG(LogLevel::debug, "%s %s (%zu bytes)", stored ? "stored" : "not stored (no writable tier)",
+               debug_name(key).c_str(), r->encoded().size());
+  } else {
+    KCACHE_LOG(LogLevel::debug, "compile of %s failed: %s", debug_name(key).c_str(), r.error().to_string().c_str());
   }
   turn.leader->finish(r);
   return r;
@@ -370,6 +393,7 @@ Expected<Entry> Cache::Impl::compile_entry(const KeyInfo& key, const CompileFn& 
   auto arts = compile();
   uint64_t dt = util::now_mono_us() - t0;
   compile_us.fetch_add(dt, std::memory_order_relaxed);
+  KCACHE_LOG(LogLevel::debug, "compiled %s in %.3f ms", debug_name(key).c_str(), static_cast<double>(dt) / 1000.0);
   if (!arts) {
     compile_failures.fetch_add(1, std::memory_order_relaxed);
     return std::move(arts).error();

@@ -4,14 +4,21 @@
 #include <pwd.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
+#include <cctype>
+#include <climits>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "kcache/cache.h"
+#include "kcache/options.h"
 #include "util/util.h"
 
 extern char** environ;
@@ -39,7 +46,15 @@ std::string join_paths(const std::vector<std::string>& v) {
   return out;
 }
 
-std::optional<LogLevel> parse_level(std::string_view s) {
+// Words are read in any case: KCACHE_DURABILITY=FULL means full.
+std::string lower(std::string_view v) {
+  std::string out(v);
+  for (auto& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return out;
+}
+
+std::optional<LogLevel> parse_level(std::string_view text) {
+  const std::string s = lower(text);
   if (s == "off" || s == "0") return LogLevel::off;
   if (s == "error") return LogLevel::error;
   if (s == "warn" || s == "warning") return LogLevel::warn;
@@ -156,7 +171,8 @@ const std::array kRows = {
       [](Options& o, std::string_view v) { return set_u64(v, &o.disk.max_entries, true); },
       [](const Options& o) { return std::to_string(effective_max_entries(o.disk)); }},
   Row{{"durability", "KCACHE_DURABILITY", "disk syncs: normal (default), full or none"},
-      [](Options& o, std::string_view v) -> Want {
+      [](Options& o, std::string_view text) -> Want {
+        const std::string v = lower(text);
         if (v == "normal") o.disk.durability = Durability::normal;
         else if (v == "full") o.disk.durability = Durability::full;
         else if (v == "none") o.disk.durability = Durability::none;
@@ -206,7 +222,8 @@ const std::array kRows = {
       [](Options& o, std::string_view v) { return set_bool(v, &o.print_stats); },
       [](const Options& o) { return flag(o.print_stats); }},
   Row{{"compression", "KCACHE_COMPRESSION", "entries this process stores: none (default), zstd or auto"},
-      [](Options& o, std::string_view v) -> Want {
+      [](Options& o, std::string_view text) -> Want {
+        const std::string v = lower(text);
         if (v == "none") o.compression = Compression::none;
         else if (v == "zstd") o.compression = Compression::zstd;
         else if (v == "auto") o.compression = Compression::automatic;
@@ -333,7 +350,49 @@ bool other_variable(std::string_view var) {
 
 std::span<const OptionInfo> option_table() noexcept { return kInfos; }
 
-Status Options::set(std::string_view name, std::string_view value) {
+std::optional<std::string> option_name(std::string_view name) {
+  std::string n = lower(name);
+  for (auto& c : n)
+    if (c == '-') c = '_';
+  if (!find_row(n)) return std::nullopt;
+  return n;
+}
+
+std::string nearest_option(std::string_view unknown, bool variables) {
+  // Edit distance (insertions, deletions, substitutions, and a swap of two
+  // neighbours), case-insensitive.
+  auto distance = [](const std::string& a, const std::string& b) {
+    std::vector<std::vector<size_t>> d(a.size() + 1, std::vector<size_t>(b.size() + 1));
+    for (size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
+    for (size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
+    for (size_t i = 1; i <= a.size(); ++i)
+      for (size_t j = 1; j <= b.size(); ++j) {
+        d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+        if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1])
+          d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+      }
+    return d[a.size()][b.size()];
+  };
+  const std::string u = lower(unknown);
+  std::string best;
+  size_t best_d = SIZE_MAX;
+  for (const auto& r : kRows) {
+    std::string_view cand = variables ? r.info.env : r.info.name;
+    if (cand.empty()) continue;
+    size_t dist = distance(u, lower(cand));
+    if (dist < best_d) {
+      best_d = dist;
+      best = std::string(cand);
+    }
+  }
+  // Near: a few edits, and fewer than half the name.
+  const size_t stem = variables && u.size() > 7 ? u.size() - 7 : u.size();
+  if (best_d > 3 || best_d * 2 > stem) return std::string();
+  return best;
+}
+
+Status Options::set(std::string_view given, std::string_view value) {
+  const std::string name = option_name(given).value_or(std::string(given));
   const Row* r = find_row(name);
   if (!r) {
     std::string known;
@@ -354,8 +413,10 @@ Expected<std::string> Options::get(std::string_view name) const {
   return r->get(*this);
 }
 
-std::vector<Status> Options::apply_env() {
-  std::vector<Status> problems;
+namespace {
+
+// Step 5: every KCACHE_* variable that is set.
+void apply_environment(Options& o, AppliedSettings* out) {
   for (const auto& r : kRows) {
     if (r.info.env.empty()) continue;
     std::string var(r.info.env);
@@ -365,10 +426,12 @@ std::vector<Status> Options::apply_env() {
     // meant to be set than a wish for the default store, which the tool's
     // `clear` would then empty; it is refused like --dir "".
     if (!v || (!*v && var != "KCACHE_DIR")) continue;
-    Status st = set(r.info.name, v);
+    Status st = o.set(r.info.name, v);
     // "option NAME: WHAT": said of the variable instead.
     if (!st.is_ok())
-      problems.push_back(Status(Errc::invalid_argument, var + st.message().substr(st.message().find(':'))));
+      out->problems.push_back(Status(Errc::invalid_argument, var + st.message().substr(st.message().find(':'))));
+    else
+      out->origin[std::string(r.info.name)] = "environment " + var;
   }
   for (char** e = environ; e && *e; ++e) {
     std::string_view kv(*e);
@@ -376,15 +439,51 @@ std::vector<Status> Options::apply_env() {
     std::string_view var = kv.substr(0, kv.find('='));
     bool known = other_variable(var);
     for (const auto& r : kRows) known = known || r.info.env == var;
-    if (!known)
-      problems.push_back(Status(
-          Errc::not_found, std::string(var) + " is not a kcache variable (docs/design.md, \"Options\", lists them)"));
+    if (known) continue;
+    std::string near = nearest_option(var, true);
+    out->problems.push_back(Status(Errc::not_found, std::string(var) + " is not a kcache variable" +
+                                                        (near.empty() ? std::string(" (kcache config lists them)")
+                                                                      : "; did you mean " + near + "?")));
   }
-  return problems;
 }
 
+}  // namespace
+
+AppliedSettings apply_settings(Options& o, const std::vector<std::pair<std::string, std::string>>& command_line) {
+  AppliedSettings out;
+  // 3. the user-wide file.
+  if (std::string user = user_config_path(); !user.empty()) apply_config_file(o, user, false, &out);
+  // 4. the store folder's, in the folder the later steps name.
+  std::string dir = o.dir;
+  if (const char* d = std::getenv("KCACHE_DIR"); d && *d) dir = d;
+  for (const auto& [name, value] : command_line)
+    if (option_name(name).value_or("") == "dir" && !value.empty()) dir = value;
+  if (dir.empty()) dir = Options::default_dir();
+  if (!dir.empty()) apply_config_file(o, store_config_path(dir), true, &out);
+  // 5. the environment.
+  apply_environment(o, &out);
+  // 6. the command line.
+  for (const auto& [name, value] : command_line) {
+    Status st = o.set(name, value);
+    if (!st.is_ok()) {
+      out.problems.push_back(Status(Errc::invalid_argument, "--" + name + st.message().substr(st.message().find(':'))));
+    } else {
+      out.origin[option_name(name).value_or(name)] = "command line --" + name;
+    }
+  }
+  return out;
+}
+
+std::vector<Status> Options::apply_env() { return apply_settings(*this).problems; }
+
 Options Options::from_env(Options base) {
-  for (const auto& p : base.apply_env()) KCACHE_LOG(LogLevel::warn, "ignoring %s", p.message().c_str());
+  // Each problem is said once per process, however many caches it opens.
+  static std::mutex mu;
+  static std::set<std::string> said;
+  for (const auto& p : base.apply_env()) {
+    std::lock_guard lk(mu);
+    if (said.insert(p.message()).second) KCACHE_LOG(LogLevel::warn, "ignoring %s", p.message().c_str());
+  }
   return base;
 }
 

@@ -19,6 +19,7 @@
 #include <cstdarg>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <mutex>
 #include <random>
 #include <vector>
@@ -278,7 +279,15 @@ void log(LogLevel level, const char* fmt, ...) {
   va_end(ap);
   std::lock_guard lk(g_log_mu);
   if (g_log_file) {
-    std::fprintf(g_log_file, "kcache: %s: %s\n", names[static_cast<int>(level)], buf);
+    // A file gathers the lines of many processes over days: each line
+    // says when (UTC, ms) and which process.
+    uint64_t ms = now_unix_ms();
+    time_t secs = static_cast<time_t>(ms / 1000);
+    struct tm tm;
+    char when[32] = "-";
+    if (::gmtime_r(&secs, &tm)) std::strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%S", &tm);
+    std::fprintf(g_log_file, "%s.%03uZ [%ld] kcache: %s: %s\n", when, static_cast<unsigned>(ms % 1000),
+                 static_cast<long>(::getpid()), names[static_cast<int>(level)], buf);
     std::fflush(g_log_file);
     return;
   }
@@ -618,22 +627,40 @@ Expected<StoreTrust> shared_group_trust(const std::string& group) {
   return StoreTrust{true, static_cast<unsigned>(gid)};
 }
 
+std::string user_label(uint32_t uid) {
+  std::string out = "uid " + std::to_string(uid);
+  struct passwd pw, *res = nullptr;
+  char buf[4096];
+  if (::getpwuid_r(static_cast<uid_t>(uid), &pw, buf, sizeof buf, &res) == 0 && res && res->pw_name)
+    out += " (" + std::string(res->pw_name) + ")";
+  return out;
+}
+
+std::string group_label(uint32_t gid) {
+  std::string out = std::to_string(gid);
+  struct group gr, *res = nullptr;
+  char buf[4096];
+  if (::getgrgid_r(static_cast<gid_t>(gid), &gr, buf, sizeof buf, &res) == 0 && res && res->gr_name)
+    out += " (" + std::string(res->gr_name) + ")";
+  return out;
+}
+
 std::string untrusted_reason(const struct stat& st, const StoreTrust& trust) {
   const bool in_group = trust.shared && st.st_gid == static_cast<gid_t>(trust.group);
   const uid_t me = ::geteuid();
   std::string why;
   if (st.st_uid != me && st.st_uid != 0 && !(in_group && user_in_group(st.st_uid, st.st_gid))) {
-    why = "owned by uid " + std::to_string(st.st_uid);
+    why = "owned by " + user_label(st.st_uid);
     if (!trust.shared)
-      why += ", not by this user (uid " + std::to_string(me) + ")";
+      why += ", not by this user, " + user_label(me);
     else if (!in_group)
-      why += " in group " + std::to_string(st.st_gid) + ", not the shared group";
+      why += " in group " + group_label(st.st_gid) + ", not the shared group";
     else
       why += ", who is not a member of the shared group";
   } else if (st.st_mode & S_IWOTH) {
     why = "writable by every user (mode " + mode_string(st.st_mode) + ")";
   } else if ((st.st_mode & S_IWGRP) && !in_group) {
-    why = "writable by group " + std::to_string(st.st_gid) + " (mode " + mode_string(st.st_mode) + ")" +
+    why = "writable by group " + group_label(st.st_gid) + ", mode " + mode_string(st.st_mode) +
           (trust.shared ? ", not the shared group" : "");
   }
   return why;

@@ -28,6 +28,8 @@ T* abandon(T* p) noexcept {
 }
 
 // ---- logging: one line per event, "kcache: <level>: <message>" ----------
+// In a log file (set_log's `file`) each line starts with the UTC time and
+// the process id: "2026-11-23T07:40:12.345Z [4242] kcache: warning: ...".
 void set_log(LogLevel level, const std::string& file);
 LogLevel log_level() noexcept;
 void log(LogLevel level, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -138,6 +140,10 @@ Expected<StoreTrust> shared_group_trust(const std::string& group);
 // writable only as `trust` allows; not_found when it does not exist;
 // unavailable with the reason (owner, mode) otherwise.
 Status check_trusted(const std::string& path, const StoreTrust& trust);
+// "uid 1000 (alice)" / "100 (users)": an id with its name where the
+// system knows one, for messages about who owns or may write a path.
+std::string user_label(uint32_t uid);
+std::string group_label(uint32_t gid);
 // Why a file or folder with these owner and mode bits is not trusted as
 // `trust` allows (as check_trusted words it); empty when it is.
 std::string untrusted_reason(const struct stat& st, const StoreTrust& trust);

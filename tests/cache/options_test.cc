@@ -3,6 +3,7 @@
 // policy gate that every lookup and store path asks.
 #include <grp.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -12,8 +13,10 @@
 #include "kcache/assembly.h"
 #include "kcache/bundle.h"
 #include "kcache/cache.h"
+#include "kcache/options.h"
 #include "kcache/stage.h"
 #include "test_util.h"
+#include "util/util.h"
 
 using namespace kcache;
 
@@ -49,6 +52,14 @@ CompileFn compile_to(std::string bytes, int* runs) {
 }
 
 std::string obj(const Entry& e) { return std::string(*e.artifact("obj")); }
+
+std::string slurp(const std::string& path) {
+  auto t = util::read_file(path);
+  return t ? *t : std::string();
+}
+void spit(const std::string& path, const std::string& text) {
+  ASSERT_TRUE(util::write_file_atomic(path, text).is_ok());
+}
 
 }  // namespace
 
@@ -196,6 +207,153 @@ TEST(OptionsTest, ApplyEnvReportsBadValuesAndUnknownVariables) {
   EXPECT_FALSE(o.read_only);
   if (engine_built(Engine::lmdb)) {
     EXPECT_EQ(o.engine, Engine::lmdb);
+  }
+}
+
+// Config files sit between the program and the environment: the user-wide
+// one, then the store folder's, then KCACHE_*, then a command line; each
+// setting says where it came from.
+TEST(ConfigTest, FilesSitBetweenTheProgramAndTheEnvironment) {
+  test::TempDir tmp;
+  ScopedEnv xdg("XDG_CONFIG_HOME", (tmp.path() + "/xdg").c_str());
+  ScopedEnv dur("KCACHE_DURABILITY", "NONE");
+  ScopedEnv kdir("KCACHE_DIR", nullptr);
+  const std::string user = tmp.path() + "/xdg/kcache/config";
+  const std::string store = tmp.path() + "/cache/config";
+  EXPECT_EQ(user_config_path(), user);
+  ASSERT_TRUE(write_config_setting(user, "max_size", "3G", false).is_ok());
+  ASSERT_TRUE(write_config_setting(user, "remote", "redis://127.0.0.1:1", false).is_ok());
+  ASSERT_TRUE(write_config_setting(store, "MAX-SIZE", "1G", true).is_ok());
+  ASSERT_TRUE(write_config_setting(store, "durability", "full", true).is_ok());
+  EXPECT_EQ(write_config_setting(store, "dir", "/elsewhere", true).code(), Errc::invalid_argument);
+  EXPECT_EQ(write_config_setting(store, "max_size", "lots", true).code(), Errc::invalid_argument);
+  Status typo = write_config_setting(store, "max_sise", "1G", true);
+  EXPECT_NE(typo.message().find("did you mean max_size?"), std::string::npos) << typo.message();
+
+  Options o;
+  o.dir = tmp.path() + "/cache";
+  o.memory_bytes = 1 << 20;  // the program's own
+  auto applied = apply_settings(o, {{"engine", "FILES"}});
+  EXPECT_TRUE(applied.problems.empty()) << applied.problems.front().message();
+  EXPECT_EQ(o.disk.max_bytes, uint64_t(1) << 30);  // the store's file over the user's
+  EXPECT_EQ(o.remote_url, "redis://127.0.0.1:1");
+  EXPECT_EQ(o.disk.durability, Durability::none);  // the environment over both
+  EXPECT_EQ(o.engine, Engine::files);              // the command line over all
+  EXPECT_EQ(o.memory_bytes, uint64_t(1) << 20);
+  EXPECT_EQ(applied.origin["max_size"], "config file " + store);
+  EXPECT_EQ(applied.origin["remote"], "config file " + user);
+  EXPECT_EQ(applied.origin["durability"], "environment KCACHE_DURABILITY");
+  EXPECT_EQ(applied.origin["engine"], "command line --engine");
+  EXPECT_EQ(applied.origin.count("memory_size"), 0u);
+  EXPECT_EQ(applied.files, (std::vector<std::string>{user, store}));
+
+  // Options::from_env, which the C ABI and Python use, reads the same files.
+  Options base;
+  base.dir = tmp.path() + "/cache";
+  EXPECT_EQ(Options::from_env(base).disk.max_bytes, uint64_t(1) << 30);
+
+  // Unset: the user's value shows through; comments and other lines stay.
+  spit(store, "# team settings\n" + slurp(store));
+  ASSERT_TRUE(write_config_setting(store, "max_size", std::nullopt, true).is_ok());
+  EXPECT_EQ(slurp(store), "# team settings\ndurability = full\n");
+  Options again;
+  again.dir = tmp.path() + "/cache";
+  (void)apply_settings(again);
+  EXPECT_EQ(again.disk.max_bytes, uint64_t(3) << 30);
+}
+
+TEST(ConfigTest, BadLinesAndUntrustedFilesAreProblems) {
+  test::TempDir tmp;
+  ScopedEnv xdg("XDG_CONFIG_HOME", (tmp.path() + "/xdg").c_str());
+  ScopedEnv kdir("KCACHE_DIR", nullptr);
+  const std::string store = tmp.path() + "/cache/config";
+  ASSERT_TRUE(util::make_dirs(tmp.path() + "/cache").is_ok());
+  spit(store, "max_size = 2G\nmax_size = plenty\nmaxsize = 1G\ndir = /x\njunk\n");
+  Options o;
+  o.dir = tmp.path() + "/cache";
+  auto applied = apply_settings(o);
+  ASSERT_EQ(applied.problems.size(), 4u);
+  for (const auto& p : applied.problems) EXPECT_EQ(p.code(), Errc::invalid_argument) << p.message();
+  EXPECT_NE(applied.problems[0].message().find(store + ":2: 'plenty' is not a size"), std::string::npos)
+      << applied.problems[0].message();
+  EXPECT_NE(applied.problems[1].message().find("did you mean max_size?"), std::string::npos);
+  EXPECT_EQ(o.disk.max_bytes, uint64_t(2) << 30);
+  EXPECT_TRUE(o.dir == tmp.path() + "/cache");
+
+  // A file others may write is not read.
+  spit(store, "max_size = 1G\n");
+  ASSERT_EQ(::chmod(store.c_str(), 0666), 0);
+  Options p;
+  p.dir = tmp.path() + "/cache";
+  applied = apply_settings(p);
+  ASSERT_EQ(applied.problems.size(), 1u);
+  EXPECT_EQ(applied.problems[0].code(), Errc::unavailable);
+  EXPECT_NE(applied.problems[0].message().find("writable by every user"), std::string::npos);
+  EXPECT_EQ(p.disk.max_bytes, Options().disk.max_bytes);
+}
+
+// Names and words in any case; a misspelt variable names the nearest one,
+// and from_env says each problem once per process.
+TEST(ConfigTest, AnyCaseAndTheNearestNameOnce) {
+  Options o;
+  EXPECT_TRUE(o.set("Durability", "FULL").is_ok());
+  EXPECT_EQ(o.disk.durability, Durability::full);
+  EXPECT_TRUE(o.set("MAX-SIZE", "2g").is_ok());
+  EXPECT_EQ(o.disk.max_bytes, uint64_t(2) << 30);
+  EXPECT_TRUE(o.set("compression", "Auto").is_ok());
+  EXPECT_TRUE(o.set("log", "DEBUG").is_ok());
+  EXPECT_EQ(o.log_level, LogLevel::debug);
+  if (engine_built(Engine::lmdb)) {
+    EXPECT_TRUE(o.set("engine", "LMDB").is_ok());
+  }
+  EXPECT_EQ(nearest_option("KCACHE_READ_ONLY", true), "KCACHE_READONLY");
+  EXPECT_EQ(nearest_option("KCACHE_MAXSIZE", true), "KCACHE_MAX_SIZE");
+  EXPECT_EQ(nearest_option("KCACHE_COMPLETELY_UNRELATED", true), "");
+
+  test::TempDir tmp;
+  ScopedEnv typo("KCACHE_READ_ONLY", "1");
+  ScopedEnv kdir("KCACHE_DIR", nullptr);
+  const std::string log = tmp.path() + "/log";
+  util::set_log(LogLevel::warn, log);
+  (void)Options::from_env();
+  (void)Options::from_env();
+  util::set_log(LogLevel::warn, "");
+  auto lines = test::log_lines(log, "KCACHE_READ_ONLY");
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_NE(lines[0].find("did you mean KCACHE_READONLY?"), std::string::npos) << lines[0];
+}
+
+// KCACHE_LOG=debug says what became of each request, with the key's label:
+// the miss, the compile, the store, then the hit; in a file each line
+// carries the time and the process id.
+TEST(LogTest, DebugLogsEachLookupCompileAndStoreWithTheLabel) {
+  test::TempDir tmp;
+  const std::string log = tmp.path() + "/kcache.log";
+  Options o;
+  o.dir = tmp.path() + "/cache";
+  ASSERT_TRUE(o.set("log", "debug:" + log).is_ok());
+  auto key = KeyBuilder("logtest/1").add_string("ir", "k").label("matmul_f16").finish();
+  ASSERT_TRUE(key);
+  int runs = 0;
+  {
+    auto cache = Cache::open(o);
+    ASSERT_TRUE(cache->get_or_compile(*key, compile_to("x", &runs)));
+    ASSERT_TRUE(cache->get_or_compile(*key, compile_to("x", &runs)));
+  }
+  util::set_log(LogLevel::warn, "");
+  const std::string named = key->key.hex() + " \"matmul_f16\"";
+  EXPECT_EQ(test::log_lines(log, "miss " + named).size(), 1u);
+  EXPECT_EQ(test::log_lines(log, "compiled " + named).size(), 1u);
+  EXPECT_EQ(test::log_lines(log, "stored " + named).size(), 1u);
+  EXPECT_EQ(test::log_lines(log, "hit " + named + " (memory)").size(), 1u);
+  const std::string pid = " [" + std::to_string(::getpid()) + "] kcache: debug: ";
+  for (const auto& line : test::log_lines(log)) {
+    // 2026-11-23T07:40:12.345Z [4242] kcache: debug: ...
+    ASSERT_GT(line.size(), 25u) << line;
+    EXPECT_EQ(line[4], '-') << line;
+    EXPECT_EQ(line[10], 'T') << line;
+    EXPECT_EQ(line[23], 'Z') << line;
+    EXPECT_EQ(line.find(pid), 24u) << line;
   }
 }
 

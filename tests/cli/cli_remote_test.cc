@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "cli_util.h"
+#include "openmetrics_parser.h"
 #include "redis_server.h"
 
 namespace kcache::test {
@@ -98,7 +99,9 @@ TEST_P(CliRemoteTest, StatsListsEveryTier) {
   EXPECT_NE(r.out.find("\"tiers\":[{\"name\":\"" + engine() + "\",\"kind\":\"disk\",\"stats\":{\"hits\":"),
             std::string::npos)
       << r.out;
-  EXPECT_NE(r.out.find("{\"name\":\"redis\",\"kind\":\"remote\",\"stats\":{\"hits\":0,"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("{\"name\":\"redis\",\"kind\":\"remote\",\"reachable\":true,\"rtt_us\":"), std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("\"stats\":{\"hits\":0,"), std::string::npos) << r.out;
   r = run({"stats"}, true, remote_env());
   EXPECT_EQ(r.rc, 0);
   EXPECT_NE(r.out.find("\nremote      redis: "), std::string::npos) << r.out;
@@ -132,6 +135,61 @@ TEST_P(CliRemoteTest, ARemoteThatIsDownIsAMissAndRunStillRuns) {
   expect_failure(r, 3, "redis: ");
   EXPECT_NE(r.err.find("(stored in " + engine() + ")"), std::string::npos) << r.err;
   EXPECT_EQ(run({"get", "--key", key_of(35).hex(), "--artifact", "obj"}).out, "put while down");
+}
+
+// doctor opens every configured tier and says how each is; with the server
+// killed it says so and exits 3, and stats no longer looks healthy.
+TEST_P(CliRemoteTest, DoctorAndStatsSayWhetherTheRemoteWorks) {
+  put(key_of(40), "local");
+  spit(file("secret"), "s3cret\n");
+  auto env = remote_env();
+  env["KCACHE_REMOTE_SECRET_FILE"] = file("secret");
+  Result r = run({"doctor"}, true, env);
+  EXPECT_EQ(r.rc, 0) << r.out << r.err;
+  EXPECT_EQ(r.err, "");
+  EXPECT_NE(r.out.find("ok   store   " + dir() + "/" + engine() + " (" + engine() + "): 1 entry"), std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("owner uid " + std::to_string(::geteuid())), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("ok   remote  redis: reachable, round trip "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("ok   secret  " + file("secret") + ": a value signed with it round-trips"), std::string::npos)
+      << r.out;
+  EXPECT_EQ(lines(r.out), 3u) << r.out;
+  r = run({"doctor", "--json"}, true, env);
+  EXPECT_EQ(r.rc, 0);
+  EXPECT_EQ(r.out.rfind("{\"ok\":true,\"checks\":[", 0), 0u) << r.out;
+  EXPECT_EQ(run({"stats"}, true, env).rc, 0);
+  r = run({"stats", "--format", "openmetrics"}, true, env);
+  EXPECT_EQ(r.rc, 0) << r.err;
+  Exposition m = parse_exposition(r.out);
+  ASSERT_EQ(m.error, "") << r.out;
+  EXPECT_EQ(m.value("kcache_tier_up", {{"tier", "redis"}, {"kind", "remote"}}), 1);
+  EXPECT_GT(m.value("kcache_probe_latency_seconds", {{"tier", "redis"}}), 0);
+
+  server_->stop();
+  env["KCACHE_LOG"] = "off";
+  r = run({"doctor"}, true, env);
+  EXPECT_EQ(r.rc, 3) << r.out << r.err;
+  EXPECT_NE(r.out.find("ok   store"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("FAIL remote  redis: unreachable: "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("FAIL secret"), std::string::npos) << r.out;
+  EXPECT_NE(r.err.find("kcache: doctor: 2 parts do not work"), std::string::npos) << r.err;
+  r = run({"doctor", "--json"}, true, env);
+  EXPECT_EQ(r.out.rfind("{\"ok\":false,", 0), 0u) << r.out;
+  r = run({"stats"}, true, env);
+  EXPECT_EQ(r.rc, 3) << r.err;
+  EXPECT_NE(r.out.find("remote      redis: UNREACHABLE ("), std::string::npos) << r.out;
+  r = run({"stats", "--json"}, true, env);
+  EXPECT_EQ(r.rc, 3);
+  EXPECT_NE(r.out.find("\"reachable\":false"), std::string::npos) << r.out;
+  r = run({"stats", "--format", "openmetrics"}, true, env);
+  EXPECT_EQ(r.rc, 3);
+  m = parse_exposition(r.out);
+  ASSERT_EQ(m.error, "") << r.out;
+  EXPECT_EQ(m.value("kcache_tier_up", {{"tier", "redis"}}), 0);
+  // Without a remote, doctor has only the store to look at.
+  r = run({"doctor"});
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(lines(r.out), 1u) << r.out;
 }
 
 // KCACHE_REMOTE_SECRET_FILE signs what put stores: a reader with the same

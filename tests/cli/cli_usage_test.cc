@@ -89,6 +89,52 @@ TEST_P(CliUsageTest, VersionAndHelp) {
   EXPECT_EQ(r.rc, 0);
 }
 
+// `kcache help CMD` and `kcache CMD --help` print that command's usage,
+// not the whole usage; the whole usage lists every command.
+TEST_P(CliUsageTest, HelpOfOneCommandIsThatCommandsUsageOnly) {
+  const std::string whole = run({"--help"}, false).out;
+  for (const char* cmd :
+       {"put", "get", "ls", "show", "stats", "verify", "trim", "clear", "explain", "misses", "run", "mark", "bundle"}) {
+    SCOPED_TRACE(cmd);
+    Result a = run({"help", cmd}, false);
+    Result b = run({cmd, "--help"}, false);
+    EXPECT_EQ(a.rc, 0) << a.err;
+    EXPECT_EQ(b.rc, 0) << b.err;
+    EXPECT_EQ(a.out, b.out);
+    EXPECT_NE(a.out.find(std::string("\n  ") + cmd + " "), std::string::npos) << a.out;
+    EXPECT_LT(lines(a.out), 20u) << a.out;
+    EXPECT_LT(a.out.size(), whole.size() / 3) << a.out;
+    // No other command's line.
+    for (const char* other : {"put --key", "get --key", "clear [--json]", "misses [--limit"})
+      if (std::string(other).rfind(cmd, 0) != 0) {
+        EXPECT_EQ(a.out.find(other), std::string::npos) << other;
+      }
+  }
+  expect_failure(run({"help", "frobnicate"}, false), 2, "'frobnicate'");
+}
+
+// What is wrong with a command line is named: the option that is not one,
+// the option without its value, the single-valued option given twice.
+TEST_P(CliUsageTest, TheFaultyOptionIsNamed) {
+  expect_failure(run({"--foo"}, false), 2, "unknown option '--foo'");
+  expect_failure(run({"--dir"}, false), 2, "option --dir needs a value");
+  expect_failure(run({"ls", "--dir"}, false), 2, "option --dir needs a value");
+  expect_failure(run({"ls", "--frob"}), 2, "unknown option '--frob'");
+  const std::string k = key_of(1).hex();
+  expect_failure(run({"get", "--key", k, "--artifact", "a", "--artifact", "b"}), 2,
+                 "option --artifact given more than once");
+  expect_failure(run({"--dir", "/tmp/a", "--dir", "/tmp/b", "ls"}, false), 2, "option --dir given more than once");
+  expect_failure(run({"get", "--key", k, "--key", k, "--artifact", "a"}), 2, "option --key given more than once");
+}
+
+// A failed write names the path the user gave, never a temp file of ours.
+TEST_P(CliUsageTest, AFailedOutputNamesTheUsersPath) {
+  put(key_of(1), "bytes");
+  Result r = run({"get", "--key", key_of(1).hex(), "--artifact", "obj", "-o", "/nonexistent/dir/x"});
+  expect_failure(r, 3, "/nonexistent/dir/x");
+  EXPECT_EQ(r.err.find("kcache-tmp"), std::string::npos) << r.err;
+}
+
 INSTANTIATE_TEST_SUITE_P(Cli, CliUsageTest, ::testing::Values(std::string("files")),
                          [](const auto& info) { return info.param; });
 

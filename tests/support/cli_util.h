@@ -106,8 +106,11 @@ class CliTest : public ::testing::TestWithParam<std::string> {
     c.args = {KCACHE_CLI};
     if (!cache_dir.empty()) c.args.insert(c.args.end(), {"--dir", cache_dir, "--engine", engine()});
     c.args.insert(c.args.end(), args.begin(), args.end());
+    // The user-wide config file is the test's own (none unless it writes
+    // one), never the caller's.
     for (char** e = environ; *e; ++e)
-      if (std::strncmp(*e, "KCACHE_", 7) != 0) c.env.push_back(*e);
+      if (std::strncmp(*e, "KCACHE_", 7) != 0 && std::strncmp(*e, "XDG_CONFIG_HOME=", 16) != 0) c.env.push_back(*e);
+    if (!env_extra.count("XDG_CONFIG_HOME")) c.env.push_back("XDG_CONFIG_HOME=" + tmp_.path() + "/xdg");
     for (const auto& [k, v] : env_extra) c.env.push_back(k + "=" + v);
     for (auto& a : c.args) c.argv.push_back(a.data());
     c.argv.push_back(nullptr);

@@ -15,7 +15,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <set>
 
+#include "kcache/options.h"
 #include "util/util.h"
 
 namespace kcache::cli {
@@ -104,21 +106,28 @@ std::optional<Key> key_flag(const Ctx& c) {
   return k;
 }
 
-int open_tiers(Ctx& c, const Reach& reach) {
-  // The library's pipeline (kcache/cache.h, Options): defaults, the
+int settings(Ctx& c, Options* o, AppliedSettings* applied) {
+  // The library's pipeline (kcache/options.h): defaults, config files, the
   // environment, then this command line's flags. A bad value is bad usage
   // here (exit 2), where a JIT would only warn and go on; a variable that
-  // names no option is said and ignored.
-  Options o;
-  for (const auto& p : o.apply_env()) {
-    if (p.code() == Errc::not_found)
-      std::fprintf(stderr, "kcache: ignoring %s\n", p.message().c_str());
-    else
-      return usage_error(c.args.command, p.message());
-  }
+  // names no option, or a config file that is not read, is said and
+  // ignored.
+  std::vector<std::pair<std::string, std::string>> flags;
   for (const char* flag : {"--dir", "--engine"})
-    if (const std::string* v = c.args.get(flag))
-      if (Status st = o.set(flag + 2, *v); !st.is_ok()) return usage_error(c.args.command, st.message());
+    if (const std::string* v = c.args.get(flag)) flags.emplace_back(flag + 2, *v);
+  *applied = apply_settings(*o, flags);
+  for (const auto& p : applied->problems) {
+    if (p.code() == Errc::invalid_argument) return usage_error(c.args.command, p.message());
+    static std::set<std::string> said;
+    if (said.insert(p.message()).second) std::fprintf(stderr, "kcache: ignoring %s\n", p.message().c_str());
+  }
+  return kExitOk;
+}
+
+int open_tiers(Ctx& c, const Reach& reach) {
+  Options o;
+  AppliedSettings applied;
+  if (int rc = settings(c, &o, &applied)) return rc;
   o.memory_tier = false;  // one process, one lookup: what is printed is what is stored
   o.create_dir = reach.create;
   if (!reach.remote) o.remote_url.clear();
@@ -133,7 +142,22 @@ int open_tiers(Ctx& c, const Reach& reach) {
   s.where = disk_store_location(o);
   if (s.where.dir.empty()) return c.fail(kExitError, "no cache folder: pass --dir (HOME and XDG_CACHE_HOME are unset)");
   s.options = o;
-  s.cache = Cache::open(assemble(o), o);
+  // The parts left out are said here, once, as this command sees them: a
+  // store the command needs fails it (one line, exit 3), the rest are
+  // warnings.
+  util::set_log(std::min(o.log_level, LogLevel::error), o.log_file);
+  Assembly a = assemble(o);
+  util::set_log(o.log_level, o.log_file);
+  if (!a.disk_error.is_ok() && !(a.disk_error.code() == Errc::not_found && !o.create_dir))
+    s.disk_refused = "cannot open the store " + s.where.path + ": " + a.disk_error.to_string();
+  s.remote_error = a.remote_error;
+  if (!s.disk_refused.empty() && reach.needs_disk) return c.fail(kExitError, s.disk_refused);
+  if (!s.disk_refused.empty() && !reach.reports_disk)
+    KCACHE_LOG(LogLevel::warn, "running without a disk tier: %s", s.disk_refused.c_str());
+  for (const auto& b : a.bundle_errors) KCACHE_LOG(LogLevel::warn, "%s (left out)", b.to_string().c_str());
+  if (!a.remote_error.is_ok())
+    KCACHE_LOG(LogLevel::warn, "running without the remote tier: %s", a.remote_error.to_string().c_str());
+  s.cache = Cache::open(std::move(a), o);
   for (const auto& t : s.cache->tiers()) {
     if (t->kind() == TierKind::disk && !s.disk) {
       s.disk = t;
@@ -147,6 +171,7 @@ int open_tiers(Ctx& c, const Reach& reach) {
 std::string disk_failure(const Ctx& c) {
   const Opened& s = c.store;
   if (s.options.disabled) return "caching is disabled (KCACHE_DISABLE)";
+  if (!s.disk_refused.empty()) return s.disk_refused;
   // The same store as the first attempt (shared group and all), without
   // its leases.
   DiskStoreSpec spec = DiskStoreSpec::from(s.options);
@@ -158,12 +183,19 @@ std::string disk_failure(const Ctx& c) {
 
 Lookup lookup(const Ctx& c, const Key& k, Access access) {
   Lookup l;
+  if (!c.store.disk_refused.empty()) {
+    l.faults.push_back(c.store.disk_refused);
+    l.local_fault = true;
+  }
   if (!c.store.cache) return l;
   for (const auto& t : c.store.cache->tiers()) {
     auto r = t->get(k, access);
     if (r && r->has_value()) {
       l.entry = std::move(*r);
       l.tier = std::string(t->name());
+      // Found elsewhere: the store that could not be opened is still said.
+      if (!c.store.disk_refused.empty())
+        KCACHE_LOG(LogLevel::warn, "running without a disk tier: %s", c.store.disk_refused.c_str());
       return l;
     }
     if (r) {

@@ -1,10 +1,10 @@
 // kcache tool — what the command groups share: the exit codes, the parsed
 // command line, the tiers a command opened, and the output helpers.
 //
-// Each command builds its Options as the library does (Options::from_env,
-// then --dir and --engine on top) and opens its tiers with assemble(), so it
-// honours every KCACHE_* variable (docs/cli.md says which tiers each one
-// reads and writes).
+// Each command builds its Options as the library does (settings():
+// apply_settings, config files and KCACHE_* then --dir and --engine) and
+// opens its tiers with assemble(), so it honours every setting (docs/cli.md
+// says which tiers each command reads and writes).
 #pragma once
 
 #include <map>
@@ -20,6 +20,7 @@
 #include "kcache/entry.h"
 #include "kcache/key.h"
 #include "kcache/manifest.h"
+#include "kcache/options.h"
 #include "kcache/status.h"
 #include "kcache/tier.h"
 
@@ -30,6 +31,7 @@ enum ExitCode : int { kExitOk = 0, kExitMiss = 1, kExitUsage = 2, kExitError = 3
 struct FlagSpec {
   const char* name;  // "--key"
   bool takes_value;
+  bool repeats = false;  // may be given more than once (a list)
 };
 
 struct Args {
@@ -55,6 +57,14 @@ struct Reach {
   // read_only: no recency, counters, repairs or temp collection) and
   // without leases, so a diagnostic leaves the store as it found it.
   bool inspect = false;
+  // The command needs the disk store: one that exists but cannot be opened
+  // (another user's, a folder others may write, damaged) fails the command
+  // (exit 3, the reason on stderr) instead of reading as an empty store.
+  // Off: the command goes on with the other tiers and one warning line.
+  bool needs_disk = true;
+  // The command names a store it could not open itself (put in its
+  // failure line; get and show through lookup()): no warning line here.
+  bool reports_disk = false;
 };
 
 // The tiers a command opened, as the library assembled them.
@@ -65,6 +75,11 @@ struct Opened {
   std::shared_ptr<Tier> disk;    // the disk tier in cache; null when the store does not exist or failed
   StoreAdmin* admin = nullptr;   // disk->admin(): ls, verify, trim, clear, mark; null without a disk tier
   std::shared_ptr<Tier> remote;  // the remote tier in cache; null when none
+  // Why the disk store was left out although it exists or was to be
+  // created ("cannot open the store PATH: why"); empty when it opened or
+  // does not exist.
+  std::string disk_refused;
+  Status remote_error;  // why the remote of KCACHE_REMOTE was left out
 };
 
 struct Ctx {
@@ -98,6 +113,10 @@ int usage_error(const std::string& command, const std::string& msg);
 // Parses --key; on failure has printed the usage line and returns nullopt.
 std::optional<Key> key_flag(const Ctx& c);
 
+// The settings in effect (kcache/options.h: defaults, config files,
+// environment, --dir and --engine), and where each came from. Returns
+// kExitOk, or kExitUsage after saying which value is bad.
+int settings(Ctx& c, Options* o, AppliedSettings* applied);
 // Builds the Options and opens the tiers `reach` asks for. Returns kExitOk,
 // or the exit code after saying why on stderr (bad --engine, no folder).
 int open_tiers(Ctx& c, const Reach& reach);
@@ -150,5 +169,32 @@ int cmd_misses(Ctx& c);   // misses_cmd.cc
 int cmd_run(Ctx& c);      // run_cmd.cc
 int cmd_mark(Ctx& c);     // bundle_cmds.cc
 int cmd_bundle(Ctx& c);
+int cmd_config(Ctx& c);  // config_cmds.cc
+int cmd_doctor(Ctx& c);  // doctor_cmd.cc
+
+// One lookup of a key nobody stores, as a peek (nothing counted): whether
+// the remote answers, and how long it took.
+struct RemoteProbe {
+  bool ok = false;
+  uint64_t rtt_us = 0;
+  std::string error;  // why not, when !ok
+};
+RemoteProbe probe_remote(Tier& remote);
+
+// What `stats --format openmetrics` prints (metrics.cc).
+struct MetricsTier {
+  std::string name, kind;
+  TierStats stats;
+  bool probed = false;  // a probe lookup was made (the remote)
+  bool up = false;
+  double latency_s = 0;
+};
+struct MetricsInput {
+  std::string store;  // the store's path, the `store` label
+  bool store_up = false;
+  uint64_t disk_used = 0, max_bytes = 0, max_entries = 0;
+  std::vector<MetricsTier> tiers;  // fastest first
+};
+std::string openmetrics_text(const MetricsInput& in);
 
 }  // namespace kcache::cli

@@ -1,10 +1,12 @@
 // kcache tool — the commands of the whole store: ls, stats, verify, trim,
 // clear. ls, verify, trim and clear act on the disk store only (a remote
 // cannot list its entries); stats shows every tier.
+#include <ftw.h>
 #include <sys/stat.h>
 
 #include <algorithm>
 #include <cinttypes>
+#include <optional>
 
 #include "cli.h"
 #include "util/json.h"
@@ -66,11 +68,50 @@ int cmd_ls(Ctx& c) {
   return c.out(out);
 }
 
+namespace {
+
+uint64_t g_disk_used = 0;
+int add_blocks(const char*, const struct stat* st, int type, struct FTW*) {
+  if (type == FTW_F) g_disk_used += static_cast<uint64_t>(st->st_blocks) * 512;
+  return 0;
+}
+
+// The disk space the store's files take (allocated blocks, as du counts
+// them): the store's folder and the miss journal beside it.
+uint64_t disk_used(const DiskStore& where) {
+  g_disk_used = 0;
+  ::nftw(where.path.c_str(), add_blocks, 16, FTW_PHYS);
+  struct stat st;
+  if (::stat((where.path + ".misses").c_str(), &st) == 0) g_disk_used += static_cast<uint64_t>(st.st_blocks) * 512;
+  return g_disk_used;
+}
+
+}  // namespace
+
 int cmd_stats(Ctx& c) {
-  if (int rc = open_tiers(c, {.create = false, .remote = true, .honour_disable = false, .inspect = true})) return rc;
+  const bool zero = c.args.has("--zero");
+  bool metrics = false;
+  if (const std::string* f = c.args.get("--format")) {
+    if (*f == "openmetrics" || *f == "prometheus")
+      metrics = true;
+    else if (*f == "json")
+      c.json = true;
+    else if (*f != "text")
+      return usage_error("stats", "--format '" + *f + "' is not text, json or openmetrics");
+    if (metrics && c.json) return usage_error("stats", "--format openmetrics and --json do not go together");
+  }
+  // --zero writes the store's counters; otherwise stats only looks.
+  if (int rc = open_tiers(c, {.create = false, .remote = true, .honour_disable = false, .inspect = !zero})) return rc;
   const Opened& s = c.store;
   TierStats t;
   if (s.disk) t = s.disk->stats();
+  const uint64_t used = s.disk ? disk_used(s.where) : 0;
+  // The counters as printed are the ones zeroed: counts made meanwhile by
+  // other processes are kept.
+  if (zero && s.admin) {
+    if (Status st = s.admin->zero_counters(); !st.is_ok())
+      return c.fail(kExitError, "zeroing the counters of " + s.where.path + ": " + st.to_string());
+  }
   const std::string engine(engine_name(s.where.engine));
   uint64_t max_bytes = effective_max_bytes(s.options.disk), max_entries = effective_max_entries(s.options.disk);
   uint64_t lookups = t.hits + t.misses;
@@ -80,6 +121,33 @@ int cmd_stats(Ctx& c) {
   std::vector<std::pair<std::shared_ptr<Tier>, TierStats>> others;
   for (const auto& tier : s.cache->tiers())
     if (tier != s.disk) others.emplace_back(tier, tier->stats());
+  // A remote is asked once (a peek), so a refused or unreachable one never
+  // looks healthy; one that could not be set up is said too.
+  std::optional<RemoteProbe> probe;
+  if (s.remote) probe = probe_remote(*s.remote);
+  std::string remote_down;
+  if (!s.options.remote_url.empty() && !s.remote) remote_down = "not set up: " + s.remote_error.to_string();
+  if (probe && !probe->ok) remote_down = "unreachable: " + probe->error;
+  if (metrics) {
+    MetricsInput m;
+    m.store = s.where.path;
+    m.store_up = s.disk != nullptr;
+    m.disk_used = used;
+    m.max_bytes = max_bytes;
+    m.max_entries = max_entries;
+    if (s.disk) m.tiers.push_back({std::string(s.disk->name()), std::string(tier_kind_name(s.disk->kind())), t});
+    for (const auto& [tier, ts] : others) {
+      MetricsTier mt{std::string(tier->name()), std::string(tier_kind_name(tier->kind())), ts};
+      if (tier == s.remote && probe) {
+        mt.probed = true;
+        mt.up = probe->ok;
+        mt.latency_s = static_cast<double>(probe->rtt_us) / 1e6;
+      }
+      m.tiers.push_back(std::move(mt));
+    }
+    if (int rc = c.out(openmetrics_text(m))) return rc;
+    return remote_down.empty() ? kExitOk : c.fail(kExitError, "the remote of KCACHE_REMOTE is " + remote_down);
+  }
   if (c.json) {
     util::JsonWriter w;
     w.begin_object();
@@ -93,6 +161,8 @@ int cmd_stats(Ctx& c) {
         .field("dir", s.where.dir)
         .field("path", s.where.path)
         .field("exists", s.disk != nullptr)
+        .field("disk_used", used)
+        .field("zeroed", zero && s.admin != nullptr)
         .key("tiers")
         .begin_array();
     if (s.disk)
@@ -102,14 +172,18 @@ int cmd_stats(Ctx& c) {
           .key("stats")
           .raw(tier_stats_json(t))
           .end_object();
-    for (const auto& [tier, ts] : others)
-      w.begin_object()
-          .field("name", tier->name())
-          .field("kind", tier_kind_name(tier->kind()))
-          .key("stats")
-          .raw(tier_stats_json(ts))
-          .end_object();
-    return c.out(w.end_array().end_object().take() + "\n");
+    for (const auto& [tier, ts] : others) {
+      w.begin_object().field("name", tier->name()).field("kind", tier_kind_name(tier->kind()));
+      if (tier == s.remote && probe) {
+        w.field("reachable", probe->ok).field("rtt_us", probe->rtt_us);
+        if (!probe->ok) w.field("error", probe->error);
+      }
+      w.key("stats").raw(tier_stats_json(ts)).end_object();
+    }
+    w.end_array();
+    if (!remote_down.empty()) w.field("remote_error", remote_down);
+    if (int rc = c.out(w.end_object().take() + "\n")) return rc;
+    return remote_down.empty() ? kExitOk : c.fail(kExitError, "the remote of KCACHE_REMOTE is " + remote_down);
   }
   std::string out;
   out += fmt("store       %s (%s engine)%s\n", s.where.path.c_str(), engine.c_str(), s.disk ? "" : ", not created yet");
@@ -117,6 +191,7 @@ int cmd_stats(Ctx& c) {
   out +=
       fmt("size        %s of %s (%.1f%%)\n", util::format_size(t.bytes).c_str(), util::format_size(max_bytes).c_str(),
           100.0 * static_cast<double>(t.bytes) / static_cast<double>(max_bytes));
+  out += fmt("disk used   %s (the store's files)\n", util::format_size(used).c_str());
   // Entries and bytes are shown above, against their limits.
   for (const auto& f : TierStats::kFields) {
     if (f.member == &TierStats::entries || f.member == &TierStats::bytes) continue;
@@ -127,10 +202,19 @@ int cmd_stats(Ctx& c) {
     std::string counts;
     for (const auto& f : TierStats::kFields)
       counts += fmt("%s%" PRIu64 " %s", counts.empty() ? "" : ", ", ts.*f.member, std::string(f.name).c_str());
-    out += fmt("%-11s %s: %s (this process)\n", std::string(tier_kind_name(tier->kind())).c_str(),
-               std::string(tier->name()).c_str(), counts.c_str());
+    std::string state;
+    if (tier == s.remote && probe)
+      state = probe->ok ? fmt("reachable (round trip %.2f ms); ", static_cast<double>(probe->rtt_us) / 1000.0)
+                        : "UNREACHABLE (" + probe->error + "); ";
+    out += fmt("%-11s %s: %s%s (this process)\n", std::string(tier_kind_name(tier->kind())).c_str(),
+               std::string(tier->name()).c_str(), state.c_str(), counts.c_str());
   }
-  return c.out(out);
+  if (!s.options.remote_url.empty() && !s.remote)
+    out += "remote      NOT SET UP (" + s.remote_error.to_string() + ")\n";
+  if (zero && s.admin) out += "counters zeroed\n";
+  if (int rc = c.out(out)) return rc;
+  // Everything is printed; the status says the cache is not all there.
+  return remote_down.empty() ? kExitOk : c.fail(kExitError, "the remote of KCACHE_REMOTE is " + remote_down);
 }
 
 int cmd_verify(Ctx& c) {

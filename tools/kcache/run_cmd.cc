@@ -50,7 +50,7 @@ int cmd_run(Ctx& c) {
   }
   if (files.empty()) return usage_error("run", "name at least one --artifact NAME=PATH");
   if (!c.args.saw_dashes || c.args.after_dashes.empty()) return usage_error("run", "give the command after '--'");
-  if (int rc = open_tiers(c, {.create = true, .remote = true, .honour_disable = true})) return rc;
+  if (int rc = open_tiers(c, {.create = true, .remote = true, .honour_disable = true, .needs_disk = false})) return rc;
   Cache& cache = *c.store.cache;
 
   int command_status = -2;  // -2: COMMAND did not run here

@@ -71,7 +71,9 @@ int cmd_put(Ctx& c) {
     if (e.error().code() == Errc::invalid_argument) return usage_error("put", e.error().message());
     return c.fail(e.error());
   }
-  if (int rc = open_tiers(c, {.create = true, .remote = true, .honour_disable = true})) return rc;
+  if (int rc = open_tiers(
+          c, {.create = true, .remote = true, .honour_disable = true, .needs_disk = false, .reports_disk = true}))
+    return rc;
   const auto& tiers = c.store.cache->tiers();
   if (tiers.empty()) return c.fail(kExitError, "not stored: " + disk_failure(c));
 
@@ -125,7 +127,9 @@ int cmd_get(Ctx& c) {
   if (!key) return kExitUsage;
   const std::string* name = c.args.get("--artifact");
   if (!name) return usage_error("get", "--artifact NAME is required");
-  if (int rc = open_tiers(c, {.create = false, .remote = true, .honour_disable = true})) return rc;
+  if (int rc = open_tiers(
+          c, {.create = false, .remote = true, .honour_disable = true, .needs_disk = false, .reports_disk = true}))
+    return rc;
   Lookup l = lookup(c, *key);
   if (!l.entry) return report_miss(c, *key, l);
   const Entry& e = *l.entry;
@@ -146,7 +150,13 @@ int cmd_get(Ctx& c) {
 int cmd_show(Ctx& c) {
   auto key = key_flag(c);
   if (!key) return kExitUsage;
-  if (int rc = open_tiers(c, {.create = false, .remote = true, .honour_disable = false, .inspect = true})) return rc;
+  if (int rc = open_tiers(c, {.create = false,
+                              .remote = true,
+                              .honour_disable = false,
+                              .inspect = true,
+                              .needs_disk = false,
+                              .reports_disk = true}))
+    return rc;
   Lookup l = lookup(c, *key, Access::peek);
   if (!l.entry) return report_miss(c, *key, l);
   const Entry& e = *l.entry;

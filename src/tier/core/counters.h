@@ -48,6 +48,13 @@ bool any_delta(const CounterDeltas& d) noexcept;
 class PendingCounters {
  public:
   void add(StoreCounter c, int64_t n = 1) noexcept { d_[c].fetch_add(n, std::memory_order_relaxed); }
+  // Deltas that take `now` (a stats() of the store) to 0 for every
+  // counter but entries and bytes, for StoreAdmin::zero_counters.
+  void add_zeroing(const TierStats& now) noexcept {
+    for (int c = 0; c < c_count; ++c)
+      if (c != c_entries && c != c_bytes)
+        add(static_cast<StoreCounter>(c), -static_cast<int64_t>(now.*kStoreCounterFields[c]));
+  }
   // The pending delta of one counter.
   int64_t pending(StoreCounter c) const noexcept { return d_[c].load(std::memory_order_relaxed); }
   // Takes every pending delta (they are zero here afterwards); give them

@@ -66,6 +66,10 @@ Expected<uint64_t> StoreAdmin::trim(uint64_t) {
 
 Status StoreAdmin::clear() { return Status(Errc::unavailable, std::string(admin_name()) + " tier cannot clear"); }
 
+Status StoreAdmin::zero_counters() {
+  return Status(Errc::unavailable, std::string(admin_name()) + " tier keeps no counters to zero");
+}
+
 Expected<uint64_t> StoreAdmin::mark() {
   return Status(Errc::unavailable, std::string(admin_name()) + " tier keeps no recency records to mark");
 }
@@ -97,6 +101,7 @@ class ReadOnlyTier final : public Tier, public StoreAdmin {
   }
   Expected<uint64_t> trim(uint64_t) override { return refuse("trim"); }
   Status clear() override { return refuse("clear"); }
+  Status zero_counters() override { return refuse("zero counters"); }
   Expected<uint64_t> mark() override {
     StoreAdmin* a = inner_->admin();
     return a ? a->mark() : StoreAdmin::mark();

@@ -203,6 +203,12 @@ class FilesTier final : public Tier, public StoreAdmin {
     return counters_.flush([&](const CounterDeltas& d) { return update_stored(d, nullptr); });
   }
 
+  Status zero_counters() override {
+    if (read_only_) return refuse("zero counters");
+    counters_.add_zeroing(stats());
+    return flush();
+  }
+
   // Flushes recency, then waits for this tier's clock (which also stamps the
   // mtimes) to pass the current millisecond and returns the next one.
   Expected<uint64_t> mark() override {

@@ -241,6 +241,13 @@ class LmdbTier final : public Tier, public StoreAdmin {
     return put_once({}, "flush");
   }
 
+  Status zero_counters() override {
+    if (env_->inherited()) return env_->inherited_error();
+    if (read_only_) return refuse("zero counters");
+    counters_.add_zeroing(stats());
+    return flush();
+  }
+
   // Recency records (meta/lru) hold wall-clock ms of a put or a hit.
   Expected<uint64_t> mark() override {
     if (env_->inherited()) return env_->inherited_error();

@@ -1,0 +1,143 @@
+// Config files (kcache/options.h): where they are, reading one into
+// Options through Options::set, and changing one setting in one.
+#include <sys/stat.h>
+
+#include <string>
+#include <vector>
+
+#include "kcache/options.h"
+#include "util/util.h"
+
+namespace kcache {
+
+namespace {
+
+std::string trim(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t' || s.back() == '\r')) s.remove_suffix(1);
+  return std::string(s);
+}
+
+// The name of a `NAME = VALUE` line; empty for a comment or blank line.
+std::string line_name(std::string_view line) {
+  std::string t = trim(line);
+  if (t.empty() || t[0] == '#') return std::string();
+  size_t eq = t.find('=');
+  return trim(std::string_view(t).substr(0, eq == std::string::npos ? t.size() : eq));
+}
+
+std::vector<std::string> split_lines(const std::string& text) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (start < text.size()) {
+    size_t nl = text.find('\n', start);
+    if (nl == std::string::npos) nl = text.size();
+    out.push_back(text.substr(start, nl - start));
+    start = nl + 1;
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string user_config_path() {
+  std::string xdg = util::getenv_str("XDG_CONFIG_HOME");
+  if (!xdg.empty() && xdg[0] == '/') return xdg + "/kcache/config";
+  std::string home = util::getenv_str("HOME");
+  if (home.empty()) return std::string();
+  return home + "/.config/kcache/config";
+}
+
+std::string store_config_path(const std::string& dir) { return dir.empty() ? std::string() : dir + "/config"; }
+
+void apply_config_file(Options& options, const std::string& path, bool store_file, AppliedSettings* out) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) return;  // none: nothing to apply
+  // Settings decide where entries are read from and written to: a file
+  // another user could have written is not taken, as such a store is not.
+  if (std::string why = util::untrusted_reason(st, util::StoreTrust{}); !why.empty()) {
+    out->problems.push_back(Status(Errc::unavailable, "config file " + path + " not read: " + why));
+    return;
+  }
+  auto text = util::read_file(path, 1 << 20);
+  if (!text) {
+    out->problems.push_back(Status(Errc::unavailable, "config file " + path + ": " + text.error().message()));
+    return;
+  }
+  out->files.push_back(path);
+  const auto lines = split_lines(*text);
+  for (size_t i = 0; i < lines.size(); ++i) {
+    const std::string where = "config file " + path + ":" + std::to_string(i + 1);
+    std::string name = line_name(lines[i]);
+    if (name.empty()) continue;
+    size_t eq = lines[i].find('=');
+    if (eq == std::string::npos) {
+      out->problems.push_back(Status(Errc::invalid_argument, where + ": '" + trim(lines[i]) + "' is not NAME = VALUE"));
+      continue;
+    }
+    auto known = option_name(name);
+    if (!known) {
+      std::string near = nearest_option(name, false);
+      out->problems.push_back(Status(Errc::invalid_argument, where + ": '" + name + "' is not a kcache setting" +
+                                                                 (near.empty() ? "" : "; did you mean " + near + "?")));
+      continue;
+    }
+    if (store_file && *known == "dir") {
+      out->problems.push_back(Status(Errc::invalid_argument, where +
+                                                                 ": the store folder's config cannot move the store "
+                                                                 "(set dir in the user-wide config or KCACHE_DIR)"));
+      continue;
+    }
+    Status s = options.set(*known, trim(std::string_view(lines[i]).substr(eq + 1)));
+    if (!s.is_ok()) {
+      out->problems.push_back(Status(Errc::invalid_argument, where + s.message().substr(s.message().find(':'))));
+      continue;
+    }
+    out->origin[*known] = "config file " + path;
+  }
+}
+
+Status write_config_setting(const std::string& path, std::string_view name, std::optional<std::string_view> value,
+                            bool store_file) {
+  if (path.empty()) return Status(Errc::invalid_argument, "no config file can be named (HOME is unset)");
+  auto known = option_name(name);
+  if (!known) {
+    std::string near = nearest_option(name, false);
+    return Status(Errc::invalid_argument, "'" + std::string(name) + "' is not a kcache setting" +
+                                              (near.empty() ? "" : "; did you mean " + near + "?"));
+  }
+  if (store_file && *known == "dir")
+    return Status(Errc::invalid_argument, "the store folder's config cannot move the store (use --user)");
+  if (value) {
+    Options check;
+    if (Status s = check.set(*known, *value); !s.is_ok()) return s;
+  }
+  std::string text;
+  struct stat st;
+  if (::stat(path.c_str(), &st) == 0) {
+    auto t = util::read_file(path, 1 << 20);
+    if (!t) return t.error();
+    text = std::move(t).value();
+  }
+  // Every line of the setting goes; the new one takes the first one's place
+  // (or comes last), so comments and the order of the rest are kept.
+  std::string next;
+  bool placed = false;
+  for (const auto& line : split_lines(text)) {
+    std::string n = line_name(line);
+    if (!n.empty() && option_name(n) == known) {
+      if (value && !placed) next += *known + " = " + std::string(*value) + "\n";
+      placed = true;
+      continue;
+    }
+    next += line + "\n";
+  }
+  if (value && !placed) next += *known + " = " + std::string(*value) + "\n";
+  size_t slash = path.rfind('/');
+  if (slash != std::string::npos && slash > 0) {
+    if (Status s = util::make_dirs(path.substr(0, slash), 0700); !s.is_ok()) return s;
+  }
+  return util::write_file_atomic(path, next);
+}
+
+}  // namespace kcache

@@ -1,0 +1,131 @@
+// `kcache config`: every setting in effect and where it came from, config
+// files written by `config set` and read by every command, and bad values
+// refused the same way (exit 2) whether they come from a file, a variable
+// or the command line. Each engine, the real binary.
+#include <string>
+#include <vector>
+
+#include "cli_util.h"
+
+namespace kcache::test {
+namespace {
+
+class CliConfigTest : public CliTest {
+ protected:
+  // The line of `config` output for option `name`.
+  static std::string line_of(const std::string& out, const std::string& name) {
+    size_t p = out.find(name + " ");
+    while (p != std::string::npos && p != 0 && out[p - 1] != '\n') p = out.find(name + " ", p + 1);
+    if (p == std::string::npos) return std::string();
+    return out.substr(p, out.find('\n', p) - p);
+  }
+};
+
+TEST_P(CliConfigTest, ShowsEachSettingAndWhereItCameFrom) {
+  const std::string store_file = dir() + "/config";
+  const std::string user_file = file("xdg") + "/kcache/config";
+  Result r = run({"config", "set", "max_size", "5G"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.out, "max_size = 5G in " + store_file + "\n");
+  r = run({"config", "set", "compression", "zstd", "--user"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.out, "compression = zstd in " + user_file + "\n");
+
+  r = run({"config"}, true, {{"KCACHE_DURABILITY", "Full"}});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(line_of(r.out, "max_size").find("5G"), std::string::npos) << r.out;
+  EXPECT_NE(line_of(r.out, "max_size").find("(config file " + store_file + ")"), std::string::npos) << r.out;
+  EXPECT_NE(line_of(r.out, "compression").find("(config file " + user_file + ")"), std::string::npos) << r.out;
+  EXPECT_NE(line_of(r.out, "durability").find("full"), std::string::npos) << r.out;
+  EXPECT_NE(line_of(r.out, "durability").find("(environment KCACHE_DURABILITY)"), std::string::npos) << r.out;
+  EXPECT_NE(line_of(r.out, "engine").find("(command line --engine)"), std::string::npos) << r.out;
+  EXPECT_NE(line_of(r.out, "dir").find(dir() + " "), std::string::npos) << r.out;
+  EXPECT_NE(line_of(r.out, "lease_ttl_ms").find("(default)"), std::string::npos) << r.out;
+  r = run({"config", "--json"});
+  EXPECT_NE(r.out.find("{\"name\":\"max_size\",\"value\":\"5G\",\"origin\":\"config file " + store_file + "\""),
+            std::string::npos)
+      << r.out;
+  r = run({"config", "get", "MAX_SIZE"}, true, {{"KCACHE_MAX_SIZE", "6g"}});
+  EXPECT_EQ(r.out, "6G\n");
+
+  // Every command reads the kept limit; trim --max-size is for one trim.
+  put(key_of(1), std::string(4000, 'a'));
+  r = run({"trim", "--json"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(json_num(r.out, "max_bytes"), 5LL << 30);
+  r = run({"trim", "--max-size", "1K", "--json"});
+  EXPECT_EQ(json_num(r.out, "max_bytes"), 1024);
+  EXPECT_EQ(json_num(r.out, "evicted"), 1);
+  EXPECT_EQ(run({"config", "get", "max_size"}).out, "5G\n");
+  r = run({"stats", "--json"});
+  EXPECT_EQ(json_num(r.out, "max_bytes"), 5LL << 30);
+
+  r = run({"config", "unset", "max_size"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(run({"config", "get", "max_size"}).out, "4G\n");
+}
+
+// A bad value is bad usage (exit 2, one line naming where it came from),
+// whichever setting and wherever it was set; names and words in any case.
+TEST_P(CliConfigTest, BadValuesExitTwoEverywhere) {
+  expect_failure(run({"ls"}, true, {{"KCACHE_MAX_SIZE", "abc"}}), 2, "KCACHE_MAX_SIZE: 'abc'");
+  expect_failure(run({"ls"}, true, {{"KCACHE_ENGINE", "bdb"}}), 2, "KCACHE_ENGINE: 'bdb'");
+  expect_failure(run({"ls"}, true, {{"KCACHE_DURABILITY", "always"}}), 2, "KCACHE_DURABILITY");
+  expect_failure(run({"config", "set", "max_size", "abc"}), 2, "'abc' is not a size");
+  expect_failure(run({"config", "set", "max_sise", "1G"}), 2, "did you mean max_size?");
+  expect_failure(run({"config", "set", "dir", "/x"}), 2, "--user");
+  Result r = run({"ls"}, true, {{"KCACHE_DURABILITY", "NONE"}, {"KCACHE_COMPRESSION", "Zstd"}});
+  EXPECT_EQ(r.rc, 0) << r.err;
+  ASSERT_EQ(run({"config", "set", "max_size", "1G"}).rc, 0);
+  spit(dir() + "/config", slurp(dir() + "/config") + "max_size = lots\n");
+  expect_failure(run({"ls"}), 2, dir() + "/config:2: 'lots' is not a size");
+  expect_failure(run({"stats"}), 2, dir() + "/config:2");
+  // `config set` repairs it.
+  r = run({"config", "set", "max_size", "2G"});
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(run({"ls"}).rc, 0);
+}
+
+// A misspelt variable is said, once, with the name it was probably meant
+// to be.
+TEST_P(CliConfigTest, AMisspeltVariableNamesTheNearestOne) {
+  std::string in = file("in");
+  spit(in, "x");
+  Result r = run({"put", "--key", key_of(1).hex(), "obj=" + in}, true, {{"KCACHE_READ_ONLY", "1"}});
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(lines(r.err), 1u) << r.err;
+  EXPECT_NE(r.err.find("KCACHE_READ_ONLY is not a kcache variable; did you mean KCACHE_READONLY?"), std::string::npos)
+      << r.err;
+}
+
+// stats --zero prints the counters, then sets them to 0 (entries and bytes
+// stay); stats shows the disk space the store's files take.
+TEST_P(CliConfigTest, StatsZeroAndDiskUsed) {
+  put(key_of(1), std::string(5000, 'a'));
+  put(key_of(2), std::string(7000, 'b'));
+  EXPECT_EQ(run({"get", "--key", key_of(1).hex(), "--artifact", "obj"}).rc, 0);
+  EXPECT_EQ(run({"get", "--key", key_of(3).hex(), "--artifact", "obj"}).rc, 1);
+  Result r = run({"stats", "--zero", "--json"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(json_num(r.out, "hits"), 1);
+  EXPECT_EQ(json_num(r.out, "misses"), 1);
+  EXPECT_EQ(json_num(r.out, "puts"), 2);
+  EXPECT_NE(r.out.find("\"zeroed\":true"), std::string::npos) << r.out;
+  EXPECT_GE(json_num(r.out, "disk_used"), json_num(r.out, "bytes"));
+  r = run({"stats", "--json"});
+  EXPECT_EQ(json_num(r.out, "hits"), 0);
+  EXPECT_EQ(json_num(r.out, "misses"), 0);
+  EXPECT_EQ(json_num(r.out, "puts"), 0);
+  EXPECT_EQ(json_num(r.out, "entries"), 2);
+  EXPECT_GT(json_num(r.out, "bytes"), 12000);
+  r = run({"stats"});
+  EXPECT_NE(r.out.find("\ndisk used   "), std::string::npos) << r.out;
+  // Read-only: nothing is zeroed, and it says so.
+  expect_failure(run({"stats", "--zero"}, true, {{"KCACHE_READONLY", "1"}}), 3, "read-only");
+}
+
+INSTANTIATE_TEST_SUITE_P(Engines, CliConfigTest, ::testing::ValuesIn(engine_names()),
+                         [](const auto& info) { return info.param; });
+
+}  // namespace
+}  // namespace kcache::test
