@@ -466,5 +466,9 @@ int main(int argc, char** argv) {
 
   llvm::InitializeNativeTarget();
   llvm::InitializeNativeTargetAsmPrinter();
+  // The demo's kernels have no inline asm; a JIT whose modules may (C
+  // compiled by clang, say) needs the asm parser too, with kcache as with a
+  // plain LLJIT: without it the code generator aborts the process.
+  llvm::InitializeNativeTargetAsmParser();
   return run_once(a);
 }

@@ -21,9 +21,13 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <tuple>
+#include <utility>
+#include <vector>
 
 #include <llvm-c/Core.h>
+#include <llvm/Bitcode/BitcodeReader.h>
 #include <llvm/Bitcode/BitcodeWriter.h>
 #include <llvm/Config/llvm-config.h>
 #include <llvm/ExecutionEngine/Orc/CompileUtils.h>
@@ -227,10 +231,16 @@ TargetDesc TargetDesc::of(const ::llvm::TargetMachine& tm) {
   return d;
 }
 
-// The label of a module's entries: its identifier, else its first defined
-// function's name (explaining a miss compares it with the same module first).
+// The label of a module's entries: the last path component of its
+// identifier (a module read from /a/b/lapi.bc is "lapi.bc" whichever
+// folder it was read from), else its first defined function's name
+// (explaining a miss compares it with the same module first).
 static std::string module_label(const ::llvm::Module& m, const std::string& module_id) {
-  if (!module_id.empty()) return module_id;
+  if (!module_id.empty()) {
+    auto slash = module_id.find_last_of('/');
+    if (slash == std::string::npos || slash + 1 == module_id.size()) return module_id;
+    return module_id.substr(slash + 1);
+  }
   for (const auto& f : m.functions())
     if (!f.isDeclaration()) return f.getName().str();
   return std::string();
@@ -301,14 +311,47 @@ Digest ir_of(const KeyInfo& k) {
 
 namespace {
 
+// Metadata that cannot change code, taken off the module's instructions
+// while its bitcode is written for a key, and put back after
+// (docs/design.md, "What an LLVM key sets aside"): `!srcloc`, the source
+// location clang attaches to inline asm (and to calls of functions marked
+// `error`/`warning`) for the code generator's diagnostics only. Its value
+// is a byte offset into clang's buffer, predefines included, so any `-D`
+// moves it.
+class SetAside {
+ public:
+  explicit SetAside(::llvm::Module& m) : srcloc_(m.getContext().getMDKindID("srcloc")) {
+    for (auto& f : m)
+      for (auto& bb : f)
+        for (auto& i : bb) {
+          if (!i.hasMetadata()) continue;
+          if (auto* md = i.getMetadata(srcloc_)) {
+            taken_.emplace_back(&i, md);
+            i.setMetadata(srcloc_, nullptr);
+          }
+        }
+  }
+  ~SetAside() {
+    for (auto& [i, md] : taken_) i->setMetadata(srcloc_, md);
+  }
+  SetAside(const SetAside&) = delete;
+  SetAside& operator=(const SetAside&) = delete;
+
+ private:
+  unsigned srcloc_;
+  std::vector<std::pair<::llvm::Instruction*, ::llvm::MDNode*>> taken_;
+};
+
 // Calls `f` with the module's bitcode, its identifier and source file name
-// set aside (see the header): what the IR part of a key covers.
+// and the metadata SetAside takes set aside (see the header): what the IR
+// part of a key covers.
 template <typename F>
 void with_bitcode(::llvm::Module& m, F&& f) {
   std::string module_id = m.getModuleIdentifier();
   std::string source_file = m.getSourceFileName();
   m.setModuleIdentifier("");
   m.setSourceFileName("");
+  std::optional<SetAside> aside(std::in_place, m);
   // One buffer a thread, kept (up to 1 MiB): a module's bitcode is written
   // into memory that is already there, not into fresh pages grown a
   // doubling at a time.
@@ -321,6 +364,7 @@ void with_bitcode(::llvm::Module& m, F&& f) {
     w.writeModule(m);
     w.writeStrtab();
   }
+  aside.reset();
   m.setModuleIdentifier(module_id);
   m.setSourceFileName(source_file);
   f(std::string_view(bc.data(), bc.size()), module_id);
@@ -808,6 +852,48 @@ kcache::Expected<FrontendKeys> FrontendKeys::for_jit(const JitOptions& options) 
   TargetDesc desc = TargetDesc::of(**tm);
   JitTargets::get().remember(options, desc);
   return FrontendKeys(desc, ko);
+}
+
+kcache::Expected<BitcodeLoader> BitcodeLoader::for_jit(Cache& cache, ::llvm::orc::LLJIT& jit,
+                                                       const JitOptions& options) {
+  std::optional<FrontendKeys> keys;
+  if (!cache.options().disabled) {
+    auto k = FrontendKeys::for_jit(options);
+    if (!k) return k.error();
+    keys.emplace(std::move(*k));
+  }
+  return BitcodeLoader(cache, jit, std::move(keys), options.counters);
+}
+
+::llvm::Error BitcodeLoader::add(std::unique_ptr<::llvm::MemoryBuffer> bitcode, ::llvm::orc::JITDylib* jd) {
+  if (!bitcode) return make_error("BitcodeLoader::add: no buffer");
+  ::llvm::orc::JITDylib& dylib = jd ? *jd : jit_->getMainJITDylib();
+  std::optional<Key> front;
+  if (keys_) {
+    CompileCounters* C = counters_.get();
+    const bool cpu = C && C->cpu_times.load(std::memory_order_relaxed);
+    uint64_t t0 = now_ns(), u0 = cpu_ns(cpu);
+    ::llvm::StringRef bytes = bitcode->getBuffer();
+    front = keys_->key(hash_bytes(std::string_view(bytes.data(), bytes.size()))).key;
+    if (C) {
+      C->key_ns.fetch_add(now_ns() - t0, std::memory_order_relaxed);
+      C->key_cpu_ns.fetch_add(cpu_ns(cpu) - u0, std::memory_order_relaxed);
+    }
+    if (auto obj = keys_->find(*cache_, *front, C)) return jit_->addObjectFile(dylib, std::move(obj));
+  }
+  auto ctx = std::make_unique<::llvm::LLVMContext>();
+  auto m = ::llvm::parseBitcodeFile(bitcode->getMemBufferRef(), *ctx);
+  if (!m) return m.takeError();
+  // The module identifier is the buffer's (parseBitcodeFile sets it): the
+  // label comes from it, the key never does.
+  if (front) set_frontend_key(**m, *front);
+  return jit_->addIRModule(dylib, ::llvm::orc::ThreadSafeModule(std::move(*m), std::move(ctx)));
+}
+
+::llvm::Error BitcodeLoader::add_file(const std::string& path, ::llvm::orc::JITDylib* jd) {
+  auto buf = ::llvm::MemoryBuffer::getFile(path, /*IsText=*/false, /*RequiresNullTerminator=*/false);
+  if (!buf) return ::llvm::errorCodeToError(buf.getError());
+  return add(std::move(*buf), jd);
 }
 
 ::llvm::Expected<std::unique_ptr<::llvm::orc::LLJIT>> make_cached_lljit(Cache& cache, JitOptions options) {
