@@ -90,6 +90,7 @@
 #include "kcache/stage.h"
 #include "kcache/status.h"
 
+#include <llvm/ADT/SmallVector.h>
 #include <llvm/ExecutionEngine/ObjectCache.h>
 #include <llvm/ExecutionEngine/Orc/IRCompileLayer.h>
 #include <llvm/ExecutionEngine/Orc/JITTargetMachineBuilder.h>
@@ -301,7 +302,7 @@ class CachingCompiler final : public ::llvm::orc::IRCompileLayer::IRCompiler {
                   ::llvm::orc::IRSymbolMapper::ManglingOptions mo, CompilerOptions options);
   // Optimises and compiles `m` (changing it). Thread-safe: each call has a
   // TargetMachine of its own while it runs, taken from machines_.
-  kcache::Expected<std::string> compile(::llvm::Module& m);
+  kcache::Expected<::llvm::SmallVector<char, 0>> compile(::llvm::Module& m);
 
   Cache& cache_;
   ::llvm::orc::JITTargetMachineBuilder jtmb_;

@@ -37,6 +37,7 @@
 #include <llvm/IR/Module.h>
 #include <llvm/Object/ObjectFile.h>
 #include <llvm/Passes/PassBuilder.h>
+#include <llvm/Support/SmallVectorMemoryBuffer.h>
 #include <llvm/Support/raw_ostream.h>
 
 #include "util/util.h"
@@ -622,7 +623,7 @@ CachingCompiler::CachingCompiler(Cache& cache, ::llvm::orc::JITTargetMachineBuil
   return c;
 }
 
-kcache::Expected<std::string> CachingCompiler::compile(::llvm::Module& m) {
+kcache::Expected<::llvm::SmallVector<char, 0>> CachingCompiler::compile(::llvm::Module& m) {
   // A machine of this thread's own until the compile ends, then back to the
   // pool: compiles on one TargetMachine must not overlap, and one after
   // another they produce the bytes a fresh machine would, with one
@@ -700,7 +701,7 @@ kcache::Expected<std::string> CachingCompiler::compile(::llvm::Module& m) {
     pm.run(m);
   }
   counters_->codegen_runs.fetch_add(1, std::memory_order_relaxed);
-  return std::string(out.data(), out.size());
+  return out;
 }
 
 ::llvm::Expected<std::unique_ptr<::llvm::MemoryBuffer>> CachingCompiler::operator()(::llvm::Module& m) {
@@ -713,7 +714,10 @@ kcache::Expected<std::string> CachingCompiler::compile(::llvm::Module& m) {
     C.compile_ns.fetch_add(now_ns() - c0, std::memory_order_relaxed);
     C.compile_cpu_ns.fetch_add(cpu_ns(cpu) - v0, std::memory_order_relaxed);
     if (!obj) return make_error(obj.error().to_string());
-    return ::llvm::MemoryBuffer::getMemBufferCopy(*obj, m.getModuleIdentifier() + "-jitted");
+    // The code generator's own buffer, as LLJIT's compiler hands it on: no
+    // copy.
+    return std::make_unique<::llvm::SmallVectorMemoryBuffer>(std::move(*obj), m.getModuleIdentifier() + "-jitted",
+                                                             /*RequiresNullTerminator=*/false);
   };
   uint64_t t0 = now_ns(), u0 = cpu_ns(cpu);
   // Tags come off before anything else sees the module: they never reach
@@ -753,7 +757,7 @@ kcache::Expected<std::string> CachingCompiler::compile(::llvm::Module& m) {
         compile_cpu = cpu_ns(cpu) - v0;
         if (!obj) return obj.error();
         std::vector<Artifact> arts;
-        arts.push_back({"obj", std::move(obj).value()});
+        arts.push_back({"obj", std::string(obj->data(), obj->size())});
         return arts;
       },
       &src);
@@ -789,10 +793,11 @@ kcache::Expected<std::string> CachingCompiler::compile(::llvm::Module& m) {
   C.compile_cpu_ns.fetch_add(cpu_ns(cpu) - v0, std::memory_order_relaxed);
   if (!obj) return make_error(obj.error().to_string());
   std::vector<Artifact> arts;
-  arts.push_back({"obj", *obj});
+  arts.push_back({"obj", std::string(obj->data(), obj->size())});
   cache_.put(*key, std::move(arts), dt / 1000);
   link();
-  return ::llvm::MemoryBuffer::getMemBufferCopy(*obj, "kcache:" + key->key.hex());
+  return std::make_unique<::llvm::SmallVectorMemoryBuffer>(std::move(*obj), "kcache:" + key->key.hex(),
+                                                           /*RequiresNullTerminator=*/false);
 }
 
 // ---- LLJIT -----------------------------------------------------------------------
