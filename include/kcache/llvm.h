@@ -334,10 +334,18 @@ struct JitOptions {
   bool zero_copy = true;
   // Counters the compiler updates (it keeps a reference).
   std::shared_ptr<CompileCounters> counters;
-  // Link objects into memory from one arena shared by the JIT's objects
-  // (arena_memory_managers) instead of LLVM's SectionMemoryManager, which
-  // maps fresh pages for every object. ELF targets only; elsewhere LLJIT's
-  // own choice stands.
+  // Link and compile as a plain LLJIT of this LLVM would for the target:
+  // where LLJIT links with JITLink (LLVM 19 on x86-64 ELF, say), so does
+  // this JIT, and its machines use the small code model and PIC that LLJIT
+  // asks for (with RuntimeDyld's large code model, code generation costs
+  // several percent more and makes larger code). false: RuntimeDyld
+  // always, with the large code model (into the arena, below).
+  bool lljit_linker = true;
+  // Where the JIT links with RuntimeDyld (as LLJIT does on LLVM 14 for
+  // x86-64 ELF, or with lljit_linker false): link objects into memory from one arena shared by the JIT's
+  // objects (arena_memory_managers) instead of LLVM's SectionMemoryManager,
+  // which maps fresh pages for every object. ELF targets only; elsewhere
+  // LLJIT's own choice stands.
   bool arena_memory = true;
 };
 

@@ -814,6 +814,22 @@ namespace {
   return jtmb;
 }
 
+// jit_tmb(options) as LLJIT configures it for its own linker when
+// options.lljit_linker: where LLJIT links with JITLink (LLVM 19 on x86-64
+// ELF, say) it asks for the small code model and PIC, which compile faster
+// and make smaller code than RuntimeDyld's large code model. `b`, when
+// given, is the builder to configure (make_cached_lljit's own).
+::llvm::Expected<::llvm::orc::JITTargetMachineBuilder> configured_tmb(const JitOptions& options,
+                                                                      ::llvm::orc::LLJITBuilder* b = nullptr) {
+  auto jtmb = jit_tmb(options);
+  if (!jtmb || !options.lljit_linker) return jtmb;
+  ::llvm::orc::LLJITBuilder own;
+  if (!b) b = &own;
+  b->setJITTargetMachineBuilder(std::move(*jtmb));
+  if (auto err = b->prepareForConstruction()) return err;
+  return *b->JTMB;
+}
+
 // The target description of the machines jit_tmb(options) makes. It
 // depends only on the host and the options jit_tmb reads, so the process
 // remembers it: FrontendKeys::for_jit after make_cached_lljit, or a second
@@ -836,11 +852,11 @@ class JitTargets {
   }
 
  private:
-  static std::tuple<std::string, std::string, unsigned> key(const JitOptions& o) {
-    return {o.cpu, o.features, std::min(o.opt_level, 3u)};
+  static std::tuple<std::string, std::string, unsigned, bool> key(const JitOptions& o) {
+    return {o.cpu, o.features, std::min(o.opt_level, 3u), o.lljit_linker};
   }
   std::mutex mu_;
-  std::map<std::tuple<std::string, std::string, unsigned>, TargetDesc> known_;  // GUARDED_BY(mu_)
+  std::map<std::tuple<std::string, std::string, unsigned, bool>, TargetDesc> known_;  // GUARDED_BY(mu_)
 };
 
 }  // namespace
@@ -850,7 +866,7 @@ kcache::Expected<FrontendKeys> FrontendKeys::for_jit(const JitOptions& options) 
   ko.ir_opt_level = static_cast<int>(std::min(options.opt_level, 3u));
   ko.extra = options.key_extra;
   if (auto known = JitTargets::get().find(options)) return FrontendKeys(*known, ko);
-  auto jtmb = jit_tmb(options);
+  auto jtmb = configured_tmb(options);
   if (!jtmb) return Status(Errc::invalid_argument, ::llvm::toString(jtmb.takeError()));
   auto tm = jtmb->createTargetMachine();
   if (!tm) return Status(Errc::invalid_argument, ::llvm::toString(tm.takeError()));
@@ -912,14 +928,25 @@ kcache::Expected<BitcodeLoader> BitcodeLoader::for_jit(Cache& cache, ::llvm::orc
   co.counters = options.counters;
 
   const bool jtmb_triple_is_elf = jtmb->getTargetTriple().isOSBinFormatELF();
+  ::llvm::orc::LLJITBuilder b;
+  if (options.compile_threads) b.setNumCompileThreads(options.compile_threads);
+  // LLJIT's own choice of linker and of the machine configuration that goes
+  // with it, unless RuntimeDyld is asked for: the code a plain LLJIT makes.
+  bool rtdyld = true;
+  if (options.lljit_linker) {
+    auto configured = configured_tmb(options, &b);
+    if (!configured) return configured.takeError();
+    jtmb = std::move(*configured);
+    rtdyld = !b.CreateObjectLinkingLayer;
+  } else {
+    b.setJITTargetMachineBuilder(*jtmb);
+  }
   // One machine gives the JIT its data layout (LLJIT would make a machine
   // of its own for that) and the compiler its target description and first
   // compile: a warm start that compiles nothing makes just this one.
   auto tm = jtmb->createTargetMachine();
   if (!tm) return tm.takeError();
-  ::llvm::orc::LLJITBuilder b;
   b.setDataLayout((*tm)->createDataLayout());
-  b.setJITTargetMachineBuilder(std::move(*jtmb));
   Cache* c = &cache;
   auto first = std::make_shared<std::unique_ptr<::llvm::TargetMachine>>(std::move(*tm));
   b.setCompileFunctionCreator([c, co, first, options](::llvm::orc::JITTargetMachineBuilder j)
@@ -931,8 +958,7 @@ kcache::Expected<BitcodeLoader> BitcodeLoader::for_jit(Cache& cache, ::llvm::orc
     JitTargets::get().remember(options, (*cc)->target());
     return std::unique_ptr<::llvm::orc::IRCompileLayer::IRCompiler>(std::move(*cc));
   });
-  if (options.compile_threads) b.setNumCompileThreads(options.compile_threads);
-  if (options.arena_memory && jtmb_triple_is_elf) {
+  if (rtdyld && options.arena_memory && jtmb_triple_is_elf) {
     b.setObjectLinkingLayerCreator(
         [](::llvm::orc::ExecutionSession& es,
            const ::llvm::Triple&) -> ::llvm::Expected<std::unique_ptr<::llvm::orc::ObjectLayer>> {

@@ -113,6 +113,16 @@ std::unique_ptr<llvm::TargetMachine> make_tm(const std::string& triple, const st
 
 const std::string kTriple = "x86_64-pc-linux-gnu";
 
+// `jtmb` configured as LLJIT configures it for its own linker, as
+// make_cached_lljit does by default (JitOptions::lljit_linker): on LLVM 19
+// x86-64 ELF, JITLink's small code model and PIC.
+llvm::orc::JITTargetMachineBuilder as_lljit(llvm::orc::JITTargetMachineBuilder jtmb) {
+  llvm::orc::LLJITBuilder b;
+  b.setJITTargetMachineBuilder(std::move(jtmb));
+  if (auto err = b.prepareForConstruction()) ADD_FAILURE() << llvm::toString(std::move(err));
+  return *b.JTMB;
+}
+
 using Fn = uint64_t (*)(int64_t);
 
 // Adds `count` modules f0..f{count-1} to a cached LLJIT, runs each, returns
@@ -774,7 +784,7 @@ kcache::Key default_jit_key(const kcache::Digest& ir) {
     return {};
   }
   tmb->setCodeGenOptLevel(kl::compat::CodeGenOptLevel::Default);
-  auto tm = tmb->createTargetMachine();
+  auto tm = as_lljit(*tmb).createTargetMachine();
   if (!tm) {
     ADD_FAILURE() << llvm::toString(tm.takeError());
     return {};
@@ -939,7 +949,7 @@ std::string stored_object(kcache::Cache& cache, const std::string& bc) {
   auto tmb = llvm::orc::JITTargetMachineBuilder::detectHost();
   if (!tmb) return llvm::toString(tmb.takeError());
   tmb->setCodeGenOptLevel(kl::compat::CodeGenOptLevel::Default);
-  auto tm = tmb->createTargetMachine();
+  auto tm = as_lljit(*tmb).createTargetMachine();
   if (!tm) return llvm::toString(tm.takeError());
   kl::KeyOptions ko;
   ko.ir_opt_level = 2;
@@ -1084,7 +1094,7 @@ TEST(LlvmBitcodeLoader, KeysOnTheBytesAndSeesThroughADefineNoCodeReads) {
     auto t = tsm_from_bitcode(b_bc, "h.bc");
     auto tmb = llvm::orc::JITTargetMachineBuilder::detectHost();
     ASSERT_TRUE(bool(tmb));
-    auto cc = kl::CachingCompiler::create(*none, std::move(*tmb));
+    auto cc = kl::CachingCompiler::create(*none, as_lljit(*tmb));
     ASSERT_TRUE(bool(cc));
     llvm::Expected<std::unique_ptr<llvm::MemoryBuffer>> fresh = nullptr;
     t.withModuleDo([&](llvm::Module& m) { fresh = (**cc)(m); });
@@ -1121,7 +1131,7 @@ TEST(LlvmFrontend, RememberedTargetsAreThoseOfFreshMachines) {
     if (!o.cpu.empty()) jtmb->setCPU(o.cpu);
     if (!o.features.empty()) jtmb->getFeatures() = llvm::SubtargetFeatures(o.features);
     jtmb->setCodeGenOptLevel(cg);
-    auto tm = jtmb->createTargetMachine();
+    auto tm = as_lljit(*jtmb).createTargetMachine();
     EXPECT_TRUE(bool(tm));
     kl::KeyOptions ko;
     ko.ir_opt_level = static_cast<int>(o.opt_level);
@@ -1252,7 +1262,9 @@ std::string arena_ir(int i) {
 TEST(LlvmArenaMemory, ObjectsRunWithTheirProtectionsAndComeBackAfterRemoval) {
   TempDir d;
   auto cache = open_cache(d.path(), "lmdb");
-  auto jit = kl::make_cached_lljit(*cache);
+  kl::JitOptions jo;
+  jo.lljit_linker = false;  // RuntimeDyld, into the arena, on every LLVM
+  auto jit = kl::make_cached_lljit(*cache, jo);
   ASSERT_TRUE(bool(jit)) << llvm::toString(jit.takeError());
   constexpr int kModules = 40;
   std::vector<llvm::orc::ResourceTrackerSP> rts(kModules);
