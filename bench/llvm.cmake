@@ -27,3 +27,12 @@ if(KCACHE_WITH_LLVM AND TARGET kcache_llvm AND TARGET llvm_thinlto_inputs)
   target_link_libraries(kcache_bench_thinlto PRIVATE kcache_llvm kcache)
   add_dependencies(kcache_bench_thinlto llvm_thinlto_inputs)
 endif()
+
+# A real C code base (one bitcode file per translation unit) JIT-ed by a
+# plain LLJIT and by make_cached_lljit + BitcodeLoader (no cache, cold,
+# warm): scripts/llvm_codebase_bench.sh makes the bitcode, then runs this.
+if(KCACHE_WITH_LLVM AND TARGET kcache_llvm)
+  add_executable(kcache_bench_llvm_codebase ${CMAKE_CURRENT_LIST_DIR}/llvm_codebase_bench.cc)
+  target_include_directories(kcache_bench_llvm_codebase PRIVATE ${PROJECT_SOURCE_DIR}/examples/jit)
+  target_link_libraries(kcache_bench_llvm_codebase PRIVATE kcache_llvm kcache)
+endif()

@@ -5,7 +5,8 @@
 # -emit-llvm; lua.c, onelua.c and ltests.c left out: 32 files), JIT-ed
 # through make_cached_lljit by kcache_bench_lua_jit: no cache, cold and
 # warm, REPS times (default 3; which of no cache and cold goes first
-# alternates), medians printed last as JSON.
+# alternates), medians printed last as JSON; then, when it is built,
+# kcache_bench_llvm_codebase pairs the same files against a plain LLJIT.
 # Everything it fetches and makes goes to BUILD/lua; nothing is committed.
 set -euo pipefail
 B=${1:-build}
@@ -38,3 +39,8 @@ for c in "$OUT"/src/*.c; do
 done
 echo "lua_bench: $(ls "$OUT"/bc/*.bc | wc -l) translation units in $OUT/bc" >&2
 "$BENCH" --bc "$OUT/bc" --reps "${REPS:-3}" ${KEYS:+--keys "$KEYS"}
+# The same bitcode against a plain LLJIT (no kcache code on the path), in
+# CPU time, through BitcodeLoader: kcache_bench_llvm_codebase, when built.
+if [ -x "$B/bench/kcache_bench_llvm_codebase" ]; then
+  "$B/bench/kcache_bench_llvm_codebase" --bc "$OUT/bc" --rounds "${REPS:-3}" --check lua
+fi

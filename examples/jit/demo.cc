@@ -1,7 +1,9 @@
 // kcache-demo: a kernel JIT (kernels.h) on LLVM ORC at -O2 with a kcache.
 //
-//   kcache-demo                      three runs, each in its own process, on a
-//                                    fresh temporary folder: no cache
+//   kcache-demo                      four runs, each in its own process, on a
+//                                    fresh temporary folder: a plain LLJIT
+//                                    (no kcache code on the path, the same
+//                                    pipeline: plain_lljit.h), no cache
 //                                    (KCACHE_DISABLE=1), cold, warm
 //   kcache-demo --dir DIR            one run on DIR (cold if DIR is empty)
 //   kcache-demo --dir DIR --both     the three runs on DIR (must be empty)
@@ -21,6 +23,14 @@
 //                                    system call before and after each
 //                                    step: off, the warm run is ~3% faster)
 //   --json                           one JSON object on stdout
+//   --plain                          with --dir: one run on a plain LLJIT
+//
+// Rounds run plain, no cache and cold in a rotating order (each first,
+// second and third equally often), then warm. Besides wall times, each
+// child's whole CPU time (wait4's rusage, user + system, every thread and
+// the exit) is recorded, and cold_over_plain_cpu_paired and
+// nocache_over_plain_cpu_paired are the medians of each round's own ratios
+// of it: the figures other processes on the machine disturb least.
 //
 // A run: open the cache, build an LLJIT whose compiler is kcache's
 // CachingCompiler, generate N kernels and, for each, look its object up by
@@ -33,6 +43,7 @@
 // interpreter.
 #include <dirent.h>
 #include <stdlib.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -55,6 +66,7 @@
 #include "kcache/cache.h"
 #include "kcache/llvm.h"
 #include "kernels.h"
+#include "plain_lljit.h"
 
 namespace {
 
@@ -68,6 +80,7 @@ struct Args {
   bool cpu_split = false;
   unsigned opt_level = 2;
   unsigned rounds = 1;
+  bool plain = false;
 };
 
 double cpu_s() {
@@ -248,15 +261,71 @@ int run_once(const Args& a) {
   return mismatched ? 2 : 0;
 }
 
-// ---- the three runs, each in a child process ------------------------------------
+// The same kernels through a plain LLJIT (plain_lljit.h): no cache, no
+// kcache code on the path; the baseline of cold_over_plain.
+int run_plain(const Args& a) {
+  double t0 = now_s();
+  auto jit = kjit::make_plain_lljit(a.opt_level);
+  if (!jit) die("LLJIT: " + llvm::toString(jit.takeError()));
+  double t_setup = now_s();
+  std::vector<kjit::Kernel> ks;
+  ks.reserve(a.kernels);
+  llvm::orc::ThreadSafeContext tsc(std::make_unique<llvm::LLVMContext>());
+  for (unsigned i = 0; i < a.kernels; ++i) {
+    ks.push_back(kjit::generate(i));
+    if (auto err = (*jit)->addIRModule(llvm::orc::ThreadSafeModule(kjit::lower(ks.back(), *tsc.getContext()), tsc)))
+      die("addIRModule: " + llvm::toString(std::move(err)));
+  }
+  double t_ir = now_s();
+  std::vector<kjit::KernelFn> fns(a.kernels);
+  for (unsigned i = 0; i < a.kernels; ++i) {
+    auto sym = (*jit)->lookup(ks[i].name);
+    if (!sym) die("lookup " + ks[i].name + ": " + llvm::toString(sym.takeError()));
+    fns[i] = kcache::llvm::compat::jit_pointer<kjit::KernelFn>(*sym);
+  }
+  double t_ready = now_s(), process_cpu_ready = process_cpu_s();
+  std::vector<double> in_a(kElems), in_b(kElems), in_c(kElems), got(kElems), want(kElems);
+  for (int64_t i = 0; i < kElems; ++i) {
+    in_a[i] = std::sin(0.37 * i) * 2.0;
+    in_b[i] = std::cos(0.11 * i) * 1.5;
+    in_c[i] = (i % 17) / 8.0 - 1.0;
+  }
+  unsigned mismatched = 0;
+  for (unsigned i = 0; i < a.kernels; ++i) {
+    int64_t n_out = ks[i].reduce == kjit::Reduce::none ? kElems : 1;
+    fns[i](in_a.data(), in_b.data(), in_c.data(), got.data(), kElems);
+    kjit::evaluate(ks[i], in_a.data(), in_b.data(), in_c.data(), want.data(), kElems);
+    for (int64_t j = 0; j < n_out; ++j)
+      if (!close(got[j], want[j])) {
+        ++mismatched;
+        break;
+      }
+  }
+  if (a.json)
+    std::printf(
+        "{\"run\":\"plain\",\"kernels\":%u,\"lowered\":%u,\"ready_s\":%.6f,\"ready_cpu_s\":%.6f,\"setup_s\":%.6f,"
+        "\"frontend_s\":%.6f,\"materialize_s\":%.6f,\"codegen_runs\":%u,\"results_match\":%s,\"mismatched\":%u}\n",
+        a.kernels, a.kernels, t_ready - t0, process_cpu_ready, t_setup - t0, t_ir - t_setup, t_ready - t_ir, a.kernels,
+        mismatched ? "false" : "true", mismatched);
+  else
+    std::printf("plain LLJIT run: %u kernels ready in %.3f s, results %s\n", a.kernels, t_ready - t0,
+                mismatched ? "DIFFER" : "match the interpreter");
+  return mismatched ? 2 : 0;
+}
 
-std::string run_child(const Args& a, const char* self, bool disabled = false, const std::string& dir = {}) {
+// ---- the runs, each in a child process ------------------------------------------
+
+// One run in a child process; its JSON. `cpu`, when given, gets the
+// child's whole CPU time (user + system, from wait4's rusage).
+std::string run_child(const Args& a, const char* self, bool disabled = false, const std::string& dir = {},
+                      bool plain = false, double* cpu = nullptr) {
   std::vector<std::string> argv = {self,    "--dir", dir.empty() ? a.dir : dir, "--kernels", std::to_string(a.kernels),
                                    "--json"};
   if (!a.engine.empty()) argv.insert(argv.end(), {"--engine", a.engine});
   if (!a.zero_copy) argv.push_back("--copy");
   if (a.cpu_split) argv.push_back("--cpu-split");
   if (a.opt_level != 2) argv.insert(argv.end(), {"--opt-level", std::to_string(a.opt_level)});
+  if (plain) argv.push_back("--plain");
   int fd[2];
   if (::pipe(fd) != 0) die("pipe failed");
   pid_t pid = ::fork();
@@ -282,7 +351,11 @@ std::string run_child(const Args& a, const char* self, bool disabled = false, co
   while ((n = ::read(fd[0], buf, sizeof buf)) > 0) out.append(buf, static_cast<size_t>(n));
   ::close(fd[0]);
   int status = 0;
-  ::waitpid(pid, &status, 0);
+  rusage ru{};
+  ::wait4(pid, &status, 0, &ru);
+  if (cpu)
+    *cpu = static_cast<double>(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+           static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) * 1e-6;
   if (!WIFEXITED(status) || (WEXITSTATUS(status) != 0 && WEXITSTATUS(status) != 2)) die("child run failed");
   while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
   return out;
@@ -338,17 +411,22 @@ bool folder_is_empty(const std::string& dir) {
 }
 
 int run_both(Args a, const char* self, bool temp) {
-  // Rounds of no cache and cold; which goes first alternates, so neither
-  // always runs on a machine the other has just warmed. Each cold run
-  // gets an empty folder of its own, and a warm run follows it there.
-  std::string nocache, cold, warm, dir = a.dir;
-  std::vector<double> nocache_runs, cold_runs, nocache_cpus, cold_cpus, warm_runs, warm_cpus;
+  // Rounds of plain, no cache and cold, in a rotating order, so none
+  // always runs on a machine another has just warmed. Each cold run gets
+  // an empty folder of its own, and a warm run follows it there.
+  std::string plain, nocache, cold, warm, dir = a.dir;
+  std::vector<double> nocache_runs, cold_runs, nocache_cpus, cold_cpus, warm_runs, warm_cpus, plain_runs, plain_cpus;
+  // Each child's whole CPU time (rusage), per round.
+  std::vector<double> plain_rus, nocache_rus, cold_rus, warm_rus;
   bool match = true;
   // One child run: its JSON, its wall and CPU times recorded.
-  auto run = [&](bool disabled, std::vector<double>& walls, std::vector<double>& cpus) {
-    std::string j = run_child(a, self, disabled, dir);
+  auto run = [&](bool disabled, std::vector<double>& walls, std::vector<double>& cpus, std::vector<double>& rus,
+                 bool plain_jit) {
+    double ru = 0;
+    std::string j = run_child(a, self, disabled, dir, plain_jit, &ru);
     walls.push_back(num(j, "ready_s"));
     cpus.push_back(num(j, "ready_cpu_s"));
+    rus.push_back(ru);
     match &= j.find("\"results_match\":true") != std::string::npos;
     return j;
   };
@@ -356,15 +434,40 @@ int run_both(Args a, const char* self, bool temp) {
   for (unsigned r = 0; r < a.rounds; ++r) {
     if (a.rounds > 1) dir = a.dir + "/round-" + std::to_string(r + 1);
     if (!folder_is_empty(dir)) cold_on_empty = false;
-    for (int k = 0; k < 2; ++k) {
-      if ((k == 0) == (r % 2 == 0))
-        nocache = run(/*disabled=*/true, nocache_runs, nocache_cpus);
-      else
-        cold = run(false, cold_runs, cold_cpus);
+    // Each of the three goes first, second and third equally often.
+    for (unsigned k = 0; k < 3; ++k) {
+      switch ((r + k) % 3) {
+        case 0:
+          plain = run(/*disabled=*/true, plain_runs, plain_cpus, plain_rus, /*plain_jit=*/true);
+          break;
+        case 1:
+          nocache = run(/*disabled=*/true, nocache_runs, nocache_cpus, nocache_rus, false);
+          break;
+        default:
+          cold = run(false, cold_runs, cold_cpus, cold_rus, false);
+          break;
+      }
     }
     // The warm run reuses this round's folder, which its cold run filled.
-    warm = run(false, warm_runs, warm_cpus);
+    warm = run(false, warm_runs, warm_cpus, warm_rus, false);
   }
+  // Each round's own ratio of CPU time (rusage) to the plain LLJIT's.
+  auto over_plain = [&](const std::vector<double>& v) {
+    std::vector<double> out;
+    for (size_t r = 0; r < v.size() && r < plain_rus.size(); ++r)
+      if (plain_rus[r] > 0) out.push_back(v[r] / plain_rus[r]);
+    return out;
+  };
+  const std::vector<double> cold_plain = over_plain(cold_rus), nocache_plain = over_plain(nocache_rus),
+                            warm_plain = over_plain(warm_rus);
+  auto range = [](const std::vector<double>& v) {
+    if (v.empty()) return std::string("[0,0]");
+    char b[64];
+    std::snprintf(b, sizeof b, "[%.4f,%.4f]", *std::min_element(v.begin(), v.end()),
+                  *std::max_element(v.begin(), v.end()));
+    return std::string(b);
+  };
+  const double plain_s = median(plain_runs), plain_cpu = median(plain_cpus);
   double nocache_s = median(nocache_runs), cold_s = median(cold_runs), warm_s = median(warm_runs);
   double nocache_cpu = median(nocache_cpus), cold_cpu = median(cold_cpus), warm_cpu = median(warm_cpus);
   double speedup = warm_s > 0 ? cold_s / warm_s : 0;
@@ -385,17 +488,26 @@ int run_both(Args a, const char* self, bool temp) {
         "\"results_match\":%s,"
         "\"warm_cache_s\":%.6f,\"warm_link_s\":%.6f,\"warm_cache_share_of_link\":%.4f,"
         "\"warm_cache_cpu_s\":%s,\"warm_link_cpu_s\":%s,\"warm_cache_cpu_share_of_link\":%s,"
-        "\"cache\":%s,\"nocache\":%s,\"cold\":%s,\"warm\":%s}\n",
+        "\"plain_runs_s\":%s,\"plain_s\":%.6f,\"plain_cpu_s\":%.6f,\"plain_rusage_cpu_s\":%.6f,"
+        "\"nocache_rusage_cpu_s\":%.6f,\"cold_rusage_cpu_s\":%.6f,\"warm_rusage_cpu_s\":%.6f,"
+        "\"cold_over_plain_cpu_paired\":%.4f,\"cold_over_plain_cpu_range\":%s,"
+        "\"nocache_over_plain_cpu_paired\":%.4f,\"nocache_over_plain_cpu_range\":%s,"
+        "\"warm_over_plain_cpu_paired\":%.4f,"
+        "\"cache\":%s,\"plain\":%s,\"nocache\":%s,\"cold\":%s,\"warm\":%s}\n",
         a.kernels, a.rounds, list(nocache_runs).c_str(), list(cold_runs).c_str(), list(warm_runs).c_str(), nocache_s,
         cold_s, warm_s, speedup, cold_ratio, paired_ratio, nocache_cpu, cold_cpu, warm_cpu, match ? "true" : "false",
         num(warm, "cache_s"), num(warm, "link_s"), num(warm, "cache_share_of_link"), raw(warm, "cache_cpu_s").c_str(),
-        raw(warm, "link_cpu_s").c_str(), raw(warm, "cache_cpu_share_of_link").c_str(), object(warm, "cache").c_str(),
-        nocache.c_str(), cold.c_str(), warm.c_str());
+        raw(warm, "link_cpu_s").c_str(), raw(warm, "cache_cpu_share_of_link").c_str(), list(plain_runs).c_str(),
+        plain_s, plain_cpu, median(plain_rus), median(nocache_rus), median(cold_rus), median(warm_rus),
+        median(cold_plain), range(cold_plain).c_str(), median(nocache_plain), range(nocache_plain).c_str(),
+        median(warm_plain), object(warm, "cache").c_str(), plain.c_str(), nocache.c_str(), cold.c_str(), warm.c_str());
   } else {
     std::printf("kcache-demo: %u kernels, LLVM ORC at -O2, cache in %s%s\n", a.kernels, a.dir.c_str(),
                 temp ? " (temporary)" : "");
     if (a.rounds > 1)
       std::printf("  times: medians of %u rounds of no cache and cold, each on an empty folder\n", a.rounds);
+    std::printf("  plain LLJIT (no kcache, new process):     %4.0f compiled, ready in %8.3f s (CPU %.3f s)\n",
+                num(plain, "codegen_runs"), plain_s, plain_cpu);
     std::printf("  no cache (KCACHE_DISABLE=1, new process): %4.0f compiled, ready in %8.3f s (CPU %.3f s)\n",
                 num(nocache, "codegen_runs"), nocache_s, nocache_cpu);
     std::printf(
@@ -403,6 +515,10 @@ int run_both(Args a, const char* self, bool temp) {
         cold_on_empty ? "cold run (empty cache, new process):     " : "first run (cache NOT empty, new process):",
         num(cold, "codegen_runs"), cold_s, cold_cpu, cold_ratio);
     if (a.rounds > 1) std::printf("  cold / no cache within each round, median of the rounds: %.3fx\n", paired_ratio);
+    std::printf(
+        "  whole-process CPU over the plain LLJIT's, median of the rounds' own ratios: cold %.3fx %s, no cache "
+        "%.3fx %s\n",
+        median(cold_plain), range(cold_plain).c_str(), median(nocache_plain), range(nocache_plain).c_str());
     std::printf("  warm run (same folder, new process):      %4.0f loaded,   ready in %8.3f s (CPU %.3f s)\n",
                 num(warm, "hits"), warm_s, warm_cpu);
     std::printf("  speedup: %.1fx    results match the interpreter in all runs: %s\n", speedup, match ? "yes" : "NO");
@@ -450,10 +566,12 @@ int main(int argc, char** argv) {
       a.zero_copy = false;
     else if (s == "--cpu-split")
       a.cpu_split = true;
+    else if (s == "--plain")
+      a.plain = true;
     else if (s == "-h" || s == "--help") {
       std::printf(
-          "usage: kcache-demo [--dir DIR [--both]] [--rounds N] [--kernels N] [--engine lmdb|files] [--copy] "
-          "[--opt-level N] [--cpu-split] [--json]\n");
+          "usage: kcache-demo [--dir DIR [--both | --plain]] [--rounds N] [--kernels N] [--engine lmdb|files] "
+          "[--copy] [--opt-level N] [--cpu-split] [--json]\n");
       return 0;
     } else {
       die("unknown argument " + s);
@@ -481,5 +599,9 @@ int main(int argc, char** argv) {
 
   llvm::InitializeNativeTarget();
   llvm::InitializeNativeTargetAsmPrinter();
-  return run_once(a);
+  // The demo's kernels have no inline asm; a JIT whose modules may (C
+  // compiled by clang, say) needs the asm parser too, with kcache as with a
+  // plain LLJIT: without it the code generator aborts the process.
+  llvm::InitializeNativeTargetAsmParser();
+  return a.plain ? run_plain(a) : run_once(a);
 }

@@ -172,7 +172,9 @@ struct Options {
   // (KCACHE_BUNDLE_TRUST), each a ':'-separated list of files.
   BundleOptions bundles;
   // Why did it miss? Every counted miss of a key with a manifest is
-  // appended to the store's miss journal (`kcache misses`), which keeps the
+  // appended to the store's miss journal (`kcache misses`), except a
+  // get_or_compile or begin that waited for another thread's or process's
+  // compile of the key and got its entry. The journal keeps the
   // last `miss_journal` misses (default 1000; 0: no journal). Not written
   // under read_only, nor without a disk store. "miss_journal",
   // KCACHE_MISS_JOURNAL.

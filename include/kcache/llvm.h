@@ -25,13 +25,18 @@
 // components the client adds. Components are named, so `kcache explain` can
 // say which one changed.
 //
-// The key's label (KeyInfo::label, not part of the key) is the module
-// identifier, else the name of the module's first defined function, so that
-// a miss is compared with the previous version of the same module.
+// The key's label (KeyInfo::label, not part of the key) is the last path
+// component of the module identifier (a module read from /x/lapi.bc is
+// "lapi.bc", from any folder), else the name of the module's first defined
+// function, so that a miss is compared with the previous version of the
+// same module.
 //
-// Normalised (not part of the key): the module identifier and the source
-// file name. They change no instruction; a hit may carry another module's
-// STT_FILE symbol name, which nothing at run time reads.
+// Normalised (not part of the key; docs/design.md, "What an LLVM key sets
+// aside"): the module identifier, the source file name and `!srcloc`
+// metadata. They change no instruction: a hit may carry another module's
+// STT_FILE symbol name, which nothing at run time reads, and `!srcloc` (the
+// source offset of an inline asm, which any -D moves when the asm is in a
+// header) is read only by diagnostics.
 // Caveat — not normalised: symbol names. A front end that names functions or
 // private globals from a process-wide counter (`kernel_17`, `.str.3`) makes
 // equal code hash differently. Exported names must stay (the JIT looks them
@@ -42,6 +47,9 @@
 // what a warm start spends on keys, and a JIT that read the module from a
 // file, or generated it from source it still holds, already has cheaper
 // bytes to hash:
+//
+//  * BitcodeLoader: the way in for a JIT that loads bitcode (a file or a
+//    buffer). Keyed on the bytes as read; nothing is parsed on a hit.
 //
 //  * object_key(Digest, ...) keys on a digest the caller supplies (of the
 //    bitcode file it read, say). set_ir_digest() puts one on a module so the
@@ -71,6 +79,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -81,6 +90,7 @@
 #include "kcache/stage.h"
 #include "kcache/status.h"
 
+#include <llvm/ADT/SmallVector.h>
 #include <llvm/ExecutionEngine/ObjectCache.h>
 #include <llvm/ExecutionEngine/Orc/IRCompileLayer.h>
 #include <llvm/ExecutionEngine/Orc/JITTargetMachineBuilder.h>
@@ -292,7 +302,7 @@ class CachingCompiler final : public ::llvm::orc::IRCompileLayer::IRCompiler {
                   ::llvm::orc::IRSymbolMapper::ManglingOptions mo, CompilerOptions options);
   // Optimises and compiles `m` (changing it). Thread-safe: each call has a
   // TargetMachine of its own while it runs, taken from machines_.
-  kcache::Expected<std::string> compile(::llvm::Module& m);
+  kcache::Expected<::llvm::SmallVector<char, 0>> compile(::llvm::Module& m);
 
   Cache& cache_;
   ::llvm::orc::JITTargetMachineBuilder jtmb_;
@@ -324,10 +334,18 @@ struct JitOptions {
   bool zero_copy = true;
   // Counters the compiler updates (it keeps a reference).
   std::shared_ptr<CompileCounters> counters;
-  // Link objects into memory from one arena shared by the JIT's objects
-  // (arena_memory_managers) instead of LLVM's SectionMemoryManager, which
-  // maps fresh pages for every object. ELF targets only; elsewhere LLJIT's
-  // own choice stands.
+  // Link and compile as a plain LLJIT of this LLVM would for the target:
+  // where LLJIT links with JITLink (LLVM 19 on x86-64 ELF, say), so does
+  // this JIT, and its machines use the small code model and PIC that LLJIT
+  // asks for (with RuntimeDyld's large code model, code generation costs
+  // several percent more and makes larger code). false: RuntimeDyld
+  // always, with the large code model (into the arena, below).
+  bool lljit_linker = true;
+  // Where the JIT links with RuntimeDyld (as LLJIT does on LLVM 14 for
+  // x86-64 ELF, or with lljit_linker false): link objects into memory from one arena shared by the JIT's
+  // objects (arena_memory_managers) instead of LLVM's SectionMemoryManager,
+  // which maps fresh pages for every object. ELF targets only; elsewhere
+  // LLJIT's own choice stands.
   bool arena_memory = true;
 };
 
@@ -343,9 +361,59 @@ struct JitOptions {
 // locked.
 std::function<std::unique_ptr<::llvm::RuntimeDyld::MemoryManager>()> arena_memory_managers();
 
+// Bitcode as the JIT read it (a .bc file, a buffer): the way in for a JIT
+// that loads bitcode into a make_cached_lljit LLJIT. Each module is keyed
+// on the bytes it came in, without parsing or re-serialising them: the
+// bytes' digest is a front-end key (FrontendKeys), so a warm start hashes
+// each file once (XXH3, a few GB/s) and hands the stored object to the JIT
+// (addObjectFile) without parsing the bitcode. A miss parses it and adds
+// the module, tagged with that front-end key; the compiler keys the module
+// on its own IR (object_key(Module&): identifier, source file name and
+// !srcloc set aside), compiles it or finds it, and stores the link. So
+// bitcode that changed only where no code reads it (a -D nothing uses
+// moves every inline asm's !srcloc) costs a parse and a key, never a code
+// generation. Modules built in memory keep using addIRModule (keyed on
+// their re-serialised bitcode, or on set_ir_digest).
+//
+//   auto jit = make_cached_lljit(*cache, jo);
+//   auto loader = BitcodeLoader::for_jit(*cache, **jit, jo);
+//   for (auto& path : files) if (auto err = loader->add_file(path)) ...
+//
+// The label of each module's entries (what `kcache misses` and
+// KCACHE_EXPLAIN compare a miss with) is the buffer identifier's last path
+// component: a file's name, whichever folder it was read from; a host that
+// adds buffers names them. Thread-safe: add() may be called from several
+// threads at once (LLJIT's own adds are).
+class BitcodeLoader {
+ public:
+  // For `jit`, which make_cached_lljit(cache, options) built; `cache` and
+  // `jit` must outlive the loader. A disabled cache (KCACHE_DISABLE) makes
+  // a loader that only parses and adds, as a JIT without kcache would.
+  static kcache::Expected<BitcodeLoader> for_jit(Cache& cache, ::llvm::orc::LLJIT& jit, const JitOptions& options);
+
+  // Adds the module `bitcode` holds to `jd` (null: the JIT's main
+  // JITDylib), or its stored object. Errors are the JIT's and the bitcode
+  // reader's; a cache fault is a miss.
+  ::llvm::Error add(std::unique_ptr<::llvm::MemoryBuffer> bitcode, ::llvm::orc::JITDylib* jd = nullptr);
+  // The same for the file at `path`.
+  ::llvm::Error add_file(const std::string& path, ::llvm::orc::JITDylib* jd = nullptr);
+
+ private:
+  BitcodeLoader(Cache& cache, ::llvm::orc::LLJIT& jit, std::optional<FrontendKeys> keys,
+                std::shared_ptr<CompileCounters> counters)
+      : cache_(&cache), jit_(&jit), keys_(std::move(keys)), counters_(std::move(counters)) {}
+  Cache* cache_;
+  ::llvm::orc::LLJIT* jit_;
+  std::optional<FrontendKeys> keys_;           // none when the cache is disabled
+  std::shared_ptr<CompileCounters> counters_;  // the JIT's (JitOptions::counters), or null
+};
+
 // An ORC LLJIT whose IR compile layer is a CachingCompiler over `cache`.
 // REQUIRES: the native target was initialised (InitializeNativeTarget,
-// InitializeNativeTargetAsmPrinter); `cache` outlives the LLJIT.
+// InitializeNativeTargetAsmPrinter, and InitializeNativeTargetAsmParser
+// when any module has inline asm: without the asm parser the code
+// generator aborts the process on it, as it does under a plain LLJIT);
+// `cache` outlives the LLJIT.
 ::llvm::Expected<std::unique_ptr<::llvm::orc::LLJIT>> make_cached_lljit(Cache& cache, JitOptions options = {});
 
 }  // namespace kcache::llvm

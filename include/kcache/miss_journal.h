@@ -1,9 +1,11 @@
 // kcache/miss_journal.h — reading a store's miss journal.
 //
 // A Cache with a disk store appends each counted miss of a key with a
-// manifest to the store's miss journal (Options::miss_journal,
-// `<dir>/<engine>.misses` and its previous generation `.misses.1`;
-// docs/format.md, "Miss journal"), shared by every process of the store.
+// manifest that the caller then compiles (one that waited for another
+// compile of the key and got its entry is not journaled) to the store's
+// miss journal (Options::miss_journal, `<dir>/<engine>.misses` and its
+// previous generation `.misses.1`; docs/format.md, "Miss journal"),
+// shared by every process of the store.
 // read_miss_journal gives its records back, to explain them
 // (kcache/explain.h) as `kcache misses` does:
 //

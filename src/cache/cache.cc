@@ -293,10 +293,13 @@ Expected<Entry> Cache::Impl::resolve(const KeyInfo& key, const CompileFn& compil
     return std::move(*hit);
   }
   KCACHE_LOG(LogLevel::debug, "miss %s", debug_name(key).c_str());
-  if (count == Access::counted) explain_miss(key);
 
   Turn turn = take_turn(key.key, source, wait_for_others);
   if (turn.busy) *outcome = Outcome::busy;
+  // Journaled once the turn says who compiles: a caller that waited and got
+  // the entry compiled nothing, and N processes that start cold on one key
+  // journal one miss, not N.
+  if (count == Access::counted && !(turn.answer && *turn.answer)) explain_miss(key);
   if (turn.answer) return std::move(*turn.answer);
 
   // Leading: an exception from the compile function or a tier drops the
@@ -476,15 +479,17 @@ Flight Cache::begin(const KeyInfo& key) {
     s->entry = std::move(*hit);
     return Flight(std::move(s));
   }
-  impl_->explain_miss(key);
   for (;;) {
     Impl::Turn turn = impl_->take_turn(key.key, &s->source, /*wait=*/true);
     if (turn.reentry) {
       s->error = turn.answer->error();
       s->source = Source::compiled;
+      impl_->explain_miss(key);
       return Flight(std::move(s));
     }
     if (turn.leader) {
+      // Journaled only by the caller that compiles (see resolve).
+      impl_->explain_miss(key);
       s->leader.emplace(std::move(*turn.leader));
       s->owner = true;
       s->source = Source::compiled;

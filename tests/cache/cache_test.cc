@@ -1,3 +1,4 @@
+#include <dirent.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -335,5 +336,53 @@ TEST(Cache, EntriesOnTheirWayToDiskAreFound) {
     Source s = Source::compiled;
     ASSERT_TRUE(other->get(KeyBuilder("committer").add_u64("i", i).finish()->key, &s).has_value()) << i;
     EXPECT_EQ(s, Source::disk);
+  }
+}
+
+namespace {
+
+// Threads of this process now (/proc/self/task).
+int threads_now() {
+  int n = 0;
+  if (DIR* d = ::opendir("/proc/self/task")) {
+    while (auto* e = ::readdir(d))
+      if (e->d_name[0] != '.') ++n;
+    ::closedir(d);
+  }
+  return n;
+}
+
+}  // namespace
+
+// kcache starts a thread only when it has work for it: a process that
+// looks up (hits a few entries, misses some keys without a manifest, which
+// are not journaled) and stores nothing runs none, on either engine; what
+// it counted is written at close all the same. The first store starts the
+// committer (a journaled miss, the journal's writer).
+TEST(Cache, AProcessThatNeverStoresStartsNoThread) {
+  for (const auto& engine : engine_names()) {
+    TempDir d;
+    Options o = disk_options(d.path(), /*memory=*/false);
+    o.engine = parse_engine(engine);
+    std::vector<KeyInfo> keys;
+    for (int i = 0; i < 8; ++i) keys.push_back(*KeyBuilder("t").add_u64("i", i).label("k").finish());
+    {
+      auto c = Cache::open(o);
+      for (const auto& k : keys) ASSERT_TRUE(c->put(k, {{"obj", "code"}}));
+    }  // its threads are joined here
+    const int before = threads_now();
+    {
+      auto c = Cache::open(o);
+      for (const auto& k : keys) EXPECT_TRUE(c->get(k)) << engine;
+      for (int i = 0; i < 4; ++i) EXPECT_FALSE(c->get(KeyBuilder("t").add_u64("absent", i).finish()->key)) << engine;
+      EXPECT_EQ(threads_now(), before) << engine;
+      ASSERT_TRUE(c->put(*KeyBuilder("t").add_u64("new", 1).finish(), {{"obj", "code"}}));
+      EXPECT_GT(threads_now(), before) << engine;  // the committer
+    }
+    auto c = Cache::open(o);
+    CacheStats st = c->stats();
+    ASSERT_FALSE(st.tiers.empty());
+    EXPECT_EQ(st.tiers.back().stats.hits, 8u) << engine;  // written at close
+    EXPECT_EQ(st.tiers.back().stats.misses, 4u) << engine;
   }
 }

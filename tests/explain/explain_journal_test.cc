@@ -15,6 +15,7 @@
 #include <iterator>
 #include <set>
 #include <sstream>
+#include <thread>
 
 #include "cache/journal.h"
 #include "fault_env.h"
@@ -625,6 +626,48 @@ TEST_P(ExplainCache, MissesAreJournaledAndExplained) {
   recs = read_miss_journal(store, 100);
   ASSERT_TRUE(recs);
   EXPECT_EQ(recs->size(), 6u);
+}
+
+// A caller that waits for another's compile of its key and gets the entry
+// compiled nothing: the journal holds one miss per compile, not one per
+// caller (get_or_compile and begin alike).
+TEST_P(ExplainCache, AWaiterThatGotTheEntryIsNotJournaled) {
+  test::TempDir tmp;
+  Options o = test::disk_options(tmp.path() + "/cache");
+  o.engine = parse_engine(GetParam());
+  o.memory_tier = false;
+  {
+    auto cache = Cache::open(o);
+    for (int round = 0; round < 2; ++round) {
+      KeyInfo k = module_key("kernel.c", "ir " + std::to_string(round), 2);
+      const uint64_t waits_before = cache->stats().waits;
+      // The leader compiles until both waiters joined its flight.
+      auto compile = [&] {
+        while (cache->stats().waits < waits_before + 2) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        return std::vector<Artifact>{{"obj", "code"}};
+      };
+      std::thread leader([&] { ASSERT_TRUE(cache->get_or_compile(k, compile)); });
+      while (cache->stats().compiles < static_cast<uint64_t>(round + 1))
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      std::thread waiter([&] {
+        Source src = Source::compiled;
+        ASSERT_TRUE(cache->get_or_compile(k, compile, &src));
+        EXPECT_EQ(src, Source::waited);
+      });
+      // begin(): a flight that waited and got the entry owns nothing.
+      Flight f = cache->begin(k);
+      EXPECT_FALSE(f.owner());
+      EXPECT_TRUE(f.has_entry());
+      leader.join();
+      waiter.join();
+    }
+    EXPECT_EQ(cache->stats().compiles, 2u);
+  }
+  auto recs = read_miss_journal(tmp.path() + "/cache/" + GetParam(), 100);
+  ASSERT_TRUE(recs);
+  ASSERT_EQ(recs->size(), 2u);
+  EXPECT_EQ((*recs)[0].key, module_key("kernel.c", "ir 0", 2).key);
+  EXPECT_EQ((*recs)[1].key, module_key("kernel.c", "ir 1", 2).key);
 }
 
 INSTANTIATE_TEST_SUITE_P(Engines, ExplainCache, ::testing::ValuesIn(test::engine_names()),

@@ -21,9 +21,13 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <tuple>
+#include <utility>
+#include <vector>
 
 #include <llvm-c/Core.h>
+#include <llvm/Bitcode/BitcodeReader.h>
 #include <llvm/Bitcode/BitcodeWriter.h>
 #include <llvm/Config/llvm-config.h>
 #include <llvm/ExecutionEngine/Orc/CompileUtils.h>
@@ -33,6 +37,7 @@
 #include <llvm/IR/Module.h>
 #include <llvm/Object/ObjectFile.h>
 #include <llvm/Passes/PassBuilder.h>
+#include <llvm/Support/SmallVectorMemoryBuffer.h>
 #include <llvm/Support/raw_ostream.h>
 
 #include "util/util.h"
@@ -227,10 +232,16 @@ TargetDesc TargetDesc::of(const ::llvm::TargetMachine& tm) {
   return d;
 }
 
-// The label of a module's entries: its identifier, else its first defined
-// function's name (explaining a miss compares it with the same module first).
+// The label of a module's entries: the last path component of its
+// identifier (a module read from /a/b/lapi.bc is "lapi.bc" whichever
+// folder it was read from), else its first defined function's name
+// (explaining a miss compares it with the same module first).
 static std::string module_label(const ::llvm::Module& m, const std::string& module_id) {
-  if (!module_id.empty()) return module_id;
+  if (!module_id.empty()) {
+    auto slash = module_id.find_last_of('/');
+    if (slash == std::string::npos || slash + 1 == module_id.size()) return module_id;
+    return module_id.substr(slash + 1);
+  }
   for (const auto& f : m.functions())
     if (!f.isDeclaration()) return f.getName().str();
   return std::string();
@@ -301,14 +312,47 @@ Digest ir_of(const KeyInfo& k) {
 
 namespace {
 
+// Metadata that cannot change code, taken off the module's instructions
+// while its bitcode is written for a key, and put back after
+// (docs/design.md, "What an LLVM key sets aside"): `!srcloc`, the source
+// location clang attaches to inline asm (and to calls of functions marked
+// `error`/`warning`) for the code generator's diagnostics only. Its value
+// is a byte offset into clang's buffer, predefines included, so any `-D`
+// moves it.
+class SetAside {
+ public:
+  explicit SetAside(::llvm::Module& m) : srcloc_(m.getContext().getMDKindID("srcloc")) {
+    for (auto& f : m)
+      for (auto& bb : f)
+        for (auto& i : bb) {
+          if (!i.hasMetadata()) continue;
+          if (auto* md = i.getMetadata(srcloc_)) {
+            taken_.emplace_back(&i, md);
+            i.setMetadata(srcloc_, nullptr);
+          }
+        }
+  }
+  ~SetAside() {
+    for (auto& [i, md] : taken_) i->setMetadata(srcloc_, md);
+  }
+  SetAside(const SetAside&) = delete;
+  SetAside& operator=(const SetAside&) = delete;
+
+ private:
+  unsigned srcloc_;
+  std::vector<std::pair<::llvm::Instruction*, ::llvm::MDNode*>> taken_;
+};
+
 // Calls `f` with the module's bitcode, its identifier and source file name
-// set aside (see the header): what the IR part of a key covers.
+// and the metadata SetAside takes set aside (see the header): what the IR
+// part of a key covers.
 template <typename F>
 void with_bitcode(::llvm::Module& m, F&& f) {
   std::string module_id = m.getModuleIdentifier();
   std::string source_file = m.getSourceFileName();
   m.setModuleIdentifier("");
   m.setSourceFileName("");
+  std::optional<SetAside> aside(std::in_place, m);
   // One buffer a thread, kept (up to 1 MiB): a module's bitcode is written
   // into memory that is already there, not into fresh pages grown a
   // doubling at a time.
@@ -321,6 +365,7 @@ void with_bitcode(::llvm::Module& m, F&& f) {
     w.writeModule(m);
     w.writeStrtab();
   }
+  aside.reset();
   m.setModuleIdentifier(module_id);
   m.setSourceFileName(source_file);
   f(std::string_view(bc.data(), bc.size()), module_id);
@@ -578,7 +623,7 @@ CachingCompiler::CachingCompiler(Cache& cache, ::llvm::orc::JITTargetMachineBuil
   return c;
 }
 
-kcache::Expected<std::string> CachingCompiler::compile(::llvm::Module& m) {
+kcache::Expected<::llvm::SmallVector<char, 0>> CachingCompiler::compile(::llvm::Module& m) {
   // A machine of this thread's own until the compile ends, then back to the
   // pool: compiles on one TargetMachine must not overlap, and one after
   // another they produce the bytes a fresh machine would, with one
@@ -656,7 +701,7 @@ kcache::Expected<std::string> CachingCompiler::compile(::llvm::Module& m) {
     pm.run(m);
   }
   counters_->codegen_runs.fetch_add(1, std::memory_order_relaxed);
-  return std::string(out.data(), out.size());
+  return out;
 }
 
 ::llvm::Expected<std::unique_ptr<::llvm::MemoryBuffer>> CachingCompiler::operator()(::llvm::Module& m) {
@@ -669,7 +714,10 @@ kcache::Expected<std::string> CachingCompiler::compile(::llvm::Module& m) {
     C.compile_ns.fetch_add(now_ns() - c0, std::memory_order_relaxed);
     C.compile_cpu_ns.fetch_add(cpu_ns(cpu) - v0, std::memory_order_relaxed);
     if (!obj) return make_error(obj.error().to_string());
-    return ::llvm::MemoryBuffer::getMemBufferCopy(*obj, m.getModuleIdentifier() + "-jitted");
+    // The code generator's own buffer, as LLJIT's compiler hands it on: no
+    // copy.
+    return std::make_unique<::llvm::SmallVectorMemoryBuffer>(std::move(*obj), m.getModuleIdentifier() + "-jitted",
+                                                             /*RequiresNullTerminator=*/false);
   };
   uint64_t t0 = now_ns(), u0 = cpu_ns(cpu);
   // Tags come off before anything else sees the module: they never reach
@@ -709,7 +757,7 @@ kcache::Expected<std::string> CachingCompiler::compile(::llvm::Module& m) {
         compile_cpu = cpu_ns(cpu) - v0;
         if (!obj) return obj.error();
         std::vector<Artifact> arts;
-        arts.push_back({"obj", std::move(obj).value()});
+        arts.push_back({"obj", std::string(obj->data(), obj->size())});
         return arts;
       },
       &src);
@@ -745,10 +793,11 @@ kcache::Expected<std::string> CachingCompiler::compile(::llvm::Module& m) {
   C.compile_cpu_ns.fetch_add(cpu_ns(cpu) - v0, std::memory_order_relaxed);
   if (!obj) return make_error(obj.error().to_string());
   std::vector<Artifact> arts;
-  arts.push_back({"obj", *obj});
+  arts.push_back({"obj", std::string(obj->data(), obj->size())});
   cache_.put(*key, std::move(arts), dt / 1000);
   link();
-  return ::llvm::MemoryBuffer::getMemBufferCopy(*obj, "kcache:" + key->key.hex());
+  return std::make_unique<::llvm::SmallVectorMemoryBuffer>(std::move(*obj), "kcache:" + key->key.hex(),
+                                                           /*RequiresNullTerminator=*/false);
 }
 
 // ---- LLJIT -----------------------------------------------------------------------
@@ -763,6 +812,22 @@ namespace {
   if (!options.features.empty()) jtmb->getFeatures() = ::llvm::SubtargetFeatures(options.features);
   jtmb->setCodeGenOptLevel(compat::codegen_opt_level(options.opt_level));
   return jtmb;
+}
+
+// jit_tmb(options) as LLJIT configures it for its own linker when
+// options.lljit_linker: where LLJIT links with JITLink (LLVM 19 on x86-64
+// ELF, say) it asks for the small code model and PIC, which compile faster
+// and make smaller code than RuntimeDyld's large code model. `b`, when
+// given, is the builder to configure (make_cached_lljit's own).
+::llvm::Expected<::llvm::orc::JITTargetMachineBuilder> configured_tmb(const JitOptions& options,
+                                                                      ::llvm::orc::LLJITBuilder* b = nullptr) {
+  auto jtmb = jit_tmb(options);
+  if (!jtmb || !options.lljit_linker) return jtmb;
+  ::llvm::orc::LLJITBuilder own;
+  if (!b) b = &own;
+  b->setJITTargetMachineBuilder(std::move(*jtmb));
+  if (auto err = b->prepareForConstruction()) return err;
+  return *b->JTMB;
 }
 
 // The target description of the machines jit_tmb(options) makes. It
@@ -787,11 +852,11 @@ class JitTargets {
   }
 
  private:
-  static std::tuple<std::string, std::string, unsigned> key(const JitOptions& o) {
-    return {o.cpu, o.features, std::min(o.opt_level, 3u)};
+  static std::tuple<std::string, std::string, unsigned, bool> key(const JitOptions& o) {
+    return {o.cpu, o.features, std::min(o.opt_level, 3u), o.lljit_linker};
   }
   std::mutex mu_;
-  std::map<std::tuple<std::string, std::string, unsigned>, TargetDesc> known_;  // GUARDED_BY(mu_)
+  std::map<std::tuple<std::string, std::string, unsigned, bool>, TargetDesc> known_;  // GUARDED_BY(mu_)
 };
 
 }  // namespace
@@ -801,13 +866,55 @@ kcache::Expected<FrontendKeys> FrontendKeys::for_jit(const JitOptions& options) 
   ko.ir_opt_level = static_cast<int>(std::min(options.opt_level, 3u));
   ko.extra = options.key_extra;
   if (auto known = JitTargets::get().find(options)) return FrontendKeys(*known, ko);
-  auto jtmb = jit_tmb(options);
+  auto jtmb = configured_tmb(options);
   if (!jtmb) return Status(Errc::invalid_argument, ::llvm::toString(jtmb.takeError()));
   auto tm = jtmb->createTargetMachine();
   if (!tm) return Status(Errc::invalid_argument, ::llvm::toString(tm.takeError()));
   TargetDesc desc = TargetDesc::of(**tm);
   JitTargets::get().remember(options, desc);
   return FrontendKeys(desc, ko);
+}
+
+kcache::Expected<BitcodeLoader> BitcodeLoader::for_jit(Cache& cache, ::llvm::orc::LLJIT& jit,
+                                                       const JitOptions& options) {
+  std::optional<FrontendKeys> keys;
+  if (!cache.options().disabled) {
+    auto k = FrontendKeys::for_jit(options);
+    if (!k) return k.error();
+    keys.emplace(std::move(*k));
+  }
+  return BitcodeLoader(cache, jit, std::move(keys), options.counters);
+}
+
+::llvm::Error BitcodeLoader::add(std::unique_ptr<::llvm::MemoryBuffer> bitcode, ::llvm::orc::JITDylib* jd) {
+  if (!bitcode) return make_error("BitcodeLoader::add: no buffer");
+  ::llvm::orc::JITDylib& dylib = jd ? *jd : jit_->getMainJITDylib();
+  std::optional<Key> front;
+  if (keys_) {
+    CompileCounters* C = counters_.get();
+    const bool cpu = C && C->cpu_times.load(std::memory_order_relaxed);
+    uint64_t t0 = now_ns(), u0 = cpu_ns(cpu);
+    ::llvm::StringRef bytes = bitcode->getBuffer();
+    front = keys_->key(hash_bytes(std::string_view(bytes.data(), bytes.size()))).key;
+    if (C) {
+      C->key_ns.fetch_add(now_ns() - t0, std::memory_order_relaxed);
+      C->key_cpu_ns.fetch_add(cpu_ns(cpu) - u0, std::memory_order_relaxed);
+    }
+    if (auto obj = keys_->find(*cache_, *front, C)) return jit_->addObjectFile(dylib, std::move(obj));
+  }
+  auto ctx = std::make_unique<::llvm::LLVMContext>();
+  auto m = ::llvm::parseBitcodeFile(bitcode->getMemBufferRef(), *ctx);
+  if (!m) return m.takeError();
+  // The module identifier is the buffer's (parseBitcodeFile sets it): the
+  // label comes from it, the key never does.
+  if (front) set_frontend_key(**m, *front);
+  return jit_->addIRModule(dylib, ::llvm::orc::ThreadSafeModule(std::move(*m), std::move(ctx)));
+}
+
+::llvm::Error BitcodeLoader::add_file(const std::string& path, ::llvm::orc::JITDylib* jd) {
+  auto buf = ::llvm::MemoryBuffer::getFile(path, /*IsText=*/false, /*RequiresNullTerminator=*/false);
+  if (!buf) return ::llvm::errorCodeToError(buf.getError());
+  return add(std::move(*buf), jd);
 }
 
 ::llvm::Expected<std::unique_ptr<::llvm::orc::LLJIT>> make_cached_lljit(Cache& cache, JitOptions options) {
@@ -821,14 +928,25 @@ kcache::Expected<FrontendKeys> FrontendKeys::for_jit(const JitOptions& options) 
   co.counters = options.counters;
 
   const bool jtmb_triple_is_elf = jtmb->getTargetTriple().isOSBinFormatELF();
+  ::llvm::orc::LLJITBuilder b;
+  if (options.compile_threads) b.setNumCompileThreads(options.compile_threads);
+  // LLJIT's own choice of linker and of the machine configuration that goes
+  // with it, unless RuntimeDyld is asked for: the code a plain LLJIT makes.
+  bool rtdyld = true;
+  if (options.lljit_linker) {
+    auto configured = configured_tmb(options, &b);
+    if (!configured) return configured.takeError();
+    jtmb = std::move(*configured);
+    rtdyld = !b.CreateObjectLinkingLayer;
+  } else {
+    b.setJITTargetMachineBuilder(*jtmb);
+  }
   // One machine gives the JIT its data layout (LLJIT would make a machine
   // of its own for that) and the compiler its target description and first
   // compile: a warm start that compiles nothing makes just this one.
   auto tm = jtmb->createTargetMachine();
   if (!tm) return tm.takeError();
-  ::llvm::orc::LLJITBuilder b;
   b.setDataLayout((*tm)->createDataLayout());
-  b.setJITTargetMachineBuilder(std::move(*jtmb));
   Cache* c = &cache;
   auto first = std::make_shared<std::unique_ptr<::llvm::TargetMachine>>(std::move(*tm));
   b.setCompileFunctionCreator([c, co, first, options](::llvm::orc::JITTargetMachineBuilder j)
@@ -840,8 +958,7 @@ kcache::Expected<FrontendKeys> FrontendKeys::for_jit(const JitOptions& options) 
     JitTargets::get().remember(options, (*cc)->target());
     return std::unique_ptr<::llvm::orc::IRCompileLayer::IRCompiler>(std::move(*cc));
   });
-  if (options.compile_threads) b.setNumCompileThreads(options.compile_threads);
-  if (options.arena_memory && jtmb_triple_is_elf) {
+  if (rtdyld && options.arena_memory && jtmb_triple_is_elf) {
     b.setObjectLinkingLayerCreator(
         [](::llvm::orc::ExecutionSession& es,
            const ::llvm::Triple&) -> ::llvm::Expected<std::unique_ptr<::llvm::orc::ObjectLayer>> {

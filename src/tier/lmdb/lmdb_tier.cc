@@ -119,8 +119,10 @@ class LmdbTier final : public Tier, public StoreAdmin {
     low_water_ = l.low_water;
     max_entry_ = l.max_entry_bytes;
     batch_ = l.recency_batch;
-    // A read-only store gets no writes, so nothing needs flushing.
-    if (!read_only_) flusher_ = std::thread([this] { flusher_loop(); });
+    // The flusher starts the first time there is enough to write
+    // (start_flusher_locked): a process that hits a few entries and stores
+    // nothing has no thread of kcache's (what it buffered is written at
+    // close, or by flush()).
   }
   ~LmdbTier() override {
     if (env_->inherited()) {
@@ -414,7 +416,7 @@ class LmdbTier final : public Tier, public StoreAdmin {
     }
     if (rc == MDB_NOTFOUND) {
       env_->end_read(txn);
-      if (access == Access::counted) count(c_misses);
+      if (access == Access::counted) miss_counted();
       return std::optional<Entry>();
     }
     if (rc) {
@@ -442,7 +444,7 @@ class LmdbTier final : public Tier, public StoreAdmin {
     auto e = Entry::decode(std::move(buf), &key);
     if (!e && e.error().code() == Errc::stale_format) {
       // Another build's entry: a miss, left for the build that reads it.
-      if (access == Access::counted) count(c_misses);
+      if (access == Access::counted) miss_counted();
       return std::optional<Entry>();
     }
     if (!e) {
@@ -574,9 +576,30 @@ class LmdbTier final : public Tier, public StoreAdmin {
     {
       std::lock_guard lk(pend_mu_);
       if (writes) touched_[key] = clock_.now_unix_ms();
-      wake = writes && flush_due(touched_.size());
+      wake = writes && flush_due(touched_.size()) && start_flusher_locked();
     }
     if (wake) pend_cv_->notify_one();
+  }
+
+  void miss_counted() {
+    count(c_misses);
+    if (read_only_) return;
+    bool wake;
+    {
+      std::lock_guard lk(pend_mu_);
+      wake = flush_due(touched_.size()) && start_flusher_locked();
+    }
+    if (wake) pend_cv_->notify_one();
+  }
+
+  // Starts the flusher thread unless it runs already; false where none may
+  // run (closing, or a child of fork(), whose store is its parent's).
+  // REQUIRES: pend_mu_.
+  bool start_flusher_locked() {
+    if (flusher_.joinable()) return true;
+    if (stop_ || env_->inherited()) return false;
+    flusher_ = std::thread([this] { flusher_loop(); });
+    return true;
   }
 
   void flusher_loop() {
@@ -586,10 +609,12 @@ class LmdbTier final : public Tier, public StoreAdmin {
     // a write attempt each.
     auto not_before = std::chrono::steady_clock::time_point::min();
     while (!stop_) {
-      pend_cv_->wait_for(lk, std::chrono::seconds(5));
-      if (stop_) break;
+      // Started because a flush was due: check before the first wait.
       bool due = flush_due(touched_.size());
-      if (!due || std::chrono::steady_clock::now() < not_before) continue;
+      if (!due || std::chrono::steady_clock::now() < not_before) {
+        pend_cv_->wait_for(lk, std::chrono::seconds(5));
+        continue;
+      }
       lk.unlock();
       Status st = flush();
       if (!st.is_ok()) {
@@ -959,7 +984,7 @@ class LmdbTier final : public Tier, public StoreAdmin {
   std::unique_ptr<std::condition_variable> pend_cv_ = std::make_unique<std::condition_variable>();
   std::unordered_map<Key, uint64_t> touched_;  // GUARDED_BY(pend_mu_): key -> last hit ms
   bool stop_ = false;                          // GUARDED_BY(pend_mu_)
-  std::thread flusher_;
+  std::thread flusher_;                        // GUARDED_BY(pend_mu_) while it starts
 };
 
 }  // namespace

@@ -2,11 +2,13 @@
 // CachingCompiler, ConcurrentIRCompiler + ObjectCache) and MCJIT, on real
 // disk tiers.
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <dirent.h>
 
 #include <cstdio>
 #include <fstream>
+#include <iterator>
 #include <latch>
 #include <thread>
 
@@ -18,7 +20,9 @@
 #include <llvm/ExecutionEngine/Orc/CompileUtils.h>
 #include <llvm/ExecutionEngine/Orc/LLJIT.h>
 #include <llvm/ExecutionEngine/Orc/ThreadSafeModule.h>
+#include <llvm/IR/Constants.h>
 #include <llvm/IR/LLVMContext.h>
+#include <llvm/IR/Metadata.h>
 #include <llvm/IR/Module.h>
 #include <llvm/Object/ObjectFile.h>
 #include <llvm/Support/SourceMgr.h>
@@ -26,6 +30,7 @@
 
 #include "kcache/llvm.h"
 #include "kcache/llvm_compat.h"
+#include "kcache/miss_journal.h"
 #include "test_util.h"
 
 namespace kl = kcache::llvm;
@@ -107,6 +112,16 @@ std::unique_ptr<llvm::TargetMachine> make_tm(const std::string& triple, const st
 }
 
 const std::string kTriple = "x86_64-pc-linux-gnu";
+
+// `jtmb` configured as LLJIT configures it for its own linker, as
+// make_cached_lljit does by default (JitOptions::lljit_linker): on LLVM 19
+// x86-64 ELF, JITLink's small code model and PIC.
+llvm::orc::JITTargetMachineBuilder as_lljit(llvm::orc::JITTargetMachineBuilder jtmb) {
+  llvm::orc::LLJITBuilder b;
+  b.setJITTargetMachineBuilder(std::move(jtmb));
+  if (auto err = b.prepareForConstruction()) ADD_FAILURE() << llvm::toString(std::move(err));
+  return *b.JTMB;
+}
 
 using Fn = uint64_t (*)(int64_t);
 
@@ -769,7 +784,7 @@ kcache::Key default_jit_key(const kcache::Digest& ir) {
     return {};
   }
   tmb->setCodeGenOptLevel(kl::compat::CodeGenOptLevel::Default);
-  auto tm = tmb->createTargetMachine();
+  auto tm = as_lljit(*tmb).createTargetMachine();
   if (!tm) {
     ADD_FAILURE() << llvm::toString(tm.takeError());
     return {};
@@ -912,6 +927,187 @@ TEST(LlvmFrontend, HitByFrontEndKeyNeedsNoModuleAndUnchangedIrSkipsCodegen) {
   }
 }
 
+// ---- what a key sets aside: !srcloc; bitcode as the JIT read it ---------------------
+
+namespace {
+
+// ir_text("h", start) with an inline asm barrier whose !srcloc is `loc`,
+// as clang emits it (the byte offset of the asm in its buffer).
+std::string asm_ir(uint64_t start, uint64_t loc, const std::string& asm_text = "") {
+  std::string t = ir_text("h", start);
+  t.replace(t.find("entry:\n"), 7,
+            "entry:\n  call void asm sideeffect \"" + asm_text + "\", \"~{memory}\"(), !srcloc !0\n");
+  return t + "!0 = !{i64 " + std::to_string(loc) + "}\n";
+}
+
+// The object the JIT made for `bc` (a module of make_cached_lljit with
+// default options), from the entry its object key names in `cache`.
+std::string stored_object(kcache::Cache& cache, const std::string& bc) {
+  llvm::LLVMContext ctx;
+  auto m = llvm::parseBitcodeFile(llvm::MemoryBufferRef(bc, "x"), ctx);
+  if (!m) return "no module: " + llvm::toString(m.takeError());
+  auto tmb = llvm::orc::JITTargetMachineBuilder::detectHost();
+  if (!tmb) return llvm::toString(tmb.takeError());
+  tmb->setCodeGenOptLevel(kl::compat::CodeGenOptLevel::Default);
+  auto tm = as_lljit(*tmb).createTargetMachine();
+  if (!tm) return llvm::toString(tm.takeError());
+  kl::KeyOptions ko;
+  ko.ir_opt_level = 2;
+  auto k = kl::object_key(**m, kl::TargetDesc::of(**tm), ko);
+  if (!k) return "no key";
+  auto e = cache.get(k->key);
+  if (!e || !e->artifact("obj")) return "not stored";
+  return std::string(*e->artifact("obj"));
+}
+
+void write_file(const std::string& path, const std::string& bytes) { std::ofstream(path, std::ios::binary) << bytes; }
+
+std::string read_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+}
+
+}  // namespace
+
+// !srcloc holds where clang found an inline asm (for diagnostics only): two
+// modules that differ in it alone have one key and one object, and keying
+// leaves it on the module.
+TEST(LlvmKey, SrclocIsSetAsideAndChangesNoObject) {
+  llvm::LLVMContext ctx;
+  auto tm = make_tm(kTriple, "x86-64", "");
+  kl::TargetDesc d = kl::TargetDesc::of(*tm);
+  auto a = parse(asm_ir(3, 120), ctx);
+  auto b = parse(asm_ir(3, 161), ctx);
+  auto other_asm = parse(asm_ir(3, 120, "nop"), ctx);
+  auto ka = kl::object_key(*a, d), kb = kl::object_key(*b, d), ko = kl::object_key(*other_asm, d);
+  ASSERT_TRUE(ka && kb && ko);
+  EXPECT_EQ(ka->key, kb->key);
+  EXPECT_NE(ka->key, ko->key);  // the asm itself is code
+  EXPECT_EQ(kl::ir_digest(*a), kl::ir_digest(*b));
+  // Put back for the code generator's diagnostics.
+  unsigned with_srcloc = 0;
+  for (auto& i : a->getFunction("h")->getEntryBlock())
+    if (auto* md = i.getMetadata("srcloc")) {
+      ++with_srcloc;
+      auto* c = llvm::mdconst::extract<llvm::ConstantInt>(md->getOperand(0));
+      EXPECT_EQ(c->getZExtValue(), 120u);
+    }
+  EXPECT_EQ(with_srcloc, 1u);
+  // The code generator makes the same bytes of both.
+  llvm::orc::SimpleCompiler sc(*tm);
+  auto oa = sc(*a), ob = sc(*b);
+  ASSERT_TRUE(oa && ob);
+  EXPECT_EQ((*oa)->getBuffer(), (*ob)->getBuffer());
+}
+
+// A label is the module's file name, not the folder it was read from.
+TEST(LlvmKey, LabelIsTheLastComponentOfTheModuleIdentifier) {
+  llvm::LLVMContext ctx;
+  auto tm = make_tm(kTriple, "x86-64", "");
+  auto k1 = kl::object_key(*parse(ir_text("f", 1), ctx, "/home/alice/build/lapi.bc"), kl::TargetDesc::of(*tm));
+  auto k2 = kl::object_key(*parse(ir_text("f", 1), ctx, "lcode.bc"), kl::TargetDesc::of(*tm));
+  ASSERT_TRUE(k1 && k2);
+  EXPECT_EQ(k1->label, "lapi.bc");
+  EXPECT_EQ(k2->label, "lcode.bc");
+}
+
+// BitcodeLoader: keyed on the file's bytes (a warm start parses nothing and
+// serialises nothing), labelled by the file's name, and bitcode whose only
+// change is a -D that no code reads (it moves every !srcloc) finds the
+// object it made before: no code generation, no miss, the same object.
+TEST(LlvmBitcodeLoader, KeysOnTheBytesAndSeesThroughADefineNoCodeReads) {
+  TempDir d;
+  std::string a_bc, b_bc;
+#ifdef KCACHE_TEST_CLANG
+  if (::access(KCACHE_TEST_CLANG, X_OK) == 0) {
+    // Real clang output: the !srcloc of an asm in a header counts the
+    // bytes of the predefines, which the -D lengthens.
+    write_file(d.path() + "/barrier.h",
+               "static inline void barrier(void) { __asm__ volatile(\"\" ::: \"memory\"); }\n");
+    write_file(d.path() + "/h.c",
+               "#include \"barrier.h\"\n"
+               "unsigned long long h(long long x) {\n"
+               "  barrier();\n"
+               "  unsigned long long acc = 3;\n"
+               "  long long i = 0;\n"
+               "  do { acc = acc * 31 + (unsigned long long)i; ++i; } while (i < x);\n"
+               "  return acc;\n}\n");
+    std::string cc = std::string(KCACHE_TEST_CLANG) + " -O2 -c -emit-llvm " + d.path() + "/h.c -o ";
+    ASSERT_EQ(std::system((cc + d.path() + "/a.bc").c_str()), 0);
+    ASSERT_EQ(std::system((cc + d.path() + "/b.bc -DNOT_READ_BY_ANY_CODE=1").c_str()), 0);
+    a_bc = read_file(d.path() + "/a.bc");
+    b_bc = read_file(d.path() + "/b.bc");
+  }
+#endif
+  if (a_bc.empty()) {
+    a_bc = bitcode_of(asm_ir(3, 120));
+    b_bc = bitcode_of(asm_ir(3, 161));
+  }
+  ASSERT_TRUE(a_bc != b_bc);
+  ::mkdir((d.path() + "/one").c_str(), 0755);
+  ::mkdir((d.path() + "/two").c_str(), 0755);
+  write_file(d.path() + "/one/h.bc", a_bc);
+  write_file(d.path() + "/two/h.bc", a_bc);
+  std::string store = d.path() + "/cache";
+
+  // Runs the JIT over `path` in a "process" of its own; returns its counters.
+  auto run = [&](const std::string& path) {
+    auto cache = open_cache(store, "lmdb");
+    auto c = std::make_shared<kl::CompileCounters>();
+    kl::JitOptions jo;
+    jo.counters = c;
+    auto jit = kl::make_cached_lljit(*cache, jo);
+    EXPECT_TRUE(bool(jit));
+    auto loader = kl::BitcodeLoader::for_jit(*cache, **jit, jo);
+    EXPECT_TRUE(bool(loader));
+    EXPECT_FALSE(loader->add_file(path));
+    EXPECT_EQ(call(**jit, "h", 40), reference(3, 40));
+    cache->flush();
+    return c;
+  };
+  auto cold = run(d.path() + "/one/h.bc");
+  EXPECT_EQ(cold->codegen_runs.load(), 1u);
+  EXPECT_EQ(cold->misses.load(), 1u);
+  EXPECT_EQ(cold->links_stored.load(), 1u);
+
+  // The same bytes from another folder: found by the bytes, nothing parsed.
+  auto warm = run(d.path() + "/two/h.bc");
+  EXPECT_EQ(warm->codegen_runs.load(), 0u);
+  EXPECT_EQ(warm->frontend_hits.load(), 1u);
+
+  // Rebuilt with the -D: new bytes, the same object.
+  write_file(d.path() + "/two/h.bc", b_bc);
+  auto redefined = run(d.path() + "/two/h.bc");
+  EXPECT_EQ(redefined->codegen_runs.load(), 0u);
+  EXPECT_EQ(redefined->misses.load(), 0u);
+  EXPECT_EQ(redefined->hits.load(), 1u);
+  EXPECT_EQ(redefined->links_stored.load(), 1u);
+  {
+    auto cache = open_cache(store, "lmdb");
+    std::string obj_a = stored_object(*cache, a_bc), obj_b = stored_object(*cache, b_bc);
+    EXPECT_EQ(obj_a, obj_b);
+    EXPECT_GT(obj_a.size(), 64u) << obj_a;
+    // Freshly compiled, with no cache, the -D bitcode makes those bytes too.
+    kcache::Options off;
+    off.disabled = true;
+    auto none = kcache::Cache::open(off);
+    auto t = tsm_from_bitcode(b_bc, "h.bc");
+    auto tmb = llvm::orc::JITTargetMachineBuilder::detectHost();
+    ASSERT_TRUE(bool(tmb));
+    auto cc = kl::CachingCompiler::create(*none, as_lljit(*tmb));
+    ASSERT_TRUE(bool(cc));
+    llvm::Expected<std::unique_ptr<llvm::MemoryBuffer>> fresh = nullptr;
+    t.withModuleDo([&](llvm::Module& m) { fresh = (**cc)(m); });
+    ASSERT_TRUE(bool(fresh));
+    EXPECT_EQ((*fresh)->getBuffer().str(), obj_a);
+  }
+  // One miss journaled in all, labelled by the file's name.
+  auto recs = kcache::read_miss_journal(store + "/lmdb", 100);
+  ASSERT_TRUE(recs);
+  ASSERT_EQ(recs->size(), 1u);
+  EXPECT_EQ((*recs)[0].label, "h.bc");
+}
+
 TEST(LlvmFrontend, KeysCoverTheJitConfiguration) {
   kl::JitOptions a, b, c;
   b.opt_level = 1;
@@ -935,7 +1131,7 @@ TEST(LlvmFrontend, RememberedTargetsAreThoseOfFreshMachines) {
     if (!o.cpu.empty()) jtmb->setCPU(o.cpu);
     if (!o.features.empty()) jtmb->getFeatures() = llvm::SubtargetFeatures(o.features);
     jtmb->setCodeGenOptLevel(cg);
-    auto tm = jtmb->createTargetMachine();
+    auto tm = as_lljit(*jtmb).createTargetMachine();
     EXPECT_TRUE(bool(tm));
     kl::KeyOptions ko;
     ko.ir_opt_level = static_cast<int>(o.opt_level);
@@ -1066,7 +1262,9 @@ std::string arena_ir(int i) {
 TEST(LlvmArenaMemory, ObjectsRunWithTheirProtectionsAndComeBackAfterRemoval) {
   TempDir d;
   auto cache = open_cache(d.path(), "lmdb");
-  auto jit = kl::make_cached_lljit(*cache);
+  kl::JitOptions jo;
+  jo.lljit_linker = false;  // RuntimeDyld, into the arena, on every LLVM
+  auto jit = kl::make_cached_lljit(*cache, jo);
   ASSERT_TRUE(bool(jit)) << llvm::toString(jit.takeError());
   constexpr int kModules = 40;
   std::vector<llvm::orc::ResourceTrackerSP> rts(kModules);

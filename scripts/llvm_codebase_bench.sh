@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# The LLVM cold-start benchmark on a real C code base: pycryptodome's C
+# sources (the pycryptodome sdist on PyPI, src/*.c; or CODEBASE_SRC=folder
+# holding them), one bitcode file per translation unit (clang-14 -O2
+# -emit-llvm, the flags its setup.py passes on x86-64 Linux). Left out: the
+# files other files include (templates), those for other processors
+# (ARMv8, NEON), the variants for newer x86 extensions that define the same
+# functions as their portable versions (SHA-NI, AVX2, BMI2/ADX, CLMUL,
+# AES-NI), and ec_nat_module.c, a unity build of others; 46 files. Then
+# kcache_bench_llvm_codebase runs a plain LLJIT, kcache with
+# KCACHE_DISABLE=1, cold and warm, ROUNDS times (default 5), in CPU time,
+# and checks the JIT-ed SHA-256 and MD5 of "abc".
+#
+#   scripts/llvm_codebase_bench.sh [BUILD]      (ROUNDS=N, CODEBASE_SRC=dir)
+#
+# Everything it fetches and makes goes to BUILD/codebase; nothing is committed.
+set -euo pipefail
+B=${1:-build}
+BENCH="$B/bench/kcache_bench_llvm_codebase"
+[ -x "$BENCH" ] || { echo "llvm_codebase_bench: $BENCH not built (cmake --build $B --target kcache_bench_llvm_codebase)" >&2; exit 1; }
+command -v clang-14 >/dev/null || { echo "llvm_codebase_bench: clang-14 not found (apt-get install clang-14)" >&2; exit 1; }
+OUT="$B/codebase"
+VERSION=${PYCRYPTODOME_VERSION:-4.4.0}
+mkdir -p "$OUT"
+if [ ! -f "$OUT/src/SHA256.c" ]; then
+  if [ -n "${CODEBASE_SRC:-}" ]; then
+    SRC="$CODEBASE_SRC"
+  else
+    rm -rf "$OUT/dl" && mkdir -p "$OUT/dl/tmp"
+    # The sdist only. pip unpacks it and then prepares its metadata, which
+    # may fail here: the unpacked sources are all we need, so keep them
+    # (--no-clean) whatever pip says.
+    TMPDIR="$(cd "$OUT/dl/tmp" && pwd)" python3 -m pip download --quiet --no-clean --no-deps --no-binary :all: \
+      --no-build-isolation "pycryptodome==$VERSION" -d "$OUT/dl" >"$OUT/dl/pip.log" 2>&1 || true
+    if [ -f "$OUT/dl/pycryptodome-$VERSION.tar.gz" ]; then tar -xzf "$OUT/dl/pycryptodome-$VERSION.tar.gz" -C "$OUT/dl"; fi
+    SRC=$(find "$OUT/dl" -path '*/src/SHA256.c' -printf '%h\n' | head -1)
+    [ -n "$SRC" ] || { echo "llvm_codebase_bench: no pycryptodome sources (see $OUT/dl/pip.log); set CODEBASE_SRC" >&2; exit 1; }
+  fi
+  mkdir -p "$OUT/src"
+  cp -r "$SRC"/. "$OUT/src/"
+fi
+# setup.py's macros for x86-64 Linux (compiler_opt.py), and the
+# instruction sets its per-file options enable.
+DEFS="-DHAVE_STDINT_H -DPYCRYPTO_LITTLE_ENDIAN -DSYS_BITS=64 -DHAVE_UINT128 -DHAVE_CPUID_H -DHAVE_POSIX_MEMALIGN
+  -DHAVE_X86INTRIN_H -DUSE_SSE2 -DHAVE_WMMINTRIN_H -DHAVE_TMMINTRIN_H"
+mkdir -p "$OUT/bc"
+for c in "$OUT"/src/*.c; do
+  n=$(basename "$c" .c)
+  case "$n" in
+    *armv8* | *neon* | *pmull* | *_shani | *avx2* | *bmi2* | *_perf | AESNI | ghash_clmul | ec_nat_module) continue ;;
+    blake2 | block_common | blowfish_init | hash_SHA2_* | cast5 | mod25519 | nat_rows | mldsa | mlkem) continue ;;
+  esac
+  # shellcheck disable=SC2086
+  [ "$OUT/bc/$n.bc" -nt "$c" ] || clang-14 -O2 -w $DEFS ${EXTRA_CFLAGS:-} -emit-llvm -c "$c" -o "$OUT/bc/$n.bc"
+done
+echo "llvm_codebase_bench: $(ls "$OUT"/bc/*.bc | wc -l) translation units of pycryptodome $VERSION in $OUT/bc" >&2
+"$BENCH" --bc "$OUT/bc" --rounds "${ROUNDS:-5}" --check sha
