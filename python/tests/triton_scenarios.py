@@ -22,7 +22,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
-from triton.compiler import ASTSource  # noqa: E402
 
 import triton_kernels  # noqa: E402
 
@@ -37,8 +36,8 @@ def failing_kernel(x_ptr, n, BLOCK: tl.constexpr):
 
 
 def _failing():
-    return ASTSource(failing_kernel, {"x_ptr": "*fp32", "n": "i32", "BLOCK": "constexpr"},
-                     constexprs={"BLOCK": 64})
+    return triton_kernels.ast_source(failing_kernel, {"x_ptr": "*fp32", "n": "i32", "BLOCK": "constexpr"},
+                                     {"BLOCK": 64})
 
 
 def _stats():
