@@ -39,8 +39,9 @@ temporary folder first, which is then renamed into place, so no reader ever
 sees half a group. A process that compiles a group publishes its files the
 same way (hard links to its own copies). Before a folder is handed to
 Triton its files are checked against the entry (size, then bytes; once per
-process, then by their inode, size and times): a file removed or changed is
-written out again (temporary name, then rename). A folder that cannot be
+process, then by their inode, size and times, at most once a second): a
+file removed or changed is written out again (temporary name, then rename).
+A folder that cannot be
 written (a read-only TRITON_CACHE_DIR, a full disk) is replaced for this
 process by a private temporary folder, removed when it exits: hits are
 still served, and a read-only store is never written.
@@ -123,6 +124,7 @@ _DAY_S = 24 * 3600
 _TOUCH_S = 60
 _RECENT_S = 120
 _DEFAULT_FILES_MAX = 4 << 30
+_RECHECK_S = 1.0  # a folder checked this long ago by this process is not checked again
 
 _lock = threading.RLock()
 _cache: Optional[kcache.Cache] = None
@@ -427,6 +429,14 @@ class _Files:
 
     def _materialise(self, entry: kcache.Entry, names: List[str]) -> Dict[str, str]:
         d = self._entry_dir(entry)
+        known = self._verified.get(d)
+        if known is not None and time.monotonic() - known[1] < _RECHECK_S:
+            # Checked by this process a moment ago: the folder is still there.
+            try:
+                if time.time() - os.stat(d).st_mtime <= _TOUCH_S:
+                    return dict(known[2])
+            except OSError:
+                pass
         paths = {n: os.path.join(d, n) for n in names}
         try:
             st = os.stat(d)
@@ -461,7 +471,8 @@ class _Files:
         idents = []
         try:
             idents = [_ident(os.stat(p)) for p in paths.values()]
-            if known is not None and tuple(idents) == known:
+            if known is not None and tuple(idents) == known[0]:
+                self._verified[d] = (known[0], time.monotonic(), paths)
                 return
         except OSError:
             idents = []
@@ -488,7 +499,7 @@ class _Files:
         if fixed:
             _log(f"written-out files {', '.join(fixed)} of {os.path.basename(d)} were missing or damaged; written again")
         try:
-            self._verified[d] = tuple(_ident(os.stat(p)) for p in paths.values())
+            self._verified[d] = (tuple(_ident(os.stat(p)) for p in paths.values()), time.monotonic(), paths)
         except OSError:
             self._verified.pop(d, None)
 
