@@ -9,9 +9,11 @@ or, without touching the program,
 install() sets TRITON_CACHE_MANAGER (unless already set), wraps Triton's
 compile so that a compile that raises gives up its single-flight lease at
 once, and remembers Triton's `triton_key()` across processes (see below).
-The variable alone gives the same cache; the compile wrapper then covers
-every compile after the first of the process, and `triton_key()` is
-computed by Triton as usual.
+The variable alone gives the same cache, and `triton_key()` is computed by
+Triton as usual; the wrapper is installed when Triton first imports the
+manager, inside the process's first compile, which is watched instead (a
+trace function on Triton's compile frame alone, until it returns; not
+while a debugger or coverage tool traces).
 
 A kernel's whole group (source and IR stages, cubin, metadata JSON) is one
 kcache entry, stored in one atomic put, so a group mixed from two writers
@@ -568,6 +570,8 @@ def _failed(e: Optional[BaseException]) -> None:
         while tb is not None:
             try:
                 tb.tb_frame.clear()
+                # The dict a tracer or f_locals made of its locals, too.
+                tb.tb_frame.f_locals.clear()
             except RuntimeError:
                 pass  # still running (the wrapper, the caller)
             tb = tb.tb_next
@@ -582,6 +586,7 @@ def _wrap_compile(fn):
     def compile(*args, **kwargs):
         with _lock:
             before = set(_leases)
+        _tls.depth = getattr(_tls, "depth", 0) + 1
         try:
             return fn(*args, **kwargs)
         except BaseException as e:
@@ -590,9 +595,47 @@ def _wrap_compile(fn):
             _drop_leases(threading.get_ident(), before)
             _failed(e)
             raise
+        finally:
+            _tls.depth -= 1
 
     compile._kcache_wrapped = fn
     return compile
+
+
+_tls = threading.local()
+
+
+def _no_trace(frame, event, arg):
+    return None
+
+
+def _watch_unwrapped(lease: _Lease) -> None:
+    """A compile that started before the wrapper was installed (the first
+    of a process that names the manager only in TRITON_CACHE_MANAGER):
+    Triton's compile frame is watched, with a trace function on that frame
+    alone, until it returns; a lease still held then (the compile raised)
+    is given up. Not where a tracer (a debugger, coverage) is active."""
+    if getattr(_tls, "depth", 0) or sys.gettrace() is not None:
+        return
+    f = sys._getframe(2)
+    while f is not None and not (f.f_code.co_name == "compile"
+                                 and f.f_globals.get("__name__") == "triton.compiler.compiler"):
+        f = f.f_back
+    if f is None:
+        return
+
+    def watch(frame, event, arg):
+        global _compile_failed
+        if event == "return":
+            sys.settrace(None)
+            if lease.flight is not None:  # not committed: the compile raised
+                _compile_failed = True
+                lease.drop()
+        return watch
+
+    f.f_trace = watch
+    f.f_trace_lines = False
+    sys.settrace(_no_trace)
 
 
 def _hook_compile() -> None:
@@ -746,6 +789,10 @@ class CacheManager(_TritonCacheManager):
         with _lock:
             _leases.add(lease)
         self._lease = lease
+        try:
+            _watch_unwrapped(lease)
+        except Exception:
+            pass
         return None
 
     def put_group(self, filename: str, group: Dict[str, str]) -> Optional[str]:

@@ -112,6 +112,19 @@ def test_failed_backend_compile_with_live_exception_does_not_stall_others(triton
     assert "leaked" not in err
 
 
+def test_failed_first_backend_compile_without_install_does_not_stall_others(triton_env, tmp_path):
+    # TRITON_CACHE_MANAGER alone: Triton imports kcache.triton inside the
+    # process's first compile, which then fails in ptxas.
+    import triton
+    real = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    failing = tmp_path / "ptxas-failing"
+    failing.write_text(f'#!/bin/sh\ncase "$1" in --version) exec {real} "$@" ;; esac\nexit 1\n')
+    failing.chmod(0o755)
+    err = _failing_pair(triton_env, "fail-ptxas-env-keep", TRITON_PTXAS_PATH=str(failing),
+                        TRITON_PTXAS_BLACKWELL_PATH=str(failing))
+    assert "leaked" not in err
+
+
 def test_holder_killed_is_taken_over_before_its_lease_expires(triton_env):
     # The lease would last ten minutes: the waiter compiles once it sees
     # the holder (same host) is dead, not when the lease runs out.

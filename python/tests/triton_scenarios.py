@@ -7,6 +7,8 @@ each), printing one JSON line.
     python triton_scenarios.py fail              the same kernel, once
     python triton_scenarios.py fail-ptxas-keep   install(), then a kernel whose
         ptxas fails (PTXAS_FAIL=1 in the environment); kept as above
+    python triton_scenarios.py fail-ptxas-env-keep   the same without install():
+        the manager is imported by Triton inside this first compile
     python triton_scenarios.py options W         the add kernel with num_warps=W
     python triton_scenarios.py key               install(); triton_key() and
         where it came from, and Triton's own value computed afresh
@@ -48,10 +50,11 @@ def _stats():
 def main(argv):
     global kept
     cmd = argv[1]
-    if cmd in ("fail", "fail-and-keep", "fail-ptxas", "fail-ptxas-keep"):
+    if cmd in ("fail", "fail-and-keep", "fail-ptxas", "fail-ptxas-keep", "fail-ptxas-env", "fail-ptxas-env-keep"):
         if cmd.startswith("fail-ptxas"):
-            import kcache.triton
-            kcache.triton.install(remember_triton_key=False)
+            if not cmd.startswith("fail-ptxas-env"):
+                import kcache.triton
+                kcache.triton.install(remember_triton_key=False)
             src = triton_kernels.kernels()[0][1]
         else:
             src = _failing()
