@@ -50,7 +50,9 @@ still served, and a read-only store is never written.
 
 The written-out folders have a limit of their own, the value of
 KCACHE_MAX_SIZE (default 4G): when they grow past it, the least recently
-used are removed (never one used in the last two minutes). Folders not used
+used are removed (never one used in the last two minutes). Their sizes are
+added up when a process starts, at most every ten minutes, and after a
+process wrote an eighth of the limit. Folders not used
 for a day are removed too; the files a process writes while it compiles
 live in a folder of its own, removed when it exits (or by a later process
 once it is dead).
@@ -126,6 +128,7 @@ _DAY_S = 24 * 3600
 _TOUCH_S = 60
 _RECENT_S = 120
 _DEFAULT_FILES_MAX = 4 << 30
+_SIZE_SWEEP_S = 600
 _RECHECK_S = 1.0  # a folder checked this long ago by this process is not checked again
 
 _lock = threading.RLock()
@@ -283,7 +286,7 @@ class _Files:
             self._go_private(e)
             return fn(*args)
 
-    def _sweep(self) -> None:
+    def _sweep(self, sizes: bool = False) -> None:
         # Removes what nobody can need any more: staging folders of dead
         # processes, temporary folders older than a day, hit folders not
         # used for a day, and the least recently used hit folders beyond
@@ -296,6 +299,8 @@ class _Files:
             return
         hits = []
         for n in names:
+            if n.startswith("."):
+                continue
             p = os.path.join(self.root, n)
             dead = False
             try:
@@ -312,6 +317,21 @@ class _Files:
                 continue
             if dead:
                 self._remove(p)
+        # The sizes: at most every ten minutes (any process; the time of
+        # .swept says when), or when this process wrote an eighth of the
+        # limit since.
+        stamp = os.path.join(self.root, ".swept")
+        if not sizes:
+            try:
+                if now - os.stat(stamp).st_mtime < _SIZE_SWEEP_S:
+                    return
+            except OSError:
+                pass
+        try:
+            with open(stamp, "wb"):
+                pass
+        except OSError:
+            pass
         total, sized = 0, []
         for mtime, p in hits:
             size = 0
@@ -347,7 +367,7 @@ class _Files:
         self._published += nbytes
         if self._published > self.limit // 8:
             self._published = 0
-            self._sweep()
+            self._sweep(sizes=True)
 
     def _staging_dir(self, key: str) -> str:
         if self._staging is None or os.getpid() != self.pid:
@@ -686,7 +706,10 @@ def _compile_components() -> Tuple[Optional[str], dict]:
     """The label and readable components of the compile that called
     get_group: the kernel's name, target, Triton's parsed options and cache
     invalidating variables, and versions, read from Triton's compile frame.
-    Nothing when the caller is not Triton's compile."""
+    They are functions of Triton's hash (which the key holds too), so they
+    add no identity of their own; remembered per hash in the process. Nothing
+    when the caller is not Triton's compile (Triton calls get_group nowhere
+    else)."""
     global _triton_key_digest
     try:
         f = sys._getframe(2)

@@ -21,7 +21,7 @@ SCENARIOS = os.path.join(HERE, "triton_scenarios.py")
 
 def _hit_dirs(env):
     files = os.path.join(env.base["TRITON_CACHE_DIR"], "kcache-files")
-    return [os.path.join(files, d) for d in os.listdir(files) if not d.startswith(("pid-", "tmp-", "del-"))]
+    return [os.path.join(files, d) for d in os.listdir(files) if not d.startswith(("pid-", "tmp-", "del-", "."))]
 
 
 def _scenario(env, *args, stdin=None, **extra):
@@ -154,8 +154,8 @@ def test_written_out_files_are_bounded(triton_env):
     sizes = sorted(_tree_size([d]) for d in dirs)
     limit = sizes[-1] + sizes[0] // 2  # room for one folder, not three
     old = time.time() - 3600
-    for d in dirs:
-        os.utime(d, (old, old))  # an hour unused
+    for d in dirs + [os.path.join(os.path.dirname(dirs[0]), ".swept")]:
+        os.utime(d, (old, old))  # an hour unused, and last swept an hour ago
     res = triton_env.run(1, KCACHE_MAX_SIZE=str(limit))
     assert len(res["cubins"]) == 1
     assert _tree_size(_hit_dirs(triton_env)) <= limit
