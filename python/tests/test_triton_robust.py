@@ -143,6 +143,24 @@ def test_holder_killed_is_taken_over_before_its_lease_expires(triton_env):
     assert res["stats"]["compiles"] == 1 and res["stats"]["lease_takeovers"] >= 1
 
 
+def test_holder_killed_is_taken_over_with_a_remote_tier(triton_env, redis):
+    # KCACHE_REMOTE: the lease is held on the Redis server too; a holder of
+    # this host that died gives it up there at once as well.
+    long = dict(KCACHE_LEASE_TTL_MS=600000, KCACHE_WAIT_BOUND_MS=600000, KCACHE_REMOTE=redis.url)
+    holder = triton_env.start(1, PTXAS_SLEEP=120, **long)
+    deadline = time.time() + 120
+    while triton_env.ptxas_runs() < 1:
+        assert holder.poll() is None and time.time() < deadline
+        time.sleep(0.1)
+    waiter = triton_env.start(1, **long)
+    time.sleep(2)
+    os.killpg(holder.pid, signal.SIGKILL)
+    holder.wait()
+    res = triton_env.result(waiter, timeout=90)
+    assert triton_env.ptxas_runs() == 2
+    assert res["stats"]["compiles"] == 1 and res["stats"]["lease_takeovers"] >= 1
+
+
 def _tree_size(dirs):
     return sum(os.path.getsize(os.path.join(d, f)) for d in dirs for f in os.listdir(d))
 
