@@ -46,7 +46,9 @@ file removed or changed is written out again (temporary name, then rename).
 A folder that cannot be
 written (a read-only TRITON_CACHE_DIR, a full disk) is replaced for this
 process by a private temporary folder, removed when it exits: hits are
-still served, and a read-only store is never written.
+still served, and a read-only store is never written (KCACHE_READONLY=1
+with the files engine; an LMDB store needs its lock file writable, so in a
+read-only folder its disk tier is left out and Triton compiles).
 
 The written-out folders have a limit of their own, the value of
 KCACHE_MAX_SIZE (default 4G): when they grow past it, the least recently
