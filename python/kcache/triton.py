@@ -695,8 +695,9 @@ def _triton_key_fn():
 
 
 def _readable(v):
-    if isinstance(v, (bool, int, str)) and not (isinstance(v, int) and not isinstance(v, bool)
-                                                and not -2**63 <= v < 2**63):
+    # A component value kcache.key takes as it is (str, bool, a 64-bit
+    # int), else its JSON text.
+    if isinstance(v, (bool, str)) or (isinstance(v, int) and -2**63 <= v < 2**63):
         return v
     try:
         return json.dumps(v, sort_keys=True, default=str)
