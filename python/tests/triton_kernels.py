@@ -82,13 +82,17 @@ def matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K, sam, sak, sbk, sbn, scm, scn,
 
 
 def ast_source(fn, sig, constexprs):
-    """ASTSource across Triton 3.x: named signature and constexprs (3.2 and
-    later), or positional signature and constants (3.0, 3.1)."""
+    """ASTSource across Triton 3.x: named signature and constexprs (3.3 and
+    later), named signature and constants (3.2), or positional signature and
+    constants (3.0, 3.1)."""
     if "constexprs" in inspect.signature(ASTSource.__init__).parameters:
         return ASTSource(fn, sig, constexprs=constexprs)
     names = fn.arg_names
-    return ASTSource(fn, {i: sig[n] for i, n in enumerate(names) if sig[n] != "constexpr"},
-                     constants={names.index(n): v for n, v in constexprs.items()})
+    try:
+        return ASTSource(fn, {i: sig[n] for i, n in enumerate(names) if sig[n] != "constexpr"},
+                         constants={names.index(n): v for n, v in constexprs.items()})
+    except TypeError:  # 3.2: keys are names
+        return ASTSource(fn, dict(sig), constants=dict(constexprs))
 
 
 def _elementwise(fn, nptr, block):
