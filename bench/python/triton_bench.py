@@ -10,6 +10,10 @@ compiled for sm_90 without a GPU with the ptxas of Triton's wheel:
   cold      one process, empty cache folder
   warm      a new process, the folder the cold run filled
   N cold    N processes started at once on an empty folder
+  import    a process that only imports Triton (the floor of every process)
+
+"kcache+key" is kcache.triton.install() at the top of the worker: the same
+cache, and triton_key() remembered across processes.
 
 Each row gives wall time, CPU seconds of the processes and their children
 (ptxas), ptxas runs (counted by a wrapper script), and for warm runs the load
@@ -43,9 +47,15 @@ def cpu():
     a, b = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     return a.ru_utime + a.ru_stime + b.ru_utime + b.ru_stime
 sys.path.insert(0, sys.argv[1])
+if os.environ.get("BENCH_INSTALL"):
+    import kcache.triton
+    kcache.triton.install()
 import triton_kernels
 import triton
 t_import = cpu()
+if os.environ.get("BENCH_IMPORT_ONLY"):
+    print(json.dumps({"import_cpu_s": t_import, "per_kernel_s": {}}))
+    sys.exit(0)
 per, per_cpu = {}, {}
 for name, src in triton_kernels.kernels():
     c, t = cpu(), time.perf_counter()
@@ -129,17 +139,24 @@ def bench_triton(procs):
     wrapper = _ptxas_wrapper(tmp)
     rows = []
     try:
-        for manager in ("file", "kcache"):
-            for phase, n in (("cold", 1), ("warm", 1), (f"{procs} cold", procs)):
+        for manager in ("file", "kcache", "kcache+key"):
+            phases = (("import", 1), ("cold", 1), ("warm", 1), ("get_group", 1), (f"{procs} cold", procs))
+            if manager == "kcache+key":
+                phases = (("cold", 1), ("warm", 1), ("get_group", 1))
+            for phase, n in phases:
                 folder = os.path.join(tmp, manager + ("-multi" if n > 1 else ""))
                 count = os.path.join(tmp, f"count-{manager}-{phase.replace(' ', '')}")
                 env = {k: v for k, v in os.environ.items() if not k.startswith(("TRITON_", "KCACHE_"))}
                 env.update(TRITON_CACHE_DIR=folder, TRITON_HOME=os.path.join(tmp, "home"),
                            TRITON_PTXAS_PATH=wrapper, TRITON_PTXAS_BLACKWELL_PATH=wrapper, PTXAS_COUNT_FILE=count,
                            TRITON_DEFAULT_FP_FUSION="1", PYTHONWARNINGS="ignore")
-                if manager == "kcache":
+                if manager.startswith("kcache"):
                     env["TRITON_CACHE_MANAGER"] = "kcache.triton:CacheManager"
-                if phase == "warm":
+                if manager == "kcache+key":
+                    env["BENCH_INSTALL"] = "1"
+                if phase == "import":
+                    env["BENCH_IMPORT_ONLY"] = "1"
+                if phase == "get_group":  # a warm process of its own: its loop is not in warm's CPU
                     env["BENCH_GET_GROUP"] = "1"
                 wall, cpu, outs = _run(env, n)
                 kernels = len(outs[0]["per_kernel_s"])
@@ -150,8 +167,9 @@ def bench_triton(procs):
                     row["load_ms_per_kernel"] = 1000 * statistics.mean(outs[0]["per_kernel_s"].values())
                     row["load_cpu_ms_per_kernel"] = 1000 * statistics.mean(outs[0]["per_kernel_cpu_s"].values())
                     row["again_cpu_ms_per_kernel"] = 1000 * statistics.mean(outs[0]["again_cpu_s"].values())
+                if phase == "get_group":
                     row["get_group_us"] = outs[0]["get_group_us"]
-                if manager == "kcache":
+                if manager.startswith("kcache") and phase != "import":
                     row["compiles"] = sum(o["stats"]["compiles"] for o in outs)
                 rows.append(row)
     finally:
@@ -286,6 +304,8 @@ def main():
         print(hdr)
         nan = float("nan")
         for r in results["triton"]:
+            if r["phase"] in ("import", "get_group"):
+                continue
             print(f"{r['manager']:8s} {r['phase']:8s} {r['wall_s']:7.2f} {r['cpu_s']:7.2f} {r['ptxas_runs']:6d} "
                   f"{str(r.get('compiles', '-')):>8s} {r['import_cpu_s']:12.2f} "
                   f"{r.get('load_ms_per_kernel', nan):14.2f} {r.get('load_cpu_ms_per_kernel', nan):18.2f} "
@@ -297,10 +317,17 @@ def main():
             # What N processes cannot avoid even when all but one only load:
             # N-1 warm processes (interpreter, import triton, Triton's own
             # per-kernel work on a hit).
+            floor = by[(m, "import")]["cpu_s"]
             print(f"{m}: {multi} CPU / one cold process = {many / cold:.2f}x; "
-                  f"above {a.procs - 1} warm processes' CPU: {(many - (a.procs - 1) * warm) / cold:.2f}x")
-        for m in ("file", "kcache"):
-            print(f"{m}: get_cache_manager(hash).get_group(name) on a hit: {by[(m, 'warm')]['get_group_us']:.1f} us")
+                  f"above {a.procs - 1} warm processes' CPU: {(many - (a.procs - 1) * warm) / cold:.2f}x; "
+                  f"above the import floor ({a.procs - 1} more interpreters importing Triton, "
+                  f"{floor:.2f} s each): {(many - (a.procs - 1) * floor) / cold:.2f}x")
+        for m in ("kcache", "kcache+key"):
+            print(f"warm process that compiles nothing, CPU {m} / file: "
+                  f"{by[(m, 'warm')]['cpu_s'] / by[('file', 'warm')]['cpu_s']:.2f}x "
+                  f"({by[(m, 'warm')]['cpu_s']:.2f} s / {by[('file', 'warm')]['cpu_s']:.2f} s)")
+        for m in ("file", "kcache", "kcache+key"):
+            print(f"{m}: get_cache_manager(hash).get_group(name) on a hit: {by[(m, 'get_group')]['get_group_us']:.1f} us")
         print(f"warm load per kernel, kcache / file: wall "
               f"{by[('kcache', 'warm')]['load_ms_per_kernel'] / by[('file', 'warm')]['load_ms_per_kernel']:.2f}x, "
               f"CPU {by[('kcache', 'warm')]['load_cpu_ms_per_kernel'] / by[('file', 'warm')]['load_cpu_ms_per_kernel']:.2f}x, "

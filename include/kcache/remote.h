@@ -176,6 +176,13 @@ class RemoteLeaseBackend {
   virtual Expected<bool> lease_release(const Key& key, std::string_view token) = 0;
   // Whether anyone holds the lease of `key`.
   virtual Expected<bool> lease_held(const Key& key) = 0;
+  // The token that holds the lease of `key` (nullopt: none). A backend
+  // that cannot say returns an error (the default): a holder that died is
+  // then waited out until its lease expires.
+  virtual Expected<std::optional<std::string>> lease_holder(const Key& key) {
+    (void)key;
+    return Status(Errc::unavailable, "lease holders are not readable");
+  }
 };
 
 // The remote tier's own interface, beyond Tier.
@@ -211,6 +218,14 @@ class RemoteLeases : public Leases {
   // Gives the lease back if this object still holds it. Queued behind the
   // tier's pending writes, so waiters see the entry before the lease goes.
   virtual void release_lease(const Key& key) = 0;
+  // Removes the lease of `key` when its holder is a process of this host
+  // known dead (PID gone, or reused by a process started later): true when
+  // it did, so the caller can acquire at once instead of waiting for the
+  // lease to expire.
+  virtual bool take_over_dead(const Key& key) {
+    (void)key;
+    return false;
+  }
   // Waits, polling, until `key` is stored (returns it), or no lease is held
   // on it any more (nullopt: the holder gave up or died; try to acquire), or
   // `bound_ms` passes, or the server cannot be asked (nullopt).

@@ -19,7 +19,7 @@ def test_round_trip_cold_then_warm_in_new_process(triton_env):
     assert warm["stats"]["compiles"] == 0 and warm["stats"]["hits"] >= N
     # Hits were written out for Triton under kcache-files/, one folder each.
     files = os.path.join(triton_env.base["TRITON_CACHE_DIR"], "kcache-files")
-    hit_dirs = [d for d in os.listdir(files) if not d.startswith(("pid-", "tmp-", "del-"))]
+    hit_dirs = [d for d in os.listdir(files) if not d.startswith(("pid-", "tmp-", "del-", "."))]
     assert len(hit_dirs) == N
     assert all(any(f.endswith(".cubin") for f in os.listdir(os.path.join(files, d))) for d in hit_dirs)
     # The processes' own staging folders went with them.

@@ -8,6 +8,7 @@ Used by the Python tests and bench/triton_bench.py.
 """
 
 import hashlib
+import inspect
 import sys
 
 import triton
@@ -80,12 +81,26 @@ def matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K, sam, sak, sbk, sbn, scm, scn,
     tl.store(c_ptr + rm[:, None] * scm + rn[None, :] * scn, acc.to(tl.float16))
 
 
+def ast_source(fn, sig, constexprs):
+    """ASTSource across Triton 3.x: named signature and constexprs (3.3 and
+    later), named signature and constants (3.2), or positional signature and
+    constants (3.0, 3.1)."""
+    if "constexprs" in inspect.signature(ASTSource.__init__).parameters:
+        return ASTSource(fn, sig, constexprs=constexprs)
+    names = fn.arg_names
+    try:
+        return ASTSource(fn, {i: sig[n] for i, n in enumerate(names) if sig[n] != "constexpr"},
+                         constants={names.index(n): v for n, v in constexprs.items()})
+    except TypeError:  # 3.2: keys are names
+        return ASTSource(fn, dict(sig), constants=dict(constexprs))
+
+
 def _elementwise(fn, nptr, block):
     names = fn.arg_names
     sig = {names[i]: "*fp32" for i in range(nptr)}
     sig[names[nptr]] = "i32"
     sig["BLOCK"] = "constexpr"
-    return ASTSource(fn, sig, constexprs={"BLOCK": block})
+    return ast_source(fn, sig, {"BLOCK": block})
 
 
 def kernels():
@@ -98,17 +113,17 @@ def kernels():
     for block in (256, 1024):
         sig = {"out_ptr": "*fp32", "in_ptr": "*fp32", "in_stride": "i32", "out_stride": "i32", "n_cols": "i32",
                "BLOCK": "constexpr"}
-        out.append((f"softmax_{block}", ASTSource(softmax_kernel, sig, constexprs={"BLOCK": block})))
+        out.append((f"softmax_{block}", ast_source(softmax_kernel, sig, {"BLOCK": block})))
     for block in (512, 2048):
         sig = {"x_ptr": "*fp32", "y_ptr": "*fp32", "w_ptr": "*fp32", "b_ptr": "*fp32", "stride": "i32",
                "n_cols": "i32", "eps": "fp32", "BLOCK": "constexpr"}
-        out.append((f"layernorm_{block}", ASTSource(layernorm_kernel, sig, constexprs={"BLOCK": block})))
+        out.append((f"layernorm_{block}", ast_source(layernorm_kernel, sig, {"BLOCK": block})))
     for bm, bn, bk in ((64, 64, 32), (128, 128, 32), (128, 64, 64)):
         sig = {"a_ptr": "*fp16", "b_ptr": "*fp16", "c_ptr": "*fp16", "M": "i32", "N": "i32", "K": "i32",
                "sam": "i32", "sak": "i32", "sbk": "i32", "sbn": "i32", "scm": "i32", "scn": "i32",
                "BM": "constexpr", "BN": "constexpr", "BK": "constexpr"}
         out.append((f"matmul_{bm}x{bn}x{bk}",
-                    ASTSource(matmul_kernel, sig, constexprs={"BM": bm, "BN": bn, "BK": bk})))
+                    ast_source(matmul_kernel, sig, {"BM": bm, "BN": bn, "BK": bk})))
     return out
 
 

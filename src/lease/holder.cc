@@ -136,4 +136,43 @@ bool alive(const Holder& h, uint64_t now_ms) {
   return true;
 }
 
+std::string process_token(uint64_t random) {
+  const Self me = this_process();
+  char host[256] = {0};
+  ::gethostname(host, sizeof host - 1);
+  return std::string(host) + ":" + std::to_string(me.pid) + ":" + std::to_string(random) + ":" +
+         std::to_string(me.ticks) + ":" + host_id().hex();
+}
+
+bool token_holder_dead(std::string_view token) {
+  // From the end: the host name may hold ':'.
+  size_t a = token.rfind(':');
+  if (a == std::string_view::npos || token.substr(a + 1) != host_id().hex()) return false;
+  size_t b = token.rfind(':', a - 1);
+  if (b == std::string_view::npos || b == 0) return false;
+  size_t c = token.rfind(':', b - 1);  // before the random part
+  if (c == std::string_view::npos || c == 0) return false;
+  size_t d = token.rfind(':', c - 1);  // before the pid
+  if (d == std::string_view::npos) return false;
+  auto number = [](std::string_view s, uint64_t* out) {
+    if (s.empty() || s.size() > 20) return false;
+    uint64_t v = 0;
+    for (char ch : s) {
+      if (ch < '0' || ch > '9') return false;
+      v = v * 10 + static_cast<uint64_t>(ch - '0');
+    }
+    *out = v;
+    return true;
+  };
+  uint64_t pid = 0, ticks = 0;
+  if (!number(token.substr(d + 1, c - d - 1), &pid) || !number(token.substr(b + 1, a - b - 1), &ticks)) return false;
+  if (pid == 0 || pid > 0xffffffffu) return false;
+  Holder h;
+  h.pid = static_cast<uint32_t>(pid);
+  h.start_ticks = ticks;
+  h.expiry_ms = ~uint64_t{0};
+  h.host = host_id();
+  return !alive(h, 0);
+}
+
 }  // namespace kcache::lease

@@ -65,4 +65,14 @@ class Token {
 // is on this host, its process still running.
 bool alive(const Holder& h, uint64_t now_ms);
 
+// The holder's identity in a record kept elsewhere (a remote server's
+// lease): "<host name>:<pid>:<random>:<start ticks>:<host digest hex>",
+// the random part from `random`.
+std::string process_token(uint64_t random);
+// True when `token` (process_token()) names a process of this host and
+// boot that is gone: its PID not running, a zombie, or reused by a process
+// started at another time. False for anything else (another host, another
+// form of token, this process).
+bool token_holder_dead(std::string_view token);
+
 }  // namespace kcache::lease

@@ -225,6 +225,39 @@ TEST(LeaseHolder, ThisProcessIsAliveAnEarlierOneWithItsPidIsNot) {
   EXPECT_EQ(wait_exit(pid), 0);
 }
 
+// The token a remote lease records names its process: a waiter of the same
+// host tells a holder that died (or whose PID was reused) from a live one,
+// this very process, another host and a token of another form.
+TEST(LeaseHolder, ProcessTokenSaysWhenItsHolderDied) {
+  const std::string mine = lease::process_token(42);
+  EXPECT_FALSE(lease::token_holder_dead(mine));
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  pid_t pid = spawn([&] {
+    std::string t = lease::process_token(7);
+    return ::write(fds[1], t.data(), t.size()) == static_cast<ssize_t>(t.size()) ? 0 : 1;
+  });
+  ::close(fds[1]);
+  char buf[512];
+  ssize_t n = ::read(fds[0], buf, sizeof buf);
+  ::close(fds[0]);
+  ASSERT_GT(n, 0);
+  const std::string child(buf, static_cast<size_t>(n));
+  EXPECT_EQ(wait_exit(pid), 0);
+  EXPECT_TRUE(lease::token_holder_dead(child));  // exited and reaped
+  // Its PID with another start time: this process's PID reused.
+  const size_t host = mine.rfind(':');
+  const size_t ticks = mine.rfind(':', host - 1);
+  std::string reused = mine.substr(0, ticks + 1) + "1" + mine.substr(host);
+  EXPECT_TRUE(lease::token_holder_dead(reused));
+  // Another host (another digest), an old-form token, garbage: not dead.
+  std::string other = child.substr(0, child.rfind(':') + 1) + std::string(32, '0');
+  EXPECT_FALSE(lease::token_holder_dead(other));
+  EXPECT_FALSE(lease::token_holder_dead("host:123:456"));
+  EXPECT_FALSE(lease::token_holder_dead(""));
+  EXPECT_FALSE(lease::token_holder_dead(":::::"));
+}
+
 TEST(FileLeases, PartialLeaseFileFromACrashIsCollected) {
   TempDir d;
   auto l = *open_file_leases(d.path());

@@ -538,6 +538,14 @@ class RedisTransport final : public RemoteTransport, public RemoteLeaseBackend {
     return r->integer != 0;
   }
 
+  Expected<std::optional<std::string>> lease_holder(const Key& key) override {
+    std::string lk = lease_key(key);
+    KCACHE_TRY(Reply r, run(lk, {"GET", lk}));
+    if (r->type == REDIS_REPLY_NIL) return std::optional<std::string>();
+    if (r->type != REDIS_REPLY_STRING) return Status(Errc::corrupt, "redis: unexpected GET reply for a lease");
+    return std::optional<std::string>(std::string(r->str, r->len));
+  }
+
   // One pipeline of lookups on one node, for the keys in *again: the
   // replies land in (*out)[i]; a redirected key is added to `retry`, and
   // *again becomes the keys to ask again: those the server answered

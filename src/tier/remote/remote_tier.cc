@@ -41,6 +41,7 @@
 #include <unordered_set>
 
 #include "kcache/remote.h"
+#include "lease/holder.h"
 #include "tier/core/atomic_stats.h"
 #include "util/util.h"
 
@@ -82,12 +83,12 @@ Status check_options(const RemoteTierOptions& o) {
   return Status();
 }
 
-// A lease holder's identity: host, process, and a random part per object.
+// A lease holder's identity: host, process (PID and start time), a random
+// part per object, and the host and boot's digest, so a waiter on the same
+// host can tell a holder that died (lease/holder.h).
 std::string new_token() {
   std::random_device rd;
-  char host[256] = {0};
-  ::gethostname(host, sizeof host - 1);
-  return std::string(host) + ":" + std::to_string(::getpid()) + ":" + std::to_string((uint64_t(rd()) << 32) | rd());
+  return lease::process_token((uint64_t(rd()) << 32) | rd());
 }
 
 class RemoteTierImpl final : public RemoteTier {
@@ -654,7 +655,7 @@ class RemoteLeasesImpl final : public RemoteLeases {
   }
   bool renew(const Key& key, uint64_t ttl_ms) override { return renew_lease(key, ttl_ms); }
   void release(const Key& key) override { release_lease(key); }
-  uint64_t takeovers() const noexcept override { return 0; }
+  uint64_t takeovers() const noexcept override { return takeovers_.load(std::memory_order_relaxed); }
 
   // ---- RemoteLeases -------------------------------------------------------------
 
@@ -674,6 +675,19 @@ class RemoteLeasesImpl final : public RemoteLeases {
   }
 
   void release_lease(const Key& key) override { tier_->queue_release(key, b_, token_); }
+
+  bool take_over_dead(const Key& key) override {
+    if (!tier_->allow_or_skip()) return false;
+    auto holder = tier_->call(b_->lease_holder(key));
+    if (!holder || !*holder || **holder == token_ || !lease::token_holder_dead(**holder)) return false;
+    // Removed only if that dead holder still has it (compare and delete).
+    auto gone = tier_->call(b_->lease_release(key, **holder));
+    if (!gone || !*gone) return false;
+    takeovers_.fetch_add(1, std::memory_order_relaxed);
+    KCACHE_LOG(LogLevel::info, "%s: lease on %s held by a dead process of this host (%s); taken over", name_.c_str(),
+               key.hex().c_str(), holder->value().c_str());
+    return true;
+  }
 
   std::optional<Entry> wait_for(const Key& key, uint64_t bound_ms) override {
     uint64_t deadline = mono_ms() + bound_ms, sleep_ms = 2;
@@ -710,6 +724,7 @@ class RemoteLeasesImpl final : public RemoteLeases {
   std::shared_ptr<RemoteLeaseBackend> b_;
   std::string name_;
   std::string token_;  // this object's lease holder identity
+  std::atomic<uint64_t> takeovers_{0};
 };
 
 // A machine's own leases (may be null) and the remote's, both held.
@@ -724,6 +739,12 @@ class CombinedLeases final : public Leases {
     if (l == LeaseResult::busy) return l;  // a process of this machine has it
     auto r = remote_->acquire_lease(key, ttl_ms);
     if (!r) return local_ ? l : LeaseResult::error;
+    if (!*r && remote_->take_over_dead(key)) {
+      // Its holder was a process of this host that died: no wait for its
+      // lease to expire.
+      r = remote_->acquire_lease(key, ttl_ms);
+      if (!r) return local_ ? l : LeaseResult::error;
+    }
     if (*r) return LeaseResult::acquired;
     if (local_ && l == LeaseResult::acquired) local_->release(key);
     return LeaseResult::busy;  // another machine has it
@@ -736,7 +757,7 @@ class CombinedLeases final : public Leases {
     remote_->release_lease(key);
     if (local_) local_->release(key);
   }
-  uint64_t takeovers() const noexcept override { return local_ ? local_->takeovers() : 0; }
+  uint64_t takeovers() const noexcept override { return (local_ ? local_->takeovers() : 0) + remote_->takeovers(); }
 
  private:
   std::shared_ptr<RemoteLeases> remote_;

@@ -1,0 +1,258 @@
+"""kcache.triton where real users break it: written-out files removed or
+damaged, a read-only TRITON_CACHE_DIR, compiles that raise (and an exception
+kept alive), a holder killed mid-compile, the written-out files' limit,
+triton_key() remembered, readable keys in `kcache misses`, Triton absent."""
+
+import glob
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SCENARIOS = os.path.join(HERE, "triton_scenarios.py")
+
+
+def _hit_dirs(env):
+    files = os.path.join(env.base["TRITON_CACHE_DIR"], "kcache-files")
+    return [os.path.join(files, d) for d in os.listdir(files) if not d.startswith(("pid-", "tmp-", "del-", "."))]
+
+
+def _scenario(env, *args, stdin=None, **extra):
+    return subprocess.Popen([sys.executable, SCENARIOS, *map(str, args)], env=env.env(**extra),
+                            stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+
+
+def test_removed_or_damaged_written_out_file_is_written_again(triton_env):
+    cold = triton_env.run(1)
+    [d] = _hit_dirs(triton_env)
+    [cubin] = glob.glob(os.path.join(d, "*.cubin"))
+    good = open(cubin, "rb").read()
+    os.unlink(cubin)  # a cleaner, a quota, a user
+    warm = triton_env.run(1)
+    assert warm["cubins"] == cold["cubins"] and triton_env.ptxas_runs() == 1
+    assert open(cubin, "rb").read() == good
+    # One byte flipped in the written-out copy: not served, written again.
+    with open(cubin, "r+b") as f:
+        f.seek(len(good) // 2)
+        f.write(bytes([good[len(good) // 2] ^ 0xFF]))
+    again = triton_env.run(1)
+    assert again["cubins"] == cold["cubins"] and triton_env.ptxas_runs() == 1
+    assert open(cubin, "rb").read() == good
+
+
+def _immutable(path, on):
+    return subprocess.run(["chattr", "-R", "+i" if on else "-i", path], capture_output=True).returncode == 0
+
+
+@pytest.mark.parametrize("readonly", ["1", "0"])
+def test_read_only_cache_dir_still_serves_hits(triton_env, tmp_path, readonly):
+    # A folder no write can change (immutable: not even root's): filled
+    # first, then used read-only. The files engine: an LMDB store needs its
+    # lock file writable.
+    cdir = str(tmp_path / "ro-cache")
+    fill = triton_env.run(2, TRITON_CACHE_DIR=cdir, KCACHE_ENGINE="files")
+    before = sorted(os.listdir(cdir))
+    if shutil.which("chattr") is None or not _immutable(cdir, True):
+        pytest.skip("chattr +i is not available here (a read-only folder for root)")
+    try:
+        res = triton_env.run(2, TRITON_CACHE_DIR=cdir, KCACHE_READONLY=readonly, KCACHE_ENGINE="files")
+        assert res["cubins"] == fill["cubins"]
+        if readonly == "1":
+            assert triton_env.ptxas_runs() == 2  # hits from the read-only store
+        assert sorted(os.listdir(cdir)) == before
+    finally:
+        _immutable(cdir, False)
+
+
+def _failing_pair(triton_env, first_cmd, **extra):
+    # Process 1 compiles a kernel that fails and keeps the exception alive
+    # (as a notebook keeps the last one); process 2 must not wait for it.
+    bound = dict(KCACHE_WAIT_BOUND_MS=600000, KCACHE_LEASE_TTL_MS=600000, **extra)
+    first = _scenario(triton_env, first_cmd, stdin=subprocess.PIPE, **bound)
+    line = first.stdout.readline()
+    while line and not line.startswith("RESULT "):  # Triton's own prints
+        line = first.stdout.readline()
+    assert line, first.stderr.read()
+    assert json.loads(line[7:])["ready"]
+    try:
+        t = time.time()
+        second = _scenario(triton_env, first_cmd.replace("-and-keep", "").replace("-keep", ""), **bound)
+        out, err = second.communicate(timeout=120)
+        assert second.returncode == 0, err
+        assert json.loads([x for x in out.splitlines() if x.startswith("RESULT ")][-1][7:])["ready"]
+        assert time.time() - t < 100 and first.poll() is None
+    finally:
+        first.stdin.close()
+        err1 = first.stderr.read()
+        first.wait(60)
+    return err1
+
+
+def test_failed_compile_with_live_exception_does_not_stall_others(triton_env):
+    err = _failing_pair(triton_env, "fail-and-keep")
+    assert "leaked" not in err  # the process ended holding a Triton exception
+
+
+def test_failed_backend_compile_with_live_exception_does_not_stall_others(triton_env, tmp_path):
+    import triton
+    real = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    failing = tmp_path / "ptxas-failing"
+    failing.write_text(f'#!/bin/sh\ncase "$1" in --version) exec {real} "$@" ;; esac\nexit 1\n')
+    failing.chmod(0o755)
+    err = _failing_pair(triton_env, "fail-ptxas-keep", TRITON_PTXAS_PATH=str(failing),
+                        TRITON_PTXAS_BLACKWELL_PATH=str(failing))
+    assert "leaked" not in err
+
+
+def test_failed_first_backend_compile_without_install_does_not_stall_others(triton_env, tmp_path):
+    # TRITON_CACHE_MANAGER alone: Triton imports kcache.triton inside the
+    # process's first compile, which then fails in ptxas.
+    import triton
+    real = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    failing = tmp_path / "ptxas-failing"
+    failing.write_text(f'#!/bin/sh\ncase "$1" in --version) exec {real} "$@" ;; esac\nexit 1\n')
+    failing.chmod(0o755)
+    err = _failing_pair(triton_env, "fail-ptxas-env-keep", TRITON_PTXAS_PATH=str(failing),
+                        TRITON_PTXAS_BLACKWELL_PATH=str(failing))
+    assert "leaked" not in err
+
+
+def test_holder_killed_is_taken_over_before_its_lease_expires(triton_env):
+    # The lease would last ten minutes: the waiter compiles once it sees
+    # the holder (same host) is dead, not when the lease runs out.
+    long = dict(KCACHE_LEASE_TTL_MS=600000, KCACHE_WAIT_BOUND_MS=600000)
+    holder = triton_env.start(1, PTXAS_SLEEP=120, **long)
+    deadline = time.time() + 120
+    while triton_env.ptxas_runs() < 1:
+        assert holder.poll() is None and time.time() < deadline
+        time.sleep(0.1)
+    waiter = triton_env.start(1, **long)
+    time.sleep(2)
+    os.killpg(holder.pid, signal.SIGKILL)
+    holder.wait()
+    res = triton_env.result(waiter, timeout=90)
+    assert triton_env.ptxas_runs() == 2
+    assert res["stats"]["compiles"] == 1 and res["stats"]["lease_takeovers"] >= 1
+
+
+def test_holder_killed_is_taken_over_with_a_remote_tier(triton_env, redis):
+    # KCACHE_REMOTE: the lease is held on the Redis server too; a holder of
+    # this host that died gives it up there at once as well.
+    long = dict(KCACHE_LEASE_TTL_MS=600000, KCACHE_WAIT_BOUND_MS=600000, KCACHE_REMOTE=redis.url)
+    holder = triton_env.start(1, PTXAS_SLEEP=120, **long)
+    deadline = time.time() + 120
+    while triton_env.ptxas_runs() < 1:
+        assert holder.poll() is None and time.time() < deadline
+        time.sleep(0.1)
+    waiter = triton_env.start(1, **long)
+    time.sleep(2)
+    os.killpg(holder.pid, signal.SIGKILL)
+    holder.wait()
+    res = triton_env.result(waiter, timeout=90)
+    assert triton_env.ptxas_runs() == 2
+    assert res["stats"]["compiles"] == 1 and res["stats"]["lease_takeovers"] >= 1
+
+
+def _tree_size(dirs):
+    return sum(os.path.getsize(os.path.join(d, f)) for d in dirs for f in os.listdir(d))
+
+
+def test_written_out_files_are_bounded(triton_env):
+    triton_env.run(3)
+    dirs = _hit_dirs(triton_env)
+    assert len(dirs) == 3
+    sizes = sorted(_tree_size([d]) for d in dirs)
+    limit = sizes[-1] + sizes[0] // 2  # room for one folder, not three
+    old = time.time() - 3600
+    for d in dirs + [os.path.join(os.path.dirname(dirs[0]), ".swept")]:
+        os.utime(d, (old, old))  # an hour unused, and last swept an hour ago
+    res = triton_env.run(1, KCACHE_MAX_SIZE=str(limit))
+    assert len(res["cubins"]) == 1
+    assert _tree_size(_hit_dirs(triton_env)) <= limit
+
+
+def _triton_tree(tmp_path, edit):
+    # A Triton whose files are the installed ones (symbolic links), except
+    # `edit`, a copy with a comment added.
+    import triton
+    real = os.path.dirname(triton.__file__)
+    site = tmp_path / "site"
+    top = site / "triton"
+    parts = edit.split("/")
+    src, dst = real, str(top)
+    for i, part in enumerate(parts):
+        os.makedirs(dst)
+        for n in os.listdir(src):
+            if n != part and n != "__pycache__":
+                os.symlink(os.path.join(src, n), os.path.join(dst, n))
+        src, dst = os.path.join(src, part), os.path.join(dst, part)
+    shutil.copyfile(src, dst)
+    with open(dst, "a") as f:
+        f.write("\n# edited\n")
+    return str(site)
+
+
+def test_triton_key_is_remembered_and_invalidated(triton_env, tmp_path):
+    def key(**extra):
+        p = _scenario(triton_env, "key", **extra)
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err
+        r = json.loads(out.splitlines()[-1])
+        assert r["key"] == r["own"]  # the same value as Triton's own
+        return r
+
+    first = key()
+    assert first["source"] == "computed"
+    second = key()
+    assert second["source"] == "remembered" and second["key"] == first["key"]
+    # An edited module under triton/ changes the key: computed afresh.
+    site = _triton_tree(tmp_path, "language/random.py")
+    edited = key(PYTHONPATH=site)
+    assert edited["source"] == "computed" and edited["key"] != first["key"]
+    # The real tree is still remembered; a touched libtriton is not.
+    assert key()["source"] == "remembered"
+    import triton
+    lib = glob.glob(os.path.join(os.path.dirname(triton.__file__), "_C", "libtriton*"))[0]
+    st = os.stat(lib)
+    os.utime(lib, ns=(st.st_atime_ns, st.st_mtime_ns))  # same times, new ctime
+    touched = key()
+    assert touched["source"] == "computed" and touched["key"] == first["key"]
+
+
+def _kcache_tool():
+    tool = os.environ.get("TEST_KCACHE_TOOL")
+    if tool and os.access(tool, os.X_OK):
+        return tool
+    for cand in (os.path.join(HERE, "..", "..", "build", "tools", "kcache"),):
+        if os.access(cand, os.X_OK):
+            return cand
+    pytest.skip("the kcache tool of this build is not found (TEST_KCACHE_TOOL)")
+
+
+def test_misses_name_the_changed_triton_option(triton_env):
+    tool = _kcache_tool()
+    for w in (4, 8):
+        p = _scenario(triton_env, "options", w)
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err
+    store = os.path.join(triton_env.base["TRITON_CACHE_DIR"], "kcache")
+    r = subprocess.run([tool, "misses", "--dir", store], capture_output=True, text=True, timeout=60,
+                       env={k: v for k, v in os.environ.items() if not k.startswith("KCACHE_")})
+    assert r.returncode == 0, r.stderr
+    assert '"add_kernel"' in r.stdout
+    assert "num_warps: 4 → 8" in r.stdout, r.stdout
+
+
+def test_import_without_triton_says_what_to_install():
+    code = "import sys; sys.modules['triton'] = None\nimport kcache.triton"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0
+    assert "ImportError" in r.stderr and "pip install 'kcache[triton]'" in r.stderr, r.stderr
