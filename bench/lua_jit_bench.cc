@@ -37,6 +37,7 @@
 #include <llvm/Object/ObjectFile.h>
 #include <llvm/Support/TargetSelect.h>
 
+#include "bitcode_dir.h"
 #include "kcache/cache.h"
 #include "kcache/llvm.h"
 
@@ -49,29 +50,12 @@ struct Args {
   bool run = false, json = false;
 };
 
-double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
-double clock_s(clockid_t id) {
-  timespec ts;
-  ::clock_gettime(id, &ts);
-  return static_cast<double>(ts.tv_sec) + ts.tv_nsec * 1e-9;
-}
+using kcache::bench::clock_s;
+using kcache::bench::now_s;
 
-[[noreturn]] void die(const std::string& msg) {
-  std::fprintf(stderr, "kcache_bench_lua_jit: %s\n", msg.c_str());
-  std::exit(1);
-}
-
+[[noreturn]] void die(const std::string& msg) { kcache::bench::die("kcache_bench_lua_jit", msg); }
 std::vector<std::string> bc_files(const std::string& dir) {
-  std::vector<std::string> out;
-  DIR* d = ::opendir(dir.c_str());
-  if (!d) die("cannot open " + dir);
-  while (auto* e = ::readdir(d)) {
-    std::string n = e->d_name;
-    if (n.size() > 3 && n.compare(n.size() - 3, 3, ".bc") == 0) out.push_back(dir + "/" + n);
-  }
-  ::closedir(d);
-  std::sort(out.begin(), out.end());
-  return out;
+  return kcache::bench::bc_files("kcache_bench_lua_jit", dir);
 }
 
 std::string read_all(const std::string& path) {

@@ -252,6 +252,9 @@ class Cache:
     process_single_flight: wait for other processes' compiles (default on).
     lease_ttl_ms, wait_bound_ms: lease expiry and longest wait (see cache.h).
     compression: "none" (default, zero-copy), "zstd" or "auto".
+    signed_remote_only: for entries that are loaded as code (pickles,
+        executables, shared objects): a remote configured without a
+        remote_secret_file is left out, with one log line.
     **options: any other option by name (kcache.options() lists them):
         shared_group, bundles, bundle_trust, explain, recompile, disabled,
         miss_journal, max_entries, durability, log, ...
@@ -276,6 +279,7 @@ class Cache:
         compression: Optional[str] = None,
         producer: Optional[str] = "python",
         env: bool = True,
+        signed_remote_only: bool = False,
         **options: Any,
     ) -> None:
         named = dict(dir=dir, max_size=max_size, remote=remote, remote_secret_file=remote_secret_file,
@@ -286,7 +290,7 @@ class Cache:
             if name not in _OPTION_NAMES:
                 raise TypeError(f"kcache.Cache: unknown option '{name}' (kcache.options() lists them)")
         settings = [(n, _option_text(n, v)) for n, v in list(named.items()) + list(options.items()) if v is not None]
-        self._c = _kcache.Cache._open(settings, env)
+        self._c = _kcache.Cache._open(settings, env, bool(signed_remote_only))
         _open_caches.add(self)
         _note_open()
         # The hot calls go straight to the extension (no Python frame).

@@ -16,7 +16,7 @@ import kcache
 
 def log(host: str, msg: str) -> None:
     """One warning line on stderr (silenced by KCACHE_LOG=off or error)."""
-    if os.environ.get("KCACHE_LOG", "warn") not in ("off", "error"):
+    if os.environ.get("KCACHE_LOG", "warn").strip().lower() not in ("off", "error"):
         print(f"kcache: warn: {host}: {msg}", file=sys.stderr)
 
 
@@ -39,7 +39,8 @@ class ProcessCache:
         with self._lock:
             if self._cache is None or self._pid != os.getpid():
                 d = None if os.environ.get("KCACHE_DIR") else self._default_dir()
-                self._cache = kcache.Cache(d, producer=self._producer)
+                # Hosts load entries as code: a remote only with signed values.
+                self._cache = kcache.Cache(d, producer=self._producer, signed_remote_only=True)
                 self._pid = os.getpid()
             return self._cache
 
@@ -68,7 +69,10 @@ class Flights:
     def add(self, name: str, flight: kcache.Flight) -> None:
         old = self._owned().pop(name, None)
         if old is not None:
-            old.abandon()
+            try:
+                old.abandon()
+            except Exception:  # the cache never fails a host's compile
+                pass
         self._owned()[name] = flight
 
     def get(self, name: str) -> Optional[kcache.Flight]:

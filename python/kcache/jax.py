@@ -142,12 +142,19 @@ def _compile_or_get_cached(backend, *args, **kwargs):
         _flights.abandon_new(before)
 
 
-def _compile_and_write_cache(backend, computation, executable_devices, compile_options, host_callbacks,
-                             module_name, cache_key):
+_WRITE_PARAMS = ("backend", "computation", "executable_devices", "compile_options", "host_callbacks", "module_name",
+                 "cache_key")
+
+
+def _compile_and_write_cache(*args, **kwargs):
+    # Taken by position or by name, as JAX may call it either way.
     start = time.monotonic()
-    executable = _originals["_compile_and_write_cache"](backend, computation, executable_devices, compile_options,
-                                                       host_callbacks, module_name, cache_key)
+    executable = _originals["_compile_and_write_cache"](*args, **kwargs)
+    named = dict(zip(_WRITE_PARAMS, args))
     try:
+        named.update(kwargs)
+        backend, host_callbacks = named["backend"], named["host_callbacks"]
+        module_name, cache_key = named["module_name"], named["cache_key"]
         k = _key(cache_key).hex
         if _flights.get(k) is not None and not host_callbacks and _distributed.global_state.process_id != 0:
             # JAX stores only on process 0; with kcache every process stores
@@ -156,7 +163,7 @@ def _compile_and_write_cache(backend, computation, executable_devices, compile_o
             if took >= _config.persistent_cache_min_compile_time_secs.value:
                 _cc.put_executable_and_time(cache_key, module_name, executable, backend, int(took))
     except Exception as e:
-        log("jax", f"{module_name}: not stored: {e}")
+        log("jax", f"{named.get('module_name', '?')}: not stored: {e}")
     return executable
 
 

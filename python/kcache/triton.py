@@ -592,9 +592,12 @@ def _failed(e: Optional[BaseException]) -> None:
         while tb is not None:
             try:
                 tb.tb_frame.clear()
-                # The dict a tracer or f_locals made of its locals, too.
-                tb.tb_frame.f_locals.clear()
-            except RuntimeError:
+                # The dict a tracer or f_locals made of its locals, too
+                # (before Python 3.13; f_locals is then a proxy without clear).
+                locs = tb.tb_frame.f_locals
+                if isinstance(locs, dict):
+                    locs.clear()
+            except Exception:
                 pass  # still running (the wrapper, the caller)
             tb = tb.tb_next
         e = e.__cause__ or e.__context__

@@ -425,7 +425,7 @@ class PyCache {
 // (name, text) through Options::set, in order, then the environment on
 // top unless env is false. A name or value that is not valid text, or holds
 // a NUL, is refused (ValueError) before the library sees it.
-std::unique_ptr<PyCache> open_cache(nb::list settings, bool env) {
+std::unique_ptr<PyCache> open_cache(nb::list settings, bool env, bool signed_remote_only) {
   kcache::Options o;
   for (nb::handle item : settings) {
     nb::tuple t = nb::borrow<nb::tuple>(item);
@@ -435,6 +435,14 @@ std::unique_ptr<PyCache> open_cache(nb::list settings, bool env) {
       throw nb::value_error(("kcache.Cache: " + st.message()).c_str());
   }
   if (env) o = kcache::Options::from_env(o);
+  if (signed_remote_only && !o.remote_url.empty() && o.remote_secret_file.empty()) {
+    // What this Cache loads is code (pickles, executables, shared
+    // objects): a remote whose values nobody signs is not used.
+    KCACHE_LOG(kcache::LogLevel::warn,
+               "remote tier left out: this cache's entries are loaded as code, and remote values are signed only "
+               "with remote_secret_file (KCACHE_REMOTE_SECRET_FILE) set");
+    o.remote_url.clear();
+  }
   std::unique_ptr<kcache::Cache> c;
   {
     nb::gil_scoped_release nogil;
@@ -865,7 +873,7 @@ NB_MODULE(_kcache, m) {
       });
 
   nb::class_<PyCache>(m, "Cache")
-      .def_static("_open", &open_cache, "settings"_a, "env"_a)
+      .def_static("_open", &open_cache, "settings"_a, "env"_a, "signed_remote_only"_a = false)
       .def(
           "get",
           [](PyCache& self, const PyKey& key) -> std::optional<PyEntry> {

@@ -490,3 +490,23 @@ def test_key_label_and_private(tmp_path):
     data = b"".join(p.read_bytes() for p in store.rglob("*") if p.is_file())
     assert b"saxpy_label_kernel" in data
     assert token.encode() not in data
+
+
+def test_signed_remote_only_leaves_an_unsigned_remote_out(tmp_path, redis):
+    kinds = lambda c: [t["kind"] for t in c.stats()["tiers"]]  # noqa: E731
+    with kcache.Cache(str(tmp_path / "a"), remote=redis.url, env=False) as c:
+        assert "remote" in kinds(c)
+    with kcache.Cache(str(tmp_path / "b"), remote=redis.url, env=False, signed_remote_only=True) as c:
+        assert "remote" not in kinds(c)
+    # One log line, in a process of its own (the log is the process's).
+    code = ("import kcache, sys; c = kcache.Cache(sys.argv[1], remote=sys.argv[2], env=False, "
+            "signed_remote_only=True); c.close()")
+    r = subprocess.run([sys.executable, "-c", code, str(tmp_path / "b"), redis.url], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.count("remote tier left out") == 1, r.stderr
+    secret = tmp_path / "secret"
+    secret.write_text("s3cret\n")
+    with kcache.Cache(str(tmp_path / "c"), remote=redis.url, remote_secret_file=str(secret), env=False,
+                      signed_remote_only=True) as c:
+        assert "remote" in kinds(c)
