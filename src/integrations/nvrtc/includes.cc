@@ -571,13 +571,31 @@ class Walk {
     if (any) computed_[i].resolved = true;
   }
 
-  // An include no expansion resolves: every file under each -I folder.
+  // An include no expansion resolves: every file under each folder it could
+  // name: the -I folders, the source's folder when searched, and the
+  // including file's own folder. The working folder is never walked: where
+  // it would be one of them, or where there is no folder at all, the
+  // program compiles without the cache rather than with a partial key.
   Status fallback(const Pending& pd) {
-    if (o_.include_dirs.empty()) return Status();
     std::string what = std::string(pd.d.kind == Directive::Kind::include ? "#include " : "probe of ") + pd.d.name +
                        " in " + (pd.from_disk ? pd.from : std::string("the source"));
+    std::vector<std::string> roots(o_.include_dirs.begin(), o_.include_dirs.end());
+    // The compile logs the reason once.
+    auto give_up = [&](const std::string& why) { return Status(Errc::too_large, "unresolvable " + what + ": " + why); };
+    auto add_root = [&](const std::string& dir) {
+      if (dir.empty()) return false;
+      if (std::find(roots.begin(), roots.end(), dir) == roots.end()) roots.push_back(dir);
+      return true;
+    };
+    // The text may expand to a quoted name: its includer's folder counts.
+    if (pd.from_disk) {
+      if (!add_root(dir_of(pd.from))) return give_up("the including file has no folder");
+    } else if (o_.source_dir_searched) {
+      if (!add_root(source_dir_)) return give_up("the program name has no folder");
+    }
+    if (roots.empty()) return give_up("no folder to search");
     std::string folders;
-    for (const auto& root : o_.include_dirs) {
+    for (const auto& root : roots) {
       if (!fallback_roots_.insert(root).second) continue;
       folders += (folders.empty() ? "" : ", ") + root;
       fallback_notes_.push_back(what + ": folder " + root);

@@ -590,6 +590,7 @@ TEST_F(NvrtcDiskHeaders, AnUnresolvableIncludeKeysOnlyTheIncludeFoldersAndSaysSo
   // A function-like macro names the header: the -I folder is keyed whole,
   // the working folder is not.
   nvrtc::Program p = program_;
+  p.options.push_back("-no-source-include");  // the program's own folder is not searched
   p.source =
       "#define KC_PICK(x) <x>\n#include KC_PICK(kc_scale.cuh)\n"
       "extern \"C\" __global__ void picked(float* x) { x[threadIdx.x] *= KC_SCALE; }\n";
@@ -609,6 +610,60 @@ TEST_F(NvrtcDiskHeaders, AnUnresolvableIncludeKeysOnlyTheIncludeFoldersAndSaysSo
   EXPECT_NE(std::find(diff.begin(), diff.end(), "file:" + inc_ + "/unrelated.txt"), diff.end());
   write_text(tmp_.path() + "/beside_the_cache.txt", "y");  // not under an -I folder
   EXPECT_EQ(compiler_->key(p)->key, k2->key);
+}
+
+TEST_F(NvrtcDiskHeaders, AnUnresolvableIncludeBesideTheSourceKeysTheSourceFolder) {
+  // No -I: the header can only be beside the program, whose folder is keyed.
+  const std::string proj = tmp_.path() + "/proj";
+  ASSERT_EQ(::mkdir(proj.c_str(), 0755), 0);
+  write_text(proj + "/cfg.cuh", "#define KC_CFG 1.0f\n");
+  nvrtc::Program p;
+  p.name = proj + "/k.cu";
+  p.source =
+      "#define STR(x) #x\n#define HDR STR(cfg.cuh)\n#include HDR\n"
+      "extern \"C\" __global__ void k(float* x) { x[0] += KC_CFG; }\n";
+  p.options = {"-arch=sm_80"};
+  auto cold = compiler_->compile(p);
+  ASSERT_TRUE(cold.has_value()) << cold.error().to_string();
+  EXPECT_NE(cold->ptx.find(kOne), std::string_view::npos);
+  write_text(proj + "/cfg.cuh", "#define KC_CFG 3.0f\n");
+  auto edited = compiler_->compile(p);
+  ASSERT_TRUE(edited.has_value()) << edited.error().to_string();
+  EXPECT_EQ(edited->source, Source::compiled);
+  EXPECT_NE(edited->ptx.find(kThree), std::string_view::npos);
+  auto warm = compiler_->compile(p);
+  ASSERT_TRUE(warm.has_value());
+  EXPECT_EQ(warm->source, Source::memory);
+  EXPECT_EQ(warm->ptx, edited->ptx);
+}
+
+TEST_F(NvrtcDiskHeaders, AnUnresolvableIncludeBesideAProgramWithoutAFolderCompilesWithoutTheCache) {
+  // The working folder is never walked: the program compiles, uncached.
+  const std::string proj = tmp_.path() + "/proj";
+  ASSERT_EQ(::mkdir(proj.c_str(), 0755), 0);
+  write_text(proj + "/cfg.cuh", "#define KC_CFG 1.0f\n");
+  nvrtc::Program p;
+  p.name = "k.cu";
+  p.source =
+      "#define STR(x) #x\n#define HDR STR(cfg.cuh)\n#include HDR\n"
+      "extern \"C\" __global__ void k(float* x) { x[0] += KC_CFG; }\n";
+  p.options = {"-arch=sm_80"};
+  char cwd[4096];
+  ASSERT_NE(::getcwd(cwd, sizeof cwd), nullptr);
+  struct Back {
+    std::string dir;
+    ~Back() { (void)::chdir(dir.c_str()); }
+  } back{cwd};
+  ASSERT_EQ(::chdir(proj.c_str()), 0);
+  auto cold = compiler_->compile(p);
+  ASSERT_TRUE(cold.has_value()) << cold.error().to_string();
+  EXPECT_NE(cold->ptx.find(kOne), std::string_view::npos);
+  EXPECT_FALSE(compiler_->key(p).has_value());
+  write_text(proj + "/cfg.cuh", "#define KC_CFG 3.0f\n");
+  auto edited = compiler_->compile(p);
+  ASSERT_TRUE(edited.has_value()) << edited.error().to_string();
+  EXPECT_EQ(edited->source, Source::compiled);
+  EXPECT_NE(edited->ptx.find(kThree), std::string_view::npos);
 }
 
 TEST_F(NvrtcDiskHeaders, AQuotedIncludeBesideAProgramWithoutAFolderFollowsTheWorkingFolder) {
