@@ -503,11 +503,16 @@ class Walk {
 
   static constexpr size_t kMaxAlternatives = 256;
   static constexpr int kMaxDepth = 16;
+  // Bytes produced plus calls made for one computed include: macros that
+  // multiply their text stay cheap within the depth bound only in count.
+  static constexpr size_t kMaxExpandWork = size_t{1} << 22;
 
   // Every text `text` can expand to with the macros seen; false when the
-  // alternatives exceed the bound.
+  // alternatives or the work exceed their bounds.
   bool expand(std::string_view text, std::set<std::string>* active, int depth, std::vector<std::string>* out) {
+    if (++expand_work_ > kMaxExpandWork) return false;
     std::vector<std::string> acc{std::string()};
+    auto spend = [&](size_t bytes) { return (expand_work_ += bytes) <= kMaxExpandWork; };
     size_t i = 0;
     while (i < text.size()) {
       if (is_ident(text[i]) && !(text[i] >= '0' && text[i] <= '9')) {
@@ -517,6 +522,7 @@ class Walk {
         i = j;
         auto it = macros_.find(id);
         if (it == macros_.end() || active->count(id) || depth >= kMaxDepth) {
+          if (!spend(acc.size() * id.size())) return false;
           for (auto& a : acc) a += id;
           continue;
         }
@@ -534,9 +540,13 @@ class Walk {
         if (acc.size() * alts.size() > kMaxAlternatives) return false;
         std::vector<std::string> next;
         for (const auto& a : acc)
-          for (const auto& b : alts) next.push_back(a + b);
+          for (const auto& b : alts) {
+            if (!spend(a.size() + b.size())) return false;
+            next.push_back(a + b);
+          }
         acc = std::move(next);
       } else {
+        if (!spend(acc.size())) return false;
         for (auto& a : acc) a += text[i];
         ++i;
       }
@@ -554,6 +564,7 @@ class Walk {
     const bool from_disk = computed_[i].from_disk;
     std::set<std::string> active;
     std::vector<std::string> texts;
+    expand_work_ = 0;
     if (!expand(computed_[i].d.name, &active, 0, &texts)) return;
     bool any = false;
     for (const auto& t : texts) {
@@ -660,6 +671,7 @@ class Walk {
   std::set<std::string> fallback_roots_;
   std::vector<std::string> fallback_notes_;
   size_t fallback_files_ = 0;
+  size_t expand_work_ = 0;
   bool settled_ = true;
 };
 

@@ -612,6 +612,35 @@ TEST_F(NvrtcDiskHeaders, AnUnresolvableIncludeKeysOnlyTheIncludeFoldersAndSaysSo
   EXPECT_EQ(compiler_->key(p)->key, k2->key);
 }
 
+TEST_F(NvrtcDiskHeaders, AMacroThatMultipliesItsTextIsGivenUpOnAndKeysTheFolders) {
+  // D40 doubles its text 40 times, T20 grows tenfold 20 times: expanding
+  // either stops at the work bound and the -I folder is keyed whole. The
+  // includes are never compiled (#if 0), but every directive is keyed.
+  nvrtc::Program p = program_;
+  p.options.push_back("-no-source-include");
+  std::string src = "#define D0 <kc_scale.cuh>\n#define T0 x\n";
+  for (int i = 1; i <= 40; ++i)
+    src += "#define D" + std::to_string(i) + " D" + std::to_string(i - 1) + " D" + std::to_string(i - 1) + "\n";
+  for (int i = 1; i <= 20; ++i) {
+    src += "#define T" + std::to_string(i);
+    for (int j = 0; j < 10; ++j) src += " T" + std::to_string(i - 1);
+    src += "\n";
+  }
+  src +=
+      "#if 0\n#include D40\n#include T20\n#endif\n#include <kc_scale.cuh>\n"
+      "extern \"C\" __global__ void grown(float* x) { x[threadIdx.x] *= KC_SCALE; }\n";
+  p.source = src;
+  auto k = compiler_->key(p);
+  ASSERT_TRUE(k.has_value()) << k.error().to_string();
+  bool whole = false;
+  for (const auto& it : k->manifest.items) whole |= it.name == "whole_folders";
+  EXPECT_TRUE(whole);
+  write_text(inc_ + "/unrelated.txt", "x");
+  EXPECT_NE(compiler_->key(p)->key, k->key);
+  auto r = compiler_->compile(p);
+  ASSERT_TRUE(r.has_value()) << r.error().to_string();
+}
+
 TEST_F(NvrtcDiskHeaders, AnUnresolvableIncludeBesideTheSourceKeysTheSourceFolder) {
   // No -I: the header can only be beside the program, whose folder is keyed.
   const std::string proj = tmp_.path() + "/proj";
