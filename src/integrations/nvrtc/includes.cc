@@ -5,6 +5,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <sys/inotify.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
@@ -858,19 +859,22 @@ bool local_fs(const std::string& dir) {
 class Watcher {
  public:
   // The process's watcher. A forked child makes its own: reading the
-  // parent's descriptor would take events the parent waits for.
+  // parent's descriptor would take events the parent waits for. The fork
+  // handlers hold the lock across fork(), so the child never inherits it
+  // held, and drop the child's copy of the parent's watcher (its lock may
+  // be held by a thread the child does not have: it is left, never used).
   static Watcher& get() {
-    static std::mutex mu;
-    static Watcher* w = nullptr;  // never destroyed: used until exit
-    static pid_t owner = 0;
-    static uint64_t generation = 0;
-    std::lock_guard lk(mu);
+    std::lock_guard lk(g_mu);
     pid_t pid = ::getpid();
-    if (!w || owner != pid) {
-      w = new Watcher(++generation);
-      owner = pid;
+    if (!g_w || g_owner != pid) {
+      if (!g_w) {
+        static const int registered = ::pthread_atfork([] { g_mu.lock(); }, [] { g_mu.unlock(); }, &in_child);
+        (void)registered;
+      }
+      g_w = new Watcher(++g_generation);  // never destroyed: used until exit
+      g_owner = pid;
     }
-    return *w;
+    return *g_w;
   }
   bool available() const { return fd_ >= 0; }
   uint64_t generation() const { return generation_; }
@@ -935,6 +939,15 @@ class Watcher {
 
  private:
   explicit Watcher(uint64_t generation) : fd_(::inotify_init1(IN_NONBLOCK | IN_CLOEXEC)), generation_(generation) {}
+  static void in_child() {
+    if (g_w && g_w->fd_ >= 0) ::close(g_w->fd_);
+    g_w = nullptr;
+    g_mu.unlock();
+  }
+  static inline std::mutex g_mu;
+  static inline Watcher* g_w = nullptr;  // GUARDED_BY(g_mu)
+  static inline pid_t g_owner = 0;       // GUARDED_BY(g_mu)
+  static inline uint64_t g_generation = 0;
   const int fd_;
   const uint64_t generation_;
   std::mutex mu_;

@@ -7,6 +7,8 @@
 #include <gtest/gtest.h>
 
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -814,6 +816,43 @@ TEST_F(NvrtcDiskHeaders, AWarmProcessStatsHeadersInsteadOfReadingThem) {
   ASSERT_TRUE(r.has_value());
   EXPECT_EQ(r->source, Source::compiled);
   EXPECT_GT(nvrtc::detail::header_reads(), reads);
+}
+
+TEST(NvrtcIncludeWatch, AChildForkedWhileAnotherThreadChecksNeverHangs) {
+  SKIP_UNDER_TSAN();
+  // A thread checks closures again and again while the process forks; each
+  // child checks with its own watcher and exits. A child that inherited a
+  // held lock would hang (and be ended by its alarm).
+  const char* env = std::getenv("KCACHE_TRIALS");
+  const int trials = env ? std::max(1, std::atoi(env)) : 100;
+  TempDir tmp;
+  nvrtc::detail::Closure c;
+  c.dirs.push_back({tmp.path(), false, {}});
+  std::atomic<bool> stop{false};
+  std::thread checker([&] {
+    nvrtc::detail::WatchState w;
+    while (!stop.load()) (void)nvrtc::detail::closure_still_valid(c, &w);
+  });
+  nvrtc::detail::WatchState mine;
+  (void)nvrtc::detail::closure_still_valid(c, &mine);
+  int hung = 0;
+  for (int i = 0; i < trials; ++i) {
+    pid_t pid = ::fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      ::alarm(10);
+      nvrtc::detail::WatchState w;
+      (void)nvrtc::detail::closure_still_valid(c, &w);
+      bool ok = w.generation != 0 && w.generation != mine.generation;
+      ::_exit(ok ? 0 : 1);
+    }
+    int st = 0;
+    ASSERT_EQ(::waitpid(pid, &st, 0), pid);
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) ++hung;
+  }
+  stop = true;
+  checker.join();
+  EXPECT_EQ(hung, 0);
 }
 
 TEST(NvrtcIncludeScan, DirectivesAreFoundWhereverTheyHide) {
