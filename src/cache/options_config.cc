@@ -1,7 +1,11 @@
 // Config files (kcache/options.h): where they are, reading one into
 // Options through Options::set, and changing one setting in one.
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -51,19 +55,48 @@ std::string user_config_path() {
 std::string store_config_path(const std::string& dir) { return dir.empty() ? std::string() : dir + "/config"; }
 
 void apply_config_file(Options& options, const std::string& path, bool store_file, AppliedSettings* out) {
+  // One descriptor for the checks and the read: no link is followed, and
+  // the file read is the file checked.
+  int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENOENT || errno == ENOTDIR) return;  // none: nothing to apply
+    std::string why = errno == ELOOP ? std::string("a symbolic link") : std::string(std::strerror(errno));
+    out->problems.push_back(Status(Errc::unavailable, "config file " + path + " not read: " + why));
+    return;
+  }
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
   struct stat st;
-  if (::stat(path.c_str(), &st) != 0) return;  // none: nothing to apply
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    out->problems.push_back(Status(Errc::unavailable, "config file " + path + " not read: not a regular file"));
+    return;
+  }
   // Settings decide where entries are read from and written to: a file
   // another user could have written is not taken, as such a store is not.
   if (std::string why = util::untrusted_reason(st, util::StoreTrust{}); !why.empty()) {
     out->problems.push_back(Status(Errc::unavailable, "config file " + path + " not read: " + why));
     return;
   }
-  auto text = util::read_file(path, 1 << 20);
-  if (!text) {
-    out->problems.push_back(Status(Errc::unavailable, "config file " + path + ": " + text.error().message()));
-    return;
+  constexpr size_t kMaxConfig = 1 << 20;
+  std::string data;
+  char buf[8192];
+  for (;;) {
+    ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      out->problems.push_back(Status(Errc::unavailable, "config file " + path + ": " + std::strerror(errno)));
+      return;
+    }
+    if (n == 0) break;
+    data.append(buf, static_cast<size_t>(n));
+    if (data.size() > kMaxConfig) {
+      out->problems.push_back(Status(Errc::unavailable, "config file " + path + ": larger than 1 MiB"));
+      return;
+    }
   }
+  const std::string* text = &data;
   out->files.push_back(path);
   const auto lines = split_lines(*text);
   for (size_t i = 0; i < lines.size(); ++i) {
@@ -108,6 +141,9 @@ Status write_config_setting(const std::string& path, std::string_view name, std:
   }
   if (store_file && *known == "dir")
     return Status(Errc::invalid_argument, "the store folder's config cannot move the store (use --user)");
+  if (value && value->find_first_of("\r\n") != std::string_view::npos)
+    return Status(Errc::invalid_argument,
+                  "a setting's value is one line: '" + std::string(name) + "' has a line break");
   if (value) {
     Options check;
     if (Status s = check.set(*known, *value); !s.is_ok()) return s;

@@ -1,6 +1,7 @@
 #include "lease/holder.h"
 
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -57,16 +58,40 @@ Self this_process() {
   return Self{pid, ticks};
 }
 
-const Digest& host_id() {
-  static const Digest id = [] {
-    std::string boot;
-    if (auto b = util::read_file("/proc/sys/kernel/random/boot_id", 4096)) boot = *b;
-    char name[256] = {};
-    ::gethostname(name, sizeof name - 1);
-    return hash_bytes(boot + "|" + name);
-  }();
-  return id;
+// The boot, the host name and the PID namespace: containers sharing the
+// host's network (and name) but not its PIDs are other hosts, whose PIDs
+// this process cannot check. `pid_ns_known` is false when the namespace
+// could not be read; then no holder is judged dead by its PID.
+struct HostId {
+  Digest id;
+  bool pid_ns_known = false;
+  pid_t pid = 0;                 // the process that read it (a child reads again)
+  const HostId* prev = nullptr;  // the parent's, kept (never freed)
+};
+std::atomic<const HostId*> g_host{nullptr};
+const HostId& host() {
+  const pid_t pid = ::getpid();
+  const HostId* cur = g_host.load(std::memory_order_acquire);
+  if (cur && cur->pid == pid) return *cur;
+  auto* h = new HostId;
+  std::string boot;
+  if (auto b = util::read_file("/proc/sys/kernel/random/boot_id", 4096)) boot = *b;
+  char name[256] = {};
+  ::gethostname(name, sizeof name - 1);
+  struct stat st;
+  std::string ns = "?";
+  if (::stat("/proc/self/ns/pid", &st) == 0) {
+    ns = std::to_string(static_cast<uint64_t>(st.st_dev)) + ":" + std::to_string(static_cast<uint64_t>(st.st_ino));
+    h->pid_ns_known = true;
+  }
+  h->id = hash_bytes(boot + "|" + name + "|" + ns);
+  h->pid = pid;
+  h->prev = cur;
+  // Threads that read at once each publish an equal value.
+  while (!g_host.compare_exchange_weak(cur, h, std::memory_order_acq_rel)) h->prev = cur;
+  return *h;
 }
+const Digest& host_id() { return host().id; }
 
 }  // namespace
 
@@ -128,6 +153,7 @@ bool alive(const Holder& h, uint64_t now_ms) {
   // and no /proc read to say so.
   const Self me = this_process();
   if (h.pid == me.pid && me.ticks != 0 && h.start_ticks == me.ticks) return true;
+  if (!host().pid_ns_known) return true;
   if (::kill(static_cast<pid_t>(h.pid), 0) != 0 && errno == ESRCH) return false;
   char state = '?';
   uint64_t ticks = start_ticks_of(h.pid, &state);
@@ -154,8 +180,9 @@ bool token_holder_dead(std::string_view token) {
   if (c == std::string_view::npos || c == 0) return false;
   size_t d = token.rfind(':', c - 1);  // before the pid
   if (d == std::string_view::npos) return false;
+  // At most 19 digits: no value wraps.
   auto number = [](std::string_view s, uint64_t* out) {
-    if (s.empty() || s.size() > 20) return false;
+    if (s.empty() || s.size() > 19) return false;
     uint64_t v = 0;
     for (char ch : s) {
       if (ch < '0' || ch > '9') return false;
@@ -166,7 +193,7 @@ bool token_holder_dead(std::string_view token) {
   };
   uint64_t pid = 0, ticks = 0;
   if (!number(token.substr(d + 1, c - d - 1), &pid) || !number(token.substr(b + 1, a - b - 1), &ticks)) return false;
-  if (pid == 0 || pid > 0xffffffffu) return false;
+  if (pid == 0 || pid >= (uint64_t{1} << kPidBits) || !host().pid_ns_known) return false;
   Holder h;
   h.pid = static_cast<uint32_t>(pid);
   h.start_ticks = ticks;

@@ -69,8 +69,8 @@ bool alive(const Holder& h, uint64_t now_ms);
 // lease): "<host name>:<pid>:<random>:<start ticks>:<host digest hex>",
 // the random part from `random`.
 std::string process_token(uint64_t random);
-// True when `token` (process_token()) names a process of this host and
-// boot that is gone: its PID not running, a zombie, or reused by a process
+// True when `token` (process_token()) names a process of this host, boot
+// and PID namespace that is gone: its PID not running, a zombie, or reused by a process
 // started at another time. False for anything else (another host, another
 // form of token, this process).
 bool token_holder_dead(std::string_view token);

@@ -292,6 +292,33 @@ TEST(ConfigTest, BadLinesAndUntrustedFilesAreProblems) {
   EXPECT_EQ(p.disk.max_bytes, Options().disk.max_bytes);
 }
 
+// A config file is what its descriptor shows: a link to a file (even one
+// this user owns) is not followed, and a value with a line break is
+// refused rather than written as a second setting.
+TEST(ConfigTest, ALinkedConfigIsNotReadAndValuesAreOneLine) {
+  test::TempDir tmp;
+  ScopedEnv xdg("XDG_CONFIG_HOME", (tmp.path() + "/xdg").c_str());
+  ScopedEnv kdir("KCACHE_DIR", nullptr);
+  const std::string store = tmp.path() + "/cache/config";
+  ASSERT_TRUE(util::make_dirs(tmp.path() + "/cache").is_ok());
+  spit(tmp.path() + "/elsewhere", "max_size = 1G\n");
+  ASSERT_EQ(::symlink((tmp.path() + "/elsewhere").c_str(), store.c_str()), 0);
+  Options o;
+  o.dir = tmp.path() + "/cache";
+  auto applied = apply_settings(o);
+  ASSERT_EQ(applied.problems.size(), 1u);
+  EXPECT_EQ(applied.problems[0].code(), Errc::unavailable);
+  EXPECT_NE(applied.problems[0].message().find("symbolic link"), std::string::npos) << applied.problems[0].message();
+  EXPECT_EQ(o.disk.max_bytes, Options().disk.max_bytes);
+
+  const std::string user = tmp.path() + "/xdg/kcache/config";
+  EXPECT_EQ(write_config_setting(user, "remote", "redis://127.0.0.1:1\ndir = /x", false).code(),
+            Errc::invalid_argument);
+  EXPECT_EQ(write_config_setting(user, "remote", "redis://127.0.0.1:1\r", false).code(), Errc::invalid_argument);
+  struct stat st;
+  EXPECT_NE(::stat(user.c_str(), &st), 0);  // nothing written
+}
+
 // Names and words in any case; a misspelt variable names the nearest one,
 // and from_env says each problem once per process.
 TEST(ConfigTest, AnyCaseAndTheNearestNameOnce) {

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <linux/futex.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -256,6 +257,85 @@ TEST(LeaseHolder, ProcessTokenSaysWhenItsHolderDied) {
   EXPECT_FALSE(lease::token_holder_dead("host:123:456"));
   EXPECT_FALSE(lease::token_holder_dead(""));
   EXPECT_FALSE(lease::token_holder_dead(":::::"));
+}
+
+// The PID of a token is read strictly: digits only, no more than 19 (no
+// wrap), above 0 and below 2^22; anything else is "not dead".
+TEST(LeaseHolder, TokenPidsOutOfRangeAreNeverDead) {
+  const std::string mine = lease::process_token(42);
+  const size_t host = mine.rfind(':');
+  const size_t ticks = mine.rfind(':', host - 1);
+  const size_t random = mine.rfind(':', ticks - 1);
+  const size_t pid = mine.rfind(':', random - 1);
+  auto with_pid = [&](const std::string& p) { return mine.substr(0, pid + 1) + p + mine.substr(random); };
+  // No process has these PIDs: a PID past 2^22, and one past 2^64 that
+  // would wrap to a small free one.
+  EXPECT_FALSE(lease::token_holder_dead(with_pid("5000000")));
+  EXPECT_FALSE(lease::token_holder_dead(with_pid("4194304")));
+  EXPECT_FALSE(lease::token_holder_dead(with_pid("18446744073709581616")));  // 2^64 + 30000
+  EXPECT_FALSE(lease::token_holder_dead(with_pid("0")));
+  EXPECT_FALSE(lease::token_holder_dead(with_pid("")));
+  EXPECT_FALSE(lease::token_holder_dead(with_pid("-1")));
+  EXPECT_FALSE(lease::token_holder_dead(with_pid("0000000000000000000001")));
+}
+
+// A live holder in another PID namespace (a container sharing the host's
+// network and name) is never judged dead by a PID of this namespace.
+TEST(LeaseHolder, AHolderInAnotherPidNamespaceIsNotDead) {
+  int tok[2], hold[2];
+  ASSERT_EQ(::pipe(tok), 0);
+  ASSERT_EQ(::pipe(hold), 0);
+  pid_t outer = ::fork();
+  ASSERT_GE(outer, 0);
+  if (outer == 0) {
+    ::close(tok[0]);
+    ::close(hold[1]);
+    if (::unshare(CLONE_NEWPID) != 0) ::_exit(77);
+    // The namespace's first process (its PID 1) forks until a process has
+    // a PID free in the outer one (/proc is still the outer one's); that
+    // one writes its token and waits.
+    pid_t init = ::fork();
+    if (init < 0) ::_exit(1);
+    if (init > 0) {
+      int st = 0;
+      ::waitpid(init, &st, 0);
+      ::_exit(WIFEXITED(st) ? WEXITSTATUS(st) : 1);
+    }
+    for (int i = 0; i < 200; ++i) {
+      pid_t c = ::fork();
+      if (c < 0) ::_exit(1);
+      if (c == 0) {
+        if (::access(("/proc/" + std::to_string(::getpid())).c_str(), F_OK) == 0) ::_exit(3);
+        std::string t = lease::process_token(9);
+        if (::write(tok[1], t.data(), t.size()) != static_cast<ssize_t>(t.size())) ::_exit(1);
+        char b;
+        (void)::read(hold[0], &b, 1);
+        ::_exit(0);
+      }
+      int st = 0;
+      ::waitpid(c, &st, 0);
+      if (WIFEXITED(st) && WEXITSTATUS(st) != 3) ::_exit(WEXITSTATUS(st));
+    }
+    ::_exit(2);
+  }
+  ::close(tok[1]);
+  ::close(hold[0]);
+  char buf[512];
+  ssize_t n = ::read(tok[0], buf, sizeof buf);
+  ::close(tok[0]);
+  if (n <= 0) {
+    ::close(hold[1]);
+    int st = 0;
+    ::waitpid(outer, &st, 0);
+    if (WIFEXITED(st) && WEXITSTATUS(st) == 77) GTEST_SKIP() << "no new PID namespace here";
+    FAIL() << "no token from the other namespace";
+  }
+  const std::string token(buf, static_cast<size_t>(n));
+  EXPECT_FALSE(lease::token_holder_dead(token)) << token;
+  ::close(hold[1]);
+  int st = 0;
+  ASSERT_EQ(::waitpid(outer, &st, 0), outer);
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0);
 }
 
 TEST(FileLeases, PartialLeaseFileFromACrashIsCollected) {

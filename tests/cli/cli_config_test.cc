@@ -74,6 +74,7 @@ TEST_P(CliConfigTest, BadValuesExitTwoEverywhere) {
   expect_failure(run({"config", "set", "max_size", "abc"}), 2, "'abc' is not a size");
   expect_failure(run({"config", "set", "max_sise", "1G"}), 2, "did you mean max_size?");
   expect_failure(run({"config", "set", "dir", "/x"}), 2, "--user");
+  expect_failure(run({"config", "set", "remote", "redis://127.0.0.1:1\nmax_size = 1G"}), 2, "line break");
   Result r = run({"ls"}, true, {{"KCACHE_DURABILITY", "NONE"}, {"KCACHE_COMPRESSION", "Zstd"}});
   EXPECT_EQ(r.rc, 0) << r.err;
   ASSERT_EQ(run({"config", "set", "max_size", "1G"}).rc, 0);

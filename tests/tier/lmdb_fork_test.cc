@@ -5,6 +5,8 @@
 // be able to open the store afresh; the parent keeps its pinned hit intact
 // and keeps working.
 #include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "robust_util.h"
@@ -137,6 +139,37 @@ TEST(LmdbFork, GrandchildOfAForkedChildAlsoSeesAnInheritedStore) {
     if (WEXITSTATUS(inner) != 0) return WEXITSTATUS(inner);
     auto r = (*mine)->get(key_of(1));
     return r && r->has_value() && entry_ok(**r, 1, 100) ? 0 : 34;
+  });
+  ASSERT_TRUE(WIFEXITED(ws) && WEXITSTATUS(ws) == 0) << describe_wait(ws);
+}
+
+// Where no thread can be started (a user at its process limit), a hit that
+// would start the recency flusher is still a hit: the records wait for the
+// flush. A second user (nobody) is needed: root is not held to the limit.
+TEST(LmdbFlusher, AHitWhereNoThreadCanStartIsStillAHit) {
+  TempDir td;
+  ASSERT_EQ(::chmod(td.path().c_str(), 0755), 0);
+  const std::string dir = td.path() + "/nobody";
+  ASSERT_EQ(::mkdir(dir.c_str(), 0777), 0);
+  ASSERT_EQ(::chmod(dir.c_str(), 0777), 0);
+  int ws = run_child([&] {
+    ::alarm(20);
+    if (::setgid(65534) != 0 || ::setuid(65534) != 0) return 20;
+    struct rlimit none = {0, 0};
+    if (::setrlimit(RLIMIT_NPROC, &none) != 0) return 21;
+    DiskTierOptions o = options();
+    o.recency_batch = 2;
+    auto t = open_lmdb_tier(dir + "/store", o);
+    if (!t) return 22;
+    for (int i = 1; i <= 4; ++i)
+      if (!(*t)->put(make_entry(i, 100)).is_ok()) return 23;
+    for (int round = 0; round < 3; ++round)
+      for (int i = 1; i <= 4; ++i) {
+        auto r = (*t)->get(key_of(i));
+        if (!r || !r->has_value()) return 24;
+      }
+    if (!(*t)->flush().is_ok()) return 25;
+    return 0;
   });
   ASSERT_TRUE(WIFEXITED(ws) && WEXITSTATUS(ws) == 0) << describe_wait(ws);
 }

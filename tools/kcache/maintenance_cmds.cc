@@ -145,8 +145,9 @@ int cmd_stats(Ctx& c) {
       }
       m.tiers.push_back(std::move(mt));
     }
-    if (int rc = c.out(openmetrics_text(m))) return rc;
-    return remote_down.empty() ? kExitOk : c.fail(kExitError, "the remote of KCACHE_REMOTE is " + remote_down);
+    // Printed is done: a remote's state is kcache_tier_up, and a scrape
+    // file replaced only on success must say when the remote went down.
+    return c.out(openmetrics_text(m));
   }
   if (c.json) {
     util::JsonWriter w;

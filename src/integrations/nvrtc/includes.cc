@@ -5,6 +5,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <sys/inotify.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
@@ -503,11 +504,16 @@ class Walk {
 
   static constexpr size_t kMaxAlternatives = 256;
   static constexpr int kMaxDepth = 16;
+  // Bytes produced plus calls made for one computed include: macros that
+  // multiply their text stay cheap within the depth bound only in count.
+  static constexpr size_t kMaxExpandWork = size_t{1} << 22;
 
   // Every text `text` can expand to with the macros seen; false when the
-  // alternatives exceed the bound.
+  // alternatives or the work exceed their bounds.
   bool expand(std::string_view text, std::set<std::string>* active, int depth, std::vector<std::string>* out) {
+    if (++expand_work_ > kMaxExpandWork) return false;
     std::vector<std::string> acc{std::string()};
+    auto spend = [&](size_t bytes) { return (expand_work_ += bytes) <= kMaxExpandWork; };
     size_t i = 0;
     while (i < text.size()) {
       if (is_ident(text[i]) && !(text[i] >= '0' && text[i] <= '9')) {
@@ -517,6 +523,7 @@ class Walk {
         i = j;
         auto it = macros_.find(id);
         if (it == macros_.end() || active->count(id) || depth >= kMaxDepth) {
+          if (!spend(acc.size() * id.size())) return false;
           for (auto& a : acc) a += id;
           continue;
         }
@@ -534,9 +541,13 @@ class Walk {
         if (acc.size() * alts.size() > kMaxAlternatives) return false;
         std::vector<std::string> next;
         for (const auto& a : acc)
-          for (const auto& b : alts) next.push_back(a + b);
+          for (const auto& b : alts) {
+            if (!spend(a.size() + b.size())) return false;
+            next.push_back(a + b);
+          }
         acc = std::move(next);
       } else {
+        if (!spend(acc.size())) return false;
         for (auto& a : acc) a += text[i];
         ++i;
       }
@@ -554,6 +565,7 @@ class Walk {
     const bool from_disk = computed_[i].from_disk;
     std::set<std::string> active;
     std::vector<std::string> texts;
+    expand_work_ = 0;
     if (!expand(computed_[i].d.name, &active, 0, &texts)) return;
     bool any = false;
     for (const auto& t : texts) {
@@ -571,13 +583,31 @@ class Walk {
     if (any) computed_[i].resolved = true;
   }
 
-  // An include no expansion resolves: every file under each -I folder.
+  // An include no expansion resolves: every file under each folder it could
+  // name: the -I folders, the source's folder when searched, and the
+  // including file's own folder. The working folder is never walked: where
+  // it would be one of them, or where there is no folder at all, the
+  // program compiles without the cache rather than with a partial key.
   Status fallback(const Pending& pd) {
-    if (o_.include_dirs.empty()) return Status();
     std::string what = std::string(pd.d.kind == Directive::Kind::include ? "#include " : "probe of ") + pd.d.name +
                        " in " + (pd.from_disk ? pd.from : std::string("the source"));
+    std::vector<std::string> roots(o_.include_dirs.begin(), o_.include_dirs.end());
+    // The compile logs the reason once.
+    auto give_up = [&](const std::string& why) { return Status(Errc::too_large, "unresolvable " + what + ": " + why); };
+    auto add_root = [&](const std::string& dir) {
+      if (dir.empty()) return false;
+      if (std::find(roots.begin(), roots.end(), dir) == roots.end()) roots.push_back(dir);
+      return true;
+    };
+    // The text may expand to a quoted name: its includer's folder counts.
+    if (pd.from_disk) {
+      if (!add_root(dir_of(pd.from))) return give_up("the including file has no folder");
+    } else if (o_.source_dir_searched) {
+      if (!add_root(source_dir_)) return give_up("the program name has no folder");
+    }
+    if (roots.empty()) return give_up("no folder to search");
     std::string folders;
-    for (const auto& root : o_.include_dirs) {
+    for (const auto& root : roots) {
       if (!fallback_roots_.insert(root).second) continue;
       folders += (folders.empty() ? "" : ", ") + root;
       fallback_notes_.push_back(what + ": folder " + root);
@@ -642,6 +672,7 @@ class Walk {
   std::set<std::string> fallback_roots_;
   std::vector<std::string> fallback_notes_;
   size_t fallback_files_ = 0;
+  size_t expand_work_ = 0;
   bool settled_ = true;
 };
 
@@ -828,19 +859,22 @@ bool local_fs(const std::string& dir) {
 class Watcher {
  public:
   // The process's watcher. A forked child makes its own: reading the
-  // parent's descriptor would take events the parent waits for.
+  // parent's descriptor would take events the parent waits for. The fork
+  // handlers hold the lock across fork(), so the child never inherits it
+  // held, and drop the child's copy of the parent's watcher (its lock may
+  // be held by a thread the child does not have: it is left, never used).
   static Watcher& get() {
-    static std::mutex mu;
-    static Watcher* w = nullptr;  // never destroyed: used until exit
-    static pid_t owner = 0;
-    static uint64_t generation = 0;
-    std::lock_guard lk(mu);
+    std::lock_guard lk(g_mu);
     pid_t pid = ::getpid();
-    if (!w || owner != pid) {
-      w = new Watcher(++generation);
-      owner = pid;
+    if (!g_w || g_owner != pid) {
+      if (!g_w) {
+        static const int registered = ::pthread_atfork([] { g_mu.lock(); }, [] { g_mu.unlock(); }, &in_child);
+        (void)registered;
+      }
+      g_w = new Watcher(++g_generation);  // never destroyed: used until exit
+      g_owner = pid;
     }
-    return *w;
+    return *g_w;
   }
   bool available() const { return fd_ >= 0; }
   uint64_t generation() const { return generation_; }
@@ -905,6 +939,15 @@ class Watcher {
 
  private:
   explicit Watcher(uint64_t generation) : fd_(::inotify_init1(IN_NONBLOCK | IN_CLOEXEC)), generation_(generation) {}
+  static void in_child() {
+    if (g_w && g_w->fd_ >= 0) ::close(g_w->fd_);
+    g_w = nullptr;
+    g_mu.unlock();
+  }
+  static inline std::mutex g_mu;
+  static inline Watcher* g_w = nullptr;  // GUARDED_BY(g_mu)
+  static inline pid_t g_owner = 0;       // GUARDED_BY(g_mu)
+  static inline uint64_t g_generation = 0;
   const int fd_;
   const uint64_t generation_;
   std::mutex mu_;

@@ -42,6 +42,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <mutex>
+#include <system_error>
 #include <thread>
 #include <unordered_map>
 #include <vector>
@@ -593,12 +594,21 @@ class LmdbTier final : public Tier, public StoreAdmin {
   }
 
   // Starts the flusher thread unless it runs already; false where none may
-  // run (closing, or a child of fork(), whose store is its parent's).
+  // run (closing, or a child of fork(), whose store is its parent's) or
+  // none could be started (no thread left to the process: the records stay
+  // pending, written at flush or close; one log line, no further try).
   // REQUIRES: pend_mu_.
   bool start_flusher_locked() {
     if (flusher_.joinable()) return true;
-    if (stop_ || env_->inherited()) return false;
-    flusher_ = std::thread([this] { flusher_loop(); });
+    if (stop_ || flusher_failed_ || env_->inherited()) return false;
+    try {
+      flusher_ = std::thread([this] { flusher_loop(); });
+    } catch (const std::system_error& e) {
+      flusher_failed_ = true;
+      KCACHE_LOG(LogLevel::warn, "lmdb: cannot start the recency flusher (%s): recency is written at flush or close",
+                 e.what());
+      return false;
+    }
     return true;
   }
 
@@ -984,6 +994,7 @@ class LmdbTier final : public Tier, public StoreAdmin {
   std::unique_ptr<std::condition_variable> pend_cv_ = std::make_unique<std::condition_variable>();
   std::unordered_map<Key, uint64_t> touched_;  // GUARDED_BY(pend_mu_): key -> last hit ms
   bool stop_ = false;                          // GUARDED_BY(pend_mu_)
+  bool flusher_failed_ = false;                // GUARDED_BY(pend_mu_)
   std::thread flusher_;                        // GUARDED_BY(pend_mu_) while it starts
 };
 

@@ -7,6 +7,8 @@
 #include <gtest/gtest.h>
 
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -590,6 +592,7 @@ TEST_F(NvrtcDiskHeaders, AnUnresolvableIncludeKeysOnlyTheIncludeFoldersAndSaysSo
   // A function-like macro names the header: the -I folder is keyed whole,
   // the working folder is not.
   nvrtc::Program p = program_;
+  p.options.push_back("-no-source-include");  // the program's own folder is not searched
   p.source =
       "#define KC_PICK(x) <x>\n#include KC_PICK(kc_scale.cuh)\n"
       "extern \"C\" __global__ void picked(float* x) { x[threadIdx.x] *= KC_SCALE; }\n";
@@ -609,6 +612,89 @@ TEST_F(NvrtcDiskHeaders, AnUnresolvableIncludeKeysOnlyTheIncludeFoldersAndSaysSo
   EXPECT_NE(std::find(diff.begin(), diff.end(), "file:" + inc_ + "/unrelated.txt"), diff.end());
   write_text(tmp_.path() + "/beside_the_cache.txt", "y");  // not under an -I folder
   EXPECT_EQ(compiler_->key(p)->key, k2->key);
+}
+
+TEST_F(NvrtcDiskHeaders, AMacroThatMultipliesItsTextIsGivenUpOnAndKeysTheFolders) {
+  // D40 doubles its text 40 times, T20 grows tenfold 20 times: expanding
+  // either stops at the work bound and the -I folder is keyed whole. The
+  // includes are never compiled (#if 0), but every directive is keyed.
+  nvrtc::Program p = program_;
+  p.options.push_back("-no-source-include");
+  std::string src = "#define D0 <kc_scale.cuh>\n#define T0 x\n";
+  for (int i = 1; i <= 40; ++i)
+    src += "#define D" + std::to_string(i) + " D" + std::to_string(i - 1) + " D" + std::to_string(i - 1) + "\n";
+  for (int i = 1; i <= 20; ++i) {
+    src += "#define T" + std::to_string(i);
+    for (int j = 0; j < 10; ++j) src += " T" + std::to_string(i - 1);
+    src += "\n";
+  }
+  src +=
+      "#if 0\n#include D40\n#include T20\n#endif\n#include <kc_scale.cuh>\n"
+      "extern \"C\" __global__ void grown(float* x) { x[threadIdx.x] *= KC_SCALE; }\n";
+  p.source = src;
+  auto k = compiler_->key(p);
+  ASSERT_TRUE(k.has_value()) << k.error().to_string();
+  bool whole = false;
+  for (const auto& it : k->manifest.items) whole |= it.name == "whole_folders";
+  EXPECT_TRUE(whole);
+  write_text(inc_ + "/unrelated.txt", "x");
+  EXPECT_NE(compiler_->key(p)->key, k->key);
+  auto r = compiler_->compile(p);
+  ASSERT_TRUE(r.has_value()) << r.error().to_string();
+}
+
+TEST_F(NvrtcDiskHeaders, AnUnresolvableIncludeBesideTheSourceKeysTheSourceFolder) {
+  // No -I: the header can only be beside the program, whose folder is keyed.
+  const std::string proj = tmp_.path() + "/proj";
+  ASSERT_EQ(::mkdir(proj.c_str(), 0755), 0);
+  write_text(proj + "/cfg.cuh", "#define KC_CFG 1.0f\n");
+  nvrtc::Program p;
+  p.name = proj + "/k.cu";
+  p.source =
+      "#define STR(x) #x\n#define HDR STR(cfg.cuh)\n#include HDR\n"
+      "extern \"C\" __global__ void k(float* x) { x[0] += KC_CFG; }\n";
+  p.options = {"-arch=sm_80"};
+  auto cold = compiler_->compile(p);
+  ASSERT_TRUE(cold.has_value()) << cold.error().to_string();
+  EXPECT_NE(cold->ptx.find(kOne), std::string_view::npos);
+  write_text(proj + "/cfg.cuh", "#define KC_CFG 3.0f\n");
+  auto edited = compiler_->compile(p);
+  ASSERT_TRUE(edited.has_value()) << edited.error().to_string();
+  EXPECT_EQ(edited->source, Source::compiled);
+  EXPECT_NE(edited->ptx.find(kThree), std::string_view::npos);
+  auto warm = compiler_->compile(p);
+  ASSERT_TRUE(warm.has_value());
+  EXPECT_EQ(warm->source, Source::memory);
+  EXPECT_EQ(warm->ptx, edited->ptx);
+}
+
+TEST_F(NvrtcDiskHeaders, AnUnresolvableIncludeBesideAProgramWithoutAFolderCompilesWithoutTheCache) {
+  // The working folder is never walked: the program compiles, uncached.
+  const std::string proj = tmp_.path() + "/proj";
+  ASSERT_EQ(::mkdir(proj.c_str(), 0755), 0);
+  write_text(proj + "/cfg.cuh", "#define KC_CFG 1.0f\n");
+  nvrtc::Program p;
+  p.name = "k.cu";
+  p.source =
+      "#define STR(x) #x\n#define HDR STR(cfg.cuh)\n#include HDR\n"
+      "extern \"C\" __global__ void k(float* x) { x[0] += KC_CFG; }\n";
+  p.options = {"-arch=sm_80"};
+  char cwd[4096];
+  ASSERT_NE(::getcwd(cwd, sizeof cwd), nullptr);
+  struct Back {
+    std::string dir;
+    ~Back() { (void)::chdir(dir.c_str()); }
+  } back{cwd};
+  ASSERT_EQ(::chdir(proj.c_str()), 0);
+  auto cold = compiler_->compile(p);
+  ASSERT_TRUE(cold.has_value()) << cold.error().to_string();
+  EXPECT_NE(cold->ptx.find(kOne), std::string_view::npos);
+  EXPECT_FALSE(compiler_->key(p).has_value());
+  write_text(proj + "/cfg.cuh", "#define KC_CFG 3.0f\n");
+  auto edited = compiler_->compile(p);
+  ASSERT_TRUE(edited.has_value()) << edited.error().to_string();
+  EXPECT_EQ(edited->source, Source::compiled);
+  EXPECT_NE(edited->ptx.find(kThree), std::string_view::npos);
 }
 
 TEST_F(NvrtcDiskHeaders, AQuotedIncludeBesideAProgramWithoutAFolderFollowsTheWorkingFolder) {
@@ -730,6 +816,43 @@ TEST_F(NvrtcDiskHeaders, AWarmProcessStatsHeadersInsteadOfReadingThem) {
   ASSERT_TRUE(r.has_value());
   EXPECT_EQ(r->source, Source::compiled);
   EXPECT_GT(nvrtc::detail::header_reads(), reads);
+}
+
+TEST(NvrtcIncludeWatch, AChildForkedWhileAnotherThreadChecksNeverHangs) {
+  SKIP_UNDER_TSAN();
+  // A thread checks closures again and again while the process forks; each
+  // child checks with its own watcher and exits. A child that inherited a
+  // held lock would hang (and be ended by its alarm).
+  const char* env = std::getenv("KCACHE_TRIALS");
+  const int trials = env ? std::max(1, std::atoi(env)) : 100;
+  TempDir tmp;
+  nvrtc::detail::Closure c;
+  c.dirs.push_back({tmp.path(), false, {}});
+  std::atomic<bool> stop{false};
+  std::thread checker([&] {
+    nvrtc::detail::WatchState w;
+    while (!stop.load()) (void)nvrtc::detail::closure_still_valid(c, &w);
+  });
+  nvrtc::detail::WatchState mine;
+  (void)nvrtc::detail::closure_still_valid(c, &mine);
+  int hung = 0;
+  for (int i = 0; i < trials; ++i) {
+    pid_t pid = ::fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      ::alarm(10);
+      nvrtc::detail::WatchState w;
+      (void)nvrtc::detail::closure_still_valid(c, &w);
+      bool ok = w.generation != 0 && w.generation != mine.generation;
+      ::_exit(ok ? 0 : 1);
+    }
+    int st = 0;
+    ASSERT_EQ(::waitpid(pid, &st, 0), pid);
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) ++hung;
+  }
+  stop = true;
+  checker.join();
+  EXPECT_EQ(hung, 0);
 }
 
 TEST(NvrtcIncludeScan, DirectivesAreFoundWhereverTheyHide) {
