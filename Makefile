@@ -32,7 +32,7 @@ test: build python
 	@cd $(BUILD) && ctest -j $(JOBS) --output-on-failure --timeout 600
 
 # build/venv with the kcache package (pip install . through scikit-build-core),
-# Triton, llvmlite and pytest; the Python suite in ctest runs in it.
+# Triton, llvmlite, JAX, numba, Warp and pytest; the Python suite in ctest runs in it.
 PYTHON ?= python3
 VENV   ?= $(BUILD)/venv
 PY_DEPS = scikit-build-core nanobind pytest triton llvmlite jax numba warp-lang
