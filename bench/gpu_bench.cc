@@ -34,12 +34,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "kcache/cache.h"
 #include "util/util.h"
@@ -179,6 +181,45 @@ void BM_CcclCold(benchmark::State& state, size_t i) {
     if (!r) state.SkipWithError(r.error().to_string().c_str());
   }
   s.cold_ns[i] = total / static_cast<double>(state.iterations());
+}
+
+// A cold compile through kcache (a new, empty store each round: key, miss,
+// NVRTC, store, flush) against plain NVRTC (compile_uncached), paired in
+// each round with the order alternating; the counter is the median of the
+// rounds' CPU ratios (process CPU, so kcache's own threads count).
+void BM_CcclColdOverPlain(benchmark::State& state, size_t i) {
+  auto& s = cccl();
+  auto p = cccl_program(i);
+  std::vector<double> ratios;
+  unsigned round = 0;
+  for (auto _ : state) {
+    std::string dir = s.dir + "-cold-" + std::to_string(i) + "-" + std::to_string(round);
+    double plain = 0, cold = 0;
+    for (int side = 0; side < 2; ++side) {
+      bool cached = (side == 0) == (round % 2 == 0);
+      double c0 = cpu_ns();
+      if (cached) {
+        auto cache = kcache::Cache::open(cache_options(dir, true));
+        kcache::nvrtc::Compiler c(*cache);
+        auto r = c.compile(p);
+        if (!r || r->source != kcache::Source::compiled) state.SkipWithError("expected a compile");
+        cache->flush();
+        cold = cpu_ns() - c0;
+      } else {
+        auto r = kcache::nvrtc::compile_uncached(p);
+        if (!r) state.SkipWithError(r.error().to_string().c_str());
+        plain = cpu_ns() - c0;
+      }
+    }
+    if (plain > 0) ratios.push_back(cold / plain);
+    ++round;
+  }
+  std::sort(ratios.begin(), ratios.end());
+  if (!ratios.empty()) {
+    state.counters["cold_over_plain_cpu"] = ratios[ratios.size() / 2];
+    state.counters["min"] = ratios.front();
+    state.counters["max"] = ratios.back();
+  }
 }
 
 // A warm key (Compiler::key, which also copies the KeyInfo out) or a warm
@@ -376,6 +417,9 @@ int main(int argc, char** argv) {
     std::string n = kcache::cccl_kernels::kKernels[i].name;
     benchmark::RegisterBenchmark(("nvrtc_cccl/cold/" + n).c_str(), BM_CcclCold, i)
         ->Iterations(1)
+        ->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark(("nvrtc_cccl/cold_over_plain/" + n).c_str(), BM_CcclColdOverPlain, i)
+        ->Iterations(4)
         ->Unit(benchmark::kMillisecond);
     benchmark::RegisterBenchmark(("nvrtc_cccl/warm_key/" + n).c_str(), BM_CcclWarm, i, false)
         ->Unit(benchmark::kMicrosecond);
