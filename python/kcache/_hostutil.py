@@ -78,6 +78,24 @@ class Flights:
     def get(self, name: str) -> Optional[kcache.Flight]:
         return self._owned().get(name)
 
+    def begin(self, cache: kcache.Cache, key: kcache.Key, host: str, label: str) -> Optional[kcache.Entry]:
+        """A host's lookup of `key`: the entry when it is stored (or another
+        process compiled it while this one waited), else None: this thread
+        is compiling it already, or it now holds the key's flight (kept here
+        until its host compile stores or gives up), or a cache fault (one
+        log line; the cache never fails a compile)."""
+        if self.get(key.hex) is not None:
+            return None
+        try:
+            flight = cache.begin(key)
+        except Exception as e:
+            log(host, f"{label}: lookup failed: {e}")
+            return None
+        if flight.owner:
+            self.add(key.hex, flight)
+            return None
+        return flight.entry
+
     def pop(self, name: str) -> Optional[kcache.Flight]:
         return self._owned().pop(name, None)
 

@@ -94,16 +94,11 @@ class KcacheCache(CacheInterface):
     def get(self, key: str) -> Optional[bytes]:
         try:
             k = _key(key)
-            if _flights.get(k.hex) is not None:
-                return None  # this thread is compiling it
-            flight = cache().begin(k)
+            c = cache()
         except Exception as e:  # the cache never fails a compile
             log("jax", f"{key[:60]}: lookup failed: {e}")
             return None
-        if flight.owner:
-            _flights.add(k.hex, flight)
-            return None
-        e = flight.entry
+        e = _flights.begin(c, k, "jax", key[:60])
         if e is None or _ARTIFACT not in e:
             return None
         return bytes(e[_ARTIFACT])

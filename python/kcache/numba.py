@@ -147,17 +147,12 @@ class FunctionCache(_Cache):
         except Exception as e:  # an unpicklable closure: numba could not cache it either
             log("numba", f"{self._label}: not cached ({type(e).__name__}: {e})")
             return None
-        if _flights.get(key.hex) is not None:
-            return None  # this thread is compiling it already
         try:
-            flight = cache().begin(key)
+            c = cache()
         except Exception as e:  # the cache never fails a compile
             log("numba", f"{self._label}: lookup failed: {e}")
             return None
-        if flight.owner:
-            _flights.add(key.hex, flight)
-            return None
-        entry = flight.entry
+        entry = _flights.begin(c, key, "numba", self._label)
         if entry is None or _ARTIFACT not in entry:
             return None
         try:
