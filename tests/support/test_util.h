@@ -26,6 +26,25 @@
 namespace kcache::test {
 
 // A fresh folder under the test temp dir, removed at destruction.
+// Goes back to the working folder it found when it leaves scope (for a
+// test that chdir()s).
+class ScopedCwd {
+ public:
+  ScopedCwd() {
+    char buf[4096];
+    if (::getcwd(buf, sizeof buf)) dir_ = buf;
+  }
+  ~ScopedCwd() {
+    if (!dir_.empty()) (void)::chdir(dir_.c_str());
+  }
+  ScopedCwd(const ScopedCwd&) = delete;
+  ScopedCwd& operator=(const ScopedCwd&) = delete;
+  bool ok() const { return !dir_.empty(); }
+
+ private:
+  std::string dir_;
+};
+
 class TempDir {
  public:
   TempDir() {

@@ -679,12 +679,8 @@ TEST_F(NvrtcDiskHeaders, AnUnresolvableIncludeBesideAProgramWithoutAFolderCompil
       "#define STR(x) #x\n#define HDR STR(cfg.cuh)\n#include HDR\n"
       "extern \"C\" __global__ void k(float* x) { x[0] += KC_CFG; }\n";
   p.options = {"-arch=sm_80"};
-  char cwd[4096];
-  ASSERT_NE(::getcwd(cwd, sizeof cwd), nullptr);
-  struct Back {
-    std::string dir;
-    ~Back() { (void)::chdir(dir.c_str()); }
-  } back{cwd};
+  test::ScopedCwd back;
+  ASSERT_TRUE(back.ok());
   ASSERT_EQ(::chdir(proj.c_str()), 0);
   auto cold = compiler_->compile(p);
   ASSERT_TRUE(cold.has_value()) << cold.error().to_string();
@@ -707,12 +703,8 @@ TEST_F(NvrtcDiskHeaders, AQuotedIncludeBesideAProgramWithoutAFolderFollowsTheWor
   p.name = "local.cu";
   p.source = "#include \"kc_local.cuh\"\nextern \"C\" __global__ void k(float* x) { x[0] += KC_LOCAL; }\n";
   p.options = {"-arch=sm_80"};
-  char cwd[4096];
-  ASSERT_NE(::getcwd(cwd, sizeof cwd), nullptr);
-  struct Back {
-    std::string dir;
-    ~Back() { (void)::chdir(dir.c_str()); }
-  } back{cwd};
+  test::ScopedCwd back;
+  ASSERT_TRUE(back.ok());
   ASSERT_EQ(::chdir(a.c_str()), 0);
   auto in_a = compiler_->compile(p);
   ASSERT_TRUE(in_a.has_value()) << in_a.error().to_string();
