@@ -10,7 +10,7 @@ set -euo pipefail
 pkgs=(build-essential cmake pkg-config g++ clang-format libgtest-dev libbenchmark-dev
       liblmdb-dev lmdb-utils libzstd-dev libxxhash-dev libhiredis-dev libssl-dev
       redis-server python3-dev python3-venv llvm-14-dev llvm-19-dev clang-14 zlib1g-dev libtinfo-dev libedit-dev libxml2-dev libcurl4-openssl-dev
-      pocl-opencl-icd ocl-icd-opencl-dev opencl-headers clinfo strace)
+      pocl-opencl-icd ocl-icd-opencl-dev opencl-headers clinfo strace ccache)
 
 missing=()
 for p in "${pkgs[@]}"; do
