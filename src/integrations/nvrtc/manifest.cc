@@ -350,6 +350,10 @@ Built build_manifest(const Recording& rec, const std::vector<std::string_view>& 
     }
   }
   const int64_t now = now_real_ns();
+  // A file changed within one timestamp tick before the compile began (or
+  // after) could have been rewritten, after NVRTC read it, without its
+  // identity changing: too new to vouch for what NVRTC read.
+  const int64_t began = rec.start_ns ? std::min(rec.start_ns, now) : now;
   std::set<std::string> absent_dirs;
   struct stat st;
   for (auto& [path, s] : seen) {
@@ -381,8 +385,8 @@ Built build_manifest(const Recording& rec, const std::vector<std::string_view>& 
       refuse(path + " changed while compiling");
       continue;
     }
-    if (young(path, id, now)) {
-      refuse(path + " is too new (changed within the file system's timestamp granularity)");
+    if (young(path, id, began)) {
+      refuse(path + " is too new (changed within the file system's timestamp granularity of the compile)");
       continue;
     }
     auto d = digest_file(path, st, now);

@@ -467,6 +467,11 @@ ScopedRecording::ScopedRecording(Recording* r) : prev_(t_rec) {
     char buf[PATH_MAX];
     if (::getcwd(buf, sizeof buf)) r->cwd = buf;
   }
+  if (r->start_ns == 0) {
+    struct timespec ts;
+    ::clock_gettime(CLOCK_REALTIME, &ts);
+    r->start_ns = int64_t(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+  }
   t_rec = r;
   g_recorded.fetch_add(1, std::memory_order_relaxed);
 }

@@ -66,6 +66,7 @@ struct Recording {
   bool cwd_changed = false;  // NVRTC called chdir
   bool cwd_used = false;     // NVRTC asked getcwd, or named a relative path: the working folder is an input
   bool wrote = false;        // NVRTC opened a file for writing
+  int64_t start_ns = 0;      // wall clock when the recording began (0: unknown)
 };
 
 // Patches libnvrtc's import slots, once per process. OK, or why the
