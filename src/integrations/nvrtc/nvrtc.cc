@@ -1,10 +1,13 @@
-// Cached NVRTC compiles. A compile builds the key (library identity,
-// canonical options, headers, the files on disk its #includes can reach,
-// source, name expressions, outputs), asks the Cache for it, and on a miss
-// runs compile_uncached(), whose artifacts the Cache stores as one entry. A
-// hit is checked (PTX NUL-terminated, the lowered names decode and cover
-// every requested expression) before it is handed out; an entry that fails
-// the check is recompiled and overwritten.
+// Cached NVRTC compiles. A compile builds the program's inputs key (library
+// identity, canonical options, headers, source, name expressions, outputs),
+// checks the manifests stored under it (what earlier compiles saw NVRTC
+// read, manifest.h) and looks up the entry key of the one that holds. With
+// none, NVRTC runs once across threads and processes (a Flight on the
+// inputs key and the stored list) with the recorder on (observe.h), and the
+// entry and its manifest are stored, unless the compile's inputs moved
+// while it ran. A hit is checked (PTX NUL-terminated, the lowered names
+// decode and cover every requested expression) before it is handed out; an
+// entry that fails the check is recompiled and overwritten.
 #include "kcache/nvrtc.h"
 
 #include <dlfcn.h>

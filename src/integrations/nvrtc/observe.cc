@@ -497,26 +497,55 @@ std::vector<Load> nvrtc_loads() {
   return out;
 }
 
+// The loader's counts of objects loaded and unloaded: while both stay, the
+// set of loaded objects is the same.
+struct LoadCounts {
+  unsigned long long adds = 0, subs = 0;
+  bool operator==(const LoadCounts&) const = default;
+};
+int first_counts(struct dl_phdr_info* info, size_t, void* data) {
+  *static_cast<LoadCounts*>(data) = {info->dlpi_adds, info->dlpi_subs};
+  return 1;
+}
+
+struct Resolved {
+  std::string path;
+  bool loaded = false;
+  LoadCounts counts;
+  uint64_t at_us = 0;
+};
+
 std::string resolve_library(const std::string& name, const std::string& fallback) {
   if (name.find('/') != std::string::npos) return name;
+  // Answers are kept while nothing was loaded or unloaded: a loaded one for
+  // as long, one found along the search for a second (the re-check period
+  // of a watched manifest; the search stats every folder of the path).
+  static std::mutex memo_mu;
+  static std::map<std::pair<std::string, std::string>, Resolved> memo;
+  LoadCounts counts;
+  ::dl_iterate_phdr(first_counts, &counts);
+  const uint64_t now = util::now_mono_us();
+  {
+    std::lock_guard lk(memo_mu);
+    auto it = memo.find({name, fallback});
+    if (it != memo.end() && it->second.counts == counts &&
+        (it->second.loaded || now - it->second.at_us < 1'000'000))
+      return it->second.path;
+  }
+  auto keep = [&](std::string path, bool loaded) {
+    std::lock_guard lk(memo_mu);
+    if (memo.size() > 64) memo.clear();
+    memo[{name, fallback}] = Resolved{path, loaded, counts, now};
+    return path;
+  };
   if (void* h = ::dlopen(name.c_str(), RTLD_LAZY | RTLD_NOLOAD)) {
     std::string path;
     struct link_map* lm = nullptr;
     if (::dlinfo(h, RTLD_DI_LINKMAP, &lm) == 0 && lm && lm->l_name) path = lm->l_name;
     ::dlclose(h);
-    return path;
+    return keep(path, true);
   }
-  // Not loaded: the first folder of libnvrtc's search that has it. The
-  // answer is kept for a second (the re-check period of a watched
-  // manifest): the search stats every folder of the path.
-  static std::mutex memo_mu;
-  static std::map<std::pair<std::string, std::string>, std::pair<std::string, uint64_t>> memo;
-  const uint64_t now = util::now_mono_us();
-  {
-    std::lock_guard lk(memo_mu);
-    auto it = memo.find({name, fallback});
-    if (it != memo.end() && now - it->second.second < 1'000'000) return it->second.first;
-  }
+  // Not loaded: the first folder of libnvrtc's search that has it.
   void* self = g_nvrtc_path.empty() ? nullptr : ::dlopen(g_nvrtc_path.c_str(), RTLD_LAZY | RTLD_NOLOAD);
   std::string found;
   if (self) {
@@ -540,10 +569,7 @@ std::string resolve_library(const std::string& name, const std::string& fallback
     struct stat st;
     if (!fallback.empty() && ::stat(fallback.c_str(), &st) == 0) found = fallback;
   }
-  std::lock_guard lk(memo_mu);
-  if (memo.size() > 64) memo.clear();
-  memo[{name, fallback}] = {found, now};
-  return found;
+  return keep(found, false);
 }
 
 uint64_t recorded_compiles() noexcept { return g_recorded.load(std::memory_order_relaxed); }
