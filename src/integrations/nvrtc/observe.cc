@@ -528,8 +528,7 @@ std::string resolve_library(const std::string& name, const std::string& fallback
   {
     std::lock_guard lk(memo_mu);
     auto it = memo.find({name, fallback});
-    if (it != memo.end() && it->second.counts == counts &&
-        (it->second.loaded || now - it->second.at_us < 1'000'000))
+    if (it != memo.end() && it->second.counts == counts && (it->second.loaded || now - it->second.at_us < 1'000'000))
       return it->second.path;
   }
   auto keep = [&](std::string path, bool loaded) {
