@@ -92,3 +92,90 @@ def test_remote_value_with_wrong_mac_is_a_miss(numba_env, redis, tmp_path):
     third = numba_env.run(N, KCACHE_DIR=tmp_path / "c", **remote)
     assert third["compiles"] == N and third["results"] == RESULTS
     assert tier(third["stats"], "remote")["rejected"] >= 1
+
+
+# ---- keys: what runs (numba_keys_worker.py) -------------------------------------
+
+@pytest.fixture
+def keys_env(tmp_path):
+    return HostEnv(tmp_path, "numba_keys_worker.py", PYTHONDONTWRITEBYTECODE=1)
+
+
+def _write(folder, name, text):
+    (folder / name).write_text(text)
+
+
+def _modules(folder, step=1, scale=2, offset=0):
+    folder.mkdir(exist_ok=True)
+    _write(folder, "calleemod.py", "from numba import njit\n\n\n@njit(cache=True)\n"
+                                   f"def g(x):\n    return x + {step}\n")
+    _write(folder, "consts.py", f"SCALE = {scale}\nOFFSET = {offset}\n")
+    _write(folder, "callermod.py", "from numba import njit\n\nimport consts\nfrom calleemod import g\n"
+                                   "from consts import OFFSET\n\n\n@njit(cache=True)\n"
+                                   "def f(x):\n    return g(x) * consts.SCALE + OFFSET\n")
+
+
+def test_notebook_cells_keyed_on_globals(keys_env):
+    # Code without a source file: a cell run again with C = 2 gives 12, an
+    # edited cell reading B gives its result, an array's new values count.
+    expected = [11, 12, 11, 110, 6.0, 8.0, 16]
+    cold = keys_env.run("notebook")
+    assert cold["results"] == expected and cold["compiles"] == 8
+    warm = keys_env.run("notebook")  # the same session again: all from the cache
+    assert warm["results"] == expected and warm["compiles"] == 0
+    assert warm["stats"]["hits"] == 8
+
+
+def test_callee_and_constant_in_other_modules(keys_env, tmp_path):
+    # The caller's file never changes; its callee and a constant module do.
+    # numba's own cache hands back the first build each time (stale), kcache
+    # compiles each new version and hits each old one.
+    mods = tmp_path / "mods"
+    own = dict(HOST_CACHE="numba", NUMBA_CACHE_DIR=tmp_path / "numba-cache")
+    steps = [(dict(step=1, scale=2), 4), (dict(step=10, scale=2), 22), (dict(step=10, scale=3), 33),
+             (dict(step=10, scale=3, offset=5), 38)]
+    for i, (edit, right) in enumerate(steps):
+        _modules(mods, **edit)
+        got = keys_env.run("modules", mods)
+        assert got["results"] == [right], edit
+        assert got["compiles"] == (2 if i < 2 else 1), edit  # caller (+ callee when it changed)
+        stale = keys_env.run("modules", mods, **own)
+        assert stale["results"] == [4], f"numba's own cache is no longer stale for {edit}: {stale}"
+    _modules(mods, step=1, scale=2)  # back to the first version: a hit, no compile
+    again = keys_env.run("modules", mods)
+    assert again["results"] == [4] and again["compiles"] == 0
+
+
+def test_recompile_replaces_the_entry(keys_env, tmp_path):
+    mods = tmp_path / "mods"
+    mods.mkdir()
+    _write(mods, "recmod.py", "from numba import njit\n\nZ = 1\n\n\n@njit(cache=True)\n"
+                              "def f(x, y):\n    return x + y + Z\n")
+    cold = keys_env.run("recompile", mods)
+    assert cold["results"] == [6, 6, 15] and cold["compiles"] == 2
+    # A hit for Z = 1; recompile() then compiles afresh although Z = 10 is
+    # stored, and stores its result again.
+    warm = keys_env.run("recompile", mods)
+    assert warm["results"] == [6, 6, 15] and warm["compiles"] == 1
+    assert warm["stats"]["hits"] == 1
+    z10 = keys_env.run("recompile", mods, SET_Z=10)  # Z = 10 from the start: the recompiled entry
+    assert z10["results"] == [15, 15, 15] and z10["compiles"] == 1 and z10["stats"]["hits"] == 1
+
+
+def test_recursion(keys_env):
+    # Self recursion is keyed and stored. Mutual recursion is compiled and
+    # not stored: numba's own cache stores it, and the next process that
+    # loads it crashes (SIGSEGV, numba 0.68.1).
+    cold = keys_env.run("recursion")
+    assert cold["results"] == [3628800, True, True] and cold["compiles"] >= 3
+    warm = keys_env.run("recursion")
+    assert warm["results"] == cold["results"] and warm["stats"]["hits"] == 1
+    assert warm["compiles"] == cold["compiles"] - 1  # fact from the cache, even and odd compiled
+
+
+def test_eight_processes_with_own_numba_folders_share_one_store(numba_env, tmp_path):
+    # Where numba would keep its files does not enter the key.
+    procs = [numba_env.start(N, NUMBA_CACHE_DIR=tmp_path / f"numba-{i}") for i in range(8)]
+    results = [numba_env.result(p) for p in procs]
+    assert all(r["results"] == RESULTS for r in results)
+    assert numba_env.compiles() == N, "a function was compiled more than once"
