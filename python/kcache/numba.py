@@ -178,8 +178,10 @@ def _const_text(c) -> bytes:
 
 
 def _code_info(code) -> tuple:
-    """(digest, names read as globals, names read as attributes) of a code
-    object and the code objects nested in it; once per code object."""
+    """(digest, names read as globals, names read as attributes, source
+    file digest) of a code object and the code objects nested in it; once
+    per code object (the file as it was when the code was first keyed: the
+    file the code was loaded from, unless it changed before that)."""
     e = _code_infos.get(id(code))
     if e is not None and e[0] is code:
         return e[1]
@@ -207,10 +209,11 @@ def _code_info(code) -> tuple:
             attrs.add(ins.argval)
     for c in code.co_consts:
         if isinstance(c, _pytypes.CodeType):
-            _, n2, a2 = _code_info(c)
+            _, n2, a2, _ = _code_info(c)
             names.extend(n2)
             attrs.update(a2)
-    info = (h.digest(), tuple(dict.fromkeys(n for n in names if isinstance(n, str))), frozenset(attrs))
+    info = (h.digest(), tuple(dict.fromkeys(n for n in names if isinstance(n, str))), frozenset(attrs),
+            _file_digest(code))
     _code_infos[id(code)] = (code, info)
     return info
 
@@ -228,11 +231,73 @@ def _options_text(options: Optional[dict]) -> str:
     return repr(sorted((k, repr(v)) for k, v in (options or {}).items() if k != "cache"))
 
 
+def _array_digest(v) -> bytes:
+    t = type(v)
+    flags = (v.flags.c_contiguous, v.flags.f_contiguous, v.flags.writeable, v.flags.aligned)
+    h = hashlib.sha256(f"{_qualified(t)}|{v.dtype.str}|{v.dtype.descr}|{v.shape}|{flags}".encode())
+    h.update(np.ascontiguousarray(v).tobytes())
+    return h.digest()
+
+
+def _pickle_digest(v) -> bytes:
+    try:
+        data = pickle.dumps(v, protocol=4)
+    except Exception as e:
+        if not _is_library(type(v)):
+            raise Unkeyable(f"a value of type {_qualified(type(v))} ({type(e).__name__})") from None
+        # An object of numba, numpy or the standard library that does not
+        # pickle (numba freezes ctypes pointers as dynamic globals, which it
+        # never caches): by its type.
+        data = b""
+    return hashlib.sha256(data).digest()
+
+
+# What a walk read, re-checked before its digest is used again: (0, mapping,
+# name, value): mapping.get(name) is value; (1, obj, attribute, value);
+# (2, cell, value); (3, array, digest): same type, layout and bytes; (4, obj,
+# digest): same pickle; (5, class, names): same namespace names; (6, set,
+# frozenset): same elements.
+def _unchanged(seen) -> bool:
+    try:
+        for o in seen:
+            k = o[0]
+            if k == 0:
+                if o[1].get(o[2], _MISSING) is not o[3]:
+                    return False
+            elif k == 1:
+                if getattr(o[1], o[2], _MISSING) is not o[3]:
+                    return False
+            elif k == 2:
+                try:
+                    v = o[1].cell_contents
+                except ValueError:
+                    v = _MISSING
+                if v is not o[2]:
+                    return False
+            elif k == 3:
+                if _array_digest(o[1]) != o[2]:
+                    return False
+            elif k == 4:
+                if _pickle_digest(o[1]) != o[2]:
+                    return False
+            elif k == 5:
+                if tuple(sorted(vars(o[1]))) != o[2]:
+                    return False
+            elif k == 6:
+                if o[1] != o[2]:
+                    return False
+    except Exception:
+        return False
+    return True
+
+
 class _Walk:
     """One key computation: feeds what a function runs into a SHA-256 (see
-    the module's documentation). Functions reached twice are digested once;
-    a function reached again while it is being digested (recursion, mutual
-    recursion) is fed as a back reference to its qualified name."""
+    the module's documentation) and lists what it read (`seen`), so that a
+    later key of the same function can reuse the digest while all of it is
+    unchanged. Functions reached twice are digested once; a function
+    reached again while it is being digested (recursion, mutual recursion)
+    is fed as a back reference to its qualified name."""
 
     def __init__(self) -> None:
         self.h = hashlib.sha256()
@@ -241,6 +306,7 @@ class _Walk:
         self.keep: list = []  # holds what done/active name by id for the walk's lifetime
         self.stack: list = []  # the functions being digested, innermost last
         self.mutual: Optional[str] = None  # a function met again through another one
+        self.seen: list = []
 
     def feed(self, tag: bytes, data: bytes = b"") -> None:
         self.h.update(tag + b"%d:" % len(data) + data)
@@ -259,11 +325,17 @@ class _Walk:
         self.stack.append(fn)
         self.keep.append(fn)
         outer, self.h = self.h, hashlib.sha256()
+        seen = self.seen
         try:
             code = fn.__code__
-            digest, names, attrs = _code_info(code)
+            closure = fn.__closure__
+            defaults = fn.__defaults__
+            kwdefaults = fn.__kwdefaults__
+            seen += ((1, fn, "__code__", code), (1, fn, "__closure__", closure), (1, fn, "__defaults__", defaults),
+                     (1, fn, "__kwdefaults__", kwdefaults))
+            digest, names, attrs, file_digest = _code_info(code)
             self.feed(b"code", digest)
-            self.feed(b"file", _file_digest(code))
+            self.feed(b"file", file_digest)
             g = fn.__globals__
             b = getattr(fn, "__builtins__", None)
             if b is None:
@@ -272,20 +344,24 @@ class _Walk:
                 b = b.__dict__
             for name in names:
                 v = g.get(name, _MISSING)
+                seen.append((0, g, name, v))
                 if v is _MISSING:
                     v = b.get(name, _MISSING)
+                    seen.append((0, b, name, v))
                 self.feed(b"g", name.encode("utf-8", "surrogatepass"))
                 self.value(v, attrs)
-            for cell in fn.__closure__ or ():
+            for cell in closure or ():
                 try:
                     v = cell.cell_contents
                 except ValueError:  # an empty cell
                     v = _MISSING
+                seen.append((2, cell, v))
                 self.feed(b"cell")
                 self.value(v, attrs)
             self.feed(b"defaults")
-            self.value(fn.__defaults__, attrs)
-            for k, v in sorted((fn.__kwdefaults__ or {}).items()):
+            self.value(defaults, attrs)
+            for k, v in sorted((kwdefaults or {}).items()):
+                seen.append((0, kwdefaults, k, v))
                 self.feed(b"kw", k.encode("utf-8", "surrogatepass"))
                 self.value(v, attrs)
             d = self.h.digest()
@@ -304,8 +380,21 @@ class _Walk:
             self.feed(t.__name__.encode(), repr(v).encode())
         elif t is str:
             self.feed(b"str", v.encode("utf-8", "surrogatepass"))
-        elif t in (bytes, bytearray):
-            self.feed(b"bytes", bytes(v))
+        elif t is bytes:
+            self.feed(b"bytes", v)
+        elif isinstance(v, (frozenset, set)):  # in an order that does not depend on hash seeds
+            if t is set:
+                self.seen.append((6, v, frozenset(v)))
+            outer = self.h
+            parts = []
+            try:
+                for x in v:
+                    self.h = hashlib.sha256()
+                    self.value(x, attrs)
+                    parts.append(self.h.digest())
+            finally:
+                self.h = outer
+            self.feed(b"set", _qualified(t).encode() + b"".join(sorted(parts)))
         elif isinstance(v, tuple):
             self.feed(b"tuple", f"{_qualified(t)}{getattr(t, '_fields', '')}/{len(v)}".encode())
             for x in v:
@@ -313,9 +402,9 @@ class _Walk:
         elif isinstance(v, np.ndarray):
             if v.dtype.hasobject:
                 raise Unkeyable(f"an array of objects ({type(v).__name__})")
-            flags = (v.flags.c_contiguous, v.flags.f_contiguous, v.flags.writeable, v.flags.aligned)
-            self.feed(b"array", f"{_qualified(t)}|{v.dtype.str}|{v.dtype.descr}|{v.shape}|{flags}".encode())
-            self.feed(b"data", np.ascontiguousarray(v).tobytes())
+            d = _array_digest(v)
+            self.seen.append((3, v, d))
+            self.feed(b"array", d)
         elif isinstance(v, np.generic):
             self.feed(b"scalar", f"{v.dtype.str}|{v.dtype.descr}".encode() + v.tobytes())
         elif isinstance(v, np.dtype):
@@ -340,17 +429,10 @@ class _Walk:
             self.cls(v)
         elif isinstance(v, (_pytypes.BuiltinFunctionType, np.ufunc)):
             self.feed(b"lib", f"{_qualified(t)}|{_qualified(v)}".encode("utf-8", "surrogatepass"))
-        else:
-            try:
-                data = pickle.dumps(v, protocol=4)
-            except Exception as e:
-                if not _is_library(t):
-                    raise Unkeyable(f"a value of type {_qualified(t)} ({type(e).__name__})") from None
-                # An object of numba, numpy or the standard library that
-                # does not pickle (numba freezes ctypes pointers as dynamic
-                # globals, which it never caches): by its type.
-                data = b""
-            self.feed(b"pickle", _qualified(t).encode("utf-8", "surrogatepass") + hashlib.sha256(data).digest())
+        else:  # bytearray and other objects: by their pickle
+            d = _pickle_digest(v)
+            self.seen.append((4, v, d))
+            self.feed(b"pickle", _qualified(t).encode("utf-8", "surrogatepass") + d)
 
     def module(self, m, attrs) -> None:
         # numba freezes module attributes the code reads (mod.CONST,
@@ -364,6 +446,7 @@ class _Walk:
             d = m.__dict__
             for name in sorted(attrs):
                 v = d.get(name, _MISSING)
+                self.seen.append((0, d, name, v))
                 if v is not _MISSING:
                     self.feed(b"attr", name.encode("utf-8", "surrogatepass"))
                     self.value(v, attrs)
@@ -382,7 +465,10 @@ class _Walk:
         self.active.add(id(c))
         self.keep.append(c)
         try:
-            for name, v in sorted(vars(c).items()):
+            ns = vars(c)
+            self.seen.append((5, c, tuple(sorted(ns))))
+            for name, v in sorted(ns.items()):
+                self.seen.append((0, ns, name, v))
                 if isinstance(v, (staticmethod, classmethod)):
                     v = v.__func__
                 elif isinstance(v, property):
@@ -405,13 +491,17 @@ def code_key(py_func) -> bytes:
     return w.h.digest()
 
 
-def _stored_key(py_func) -> bytes:
-    w = _Walk()
-    w.function(py_func)
-    if w.mutual is not None:
-        # numba crashes loading such functions from its own cache too.
-        raise Unkeyable(f"it reaches a mutual recursion (through {w.mutual}), which numba cannot load from a cache")
-    return w.h.digest()
+_targets: Dict[int, tuple] = {}  # id(codegen) -> (codegen, CPU settings, magic tuple)
+
+
+def _target(codegen) -> tuple:
+    # codegen.magic_tuple() asks LLVM each time; it changes only with
+    # numba's CPU settings.
+    settings = (_config.CPU_NAME, _config.CPU_FEATURES)
+    e = _targets.get(id(codegen))
+    if e is None or e[0] is not codegen or e[1] != settings:
+        e = _targets[id(codegen)] = (codegen, settings, tuple(str(x) for x in codegen.magic_tuple()))
+    return e[2]
 
 
 def _signature_text(sig) -> str:
@@ -444,6 +534,7 @@ class FunctionCache(_Cache):
         self._warned = False
         self._unkeyable_logged = False
         self._pending: Dict[Any, Tuple[kcache.Key, bool]] = {}  # sig -> (key of its lookup, fresh)
+        self._walked: Optional[tuple] = None  # (what the last walk read, its digest, mutual recursion)
 
     def __repr__(self) -> str:
         return f"<kcache.numba.FunctionCache {self._label}>"
@@ -463,13 +554,27 @@ class FunctionCache(_Cache):
         # recompile returns) skip the lookup and replace what is stored.
         self._fresh = True
 
+    def _code_key(self) -> bytes:
+        # The last walk's digest while everything it read is unchanged (the
+        # same objects; arrays and pickled values with the same contents),
+        # else a new walk.
+        w = self._walked
+        if w is None or not _unchanged(w[0]):
+            walk = _Walk()
+            walk.function(self._py_func)
+            w = self._walked = (walk.seen, walk.h.digest(), walk.mutual)
+        if w[2] is not None:
+            # numba crashes loading such functions from its own cache.
+            raise Unkeyable(f"it reaches a mutual recursion (through {w[2]}), which numba cannot load from a cache")
+        return w[1]
+
     def _key(self, sig, codegen) -> kcache.Key:
-        triple, cpu, features = codegen.magic_tuple()
+        triple, cpu, features = _target(codegen)
         return kcache.key(
             _NAMESPACE, label=self._label,
             function=self._qualname, module=str(self._py_func.__module__),
-            code=_stored_key(self._py_func),
-            signature=_signature_text(sig), triple=str(triple), cpu=str(cpu), cpu_features=str(features),
+            code=self._code_key(),
+            signature=_signature_text(sig), triple=triple, cpu=cpu, cpu_features=features,
             options=self._options,
             settings=repr((str(_config.OPT), _config.BOUNDSCHECK, _config.DEBUGINFO_DEFAULT)),
             numba=numba.__version__, llvmlite=llvmlite.__version__, numpy=np.__version__,

@@ -179,3 +179,83 @@ def test_eight_processes_with_own_numba_folders_share_one_store(numba_env, tmp_p
     results = [numba_env.result(p) for p in procs]
     assert all(r["results"] == RESULTS for r in results)
     assert numba_env.compiles() == N, "a function was compiled more than once"
+
+
+# ---- code_key in this process -----------------------------------------------------
+
+def _fresh(src, **ns):
+    g = {"__name__": "cellmod", **ns}
+    exec(compile(src, "<cell>", "exec"), g)
+    return g
+
+
+def test_code_key_follows_every_value_read():
+    import enum
+
+    import numpy as np
+
+    import kcache.numba as kn
+    from numba import njit
+
+    class Mode(enum.Enum):
+        A = 1
+        B = 2
+
+    g = _fresh("def callee(x):\n    return x + K\n"
+               "def f(x, y=2):\n    return callee(x) + C + ARR[0] + M.value + len(T) + y\n",
+               K=1, C=1, ARR=np.zeros(3), M=Mode.A, T=(1, 2))
+    f = g["f"]
+    base = kn.code_key(f)
+    assert kn.code_key(f) == base  # deterministic
+    changes = [("K", 2), ("C", 2), ("M", Mode.B), ("T", (1, 2, 3))]
+    for name, value in changes:
+        old = g[name]
+        g[name] = value
+        assert kn.code_key(f) != base, name
+        g[name] = old
+        assert kn.code_key(f) == base, name
+    g["ARR"][0] = 5  # an array changed in place
+    assert kn.code_key(f) != base
+    g["ARR"][0] = 0
+    f.__defaults__ = (3,)
+    assert kn.code_key(f) != base
+    f.__defaults__ = (2,)
+    assert kn.code_key(f) == base
+    g["callee"] = njit(g["callee"])  # the same code behind a dispatcher: keyed with its options
+    assert kn.code_key(f) != base
+
+
+def test_function_cache_reuses_its_walk_only_while_unchanged():
+    import numpy as np
+
+    import kcache.numba as kn
+    from numba.core.registry import cpu_target
+
+    g = _fresh("def f(x):\n    return x + C + ARR[0]\n", C=1, ARR=np.zeros(2))
+    fc = kn.FunctionCache(g["f"], {})
+    codegen = cpu_target.target_context.codegen()
+    sig = "(int64,)"
+    k1 = fc._key(sig, codegen)
+    assert fc._key(sig, codegen).hex == k1.hex
+    g["C"] = 2
+    k2 = fc._key(sig, codegen)
+    assert k2.hex != k1.hex
+    g["ARR"][0] = 1
+    assert fc._key(sig, codegen).hex not in (k1.hex, k2.hex)
+    g["C"], g["ARR"][0] = 1, 0
+    assert fc._key(sig, codegen).hex == k1.hex
+
+
+def test_code_key_is_the_same_in_another_process(tmp_path):
+    # Hash randomisation differs per process; the key must not.
+    import subprocess
+    import sys
+
+    prog = ("import enum, kcache.numba as kn\n"
+            "class E(enum.Enum):\n    X = 1\n"
+            "g = {'__name__': 'm', 'S': frozenset({'a', 'b', 'c'}), 'E': E}\n"
+            "exec('def f(x):\\n    return x in {\"p\", \"q\"} or len(S) + E.X.value\\n', g)\n"
+            "print(kn.code_key(g['f']).hex())\n")
+    keys = {subprocess.run([sys.executable, "-c", prog], env={**os.environ, "PYTHONHASHSEED": str(seed)},
+                           capture_output=True, text=True, check=True).stdout for seed in (1, 2, 3)}
+    assert len(keys) == 1
