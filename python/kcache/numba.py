@@ -121,7 +121,10 @@ _originals: Dict[str, Any] = {}
 # Packages whose functions, classes and modules are keyed by qualified name
 # only: their versions are in every key (numba, numpy, llvmlite, Python),
 # and numba compiles its own implementations of them, not their bytecode.
-_LIBRARIES = frozenset({"numba", "numpy", "llvmlite"}) | frozenset(getattr(sys, "stdlib_module_names", ()))
+_LIBRARIES = frozenset({"numba", "numpy", "llvmlite"})
+_STDLIB = frozenset(getattr(sys, "stdlib_module_names", ())) | frozenset(sys.builtin_module_names)
+_STDLIB_DIR = os.path.realpath(os.path.dirname(os.__file__)) + os.sep  # lib-dynload is inside
+_library_tops: Dict[str, bool] = {}
 _GLOBAL_OPS = frozenset({"LOAD_GLOBAL", "LOAD_NAME", "STORE_GLOBAL", "DELETE_GLOBAL"})
 _ATTR_OPS = frozenset({"LOAD_ATTR", "LOAD_METHOD", "IMPORT_FROM"})
 _MISSING = object()
@@ -222,9 +225,29 @@ def _qualified(obj) -> str:
     return f"{getattr(obj, '__module__', None)}.{getattr(obj, '__qualname__', getattr(obj, '__name__', '?'))}"
 
 
+def _library_top(top: str) -> bool:
+    # numba, numpy, llvmlite, and a standard library module loaded from the
+    # standard library's folder (not a user's module that has the name of
+    # one, such as test.py or code.py).
+    r = _library_tops.get(top)
+    if r is None:
+        if top in _LIBRARIES:
+            r = True
+        elif top not in _STDLIB:
+            r = False
+        else:
+            m = sys.modules.get(top)
+            f = getattr(m, "__file__", None)
+            if m is None:
+                return False  # not imported yet: decided when it is
+            r = f is None or os.path.realpath(f).startswith(_STDLIB_DIR)
+        _library_tops[top] = r
+    return r
+
+
 def _is_library(obj) -> bool:
-    mod = getattr(obj, "__module__", None) if not isinstance(obj, _pytypes.ModuleType) else obj.__name__
-    return not isinstance(mod, str) or mod.partition(".")[0] in _LIBRARIES
+    mod = obj.__name__ if isinstance(obj, _pytypes.ModuleType) else getattr(obj, "__module__", None)
+    return isinstance(mod, str) and _library_top(mod.partition(".")[0])
 
 
 def _options_text(options: Optional[dict]) -> str:
@@ -477,6 +500,14 @@ class _Walk:
                                                                       _pytypes.FunctionType):
                     self.feed(b"member", name.encode("utf-8", "surrogatepass"))
                     self.value(v, frozenset())
+            ct = ns.get("class_type")
+            if hasattr(ct, "jit_methods"):  # a @jitclass: its fields and its methods' dispatchers
+                self.feed(b"fields", repr([(k, str(t)) for k, t in getattr(ct, "struct", {}).items()]).encode())
+                for group in ("jit_methods", "jit_static_methods", "jit_props"):
+                    for name, d in sorted((getattr(ct, group, None) or {}).items()):
+                        self.feed(group.encode(), name.encode("utf-8", "surrogatepass"))
+                        for part in (sorted(d.items()) if isinstance(d, dict) else [("", d)]):
+                            self.value(part[1], frozenset())
         finally:
             self.active.discard(id(c))
 
