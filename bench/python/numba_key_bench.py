@@ -21,6 +21,8 @@ function it has keyed before):
   numba index       numba's own lookup before the data file: its index key
                     (signature, target, bytecode and closure hashes) and the
                     index file read, stamp check and unpickle
+  kcache first      the walk as the first key of these code objects in a
+                    process: each disassembled (dis) and its file hashed
   kcache load       kcache.numba's load_overload: key, kcache lookup, unpickle
                     and rebuild of the compile result
   numba load        numba's own load_overload: index, data file, rebuild
@@ -126,14 +128,21 @@ def main():
         def kcache_walk():  # a new FunctionCache: no walk to reuse, code objects known
             return kn.FunctionCache(d.py_func, d.targetoptions)._key(sig, codegen)
 
+        def kcache_first():  # as the first key of these code objects in a process
+            kn._code_infos.clear()
+            kn._file_digests.clear()
+            return kcache_walk()
+
         rows.append((timeit(lambda: kc._key(sig, codegen), a.reps), timeit(numba_index, a.reps),
                      timeit(lambda: kc.load_overload(sig, ctx), a.reps),
-                     timeit(lambda: own.load_overload(sig, ctx), a.reps), timeit(kcache_walk, a.reps)))
+                     timeit(lambda: own.load_overload(sig, ctx), a.reps), timeit(kcache_walk, a.reps),
+                     timeit(kcache_first, a.reps)))
     kn.cache().flush()
-    med = [statistics.median(r[j] for r in rows) * 1e6 for j in range(5)]
+    med = [statistics.median(r[j] for r in rows) * 1e6 for j in range(6)]
     print(f"numba {numba.__version__}, {a.functions} functions, median of {a.reps} calls each (microseconds)")
     print(f"  kcache key   {med[0]:8.1f}   numba index  {med[1]:8.1f}   ratio {med[0] / med[1]:.2f}")
     print(f"  kcache walk  {med[4]:8.1f}   numba index  {med[1]:8.1f}   ratio {med[4] / med[1]:.2f}")
+    print(f"  kcache first {med[5]:8.1f}   numba index  {med[1]:8.1f}   ratio {med[5] / med[1]:.2f}")
     print(f"  kcache load  {med[2]:8.1f}   numba load   {med[3]:8.1f}   ratio {med[2] / med[3]:.2f}")
 
 
