@@ -26,10 +26,12 @@ in a zip): ``code_key(py_func)``, a SHA-256 over
   value; tuples (named tuples with their type and fields) element by
   element; numpy arrays by type, dtype, shape, layout flags and bytes;
   numpy scalars and dtypes by value; enum members by class and name and
-  value, enum classes by their members; numba types by name; modules by
+  value, enum classes by their members; sets and frozensets by their
+  elements in an order free of hash seeds; numba types by name; modules by
   name, and for a module outside numba, numpy, llvmlite and the standard
   library, the value of each of its attributes the code reads as an
-  attribute (``consts.SCALE``, ``mod.func``), recursively; other classes
+  attribute (``consts.SCALE``, ``mod.func``), recursively; ``@jitclass``
+  classes by their fields and their methods' dispatchers; other classes
   by qualified name and the functions in their namespace; other objects by
   their pickle (an object that does not pickle makes the function
   unkeyable: it is compiled and not stored, one log line);
@@ -52,8 +54,10 @@ processes with different NUMBA_CACHE_DIR share entries. A global changed
 between two compiles (``C = 2`` in a notebook, a callee edited in another
 module) is a new key, where numba's own cache (keyed on the bytecode, the
 closure and the function's own file) hands back the old build. The code
-walk is done once per code object in a process; the values are read at
-each key, so a key is never stale. The key of a lookup is the key its
+part is computed once per code object in a process; a function's cache
+reuses its last walk while everything it read is unchanged (the same
+objects; arrays and pickled values with the same bytes) and walks again
+otherwise, so a key is never stale. The key of a lookup is the key its
 compile is stored under. A function that reaches a mutual recursion
 (f calls g calls f) is compiled and not stored: numba crashes loading such
 a function from its own cache (numba 0.68.1).
@@ -217,6 +221,8 @@ def _code_info(code) -> tuple:
             attrs.update(a2)
     info = (h.digest(), tuple(dict.fromkeys(n for n in names if isinstance(n, str))), frozenset(attrs),
             _file_digest(code))
+    if len(_code_infos) > 65536:  # a long session re-running cells makes new code objects
+        _code_infos.clear()
     _code_infos[id(code)] = (code, info)
     return info
 

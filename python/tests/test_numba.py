@@ -1,6 +1,7 @@
 """kcache.numba with real numba from PyPI: @njit(cache=True) functions of
 numba_worker.py in real processes, numba's own compiles counted in each."""
 
+import json
 import os
 import signal
 import time
@@ -124,6 +125,29 @@ def test_notebook_cells_keyed_on_globals(keys_env):
     warm = keys_env.run("notebook")  # the same session again: all from the cache
     assert warm["results"] == expected and warm["compiles"] == 0
     assert warm["stats"]["hits"] == 8
+
+
+def test_python_c_and_stdin(keys_env):
+    # __main__ without a file, as `python -c` and `python - < file` run it;
+    # the name it is compiled under (<string>, <stdin>) is not in the key.
+    import subprocess
+    import sys
+
+    prog = ("import json, kcache.numba\nkcache.numba.enable()\nfrom numba import njit\nC = {c}\n"
+            "@njit(cache=True)\ndef f(x):\n    return x + C\n"
+            "print(json.dumps([int(f(10)), kcache.numba.cache().stats()['hits']]))\n")
+
+    def run(c, stdin=False):
+        args = [sys.executable, "-"] if stdin else [sys.executable, "-c", prog.format(c=c)]
+        p = subprocess.run(args, input=prog.format(c=c) if stdin else None, env=keys_env.env(),
+                           capture_output=True, text=True, timeout=240)
+        assert p.returncode == 0, p.stderr[-4000:]
+        return json.loads(p.stdout.strip().splitlines()[-1])
+
+    assert run(1) == [11, 0]
+    assert run(2) == [12, 0]
+    assert run(1, stdin=True) == [11, 1]
+    assert run(2) == [12, 1]
 
 
 def test_callee_and_constant_in_other_modules(keys_env, tmp_path):
