@@ -129,8 +129,8 @@ _LIBRARIES = frozenset({"numba", "numpy", "llvmlite"})
 _STDLIB = frozenset(getattr(sys, "stdlib_module_names", ())) | frozenset(sys.builtin_module_names)
 _STDLIB_DIR = os.path.realpath(os.path.dirname(os.__file__)) + os.sep  # lib-dynload is inside
 _library_tops: Dict[str, bool] = {}
-_GLOBAL_OPS = frozenset({"LOAD_GLOBAL", "LOAD_NAME", "STORE_GLOBAL", "DELETE_GLOBAL"})
-_ATTR_OPS = frozenset({"LOAD_ATTR", "LOAD_METHOD", "IMPORT_FROM"})
+_GLOBAL_OPS = frozenset({"LOAD_GLOBAL", "LOAD_NAME", "STORE_GLOBAL", "DELETE_GLOBAL", "LOAD_FROM_DICT_OR_GLOBALS"})
+_ATTR_OPS = frozenset({"LOAD_ATTR", "LOAD_METHOD", "IMPORT_FROM", "LOAD_SUPER_ATTR"})
 _MISSING = object()
 
 
@@ -140,7 +140,7 @@ class Unkeyable(Exception):
 
 
 _file_digests: Dict[tuple, bytes] = {}  # (path, mtime_ns, size) -> SHA-256 of the file
-_code_infos: Dict[int, tuple] = {}  # id(code) -> (code, (digest, global names, attribute names))
+_code_infos: Dict[int, tuple] = {}  # id(code) -> (code, _code_info(code))
 
 
 def _file_digest(code) -> bytes:
@@ -149,6 +149,8 @@ def _file_digest(code) -> bytes:
     # @overload or @intrinsic defined in the same file, changes the key too.
     # No file (a notebook cell, python -c, exec of a string, a zip): b"".
     path = code.co_filename
+    if not path or (path.startswith("<") and path.endswith(">")):  # <string>, <stdin>, <ipython-input-...>
+        return b""
     try:
         st = os.stat(path)
     except (OSError, TypeError, ValueError):
