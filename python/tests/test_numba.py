@@ -1,5 +1,8 @@
 """kcache.numba with real numba from PyPI: @njit(cache=True) functions of
-numba_worker.py in real processes, numba's own compiles counted in each."""
+numba_worker.py and numba_keys_worker.py in real processes, numba's own
+compiles counted in each; the key (what a function runs) against numba's
+own cache on notebook cells, edited callees and constants in other modules,
+recompile(), recursion and python -c; code_key in this process."""
 
 import json
 import os
