@@ -2,7 +2,27 @@
 // one. See flight.h.
 #include "cache/flight.h"
 
+#include "util/util.h"
+
 namespace kcache {
+
+FlightTable::FlightTable() : gen_(util::fork_generation()) {}
+
+FlightTable::~FlightTable() {
+  delete flights_;
+  delete mu_;
+}
+
+std::mutex& FlightTable::lock() {
+  uint64_t now = util::fork_generation(), was = gen_.load(std::memory_order_relaxed);
+  if (was != now && gen_.compare_exchange_strong(was, now)) {
+    util::abandon(mu_);
+    util::abandon(flights_);
+    mu_ = new std::mutex;
+    flights_ = new Map;
+  }
+  return *mu_;
+}
 
 std::optional<FlightTable::Lead> FlightTable::lead_or_join(const Key& key, std::shared_ptr<Shared>* join,
                                                            bool* reentry) {
@@ -10,8 +30,8 @@ std::optional<FlightTable::Lead> FlightTable::lead_or_join(const Key& key, std::
   *reentry = false;
   join->reset();
   const std::thread::id me = std::this_thread::get_id();
-  std::lock_guard lk(mu_);
-  if (auto it = flights_.find(key); it != flights_.end()) {
+  std::lock_guard lk(lock());
+  if (auto it = flights_->find(key); it != flights_->end()) {
     if (it->second->leader == me) {
       *reentry = true;
       return lead;
@@ -23,7 +43,7 @@ std::optional<FlightTable::Lead> FlightTable::lead_or_join(const Key& key, std::
   lead.emplace(this, key);
   lead->shared_ = std::make_shared<Shared>();
   lead->shared_->leader = me;
-  flights_.emplace(key, lead->shared_);
+  flights_->emplace(key, lead->shared_);
   return lead;
 }
 
@@ -31,7 +51,7 @@ std::pair<Expected<Entry>, FlightTable::End> FlightTable::wait(const std::shared
   std::shared_ptr<const Expected<Entry>> result;
   End end;
   {
-    std::unique_lock lk(mu_);
+    std::unique_lock lk(lock());
     join->cv.wait(lk, [&] { return join->ended; });
     result = join->result;
     end = join->end;
@@ -51,9 +71,9 @@ void FlightTable::Lead::finish(const Expected<Entry>& r, End end) {
   if (!shared_) return;  // never registered (its state could not be made)
   bool wake = false;
   {
-    std::lock_guard lk(table_->mu_);
-    auto it = table_->flights_.find(key_);
-    if (it != table_->flights_.end() && it->second == shared_) table_->flights_.erase(it);
+    std::lock_guard lk(table_->lock());
+    auto it = table_->flights_->find(key_);
+    if (it != table_->flights_->end() && it->second == shared_) table_->flights_->erase(it);
     if (shared_->waiters > 0) {
       shared_->result = std::make_shared<const Expected<Entry>>(r);
       shared_->end = end;

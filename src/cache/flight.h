@@ -7,7 +7,15 @@
 // for the same key again (a compile function that asks the cache for its own
 // key, or a second begin() of a key it has not committed) would wait for
 // itself for ever; lead_or_join refuses it instead (Join::reentry), at once.
+//
+// Fork: a child of fork() has only the forking thread, so the flights its
+// parent's other threads led can never end there, and one of them may have
+// held the table's lock at the fork. The child's first use of the table
+// abandons (leaks) what it inherited and starts empty, as ProcessWide and
+// util::Worker do: a flight held by a parent thread never makes a child wait.
 #pragma once
+
+#include <atomic>
 
 #include <condition_variable>
 #include <memory>
@@ -73,9 +81,19 @@ class FlightTable {
   // Waits until the joined flight ends: its result, and how it ended.
   std::pair<Expected<Entry>, End> wait(const std::shared_ptr<Shared>& join);
 
+  FlightTable();
+  FlightTable(const FlightTable&) = delete;
+  FlightTable& operator=(const FlightTable&) = delete;
+  ~FlightTable();
+
  private:
-  std::mutex mu_;
-  std::unordered_map<Key, std::shared_ptr<Shared>> flights_;  // GUARDED_BY(mu_)
+  using Map = std::unordered_map<Key, std::shared_ptr<Shared>>;
+  // The table's lock, after renewing the table in a child of fork().
+  std::mutex& lock();
+
+  std::atomic<uint64_t> gen_;  // the fork generation the table belongs to
+  std::mutex* mu_ = new std::mutex;
+  Map* flights_ = new Map;  // GUARDED_BY(*mu_)
 };
 
 }  // namespace kcache
