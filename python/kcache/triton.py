@@ -9,11 +9,16 @@ or, without touching the program,
 install() sets TRITON_CACHE_MANAGER (unless already set), wraps Triton's
 compile so that a compile that raises gives up its single-flight lease at
 once, and remembers Triton's `triton_key()` across processes (see below).
-The variable alone gives the same cache, and `triton_key()` is computed by
-Triton as usual; the wrapper is installed when Triton first imports the
-manager, inside the process's first compile, which is watched instead (a
-trace function on Triton's compile frame alone, until it returns; not
-while a debugger or coverage tool traces).
+The variable alone gives the same cache and the same remembered
+`triton_key()`: the package's start-up hook (kcache-boot.pth, run at
+interpreter start; python/_kcache_boot.py) does nothing unless the variable
+names kcache.triton, and then imports this module right after Triton's
+package has loaded, before Triton first computes its key. Where the hook is
+not installed (the package put on sys.path by hand), `triton_key()` is
+computed by Triton as usual and the wrapper is installed when Triton first
+imports the manager, inside the process's first compile, which is watched
+instead (a trace function on Triton's compile frame alone, until it
+returns; not while a debugger or coverage tool traces).
 
 A kernel's whole group (source and IR stages, cubin, metadata JSON) is one
 kcache entry, stored in one atomic put, so a group mixed from two writers
@@ -1059,6 +1064,13 @@ class RemoteBackend(_TritonRemoteCacheBackend):
 
 # Every compile after this import gives its lease up when it raises.
 _hook_compile()
+
+# A process that names this manager in TRITON_CACHE_MANAGER and imports it
+# before Triton's first compile (the wheel's start-up hook does, right after
+# `import triton`: python/_kcache_boot.py) remembers triton_key() as
+# install() does.
+if os.environ.get("TRITON_CACHE_MANAGER", "").strip().startswith("kcache.triton"):
+    _install_triton_key()
 
 
 @atexit.register

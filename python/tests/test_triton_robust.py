@@ -227,6 +227,27 @@ def test_triton_key_is_remembered_and_invalidated(triton_env, tmp_path):
     assert touched["source"] == "computed" and touched["key"] == first["key"]
 
 
+def test_triton_key_is_remembered_from_the_variable_alone(triton_env):
+    """TRITON_CACHE_MANAGER alone (no install()): the wheel's start-up hook
+    imports kcache.triton right after `import triton`, so triton_key() is
+    remembered before Triton first computes it."""
+    def key(**extra):
+        p = _scenario(triton_env, "key-env", **extra)
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err
+        return json.loads(out.splitlines()[-1])
+
+    first = key()
+    assert first["booted"] and first["source"] == "computed" and first["key"] == first["own"]
+    second = key()
+    assert second["booted"] and second["source"] == "remembered" and second["key"] == first["key"]
+    # Without the variable nothing of kcache is imported at start.
+    env = triton_env.env(manager="triton")
+    code = "import sys, triton; print(int('kcache' in sys.modules or '_kcache_boot' in sys.modules))"
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and p.stdout.strip() == "0", p.stderr
+
+
 def _kcache_tool():
     tool = os.environ.get("TEST_KCACHE_TOOL")
     if tool and os.access(tool, os.X_OK):

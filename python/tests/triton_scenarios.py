@@ -12,6 +12,8 @@ each), printing one JSON line.
     python triton_scenarios.py options W         the add kernel with num_warps=W
     python triton_scenarios.py key               install(); triton_key() and
         where it came from, and Triton's own value computed afresh
+    python triton_scenarios.py key-env           the same without install():
+        only what TRITON_CACHE_MANAGER and the wheel's start-up hook do
 """
 
 import hashlib
@@ -23,6 +25,9 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import triton  # noqa: E402
+
+# Whether the wheel's start-up hook imported kcache.triton right after Triton.
+BOOTED = "kcache.triton" in sys.modules
 import triton.language as tl  # noqa: E402
 
 import triton_kernels  # noqa: E402
@@ -74,9 +79,10 @@ def main(argv):
         k = triton.compile(src, target=triton_kernels.TARGET, options={"num_warps": int(argv[2])})
         print(json.dumps({"cubin": hashlib.sha256(k.asm["cubin"]).hexdigest()}))
         return 0
-    if cmd == "key":
-        import kcache.triton
-        kcache.triton.install()
+    if cmd in ("key", "key-env"):
+        if cmd == "key":
+            import kcache.triton
+            kcache.triton.install()
         import triton.runtime.cache as rc
         fn = getattr(rc, "triton_key", None)
         if fn is None:
@@ -85,7 +91,8 @@ def main(argv):
         value = fn()
         orig = getattr(fn, "_kcache_original", fn)
         own = getattr(orig, "__wrapped__", orig)()
-        print(json.dumps({"key": value, "own": own, "source": kcache.triton.triton_key_source()}))
+        import kcache.triton
+        print(json.dumps({"key": value, "own": own, "source": kcache.triton.triton_key_source(), "booted": BOOTED}))
         return 0
     raise SystemExit(f"unknown command {cmd}")
 
