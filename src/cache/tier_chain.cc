@@ -101,6 +101,11 @@ void TierChain::fault(const Tier& t, const char* op, const Status& st) {
     std::lock_guard lk(said_mu_);
     if (!said_unavailable_.insert(&t).second) return;
   }
+  if (std::string_view(op) != "get" && (st.code() == Errc::not_found || st.code() == Errc::io_error)) {
+    std::lock_guard lk(said_mu_);
+    if (!said_.emplace(&t, op, st.code()).second) return;
+    in_episode_.store(true, std::memory_order_relaxed);
+  }
   KCACHE_LOG(LogLevel::warn, "%.*s %s: %s (treated as a miss)", static_cast<int>(t.name().size()), t.name().data(), op,
              st.to_string().c_str());
 }
@@ -112,7 +117,15 @@ bool TierChain::put_into(size_t i, const Entry& e) {
 
 bool TierChain::took(size_t i, const Status& st) {
   Tier& t = *tiers_[i];
-  if (st.is_ok()) return true;
+  if (st.is_ok()) {
+    if (in_episode_.load(std::memory_order_relaxed)) {
+      // The tier takes writes again: its next store-wide fault is said.
+      std::lock_guard lk(said_mu_);
+      for (auto it = said_.begin(); it != said_.end();) it = std::get<0>(*it) == &t ? said_.erase(it) : std::next(it);
+      in_episode_.store(!said_.empty(), std::memory_order_relaxed);
+    }
+    return true;
+  }
   if (no_writes_[i]->load(std::memory_order_relaxed)) return false;
   if (st.code() == Errc::no_space || st.code() == Errc::read_only) {
     if (!no_writes_[i]->exchange(true)) {

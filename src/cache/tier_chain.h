@@ -12,6 +12,8 @@
 #include <mutex>
 #include <optional>
 #include <set>
+#include <string>
+#include <tuple>
 #include <vector>
 
 #include "kcache/cache.h"
@@ -42,7 +44,9 @@ class TierChain {
   void flush();
   // Counts a fault and logs it once per event; a tier switched off
   // (Errc::unavailable: breaker open, handle from before a fork) says so
-  // once for the life of this chain.
+  // once for the life of this chain. A store-wide fault of a write or flush
+  // (not_found, io_error: a store folder deleted under the process) is said
+  // once per episode: again only after a put into that tier succeeded.
   void fault(const Tier& t, const char* op, const Status& st);
 
   // A hit served outside the tiers (an entry on its way to them).
@@ -63,7 +67,9 @@ class TierChain {
   std::vector<std::unique_ptr<std::atomic<bool>>> no_writes_;
   std::atomic<uint64_t> hits_{0}, misses_{0}, faults_{0};
   std::mutex said_mu_;
-  std::set<const Tier*> said_unavailable_;  // GUARDED_BY(said_mu_)
+  std::set<const Tier*> said_unavailable_;                     // GUARDED_BY(said_mu_)
+  std::set<std::tuple<const Tier*, std::string, Errc>> said_;  // GUARDED_BY(said_mu_); this episode's
+  std::atomic<bool> in_episode_{false};                        // said_ is not empty
 };
 
 }  // namespace kcache

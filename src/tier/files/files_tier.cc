@@ -189,6 +189,27 @@ class FilesTier final : public Tier, public StoreAdmin {
   StoreAdmin* admin() noexcept override { return this; }
 
   Status flush() override {
+    if (lost_.load(std::memory_order_relaxed)) return lost();
+    return if_gone(flush_records());
+  }
+
+  // A store folder deleted while in use (its descriptor names a folder with
+  // no links left): every later write and flush of this process is refused
+  // at once with Errc::unavailable, which the Cache says once, instead of a
+  // line per compile naming another shard.
+  Status if_gone(Status st) {
+    if (st.code() != Errc::not_found) return st;
+    struct stat ds;
+    if (env_->fstat(dfd_, &ds) != 0 || ds.st_nlink != 0) return st;
+    lost_.store(true, std::memory_order_relaxed);
+    return lost();
+  }
+  Status lost() const {
+    return Status(Errc::unavailable,
+                  "the store " + dir_ + " was deleted while in use; this process writes nothing more to it");
+  }
+
+  Status flush_records() {
     // A read-only store: a corrupt entry is reported and counted in this
     // process only, never removed; recency (mtimes) and counters are never
     // written; stale temp files are left for a writer to collect.
@@ -319,6 +340,11 @@ class FilesTier final : public Tier, public StoreAdmin {
   }
 
   Status do_put(const Entry& entry) override {
+    if (lost_.load(std::memory_order_relaxed)) return lost();
+    return if_gone(put_entry(entry));
+  }
+
+  Status put_entry(const Entry& entry) {
     if (read_only_) return refuse("put");
     std::string_view enc = entry.encoded();
     if (enc.size() > max_entry_) {
@@ -840,7 +866,8 @@ class FilesTier final : public Tier, public StoreAdmin {
   double low_water_;
   unsigned batch_;
   bool sync_;
-  bool read_only_ = false;  // DiskTierOptions::read_only
+  bool read_only_ = false;         // DiskTierOptions::read_only
+  std::atomic<bool> lost_{false};  // the store folder was deleted while in use (if_gone)
   std::mutex mu_;
   std::unordered_map<Key, uint64_t> touched_;  // GUARDED_BY(mu_)
   PendingCounters counters_;                   // deltas not yet in `stats`
