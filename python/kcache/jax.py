@@ -12,9 +12,14 @@ the jax and jaxlib versions and the platform and its version.
 
 A program that N processes miss at once is compiled once: the first process
 owns the key's flight and compiles; the others wait and load its entry. A
-compile that raises, or a program JAX does not store (one with host
-callbacks such as jax.debug.print), abandons the flight, and a waiting
-process takes the compile over. Every program is cached whatever its compile
+compile that raises abandons the flight, and a waiting process takes the
+compile over. A program JAX compiles and does not store (under the
+thresholds below) leaves a "compile locally" mark in the store for ten
+minutes: the processes waiting for it, and those that miss it meanwhile,
+compile it at once, in parallel, without a flight. A program with host
+callbacks (jax.debug.print, io_callback), which JAX never stores, is not
+looked up at all: every process compiles it, as without kcache. Every
+program is cached whatever its compile
 time or size: enable() sets jax_persistent_cache_min_compile_time_secs and
 jax_persistent_cache_min_entry_size_bytes to 0 (JAX's defaults exist because
 its file cache is slow; pass them to enable() to keep thresholds). Processes
@@ -92,6 +97,10 @@ class KcacheCache(CacheInterface):
         self._path = pathlib.Path(d) if d else pathlib.Path(".")
 
     def get(self, key: str) -> Optional[bytes]:
+        if getattr(_backend, "callbacks", False):
+            # JAX never stores a program with host callbacks: no lookup, and
+            # no flight for other processes to wait on; each compiles it.
+            return None
         try:
             k = _key(key)
             c = cache()
@@ -126,14 +135,18 @@ def _get_file_cache(path: str):
 
 
 def _compile_or_get_cached(backend, *args, **kwargs):
-    # Flights begun for this program and not committed (an error, a program
-    # JAX does not store) end here, so a waiting process takes over.
+    # Flights begun for this program and not ended by its compile (an error)
+    # end here, so a waiting process takes over.
     _backend.platform = str(getattr(backend, "platform", ""))
     _backend.version = str(getattr(backend, "platform_version", ""))
+    callbacks = kwargs["host_callbacks"] if "host_callbacks" in kwargs else args[3] if len(args) > 3 else None
+    outer = getattr(_backend, "callbacks", False)
+    _backend.callbacks = bool(callbacks)
     before = _flights.names()
     try:
         return _originals["compile_or_get_cached"](backend, *args, **kwargs)
     finally:
+        _backend.callbacks = outer
         _flights.abandon_new(before)
 
 
@@ -157,6 +170,11 @@ def _compile_and_write_cache(*args, **kwargs):
             took = time.monotonic() - start
             if took >= _config.persistent_cache_min_compile_time_secs.value:
                 _cc.put_executable_and_time(cache_key, module_name, executable, backend, int(took))
+        if _flights.get(k) is not None:
+            # Compiled and not stored (under JAX's thresholds, or a store
+            # that failed): the processes waiting for it, and those that miss
+            # it for a while, compile it at once instead of in turn.
+            _flights.abandon(k, local=True)
     except Exception as e:
         log("jax", f"{named.get('module_name', '?')}: not stored: {e}")
     return executable
