@@ -8,7 +8,10 @@ programs JAX compiles for itself) is one kcache entry: JAX's serialized,
 compressed executable, under a key made of JAX's own cache key (a digest of
 the program, the jaxlib version, the platform, XLA flags, compile options
 and devices; its prefix, the module name such as ``jit_f``, is the label),
-the jax and jaxlib versions and the platform and its version.
+the jax and jaxlib versions and the platform and its version. The key holds
+no folder: the paths JAX derives from jax_compilation_cache_dir for XLA's
+own caches are hashed as their names under that folder, so processes with
+node-local JAX folders over one shared store share every program.
 
 A program that N processes miss at once is compiled once: the first process
 owns the key's flight and compiles; the others wait and load its entry. A
@@ -34,12 +37,14 @@ which JAX puts under jax_compilation_cache_dir, stay off as they were).
 jax_compilation_cache_check_contents still applies.
 
 Plugged in through jax._src.compilation_cache.get_file_cache (the function
-that creates JAX's file cache), jax._src.compiler.compile_or_get_cached and
-jax._src.compiler._compile_and_write_cache (wrapped to end flights).
+that creates JAX's file cache), jax._src.compilation_cache.get_cache_key
+(wrapped to leave the folder out), jax._src.compiler.compile_or_get_cached
+and jax._src.compiler._compile_and_write_cache (wrapped to end flights).
 """
 
 from __future__ import annotations
 
+import copy
 import os
 import pathlib
 import threading
@@ -86,6 +91,41 @@ def _key(jax_key: str) -> kcache.Key:
     return kcache.key(_NAMESPACE, label=label, jax_key=jax_key, jax=jax.__version__, jaxlib=jaxlib.__version__,
                       platform=getattr(_backend, "platform", ""),
                       platform_version=getattr(_backend, "version", ""))
+
+
+# The debug options into which JAX writes paths under jax_compilation_cache_dir
+# (get_compile_options, when XLA's caches are on), each with the name JAX
+# puts under that folder. They say where XLA keeps its autotuning results
+# and compiled kernels, which is no part of the executable XLA builds.
+_CACHE_PATH_OPTIONS = ("xla_gpu_kernel_cache_file", "xla_gpu_per_fusion_autotune_cache_dir")
+
+
+def _without_cache_paths(compile_options):
+    """The compile options as JAX's cache key should see them: a path JAX
+    derived from jax_compilation_cache_dir becomes the name JAX gave it
+    under that folder (a copy when something changes; the options the
+    compiler gets are left alone). Whether a cache is on stays in the key;
+    a path that the user set in some other way stays as it is."""
+    d = _config.compilation_cache_dir.value
+    if not d or d == _MARKER:
+        return compile_options
+    debug = compile_options.executable_build_options.debug_options
+    changes = [n for n in _CACHE_PATH_OPTIONS if getattr(debug, n, "") == str(pathlib.Path(d) / n)]
+    if not changes:
+        return compile_options
+    opts = copy.deepcopy(compile_options)
+    debug = opts.executable_build_options.debug_options
+    for n in changes:
+        setattr(debug, n, "<jax_compilation_cache_dir>/" + n)
+    return opts
+
+
+def _get_cache_key(module, devices, compile_options, backend, *args, **kwargs):
+    try:
+        compile_options = _without_cache_paths(compile_options)
+    except Exception as e:  # JAX's own key, as without kcache
+        log("jax", f"cache folder paths left in the key: {e}")
+    return _originals["get_cache_key"](module, devices, compile_options, backend, *args, **kwargs)
 
 
 class KcacheCache(CacheInterface):
@@ -200,7 +240,9 @@ def enable(min_compile_time_secs: float = 0.0, min_entry_size_bytes: int = 0) ->
     _originals["get_file_cache"] = _cc.get_file_cache
     _originals["compile_or_get_cached"] = _compiler.compile_or_get_cached
     _originals["_compile_and_write_cache"] = _compiler._compile_and_write_cache
+    _originals["get_cache_key"] = _cc.get_cache_key
     _cc.get_file_cache = _get_file_cache
+    _cc.get_cache_key = _get_cache_key
     _compiler.compile_or_get_cached = _compile_or_get_cached
     _compiler._compile_and_write_cache = _compile_and_write_cache
     if _cc._cache is not None or _cc._cache_initialized:
@@ -216,6 +258,7 @@ def disable() -> None:
     _cc.get_file_cache = _originals["get_file_cache"]
     _compiler.compile_or_get_cached = _originals["compile_or_get_cached"]
     _compiler._compile_and_write_cache = _originals["_compile_and_write_cache"]
+    _cc.get_cache_key = _originals["get_cache_key"]
     if _config.compilation_cache_dir.value == _MARKER:
         jax.config.update("jax_compilation_cache_dir", None)
         jax.config.update("jax_persistent_cache_enable_xla_caches", _originals.pop("xla_caches", None))

@@ -158,3 +158,18 @@ def test_programs_jax_will_not_store_are_compiled_at_once_by_the_waiting_process
     # JAX's default thresholds stores it, and the next one loads it.
     assert jax_env.run(1, COMPILE_SLEEP=0.1)["compiles"] >= 1
     assert jax_env.run(1)["compiles"] == 0
+
+
+def test_processes_with_their_own_jax_folders_share_one_store(jax_env, tmp_path):
+    # Node-local JAX folders (JAX_COMPILATION_CACHE_DIR) over one kcache
+    # store: the folders, which JAX writes into the compile options as the
+    # paths of XLA's own caches, are not part of the key.
+    one = jax_env.run(N, JAX_COMPILATION_CACHE_DIR=tmp_path / "jax-one", KCACHE_DIR=tmp_path / "one")
+    programs = one["compiles"]
+    os.unlink(jax_env.count_file)
+    procs = [jax_env.start(N, JAX_COMPILATION_CACHE_DIR=tmp_path / f"node{i}" / "jax") for i in range(8)]
+    results = [jax_env.result(p) for p in procs]
+    assert all(r["results"] == RESULTS for r in results)
+    assert jax_env.compiles() == programs, sorted(_compiled_names(jax_env))
+    # And a process with yet another folder loads every program.
+    assert jax_env.run(N, JAX_COMPILATION_CACHE_DIR=tmp_path / "elsewhere")["compiles"] == 0
