@@ -52,13 +52,14 @@ class ProcessCache:
             self._pid = 0
 
 
-# A program its host compiled and would not store (JAX: a host callback, a
-# compile under jax_persistent_cache_min_compile_time_secs; numba: lifted
-# loops, dynamic globals) is marked "compile locally" in the store for this
-# many seconds: every process then compiles it at once, in parallel, without
-# a flight, as it would without kcache. Then one process tries again, so a
-# program that became storable is stored. (Every process on a store must use
-# the same value: the periods marks are filed under are this long.)
+# A program its host compiled and would not store (JAX: one under
+# jax_persistent_cache_min_compile_time_secs or the minimum entry size;
+# numba: lifted loops, dynamic globals) is marked "compile locally" in the
+# store for this many seconds: every process then compiles it at once, in
+# parallel, without a flight, as it would without kcache. Then one process
+# tries again, so a program that became storable is stored. (Every process
+# on a store must use the same value: the periods marks are filed under are
+# this long.)
 LOCAL_TTL_S = 600.0
 
 _MARK_NAMESPACE = "kcache-local/1"
@@ -73,7 +74,8 @@ class _Marks:
     """The "compile locally" marks of the keys of one host Cache. They live
     in the same store (disk and remote tiers) through a second Cache on it,
     so that looking a mark up counts no miss and journals nothing in the
-    host's Cache. A mark is a small entry under a key derived from the
+    host's Cache (whose log already says what ails the store: this one
+    logs errors only). A mark is a small entry under a key derived from the
     program's key and the period of LOCAL_TTL_S it was written in, holding
     its expiry time; entries are never overwritten, so a mark is looked up
     in the current period and the one before it."""
@@ -81,7 +83,7 @@ class _Marks:
     def __init__(self, host_cache: kcache.Cache) -> None:
         d = host_cache.dir
         self._cache = kcache.Cache(d, disk=d is not None, producer="kcache-local", memory_size="4M",
-                                   miss_journal=0, signed_remote_only=True)
+                                   miss_journal=0, log="error", signed_remote_only=True)
 
     def marked(self, key: kcache.Key) -> bool:
         now_ms = int(time.time() * 1000)
@@ -134,7 +136,7 @@ class OwnedFlight:
     waiting in turn); fail() ends it without a mark (the compile raised: a
     waiting process takes it over)."""
 
-    def __init__(self, flight: kcache.Flight, cache: kcache.Cache, host: str, label: str) -> None:
+    def __init__(self, flight: kcache.Flight, cache: Optional[kcache.Cache], host: str, label: str) -> None:
         self._flight = flight
         self._cache = cache
         self._host = host
@@ -169,7 +171,8 @@ class OwnedFlight:
         if not self._flight.owner:
             return
         try:
-            _marks(self._cache).mark(self._flight.key)
+            if self._cache is not None:
+                _marks(self._cache).mark(self._flight.key)
         except Exception as e:  # the cache never fails a compile
             log(self._host, f"{self._label}: compile-locally mark not stored: {e}")
         self.fail()
@@ -195,6 +198,8 @@ class Flights:
         return d
 
     def add(self, name: str, flight: OwnedFlight) -> None:
+        if not isinstance(flight, OwnedFlight):  # a kcache.Flight: abandoned without a mark
+            flight = OwnedFlight(flight, None, "", name)
         old = self._owned().pop(name, None)
         if old is not None:
             old.fail()
