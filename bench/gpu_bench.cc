@@ -21,12 +21,17 @@
 //
 // NVRTC on CCCL (CUB, libcu++ and cooperative_groups kernels including the
 // toolkit's headers): an uncached compile ("cold"), a warm key
-// (Compiler::key: the closure checked by file identity) and a warm hit from
-// memory, each with `cpu_us` per call and `files_keyed`; and the CPU of the
-// first key in a new process that shares the cache (a child: the closure
-// record comes from the cache), `first_key_cpu_us` for the process's first
-// key (it also finds the NVRTC library's identity) and
-// `next_first_keys_cpu_us` for the first key of each other program.
+// (Compiler::key: the program's manifest checked by file identity, the
+// KeyInfo copied out) and a warm hit from memory, each with `cpu_us` per
+// call and `files_keyed`; the CPU of the first key in a new process that
+// shares the cache (a child: the manifests come from the cache),
+// `first_key_cpu_us` for the process's first key (it also finds the NVRTC
+// library's identity) and `next_first_keys_cpu_us` for the first key of
+// each other program; and a cold compile through kcache over plain NVRTC,
+// both in-process (`cold_over_plain`) and one new process per compile
+// (`cold_over_plain_process`: a child compiles one program, through kcache
+// into an empty store or plainly, and reports its whole CPU, start-up,
+// library loading and the recorder included).
 //
 // Usage: kcache_bench_gpu [--benchmark_filter=nvrtc|opencl] [google benchmark flags]
 #include <benchmark/benchmark.h>
@@ -270,6 +275,53 @@ int cccl_child(const std::string& dir) {
   return 0;
 }
 
+// One compile in a new process: through kcache into the empty store `dir`
+// (cached = 1) or plain NVRTC (0). Prints the process's CPU in µs.
+int cccl_cold_child(size_t i, const std::string& dir, bool cached) {
+  auto p = cccl_program(i);
+  if (cached) {
+    auto cache = kcache::Cache::open(cache_options(dir, true));
+    kcache::nvrtc::Compiler c(*cache);
+    auto r = c.compile(p);
+    if (!r || r->source != kcache::Source::compiled) return 2;
+    cache->flush();
+  } else if (!kcache::nvrtc::compile_uncached(p)) {
+    return 2;
+  }
+  std::printf("%.1f\n", cpu_ns() / 1e3);
+  return 0;
+}
+
+void BM_CcclColdOverPlainProcess(benchmark::State& state, size_t i) {
+  auto& s = cccl();
+  std::vector<double> ratios;
+  unsigned round = 0;
+  for (auto _ : state) {
+    double us[2] = {0, 0};
+    for (int side = 0; side < 2; ++side) {
+      int cached = (side == 0) == (round % 2 == 0) ? 1 : 0;
+      std::string dir = s.dir + "-proc-" + std::to_string(i) + "-" + std::to_string(round);
+      std::string cmd =
+          "'" + g_self + "' --cccl-cold-child " + std::to_string(i) + " '" + dir + "' " + std::to_string(cached);
+      FILE* f = ::popen(cmd.c_str(), "r");
+      double v = -1;
+      if (!f || std::fscanf(f, "%lf", &v) != 1 || ::pclose(f) != 0 || v <= 0) {
+        state.SkipWithError("child failed");
+        return;
+      }
+      us[cached] = v;
+    }
+    ratios.push_back(us[1] / us[0]);
+    ++round;
+  }
+  std::sort(ratios.begin(), ratios.end());
+  if (!ratios.empty()) {
+    state.counters["cold_over_plain_cpu"] = ratios[ratios.size() / 2];
+    state.counters["min"] = ratios.front();
+    state.counters["max"] = ratios.back();
+  }
+}
+
 void BM_CcclFirstKeyNewProcess(benchmark::State& state) {
   auto& s = cccl();
   std::string cmd = "'" + g_self + "' --cccl-child '" + s.dir + "'";
@@ -393,6 +445,8 @@ int main(int argc, char** argv) {
 #endif
 #if KCACHE_HAVE_NVRTC
   if (argc == 3 && std::strcmp(argv[1], "--cccl-child") == 0) return cccl_child(argv[2]);
+  if (argc == 5 && std::strcmp(argv[1], "--cccl-cold-child") == 0)
+    return cccl_cold_child(std::strtoul(argv[2], nullptr, 10), argv[3], std::strcmp(argv[4], "1") == 0);
 #endif
   g_self = argv[0];
   if (g_self.find('/') == std::string::npos) g_self = "./" + g_self;
@@ -420,6 +474,9 @@ int main(int argc, char** argv) {
         ->Unit(benchmark::kMillisecond);
     benchmark::RegisterBenchmark(("nvrtc_cccl/cold_over_plain/" + n).c_str(), BM_CcclColdOverPlain, i)
         ->Iterations(4)
+        ->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark(("nvrtc_cccl/cold_over_plain_process/" + n).c_str(), BM_CcclColdOverPlainProcess, i)
+        ->Iterations(6)
         ->Unit(benchmark::kMillisecond);
     benchmark::RegisterBenchmark(("nvrtc_cccl/warm_key/" + n).c_str(), BM_CcclWarm, i, false)
         ->Unit(benchmark::kMicrosecond);

@@ -5,7 +5,9 @@
 // faster ones. get_or_compile() runs the caller's compile function at most
 // once per key at a time in this process (single-flight): N threads that miss
 // one key wait for one compile and all get its result; a failed compile is
-// reported to every waiter and nothing is stored.
+// reported to every waiter and nothing is stored. A compile function that
+// throws has not failed: the exception reaches its own caller and the
+// waiters compile the key themselves (one at a time, as a new flight).
 //
 // The cache never makes a compile fail. Any cache fault (corrupt entry, full
 // disk, read-only folder, dead remote) becomes a miss, a counter, and one log

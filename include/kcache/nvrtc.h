@@ -11,43 +11,46 @@
 // the same program, in this process or another one sharing the cache, is a
 // lookup.
 //
-// What the key covers (namespace "kcache.nvrtc/3"):
+// What the key covers. A program's own inputs make its inputs key
+// (namespace "kcache.nvrtc.inputs/1"):
 //   * the NVRTC build: nvrtcVersion() and a digest of the libnvrtc file that
-//     is loaded in this process (found with dladdr on an NVRTC symbol) and of
-//     the libnvrtc-builtins file beside it, so a patched library with the
-//     same version number is a miss;
+//     is loaded in this process (found with dladdr on an NVRTC symbol), so a
+//     patched library with the same version number is a miss;
 //   * the options in canonical form (see below);
 //   * every named header: its include name and its contents;
-//   * the files on disk the compile can read, found as the preprocessor
-//     finds them (src/integrations/nvrtc/includes.h): the #include closure
-//     of the source, the named headers and the -include / --pre-include
-//     headers over NVRTC's search (for "name": the including file's folder,
-//     or the program name's folder for the source; then each -I /
-//     --include-path folder in order; <name>: the -I folders). Each file
-//     read is a component "file:PATH" (its digest); each __has_include
-//     probe that found a file is "probe:PATH"; every path looked for and
-//     not found is in "probes.absent", so a header created earlier in the
-//     search, or where a probe looked, is a miss. `#include MACRO` is
-//     resolved by expanding the macros the scanned files and -D options
-//     define (every definition counts); #if is not evaluated (every
-//     directive counts). Only an include no expansion resolves keys whole
-//     folders: every file under each -I folder (never the working folder),
-//     at most 5,000 (more: the program is compiled without the cache), the
-//     component "whole_folders" naming the include and folders, and one
-//     log line. A program whose closure holds more than 20,000 files is
-//     compiled without the cache (one log line per program).
-//     Warm keys: the closure of each program (its inputs and the working
-//     folder) is remembered with each file's identity (device, inode, size,
-//     mtime and ctime in ns), in the process and in the cache (namespace
-//     "kcache.nvrtc.closure/1", for other processes); a key whose files,
-//     probes and folders all still have their identity is built without
-//     reading a header, and otherwise only files whose identity changed are
-//     read again. A file or folder changed in the last 2 s is looked at
-//     every time, since it could change again within one timestamp tick;
 //   * the source and the program name (it appears in diagnostics);
 //   * the name expressions, in the order given;
 //   * which outputs are produced (ptx / cubin / ltoir);
+//   * the working folder, with -G / --device-debug / -lineinfo /
+//     --generate-line-info (debug and line info name it);
 //   * `Program::extra_key`: anything else the caller knows decides the output.
+// What NVRTC reads from disk is not guessed: the first compile of a program
+// runs NVRTC with a recorder on (src/integrations/nvrtc/observe.h) that sees
+// every file NVRTC opens, stats, probes, lists, resolves or loads on the
+// compiling thread, and stores a manifest of it under the inputs key (as
+// ccache's direct mode does): each file read with the digest of its bytes,
+// each path found or not found, each library loaded (libnvrtc-builtins: the
+// copy the loader mapped, and its digest), and the working folder when
+// NVRTC asked for it or an output names it. A program keeps up to 8
+// manifests (one per include configuration seen). A later compile checks
+// them by file identity (device, inode, size, mtime, ctime; a file whose
+// identity changed is read again and compared by digest) and, when one
+// holds, its entry's key (namespace "kcache.nvrtc/4": the inputs and one
+// component per file, "file:PATH", "probe:PATH", "probes.absent",
+// "library:NAME") is looked up. When none holds, NVRTC runs (once across
+// threads and processes sharing the store) and a new manifest is stored.
+// In a process, a manifest whose folders are all watched (inotify, local
+// file systems) is trusted without a stat until an event comes, and is
+// checked in full at least once a second.
+//
+// Not stored (the result is returned, one log line): a compile during which
+// a file it read changed (identity at the access and at the end differ, or
+// a path appeared or went), that read a file changed within the file
+// system's timestamp granularity of the compile's start (50 ms on local
+// file systems with nanosecond times, 2 s elsewhere: a later rewrite in the
+// same tick could keep its identity), that read a file using __TIME__,
+// __DATE__ or __TIMESTAMP__, in which NVRTC wrote a file or changed the
+// working folder.
 //
 // Canonical options, as NVRTC reads them: -D and -U in every spelling it
 // accepts (-DX, -D X as two entries, "-D X" as one, --define-macro X,
@@ -73,24 +76,20 @@
 //
 // Caveats:
 //   * Environment variables NVRTC may read are not in the key.
-//   * Headers built into libnvrtc-builtins are covered by the library
-//     digest, not by the disk closure.
-//   * A computed include is resolved with the object-like macros the
-//     scanned files define, all of their definitions; a macro that is
-//     defined somewhere but undefined where the include is expanded is
-//     taken as defined. A name only a function-like macro builds keys the
-//     -I folders whole (see above).
-//   * In a process, a closure whose folders are all watched (inotify, local
-//     file systems) is trusted without a stat until an event comes, and is
-//     stat'ed again at least once a second: a change made through a hard
-//     link in another folder is seen within that second.
+//   * Where libnvrtc's import table cannot be rewritten (not Linux x86-64,
+//     or a libnvrtc that reads files through functions the recorder does
+//     not cover), programs compile without the cache (one log line).
+//   * In a process, a watched manifest is trusted for up to a second: a
+//     change made through a hard link in another folder is seen within
+//     that second.
 //   * The first compile in a process hashes the NVRTC library (about 110 MB
 //     for CUDA 13); the digest is remembered in the cache under the file's
 //     identity (device, inode, size, mtime, ctime), so later processes pay a
 //     stat, not a read.
 //
 // Thread-safety: a Compiler may be used by many threads at once; concurrent
-// compiles of one program run NVRTC once (the Cache's single-flight).
+// compiles of one program run NVRTC once (the Cache's single flight, over
+// threads and processes).
 #pragma once
 
 #include <cstdint>
@@ -109,7 +108,7 @@
 
 namespace kcache::nvrtc {
 
-inline constexpr std::string_view kNamespace = "kcache.nvrtc/3";
+inline constexpr std::string_view kNamespace = "kcache.nvrtc/4";
 
 struct Header {
   std::string name;  // the name the source #includes it by
@@ -152,7 +151,7 @@ struct Identity {
   int major = 0;
   int minor = 0;
   std::string library_path;  // empty when dladdr could not name it
-  Digest library_digest;     // of libnvrtc and libnvrtc-builtins; zero if unknown
+  Digest library_digest;     // of libnvrtc (libnvrtc-builtins is in each manifest); zero if unknown
 };
 
 // The result of a compile. The views point into `entry` and stay valid as
@@ -202,7 +201,11 @@ class Compiler {
   // could not be called). Cache faults are never errors here.
   Expected<Result> compile(const Program& program);
 
-  // The key `compile` would use (for explain/tests).
+  // The key `compile` would look up now: the entry key of the program's
+  // stored manifest that holds for the files as they are; when none holds
+  // (never compiled, or something it read changed), the program's inputs
+  // key (manifest.ns == "kcache.nvrtc.inputs/1"), which names no file.
+  // Never runs NVRTC.
   Expected<KeyInfo> key(const Program& program);
 
   // The NVRTC library identity (computed once per Compiler).

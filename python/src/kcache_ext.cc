@@ -488,9 +488,16 @@ nb::dict stats_dict(const kcache::CacheStats& s, const std::vector<std::shared_p
   return d;
 }
 
+// Thrown through the library by a compile function that was interrupted
+// (KeyboardInterrupt, SystemExit: a BaseException that is not an Exception).
+// The library is exception-safe for compile functions: the key's flight is
+// given up unfinished, so threads waiting on the key compile it themselves
+// instead of sharing an interrupt that was not theirs.
+struct Interrupted {};
+
 // The compile function of get_or_compile: calls Python with the GIL taken; a
 // Python exception is kept for the caller (and reported to threads waiting
-// on the same key as a failed compile).
+// on the same key as a failed compile, unless it is an interrupt).
 struct PyCompile {
   nb::handle fn;
   std::optional<nb::python_error>* error;
@@ -500,8 +507,10 @@ struct PyCompile {
       nb::object r = fn();
       return to_artifacts(r, "compile function result");
     } catch (nb::python_error& e) {
+      const bool interrupt = !e.matches(PyExc_Exception);
       std::string what = e.what();
       error->emplace(std::move(e));
+      if (interrupt) throw Interrupted{};
       return kcache::Status(kcache::Errc::compile_failed, what);
     } catch (const nb::builtin_exception& e) {
       std::string what = e.what();
@@ -910,9 +919,11 @@ NB_MODULE(_kcache, m) {
             std::optional<nb::python_error> error;
             kcache::Source s = kcache::Source::other;
             std::optional<kcache::Expected<kcache::Entry>> r;
-            {
+            try {
               nb::gil_scoped_release nogil;
               r.emplace(c->get_or_compile(key.info, PyCompile{fn, &error}, &s));
+            } catch (const Interrupted&) {
+              // The interrupt is this thread's own, re-raised below.
             }
             if (error) {
               error->restore();

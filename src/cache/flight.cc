@@ -65,7 +65,10 @@ void FlightTable::Lead::finish(const Expected<Entry>& r, End end) {
 }
 
 FlightTable::Lead::~Lead() {
-  if (!done_) finish(Status(Errc::compile_failed, "compile function threw an exception"));
+  // Unwound by an exception from the compile function (or an interrupt a
+  // binding carries through as one): the compile did not end, so the
+  // waiters are not handed its failure; one of them compiles instead.
+  if (!done_) finish(Status(Errc::compile_failed, "compile function threw an exception"), End::abandoned);
 }
 
 }  // namespace kcache

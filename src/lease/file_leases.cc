@@ -9,6 +9,11 @@
 //    write) counts as stale once its mtime is older than kPartialGraceMs.
 //  * renew: rewrite through a temp file and rename, if the record is ours.
 // No flock(2): on network file systems it is not reliable.
+// Every lease file is reached through a descriptor of the leases folder
+// held from open (a store folder swapped in later is never reached) and
+// opened with O_NOFOLLOW | O_NONBLOCK: a symbolic link, FIFO, device or
+// folder planted under a lease file's name never blocks or redirects a
+// read; it counts as a stale record and is removed by the next taker.
 // File operations and clock reads go through an Env (kcache/env.h), so a
 // test can expire a holder by moving the clock instead of sleeping.
 // In a store folder shared with a group (setgid, group-writable), the
@@ -37,6 +42,11 @@ class FileLeases final : public Leases {
  public:
   FileLeases(std::string dir, std::shared_ptr<Env> env)
       : dir_(std::move(dir)), env_(env ? std::move(env) : Env::posix()) {}
+  ~FileLeases() override {
+    if (ldfd_ >= 0) env_->close(ldfd_);
+  }
+  FileLeases(const FileLeases&) = delete;
+  FileLeases& operator=(const FileLeases&) = delete;
   std::string_view name() const noexcept override { return "files"; }
   uint64_t takeovers() const noexcept override { return takeovers_.load(); }
 
@@ -59,13 +69,13 @@ class FileLeases final : public Leases {
     // that finds the lease gone meanwhile may create it first: then it, not
     // we, holds it. Either way one process holds the lease.
     std::string tk = p + ".takeover";
-    int tfd = env_->open(tk, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, file_mode());
+    int tfd = env_->openat(ldfd_, tk, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, file_mode());
     if (tfd < 0) {
       const int err = errno;
       struct stat ts;
-      if (err == EEXIST && env_->stat(tk, &ts) == 0 &&
+      if (err == EEXIST && env_->statat(ldfd_, tk, &ts) == 0 &&
           static_cast<uint64_t>(ts.st_mtim.tv_sec) * 1000 + kTakeoverStaleMs < env_->now_unix_ms())
-        env_->unlink(tk);  // its taker died mid-takeover
+        env_->unlinkat(ldfd_, tk);  // its taker died mid-takeover
       return err == EEXIST ? LeaseResult::busy : LeaseResult::error;
     }
     env_->close(tfd);
@@ -73,9 +83,9 @@ class FileLeases final : public Leases {
     st = read(p, &h, &now_ino);
     bool stale = st == 3 || (now_ino == judged &&
                              (st == 2 || (st == 1 && h.token != me && !lease::alive(h, env_->now_unix_ms()))));
-    if (stale && st != 3) env_->unlink(p);
+    if (stale && st != 3) env_->unlinkat(ldfd_, p);
     r = stale ? create(p, me, ttl_ms) : LeaseResult::busy;
-    env_->unlink(tk);
+    env_->unlinkat(ldfd_, tk);
     if (r == LeaseResult::acquired && st != 3) takeovers_.fetch_add(1);
     return r;
   }
@@ -86,10 +96,9 @@ class FileLeases final : public Leases {
     lease::Holder h;
     ino_t ino;
     if (read(p, &h, &ino) != 1 || h.token != me) return false;
-    if (!util::write_file_atomic(p, lease::encode(lease::self(me, ttl_ms, env_->now_unix_ms())), false, *env_).is_ok())
-      return false;
-    if (shared_) (void)env_->chmod(p, file_mode());
-    return true;
+    return util::write_file_atomic_at(ldfd_, p, lease::encode(lease::self(me, ttl_ms, env_->now_unix_ms())),
+                                      file_mode(), *env_)
+        .is_ok();
   }
 
   void release(const Key& key) override {
@@ -97,7 +106,7 @@ class FileLeases final : public Leases {
     std::string p = path(key);
     lease::Holder h;
     ino_t ino;
-    if (read(p, &h, &ino) == 1 && h.token == me) env_->unlink(p);
+    if (read(p, &h, &ino) == 1 && h.token == me) env_->unlinkat(ldfd_, p);
   }
 
   Status init() {
@@ -108,22 +117,25 @@ class FileLeases final : public Leases {
       struct stat st;
       if (env_->stat(leases, &st) == 0 && st.st_uid == ::geteuid()) (void)env_->chmod(leases, 02770);
     }
+    ldfd_ = env_->open(leases, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (ldfd_ < 0) return util::errno_status(errno, "open " + leases);
     return Status();
   }
 
  private:
-  std::string path(const Key& k) const { return dir_ + "/leases/" + k.hex() + ".lease"; }
+  // A lease file's name in the leases folder (ldfd_).
+  static std::string path(const Key& k) { return k.hex() + ".lease"; }
 
   // Creates the lease file exclusively: acquired, busy (it exists) or error.
   LeaseResult create(const std::string& p, uint64_t me, uint64_t ttl_ms) {
-    int fd = env_->open(p, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, file_mode());
+    int fd = env_->openat(ldfd_, p, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, file_mode());
     if (fd < 0) return errno == EEXIST ? LeaseResult::busy : LeaseResult::error;
     if (shared_) (void)env_->fchmod(fd, file_mode());
     std::string rec = lease::encode(lease::self(me, ttl_ms, env_->now_unix_ms()));
     bool ok = env_->write(fd, rec.data(), rec.size()) == static_cast<ssize_t>(rec.size());
     env_->close(fd);
     if (!ok) {
-      env_->unlink(p);
+      env_->unlinkat(ldfd_, p);
       return LeaseResult::error;
     }
     return LeaseResult::acquired;
@@ -131,16 +143,29 @@ class FileLeases final : public Leases {
 
   // Reads the lease file through one descriptor, so that the record and the
   // inode (*ino) belong to the same file. 1: record read; 0: unreadable but
-  // young (being written); 2: unreadable and old (stale); 3: no such file.
+  // young (being written); 2: unreadable and old (stale), or not a regular
+  // file (never a holder's); 3: no such file.
   int read(const std::string& p, lease::Holder* h, ino_t* ino) {
-    int fd = env_->open(p, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return 3;
     struct stat st;
+    int fd = env_->openat(ldfd_, p, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) {
+      // A symbolic link (ELOOP) or anything else under the name that is
+      // there but cannot be opened as a file: stale, for a taker to remove.
+      if (errno == ENOENT || env_->statat(ldfd_, p, &st) != 0) return 3;
+      *ino = st.st_ino;
+      return 2;
+    }
     char buf[lease::kHolderSize + 1];
-    ssize_t n = env_->fstat(fd, &st) == 0 ? env_->pread(fd, buf, sizeof buf, 0) : -1;
+    ssize_t n = -1;
+    bool regular = false;
+    if (env_->fstat(fd, &st) == 0) {
+      regular = S_ISREG(st.st_mode);
+      n = regular ? env_->pread(fd, buf, sizeof buf, 0) : 0;
+    }
     env_->close(fd);
     if (n < 0) return 3;
     *ino = st.st_ino;
+    if (!regular) return 2;
     if (lease::decode(std::string_view(buf, static_cast<size_t>(n)), h)) return 1;
     uint64_t mt = static_cast<uint64_t>(st.st_mtim.tv_sec) * 1000 + st.st_mtim.tv_nsec / 1000000;
     return mt + kPartialGraceMs < env_->now_unix_ms() ? 2 : 0;
@@ -150,6 +175,7 @@ class FileLeases final : public Leases {
 
   std::string dir_;
   const std::shared_ptr<Env> env_;  // never null
+  int ldfd_ = -1;                   // <dir_>/leases, held from init()
   bool shared_ = false;             // dir_ is shared with its group
   lease::Token token_;
   std::atomic<uint64_t> takeovers_{0};

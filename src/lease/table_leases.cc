@@ -597,9 +597,17 @@ class TableLeases final : public Leases {
     bool fresh = true;
     for (size_t i = 0; i < kHeaderSize && fresh; ++i) fresh = header[i] == 0;
     const bool ours = check_header(header, mapped).is_ok();
-    Status made = ready == 1 || !(fresh || (ours && ready == 0)) ? check_header(header, mapped)
-                  : mapped                                       ? make_ready(m)
-                                                                 : make_ready_unmapped(fd);
+    // A header that is no lease table's of any version (its magic without
+    // the version digit is missing) is damage, not another layout: no
+    // process can be using the table through it, so it is made afresh
+    // under the header lock, as a damaged bucket is.
+    const bool garbage = !fresh && std::memcmp(header, kMagic, sizeof kMagic - 1) != 0;
+    if (garbage)
+      KCACHE_LOG(LogLevel::warn, "lease table %s had a damaged header; made afresh (single-flight restored)",
+                 path_.c_str());
+    Status made = !garbage && (ready == 1 || !(fresh || (ours && ready == 0))) ? check_header(header, mapped)
+                  : mapped                                                     ? make_ready(m)
+                                                                               : make_ready_unmapped(fd);
     if (!made.is_ok()) {
       if (m) ::munmap(m, kTableSize);
       return made;

@@ -493,22 +493,29 @@ std::optional<bool> parse_bool(std::string_view v) noexcept {
   return std::nullopt;
 }
 
+namespace {
+// Writes all of `data` to `fd`; 0 or the errno of the failed write.
+int write_all(Env& env, int fd, std::string_view data) {
+  size_t off = 0;
+  while (off < data.size()) {
+    ssize_t n = env.write(fd, data.data() + off, data.size() - off);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return errno;
+    off += static_cast<size_t>(n);
+  }
+  return 0;
+}
+}  // namespace
+
 Status write_file_atomic_via(const std::string& tmp_prefix, const std::string& path, std::string_view data, bool sync,
                              unsigned mode, Env& env) {
   std::string tmp = tmp_prefix + "." + random_suffix();
   int fd = env.open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode);
   if (fd < 0) return errno_status(errno, "create " + tmp);
-  size_t off = 0;
-  while (off < data.size()) {
-    ssize_t n = env.write(fd, data.data() + off, data.size() - off);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      int e = errno;
-      env.close(fd);
-      env.unlink(tmp);
-      return errno_status(e, "write " + tmp);
-    }
-    off += static_cast<size_t>(n);
+  if (int e = write_all(env, fd, data)) {
+    env.close(fd);
+    env.unlink(tmp);
+    return errno_status(e, "write " + tmp);
   }
   if (sync && env.fdatasync(fd) != 0) {
     int e = errno;
@@ -525,6 +532,21 @@ Status write_file_atomic_via(const std::string& tmp_prefix, const std::string& p
     int e = errno;
     env.unlink(tmp);
     return errno_status(e, "rename " + tmp);
+  }
+  return Status();
+}
+
+Status write_file_atomic_at(int dir, const std::string& name, std::string_view data, unsigned mode, Env& env) {
+  std::string tmp = name + ".tmp." + random_suffix();
+  int fd = env.openat(dir, tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
+  if (fd < 0) return errno_status(errno, "create " + tmp);
+  int e = write_all(env, fd, data);
+  if (e == 0) (void)env.fchmod(fd, mode);  // the mode itself, whatever the umask
+  if (env.close(fd) != 0 && e == 0) e = errno;
+  if (e == 0 && env.renameat(dir, tmp, name) != 0) e = errno;
+  if (e != 0) {
+    env.unlinkat(dir, tmp);
+    return errno_status(e, "write " + name);
   }
   return Status();
 }

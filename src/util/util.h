@@ -123,6 +123,11 @@ Status write_file_atomic(const std::string& path, std::string_view data, bool sy
 // `mode` is the new file's permission bits (before the umask).
 Status write_file_atomic_via(const std::string& tmp_prefix, const std::string& path, std::string_view data,
                              bool sync = false, unsigned mode = 0600, Env& env = *Env::posix());
+// The same within the folder `dir` (a descriptor): `name` and its temp file
+// are resolved from it, so a folder renamed or replaced since `dir` was
+// opened is never written through its old path.
+Status write_file_atomic_at(int dir, const std::string& name, std::string_view data, unsigned mode = 0600,
+                            Env& env = *Env::posix());
 // ---- trust: files another user could have written -----------------------
 // Who may own and write the files of a disk store. By default only this
 // user (or root), and no one may have write permission through the group

@@ -118,6 +118,32 @@ TEST(Cache, ThrowingCompileReleasesWaiters) {
   EXPECT_TRUE(c->get_or_compile(k, artifact_fn(&calls, "ok")).has_value());
 }
 
+// A thread waiting on a key whose leader's compile threw is not handed
+// that exception as a failure: it compiles the key itself and stores it.
+TEST(Cache, WaiterCompilesWhenTheLeadersCompileThrows) {
+  auto c = Cache::with_tiers({make_memory_tier()});
+  KeyInfo k = *KeyBuilder("t").add_string("src", "throw-waited").finish();
+  std::atomic<bool> leading{false};
+  std::atomic<int> calls{0};
+  std::thread leader([&] {
+    EXPECT_THROW(c->get_or_compile(k,
+                                   [&]() -> Expected<std::vector<Artifact>> {
+                                     leading = true;
+                                     std::this_thread::sleep_for(std::chrono::milliseconds(200));
+                                     throw std::runtime_error("interrupted");
+                                   }),
+                 std::runtime_error);
+  });
+  while (!leading) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  Source s = Source::other;
+  auto e = c->get_or_compile(k, artifact_fn(&calls, "waiter"), &s);
+  leader.join();
+  ASSERT_TRUE(e.has_value()) << e.error().to_string();
+  EXPECT_EQ(*e->artifact("obj"), "waiter");
+  EXPECT_EQ(calls.load(), 1);
+  EXPECT_TRUE(c->get(k.key).has_value());
+}
+
 TEST(Cache, DisabledAlwaysCompilesAndStoresNothing) {
   TempDir d;
   Options o = opts(d.path());

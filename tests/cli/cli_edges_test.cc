@@ -73,6 +73,23 @@ TEST_P(CliEdges, GetWithStdoutClosedExitsThree) {
   EXPECT_EQ(run({"get", "--key", k.hex(), "--artifact", "obj"}).out, data);
 }
 
+// `put` whose work is done exits 0 whatever stdout is: closed, or a pipe
+// nobody reads (/dev/full stands for a failing one). The entry is stored.
+TEST_P(CliEdges, PutWithStdoutClosedOrFailingStillExitsZero) {
+  const std::string src = file("obj.bin");
+  std::ofstream(src, std::ios::binary) << binary_payload(7, 3000);
+  Result r = run_child({"put", "--key", key_of(7).hex(), "obj=" + src}, [] { return ::close(1) == 0; });
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(run({"get", "--key", key_of(7).hex(), "--artifact", "obj"}).out, binary_payload(7, 3000));
+  r = run_child({"put", "--key", key_of(8).hex(), "obj=" + src}, [] {
+    int f = ::open("/dev/full", O_WRONLY);
+    return f >= 0 && ::dup2(f, 1) == 1;
+  });
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(lines(r.err), 1u) << r.err;  // one line says the report was not written
+  EXPECT_EQ(run({"get", "--key", key_of(8).hex(), "--artifact", "obj"}).out, binary_payload(7, 3000));
+}
+
 // `verify --fix` on a store its user cannot modify (run as another user,
 // 65534, that owns the store: a read-only data file for LMDB, read-only
 // shard folders for the files engine) reports only what it removed and

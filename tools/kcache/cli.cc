@@ -89,6 +89,14 @@ int Ctx::out(std::string_view s) const {
   return kExitOk;
 }
 
+int Ctx::report(std::string_view s) const {
+  if (g_stdout_closed) return kExitOk;  // nothing to say it to, and nothing failed
+  bool ok = s.empty() || std::fwrite(s.data(), 1, s.size(), stdout) == s.size();
+  if (std::fflush(stdout) != 0) ok = false;
+  if (!ok) std::fprintf(stderr, "kcache: warn: the report could not be written to stdout: %s\n", std::strerror(errno));
+  return kExitOk;
+}
+
 int usage_error(const std::string& command, const std::string& msg) {
   std::fprintf(stderr, "kcache: %s%s (see kcache --help)\n", command.empty() ? "" : (command + ": ").c_str(),
                msg.c_str());

@@ -92,6 +92,9 @@ struct Ctx {
   int fail(const Status& st) const;
   // Writes s to stdout; kExitOk, or kExitError (said on stderr) when stdout
   // refused it or was closed when the tool started (hold_standard_fds).
+  // The report of a command whose work is done (put): a closed or failing
+  // stdout is one line on stderr, and the exit stays 0.
+  int report(std::string_view s) const;
   int out(std::string_view s) const;
 };
 

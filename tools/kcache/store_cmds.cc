@@ -110,7 +110,7 @@ int cmd_put(Ctx& c) {
         .key("tiers")
         .begin_array();
     for (const auto& s : stored) w.value(s);
-    return c.out(w.end_array().end_object().take() + "\n");
+    return c.report(w.end_array().end_object().take() + "\n");
   }
   std::string out = "stored " + key->hex() + ": " + std::to_string(e->artifacts().size()) + " artifact" +
                     (e->artifacts().size() == 1 ? "" : "s") + ", " + util::format_size(e->payload_size());
@@ -119,7 +119,7 @@ int cmd_put(Ctx& c) {
     for (const auto& s : stored) out += " " + s;
     out += ")";
   }
-  return c.out(out + "\n");
+  return c.report(out + "\n");
 }
 
 int cmd_get(Ctx& c) {

@@ -1,10 +1,13 @@
-// Cached NVRTC compiles. A compile builds the key (library identity,
-// canonical options, headers, the files on disk its #includes can reach,
-// source, name expressions, outputs), asks the Cache for it, and on a miss
-// runs compile_uncached(), whose artifacts the Cache stores as one entry. A
-// hit is checked (PTX NUL-terminated, the lowered names decode and cover
-// every requested expression) before it is handed out; an entry that fails
-// the check is recompiled and overwritten.
+// Cached NVRTC compiles. A compile builds the program's inputs key (library
+// identity, canonical options, headers, source, name expressions, outputs),
+// checks the manifests stored under it (what earlier compiles saw NVRTC
+// read, manifest.h) and looks up the entry key of the one that holds. With
+// none, NVRTC runs once across threads and processes (a Flight on the
+// inputs key and the stored list) with the recorder on (observe.h), and the
+// entry and its manifest are stored, unless the compile's inputs moved
+// while it ran. A hit is checked (PTX NUL-terminated, the lowered names
+// decode and cover every requested expression) before it is handed out; an
+// entry that fails the check is recompiled and overwritten.
 #include "kcache/nvrtc.h"
 
 #include <dlfcn.h>
@@ -21,7 +24,8 @@
 #include <set>
 #include <unordered_map>
 
-#include "integrations/nvrtc/includes.h"
+#include "integrations/nvrtc/manifest.h"
+#include "integrations/nvrtc/observe.h"
 #include "util/util.h"
 
 namespace kcache::nvrtc {
@@ -220,26 +224,19 @@ struct Compiler::Impl {
   Identity ident;
   Status ident_error;
 
-  std::mutex failures_mu;
-  std::unordered_map<Key, Status> failures;  // GUARDED_BY(failures_mu)
-  std::deque<Key> failure_order;             // GUARDED_BY(failures_mu); oldest first
-
   Impl(Cache& c, CompilerOptions o) : cache(c), opt(o) {}
 
-  // The library digest, memoised in the cache under the files' identity so
+  // The library digest, memoised in the cache under the file's identity so
   // only the first process on a machine reads the 110 MB.
-  Digest library_digest(const std::vector<std::string>& files) {
-    KeyBuilder kb("kcache.nvrtc.libid/1");
-    std::vector<std::string> ids;
-    for (const auto& f : files) {
-      struct stat st;
-      if (::stat(f.c_str(), &st) != 0) continue;
-      ids.push_back(f + "|" + std::to_string(st.st_dev) + "|" + std::to_string(st.st_ino) + "|" +
-                    std::to_string(st.st_size) + "|" + std::to_string(st.st_mtim.tv_sec) + "." +
-                    std::to_string(st.st_mtim.tv_nsec) + "|" + std::to_string(st.st_ctim.tv_sec) + "." +
-                    std::to_string(st.st_ctim.tv_nsec));
+  Digest library_digest(const std::string& file) {
+    KeyBuilder kb("kcache.nvrtc.libid/2");
+    struct stat st;
+    if (::stat(file.c_str(), &st) == 0) {
+      kb.add_string("file", file + "|" + std::to_string(st.st_dev) + "|" + std::to_string(st.st_ino) + "|" +
+                                std::to_string(st.st_size) + "|" + std::to_string(st.st_mtim.tv_sec) + "." +
+                                std::to_string(st.st_mtim.tv_nsec) + "|" + std::to_string(st.st_ctim.tv_sec) + "." +
+                                std::to_string(st.st_ctim.tv_nsec));
     }
-    kb.add_list("files", ids);
     auto memo = kb.finish();
     if (memo) {
       if (auto e = cache.get(memo->key)) {
@@ -251,21 +248,16 @@ struct Compiler::Impl {
         }
       }
     }
-    std::string all;
-    for (const auto& f : files) {
-      auto d = hash_file(f);
-      if (!d) {
-        KCACHE_LOG(LogLevel::warn, "nvrtc: cannot hash %s: %s", f.c_str(), d.error().to_string().c_str());
-        continue;
-      }
-      all += f.substr(f.rfind('/') + 1) + "=" + d->hex() + ";";
+    auto d = hash_file(file);
+    if (!d) {
+      KCACHE_LOG(LogLevel::warn, "nvrtc: cannot hash %s: %s", file.c_str(), d.error().to_string().c_str());
+      return Digest{};
     }
-    Digest out = hash_bytes(all);
     if (memo) {
-      std::string bytes(reinterpret_cast<const char*>(out.bytes.data()), out.bytes.size());
+      std::string bytes(reinterpret_cast<const char*>(d->bytes.data()), d->bytes.size());
       cache.put(*memo, {{"digest", std::move(bytes)}});
     }
-    return out;
+    return *d;
   }
 
   void compute_identity() {
@@ -281,12 +273,7 @@ struct Compiler::Impl {
     }
     char real[PATH_MAX];
     ident.library_path = ::realpath(info.dli_fname, real) ? real : info.dli_fname;
-    std::vector<std::string> files{ident.library_path};
-    std::string dir = ident.library_path.substr(0, ident.library_path.rfind('/') + 1);
-    std::string builtins =
-        dir + "libnvrtc-builtins.so." + std::to_string(ident.major) + "." + std::to_string(ident.minor);
-    if (::access(builtins.c_str(), R_OK) == 0) files.push_back(builtins);
-    ident.library_digest = library_digest(files);
+    ident.library_digest = library_digest(ident.library_path);
   }
 
   const Identity& identity() {
@@ -294,29 +281,18 @@ struct Compiler::Impl {
     return ident;
   }
 
-  // Warm keys. Per program (all its inputs): the closure last walked and
-  // the key built from it (a closure with relative paths holds only in the
-  // working folder it was walked in). A key whose closure is
-  // still as recorded (closure_still_valid: a stat per file and folder) is
-  // answered from here without reading a header; another process finds the
-  // record in the cache (namespace kRecordNs) and checks it the same way.
-  struct Memo {
-    std::shared_ptr<const detail::Closure> closure;
-    std::shared_ptr<const KeyInfo> info;
-    detail::WatchState watch;
-  };
-  static constexpr std::string_view kRecordNs = "kcache.nvrtc.closure/1";
-  static constexpr size_t kMemoCap = 4096;
-  std::mutex memo_mu;
-  std::unordered_map<Digest, Memo> memo;       // GUARDED_BY(memo_mu)
-  std::set<std::string> without_cache_logged;  // GUARDED_BY(memo_mu); said once each
+  // ---- keys ------------------------------------------------------------------
+
+  static constexpr std::string_view kInputsNs = "kcache.nvrtc.inputs/1";
+  static constexpr std::string_view kFlightNs = "kcache.nvrtc.flight/1";
+  static constexpr size_t kMaxManifests = 8;  // per program: one per include configuration seen
 
   static void put_field(std::string& out, std::string_view s) {
     util::put_u32(out, static_cast<uint32_t>(s.size()));
     out += s;
   }
 
-  // Everything the program's key and closure depend on besides the files.
+  // Everything the program's inputs key depends on besides the library.
   static Digest program_digest(const Program& p) {
     std::string b;
     put_field(b, p.source);
@@ -338,58 +314,18 @@ struct Compiler::Impl {
     return hash_bytes(b);
   }
 
-  static Expected<KeyInfo> record_key(const Digest& program) {
-    return KeyBuilder(kRecordNs).add_digest("program", program).finish();
+  // Debug and line info name the folder of the source: the working folder
+  // is then an input.
+  static bool names_working_folder(const std::vector<std::string>& options) {
+    for (const auto& o : options)
+      if (o == "-G" || o == "--device-debug" || o == "-lineinfo" || o == "--generate-line-info" ||
+          starts_with(o, "--device-debug=") || starts_with(o, "--generate-line-info="))
+        return true;
+    return false;
   }
 
-  Expected<std::shared_ptr<const KeyInfo>> key_info(const Program& p) {
-    const Digest pd = program_digest(p);
-    bool known = false;
-    {
-      // Checked under the lock: the watch state is updated by the check
-      // (a stat per file at most once a second, else no system call).
-      std::lock_guard lk(memo_mu);
-      if (auto it = memo.find(pd); it != memo.end()) {
-        if (detail::closure_still_valid(*it->second.closure, &it->second.watch)) return it->second.info;
-        known = true;
-      }
-    }
-    detail::ParsedOptions parsed = detail::parse_options(p.options);
-    std::shared_ptr<const detail::Closure> closure;
-    auto rk = record_key(pd);
-    if (!known && rk) {
-      if (auto e = cache.get(rk->key)) {
-        if (auto bytes = e->artifact("closure")) {
-          auto c = detail::decode_closure(*bytes);
-          if (c && detail::closure_still_valid(*c)) closure = std::make_shared<const detail::Closure>(std::move(*c));
-        }
-      }
-    }
-    bool walked = false;
-    if (!closure) {
-      KCACHE_TRY(detail::Closure c, detail::walk_closure(p, parsed));
-      closure = std::make_shared<const detail::Closure>(std::move(c));
-      walked = true;
-    }
-    KCACHE_TRY(KeyInfo ki, key(p, parsed, *closure));
-    auto info = std::make_shared<const KeyInfo>(std::move(ki));
-    if (closure->settled) {
-      {
-        std::lock_guard lk(memo_mu);
-        if (memo.size() >= kMemoCap) memo.clear();
-        memo[pd] = Memo{closure, info, {}};
-      }
-      if (walked && rk) cache.put(*rk, {{"closure", detail::encode_closure(*closure)}});
-    }
-    return info;
-  }
-
-  Expected<KeyInfo> key(const Program& p) {
-    KCACHE_TRY(auto info, key_info(p));
-    return *info;
-  }
-
-  Expected<KeyInfo> key(const Program& p, const detail::ParsedOptions& parsed, const detail::Closure& disk) {
+  // The program's own inputs, in the order of the key.
+  Status add_inputs(KeyBuilder& kb, const Program& p) {
     const Identity& id = identity();
     if (!ident_error.is_ok()) return ident_error;
     std::map<std::string, std::string> headers;
@@ -398,35 +334,176 @@ struct Compiler::Impl {
       if (!headers.emplace(h.name, h.contents).second)
         return Status(Errc::invalid_argument, "nvrtc: header named twice: " + h.name);
     }
-    std::vector<std::string> options = parsed.other;
-    for (const auto& d : parsed.include_dirs) options.push_back("-I" + d);
-    for (const auto& h : parsed.pre_includes) options.push_back("--pre-include=" + h);
+    CanonicalOptions canon = canonical_options(p.options);
     Outputs out = outputs_for(p.options);
     std::vector<std::string> outs;
     if (out.ptx) outs.push_back("ptx");
     if (out.cubin) outs.push_back("cubin");
     if (out.ltoir) outs.push_back("ltoir");
-
-    KeyBuilder kb(kNamespace);
     kb.add_string("nvrtc.version", std::to_string(id.major) + "." + std::to_string(id.minor))
         .add_digest("nvrtc.library", id.library_digest)
-        .add_list("options", options)
-        .add_list("macros", parsed.macros)
+        .add_list("options", canon.options)
+        .add_list("macros", canon.macros)
         .add_map("headers", headers)
         .add_bytes("source", p.source)
         .add_string("program_name", p.name.empty() ? "default_program" : p.name)
         .add_list("name_expressions", p.name_expressions)
         .add_list("outputs", outs);
-    // The disk closure, one component per file and per probe found, so that
-    // an explanation names the file: "file:/x/y.h: changed (...)".
-    for (const auto& f : disk.files) kb.add_digest("file:" + f.path, f.digest);
-    for (const auto& pr : disk.present) kb.add_bool("probe:" + pr, true);
-    kb.add_list("probes.absent", disk.absent);
-    if (!disk.fallback.empty()) kb.add_list("whole_folders", disk.fallback);
+    if (names_working_folder(p.options)) {
+      char buf[PATH_MAX];
+      kb.add_string("working_folder", ::getcwd(buf, sizeof buf) ? buf : "?");
+    }
     for (const auto& [k, v] : p.extra_key) kb.add_string("extra." + k, v);
     kb.label(p.name.empty() ? "default_program" : p.name);  // not part of the key: compared first on a miss
+    return Status();
+  }
+
+  Expected<KeyInfo> inputs_key(const Program& p) {
+    KeyBuilder kb(kInputsNs);
+    KCACHE_RETURN_IF_ERROR(add_inputs(kb, p));
     return std::move(kb).finish();
   }
+
+  // The entry's key: the inputs and what the manifest says NVRTC read, one
+  // component per file so that an explanation names it.
+  Expected<KeyInfo> entry_key(const Program& p, const detail::DepManifest& m) {
+    KeyBuilder kb(kNamespace);
+    KCACHE_RETURN_IF_ERROR(add_inputs(kb, p));
+    for (const auto& f : m.files) kb.add_digest("file:" + f.path, f.digest);
+    for (const auto& pr : m.present) kb.add_bool("probe:" + pr, true);
+    kb.add_list("probes.absent", m.absent);
+    for (const auto& a : m.links) kb.add_string("readlink:" + a.path, a.found ? a.value : std::string("(none)"));
+    for (const auto& a : m.resolved) kb.add_string("realpath:" + a.path, a.found ? a.value : std::string("(none)"));
+    for (const auto& a : m.listings) kb.add_string("listing:" + a.path, a.found ? a.value : std::string("(none)"));
+    for (const auto& l : m.libs) {
+      kb.add_string("library:" + l.name, l.path.empty() ? std::string("(not loaded)") : l.path);
+      if (!l.path.empty()) kb.add_digest("library.digest:" + l.name, l.digest);
+    }
+    if (!m.cwd.empty()) kb.add_string("output_names_working_folder", m.cwd);
+    return std::move(kb).finish();
+  }
+
+  // ---- manifests -----------------------------------------------------------------
+
+  struct Candidate {
+    std::shared_ptr<const detail::DepManifest> manifest;
+    std::shared_ptr<const KeyInfo> entry;  // its entry's key
+    detail::WatchState watch;
+  };
+  struct Known {
+    std::shared_ptr<const KeyInfo> inputs;
+    std::vector<Candidate> candidates;                                                    // newest first
+    std::vector<std::pair<std::shared_ptr<const detail::DepManifest>, Status>> failures;  // remembered
+  };
+  static constexpr size_t kMemoCap = 4096;
+  std::mutex memo_mu;
+  std::unordered_map<Digest, Known> memo;  // GUARDED_BY(memo_mu); by program_digest
+  std::set<std::string> logged;            // GUARDED_BY(memo_mu); lines said once each
+
+  void log_once(const std::string& line) {
+    bool first = false;
+    {
+      std::lock_guard lk(memo_mu);
+      first = logged.size() < 1000 && logged.insert(line).second;
+    }
+    if (first) KCACHE_LOG(LogLevel::warn, "%s", line.c_str());
+  }
+
+  static std::string encode_list(const std::vector<std::string>& manifests) {
+    std::string out;
+    util::put_u32(out, static_cast<uint32_t>(manifests.size()));
+    for (const auto& m : manifests) put_field(out, m);
+    return out;
+  }
+  static std::vector<std::string> decode_list(std::string_view s) {
+    std::vector<std::string> out;
+    if (s.size() < 4) return out;
+    uint32_t n = util::get_u32(s.data());
+    s.remove_prefix(4);
+    for (uint32_t i = 0; i < n && i < kMaxManifests; ++i) {
+      if (s.size() < 4) return {};
+      uint32_t len = util::get_u32(s.data());
+      s.remove_prefix(4);
+      if (s.size() < len) return {};
+      out.emplace_back(s.substr(0, len));
+      s.remove_prefix(len);
+    }
+    return out;
+  }
+
+  // What a lookup found: the program's inputs key, the entry key of the
+  // manifest that holds now (or none), and the stored list it looked at.
+  struct Lookup {
+    std::shared_ptr<const KeyInfo> inputs;
+    std::shared_ptr<const KeyInfo> entry;
+    std::vector<std::string> stored;  // the manifests stored under `inputs`, newest first
+    Digest stored_digest;             // of the stored list's bytes (zero: none)
+    std::optional<Status> failure;    // a remembered failure whose manifest holds
+  };
+
+  void remember(const Digest& pd, const std::shared_ptr<const KeyInfo>& inputs, Candidate c) {
+    std::lock_guard lk(memo_mu);
+    if (memo.size() >= kMemoCap) memo.clear();
+    Known& k = memo[pd];
+    k.inputs = inputs;
+    for (const auto& old : k.candidates)
+      if (old.entry->key == c.entry->key) return;
+    k.candidates.insert(k.candidates.begin(), std::move(c));
+    if (k.candidates.size() > kMaxManifests) k.candidates.pop_back();
+  }
+
+  Expected<Lookup> lookup(const Program& p) {
+    const Digest pd = program_digest(p);
+    Lookup out;
+    {
+      // Checked under the lock: the watch state is updated by the check.
+      std::lock_guard lk(memo_mu);
+      if (auto it = memo.find(pd); it != memo.end()) {
+        out.inputs = it->second.inputs;
+        for (auto& c : it->second.candidates) {
+          if (detail::manifest_holds(*c.manifest, &c.watch)) {
+            out.entry = c.entry;
+            return out;
+          }
+        }
+        for (auto& [m, st] : it->second.failures)
+          if (detail::manifest_holds(*m)) out.failure = st;
+      }
+    }
+    if (!out.inputs) {
+      KCACHE_TRY(KeyInfo ki, inputs_key(p));
+      out.inputs = std::make_shared<const KeyInfo>(std::move(ki));
+      std::lock_guard lk(memo_mu);
+      if (memo.size() >= kMemoCap) memo.clear();
+      memo[pd].inputs = out.inputs;
+    }
+    if (out.failure) return out;
+    if (auto e = cache.get(out.inputs->key)) {
+      if (auto bytes = e->artifact("manifests")) {
+        out.stored = decode_list(*bytes);
+        out.stored_digest = hash_bytes(*bytes);
+      }
+    }
+    for (const auto& bytes : out.stored) {
+      auto m = detail::decode_manifest(bytes);
+      if (!m || !detail::manifest_holds(*m)) continue;
+      KCACHE_TRY(KeyInfo ek, entry_key(p, *m));
+      Candidate c{std::make_shared<const detail::DepManifest>(std::move(*m)),
+                  std::make_shared<const KeyInfo>(std::move(ek)),
+                  {}};
+      out.entry = c.entry;
+      remember(pd, out.inputs, std::move(c));
+      return out;
+    }
+    return out;
+  }
+
+  Expected<KeyInfo> key(const Program& p) {
+    KCACHE_TRY(Lookup lk, lookup(p));
+    return lk.entry ? *lk.entry : *lk.inputs;
+  }
+
+  // ---- results -------------------------------------------------------------------
 
   // Views into the entry, or nullopt when the entry does not hold what the
   // program asks for (treated as a bad entry and recompiled).
@@ -457,38 +534,7 @@ struct Compiler::Impl {
     return r;
   }
 
-  std::optional<Status> remembered_failure(const Key& k) {
-    if (!opt.remember_failures) return std::nullopt;
-    std::lock_guard lk(failures_mu);
-    auto it = failures.find(k);
-    if (it == failures.end()) return std::nullopt;
-    return it->second;
-  }
-
-  void remember_failure(const Key& k, const Status& st) {
-    if (!opt.remember_failures || st.code() != Errc::compile_failed) return;
-    size_t cap = opt.max_remembered_failures ? opt.max_remembered_failures : 1024;
-    std::lock_guard lk(failures_mu);
-    if (!failures.emplace(k, st).second) return;
-    failure_order.push_back(k);
-    while (failure_order.size() > cap) {
-      failures.erase(failure_order.front());
-      failure_order.pop_front();
-    }
-  }
-
-  // A program whose include search holds too many files for a key: compiled
-  // without the cache, never with a partial key.
-  Expected<Result> compile_without_cache(const Program& p, const Status& why) {
-    std::string line = std::string("nvrtc: compiling ") + (p.name.empty() ? "default_program" : p.name.c_str()) +
-                       " without the cache: " + why.to_string();
-    bool first = false;
-    {
-      std::lock_guard lk(memo_mu);
-      first = without_cache_logged.size() < 1000 && without_cache_logged.insert(line).second;
-    }
-    if (first) KCACHE_LOG(LogLevel::warn, "%s", line.c_str());
-    auto arts = compile_uncached(p);
+  Expected<Result> unstored(const Program& p, Expected<std::vector<Artifact>> arts) {
     if (!arts) return std::move(arts).error();
     EntryBuilder b{Key{}};
     for (auto& a : *arts) b.add(std::move(a));
@@ -498,30 +544,130 @@ struct Compiler::Impl {
     return Status(Errc::internal, "nvrtc: compile produced neither PTX, CUBIN nor LTO-IR");
   }
 
-  Expected<Result> compile(const Program& p) {
-    auto info = key_info(p);
-    if (!info) {
-      if (info.error().code() == Errc::too_large) return compile_without_cache(p, info.error());
-      return std::move(info).error();
-    }
-    const KeyInfo& ki = **info;
-    if (auto f = remembered_failure(ki.key)) return *f;
-    Source src = Source::compiled;
-    auto e = cache.get_or_compile(
-        ki, [&] { return compile_uncached(p); }, &src);
-    if (!e) {
-      remember_failure(ki.key, e.error());
-      return std::move(e).error();
-    }
-    if (auto r = make_result(std::move(e).value(), p, ki.key, src)) return std::move(*r);
-    // A stored entry that does not answer this program: compile, replace.
-    KCACHE_LOG(LogLevel::warn, "nvrtc: entry %s lacks requested outputs; recompiling", ki.key.hex().c_str());
+  // Compiled without the cache: a program whose reads cannot be observed.
+  Expected<Result> compile_without_cache(const Program& p, const Status& why) {
+    log_once(std::string("nvrtc: compiling ") + (p.name.empty() ? "default_program" : p.name.c_str()) +
+             " without the cache: " + why.to_string());
+    return unstored(p, compile_uncached(p));
+  }
+
+  // One compile with the recorder on, and the manifest of what it read.
+  struct Recorded {
+    Expected<std::vector<Artifact>> artifacts;
+    detail::Built built;
+    uint64_t cost_us = 0;
+  };
+  Recorded compile_recorded(const Program& p) {
+    detail::Recording rec;
     uint64_t t0 = util::now_mono_us();
-    auto arts = compile_uncached(p);
-    if (!arts) return std::move(arts).error();
-    auto stored = cache.put(ki, std::move(arts).value(), util::now_mono_us() - t0);
-    if (!stored) return Status(Errc::internal, "nvrtc: could not build an entry for the compiled program");
-    if (auto r = make_result(std::move(*stored), p, ki.key, Source::compiled)) return std::move(*r);
+    Recorded out{std::vector<Artifact>{}, {}, 0};
+    {
+      detail::ScopedRecording on(&rec);
+      out.artifacts = compile_uncached(p);
+    }
+    out.cost_us = util::now_mono_us() - t0;
+    std::vector<std::string_view> outputs, in_memory{p.source};
+    if (out.artifacts)
+      for (const auto& a : *out.artifacts) outputs.push_back(a.data);
+    else
+      outputs.push_back(out.artifacts.error().message());
+    for (const auto& h : p.headers) in_memory.push_back(h.contents);
+    out.built = detail::build_manifest(rec, outputs, in_memory);
+    return out;
+  }
+
+  Expected<Result> compile(const Program& p) {
+    if (const Status& st = detail::install_recorder(); !st.is_ok()) return compile_without_cache(p, st);
+    const Digest pd = program_digest(p);
+    KCACHE_TRY(Lookup lk, lookup(p));
+    if (lk.failure) return *lk.failure;
+    if (lk.entry) {
+      Source src = Source::compiled;
+      if (auto e = cache.get(*lk.entry, &src)) {
+        if (auto r = make_result(std::move(*e), p, lk.entry->key, src)) return std::move(*r);
+        KCACHE_LOG(LogLevel::warn, "nvrtc: entry %s lacks requested outputs; recompiling", lk.entry->key.hex().c_str());
+      }
+      // The entry is gone (evicted, or bad): compiled again below, with
+      // the recorder on, so nothing read since the check is missed.
+    }
+    // One compile per program and stored list, across threads and
+    // processes: the others wait and take the owner's manifest.
+    KCACHE_TRY(KeyInfo fk, KeyBuilder(kFlightNs)
+                               .add_digest("inputs", lk.inputs->key)
+                               .add_digest("stored", lk.stored_digest)
+                               .add_string("entry", lk.entry ? lk.entry->key.hex() : std::string())
+                               .finish());
+    Flight f = cache.begin(fk);
+    if (f.hit()) {
+      auto bytes = f.entry().artifact("manifest");
+      auto m = bytes ? detail::decode_manifest(*bytes) : std::nullopt;
+      if (m && detail::manifest_holds(*m)) {
+        KCACHE_TRY(KeyInfo ek, entry_key(p, *m));
+        Source src = Source::compiled;
+        if (auto e = cache.get(ek, &src)) {
+          Key k = ek.key;
+          if (auto r = make_result(std::move(*e), p, k, src == Source::compiled ? Source::waited : src)) {
+            remember(pd, lk.inputs,
+                     Candidate{std::make_shared<const detail::DepManifest>(std::move(*m)),
+                               std::make_shared<const KeyInfo>(std::move(ek)),
+                               {}});
+            return std::move(*r);
+          }
+        }
+      }
+      // The owner read other files than this caller would now: compiled
+      // here, outside the flight.
+    } else if (!f.owner()) {
+      return compile_without_cache(p, f.error());
+    }
+    Recorded rc = compile_recorded(p);
+    const std::string name = p.name.empty() ? "default_program" : p.name;
+    if (!rc.artifacts) {
+      if (f.owner()) f.abandon();
+      if (opt.remember_failures && rc.artifacts.error().code() == Errc::compile_failed &&
+          rc.built.uncacheable.empty()) {
+        std::lock_guard lk2(memo_mu);
+        Known& k = memo[pd];
+        size_t cap = opt.max_remembered_failures ? opt.max_remembered_failures : 1024;
+        if (k.failures.size() < cap)
+          k.failures.emplace_back(std::make_shared<const detail::DepManifest>(std::move(rc.built.manifest)),
+                                  rc.artifacts.error());
+      }
+      return std::move(rc.artifacts).error();
+    }
+    if (!rc.built.uncacheable.empty()) {
+      if (f.owner()) f.abandon();
+      log_once("nvrtc: " + name + " is not stored: " + rc.built.uncacheable);
+      return unstored(p, std::move(rc.artifacts));
+    }
+    auto ek = entry_key(p, rc.built.manifest);
+    if (!ek) {
+      if (f.owner()) f.abandon();
+      return std::move(ek).error();
+    }
+    std::string encoded = detail::encode_manifest(rc.built.manifest);
+    auto stored = cache.put(*ek, std::move(rc.artifacts).value(), rc.cost_us);
+    if (!stored) {
+      if (f.owner()) f.abandon();
+      return Status(Errc::internal, "nvrtc: could not build an entry for the compiled program");
+    }
+    // The program's list: this manifest first, then the others stored (read
+    // again: another process may have added one meanwhile), at most
+    // kMaxManifests.
+    std::vector<std::string> list{encoded};
+    std::vector<std::string> current = lk.stored;
+    if (auto e = cache.get(lk.inputs->key))
+      if (auto bytes = e->artifact("manifests")) current = decode_list(*bytes);
+    for (auto& m : current)
+      if (m != encoded && list.size() < kMaxManifests) list.push_back(std::move(m));
+    cache.put(*lk.inputs, {{"manifests", encode_list(list)}});
+    if (f.owner()) (void)f.commit({{"manifest", encoded}});
+    Key k = ek->key;
+    remember(pd, lk.inputs,
+             Candidate{std::make_shared<const detail::DepManifest>(std::move(rc.built.manifest)),
+                       std::make_shared<const KeyInfo>(std::move(*ek)),
+                       {}});
+    if (auto r = make_result(std::move(*stored), p, k, Source::compiled)) return std::move(*r);
     return Status(Errc::internal, "nvrtc: compile produced neither PTX, CUBIN nor LTO-IR");
   }
 };

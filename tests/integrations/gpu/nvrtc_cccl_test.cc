@@ -1,10 +1,10 @@
 // NVRTC on CCCL: kernels that include CUB (cub::BlockReduce,
 // cub::BlockRadixSort), libcu++ (cuda::std) and cooperative_groups from the
-// CUDA toolkit on this machine. The toolkit's headers that the programs'
-// closures name are copied into a private include tree (so that each can
-// be edited), the programs are compiled once by a child process under
-// strace (which files NVRTC itself opens), and every test then works from
-// a working folder that holds the cache folder.
+// CUDA toolkit on this machine. The toolkit's headers that NVRTC reads for
+// them are copied into a private include tree (so that each can be
+// edited), the programs are compiled once by a child process under strace
+// (which files NVRTC itself opens), and every test then works from a
+// working folder that holds the cache folder.
 //
 // Needs strace for the test that compares the files keyed with the files
 // NVRTC opens (skipped without it).
@@ -28,7 +28,7 @@
 #include <thread>
 
 #include "cccl_kernels.h"
-#include "integrations/nvrtc/includes.h"
+#include "integrations/nvrtc/manifest.h"
 #include "kcache/cache.h"
 #include "kcache/explain.h"
 #include "kcache/nvrtc.h"
@@ -95,7 +95,6 @@ TEST(NvrtcCcclChild, CompileEachProgramBetweenMarkers) {
   nvrtc::Compiler c(*cache);
   for (size_t i = 0; i < kKernelCount; ++i) {
     auto p = program_for(i, std::string(root) + "/include");
-    ASSERT_TRUE(c.key(p).has_value());
     std::string begin = std::string(root) + "/marker-begin-" + kKernels[i].name;
     std::string end = std::string(root) + "/marker-end-" + kKernels[i].name;
     int fd = ::open(begin.c_str(), O_RDONLY);
@@ -114,12 +113,13 @@ class NvrtcCccl : public ::testing::Test {
     if (!have_cccl()) return;
     root_ = new TempDir();
     const std::string inc = root_->path() + "/include";
-    // The toolkit files the closures name, copied at their relative paths.
+    // The toolkit files NVRTC reads, copied at their relative paths.
     {
       TempDir scratch;
       auto cache = Cache::open(disk_options(scratch.path()));
       nvrtc::Compiler c(*cache);
       for (size_t i = 0; i < kKernelCount; ++i) {
+        ASSERT_TRUE(c.compile(program_for(i, kToolkitInclude)).has_value());
         auto k = c.key(program_for(i, kToolkitInclude));
         ASSERT_TRUE(k.has_value()) << k.error().to_string();
         for (const auto& f : keyed_files(*k)) {
@@ -132,9 +132,9 @@ class NvrtcCccl : public ::testing::Test {
     }
     work_ = new std::string(root_->path() + "/work");
     mkdirs(*work_);
-    // Toolkit headers are old; these copies are made old too (a file
-    // changed in the last 2 s is read on every key).
-    std::this_thread::sleep_for(std::chrono::milliseconds(2100));
+    // Older than the file system's timestamp granularity (a younger file
+    // makes a compile uncacheable).
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
     // The cold compiles: a child process, under strace where there is one.
     trace_ = new std::string(root_->path() + "/trace.txt");
     traced_ = have_strace();
@@ -249,7 +249,10 @@ TEST_F(NvrtcCccl, TheWorkingFolderGainingFilesIsAHitAndIsNeverWalked) {
   }
   std::printf("created 30,000 files in %.2f s\n",
               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  uint64_t reads = nvrtc::detail::header_reads(), walks = nvrtc::detail::closure_walks();
+  // NVRTC asks for the working folder (programs named without a folder
+  // are found in it): each program is compiled once for this folder.
+  for (size_t i = 0; i < kKernelCount; ++i) ASSERT_TRUE(c.compile(program(i)).has_value());
+  uint64_t reads = nvrtc::detail::header_reads();
   for (size_t i = 0; i < kKernelCount; ++i) {
     EXPECT_EQ(c.compile(program(i))->source, Source::memory) << kKernels[i].name;
     auto r = compile_elsewhere(program(i));
@@ -257,7 +260,6 @@ TEST_F(NvrtcCccl, TheWorkingFolderGainingFilesIsAHitAndIsNeverWalked) {
     EXPECT_EQ(r->source, Source::disk) << kKernels[i].name;
   }
   EXPECT_EQ(nvrtc::detail::header_reads(), reads);
-  EXPECT_EQ(nvrtc::detail::closure_walks(), walks);
   // Warm key CPU, for the record (benchmarks report it; not asserted).
   struct timespec a, b;
   ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &a);
@@ -267,10 +269,16 @@ TEST_F(NvrtcCccl, TheWorkingFolderGainingFilesIsAHitAndIsNeverWalked) {
   ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &b);
   double us = ((b.tv_sec - a.tv_sec) * 1e9 + (b.tv_nsec - a.tv_nsec)) / 1e3 / (rounds * kKernelCount);
   std::printf("warm key: %.0f us CPU per program (30,000 files in the working folder)\n", us);
-  EXPECT_EQ(nvrtc::detail::closure_walks(), walks);
+  ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &a);
+  for (int r = 0; r < rounds; ++r)
+    for (size_t i = 0; i < kKernelCount; ++i) ASSERT_EQ(c.compile(program(i))->source, Source::memory);
+  ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &b);
+  us = ((b.tv_sec - a.tv_sec) * 1e9 + (b.tv_nsec - a.tv_nsec)) / 1e3 / (rounds * kKernelCount);
+  std::printf("warm compile (a memory hit): %.0f us CPU per program\n", us);
+  EXPECT_EQ(nvrtc::detail::header_reads(), reads);
 }
 
-TEST_F(NvrtcCccl, FilesKeyedCoverEveryFileNvrtcOpensAndNotMuchMore) {
+TEST_F(NvrtcCccl, FilesKeyedAreExactlyTheFilesNvrtcOpens) {
   if (!traced_) GTEST_SKIP() << "strace is not installed";
   std::ifstream f(*trace_);
   std::string line, current;
@@ -297,13 +305,14 @@ TEST_F(NvrtcCccl, FilesKeyedCoverEveryFileNvrtcOpensAndNotMuchMore) {
     const auto& op = opened[kKernels[i].name];
     ASSERT_FALSE(op.empty()) << kKernels[i].name;
     for (const auto& o : op) EXPECT_TRUE(keyed.count(o)) << kKernels[i].name << ": NVRTC opened " << o;
-    std::printf("%-22s files keyed %zu, files NVRTC opens %zu (%.2fx)\n", kKernels[i].name, keyed.size(), op.size(),
-                double(keyed.size()) / double(op.size()));
-    EXPECT_LE(double(keyed.size()), 1.5 * double(op.size())) << kKernels[i].name;
+    for (const auto& o : keyed)
+      EXPECT_TRUE(op.count(o)) << kKernels[i].name << ": keyed but not opened by NVRTC: " << o;
+    std::printf("%-22s files keyed %zu, files NVRTC opens %zu\n", kKernels[i].name, keyed.size(), op.size());
+    EXPECT_EQ(keyed, op) << kKernels[i].name;
   }
 }
 
-TEST_F(NvrtcCccl, EditingEachHeaderOfTheClosureIsAMissNamingIt) {
+TEST_F(NvrtcCccl, EditingEachHeaderReadIsAMissAndACompileNamesIt) {
   auto cache = Cache::open(disk_options(cache_dir()));
   nvrtc::Compiler c(*cache);
   std::vector<KeyInfo> before;
@@ -317,43 +326,76 @@ TEST_F(NvrtcCccl, EditingEachHeaderOfTheClosureIsAMissNamingIt) {
   ASSERT_GT(users.size(), 300u);
   // Every header the libcu++ and cooperative_groups programs read; of the
   // headers only CUB programs read, one in eight (all of them with
-  // KCACHE_TRIALS set).
+  // KCACHE_TRIALS set). The key of an edited program is no longer any
+  // stored one's; for one header in forty it is compiled too, and the new
+  // key differs from the old one by that file alone.
   const bool all = std::getenv("KCACHE_TRIALS") != nullptr;
-  size_t edits = 0, cub_only = 0;
+  size_t edits = 0, compiled = 0, cub_only = 0;
   for (const auto& [path, progs] : users) {
     if (progs.back() < 2 && !all && cub_only++ % 8 != 0) continue;
     std::string original = read_all(path);
     write_all(path, original + "\n// edited\n");
-    // One program that reads it (the one with the smallest closure).
-    size_t i = progs.back();
+    size_t i = progs.back();  // one program that reads it
     auto k = c.key(program(i));
     ASSERT_TRUE(k.has_value());
     EXPECT_NE(k->key, before[i].key) << path;
-    EXPECT_EQ(manifest_diff(before[i].manifest, k->manifest), std::vector<std::string>{"file:" + path});
+    if (edits % 40 == 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(60));  // older than the timestamp granularity
+      auto r = c.compile(program(i));
+      ASSERT_TRUE(r.has_value()) << path;
+      EXPECT_EQ(r->source, Source::compiled) << path;
+      auto k2 = c.key(program(i));
+      // Files only: what NVRTC probes around the working folder it first
+      // saw differs between this process and the one that stored `before`.
+      std::vector<std::string> files;
+      for (const auto& d : manifest_diff(before[i].manifest, k2->manifest))
+        if (d.starts_with("file:")) files.push_back(d);
+      EXPECT_EQ(files, std::vector<std::string>{"file:" + path});
+      ++compiled;
+    }
     ++edits;
     write_all(path, original);
   }
-  // Restored: the keys are the first ones again.
+  // Restored (the same bytes, a new identity): the keys are the first
+  // ones again, the bytes having been read again.
   for (size_t i = 0; i < kKernelCount; ++i) EXPECT_EQ(c.key(program(i))->key, before[i].key);
-  std::printf("%zu header edits checked\n", edits);
+  std::printf("%zu header edits checked, %zu compiled\n", edits, compiled);
 }
 
-TEST_F(NvrtcCccl, CreatingAHeaderWhereTheSearchLookedIsAMiss) {
+// What NVRTC looked for and did not find, from a compile with the recorder.
+std::vector<std::string> absent_paths(const nvrtc::Program& p) {
+  nvrtc::detail::Recording rec;
+  EXPECT_TRUE(nvrtc::detail::install_recorder().is_ok());
+  {
+    nvrtc::detail::ScopedRecording on(&rec);
+    EXPECT_TRUE(nvrtc::compile_uncached(p).has_value());
+  }
+  auto b = nvrtc::detail::build_manifest(rec, {}, {});
+  const auto& m = b.manifest;
+  std::printf(
+      "accesses %zu: files %zu, present %zu, absent %zu, folders %zu, links %zu, realpaths %zu, listings %zu, "
+      "libraries %zu, working folder %s%s%s\n",
+      rec.accesses.size(), m.files.size(), m.present.size(), m.absent.size(), m.dirs.size(), m.links.size(),
+      m.resolved.size(), m.listings.size(), m.libs.size(), m.cwd.empty() ? "(not an input)" : m.cwd.c_str(),
+      b.uncacheable.empty() ? "" : "; uncacheable: ", b.uncacheable.c_str());
+  for (const auto& l : m.libs) std::printf("  library %s: %s\n", l.name.c_str(), l.path.c_str());
+  return m.absent;
+}
+
+TEST_F(NvrtcCccl, CreatingAHeaderWhereNvrtcLookedIsAMiss) {
   auto cache = Cache::open(disk_options(cache_dir()));
   nvrtc::Compiler c(*cache);
   nvrtc::Program p = program(0);
   auto k0 = c.key(p);
   ASSERT_TRUE(k0.has_value());
-  auto closure = nvrtc::detail::walk_closure(p, nvrtc::detail::parse_options(p.options));
-  ASSERT_TRUE(closure.has_value());
-  // Paths looked for inside the include tree whose folder exists (the
-  // folders CCCL probes and searches), a sample of them.
+  // Paths looked for inside the include tree whose folder exists, a
+  // sample of them.
   std::vector<std::string> candidates;
-  for (const auto& a : closure->absent) {
+  for (const auto& a : absent_paths(p)) {
     struct stat st;
     if (a.starts_with(include()) && ::stat(a.substr(0, a.rfind('/')).c_str(), &st) == 0) candidates.push_back(a);
   }
-  ASSERT_GT(candidates.size(), 10u);
+  ASSERT_GE(candidates.size(), 5u);
   size_t step = std::max<size_t>(1, candidates.size() / 25);
   size_t checked = 0;
   for (size_t i = 0; i < candidates.size(); i += step) {
@@ -362,41 +404,11 @@ TEST_F(NvrtcCccl, CreatingAHeaderWhereTheSearchLookedIsAMiss) {
     auto k = c.key(p);
     ASSERT_TRUE(k.has_value());
     EXPECT_NE(k->key, k0->key) << path;
-    auto diff = manifest_diff(k0->manifest, k->manifest);
-    bool named = std::find(diff.begin(), diff.end(), "file:" + path) != diff.end() ||
-                 std::find(diff.begin(), diff.end(), "probe:" + path) != diff.end();
-    EXPECT_TRUE(named) << path;
     ASSERT_EQ(::unlink(path.c_str()), 0);
     ++checked;
   }
   EXPECT_EQ(c.key(p)->key, k0->key);
   std::printf("%zu created headers checked of %zu paths looked for\n", checked, candidates.size());
-}
-
-TEST_F(NvrtcCccl, ThrustAndDeviceCubResolveEveryComputedInclude) {
-  // Thrust names its backend headers by macros
-  // (`#include __THRUST_HOST_SYSTEM_SORT_HEADER`); each is resolved through
-  // the macros its headers define, so no folder is keyed whole and the
-  // working folder never is. Keys only, on the toolkit's own headers.
-  auto cache = Cache::open(disk_options(cache_dir()));
-  nvrtc::Compiler c(*cache);
-  for (const char* h : {"thrust/sort.h", "thrust/device_vector.h", "cub/device/device_radix_sort.cuh"}) {
-    nvrtc::Program p;
-    p.name = "thrust_user.cu";
-    p.source = std::string("#include <") + h + ">\n";
-    p.options = cccl_kernels::options_for(kToolkitInclude);
-    auto k = c.key(p);
-    ASSERT_TRUE(k.has_value()) << h << ": " << k.error().to_string();
-    bool whole = false;
-    for (const auto& it : k->manifest.items) whole |= it.name == "whole_folders";
-    EXPECT_FALSE(whole) << h;
-    auto files = keyed_files(*k);
-    EXPECT_GT(files.size(), 100u) << h;
-    for (const auto& f : files) EXPECT_TRUE(f.starts_with(kToolkitInclude + "/")) << h << ": " << f;
-    if (std::string(h) == "thrust/sort.h") {  // a backend header named only through macros
-      EXPECT_TRUE(files.count(kToolkitInclude + "/cccl/thrust/system/cpp/detail/sort.h")) << h;
-    }
-  }
 }
 
 TEST_F(NvrtcCccl, MissesAreExplainedByTheFilesThatChanged) {
@@ -408,6 +420,8 @@ TEST_F(NvrtcCccl, MissesAreExplainedByTheFilesThatChanged) {
   std::string header = include() + "/cooperative_groups.h";
   std::string original = read_all(header);
   write_all(header, original + "\n// edited\n");
+  std::this_thread::sleep_for(std::chrono::milliseconds(60));
+  ASSERT_TRUE(c.compile(p).has_value());
   auto k1 = c.key(p);
   write_all(header, original);
   ASSERT_TRUE(k1.has_value());
