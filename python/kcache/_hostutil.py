@@ -8,7 +8,9 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import time
 import uuid
+import weakref
 from typing import Callable, Dict, List, Optional
 
 import kcache
@@ -50,40 +52,169 @@ class ProcessCache:
             self._pid = 0
 
 
+# A program its host compiled and would not store (JAX: one under
+# jax_persistent_cache_min_compile_time_secs or the minimum entry size;
+# numba: lifted loops, dynamic globals) is marked "compile locally" in the
+# store for this many seconds: every process then compiles it at once, in
+# parallel, without a flight, as it would without kcache. Then one process
+# tries again, so a program that became storable is stored. (Every process
+# on a store must use the same value: the periods marks are filed under are
+# this long.)
+LOCAL_TTL_S = 600.0
+
+_MARK_NAMESPACE = "kcache-local/1"
+_MARK_ARTIFACT = "until_ms"
+
+
+def _mark_key(key: kcache.Key, period: int) -> kcache.Key:
+    return kcache.key(_MARK_NAMESPACE, label=key.label or None, of=key, period=period)
+
+
+class _Marks:
+    """The "compile locally" marks of the keys of one host Cache. They live
+    in the same store (disk and remote tiers) through a second Cache on it,
+    so that looking a mark up counts no miss and journals nothing in the
+    host's Cache (whose log already says what ails the store: this one
+    logs errors only). A mark is a small entry under a key derived from the
+    program's key and the period of LOCAL_TTL_S it was written in, holding
+    its expiry time; entries are never overwritten, so a mark is looked up
+    in the current period and the one before it."""
+
+    def __init__(self, host_cache: kcache.Cache) -> None:
+        d = host_cache.dir
+        self._cache = kcache.Cache(d, disk=d is not None, producer="kcache-local", memory_size="4M",
+                                   miss_journal=0, log="error", signed_remote_only=True)
+
+    def marked(self, key: kcache.Key) -> bool:
+        now_ms = int(time.time() * 1000)
+        period = now_ms // int(LOCAL_TTL_S * 1000)
+        for p in (period, period - 1):
+            e = self._cache.get(_mark_key(key, p))
+            if e is None or _MARK_ARTIFACT not in e:
+                continue
+            try:
+                if int(bytes(e[_MARK_ARTIFACT]).decode("ascii")) > now_ms:
+                    return True
+            except ValueError:
+                continue
+        return False
+
+    def mark(self, key: kcache.Key) -> None:
+        ttl_ms = int(LOCAL_TTL_S * 1000)
+        now_ms = int(time.time() * 1000)
+        self._cache.put(_mark_key(key, now_ms // ttl_ms), {_MARK_ARTIFACT: str(now_ms + ttl_ms)})
+        # On disk (and in the remote tier) before the flight ends, so that
+        # the process taking the flight over finds it.
+        self._cache.flush()
+
+
+_marks_lock = threading.Lock()
+_marks_of: "weakref.WeakKeyDictionary[kcache.Cache, _Marks]" = weakref.WeakKeyDictionary()
+
+
+def _marks(host_cache: kcache.Cache) -> _Marks:
+    with _marks_lock:
+        m = _marks_of.get(host_cache)
+        if m is None:
+            m = _marks_of[host_cache] = _Marks(host_cache)
+        return m
+
+
+def marked_local(cache: kcache.Cache, key: kcache.Key) -> bool:
+    """Whether `key` is marked "compile locally" (a cache fault: False)."""
+    try:
+        return _marks(cache).marked(key)
+    except Exception:  # the cache never fails a compile
+        return False
+
+
+class OwnedFlight:
+    """A flight this thread owns for its host's compile. commit() stores
+    what the host compiled; abandon() says the host compiled and will not
+    store it, so the key is marked "compile locally" (other processes waiting
+    for it, and those that miss it for LOCAL_TTL_S, compile at once without
+    waiting in turn); fail() ends it without a mark (the compile raised: a
+    waiting process takes it over)."""
+
+    def __init__(self, flight: kcache.Flight, cache: Optional[kcache.Cache], host: str, label: str) -> None:
+        self._flight = flight
+        self._cache = cache
+        self._host = host
+        self._label = label
+
+    @property
+    def key(self) -> kcache.Key:
+        return self._flight.key
+
+    @property
+    def owner(self) -> bool:
+        return self._flight.owner
+
+    @property
+    def done(self) -> bool:
+        return self._flight.done
+
+    @property
+    def entry(self) -> Optional[kcache.Entry]:
+        return self._flight.entry
+
+    def commit(self, artifacts) -> kcache.Entry:
+        return self._flight.commit(artifacts)
+
+    def fail(self) -> None:
+        try:
+            self._flight.abandon()
+        except Exception:  # abandoning never fails a compile
+            pass
+
+    def abandon(self) -> None:
+        if not self._flight.owner:
+            return
+        try:
+            if self._cache is not None:
+                _marks(self._cache).mark(self._flight.key)
+        except Exception as e:  # the cache never fails a compile
+            log(self._host, f"{self._label}: compile-locally mark not stored: {e}")
+        self.fail()
+
+
 class Flights:
     """The flights the current thread owns (it missed and its host is
-    compiling), by key hex. A host compile is wrapped so that a flight its
-    compile did not commit (an error, an uncachable program) is abandoned
-    when the compile returns or raises, and waiting processes take over."""
+    compiling), by key hex, as OwnedFlight. A host compile is wrapped so that
+    a flight its compile did not commit ends when the compile returns or
+    raises: one the host compiled and will not store (an uncachable program)
+    is abandoned with a "compile locally" mark, so the processes waiting for
+    it compile at once, in parallel; one whose compile raised fails, and a
+    waiting process takes it over."""
 
     def __init__(self) -> None:
         self._local = threading.local()
 
-    def _owned(self) -> Dict[str, kcache.Flight]:
+    def _owned(self) -> Dict[str, OwnedFlight]:
         d = getattr(self._local, "owned", None)
         if d is None or getattr(self._local, "pid", 0) != os.getpid():
             d = self._local.owned = {}
             self._local.pid = os.getpid()
         return d
 
-    def add(self, name: str, flight: kcache.Flight) -> None:
+    def add(self, name: str, flight: OwnedFlight) -> None:
+        if not isinstance(flight, OwnedFlight):  # a kcache.Flight: abandoned without a mark
+            flight = OwnedFlight(flight, None, "", name)
         old = self._owned().pop(name, None)
         if old is not None:
-            try:
-                old.abandon()
-            except Exception:  # the cache never fails a host's compile
-                pass
+            old.fail()
         self._owned()[name] = flight
 
-    def get(self, name: str) -> Optional[kcache.Flight]:
+    def get(self, name: str) -> Optional[OwnedFlight]:
         return self._owned().get(name)
 
     def begin(self, cache: kcache.Cache, key: kcache.Key, host: str, label: str) -> Optional[kcache.Entry]:
         """A host's lookup of `key`: the entry when it is stored (or another
         process compiled it while this one waited), else None: this thread
         is compiling it already, or it now holds the key's flight (kept here
-        until its host compile stores or gives up), or a cache fault (one
-        log line; the cache never fails a compile)."""
+        until its host compile stores or gives up), or the key is marked
+        "compile locally" (compiled here without a flight), or a cache
+        fault (one log line; the cache never fails a compile)."""
         if self.get(key.hex) is not None:
             return None
         try:
@@ -91,31 +222,40 @@ class Flights:
         except Exception as e:
             log(host, f"{label}: lookup failed: {e}")
             return None
-        if flight.owner:
-            self.add(key.hex, flight)
+        if not flight.owner:
+            return flight.entry
+        if marked_local(cache, key):
+            # Found on a miss only (a stored entry is a hit first), and by a
+            # waiter that took the flight over from a process that marked it.
+            try:
+                flight.abandon()
+            except Exception:
+                pass
             return None
-        return flight.entry
+        self.add(key.hex, OwnedFlight(flight, cache, host, label))
+        return None
 
-    def pop(self, name: str) -> Optional[kcache.Flight]:
+    def pop(self, name: str) -> Optional[OwnedFlight]:
         return self._owned().pop(name, None)
 
     def names(self) -> List[str]:
         return list(self._owned())
 
-    def abandon(self, name: str) -> None:
+    def abandon(self, name: str, local: bool = False) -> None:
+        """Ends the flight `name` if this thread still owns it: with a
+        "compile locally" mark when `local` (the host compiled and did not
+        store), else without (the compile raised)."""
         f = self._owned().pop(name, None)
         if f is not None:
-            try:
-                f.abandon()
-            except Exception:  # abandoning never fails a compile
-                pass
+            f.abandon() if local else f.fail()
 
-    def abandon_new(self, before: List[str]) -> None:
-        """Abandons the flights begun since names() returned `before`."""
+    def abandon_new(self, before: List[str], local: bool = False) -> None:
+        """Ends the flights begun since names() returned `before`, as
+        abandon() does."""
         old = set(before)
         for n in self.names():
             if n not in old:
-                self.abandon(n)
+                self.abandon(n, local)
 
 
 def write_file(path: str, data: bytes) -> bool:

@@ -8,13 +8,21 @@ programs JAX compiles for itself) is one kcache entry: JAX's serialized,
 compressed executable, under a key made of JAX's own cache key (a digest of
 the program, the jaxlib version, the platform, XLA flags, compile options
 and devices; its prefix, the module name such as ``jit_f``, is the label),
-the jax and jaxlib versions and the platform and its version.
+the jax and jaxlib versions and the platform and its version. The key holds
+no folder: the paths JAX derives from jax_compilation_cache_dir for XLA's
+own caches are hashed as their names under that folder, so processes with
+node-local JAX folders over one shared store share every program.
 
 A program that N processes miss at once is compiled once: the first process
 owns the key's flight and compiles; the others wait and load its entry. A
-compile that raises, or a program JAX does not store (one with host
-callbacks such as jax.debug.print), abandons the flight, and a waiting
-process takes the compile over. Every program is cached whatever its compile
+compile that raises abandons the flight, and a waiting process takes the
+compile over. A program JAX compiles and does not store (under the
+thresholds below) leaves a "compile locally" mark in the store for ten
+minutes: the processes waiting for it, and those that miss it meanwhile,
+compile it at once, in parallel, without a flight. A program with host
+callbacks (jax.debug.print, io_callback), which JAX never stores, is not
+looked up at all: every process compiles it, as without kcache. Every
+program is cached whatever its compile
 time or size: enable() sets jax_persistent_cache_min_compile_time_secs and
 jax_persistent_cache_min_entry_size_bytes to 0 (JAX's defaults exist because
 its file cache is slow; pass them to enable() to keep thresholds). Processes
@@ -29,12 +37,14 @@ which JAX puts under jax_compilation_cache_dir, stay off as they were).
 jax_compilation_cache_check_contents still applies.
 
 Plugged in through jax._src.compilation_cache.get_file_cache (the function
-that creates JAX's file cache), jax._src.compiler.compile_or_get_cached and
-jax._src.compiler._compile_and_write_cache (wrapped to end flights).
+that creates JAX's file cache), jax._src.compilation_cache.get_cache_key
+(wrapped to leave the folder out), jax._src.compiler.compile_or_get_cached
+and jax._src.compiler._compile_and_write_cache (wrapped to end flights).
 """
 
 from __future__ import annotations
 
+import copy
 import os
 import pathlib
 import threading
@@ -83,6 +93,41 @@ def _key(jax_key: str) -> kcache.Key:
                       platform_version=getattr(_backend, "version", ""))
 
 
+# The debug options into which JAX writes paths under jax_compilation_cache_dir
+# (get_compile_options, when XLA's caches are on), each with the name JAX
+# puts under that folder. They say where XLA keeps its autotuning results
+# and compiled kernels, which is no part of the executable XLA builds.
+_CACHE_PATH_OPTIONS = ("xla_gpu_kernel_cache_file", "xla_gpu_per_fusion_autotune_cache_dir")
+
+
+def _without_cache_paths(compile_options):
+    """The compile options as JAX's cache key should see them: a path JAX
+    derived from jax_compilation_cache_dir becomes the name JAX gave it
+    under that folder (a copy when something changes; the options the
+    compiler gets are left alone). Whether a cache is on stays in the key;
+    a path that the user set in some other way stays as it is."""
+    d = _config.compilation_cache_dir.value
+    if not d or d == _MARKER:
+        return compile_options
+    debug = compile_options.executable_build_options.debug_options
+    changes = [n for n in _CACHE_PATH_OPTIONS if getattr(debug, n, "") == str(pathlib.Path(d) / n)]
+    if not changes:
+        return compile_options
+    opts = copy.deepcopy(compile_options)
+    debug = opts.executable_build_options.debug_options
+    for n in changes:
+        setattr(debug, n, "<jax_compilation_cache_dir>/" + n)
+    return opts
+
+
+def _get_cache_key(module, devices, compile_options, backend, *args, **kwargs):
+    try:
+        compile_options = _without_cache_paths(compile_options)
+    except Exception as e:  # JAX's own key, as without kcache
+        log("jax", f"cache folder paths left in the key: {e}")
+    return _originals["get_cache_key"](module, devices, compile_options, backend, *args, **kwargs)
+
+
 class KcacheCache(CacheInterface):
     """JAX's CacheInterface over kcache: get() begins the program's flight,
     put() commits it."""
@@ -92,6 +137,10 @@ class KcacheCache(CacheInterface):
         self._path = pathlib.Path(d) if d else pathlib.Path(".")
 
     def get(self, key: str) -> Optional[bytes]:
+        if getattr(_backend, "callbacks", False):
+            # JAX never stores a program with host callbacks: no lookup, and
+            # no flight for other processes to wait on; each compiles it.
+            return None
         try:
             k = _key(key)
             c = cache()
@@ -126,14 +175,18 @@ def _get_file_cache(path: str):
 
 
 def _compile_or_get_cached(backend, *args, **kwargs):
-    # Flights begun for this program and not committed (an error, a program
-    # JAX does not store) end here, so a waiting process takes over.
+    # Flights begun for this program and not ended by its compile (an error)
+    # end here, so a waiting process takes over.
     _backend.platform = str(getattr(backend, "platform", ""))
     _backend.version = str(getattr(backend, "platform_version", ""))
+    callbacks = kwargs["host_callbacks"] if "host_callbacks" in kwargs else args[3] if len(args) > 3 else None
+    outer = getattr(_backend, "callbacks", False)
+    _backend.callbacks = bool(callbacks)
     before = _flights.names()
     try:
         return _originals["compile_or_get_cached"](backend, *args, **kwargs)
     finally:
+        _backend.callbacks = outer
         _flights.abandon_new(before)
 
 
@@ -157,6 +210,11 @@ def _compile_and_write_cache(*args, **kwargs):
             took = time.monotonic() - start
             if took >= _config.persistent_cache_min_compile_time_secs.value:
                 _cc.put_executable_and_time(cache_key, module_name, executable, backend, int(took))
+        if _flights.get(k) is not None:
+            # Compiled and not stored (under JAX's thresholds, or a store
+            # that failed): the processes waiting for it, and those that miss
+            # it for a while, compile it at once instead of in turn.
+            _flights.abandon(k, local=True)
     except Exception as e:
         log("jax", f"{named.get('module_name', '?')}: not stored: {e}")
     return executable
@@ -182,7 +240,9 @@ def enable(min_compile_time_secs: float = 0.0, min_entry_size_bytes: int = 0) ->
     _originals["get_file_cache"] = _cc.get_file_cache
     _originals["compile_or_get_cached"] = _compiler.compile_or_get_cached
     _originals["_compile_and_write_cache"] = _compiler._compile_and_write_cache
+    _originals["get_cache_key"] = _cc.get_cache_key
     _cc.get_file_cache = _get_file_cache
+    _cc.get_cache_key = _get_cache_key
     _compiler.compile_or_get_cached = _compile_or_get_cached
     _compiler._compile_and_write_cache = _compile_and_write_cache
     if _cc._cache is not None or _cc._cache_initialized:
@@ -198,6 +258,7 @@ def disable() -> None:
     _cc.get_file_cache = _originals["get_file_cache"]
     _compiler.compile_or_get_cached = _originals["compile_or_get_cached"]
     _compiler._compile_and_write_cache = _originals["_compile_and_write_cache"]
+    _cc.get_cache_key = _originals["get_cache_key"]
     if _config.compilation_cache_dir.value == _MARKER:
         jax.config.update("jax_compilation_cache_dir", None)
         jax.config.update("jax_persistent_cache_enable_xla_caches", _originals.pop("xla_caches", None))

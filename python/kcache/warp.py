@@ -96,16 +96,16 @@ def _compile(self, device=None, output_dir=None, output_name=None, output_arch=N
                          module_hash=bytes(self.get_module_hash(block_dim)), output=str(output_name),
                          block_dim=int(block_dim), arch="cpu" if output_arch is None else str(output_arch),
                          warp=str(_wconfig.version))
-        flight = cache().begin(key)
+        c = cache()
     except Exception as e:  # the cache never fails a build
         log("warp", f"module {self.name}: lookup failed: {e}")
         return orig(self, device, output_dir, output_name, output_arch, use_ptx, options)
-    if not flight.owner:
-        if flight.entry is not None and _write_out(flight.entry, output_dir, (output_name, meta_name)):
-            return False
-        flight = None
-    else:
-        _flights.add(key.hex, flight)
+    # The entry, or None: this thread owns the module's flight now (kept in
+    # _flights until the build is stored), or builds it without one.
+    entry = _flights.begin(c, key, "warp", f"module {self.name}")
+    if entry is not None and _write_out(entry, output_dir, (output_name, meta_name)):
+        return False
+    del entry
     # Build into a folder of this process, then store and write out.
     build_dir = f"{os.path.normpath(output_dir)}_kcache_p{os.getpid()}_{uuid.uuid4().hex[:8]}"
     try:

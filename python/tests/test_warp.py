@@ -88,3 +88,15 @@ def test_remote_value_with_wrong_mac_is_a_miss(warp_env, redis, tmp_path):
     third = run("c")
     assert third["compiles"] == 1 and third["results"] == RESULTS[:1]
     assert tier(third["stats"], "remote")["rejected"] >= 1
+
+
+def test_processes_with_their_own_kernel_cache_folders_share_one_store(warp_env, tmp_path):
+    # Node-local Warp kernel caches over one kcache store: the folder is no
+    # part of the key, so each module is built once.
+    procs = [warp_env.start(N, WARP_KERNEL_CACHE=tmp_path / f"node{i}" / "warp") for i in range(8)]
+    results = [warp_env.result(p) for p in procs]
+    assert all(r["results"] == RESULTS for r in results)
+    assert warp_env.compiles() == N, "a module was built more than once"
+    # And a process with yet another folder loads every module.
+    last = warp_env.run(N, WARP_KERNEL_CACHE=tmp_path / "elsewhere")
+    assert last["results"] == RESULTS and last["compiles"] == 0
