@@ -67,9 +67,11 @@ replaces the stored entry.
 
 An overload that N processes miss at once is compiled once: the first
 process owns the key's flight and compiles; the others wait and load its
-entry. A compile that raises, or a result numba cannot cache (lifted loops,
-dynamic globals), abandons the flight, and a waiting process takes the
-compile over. The size limit, verification, statistics, KCACHE_REMOTE
+entry. A compile that raises abandons the flight, and a waiting process
+takes the compile over. A result numba cannot cache (lifted loops, dynamic
+globals) marks the key "compile locally" for ten minutes: the waiting
+processes, and those that miss it meanwhile, compile it at once, in
+parallel. The size limit, verification, statistics, KCACHE_REMOTE
 (values signed with KCACHE_REMOTE_SECRET_FILE) and every other KCACHE_*
 variable are kcache's; the folder is $KCACHE_DIR, else kcache's default.
 
@@ -700,8 +702,8 @@ def _enable_caching(self) -> None:
 
 
 def _compile(self, sig):
-    # A flight begun by this compile (in load_overload) and not committed by
-    # save_overload (an error, an uncachable result) is abandoned here, so a
+    # A flight begun by this compile (in load_overload) that save_overload
+    # neither committed nor marked (the compile raised) is ended here, so a
     # waiting process takes the compile over.
     if not isinstance(self._cache, FunctionCache):
         return _originals["compile"](self, sig)
