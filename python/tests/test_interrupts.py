@@ -5,11 +5,9 @@ stores it, instead of receiving kcache.CompileError carrying the other
 thread's interrupt. An ordinary exception is still shared as a failed
 compile. Each case runs in its own interpreter with a time limit."""
 
-import subprocess
-import sys
-import textwrap
-
 import pytest
+
+from snippets import run_snippet
 
 PRELUDE = """
 import sys, threading, time
@@ -21,13 +19,7 @@ started = threading.Event()
 
 
 def run(tmp_path, body):
-    code = PRELUDE + textwrap.dedent(body) + "\nprint('ok')\n"
-    try:
-        p = subprocess.run([sys.executable, "-c", code, str(tmp_path / "kcache")], capture_output=True, text=True,
-                           timeout=60)
-    except subprocess.TimeoutExpired:
-        pytest.fail("hung")
-    assert p.returncode == 0 and p.stdout.strip().endswith("ok"), p.stdout[-2000:] + p.stderr[-3000:]
+    run_snippet(tmp_path, PRELUDE, body)
 
 
 @pytest.mark.parametrize("exc", ["KeyboardInterrupt", "SystemExit"])

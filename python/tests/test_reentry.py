@@ -5,12 +5,8 @@ at once instead of waiting for itself for ever. Each case runs in its own
 interpreter with a time limit, so a hang fails the test instead of stopping
 the suite."""
 
-import os
-import subprocess
-import sys
-import textwrap
 
-import pytest
+from snippets import run_snippet
 
 PRELUDE = """
 import sys, threading, time
@@ -21,13 +17,7 @@ k = kcache.key("reentry/1", i=1)
 
 
 def run(tmp_path, body):
-    code = PRELUDE + textwrap.dedent(body) + "\nprint('ok')\n"
-    try:
-        p = subprocess.run([sys.executable, "-c", code, str(tmp_path / "kcache")], capture_output=True, text=True,
-                           timeout=60)
-    except subprocess.TimeoutExpired:
-        pytest.fail("hung: the re-entrant request waited for itself")
-    assert p.returncode == 0 and p.stdout.strip().endswith("ok"), p.stderr[-3000:]
+    run_snippet(tmp_path, PRELUDE, body, hang="hung: the re-entrant request waited for itself")
 
 
 def test_get_or_compile_inside_its_own_compile(tmp_path):
