@@ -9,13 +9,10 @@ namespace {
 constexpr size_t kMaxQueued = 1024;
 constexpr uint64_t kMaxQueuedBytes = uint64_t(256) << 20;
 constexpr size_t kMaxGroup = 256;
-// How long the committer lets a group gather before it writes it. Entries
-// of one compiling thread come one compile apart; without the wait each is
-// a group of its own, a transaction and a sync, and the syncs' I/O slows the
-// compiling thread itself. A cold kcache-demo run (240 compiles, ~5 ms
-// apart) makes 15 syncs at 100 ms against 58 at 25 ms (docs/benchmarks.md).
-// The price: another process waiting on a key's lease finds the entry up to
-// this much later. flush() and close cut the wait short.
+// How long the committer lets a group gather before it writes it. Puts of
+// one thread (stage links, a host's own stores) come one compile apart;
+// without the wait each is a group of its own, a transaction and a sync.
+// flush() and close cut the wait short.
 constexpr uint64_t kLingerUs = 100'000;
 }  // namespace
 

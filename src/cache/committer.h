@@ -1,15 +1,16 @@
-// Private: puts off the compile path (group commit).
+// Private: plain puts off the caller's path (group commit).
 //
-// The Cache puts a new entry into its memory tier at once and hands it to
-// the committer for the slower tiers (disk, remote); the compiling thread
-// goes on. The committer thread lets a group gather for up to 100 ms (less
-// when flush() waits, at close, or when 256 entries or 64 MiB wait), takes every
-// entry waiting and writes them as one group per tier (Tier::put_many: for
-// LMDB one transaction and one sync), then runs each entry's `then` (the Cache releases the key's
-// cross-process lease there, so another process that waited finds the entry
-// on disk). Until then find() still has the entry, so a lookup of a key in
-// flight to disk is served. flush() waits for everything handed over before
-// it; so does stop() (the Cache's close).
+// Cache::put puts a new entry into its memory tier at once and hands it to
+// the committer for the slower tiers (disk, remote); the caller goes on.
+// (What a compile produced is not handed over: the Cache writes it in the
+// compiling thread, so it is on disk when get_or_compile or a flight's
+// commit returns.) The committer thread lets a group gather for up to
+// 100 ms (less when flush() waits, at close, or when 256 entries or 64 MiB
+// wait), takes every entry waiting and writes them as one group per tier
+// (Tier::put_many: for LMDB one transaction and one sync), then runs each
+// entry's `then`. Until then find() still has the entry, so a lookup of a
+// key in flight to disk is served. flush() waits for everything handed over
+// before it; so does stop() (the Cache's close).
 //
 // The queue is bounded (entries and bytes): submit() waits when it is full,
 // so a compiler faster than its disk is slowed down, never left to grow

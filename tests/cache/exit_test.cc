@@ -1,9 +1,12 @@
-// What a process stored reaches the disk however it ends by a normal path:
-// exit() or a return from main without closing its Cache (the exit
-// handler flushes every open Cache), _exit() after flush(), and _exit()
-// without flush() under Options::sync_commit. Each trial is a child of
-// fork() that compiles through get_or_compile or a Flight, then ends; the
-// parent opens the store afresh and counts the entries.
+// What a process stored reaches the disk however it ends: exit() or a
+// return from main without closing its Cache (the exit handler flushes
+// every open Cache), _exit() after flush(), and _exit() without flush()
+// under Options::sync_commit; and what a compile produced (get_or_compile,
+// a Flight's commit, get_or_compile_batch) is on disk when the call
+// returns, so a child killed by SIGKILL or SIGTERM right after keeps it,
+// and another process sees it while the child still runs. Each trial is a
+// child of fork() that compiles, then ends; the parent opens the store
+// afresh and counts the entries.
 //
 // KCACHE_TRIALS sets the number of trials per case (default 5).
 #include <gtest/gtest.h>
@@ -14,6 +17,8 @@
 #include <cstdlib>
 #include <functional>
 #include <string>
+#include <tuple>
+#include <vector>
 
 #include "kcache/cache.h"
 #include "test_util.h"
@@ -50,21 +55,40 @@ Options options_for(const std::string& dir, const std::string& engine) {
   return o;
 }
 
-// Keys [first, first + n) compiled through get_or_compile, or through
-// begin/commit when `flights`.
-void compile_keys(Cache& c, uint64_t first, uint64_t n, bool flights) {
+enum class Path { get_or_compile, flight, batch };
+
+std::vector<Artifact> artifacts_of(uint64_t i) {
+  return {{"obj", bytes_for(i, 1000)}, {"sig", "kernel_" + std::to_string(i)}};
+}
+
+// Keys [first, first + n) compiled through `path`.
+void compile_keys(Cache& c, uint64_t first, uint64_t n, Path path) {
+  if (path == Path::batch) {
+    std::vector<BatchItem> items;
+    for (uint64_t i = first; i < first + n; ++i) {
+      BatchItem it;
+      it.key.key = key_of(i);
+      it.compile = [i]() -> Expected<std::vector<Artifact>> { return artifacts_of(i); };
+      items.push_back(std::move(it));
+    }
+    BatchOptions bo;
+    bo.threads = 2;
+    (void)c.get_or_compile_batch(items, bo);
+    return;
+  }
   for (uint64_t i = first; i < first + n; ++i) {
     KeyInfo k;
     k.key = key_of(i);
-    if (flights) {
+    if (path == Path::flight) {
       Flight f = c.begin(k);
-      if (f.owner()) (void)f.commit({{"obj", bytes_for(i, 1000)}, {"sig", "kernel_" + std::to_string(i)}});
+      if (f.owner()) (void)f.commit(artifacts_of(i));
     } else {
-      (void)c.get_or_compile(k, [i]() -> Expected<std::vector<Artifact>> {
-        return std::vector<Artifact>{{"obj", bytes_for(i, 1000)}, {"sig", "kernel_" + std::to_string(i)}};
-      });
+      (void)c.get_or_compile(k, [i]() -> Expected<std::vector<Artifact>> { return artifacts_of(i); });
     }
   }
+}
+void compile_keys(Cache& c, uint64_t first, uint64_t n, bool flights) {
+  compile_keys(c, first, n, flights ? Path::flight : Path::get_or_compile);
 }
 
 // Entries [first, first + n) that a fresh Cache without a memory tier finds
@@ -126,6 +150,93 @@ TEST_P(ExitCommit, SyncCommitThenUnderscoreExitKeepsEveryFlightCommit) { run(Way
 
 INSTANTIATE_TEST_SUITE_P(Engines, ExitCommit, ::testing::ValuesIn(engine_names()),
                          [](const auto& info) { return info.param; });
+
+// What a compile produced is on disk when the call returns: a child that
+// compiles (no flush, no sync_commit), tells the parent, and waits is seen
+// by the parent's own fresh Cache while it still runs, then killed by
+// `sig`; the parent counts again.
+uint64_t killed_trial(const std::string& dir, const std::string& engine, Path path, int sig, uint64_t first,
+                      uint64_t* seen_while_alive) {
+  int ready[2];
+  EXPECT_EQ(::pipe(ready), 0);
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    ::close(ready[0]);
+    Options o = options_for(dir, engine);
+    Cache* c = Cache::open(o).release();
+    compile_keys(*c, first, kPerChild, path);
+    char b = 1;
+    (void)!::write(ready[1], &b, 1);
+    for (;;) ::pause();
+  }
+  ::close(ready[1]);
+  char b = 0;
+  EXPECT_EQ(::read(ready[0], &b, 1), 1);
+  ::close(ready[0]);
+  *seen_while_alive = count_on_disk(dir, engine, first, kPerChild);
+  ::kill(pid, sig);
+  int st = 0;
+  ::waitpid(pid, &st, 0);
+  EXPECT_TRUE(WIFSIGNALED(st) && WTERMSIG(st) == sig) << "child status " << st;
+  return count_on_disk(dir, engine, first, kPerChild);
+}
+
+// The same without the wait: the child kills itself with SIGKILL the moment
+// its last call returns.
+uint64_t self_killed_trial(const std::string& dir, const std::string& engine, Path path, uint64_t first) {
+  int st = in_child([&] {
+    Options o = options_for(dir, engine);
+    Cache* c = Cache::open(o).release();
+    compile_keys(*c, first, kPerChild, path);
+    ::raise(SIGKILL);
+  });
+  EXPECT_TRUE(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL) << "child status " << st;
+  return count_on_disk(dir, engine, first, kPerChild);
+}
+
+struct KilledCase {
+  Path path;
+  int sig;
+  bool waits;  // tells the parent and waits to be killed; else kills itself
+};
+
+class KilledAfterReturn : public ::testing::TestWithParam<std::tuple<std::string, KilledCase>> {};
+
+TEST_P(KilledAfterReturn, KeepsEveryCompiledEntry) {
+  SKIP_UNDER_TSAN();  // children open Caches of their own
+  const auto& [engine, kc] = GetParam();
+  TempDir d;
+  uint64_t lost = 0, unseen = 0;
+  const int n = trials();
+  for (int t = 0; t < n; ++t) {
+    uint64_t first = uint64_t(t) * kPerChild;
+    if (kc.waits) {
+      uint64_t seen = 0;
+      lost += kPerChild - killed_trial(d.path(), engine, kc.path, kc.sig, first, &seen);
+      unseen += kPerChild - seen;
+    } else {
+      lost += kPerChild - self_killed_trial(d.path(), engine, kc.path, first);
+    }
+  }
+  EXPECT_EQ(unseen, 0u) << "entries another process did not see while the compiling one ran, " << n << " trials";
+  EXPECT_EQ(lost, 0u) << "entries lost in " << n << " trials of " << kPerChild;
+}
+
+const KilledCase kKilledCases[] = {
+    {Path::get_or_compile, SIGKILL, false}, {Path::flight, SIGKILL, false}, {Path::batch, SIGKILL, false},
+    {Path::get_or_compile, SIGKILL, true},  {Path::flight, SIGTERM, true},  {Path::batch, SIGTERM, true},
+};
+
+INSTANTIATE_TEST_SUITE_P(Engines, KilledAfterReturn,
+                         ::testing::Combine(::testing::ValuesIn(engine_names()), ::testing::ValuesIn(kKilledCases)),
+                         [](const auto& info) {
+                           const KilledCase& k = std::get<1>(info.param);
+                           const char* path = k.path == Path::get_or_compile ? "get_or_compile"
+                                              : k.path == Path::flight       ? "flight"
+                                                                             : "batch";
+                           return std::get<0>(info.param) + "_" + path + "_" +
+                                  (k.sig == SIGKILL ? "SIGKILL" : "SIGTERM") + (k.waits ? "_seen_first" : "");
+                         });
 
 // A Cache closed before exit leaves nothing for the exit handler; one still
 // open in the parent of a child that exits is not the child's to write
