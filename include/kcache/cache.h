@@ -35,9 +35,10 @@
 // Flight's commit) is written to the disk tier, in the calling thread, as
 // one commit of its own before the call returns: other processes see it,
 // and it is kept however this process ends, _exit() and any signal
-// (SIGTERM, SIGKILL) included. How durable that commit is against a power
-// loss is the disk tier's durability option (fsync). A remote tier is
-// written behind, by its own queue. Plain put()s (and stage links) reach
+// (SIGTERM, SIGKILL) included. Against a power loss it is made durable (as
+// the disk tier's durability option says) by the committer thread, once
+// for all the compiles of up to 100 ms, or before the call returns under
+// Options::sync_commit. A remote tier is written behind, by its own queue. Plain put()s (and stage links) reach
 // the disk through a committer thread that lets a group gather for up to
 // 100 ms: one transaction and one sync for many entries. Every open Cache
 // is flushed by an exit handler (std::atexit), so a process that returns
@@ -155,14 +156,16 @@ struct Options {
   // week). "wait_bound_ms",
   // KCACHE_WAIT_BOUND_MS.
   uint64_t wait_bound_ms = 300000;
-  // Plain puts (put(), and the stage links kcache/stage.h stores) wait
-  // until the disk tier has the entry before they return, as compiles
-  // always do (a remote tier is written behind, by its own queue; flush()
-  // waits for it), instead of leaving it to the committer's next group (up
-  // to 100 ms later). For hosts that put() and then end with _exit() or a
-  // signal without flush(); costs a transaction and a sync per put. It does
-  // not govern fsync: that is the disk tier's durability ("durability",
-  // KCACHE_DURABILITY). Default off. "sync_commit", KCACHE_SYNC_COMMIT.
+  // Compiles (get_or_compile, batches, a Flight's commit), which are on
+  // disk when they return anyway, are also synced (made durable against a
+  // power loss, as the disk tier's durability says) before they return,
+  // instead of by the committer within 100 ms. Plain puts (put(), and the
+  // stage links kcache/stage.h stores) wait until the disk tier has the
+  // entry before they return, instead of leaving it to the committer's
+  // next group (a remote tier is written behind, by its own queue; flush()
+  // waits for it): for hosts that put() and then end with _exit() or a
+  // signal without flush(). Costs a sync per store. Default off.
+  // "sync_commit", KCACHE_SYNC_COMMIT.
   bool sync_commit = false;
   // Shared remote tier, slowest and last: "redis://host:port[/db]" or
   // "redis+cluster://host:port[,host:port...]" (see kcache/redis.h for the

@@ -134,8 +134,8 @@ KCACHE_EXPORT void kcache_options_free(kcache_options* o);
  *   "remote"       remote tier URL, "redis://host:port"
  *   "remote_secret_file", "bundles", "bundle_trust", "explain",
  *   "miss_journal", "lease_ttl_ms", "wait_bound_ms", "log", ...
- *   "sync_commit"  "1": each kcache_put is on disk before it returns too
- *                  (compiles always are)
+ *   "sync_commit"  "1": each compile is synced before it returns (they are
+ *                  on disk anyway), each kcache_put on disk and synced
  *   "producer"     free text stored in each entry's metadata
  *   "compression"  "none", "zstd" or "auto"
  * and the C ABI's own:

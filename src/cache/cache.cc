@@ -214,12 +214,16 @@ bool Cache::Impl::store(const Entry& e) {
 
 bool Cache::Impl::store_compiled(const Entry& e) {
   if (!policy.store) return false;
-  // One transaction of its own in the disk tier (as durable as its
-  // durability option makes a commit), in this thread; a remote tier
-  // queues it for its own writer. The caller releases the key's lease
-  // after this returns, so another process that waited on it finds the
-  // entry.
-  return chain.store(e, TierChain::Tiers::all);
+  // One transaction of its own in the disk tier, in this thread: committed
+  // (other processes see it, a killed process keeps it) when this returns.
+  // Its sync (the durability option's, against a machine crash) is the
+  // committer's, once for every compile of its lingering window, unless
+  // sync_commit asks for it here. A remote tier queues the entry for its
+  // own writer. The caller releases the key's lease after this returns, so
+  // another process that waited on it finds the entry.
+  bool any = chain.store(e, TierChain::Tiers::all, /*synced=*/opt.sync_commit);
+  if (any && !opt.sync_commit && chain.has_slow_writable()) committer.request_sync();
+  return any;
 }
 
 // ---- get and put -------------------------------------------------------------

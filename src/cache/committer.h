@@ -46,6 +46,11 @@ class Committer {
   // Queues e for the chain's tiers that are not memory tiers; `then` runs on
   // the committer thread once they have it (or failed to take it).
   void submit(Entry e, std::function<void()> then);
+  // An entry was committed without its sync (TierChain::store, synced
+  // false): the committer syncs the slow tiers (TierChain::sync) within the
+  // same lingering window as a group, once for every request made in it.
+  // flush() waits for that sync too.
+  void request_sync();
   // The newest entry of `key` waiting to be written, if any.
   std::optional<Entry> find(const Key& key);
   bool idle() const noexcept { return waiting_.load(std::memory_order_acquire) == 0; }
@@ -75,6 +80,7 @@ class Committer {
   std::unordered_map<Key, std::pair<uint64_t, Entry>>
       inflight_;                                             // GUARDED_BY(worker_.mu()): key -> newest (seq, entry)
   uint64_t submitted_ = 0, written_ = 0, queued_bytes_ = 0;  // GUARDED_BY(worker_.mu())
+  uint64_t sync_requested_ = 0, synced_ = 0;                 // GUARDED_BY(worker_.mu())
   unsigned flushing_ = 0;                                    // GUARDED_BY(worker_.mu()): flush() callers waiting
   bool stop_ = false;                                        // GUARDED_BY(worker_.mu())
   bool inherited_ = false;                                   // this object was inherited across fork()
