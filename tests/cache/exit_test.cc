@@ -14,10 +14,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <functional>
+#include <mutex>
 #include <string>
 #include <tuple>
+#include <unordered_map>
 #include <vector>
 
 #include "kcache/cache.h"
@@ -260,6 +263,81 @@ TEST(ExitHandler, ClosedAndInheritedCachesExitCleanly) {
   parent->flush();
   EXPECT_EQ(count_on_disk(d.path(), engine, 0, 4), 4u);
   EXPECT_EQ(count_on_disk(d.path(), engine, 100, 4), 4u);
+}
+
+// A tier that counts how it is written: synced puts, unsynced puts, syncs.
+class CountingTier final : public Tier {
+ public:
+  std::string_view name() const noexcept override { return "counting"; }
+  TierKind kind() const noexcept override { return TierKind::disk; }
+  Status sync() override {
+    ++syncs;
+    return Status();
+  }
+  std::atomic<int> puts{0}, unsynced_puts{0}, syncs{0};
+
+ protected:
+  Expected<std::optional<Entry>> do_get(const Key& k, Access) override {
+    std::lock_guard lk(mu_);
+    auto it = kept_.find(k);
+    if (it == kept_.end()) return std::optional<Entry>();
+    return std::optional<Entry>(it->second);
+  }
+  Status do_put(const Entry& e) override {
+    ++puts;
+    return keep(e);
+  }
+  Status do_put_unsynced(const Entry& e) override {
+    ++unsynced_puts;
+    return keep(e);
+  }
+  Status do_remove(const Key& k) override {
+    std::lock_guard lk(mu_);
+    kept_.erase(k);
+    return Status();
+  }
+  TierStats do_stats() override { return TierStats(); }
+
+ private:
+  Status keep(const Entry& e) {
+    std::lock_guard lk(mu_);
+    kept_.insert_or_assign(e.key(), e);
+    return Status();
+  }
+  std::mutex mu_;
+  std::unordered_map<Key, Entry> kept_;
+};
+
+// A compile's commit skips its sync; the committer syncs the tier once for
+// the compiles of its window, and flush() waits for that sync. Under
+// sync_commit each compile's commit is synced instead. Plain puts keep the
+// group committer (one group, synced by its own commit).
+TEST(SyncCommit, CompilesAreWrittenAtOnceAndSyncedByTheCommitter) {
+  for (bool sync_commit : {false, true}) {
+    auto tier = std::make_shared<CountingTier>();
+    Options o;
+    o.sync_commit = sync_commit;
+    auto c = Cache::with_tiers({tier}, o);
+    compile_keys(*c, 0, 8, Path::get_or_compile);
+    compile_keys(*c, 8, 8, Path::flight);
+    compile_keys(*c, 16, 8, Path::batch);
+    // Written before each call returned.
+    EXPECT_EQ(tier->puts.load() + tier->unsynced_puts.load(), 24);
+    EXPECT_EQ(tier->unsynced_puts.load(), sync_commit ? 0 : 24);
+    c->flush();
+    if (sync_commit) {
+      EXPECT_EQ(tier->syncs.load(), 0);
+    } else {
+      EXPECT_GE(tier->syncs.load(), 1);
+      EXPECT_LE(tier->syncs.load(), 24);
+    }
+    // Plain puts: through the committer, synced by their group's commit.
+    const int puts_before = tier->puts.load(), syncs_before = tier->syncs.load();
+    for (uint64_t i = 100; i < 110; ++i) ASSERT_TRUE(c->put(make_entry(i)));
+    c->flush();
+    EXPECT_EQ(tier->puts.load() - puts_before, 10);
+    EXPECT_EQ(tier->syncs.load(), syncs_before);
+  }
 }
 
 TEST(SyncCommit, IsAnOptionByNameAndVariable) {
