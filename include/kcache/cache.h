@@ -33,12 +33,20 @@
 // thread to compile keeps it, so that thread's own begin() of the same key
 // is refused (not left to wait) until the flight is committed or abandoned.
 //
-// Exit: entries reach the disk and remote tiers through a committer thread
-// that lets a group gather for up to 100 ms. Every open Cache is flushed by
-// an exit handler (std::atexit), so a process that returns from main or
-// calls exit() without closing its caches loses nothing it stored. A
-// process that ends with _exit() (a forked worker, Python's os._exit)
-// skips that handler: call flush() before it, or set Options::sync_commit.
+// Exit: what a compile produced (get_or_compile, get_or_compile_batch, a
+// Flight's commit) is written to the disk tier, in the calling thread, as
+// one commit of its own before the call returns: other processes see it,
+// and it is kept however this process ends, _exit() and any signal
+// (SIGTERM, SIGKILL) included. Against a power loss it is made durable (as
+// the disk tier's durability option says) by the committer thread, once
+// for all the compiles of up to 100 ms, or before the call returns under
+// Options::sync_commit. A remote tier is written behind, by its own queue. Plain put()s (and stage links) reach
+// the disk through a committer thread that lets a group gather for up to
+// 100 ms: one transaction and one sync for many entries. Every open Cache
+// is flushed by an exit handler (std::atexit), so a process that returns
+// from main or calls exit() without closing its caches loses no put
+// either; one that ends with _exit() or a signal keeps the puts of the
+// last 100 ms only after flush(), or with Options::sync_commit.
 //
 // fork(): a Cache belongs to the process that opened it. A child of fork()
 // opens its own; one it inherited answers every lookup with a miss (the
@@ -150,12 +158,15 @@ struct Options {
   // week). "wait_bound_ms",
   // KCACHE_WAIT_BOUND_MS.
   uint64_t wait_bound_ms = 300000;
-  // Every store (get_or_compile's, a Flight's commit, put) waits until the
-  // disk tier has the entry before it returns (a remote tier is written
-  // behind, by its own queue; flush() waits for it), instead of
-  // leaving it to the committer's next group (up to 100 ms later). For
-  // hosts that end with _exit() without flush(); costs a transaction and a
-  // sync per store. Default off: a normal exit() flushes every open Cache.
+  // Compiles (get_or_compile, batches, a Flight's commit), which are on
+  // disk when they return anyway, are also synced (made durable against a
+  // power loss, as the disk tier's durability says) before they return,
+  // instead of by the committer within 100 ms. Plain puts (put(), and the
+  // stage links kcache/stage.h stores) wait until the disk tier has the
+  // entry before they return, instead of leaving it to the committer's
+  // next group (a remote tier is written behind, by its own queue; flush()
+  // waits for it): for hosts that put() and then end with _exit() or a
+  // signal without flush(). Costs a sync per store. Default off.
   // "sync_commit", KCACHE_SYNC_COMMIT.
   bool sync_commit = false;
   // Shared remote tier, slowest and last: "redis://host:port[/db]" or
@@ -313,7 +324,8 @@ class Flight {
   // compile function). OK otherwise.
   const Status& error() const noexcept;
   // Builds the entry from the caller's artifacts, stores it in every
-  // writable tier, hands it to the waiting callers and gives the lease up.
+  // writable tier (in the disk tier before it returns, as get_or_compile
+  // does), hands it to the waiting callers and gives the lease up.
   // Errors: invalid_argument when this Flight is not the owner (or was
   // already committed or abandoned), or when the artifacts are invalid
   // (empty or duplicate names); the flight is then abandoned.
@@ -350,8 +362,10 @@ class Cache {
   // The same; a miss also goes to the miss journal (Options::miss_journal,
   // Options::explain), as the misses of get_or_compile do.
   std::optional<Entry> get(const KeyInfo& key, Source* source = nullptr);
-  // Stores into every writable tier. Faults are counted and logged; never
-  // returned as errors (the result says whether any tier took it).
+  // Stores into every writable tier: the memory tier at once, the disk tier
+  // with the committer's next group (group commit; see Exit above and
+  // Options::sync_commit). Faults are counted and logged; never returned as
+  // errors (the result says whether any tier took it).
   bool put(const Entry& entry);
   // Builds the entry (with metadata and manifest) and puts it. nullopt when
   // the artifacts are invalid (logged) or the cache stores nothing (read-only
@@ -360,7 +374,9 @@ class Cache {
   std::optional<Entry> put(const KeyInfo& key, std::vector<Artifact> artifacts, uint64_t compile_cost_us = 0);
 
   // The artifacts for `key`: from a tier, or from `compile` (run at most once
-  // at a time per key in this process) and then stored. invalid_argument,
+  // at a time per key in this process) and then stored: in the disk tier
+  // before this returns (see Exit above), then the key's lease goes and
+  // the threads waiting for it get the entry. invalid_argument,
   // at once, when the calling thread is compiling `key` itself (a compile
   // function asking for its own key; see Re-entry above).
   Expected<Entry> get_or_compile(const KeyInfo& key, const CompileFn& compile, Source* source = nullptr);
@@ -400,12 +416,12 @@ class Cache {
   void add_tier(std::shared_ptr<Tier> tier);
   const std::vector<std::shared_ptr<Tier>>& tiers() const noexcept;
   CacheStats stats() const;
-  // Waits until every entry stored so far is in the slower tiers (and its
-  // lease released): on disk, as durable as Options::disk's durability
-  // makes a commit, so a process may then end by _exit() or SIGKILL
-  // without losing it. Also waits until every miss so far is in the miss
-  // journal (or was dropped: the journal is a diagnostic, and a journal
-  // whose lock another process held for over a second drops what it had).
+  // Waits until every entry stored so far is in the slower tiers: on disk,
+  // as durable as Options::disk's durability makes a commit, so a process
+  // may then end by _exit() or SIGKILL without losing it (compiled entries
+  // are there already: this waits for put()s and the remote tier's queue). Also waits until every miss so far is in the
+  // miss journal (or was dropped: the journal is a diagnostic, and a journal whose lock another process held for over a
+  // second drops what it had).
   void flush();
   // The same, waiting at most `bound` for the disk (a store whose lock
   // another process holds, or a hung file system, can take longer); false

@@ -134,7 +134,8 @@ KCACHE_EXPORT void kcache_options_free(kcache_options* o);
  *   "remote"       remote tier URL, "redis://host:port"
  *   "remote_secret_file", "bundles", "bundle_trust", "explain",
  *   "miss_journal", "lease_ttl_ms", "wait_bound_ms", "log", ...
- *   "sync_commit"  "1": each store is on disk before it returns
+ *   "sync_commit"  "1": each compile is synced before it returns (they are
+ *                  on disk anyway), each kcache_put on disk and synced
  *   "producer"     free text stored in each entry's metadata
  *   "compression"  "none", "zstd" or "auto"
  * and the C ABI's own:
@@ -199,12 +200,14 @@ KCACHE_EXPORT void kcache_close(kcache_cache* c);
 /* Waits until every entry stored so far (kcache_put, kcache_get_or_compile,
  * kcache_flight_commit) is written to the disk and remote tiers, as
  * durably as the "durability" option makes a commit: after it returns, a
- * SIGKILL or _exit() loses none of them. Stores reach the disk through a
- * background thread that lets a group gather for up to 100 ms; a process
+ * SIGKILL or _exit() loses none of them. What a compile produced
+ * (kcache_get_or_compile, kcache_flight_commit) is on disk before that
+ * call returns already; kcache_put's entries reach the disk through a
+ * background thread that lets a group gather for up to 100 ms. A process
  * that returns from main or calls exit() flushes every open cache by
- * itself (an atexit handler), but a process that ends with _exit() (a
- * forked worker) must call kcache_flush first, or open the cache with the
- * option "sync_commit" = "1", which makes every store wait for its write.
+ * itself (an atexit handler), but one that ends with _exit() or is killed
+ * keeps its last puts only after kcache_flush, or with the option
+ * "sync_commit" = "1", which makes every put wait for its write.
  * KCACHE_INVALID_ARGUMENT for NULL. */
 KCACHE_EXPORT int kcache_flush(kcache_cache* c);
 
@@ -230,7 +233,9 @@ typedef int (*kcache_compile_fn)(void* user_data, kcache_artifacts* out);
 KCACHE_EXPORT int kcache_artifacts_add(kcache_artifacts* a, const char* name, const void* data, size_t size);
 
 /* The entry for `key`: from a tier, or from `compile` (run at most once at a
- * time per key in this process) and then stored. `source` may be NULL.
+ * time per key in this process) and then stored: in the disk tier before
+ * this returns, so other processes see it and it is kept however this one
+ * ends (_exit, SIGTERM, SIGKILL). `source` may be NULL.
  * Re-entry: called from inside the compile callback of the same key (the
  * thread compiling the key asking for it again), it returns
  * KCACHE_INVALID_ARGUMENT at once instead of waiting for itself; so does
@@ -269,7 +274,8 @@ KCACHE_EXPORT int kcache_flight_owner(const kcache_flight* f);
  * kcache_entry_free); `source` may be NULL. KCACHE_NOT_FOUND when the
  * flight holds none (it owns the compile, or was abandoned). */
 KCACHE_EXPORT int kcache_flight_entry(const kcache_flight* f, kcache_entry** out, int* source);
-/* Stores the entry made of `n` artifacts and hands it to the waiters;
+/* Stores the entry made of `n` artifacts (in the disk tier before it
+ * returns, as kcache_get_or_compile) and hands it to the waiters;
  * `out` may be NULL. KCACHE_INVALID_ARGUMENT for a NULL pointer, a bad
  * artifact name (as kcache_put) or a flight that does not own its key; a
  * bad artifact abandons the flight. */

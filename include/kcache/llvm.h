@@ -186,6 +186,11 @@ class FrontendKeys {
   FrontendKeys(const TargetDesc& target, const KeyOptions& options);
   // For the LLJIT that make_cached_lljit(cache, options) builds.
   static kcache::Expected<FrontendKeys> for_jit(const JitOptions& options);
+  // For `jit` as it is: every keyed setting (target, IR optimisation level,
+  // extra components) taken from its CachingCompiler, so the keys cannot
+  // disagree with the objects it makes. invalid_argument when its compile
+  // layer has no CachingCompiler (CachingCompiler::of).
+  static kcache::Expected<FrontendKeys> for_jit(::llvm::orc::LLJIT& jit);
 
   // The front-end key of `input` (the caller's digest of the source text
   // and of whatever else decides the IR its front end makes).
@@ -193,8 +198,21 @@ class FrontendKeys {
   // The object stored for `front`, through its stage link, ready for
   // LLJIT::addObjectFile (the buffer holds the entry); null on a miss, a bad
   // link or an object that is not for this target. `counters`, when given,
-  // count the lookup (lookups, hits, lookup time).
+  // count the time and a hit (lookups and hits); a miss is not counted as a
+  // lookup here: the module then goes to the compiler, which counts it, so
+  // each module is one lookup.
+  //
+  // A link is stored by the CachingCompiler that compiled (or found) the
+  // object, bound to that compiler's own target and options: found only
+  // by FrontendKeys of the same ones. A module tagged with the key of
+  // FrontendKeys made for other settings than its JIT's (for_jit with
+  // options unlike the JIT's) gets its object, but the link it leaves is
+  // never found by these keys: a miss, never another configuration's object.
   std::unique_ptr<::llvm::MemoryBuffer> find(Cache& cache, const Key& front, CompileCounters* counters = nullptr) const;
+  // The key the stage link of `front` is stored under by a CachingCompiler
+  // of this configuration (kcache::find_stage_link(cache, link_front(front))
+  // reads it): `front` bound to the target and options.
+  Key link_front(const Key& front) const;
 
  private:
   Digest backend_;  // digest of the target and option components
@@ -203,7 +221,7 @@ class FrontendKeys {
 
 // What the integration did; every field only grows. Times in nanoseconds.
 struct CompileCounters {
-  std::atomic<uint64_t> lookups{0};        // modules asked for
+  std::atomic<uint64_t> lookups{0};        // modules asked for, each once (hits + misses)
   std::atomic<uint64_t> hits{0};           // answered from the cache
   std::atomic<uint64_t> misses{0};         // compiled here (or waited for a compile)
   std::atomic<uint64_t> codegen_runs{0};   // optimiser + code generator runs
@@ -294,10 +312,20 @@ class CachingCompiler final : public ::llvm::orc::IRCompileLayer::IRCompiler {
 
   ::llvm::Expected<std::unique_ptr<::llvm::MemoryBuffer>> operator()(::llvm::Module& m) override;
 
+  ~CachingCompiler() override;
+
   const TargetDesc& target() const noexcept { return target_; }
   const CompileCounters& counters() const noexcept { return *counters_; }
+  // The key options every object key of this compiler has besides the
+  // target: its IR optimisation level and extra components.
+  KeyOptions key_options() const { return KeyOptions{opt_.ir_opt_level, opt_.key_extra}; }
+
+  // The CachingCompiler of `jit`'s IR compile layer (make_cached_lljit's, or
+  // one the caller set up), or null when that layer compiles otherwise.
+  static CachingCompiler* of(::llvm::orc::LLJIT& jit);
 
  private:
+  friend class BitcodeLoader;
   CachingCompiler(Cache& cache, ::llvm::orc::JITTargetMachineBuilder jtmb, TargetDesc target,
                   ::llvm::orc::IRSymbolMapper::ManglingOptions mo, CompilerOptions options);
   // Optimises and compiles `m` (changing it). Thread-safe: each call has a
@@ -310,6 +338,7 @@ class CachingCompiler final : public ::llvm::orc::IRCompileLayer::IRCompiler {
   ::llvm::Triple::ArchType arch_;
   CompilerOptions opt_;
   KeyBuilder key_base_;  // every key component but the IR
+  Digest front_target_;  // FrontendKeys' digest of this target and options: stage links are bound to it
   std::shared_ptr<CompileCounters> counters_;
   // Target machines no compile is using. A machine keeps the subtarget it
   // built for its first function, which costs about as much again as a
@@ -376,7 +405,7 @@ std::function<std::unique_ptr<::llvm::RuntimeDyld::MemoryManager>()> arena_memor
 // their re-serialised bitcode, or on set_ir_digest).
 //
 //   auto jit = make_cached_lljit(*cache, jo);
-//   auto loader = BitcodeLoader::for_jit(*cache, **jit, jo);
+//   auto loader = BitcodeLoader::for_jit(**jit);
 //   for (auto& path : files) if (auto err = loader->add_file(path)) ...
 //
 // The label of each module's entries (what `kcache misses` and
@@ -386,9 +415,17 @@ std::function<std::unique_ptr<::llvm::RuntimeDyld::MemoryManager>()> arena_memor
 // threads at once (LLJIT's own adds are).
 class BitcodeLoader {
  public:
-  // For `jit`, which make_cached_lljit(cache, options) built; `cache` and
-  // `jit` must outlive the loader. A disabled cache (KCACHE_DISABLE) makes
-  // a loader that only parses and adds, as a JIT without kcache would.
+  // For `jit`, which make_cached_lljit built (or any LLJIT whose compile
+  // layer is a CachingCompiler); `jit` must outlive the loader. Everything
+  // the keys cover (target, CPU, features, levels, extra components), the
+  // Cache and the counters are the JIT's own, taken from its
+  // CachingCompiler, so a loader cannot key files for settings its JIT does
+  // not compile with. A JIT without a CachingCompiler, or over a disabled
+  // cache (KCACHE_DISABLE), gets a loader that only parses and adds, as a
+  // JIT without kcache would (the former said once in the log).
+  static kcache::Expected<BitcodeLoader> for_jit(::llvm::orc::LLJIT& jit);
+  // The same; `cache` and `options` are not read for keys (the JIT's are
+  // used; settings in `options` unlike the JIT's are said once in the log).
   static kcache::Expected<BitcodeLoader> for_jit(Cache& cache, ::llvm::orc::LLJIT& jit, const JitOptions& options);
 
   // Adds the module `bitcode` holds to `jd` (null: the JIT's main
@@ -399,13 +436,13 @@ class BitcodeLoader {
   ::llvm::Error add_file(const std::string& path, ::llvm::orc::JITDylib* jd = nullptr);
 
  private:
-  BitcodeLoader(Cache& cache, ::llvm::orc::LLJIT& jit, std::optional<FrontendKeys> keys,
+  BitcodeLoader(Cache* cache, ::llvm::orc::LLJIT& jit, std::optional<FrontendKeys> keys,
                 std::shared_ptr<CompileCounters> counters)
-      : cache_(&cache), jit_(&jit), keys_(std::move(keys)), counters_(std::move(counters)) {}
-  Cache* cache_;
+      : cache_(cache), jit_(&jit), keys_(std::move(keys)), counters_(std::move(counters)) {}
+  Cache* cache_;  // the JIT's compiler's; null without keys
   ::llvm::orc::LLJIT* jit_;
-  std::optional<FrontendKeys> keys_;           // none when the cache is disabled
-  std::shared_ptr<CompileCounters> counters_;  // the JIT's (JitOptions::counters), or null
+  std::optional<FrontendKeys> keys_;           // none when the cache is disabled or the JIT has no CachingCompiler
+  std::shared_ptr<CompileCounters> counters_;  // the JIT's compiler's, or null
 };
 
 // An ORC LLJIT whose IR compile layer is a CachingCompiler over `cache`.

@@ -185,6 +185,14 @@ class Tier {
   Expected<std::optional<Entry>> get(const Key& key, Access access = Access::counted) { return do_get(key, access); }
   // REQUIRES: entry was built (non-empty encoded bytes).
   Status put(const Entry& entry);
+  // put() without the sync the store's durability makes a commit wait for:
+  // the entry is committed (other processes see it, and it is kept if this
+  // process is killed by any signal), and durable against a machine crash
+  // once sync() returns (or after a later synced commit). Default: put().
+  Status put_unsynced(const Entry& entry);
+  // Makes every commit so far as durable as the store's durability says
+  // (what put_unsynced committed). Default: nothing to do.
+  virtual Status sync() { return Status(); }
   // Puts many entries as one group where the store can (LMDB: one
   // transaction and one sync); result[i] belongs to entries[i]. Default:
   // put() each. REQUIRES: every entry was built.
@@ -198,6 +206,7 @@ class Tier {
  protected:
   virtual Expected<std::optional<Entry>> do_get(const Key& key, Access access) = 0;
   virtual Status do_put(const Entry& entry) = 0;
+  virtual Status do_put_unsynced(const Entry& entry) { return do_put(entry); }
   virtual Status do_remove(const Key& key) = 0;
   virtual TierStats do_stats() = 0;
 };

@@ -39,18 +39,22 @@ lone surrogate (such as '\udcff', what os.fsdecode makes of bytes that are
 not UTF-8) raises ValueError, and so does a NUL in an option value, a path
 or a name.
 
-Processes: entries reach the disk through a background thread that lets a
-group gather for up to 100 ms. Every open Cache is flushed when its process
-ends by a normal path: interpreter exit (atexit) and the end of a
-multiprocessing worker (fork, forkserver or spawn; multiprocessing's
-finalizers run before the worker's os._exit). A Cache used in a child of
-fork() reopens itself there with the same options on its first call (the
-parent's handles must not be used across fork), so a module-level Cache
-works in forked workers. A process that leaves through os._exit() of its
-own, or is killed (multiprocessing.Pool's terminate(), which its context
-manager calls, sends SIGTERM), keeps only what was flushed: call
-Cache.flush() before, or pass sync_commit=True (KCACHE_SYNC_COMMIT=1) to make
-every store wait for its write.
+Processes: what a compile produced (get_or_compile, a flight's commit) is on
+disk before the call returns: other processes see it, and it is kept however
+the process ends, os._exit() and signals included (a `with
+multiprocessing.Pool() as pool:` block ends with terminate(), which sends
+SIGTERM to the workers); it is synced against a power loss within 100 ms
+(before the call returns with sync_commit=True). Plain puts reach the disk through a background
+thread that lets a group gather for up to 100 ms. Every open Cache is
+flushed when its process ends by a normal path: interpreter exit (atexit)
+and the end of a multiprocessing worker (fork, forkserver or spawn;
+multiprocessing's finalizers run before the worker's os._exit). A Cache used
+in a child of fork() reopens itself there with the same options on its first
+call (the parent's handles must not be used across fork), so a module-level
+Cache works in forked workers. A process that puts and then leaves through
+os._exit() of its own, or is killed, keeps the puts of its last 100 ms only
+after Cache.flush(), or with sync_commit=True (KCACHE_SYNC_COMMIT=1), which
+makes every put wait for its write.
 """
 
 from __future__ import annotations

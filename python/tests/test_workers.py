@@ -4,7 +4,10 @@ ProcessPoolExecutor workers under fork, forkserver and spawn (forked and
 forkserver workers leave through os._exit after multiprocessing's
 finalizers), a module-level Cache the workers inherited from their parent,
 os._exit after flush() or under sync_commit, and Triton compiles in forked
-workers. After the workers are gone, a fresh Cache finds every entry.
+workers; and when they are killed: a `with Pool() as pool:` block (its
+terminate() sends SIGTERM to the workers) and workers a scheduler stops with
+SIGTERM or SIGKILL right after their compiles returned. After the workers
+are gone, a fresh Cache finds every entry.
 
 KCACHE_TRIALS sets the trials per case (default 3; Triton: a tenth of it,
 at least 1)."""
@@ -12,6 +15,7 @@ at least 1)."""
 import concurrent.futures
 import multiprocessing as mp
 import os
+import signal
 import subprocess
 import sys
 
@@ -73,6 +77,52 @@ def test_worker_entries_reach_the_disk(tmp_path, method, run):
     assert worker_tasks.missing(d, all_keys(TRIALS)) == []
 
 
+def test_pool_left_through_its_context_manager_keeps_every_compile(tmp_path):
+    # The idiom of Python's documentation, as it is written: leaving the
+    # block calls terminate(), which sends SIGTERM to every worker (no
+    # finalizer, no flush runs). What each compile produced was on disk
+    # when get_or_compile or commit returned, before map() had its result.
+    d = str(tmp_path / "kcache")
+    for t in range(TRIALS):
+        with mp.Pool(WORKERS) as pool:
+            assert pool.starmap(worker_tasks.compile_keys, [(d, r) for r in ranges(t)]) == [PER_WORKER] * WORKERS
+    assert worker_tasks.missing(d, all_keys(TRIALS)) == []
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_pool_context_manager_under_each_start_method(tmp_path, method):
+    d = str(tmp_path / "kcache")
+    ctx = mp.get_context(method)
+    for t in range(TRIALS):
+        with ctx.Pool(WORKERS) as pool:
+            assert pool.starmap(worker_tasks.compile_keys, [(d, r) for r in ranges(t)]) == [PER_WORKER] * WORKERS
+    assert worker_tasks.missing(d, all_keys(TRIALS)) == []
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
+def test_workers_killed_right_after_compiling_lose_nothing(tmp_path, sig):
+    # Forked workers compile, say so and wait; each is killed the moment the
+    # parent hears. Before they are killed, the parent's own Cache sees
+    # their entries (other processes see a compile once it returned).
+    d = str(tmp_path / "kcache")
+    ctx = mp.get_context("fork")
+    for t in range(TRIALS):
+        ps = []
+        for r in ranges(t):
+            parent_end, child_end = ctx.Pipe()
+            p = ctx.Process(target=worker_tasks.compile_then_wait, args=(d, r, child_end))
+            p.start()
+            ps.append((p, parent_end, r))
+        for p, conn, r in ps:
+            assert conn.recv() == PER_WORKER
+            assert worker_tasks.missing(d, r) == []
+            os.kill(p.pid, sig)
+        for p, _, _ in ps:
+            p.join()
+            assert p.exitcode == -sig
+    assert worker_tasks.missing(d, all_keys(TRIALS)) == []
+
+
 def test_forked_workers_reopen_a_cache_their_parent_opened(tmp_path):
     # A Cache opened at import time in the parent, used by forked workers:
     # each worker reopens it on its first call (the parent's disk handles
@@ -93,13 +143,13 @@ def test_forked_workers_reopen_a_cache_their_parent_opened(tmp_path):
         worker_tasks.inherited = None
 
 
-def _fork_and_exit(d, keys, flush, **options):
+def _fork_and_exit(d, keys, flush, puts=False, **options):
     pid = os.fork()
     if pid == 0:
         code = 1
         try:
             c = kcache.Cache(d, env=False, **options)
-            worker_tasks.compile_into(c, keys)
+            (worker_tasks.put_into if puts else worker_tasks.compile_into)(c, keys)
             if flush:
                 c.flush()
             code = 0
@@ -109,15 +159,24 @@ def _fork_and_exit(d, keys, flush, **options):
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
 
 
+@pytest.mark.parametrize("puts", [False, True], ids=["compiles", "puts"])
 @pytest.mark.parametrize("way", ["flush", "sync_commit"])
-def test_os_exit_after_flush_or_with_sync_commit(tmp_path, way):
+def test_os_exit_after_flush_or_with_sync_commit(tmp_path, way, puts):
     d = str(tmp_path / "kcache")
     for t in range(TRIALS):
         keys = range(t * 20, (t + 1) * 20)
         if way == "flush":
-            _fork_and_exit(d, keys, True)
+            _fork_and_exit(d, keys, True, puts=puts)
         else:
-            _fork_and_exit(d, keys, False, sync_commit=True)
+            _fork_and_exit(d, keys, False, puts=puts, sync_commit=True)
+    assert worker_tasks.missing(d, range(TRIALS * 20)) == []
+
+
+def test_os_exit_right_after_compiling_loses_nothing(tmp_path):
+    # No flush, no sync_commit: compiles are on disk when they return.
+    d = str(tmp_path / "kcache")
+    for t in range(TRIALS):
+        _fork_and_exit(d, range(t * 20, (t + 1) * 20), False)
     assert worker_tasks.missing(d, range(TRIALS * 20)) == []
 
 
@@ -127,7 +186,7 @@ def test_sync_commit_from_the_environment(tmp_path, monkeypatch):
     pid = os.fork()
     if pid == 0:
         try:
-            worker_tasks.compile_into(kcache.Cache(d), range(10))
+            worker_tasks.put_into(kcache.Cache(d), range(10))
         finally:
             os._exit(0)
     os.waitpid(pid, 0)

@@ -202,23 +202,28 @@ bool Cache::flush(std::chrono::milliseconds bound) {
   return true;
 }
 
-bool Cache::Impl::store(const Entry& e, Leadership* owner) {
+bool Cache::Impl::store(const Entry& e) {
   if (!policy.store) return false;
   bool any = chain.store(e, TierChain::Tiers::memory);
   if (!chain.has_slow_writable()) return any;
-  std::function<void()> then;
-  if (owner && owner->leased) {
-    owner->hand_over_lease();
-    owner->leased = false;
-    then = [this, k = e.key()] { lease.release(k); };
-  }
-  committer.submit(e, std::move(then));
-  // The lease (released in `then`) goes only after the write, so another
-  // process that waited on it finds the entry; with sync_commit the entry
-  // is also written before this store returns and before the threads that
-  // wait in this process get it.
+  committer.submit(e, nullptr);
+  // With sync_commit the entry is also written before this store returns.
   if (opt.sync_commit) committer.flush();
   return true;
+}
+
+bool Cache::Impl::store_compiled(const Entry& e) {
+  if (!policy.store) return false;
+  // One transaction of its own in the disk tier, in this thread: committed
+  // (other processes see it, a killed process keeps it) when this returns.
+  // Its sync (the durability option's, against a machine crash) is the
+  // committer's, once for every compile of its lingering window, unless
+  // sync_commit asks for it here. A remote tier queues the entry for its
+  // own writer. The caller releases the key's lease after this returns, so
+  // another process that waited on it finds the entry.
+  bool any = chain.store(e, TierChain::Tiers::all, /*synced=*/opt.sync_commit);
+  if (any && !opt.sync_commit && chain.has_slow_writable()) committer.request_sync();
+  return any;
 }
 
 // ---- get and put -------------------------------------------------------------
@@ -307,7 +312,7 @@ Expected<Entry> Cache::Impl::resolve(const KeyInfo& key, const CompileFn& compil
   Expected<Entry> r = compile_entry(key, compile);
   if (r) {
     if (source) *source = Source::compiled;
-    bool stored = store(*r, &*turn.leader);
+    bool stored = store_compiled(*r);
     KCACHE_LOG(LogLevel::debug, "%s %s (%zu bytes)", stored ? "stored" : "not stored (no writable tier)",
                debug_name(key).c_str(), r->encoded().size());
   } else {
@@ -450,7 +455,7 @@ Expected<Entry> Flight::commit(std::vector<Artifact> artifacts, uint64_t compile
     abandon();
     return e;
   }
-  impl.store(*e, s_->leader ? &*s_->leader : nullptr);
+  impl.store_compiled(*e);
   if (s_->leader) s_->leader->finish(*e);
   s_->leader.reset();
   s_->owner = false;

@@ -9,13 +9,10 @@ namespace {
 constexpr size_t kMaxQueued = 1024;
 constexpr uint64_t kMaxQueuedBytes = uint64_t(256) << 20;
 constexpr size_t kMaxGroup = 256;
-// How long the committer lets a group gather before it writes it. Entries
-// of one compiling thread come one compile apart; without the wait each is
-// a group of its own, a transaction and a sync, and the syncs' I/O slows the
-// compiling thread itself. A cold kcache-demo run (240 compiles, ~5 ms
-// apart) makes 15 syncs at 100 ms against 58 at 25 ms (docs/benchmarks.md).
-// The price: another process waiting on a key's lease finds the entry up to
-// this much later. flush() and close cut the wait short.
+// How long the committer lets a group gather before it writes it. Puts of
+// one thread (stage links, a host's own stores) come one compile apart;
+// without the wait each is a group of its own, a transaction and a sync.
+// flush() and close cut the wait short.
 constexpr uint64_t kLingerUs = 100'000;
 }  // namespace
 
@@ -30,6 +27,7 @@ void Committer::renew_after_fork() {
   queue_ = {};
   inflight_ = {};
   submitted_ = written_ = queued_bytes_ = 0;
+  sync_requested_ = synced_ = 0;
   flushing_ = 0;
   stop_ = false;
   waiting_.store(0);
@@ -60,6 +58,20 @@ void Committer::submit(Entry e, std::function<void()> then) {
   if (queue_.size() == 1 || group_full()) worker_.cv().notify_one();
 }
 
+void Committer::request_sync() {
+  renew_after_fork();
+  if (inherited_) {
+    chain_.sync();
+    return;
+  }
+  std::unique_lock lk(worker_.mu());
+  const bool first = sync_requested_ == synced_ && queue_.empty();
+  ++sync_requested_;
+  stop_ = false;
+  worker_.start([this] { run(); });
+  if (first) worker_.cv().notify_one();
+}
+
 bool Committer::group_full() const { return queue_.size() >= kMaxGroup || queued_bytes_ >= kMaxQueuedBytes / 4; }
 
 std::optional<Entry> Committer::find(const Key& key) {
@@ -73,22 +85,22 @@ std::optional<Entry> Committer::find(const Key& key) {
 void Committer::flush() {
   renew_after_fork();
   std::unique_lock lk(worker_.mu());
-  uint64_t target = submitted_;
-  if (written_ >= target) return;
+  uint64_t target = submitted_, sync_target = sync_requested_;
+  if (written_ >= target && synced_ >= sync_target) return;
   ++flushing_;
   worker_.cv().notify_all();  // no lingering: someone waits
-  done_cv_->wait(lk, [&] { return written_ >= target; });
+  done_cv_->wait(lk, [&] { return written_ >= target && synced_ >= sync_target; });
   --flushing_;
 }
 
 bool Committer::flush_for(std::chrono::milliseconds bound) {
   renew_after_fork();
   std::unique_lock lk(worker_.mu());
-  uint64_t target = submitted_;
-  if (written_ >= target) return true;
+  uint64_t target = submitted_, sync_target = sync_requested_;
+  if (written_ >= target && synced_ >= sync_target) return true;
   ++flushing_;
   worker_.cv().notify_all();
-  const bool done = done_cv_->wait_for(lk, bound, [&] { return written_ >= target; });
+  const bool done = done_cv_->wait_for(lk, bound, [&] { return written_ >= target && synced_ >= sync_target; });
   --flushing_;
   return done;
 }
@@ -107,8 +119,8 @@ void Committer::stop() {
 void Committer::run() {
   std::unique_lock lk(worker_.mu());
   for (;;) {
-    worker_.cv().wait(lk, [&] { return stop_ || !queue_.empty(); });
-    if (queue_.empty()) return;  // stop_ and nothing left
+    worker_.cv().wait(lk, [&] { return stop_ || !queue_.empty() || sync_requested_ > synced_; });
+    if (queue_.empty() && sync_requested_ <= synced_) return;  // stop_ and nothing left
     const uint64_t deadline = env_->now_mono_us() + kLingerUs;
     for (uint64_t now = env_->now_mono_us(); !(stop_ || flushing_ > 0 || group_full()) && now < deadline;
          now = env_->now_mono_us())
@@ -119,13 +131,20 @@ void Committer::run() {
       group.push_back(std::move(queue_.front()));
       queue_.pop_front();
     }
+    const uint64_t sync_upto = sync_requested_;
+    const bool sync = sync_upto > synced_;
     done_cv_->notify_all();  // room in the queue
     lk.unlock();
     std::vector<Entry> entries;
     entries.reserve(group.size());
     for (auto& it : group) entries.push_back(it.entry);
-    chain_.store_group(entries);
-    groups_.fetch_add(1, std::memory_order_relaxed);
+    if (!entries.empty()) {
+      chain_.store_group(entries);
+      groups_.fetch_add(1, std::memory_order_relaxed);
+    }
+    // After the group: its own synced commit has made the unsynced commits
+    // before it durable already, and the tier's sync then has nothing to do.
+    if (sync) chain_.sync();
     for (auto& it : group)
       if (it.then) it.then();
     lk.lock();
@@ -134,6 +153,7 @@ void Committer::run() {
       if (f != inflight_.end() && f->second.first == it.seq) inflight_.erase(f);
     }
     written_ += group.size();
+    if (sync) synced_ = sync_upto;
     waiting_.fetch_sub(group.size(), std::memory_order_release);
     done_cv_->notify_all();
   }

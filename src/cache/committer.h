@@ -1,15 +1,16 @@
-// Private: puts off the compile path (group commit).
+// Private: plain puts off the caller's path (group commit).
 //
-// The Cache puts a new entry into its memory tier at once and hands it to
-// the committer for the slower tiers (disk, remote); the compiling thread
-// goes on. The committer thread lets a group gather for up to 100 ms (less
-// when flush() waits, at close, or when 256 entries or 64 MiB wait), takes every
-// entry waiting and writes them as one group per tier (Tier::put_many: for
-// LMDB one transaction and one sync), then runs each entry's `then` (the Cache releases the key's
-// cross-process lease there, so another process that waited finds the entry
-// on disk). Until then find() still has the entry, so a lookup of a key in
-// flight to disk is served. flush() waits for everything handed over before
-// it; so does stop() (the Cache's close).
+// Cache::put puts a new entry into its memory tier at once and hands it to
+// the committer for the slower tiers (disk, remote); the caller goes on.
+// (What a compile produced is not handed over: the Cache writes it in the
+// compiling thread, so it is on disk when get_or_compile or a flight's
+// commit returns.) The committer thread lets a group gather for up to
+// 100 ms (less when flush() waits, at close, or when 256 entries or 64 MiB
+// wait), takes every entry waiting and writes them as one group per tier
+// (Tier::put_many: for LMDB one transaction and one sync), then runs each
+// entry's `then`. Until then find() still has the entry, so a lookup of a
+// key in flight to disk is served. flush() waits for everything handed over
+// before it; so does stop() (the Cache's close).
 //
 // The queue is bounded (entries and bytes): submit() waits when it is full,
 // so a compiler faster than its disk is slowed down, never left to grow
@@ -45,6 +46,11 @@ class Committer {
   // Queues e for the chain's tiers that are not memory tiers; `then` runs on
   // the committer thread once they have it (or failed to take it).
   void submit(Entry e, std::function<void()> then);
+  // An entry was committed without its sync (TierChain::store, synced
+  // false): the committer syncs the slow tiers (TierChain::sync) within the
+  // same lingering window as a group, once for every request made in it.
+  // flush() waits for that sync too.
+  void request_sync();
   // The newest entry of `key` waiting to be written, if any.
   std::optional<Entry> find(const Key& key);
   bool idle() const noexcept { return waiting_.load(std::memory_order_acquire) == 0; }
@@ -74,6 +80,7 @@ class Committer {
   std::unordered_map<Key, std::pair<uint64_t, Entry>>
       inflight_;                                             // GUARDED_BY(worker_.mu()): key -> newest (seq, entry)
   uint64_t submitted_ = 0, written_ = 0, queued_bytes_ = 0;  // GUARDED_BY(worker_.mu())
+  uint64_t sync_requested_ = 0, synced_ = 0;                 // GUARDED_BY(worker_.mu())
   unsigned flushing_ = 0;                                    // GUARDED_BY(worker_.mu()): flush() callers waiting
   bool stop_ = false;                                        // GUARDED_BY(worker_.mu())
   bool inherited_ = false;                                   // this object was inherited across fork()

@@ -80,12 +80,11 @@ struct Cache::Impl {
     ~Leadership() { release_lease(); }
     // Holding the claimed lease: noted as this thread's (see held_here).
     void hold_lease();
-    // The note of hold_lease goes: the lease is released, or handed to the
-    // committer with the entry (which releases it once the entry is
-    // written, whatever this thread does next).
+    // The note of hold_lease goes: the lease is released.
     void hand_over_lease();
-    // The lease goes after the entry is stored, so that other processes
-    // find it; then the waiting threads get the result.
+    // The lease goes after the entry is stored (store_compiled: written to
+    // the disk tier), so that other processes find it; then the waiting
+    // threads get the result.
     void finish(const Expected<Entry>& r, FlightTable::End end = FlightTable::End::done) {
       release_lease();
       lead.finish(r, end);
@@ -139,10 +138,15 @@ struct Cache::Impl {
   // Step 3: the compile function, timed and counted, and the entry built
   // from its artifacts.
   Expected<Entry> compile_entry(const KeyInfo& key, const CompileFn& compile);
-  // Step 4: every writable tier (none when read-only): the memory tier at
-  // once, the slower ones through the committer. The lease of `owner` (if
-  // any) goes with the entry and is released once the slower tiers have it.
-  bool store(const Entry& e, Leadership* owner = nullptr);
+  // Step 4, for what a compile produced (get_or_compile, batches, a
+  // flight's commit): every writable tier (none when read-only), the disk
+  // tier's write committed in the calling thread before it returns, so the
+  // entry is visible to other processes and survives this one being killed
+  // by any signal; a remote tier queues it for its own writer.
+  bool store_compiled(const Entry& e);
+  // A plain put (Cache::put, stage links): the memory tier at once, the
+  // slower ones through the committer (group commit), unless sync_commit.
+  bool store(const Entry& e);
 
   enum class Outcome { done, busy };
   // The four steps. count: whether this request's first lookup counts a

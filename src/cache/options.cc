@@ -257,7 +257,7 @@ const std::array kRows = {
         return set_ms(v, &o.wait_bound_ms, false, 7 * kDayMs, "a number of ms from 0 to 604800000 (a week)");
       },
       [](const Options& o) { return std::to_string(o.wait_bound_ms); }},
-  Row{{"sync_commit", "KCACHE_SYNC_COMMIT", "each store is on disk before it returns, for hosts that _exit (default 0)"},
+  Row{{"sync_commit", "KCACHE_SYNC_COMMIT", "each store is synced before it returns; puts too wait for their write (default 0)"},
       [](Options& o, std::string_view v) { return set_bool(v, &o.sync_commit); },
       [](const Options& o) { return flag(o.sync_commit); }},
   Row{{"remote", "KCACHE_REMOTE", "shared remote tier: redis://host:port[/db][?...] or redis+cluster://..."},

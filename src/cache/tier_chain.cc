@@ -59,13 +59,21 @@ std::optional<Entry> TierChain::lookup(const Key& key, Source* src, Access count
   return std::nullopt;
 }
 
-bool TierChain::store(const Entry& e, Tiers which) {
+bool TierChain::store(const Entry& e, Tiers which, bool synced) {
   bool any = false;
   for (size_t i = 0; i < tiers_.size(); ++i) {
     bool memory = tiers_[i]->kind() == TierKind::memory;
-    if (which == Tiers::all || (which == Tiers::memory) == memory) any |= put_into(i, e);
+    if (which == Tiers::all || (which == Tiers::memory) == memory) any |= put_into(i, e, synced);
   }
   return any;
+}
+
+void TierChain::sync() {
+  for (size_t i = 0; i < tiers_.size(); ++i) {
+    if (tiers_[i]->kind() == TierKind::memory || !writes_to(i)) continue;
+    Status st = tiers_[i]->sync();
+    if (!st.is_ok()) fault(*tiers_[i], "sync", st);
+  }
 }
 
 void TierChain::store_group(const std::vector<Entry>& es) {
@@ -110,9 +118,9 @@ void TierChain::fault(const Tier& t, const char* op, const Status& st) {
              st.to_string().c_str());
 }
 
-bool TierChain::put_into(size_t i, const Entry& e) {
+bool TierChain::put_into(size_t i, const Entry& e, bool synced) {
   if (!writes_to(i)) return false;
-  return took(i, tiers_[i]->put(e));
+  return took(i, synced ? tiers_[i]->put(e) : tiers_[i]->put_unsynced(e));
 }
 
 bool TierChain::took(size_t i, const Status& st) {

@@ -35,7 +35,11 @@ class TierChain {
   // Puts into every writable tier; true if any took it.
   bool store(const Entry& e) { return store(e, Tiers::all); }
   enum class Tiers { all, memory, slow };  // slow: every tier that is not a memory tier
-  bool store(const Entry& e, Tiers which);
+  // synced=false: Tier::put_unsynced (the commit skips the durability's
+  // sync; sync() makes it durable).
+  bool store(const Entry& e, Tiers which, bool synced = true);
+  // Tier::sync of every slow writable tier.
+  void sync();
   // Puts a group into every slow tier, one Tier::put_many each.
   void store_group(const std::vector<Entry>& es);
   // Whether a slow tier takes writes.
@@ -56,7 +60,7 @@ class TierChain {
   uint64_t faults() const noexcept { return faults_.load(std::memory_order_relaxed); }
 
  private:
-  bool put_into(size_t i, const Entry& e);
+  bool put_into(size_t i, const Entry& e, bool synced = true);
   bool writes_to(size_t i) const;
   // The fault policy for the result of a put into tier i.
   bool took(size_t i, const Status& st);

@@ -23,6 +23,7 @@
 #include <mutex>
 #include <optional>
 #include <tuple>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -438,14 +439,49 @@ kcache::Expected<KeyInfo> object_key_of_bitcode(std::string_view bitcode, const 
 
 void set_ir_digest(::llvm::Module& m, const Digest& ir) { set_digest_md(m, kIrDigestMd, ir); }
 
+namespace {
+
+// What a front-end key covers besides the client's input: the target and
+// option components, hashed once per FrontendKeys (and per compiler).
+Digest front_target_digest(const TargetDesc& target, const KeyOptions& options) {
+  KeyBuilder kb("kcache-llvm-front-target/1");
+  add_target(kb, target, options);
+  auto k = kb.finish();
+  return k ? k->key : Digest{};
+}
+
+// The key a front-end key's stage link is stored under: the front-end key
+// bound to the target and options of the compiler that stored it. Found
+// only by FrontendKeys of those same settings, so keys made for other
+// settings than the JIT's (a loader at -O0 over a JIT at -O3) leave links
+// no correctly configured run ever reads.
+Key bound_link_front(const Key& front, const Digest& compiler_target) {
+  char buf[4 + 16 + 16];
+  std::memcpy(buf, "KCLF", 4);
+  std::memcpy(buf + 4, front.bytes.data(), 16);
+  std::memcpy(buf + 20, compiler_target.bytes.data(), 16);
+  return hash_bytes(std::string_view(buf, sizeof buf));
+}
+
+// Every CachingCompiler alive in the process (the build has no RTTI to
+// tell one from another IRCompiler): CachingCompiler::of looks a JIT's
+// compiler up here. Never destroyed.
+struct LiveCompilers {
+  std::mutex mu;
+  std::unordered_set<const void*> live;  // GUARDED_BY(mu)
+};
+LiveCompilers& live_compilers() {
+  static auto* l = new LiveCompilers;
+  return *l;
+}
+
+}  // namespace
+
 void set_frontend_key(::llvm::Module& m, const Key& front) { set_digest_md(m, kFrontMd, front); }
 
 FrontendKeys::FrontendKeys(const TargetDesc& target, const KeyOptions& options) {
   // The target part is the same for every key: hash it once.
-  KeyBuilder kb("kcache-llvm-front-target/1");
-  add_target(kb, target, options);
-  auto k = kb.finish();
-  backend_ = k ? k->key : Digest{};
+  backend_ = front_target_digest(target, options);
   arch_ = ::llvm::Triple(target.triple).getArch();
 }
 
@@ -454,12 +490,14 @@ KeyInfo FrontendKeys::key(const Digest& input) const {
   return *KeyBuilder("kcache-llvm-front/1").add_digest("frontend", input).add_digest("target", backend_).finish();
 }
 
+Key FrontendKeys::link_front(const Key& front) const { return bound_link_front(front, backend_); }
+
 std::unique_ptr<::llvm::MemoryBuffer> FrontendKeys::find(Cache& cache, const Key& front,
                                                          CompileCounters* counters) const {
   const bool cpu = counters && counters->cpu_times.load(std::memory_order_relaxed);
   uint64_t t0 = now_ns(), u0 = cpu_ns(cpu);
   std::unique_ptr<::llvm::MemoryBuffer> buf;
-  if (auto e = get_staged(cache, front)) {
+  if (auto e = get_staged(cache, link_front(front))) {
     std::string why;
     Key k = e->key();
     // ORC frees an object buffer once it is linked, so a pinned view is fine.
@@ -470,8 +508,9 @@ std::unique_ptr<::llvm::MemoryBuffer> FrontendKeys::find(Cache& cache, const Key
     }
   }
   if (counters) {
-    counters->lookups.fetch_add(1, std::memory_order_relaxed);
+    // A miss is counted by the compiler the module goes to next.
     if (buf) {
+      counters->lookups.fetch_add(1, std::memory_order_relaxed);
       counters->hits.fetch_add(1, std::memory_order_relaxed);
       counters->frontend_hits.fetch_add(1, std::memory_order_relaxed);
     }
@@ -596,9 +635,27 @@ CachingCompiler::CachingCompiler(Cache& cache, ::llvm::orc::JITTargetMachineBuil
       jtmb_(std::move(jtmb)),
       target_(std::move(target)),
       opt_(std::move(options)),
-      key_base_(target_part(target_, KeyOptions{opt_.ir_opt_level, opt_.key_extra})) {
+      key_base_(target_part(target_, KeyOptions{opt_.ir_opt_level, opt_.key_extra})),
+      front_target_(front_target_digest(target_, KeyOptions{opt_.ir_opt_level, opt_.key_extra})) {
   arch_ = ::llvm::Triple(target_.triple).getArch();
   counters_ = opt_.counters ? opt_.counters : std::make_shared<CompileCounters>();
+  auto& l = live_compilers();
+  std::lock_guard lk(l.mu);
+  l.live.insert(static_cast<const ::llvm::orc::IRCompileLayer::IRCompiler*>(this));
+}
+
+CachingCompiler::~CachingCompiler() {
+  auto& l = live_compilers();
+  std::lock_guard lk(l.mu);
+  l.live.erase(static_cast<const ::llvm::orc::IRCompileLayer::IRCompiler*>(this));
+}
+
+CachingCompiler* CachingCompiler::of(::llvm::orc::LLJIT& jit) {
+  ::llvm::orc::IRCompileLayer::IRCompiler* c = &jit.getIRCompileLayer().getCompiler();
+  auto& l = live_compilers();
+  std::lock_guard lk(l.mu);
+  if (!l.live.count(c)) return nullptr;
+  return static_cast<CachingCompiler*>(c);
 }
 
 ::llvm::Expected<std::unique_ptr<CachingCompiler>> CachingCompiler::create(Cache& cache,
@@ -735,7 +792,8 @@ kcache::Expected<::llvm::SmallVector<char, 0>> CachingCompiler::compile(::llvm::
   C.key_cpu_ns.fetch_add(u1 - u0, std::memory_order_relaxed);
   auto link = [&] {
     if (!front) return;
-    if (put_stage_link(cache_, *front, ir_of(*key), key->key)) C.links_stored.fetch_add(1, std::memory_order_relaxed);
+    if (put_stage_link(cache_, bound_link_front(*front, front_target_), ir_of(*key), key->key))
+      C.links_stored.fetch_add(1, std::memory_order_relaxed);
   };
 
   if (!key) {
@@ -875,22 +933,48 @@ kcache::Expected<FrontendKeys> FrontendKeys::for_jit(const JitOptions& options) 
   return FrontendKeys(desc, ko);
 }
 
+kcache::Expected<FrontendKeys> FrontendKeys::for_jit(::llvm::orc::LLJIT& jit) {
+  CachingCompiler* cc = CachingCompiler::of(jit);
+  if (!cc)
+    return Status(Errc::invalid_argument, "FrontendKeys::for_jit: the JIT's compile layer is no CachingCompiler");
+  return FrontendKeys(cc->target(), cc->key_options());
+}
+
+kcache::Expected<BitcodeLoader> BitcodeLoader::for_jit(::llvm::orc::LLJIT& jit) {
+  CachingCompiler* cc = CachingCompiler::of(jit);
+  if (!cc) {
+    KCACHE_LOG(LogLevel::warn,
+               "llvm: BitcodeLoader over a JIT whose compile layer is no CachingCompiler: files are parsed and "
+               "added uncached");
+    return BitcodeLoader(nullptr, jit, std::nullopt, nullptr);
+  }
+  if (cc->cache_.options().disabled) return BitcodeLoader(nullptr, jit, std::nullopt, cc->counters_);
+  return BitcodeLoader(&cc->cache_, jit, FrontendKeys(cc->target(), cc->key_options()), cc->counters_);
+}
+
 kcache::Expected<BitcodeLoader> BitcodeLoader::for_jit(Cache& cache, ::llvm::orc::LLJIT& jit,
                                                        const JitOptions& options) {
-  std::optional<FrontendKeys> keys;
-  if (!cache.options().disabled) {
-    auto k = FrontendKeys::for_jit(options);
-    if (!k) return k.error();
-    keys.emplace(std::move(*k));
+  if (CachingCompiler* cc = CachingCompiler::of(jit)) {
+    // Said, never obeyed: keys for settings the JIT does not compile with
+    // would only ever miss.
+    KeyOptions ko = cc->key_options();
+    if (&cache != &cc->cache_ || static_cast<int>(std::min(options.opt_level, 3u)) != ko.ir_opt_level ||
+        options.key_extra != ko.extra || (!options.cpu.empty() && options.cpu != cc->target().cpu) ||
+        (options.counters && options.counters != cc->counters_)) {
+      static std::atomic<bool> said{false};
+      if (!said.exchange(true))
+        KCACHE_LOG(LogLevel::info,
+                   "llvm: BitcodeLoader::for_jit given a cache or options unlike its JIT's: the JIT's are used");
+    }
   }
-  return BitcodeLoader(cache, jit, std::move(keys), options.counters);
+  return for_jit(jit);
 }
 
 ::llvm::Error BitcodeLoader::add(std::unique_ptr<::llvm::MemoryBuffer> bitcode, ::llvm::orc::JITDylib* jd) {
   if (!bitcode) return make_error("BitcodeLoader::add: no buffer");
   ::llvm::orc::JITDylib& dylib = jd ? *jd : jit_->getMainJITDylib();
   std::optional<Key> front;
-  if (keys_) {
+  if (keys_ && cache_) {
     CompileCounters* C = counters_.get();
     const bool cpu = C && C->cpu_times.load(std::memory_order_relaxed);
     uint64_t t0 = now_ns(), u0 = cpu_ns(cpu);

@@ -53,6 +53,12 @@ Status Tier::put(const Entry& entry) {
   return do_put(entry);
 }
 
+Status Tier::put_unsynced(const Entry& entry) {
+  if (entry.encoded().size() < kEntryHeaderSize)
+    return Status(Errc::invalid_argument, "put of an entry that was not built");
+  return do_put_unsynced(entry);
+}
+
 std::vector<Status> Tier::put_many(const std::vector<Entry>& entries) {
   std::vector<Status> out;
   out.reserve(entries.size());

@@ -167,6 +167,7 @@ Expected<std::shared_ptr<LmdbEnv>> LmdbEnv::open(const std::string& dir, uint64_
   }
 
   auto env = std::shared_ptr<LmdbEnv>(new LmdbEnv());
+  env->sync_data_ = sync_data;
   env->fork_gen_ = util::fork_generation();
   env->map_size_ = map_size;
   env->dir_ = dir;
@@ -474,10 +475,30 @@ Expected<MDB_txn*> LmdbEnv::begin_write(int wait_ms) {
   return t;
 }
 
-int LmdbEnv::commit_write(MDB_txn* txn) {
+int LmdbEnv::commit_write(MDB_txn* txn, bool sync) {
+  const bool skip = !sync && sync_data_;
+  if (skip) mdb_env_set_flags(env_, MDB_NOSYNC, 1);
   int rc = mdb_txn_commit(txn);
+  if (skip) {
+    mdb_env_set_flags(env_, MDB_NOSYNC, 0);
+    if (!rc) unsynced_.store(true, std::memory_order_release);
+  } else if (!rc && sync_data_) {
+    // Its data sync wrote every earlier commit's pages too.
+    unsynced_.store(false, std::memory_order_release);
+  }
   gate_unlock();
   return rc;
+}
+
+Status LmdbEnv::sync() {
+  if (inherited() || lost()) return Status();
+  if (!unsynced_.exchange(false, std::memory_order_acq_rel)) return Status();
+  int rc = mdb_env_sync(env_, 1);
+  if (rc) {
+    unsynced_.store(true, std::memory_order_release);
+    return mdb_status(rc, "sync");
+  }
+  return Status();
 }
 
 void LmdbEnv::abort_write(MDB_txn* txn) {

@@ -58,7 +58,14 @@ class LmdbEnv {
   // gate again.
   static constexpr int kWriteWaitMs = 10000;
   Expected<MDB_txn*> begin_write(int wait_ms = kWriteWaitMs);
-  int commit_write(MDB_txn* txn);
+  // sync=false: the commit skips the data sync the store's durability asks
+  // for (MDB_NOSYNC for this commit alone, set and cleared under the gate,
+  // so no other commit of this process runs in between); sync() makes it
+  // durable later.
+  int commit_write(MDB_txn* txn, bool sync = true);
+  // Syncs the data file when a commit skipped its sync since the last one
+  // (none under Durability::none, which never syncs).
+  Status sync();
   void abort_write(MDB_txn* txn);
 
   // Whether the overflow run holding `v` (a value read in a write
@@ -127,7 +134,9 @@ class LmdbEnv {
   void gate_release();  // the in-process half only
 
   MDB_env* env_ = nullptr;
-  uint64_t fork_gen_ = 0;  // util::fork_generation() when opened
+  bool sync_data_ = true;              // the durability syncs data on commit
+  std::atomic<bool> unsynced_{false};  // a commit skipped its sync since the last sync()
+  uint64_t fork_gen_ = 0;              // util::fork_generation() when opened
   uint64_t map_size_ = 0;
   std::string dir_;
   std::atomic<bool> resized_logged_{false};

@@ -244,6 +244,11 @@ class LmdbTier final : public Tier, public StoreAdmin {
     return put_once({}, "flush");
   }
 
+  Status sync() override {
+    if (env_->inherited() || read_only_) return Status();
+    return env_->sync();
+  }
+
   Status zero_counters() override {
     if (env_->inherited()) return env_->inherited_error();
     if (read_only_) return refuse("zero counters");
@@ -461,7 +466,7 @@ class LmdbTier final : public Tier, public StoreAdmin {
     return std::optional<Entry>(std::move(e).value());
   }
 
-  Status do_put(const Entry& entry) override {
+  Status put_one(const Entry& entry, bool sync) {
     if (env_->inherited()) return env_->inherited_error();
     if (read_only_) return refuse("put");
     std::string_view enc = entry.encoded();
@@ -470,10 +475,12 @@ class LmdbTier final : public Tier, public StoreAdmin {
       return Status(Errc::too_large, "entry of " + util::format_size(enc.size()) +
                                          " exceeds the largest entry stored (" + util::format_size(max_entry_) + ")");
     }
-    Status st = put_group({{entry.key(), enc}});
+    Status st = put_group({{entry.key(), enc}}, /*retry=*/true, sync);
     if (!st.is_ok()) count(c_errors);
     return st;
   }
+  Status do_put(const Entry& entry) override { return put_one(entry, /*sync=*/true); }
+  Status do_put_unsynced(const Entry& entry) override { return put_one(entry, /*sync=*/false); }
 
  public:
   // One write transaction (and one sync) for the whole group: what the
@@ -768,12 +775,13 @@ class LmdbTier final : public Tier, public StoreAdmin {
   // makes room and tries once more; then evicts if over the limits.
   // retry=false: no room is made and no second try (a part of a group
   // that did not fit after both).
-  Status put_group(const std::vector<std::pair<Key, std::string_view>>& group, bool retry = true) {
-    Status st = put_once(group);
+  // sync=false: the commit skips the durability's sync (put_unsynced).
+  Status put_group(const std::vector<std::pair<Key, std::string_view>>& group, bool retry = true, bool sync = true) {
+    Status st = put_once(group, "put", sync);
     if (retry && st.code() == Errc::no_space) {
       // The map is full: make room and try once more.
       (void)evict(static_cast<uint64_t>(max_bytes_ * low_water_ * 0.5), max_entries_);
-      st = put_once(group);
+      st = put_once(group, "put", sync);
     }
     uint64_t need = 0;
     for (const auto& g : group) need += g.second.size();
@@ -789,7 +797,8 @@ class LmdbTier final : public Tier, public StoreAdmin {
   // Puts the group (none: a flush) in one transaction, with this process's
   // pending recency and counters riding along; what was not stored stays
   // pending, for the next flush or put.
-  Status put_once(const std::vector<std::pair<Key, std::string_view>>& group, const char* what = "put") {
+  Status put_once(const std::vector<std::pair<Key, std::string_view>>& group, const char* what = "put",
+                  bool sync = true) {
     Pending p = take_pending();
     const auto& [touched, counts] = p;
     if (group.empty() && touched.empty() && !any_delta(counts)) return Status();
@@ -836,7 +845,7 @@ class LmdbTier final : public Tier, public StoreAdmin {
       restore();
       return tier_status(rc, what);
     }
-    rc = env_->commit_write(txn);
+    rc = env_->commit_write(txn, sync);
     if (rc) {
       restore();
       return mdb_status(rc, std::string("commit ") + what);

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <iterator>
 #include <latch>
+#include <set>
 #include <thread>
 
 #include <llvm/AsmParser/Parser.h>
@@ -909,7 +910,7 @@ TEST(LlvmFrontend, HitByFrontEndKeyNeedsNoModuleAndUnchangedIrSkipsCodegen) {
     EXPECT_EQ(c->codegen_runs.load(), 0u);
     EXPECT_EQ(c->links_stored.load(), 1u);
     cache->flush();
-    EXPECT_TRUE(kcache::find_stage_link(*cache, front_b.key));
+    EXPECT_TRUE(kcache::find_stage_link(*cache, fk->link_front(front_b.key)));
   }
   {
     // A source whose IR changed: both run, and the right code comes back.
@@ -1108,6 +1109,160 @@ TEST(LlvmBitcodeLoader, KeysOnTheBytesAndSeesThroughADefineNoCodeReads) {
   EXPECT_EQ((*recs)[0].label, "h.bc");
 }
 
+// A loader takes every keyed setting from its JIT: one given -O0 options
+// over a JIT at -O3 keys the file for -O3 (what the JIT compiles), so a
+// later, correctly configured -O0 run compiles its own -O0 object and never
+// links the -O3 one. Each module is one lookup, hit or miss.
+TEST(LlvmBitcodeLoader, TakesEveryKeyedSettingFromItsJit) {
+  TempDir d;
+  write_file(d.path() + "/h.bc", bitcode_of(ir_text("h", 3)));
+  const std::string store = d.path() + "/cache";
+  struct Run {
+    std::shared_ptr<kl::CompileCounters> c;
+    std::string linked;  // the object a front-end lookup finds after the run
+    std::string stored;  // the object stored under the JIT's own object key
+  };
+  // One "process": a JIT at `jit_level`, a loader given options at
+  // `loader_level`, h.bc added and run.
+  auto run = [&](unsigned jit_level, unsigned loader_level) {
+    Run r;
+    auto cache = open_cache(store, "lmdb");
+    r.c = std::make_shared<kl::CompileCounters>();
+    kl::JitOptions jo;
+    jo.opt_level = jit_level;
+    jo.counters = r.c;
+    auto jit = kl::make_cached_lljit(*cache, jo);
+    EXPECT_TRUE(bool(jit));
+    if (!jit) return r;
+    kl::JitOptions lo;
+    lo.opt_level = loader_level;
+    auto loader = kl::BitcodeLoader::for_jit(*cache, **jit, lo);
+    EXPECT_TRUE(bool(loader));
+    EXPECT_FALSE(loader->add_file(d.path() + "/h.bc"));
+    EXPECT_EQ(call(**jit, "h", 40), reference(3, 40));
+    auto* cc = kl::CachingCompiler::of(**jit);
+    EXPECT_NE(cc, nullptr);
+    if (!cc) return r;
+    EXPECT_EQ(cc->key_options().ir_opt_level, static_cast<int>(jit_level));
+    // What the JIT's own keys find now, and what its object key holds.
+    auto fk = kl::FrontendKeys::for_jit(**jit);
+    EXPECT_TRUE(bool(fk));
+    std::string bc = read_file(d.path() + "/h.bc");
+    if (auto obj = fk->find(*cache, fk->key(kcache::hash_bytes(bc)).key)) r.linked = obj->getBuffer().str();
+    llvm::LLVMContext ctx;
+    auto m = llvm::parseBitcodeFile(llvm::MemoryBufferRef(bc, "h.bc"), ctx);
+    EXPECT_TRUE(bool(m));
+    if (!m) return r;
+    (*m)->setDataLayout((*jit)->getDataLayout());  // as the JIT sets it before compiling
+    auto k = kl::object_key(**m, cc->target(), cc->key_options());
+    EXPECT_TRUE(bool(k));
+    if (auto e = cache->get(k->key); e && e->artifact("obj")) r.stored = std::string(*e->artifact("obj"));
+    cache->flush();
+    return r;
+  };
+  auto expect_one_lookup = [](const kl::CompileCounters& c) {
+    EXPECT_EQ(c.lookups.load(), 1u);
+    EXPECT_EQ(c.lookups.load(), c.hits.load() + c.misses.load());
+  };
+
+  // A loader given -O0 options over a JIT at -O3: keyed as the JIT compiles.
+  Run mismatched = run(3, 0);
+  EXPECT_EQ(mismatched.c->codegen_runs.load(), 1u);
+  EXPECT_EQ(mismatched.c->misses.load(), 1u);
+  EXPECT_EQ(mismatched.c->links_stored.load(), 1u);
+  expect_one_lookup(*mismatched.c);
+  ASSERT_GT(mismatched.stored.size(), 64u);
+  EXPECT_EQ(mismatched.linked, mismatched.stored);
+
+  // A correct -O0 run compiles its own object: not the -O3 one.
+  Run o0 = run(0, 0);
+  EXPECT_EQ(o0.c->codegen_runs.load(), 1u);
+  EXPECT_EQ(o0.c->frontend_hits.load(), 0u);
+  expect_one_lookup(*o0.c);
+  ASSERT_GT(o0.stored.size(), 64u);
+  EXPECT_NE(o0.stored, mismatched.stored);  // -O0 code is not -O3 code
+  EXPECT_EQ(o0.linked, o0.stored);
+
+  // Warm, each level finds its own object by the file's bytes alone.
+  Run o0_warm = run(0, 0);
+  EXPECT_EQ(o0_warm.c->codegen_runs.load(), 0u);
+  EXPECT_EQ(o0_warm.c->frontend_hits.load(), 1u);
+  expect_one_lookup(*o0_warm.c);
+  EXPECT_EQ(o0_warm.linked, o0.stored);
+  Run o3_warm = run(3, 3);
+  EXPECT_EQ(o3_warm.c->codegen_runs.load(), 0u);
+  EXPECT_EQ(o3_warm.c->frontend_hits.load(), 1u);
+  expect_one_lookup(*o3_warm.c);
+  EXPECT_EQ(o3_warm.linked, mismatched.stored);
+
+  // The two compiles were journaled with manifests that differ in the levels.
+  auto recs = kcache::read_miss_journal(store + "/lmdb", 100);
+  ASSERT_TRUE(recs);
+  ASSERT_EQ(recs->size(), 2u);
+  EXPECT_NE((*recs)[0].key, (*recs)[1].key);
+  auto level = [](const kcache::MissRecord& r, const std::string& name) {
+    for (const auto& it : r.manifest.items)
+      if (it.name == name) return it.value.value_or("?");
+    return std::string("absent");
+  };
+  std::set<std::string> levels;
+  for (const auto& r : *recs) levels.insert(level(r, "ir_opt_level") + "/" + level(r, "codegen_opt_level"));
+  EXPECT_EQ(levels, (std::set<std::string>{"0/0", "3/3"}));
+}
+
+// Front-end keys made for other settings than the JIT's (FrontendKeys::
+// for_jit with -O0 options, a JIT at -O3): the module gets the JIT's -O3
+// object, and the link it leaves is bound to -O3, so the -O0 keys never
+// find it (a miss, then the -O0 compile), nor do keys made for the JIT.
+TEST(LlvmFrontend, ALinkLeftUnderAnotherConfigurationsKeyIsAMiss) {
+  TempDir d;
+  auto cache = open_cache(d.path(), "lmdb");
+  kl::JitOptions o0, o3;
+  o0.opt_level = 0;
+  o3.opt_level = 3;
+  auto c = std::make_shared<kl::CompileCounters>();
+  o3.counters = c;
+  auto fk0 = kl::FrontendKeys::for_jit(o0);
+  ASSERT_TRUE(fk0);
+  const auto in = kcache::hash_bytes("source of h");
+  const auto front0 = fk0->key(in);
+  {
+    auto jit3 = kl::make_cached_lljit(*cache, o3);
+    ASSERT_TRUE(bool(jit3));
+    auto t = tsm(ir_text("h", 5), "h");
+    t.withModuleDo([&](llvm::Module& m) { kl::set_frontend_key(m, front0.key); });
+    ASSERT_FALSE((*jit3)->addIRModule(std::move(t)));
+    EXPECT_EQ(call(**jit3, "h", 30), reference(5, 30));
+    EXPECT_EQ(c->links_stored.load(), 1u);
+    auto fk3 = kl::FrontendKeys::for_jit(**jit3);
+    ASSERT_TRUE(fk3);
+    cache->flush();
+    // Stored, bound to the -O3 compiler: under fk3's binding of front0.
+    EXPECT_TRUE(kcache::find_stage_link(*cache, fk3->link_front(front0.key)));
+    EXPECT_FALSE(kcache::find_stage_link(*cache, fk0->link_front(front0.key)));
+    EXPECT_EQ(fk3->find(*cache, fk3->key(in).key), nullptr);
+  }
+  kl::CompileCounters mine;
+  EXPECT_EQ(fk0->find(*cache, front0.key, &mine), nullptr);
+  EXPECT_EQ(mine.lookups.load(), 0u);  // counted by the compiler the module goes to
+  EXPECT_EQ(mine.hits.load(), 0u);
+}
+
+// A JIT whose compile layer is not a CachingCompiler: no front-end keys, a
+// loader that parses and adds.
+TEST(LlvmBitcodeLoader, OverAJitWithoutACachingCompilerItOnlyParsesAndAdds) {
+  TempDir d;
+  write_file(d.path() + "/h.bc", bitcode_of(ir_text("h", 4)));
+  auto jit = llvm::orc::LLJITBuilder().create();
+  ASSERT_TRUE(bool(jit));
+  EXPECT_EQ(kl::CachingCompiler::of(**jit), nullptr);
+  EXPECT_FALSE(kl::FrontendKeys::for_jit(**jit));
+  auto loader = kl::BitcodeLoader::for_jit(**jit);
+  ASSERT_TRUE(bool(loader));
+  EXPECT_FALSE(loader->add_file(d.path() + "/h.bc"));
+  EXPECT_EQ(call(**jit, "h", 12), reference(4, 12));
+}
+
 TEST(LlvmFrontend, KeysCoverTheJitConfiguration) {
   kl::JitOptions a, b, c;
   b.opt_level = 1;
@@ -1196,7 +1351,7 @@ TEST(LlvmFrontend, ALinkToAnObjectForAnotherTargetIsAMiss) {
   // A well-formed link to an entry whose "obj" is not an object file.
   auto junk = *kcache::KeyBuilder("junk").add_string("x", "y").finish();
   ASSERT_TRUE(cache->put(junk, {{"obj", std::string(256, '\x7f')}}));
-  ASSERT_TRUE(kcache::put_stage_link(*cache, front.key, kcache::hash_bytes("ir"), junk.key));
+  ASSERT_TRUE(kcache::put_stage_link(*cache, fk->link_front(front.key), kcache::hash_bytes("ir"), junk.key));
   cache->flush();
   kl::CompileCounters c;
   EXPECT_EQ(fk->find(*cache, front.key, &c), nullptr);
