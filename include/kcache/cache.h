@@ -155,8 +155,11 @@ struct Options {
   uint64_t lease_ttl_ms = 10000;
   // Longest one process waits for another's compile before compiling the
   // key itself, in ms (default 300 s; 0: never wait; by name at most a
-  // week). "wait_bound_ms",
-  // KCACHE_WAIT_BOUND_MS.
+  // week). The same bound holds for a thread waiting on another thread of
+  // this process (one log line naming the key's label, then it compiles
+  // without the flight), so no arrangement of threads can hang: a compile
+  // function that hands its own key to a thread it joins ends at the bound.
+  // "wait_bound_ms", KCACHE_WAIT_BOUND_MS.
   uint64_t wait_bound_ms = 300000;
   // Compiles (get_or_compile, batches, a Flight's commit), which are on
   // disk when they return anyway, are also synced (made durable against a

@@ -299,7 +299,7 @@ Expected<Entry> Cache::Impl::resolve(const KeyInfo& key, const CompileFn& compil
   }
   KCACHE_LOG(LogLevel::debug, "miss %s", debug_name(key).c_str());
 
-  Turn turn = take_turn(key.key, source, wait_for_others);
+  Turn turn = take_turn(key.key, source, wait_for_others, key.label);
   if (turn.busy) *outcome = Outcome::busy;
   // Journaled once the turn says who compiles: a caller that waited and got
   // the entry compiled nothing, and N processes that start cold on one key
@@ -318,11 +318,11 @@ Expected<Entry> Cache::Impl::resolve(const KeyInfo& key, const CompileFn& compil
   } else {
     KCACHE_LOG(LogLevel::debug, "compile of %s failed: %s", debug_name(key).c_str(), r.error().to_string().c_str());
   }
-  turn.leader->finish(r);
+  if (turn.leader) turn.leader->finish(r);
   return r;
 }
 
-Cache::Impl::Turn Cache::Impl::take_turn(const Key& key, Source* source, bool wait) {
+Cache::Impl::Turn Cache::Impl::take_turn(const Key& key, Source* source, bool wait, std::string_view label) {
   using End = FlightTable::End;
   Turn t;
   for (;;) {
@@ -346,7 +346,16 @@ Cache::Impl::Turn Cache::Impl::take_turn(const Key& key, Source* source, bool wa
       // up (another process holds the lease, or a Flight was abandoned).
       waits.fetch_add(1, std::memory_order_relaxed);
       if (source) *source = Source::waited;
-      auto [r, end] = flights.wait(join);
+      auto [r, end] = flights.wait(join, opt.wait_bound_ms);
+      if (end == End::gave_up) {
+        KCACHE_LOG(LogLevel::warn,
+                   "waited %llu ms for another thread of this process compiling %s%s%.*s%s; compiling here without "
+                   "its flight",
+                   static_cast<unsigned long long>(opt.wait_bound_ms), key.hex().c_str(), label.empty() ? "" : " \"",
+                   static_cast<int>(label.size()), label.data(), label.empty() ? "" : "\"");
+        t.solo = true;
+        return t;
+      }
       if (end == End::done || (end == End::busy && !wait)) {
         t.busy = end == End::busy;
         t.answer = std::move(r);
@@ -485,17 +494,17 @@ Flight Cache::begin(const KeyInfo& key) {
     return Flight(std::move(s));
   }
   for (;;) {
-    Impl::Turn turn = impl_->take_turn(key.key, &s->source, /*wait=*/true);
+    Impl::Turn turn = impl_->take_turn(key.key, &s->source, /*wait=*/true, key.label);
     if (turn.reentry) {
       s->error = turn.answer->error();
       s->source = Source::compiled;
       impl_->explain_miss(key);
       return Flight(std::move(s));
     }
-    if (turn.leader) {
+    if (turn.leader || turn.solo) {
       // Journaled only by the caller that compiles (see resolve).
       impl_->explain_miss(key);
-      s->leader.emplace(std::move(*turn.leader));
+      if (turn.leader) s->leader.emplace(std::move(*turn.leader));
       s->owner = true;
       s->source = Source::compiled;
       return Flight(std::move(s));

@@ -47,12 +47,15 @@ std::optional<FlightTable::Lead> FlightTable::lead_or_join(const Key& key, std::
   return lead;
 }
 
-std::pair<Expected<Entry>, FlightTable::End> FlightTable::wait(const std::shared_ptr<Shared>& join) {
+std::pair<Expected<Entry>, FlightTable::End> FlightTable::wait(const std::shared_ptr<Shared>& join, uint64_t bound_ms) {
   std::shared_ptr<const Expected<Entry>> result;
   End end;
   {
     std::unique_lock lk(lock());
-    join->cv.wait(lk, [&] { return join->ended; });
+    if (!join->cv.wait_for(lk, std::chrono::milliseconds(bound_ms), [&] { return join->ended; })) {
+      --join->waiters;
+      return {Status(Errc::timeout, "waited past the bound for another thread's compile"), End::gave_up};
+    }
     result = join->result;
     end = join->end;
     --join->waiters;

@@ -16,6 +16,8 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
+#include <cstdint>
 
 #include <condition_variable>
 #include <memory>
@@ -38,6 +40,7 @@ class FlightTable {
     done,       // the result is the answer (an entry or the compile's error)
     busy,       // another process holds the key's lease: the leader gave up
     abandoned,  // the leader gave up without a result: try again
+    gave_up,    // the waiter's bound passed first: it compiles without the flight
   };
   // A flight as the threads that join it see it. The leader hands over its
   // result only when a thread joined: a flight no one waited on (the common
@@ -78,8 +81,10 @@ class FlightTable {
   // returns nullopt, leaves *join null and sets *reentry: joining would
   // wait for ever.
   std::optional<Lead> lead_or_join(const Key& key, std::shared_ptr<Shared>* join, bool* reentry);
-  // Waits until the joined flight ends: its result, and how it ended.
-  std::pair<Expected<Entry>, End> wait(const std::shared_ptr<Shared>& join);
+  // Waits until the joined flight ends: its result, and how it ended; or,
+  // past `bound_ms`, a timeout and End::gave_up (a compile function that
+  // hands its own key to another thread and joins it would otherwise hang).
+  std::pair<Expected<Entry>, End> wait(const std::shared_ptr<Shared>& join, uint64_t bound_ms);
 
   FlightTable();
   FlightTable(const FlightTable&) = delete;

@@ -111,6 +111,9 @@ struct Cache::Impl {
     // The calling thread leads the key's flight already (re-entry): the
     // answer is invalid_argument, at once.
     bool reentry = false;
+    // Another thread of this process led the key's flight past wait_bound_ms:
+    // the caller compiles without a flight (no answer, no leader).
+    bool solo = false;
   };
 
   // Step 1: every tier, in order (skipped under recompile); an entry still
@@ -134,7 +137,7 @@ struct Cache::Impl {
   // Step 2. wait=false: a key another process is compiling is answered busy
   // (with an unavailable status) instead of waiting, so a batch can do other
   // work first.
-  Turn take_turn(const Key& key, Source* source, bool wait);
+  Turn take_turn(const Key& key, Source* source, bool wait, std::string_view label = {});
   // Step 3: the compile function, timed and counted, and the entry built
   // from its artifacts.
   Expected<Entry> compile_entry(const KeyInfo& key, const CompileFn& compile);

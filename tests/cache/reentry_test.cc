@@ -150,6 +150,41 @@ TEST(Reentry, OtherThreadsStillWaitForTheOwner) {
             "exit 0");
 }
 
+// A compile function that hands its own key to a helper thread and joins
+// it: the helper's wait for the flight is bounded by wait_bound_ms, after
+// which it compiles without the flight, so the arrangement ends instead of
+// hanging; both get an entry. The same for a helper that calls begin().
+TEST(Reentry, CompileThatJoinsAThreadAskingForItsKeyEndsAtTheWaitBound) {
+  TempDir d;
+  for (bool flight : {false, true}) {
+    SCOPED_TRACE(flight ? "begin" : "get_or_compile");
+    EXPECT_EQ(in_child([&] {
+                Options o = disk_options(d.path() + (flight ? "/b" : "/a"));
+                o.wait_bound_ms = 300;
+                auto c = Cache::open(o);
+                std::atomic<int> helper{0};
+                auto r = c->get_or_compile(info_of(6), [&] {
+                  std::thread t([&] {
+                    if (flight) {
+                      Flight f = c->begin(info_of(6));
+                      helper = f.owner() && f.commit({{"obj", "helper"}}).has_value() ? 1 : 2;
+                    } else {
+                      auto e = c->get_or_compile(info_of(6), [] { return arts("helper"); });
+                      helper = e && *e->artifact("obj") == "helper" ? 1 : 2;
+                    }
+                  });
+                  t.join();
+                  return arts("outer");
+                });
+                CHILD_CHECK(r.has_value(), 1);
+                CHILD_CHECK(helper == 1, 2);
+                CHILD_CHECK(c->stats().compiles == 2, 3);
+                return 0;
+              }),
+              "exit 0");
+  }
+}
+
 // Two Caches of one process on one store: the thread compiling a key in the
 // first asks the second for it. The second's lease claim would find the
 // first holding the lease and wait (up to the wait bound, 300 s); it
