@@ -299,6 +299,8 @@ Built build_manifest(const Recording& rec, const std::vector<std::string_view>& 
   auto refuse = [&](std::string why) {
     if (out.uncacheable.empty()) out.uncacheable = std::move(why);
   };
+  if (rec.hooks_lost)
+    refuse("a libnvrtc import slot was rebound while compiling (lazy binding on another thread); patched again");
   if (rec.wrote) refuse("NVRTC opened a file for writing");
   if (rec.cwd_changed) refuse("NVRTC changed the working folder");
   if (current_dir() != rec.cwd) refuse("the working folder changed while compiling");

@@ -286,6 +286,7 @@ const char* const kUnhooked[] = {
 struct Patched {
   void** at;
   void* value;
+  void* real;  // what the loader binds the slot to
 };
 
 std::once_flag g_once;
@@ -414,8 +415,9 @@ Status install() {
       for (const Hook& h : kHooks) {
         if (std::strcmp(name, h.name) != 0) continue;
         if (!*h.real) return Status(Errc::unavailable, std::string("nvrtc: libc's ") + name + " is not found");
-        todo.push_back({reinterpret_cast<void**>(im.bias + r.r_offset),
-                        static_cast<char*>(h.wrapper) + (type == R_X86_64_64 ? r.r_addend : 0)});
+        const ElfW(Sxword) addend = type == R_X86_64_64 ? r.r_addend : 0;
+        todo.push_back({reinterpret_cast<void**>(im.bias + r.r_offset), static_cast<char*>(h.wrapper) + addend,
+                        static_cast<char*>(*h.real) + addend});
         hooked.insert(name);
       }
     }
@@ -458,11 +460,24 @@ const Status& install_recorder() {
   return g_status;
 }
 
-ScopedRecording::ScopedRecording(Recording* r) : prev_(t_rec) {
-  // A slot resolved lazily by another thread while it was patched could
-  // have been written over: written again.
-  for (const auto& p : g_patched)
-    if (__atomic_load_n(p.at, __ATOMIC_ACQUIRE) != p.value) (void)write_slot(p.at, p.value);
+// Whether every patched slot still points at its wrapper; the ones that do
+// not are patched again. A slot resolved lazily by another thread while
+// install() patched it is written over by the resolver (libnvrtc is not
+// linked with BIND_NOW).
+namespace {
+bool repair_slots() {
+  bool intact = true;
+  for (const auto& p : g_patched) {
+    if (__atomic_load_n(p.at, __ATOMIC_ACQUIRE) == p.value) continue;
+    intact = false;
+    (void)write_slot(p.at, p.value);
+  }
+  return intact;
+}
+}  // namespace
+
+ScopedRecording::ScopedRecording(Recording* r) : rec_(r), prev_(t_rec) {
+  (void)repair_slots();
   if (r->cwd.empty()) {
     char buf[PATH_MAX];
     if (::getcwd(buf, sizeof buf)) r->cwd = buf;
@@ -476,7 +491,16 @@ ScopedRecording::ScopedRecording(Recording* r) : prev_(t_rec) {
   g_recorded.fetch_add(1, std::memory_order_relaxed);
 }
 
-ScopedRecording::~ScopedRecording() { t_rec = prev_; }
+ScopedRecording::~ScopedRecording() {
+  t_rec = prev_;
+  // A slot rebound during the compile: some calls went to libc unseen.
+  if (!repair_slots()) rec_->hooks_lost = true;
+}
+
+void rebind_slots_for_test() {
+  (void)install_recorder();
+  for (const auto& p : g_patched) (void)write_slot(p.at, p.real);
+}
 
 std::vector<Load> nvrtc_loads() {
   std::vector<std::string> names;
@@ -587,8 +611,9 @@ const Status& install_recorder() {
   static const Status s(Errc::unavailable, "nvrtc: file accesses are observed on Linux x86-64 only");
   return s;
 }
-ScopedRecording::ScopedRecording(Recording* r) : prev_(r) {}
+ScopedRecording::ScopedRecording(Recording* r) : rec_(r), prev_(r) {}
 ScopedRecording::~ScopedRecording() = default;
+void rebind_slots_for_test() {}
 std::vector<Load> nvrtc_loads() { return {}; }
 std::string resolve_library(const std::string& name, const std::string&) { return name; }
 std::vector<std::string> hooked_functions() { return {}; }

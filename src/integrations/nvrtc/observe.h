@@ -67,6 +67,7 @@ struct Recording {
   bool cwd_used = false;     // NVRTC asked getcwd, or named a relative path: the working folder is an input
   bool wrote = false;        // NVRTC opened a file for writing
   int64_t start_ns = 0;      // wall clock when the recording began (0: unknown)
+  bool hooks_lost = false;   // a patched slot was found rebound at the end (lazy binding on another thread)
 };
 
 // Patches libnvrtc's import slots, once per process. OK, or why the
@@ -78,11 +79,15 @@ const Status& install_recorder();
 class ScopedRecording {
  public:
   explicit ScopedRecording(Recording* r);
+  // Checks every patched slot again: one written over while recording
+  // (the lazy resolver on another thread) sets `hooks_lost` and is patched
+  // again.
   ~ScopedRecording();
   ScopedRecording(const ScopedRecording&) = delete;
   ScopedRecording& operator=(const ScopedRecording&) = delete;
 
  private:
+  Recording* rec_;
   Recording* prev_;
 };
 
@@ -107,5 +112,9 @@ uint64_t recorded_compiles() noexcept;
 
 // The libc functions whose libnvrtc import slots were pointed here.
 std::vector<std::string> hooked_functions();
+
+// For tests: writes libc's functions back into every patched slot, as the
+// lazy resolver on another thread would.
+void rebind_slots_for_test();
 
 }  // namespace kcache::nvrtc::detail

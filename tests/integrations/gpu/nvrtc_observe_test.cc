@@ -524,5 +524,43 @@ TEST_F(NvrtcObserve, FourProcessesCompileANewProgramOnce) {
   EXPECT_EQ(compiled, 1);
 }
 
+// ---- the recorder's own limits -------------------------------------------------
+
+// Whether `rec` saw NVRTC open `path`.
+bool opened(const nvrtc::detail::Recording& rec, const std::string& path) {
+  for (const auto& a : rec.accesses)
+    if (a.path == path && a.kind == nvrtc::detail::Access::Kind::opened) return true;
+  return false;
+}
+
+TEST_F(NvrtcObserve, ASlotReboundDuringTheCompileIsNotStoredAndIsPatchedAgain) {
+  // The lazy resolver on another thread writing libc's fopen over the
+  // wrapper after the check at the start: the compile reads unseen.
+  make_dir(root_ + "/lb");
+  write_file(root_ + "/lb/h.h", "#define V 1\n");
+  nvrtc::Program p;
+  p.source = kernel("#include \"h.h\"");
+  p.options = {"-arch=compute_80", "-I" + root_ + "/lb"};
+  nvrtc::detail::Recording rec;
+  {
+    nvrtc::detail::ScopedRecording on(&rec);
+    nvrtc::detail::rebind_slots_for_test();
+    ASSERT_TRUE(nvrtc::compile_uncached(p).has_value());
+  }
+  EXPECT_TRUE(rec.hooks_lost);
+  EXPECT_FALSE(opened(rec, root_ + "/lb/h.h"));
+  std::string why = nvrtc::detail::build_manifest(rec, {}, {}).uncacheable;
+  EXPECT_NE(why.find("rebound"), std::string::npos) << why;
+  // Patched again: the next compile is seen whole.
+  nvrtc::detail::Recording again;
+  {
+    nvrtc::detail::ScopedRecording on(&again);
+    ASSERT_TRUE(nvrtc::compile_uncached(p).has_value());
+  }
+  EXPECT_FALSE(again.hooks_lost);
+  EXPECT_TRUE(opened(again, root_ + "/lb/h.h"));
+  EXPECT_TRUE(nvrtc::detail::build_manifest(again, {}, {}).uncacheable.empty());
+}
+
 }  // namespace
 }  // namespace kcache
