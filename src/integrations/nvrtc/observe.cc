@@ -296,15 +296,44 @@ std::vector<std::string> g_hooked;         // names, sorted
 uintptr_t g_relro_lo = 0, g_relro_hi = 0;  // libnvrtc's RELRO range
 std::string g_nvrtc_path;
 
+std::mutex g_slot_mu;  // one slot write at a time (each makes a page writable and read-only again)
+
+// The protection of the mapping holding `a` (from /proc/self/maps); -1
+// when not found.
+int protection_of(uintptr_t a) {
+  FILE* f = std::fopen("/proc/self/maps", "re");
+  if (!f) return -1;
+  int prot = -1;
+  char line[512];
+  while (std::fgets(line, sizeof line, f)) {
+    unsigned long lo = 0, hi = 0;
+    char perms[5] = {};
+    if (std::sscanf(line, "%lx-%lx %4s", &lo, &hi, perms) != 3) continue;
+    if (a < lo || a >= hi) continue;
+    prot = (perms[0] == 'r' ? PROT_READ : 0) | (perms[1] == 'w' ? PROT_WRITE : 0) | (perms[2] == 'x' ? PROT_EXEC : 0);
+    break;
+  }
+  std::fclose(f);
+  return prot;
+}
+
+// Writes `value` into the slot `at`. The loader makes read-only only the
+// whole pages of libnvrtc's RELRO range ([page_down(lo), page_down(hi)));
+// a slot on such a page that is not writable now is made writable for the
+// write, and its page given back the protection it had.
 bool write_slot(void** at, void* value) {
-  uintptr_t a = reinterpret_cast<uintptr_t>(at);
-  bool relro = a >= g_relro_lo && a < g_relro_hi;
-  long page = ::sysconf(_SC_PAGESIZE);
-  uintptr_t p = a & ~static_cast<uintptr_t>(page - 1);
-  if (relro && ::mprotect(reinterpret_cast<void*>(p), static_cast<size_t>(page), PROT_READ | PROT_WRITE) != 0)
-    return false;
+  std::lock_guard lk(g_slot_mu);
+  const uintptr_t a = reinterpret_cast<uintptr_t>(at);
+  const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  auto down = [&](uintptr_t x) { return x & ~(page - 1); };
+  const bool relro = a >= down(g_relro_lo) && a < down(g_relro_hi);
+  int prot = relro ? protection_of(a) : -1;
+  if (relro && prot < 0) prot = PROT_READ;  // as the loader left it
+  const bool unprotect = relro && !(prot & PROT_WRITE);
+  void* p = reinterpret_cast<void*>(down(a));
+  if (unprotect && ::mprotect(p, page, prot | PROT_WRITE) != 0) return false;
   __atomic_store_n(at, value, __ATOMIC_SEQ_CST);
-  if (relro) (void)::mprotect(reinterpret_cast<void*>(p), static_cast<size_t>(page), PROT_READ);
+  if (unprotect) (void)::mprotect(p, page, prot);
   return true;
 }
 

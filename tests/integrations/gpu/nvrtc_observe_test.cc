@@ -562,5 +562,33 @@ TEST_F(NvrtcObserve, ASlotReboundDuringTheCompileIsNotStoredAndIsPatchedAgain) {
   EXPECT_TRUE(nvrtc::detail::build_manifest(again, {}, {}).uncacheable.empty());
 }
 
+TEST_F(NvrtcObserve, SlotsRepairedFromManyThreadsAtOnceStayPatched) {
+  // Each recording repairs rebound slots; eight threads at once each make
+  // pages writable and read-only again, serialised.
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 8; ++t) {
+    threads.emplace_back([] {
+      for (int i = 0; i < 200; ++i) {
+        nvrtc::detail::rebind_slots_for_test();
+        nvrtc::detail::Recording rec;
+        nvrtc::detail::ScopedRecording on(&rec);
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  make_dir(root_ + "/mt");
+  write_file(root_ + "/mt/h.h", "#define V 1\n");
+  nvrtc::Program p;
+  p.source = kernel("#include \"h.h\"");
+  p.options = {"-arch=compute_80", "-I" + root_ + "/mt"};
+  nvrtc::detail::Recording rec;
+  {
+    nvrtc::detail::ScopedRecording on(&rec);
+    ASSERT_TRUE(nvrtc::compile_uncached(p).has_value());
+  }
+  EXPECT_FALSE(rec.hooks_lost);
+  EXPECT_TRUE(opened(rec, root_ + "/mt/h.h"));
+}
+
 }  // namespace
 }  // namespace kcache
