@@ -421,6 +421,15 @@ Status install() {
     }
   }
   if (!symtab || !strtab) return Status(Errc::unavailable, "nvrtc: libnvrtc has no dynamic symbols");
+  // The object holding the wrappers stays mapped as long as libnvrtc does:
+  // a dlclose of it would leave libnvrtc's slots pointing at unmapped code.
+  // (In the main program it is never unloaded.)
+  Image self;
+  self.target = reinterpret_cast<uintptr_t>(&w_fopen);
+  if (!::dl_iterate_phdr(find_image, &self))
+    return Status(Errc::unavailable, "nvrtc: the recorder's own image is not found");
+  if (!self.name.empty() && !::dlopen(self.name.c_str(), RTLD_LAZY | RTLD_NOLOAD | RTLD_NODELETE))
+    return Status(Errc::unavailable, "nvrtc: the recorder's library " + self.name + " cannot be kept loaded");
   for (const Hook& h : kHooks) {
     void* real = h.version ? ::dlvsym(RTLD_DEFAULT, h.name, h.version) : nullptr;
     if (!real) real = ::dlsym(RTLD_DEFAULT, h.name);
