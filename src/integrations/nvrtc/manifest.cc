@@ -301,7 +301,8 @@ Built build_manifest(const Recording& rec, const std::vector<std::string_view>& 
   };
   if (rec.hooks_lost)
     refuse("a libnvrtc import slot was rebound while compiling (lazy binding on another thread); patched again");
-  if (rec.wrote) refuse("NVRTC opened a file for writing");
+  if (rec.escaped) refuse(std::string(rec.escaped) + ": what it read there is not seen");
+  if (rec.wrote) refuse("NVRTC wrote: opened a file for writing, made a folder or removed a name");
   if (rec.cwd_changed) refuse("NVRTC changed the working folder");
   if (current_dir() != rec.cwd) refuse("the working folder changed while compiling");
   for (std::string_view t : in_memory)

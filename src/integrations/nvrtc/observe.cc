@@ -10,8 +10,10 @@
 #include <limits.h>
 #include <link.h>
 #include <nvrtc.h>
+#include <pthread.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -76,6 +78,15 @@ namespace {
 
 thread_local Recording* t_rec = nullptr;
 std::atomic<uint64_t> g_recorded{0};
+// Recordings alive in the process, and the calls into the wrappers made
+// meanwhile on threads with none (NVRTC's own threads, or an unrecorded
+// compile beside a recorded one): a recording they overlap is not stored.
+std::atomic<int> g_live{0};
+std::atomic<uint64_t> g_unseen{0};
+
+void unseen() {
+  if (g_live.load() > 0) g_unseen.fetch_add(1);
+}
 
 // ---- the real functions ------------------------------------------------------
 
@@ -147,7 +158,7 @@ void noted_open(int fd, const char* path) {
 
 FILE* do_fopen(fopen_fn real, const char* path, const char* mode) {
   FILE* f = real(path, mode);
-  if (!t_rec) return f;
+  if (!t_rec) return unseen(), f;
   if (writes_mode(mode)) {
     t_rec->wrote = true;
     return f;
@@ -170,7 +181,7 @@ int w_open(const char* path, int flags, ...) {
     va_end(ap);
   }
   int fd = real_open(path, flags, mode);
-  if (!t_rec) return fd;
+  if (!t_rec) return unseen(), fd;
   if ((flags & O_ACCMODE) != O_RDONLY || (flags & (O_CREAT | O_TRUNC))) {
     t_rec->wrote = true;
     return fd;
@@ -183,7 +194,7 @@ int w_open(const char* path, int flags, ...) {
 
 int do_xstat(xstat_fn real, int ver, const char* path, struct stat* st) {
   int rc = real(ver, path, st);
-  if (!t_rec) return rc;
+  if (!t_rec) return unseen(), rc;
   int e = errno;
   note(Access::Kind::stated, path, rc == 0 || !absent_errno(e), rc == 0 ? st : nullptr);
   errno = e;
@@ -194,24 +205,28 @@ int w_lxstat(int ver, const char* path, struct stat* st) { return do_xstat(real_
 
 int w_access(const char* path, int mode) {
   int rc = real_access(path, mode);
-  if (t_rec) note(Access::Kind::probed, path, rc == 0);
+  if (!t_rec) return unseen(), rc;
+  note(Access::Kind::probed, path, rc == 0);
   return rc;
 }
 
 DIR* w_opendir(const char* path) {
   DIR* d = real_opendir(path);
-  if (t_rec) note(Access::Kind::listed, path, d != nullptr);
+  if (!t_rec) return unseen(), d;
+  note(Access::Kind::listed, path, d != nullptr);
   return d;
 }
 
 char* w_realpath(const char* path, char* resolved) {
   char* out = real_realpath(path, resolved);
-  if (t_rec) note(Access::Kind::resolved, path, out != nullptr, nullptr, out);
+  if (!t_rec) return unseen(), out;
+  note(Access::Kind::resolved, path, out != nullptr, nullptr, out);
   return out;
 }
 
 ssize_t w_readlink(const char* path, char* buf, size_t n) {
   ssize_t rc = real_readlink(path, buf, n);
+  if (!t_rec) unseen();
   if (t_rec) {
     int e = errno;
     std::string target = rc >= 0 ? std::string(buf, static_cast<size_t>(rc)) : std::string();
@@ -223,6 +238,7 @@ ssize_t w_readlink(const char* path, char* buf, size_t n) {
 
 int w_chdir(const char* path) {
   int rc = real_chdir(path);
+  if (!t_rec) unseen();
   if (t_rec && rc == 0) {
     int e = errno;
     t_rec->cwd_changed = true;
@@ -235,8 +251,121 @@ int w_chdir(const char* path) {
 
 char* w_getcwd(char* buf, size_t n) {
   char* out = real_getcwd(buf, n);
+  if (!t_rec) unseen();
   if (t_rec) t_rec->cwd_used = true;
   return out;
+}
+
+// ---- calls that leave what the recorder sees ----------------------------------
+
+// A thread NVRTC starts, a child it forks or runs, a raw syscall: what they
+// read is not seen, so the compile is not stored. Folders made or names
+// removed are writes.
+void escaped(const char* what) {
+  if (Recording* r = t_rec; r && !r->escaped) r->escaped = what;
+}
+
+using pthread_create_fn = int (*)(pthread_t*, const pthread_attr_t*, void* (*)(void*), void*);
+using fork_fn = pid_t (*)();
+using execv_fn = int (*)(const char*, char* const[]);
+using execve_fn = int (*)(const char*, char* const[], char* const[]);
+using system_fn = int (*)(const char*);
+using syscall_fn = long (*)(long, ...);
+using mkdir_fn = int (*)(const char*, mode_t);
+using unlink_fn = int (*)(const char*);
+
+pthread_create_fn real_pthread_create;
+fork_fn real_fork;
+execv_fn real_execv, real_execvp;
+execve_fn real_execve;
+system_fn real_system;
+syscall_fn real_syscall;
+mkdir_fn real_mkdir;
+unlink_fn real_unlink, real_rmdir, real_remove;
+
+int w_pthread_create(pthread_t* t, const pthread_attr_t* attr, void* (*fn)(void*), void* arg) {
+  escaped("NVRTC started a thread");
+  return real_pthread_create(t, attr, fn, arg);
+}
+pid_t w_fork() {
+  escaped("NVRTC forked");
+  return real_fork();
+}
+int w_execv(const char* path, char* const argv[]) {
+  escaped("NVRTC ran a program");
+  return real_execv(path, argv);
+}
+int w_execvp(const char* file, char* const argv[]) {
+  escaped("NVRTC ran a program");
+  return real_execvp(file, argv);
+}
+int w_execve(const char* path, char* const argv[], char* const envp[]) {
+  escaped("NVRTC ran a program");
+  return real_execve(path, argv, envp);
+}
+int w_system(const char* cmd) {
+  escaped("NVRTC ran a program");
+  return real_system(cmd);
+}
+
+// System calls that reach no file and start nothing.
+bool harmless_syscall(long n) {
+  switch (n) {
+    case SYS_gettid:
+    case SYS_getpid:
+    case SYS_futex:
+    case SYS_getrandom:
+    case SYS_sched_yield:
+    case SYS_sched_getaffinity:
+    case SYS_clock_gettime:
+    case SYS_gettimeofday:
+    case SYS_membarrier:
+    case SYS_madvise:
+    case SYS_mmap:
+    case SYS_munmap:
+    case SYS_mprotect:
+    case SYS_getrlimit:
+    case SYS_prlimit64:
+    case SYS_uname:
+    case SYS_sysinfo:
+    case SYS_get_mempolicy:
+    case SYS_getcpu:
+    case SYS_rseq:
+    case SYS_set_robust_list:
+    case SYS_rt_sigprocmask:
+    case SYS_tgkill:
+      return true;
+    default:
+      return false;
+  }
+}
+
+long w_syscall(long n, ...) {
+  // Six arguments, as the kernel takes: the ones not passed are unused.
+  va_list ap;
+  va_start(ap, n);
+  long a[6];
+  for (long& x : a) x = va_arg(ap, long);
+  va_end(ap);
+  if (t_rec && !harmless_syscall(n)) escaped("NVRTC made a system call the recorder does not follow");
+  return real_syscall(n, a[0], a[1], a[2], a[3], a[4], a[5]);
+}
+
+int w_mkdir(const char* path, mode_t mode) {
+  if (t_rec) t_rec->wrote = true;
+  return real_mkdir(path, mode);
+}
+int w_unlink(const char* path) {
+  if (t_rec) t_rec->wrote = true;
+  return real_unlink(path);
+}
+int w_rmdir(const char* path) {
+  if (t_rec) t_rec->wrote = true;
+  return real_rmdir(path);
+}
+int w_remove(const char* path) {
+  if (t_rec) t_rec->wrote = true;
+  return real_remove(path);
 }
 
 // ---- the libraries NVRTC loads -------------------------------------------------
@@ -274,14 +403,28 @@ const Hook kHooks[] = {
     {"chdir", nullptr, reinterpret_cast<void*>(&w_chdir), slot(&real_chdir)},
     {"getcwd", nullptr, reinterpret_cast<void*>(&w_getcwd), slot(&real_getcwd)},
     {"dlopen", nullptr, reinterpret_cast<void*>(&kcache_nvrtc_dlopen_hook), &kcache_nvrtc_real_dlopen},
+    {"pthread_create", nullptr, reinterpret_cast<void*>(&w_pthread_create), slot(&real_pthread_create)},
+    {"fork", nullptr, reinterpret_cast<void*>(&w_fork), slot(&real_fork)},
+    {"execv", nullptr, reinterpret_cast<void*>(&w_execv), slot(&real_execv)},
+    {"execvp", nullptr, reinterpret_cast<void*>(&w_execvp), slot(&real_execvp)},
+    {"execve", nullptr, reinterpret_cast<void*>(&w_execve), slot(&real_execve)},
+    {"system", nullptr, reinterpret_cast<void*>(&w_system), slot(&real_system)},
+    {"syscall", nullptr, reinterpret_cast<void*>(&w_syscall), slot(&real_syscall)},
+    {"mkdir", nullptr, reinterpret_cast<void*>(&w_mkdir), slot(&real_mkdir)},
+    {"unlink", nullptr, reinterpret_cast<void*>(&w_unlink), slot(&real_unlink)},
+    {"rmdir", nullptr, reinterpret_cast<void*>(&w_rmdir), slot(&real_rmdir)},
+    {"remove", nullptr, reinterpret_cast<void*>(&w_remove), slot(&real_remove)},
 };
 
 // Import functions libnvrtc may call that reach files and that no wrapper
 // covers: their presence refuses the recorder (a newer NVRTC calling
 // openat or statx would otherwise read files unseen).
 const char* const kUnhooked[] = {
-    "openat",  "openat64",  "stat",    "stat64",    "lstat", "lstat64",  "fstatat",  "__fxstatat", "faccessat", "statx",
-    "scandir", "fdopendir", "freopen", "freopen64", "creat", "truncate", "__open_2", "__openat_2", "ftw",       "nftw"};
+    "openat",    "openat64",   "stat",    "stat64",      "lstat",        "lstat64",   "fstatat", "__fxstatat",
+    "faccessat", "statx",      "scandir", "fdopendir",   "freopen",      "freopen64", "creat",   "truncate",
+    "__open_2",  "__openat_2", "ftw",     "nftw",        "vfork",        "clone",     "execl",   "execlp",
+    "execle",    "execvpe",    "fexecve", "posix_spawn", "posix_spawnp", "popen",     "rename",  "renameat",
+    "mkdirat",   "unlinkat",   "chmod",   "link",        "symlink"};
 
 struct Patched {
   void** at;
@@ -525,12 +668,17 @@ ScopedRecording::ScopedRecording(Recording* r) : rec_(r), prev_(t_rec) {
     ::clock_gettime(CLOCK_REALTIME, &ts);
     r->start_ns = int64_t(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
   }
+  g_live.fetch_add(1);
+  unseen_at_ = g_unseen.load();
   t_rec = r;
   g_recorded.fetch_add(1, std::memory_order_relaxed);
 }
 
 ScopedRecording::~ScopedRecording() {
   t_rec = prev_;
+  if (g_unseen.load() != unseen_at_ && !rec_->escaped)
+    rec_->escaped = "NVRTC reached files on a thread kcache does not record (its own, or an unrecorded compile beside)";
+  g_live.fetch_sub(1);
   // A slot rebound during the compile: some calls went to libc unseen.
   if (!repair_slots()) rec_->hooks_lost = true;
 }

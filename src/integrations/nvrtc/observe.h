@@ -5,7 +5,10 @@
 // dynamic relocations (DT_RELA and DT_JMPREL: R_X86_64_JUMP_SLOT,
 // R_X86_64_GLOB_DAT, R_X86_64_64) and points the import slots of the file
 // functions it calls (fopen, fopen64, open, __xstat, __lxstat, access,
-// opendir, realpath, readlink, chdir, getcwd, dlopen) at wrappers here; slots in
+// opendir, realpath, readlink, chdir, getcwd, dlopen; and pthread_create,
+// fork, execv, execve, execvp, system, syscall, which mark the compile
+// unseen, and mkdir, unlink, rmdir, remove, which count as writes) at
+// wrappers here; slots in
 // the RELRO range are made writable for the write and read-only again.
 // Each wrapper calls the libc function the slot would have bound to
 // (dlsym / dlvsym of the same name and version from the global scope, never
@@ -68,6 +71,10 @@ struct Recording {
   bool wrote = false;        // NVRTC opened a file for writing
   int64_t start_ns = 0;      // wall clock when the recording began (0: unknown)
   bool hooks_lost = false;   // a patched slot was found rebound at the end (lazy binding on another thread)
+  // Why some of what NVRTC read was not seen (a thread or child it
+  // started, a raw system call, a wrapper reached on an unrecorded thread
+  // meanwhile); nullptr: none.
+  const char* escaped = nullptr;
 };
 
 // Patches libnvrtc's import slots, once per process. OK, or why the
@@ -89,6 +96,7 @@ class ScopedRecording {
  private:
   Recording* rec_;
   Recording* prev_;
+  uint64_t unseen_at_ = 0;
 };
 
 // A library NVRTC loaded in this process: the name it passed to dlopen and

@@ -12,6 +12,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
@@ -588,6 +589,39 @@ TEST_F(NvrtcObserve, SlotsRepairedFromManyThreadsAtOnceStayPatched) {
   }
   EXPECT_FALSE(rec.hooks_lost);
   EXPECT_TRUE(opened(rec, root_ + "/mt/h.h"));
+}
+
+TEST_F(NvrtcObserve, ThreadsChildrenAndSystemCallsOfNvrtcAreHooked) {
+  auto hooked = nvrtc::detail::hooked_functions();
+  for (const char* f : {"pthread_create", "fork", "execv", "execve", "execvp", "system", "syscall", "mkdir", "unlink"})
+    EXPECT_NE(std::find(hooked.begin(), hooked.end(), f), hooked.end()) << f;
+}
+
+TEST_F(NvrtcObserve, ACompileBesideAnUnrecordedOneIsNotStored) {
+  // NVRTC reading on a thread with no recording while this one records
+  // (its own worker, or here an unrecorded compile beside): unseen reads.
+  make_dir(root_ + "/un");
+  write_file(root_ + "/un/h.h", "#define V 1\n");
+  nvrtc::Program p;
+  p.source = kernel("#include \"h.h\"");
+  p.options = {"-arch=compute_80", "-I" + root_ + "/un"};
+  nvrtc::detail::Recording rec;
+  {
+    nvrtc::detail::ScopedRecording on(&rec);
+    std::thread other([&] { ASSERT_TRUE(nvrtc::compile_uncached(p).has_value()); });
+    other.join();
+  }
+  ASSERT_NE(rec.escaped, nullptr);
+  std::string why = nvrtc::detail::build_manifest(rec, {}, {}).uncacheable;
+  EXPECT_NE(why.find("not seen"), std::string::npos) << why;
+  // Alone, the same compile is seen whole and may be stored.
+  nvrtc::detail::Recording alone;
+  {
+    nvrtc::detail::ScopedRecording on(&alone);
+    ASSERT_TRUE(nvrtc::compile_uncached(p).has_value());
+  }
+  EXPECT_EQ(alone.escaped, nullptr) << alone.escaped;
+  EXPECT_TRUE(nvrtc::detail::build_manifest(alone, {}, {}).uncacheable.empty());
 }
 
 }  // namespace
