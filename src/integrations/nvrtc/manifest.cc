@@ -188,6 +188,9 @@ std::optional<std::string> resolved_of(const std::string& path) {
   return std::string(buf);
 }
 
+// The type and permission bits of a file.
+uint32_t mode_of(const struct stat& st) { return static_cast<uint32_t>(st.st_mode & (S_IFMT | 07777)); }
+
 bool absent_now(const std::string& path) {
   struct stat st;
   return ::stat(path.c_str(), &st) != 0 && (errno == ENOENT || errno == ENOTDIR);
@@ -301,6 +304,8 @@ Built build_manifest(const Recording& rec, const std::vector<std::string_view>& 
   };
   if (rec.hooks_lost)
     refuse("a libnvrtc import slot was rebound while compiling (lazy binding on another thread); patched again");
+  if (!rec.unreadable.empty())
+    refuse(rec.unreadable + " could not be opened or stat'ed, other than absent (permissions, a loop, ...)");
   if (rec.escaped) refuse(std::string(rec.escaped) + ": what it read there is not seen");
   if (rec.wrote) refuse("NVRTC wrote: opened a file for writing, made a folder or removed a name");
   if (rec.cwd_changed) refuse("NVRTC changed the working folder");
@@ -371,8 +376,11 @@ Built build_manifest(const Recording& rec, const std::vector<std::string_view>& 
       continue;
     }
     if (!s.opened) {
-      if (::stat(path.c_str(), &st) != 0) refuse(path + " went while compiling");
-      m.present.push_back(path);
+      if (::stat(path.c_str(), &st) != 0) {
+        refuse(path + " went while compiling");
+        continue;
+      }
+      m.present.push_back({path, mode_of(st)});
       continue;
     }
     if (::stat(path.c_str(), &st) != 0) {
@@ -380,7 +388,7 @@ Built build_manifest(const Recording& rec, const std::vector<std::string_view>& 
       continue;
     }
     if (S_ISDIR(st.st_mode)) {  // opened as a folder: existence only
-      m.present.push_back(path);
+      m.present.push_back({path, mode_of(st)});
       continue;
     }
     FileId id = id_of(st);
@@ -481,7 +489,7 @@ bool manifest_holds(const DepManifest& m) {
   if (!files_hold(m.files, now)) return false;
   FolderStat fs;
   for (const auto& p : m.present)
-    if (!fs.stat(p, &st)) return false;
+    if (!fs.stat(p.path, &st) || mode_of(st) != p.mode) return false;
   for (const auto& a : m.links) {
     auto t = link_of(a.path);
     if (t.has_value() != a.found || (a.found && *t != a.value)) return false;
@@ -644,7 +652,7 @@ std::vector<std::string> watch_dirs(const DepManifest& m) {
   for (const auto& f : m.files) file(f.path);
   for (const auto& l : m.libs)
     if (!l.path.empty()) file(l.path);
-  for (const auto& p : m.present) dirs.insert(folder(p));
+  for (const auto& p : m.present) dirs.insert(folder(p.path));
   for (const auto& a : m.links) dirs.insert(folder(a.path));
   for (const auto& d : m.dirs) {
     std::string at = d.path.empty() ? std::string("/") : d.path;
@@ -702,7 +710,7 @@ bool manifest_holds(const DepManifest& m, WatchState* w) {
 namespace {
 
 // Record encoding: a version byte, then counts and fields.
-constexpr uint8_t kRecordVersion = 2;
+constexpr uint8_t kRecordVersion = 3;
 
 void put_str(std::string& out, std::string_view s) {
   util::put_u32(out, static_cast<uint32_t>(s.size()));
@@ -804,10 +812,13 @@ std::string encode_manifest(const DepManifest& m) {
     put_id(out, f.id);
     put_digest(out, f.digest);
   }
-  for (const auto* list : {&m.present, &m.absent}) {
-    util::put_u32(out, static_cast<uint32_t>(list->size()));
-    for (const auto& s : *list) put_str(out, s);
+  util::put_u32(out, static_cast<uint32_t>(m.present.size()));
+  for (const auto& p : m.present) {
+    put_str(out, p.path);
+    util::put_u32(out, p.mode);
   }
+  util::put_u32(out, static_cast<uint32_t>(m.absent.size()));
+  for (const auto& s : m.absent) put_str(out, s);
   util::put_u32(out, static_cast<uint32_t>(m.dirs.size()));
   for (const auto& d : m.dirs) {
     put_str(out, d.path);
@@ -838,10 +849,13 @@ std::optional<DepManifest> decode_manifest(std::string_view bytes) {
     f.id = r.id();
     get_digest(r, &f.digest);
   }
-  for (auto* list : {&m.present, &m.absent}) {
-    list->resize(get_count(r));
-    for (auto& s : *list) s = r.str();
+  m.present.resize(get_count(r));
+  for (auto& p : m.present) {
+    p.path = r.str();
+    p.mode = r.u32();
   }
+  m.absent.resize(get_count(r));
+  for (auto& s : m.absent) s = r.str();
   m.dirs.resize(get_count(r));
   for (auto& d : m.dirs) {
     d.path = r.str();

@@ -4,7 +4,8 @@
 // with a compiler's dependency list).
 //
 // A manifest lists each path NVRTC opened with the digest of the bytes it
-// read; each path it stat'ed or probed and found (existence); each path it
+// read; each path it stat'ed or probed and found (existence, and its type
+// and permission bits); each path it
 // looked for and did not find (absence, checked through the identity of the
 // folder it would be in); each folder it listed (the names in it); each
 // link it read and each path it resolved (the answer); each library it
@@ -55,6 +56,10 @@ struct DepManifest {
     bool exists = false;
     FileId id;  // when exists; all zero when it was too young to vouch for its absent names
   };
+  struct Present {
+    std::string path;
+    uint32_t mode = 0;  // type and permission bits (st_mode): whether NVRTC could read it counts
+  };
   struct Answer {
     std::string path;
     bool found = false;
@@ -66,15 +71,15 @@ struct DepManifest {
     FileId id;
     Digest digest;
   };
-  std::vector<File> files;           // opened: their bytes
-  std::vector<std::string> present;  // stat'ed / probed and found
-  std::vector<std::string> absent;   // looked for and not found
-  std::vector<Dir> dirs;             // the folders of `absent`
-  std::vector<Answer> links;         // readlink
-  std::vector<Answer> resolved;      // realpath
-  std::vector<Answer> listings;      // opendir
-  std::vector<Lib> libs;             // dlopen
-  std::string cwd;                   // the working folder when NVRTC used it or an output names it; else empty
+  std::vector<File> files;          // opened: their bytes
+  std::vector<Present> present;     // stat'ed / probed and found
+  std::vector<std::string> absent;  // looked for and not found
+  std::vector<Dir> dirs;            // the folders of `absent`
+  std::vector<Answer> links;        // readlink
+  std::vector<Answer> resolved;     // realpath
+  std::vector<Answer> listings;     // opendir
+  std::vector<Lib> libs;            // dlopen
+  std::string cwd;                  // the working folder when NVRTC used it or an output names it; else empty
 };
 
 // Why a compile's result is not stored (empty: it may be).

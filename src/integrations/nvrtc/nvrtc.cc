@@ -370,7 +370,7 @@ struct Compiler::Impl {
     KeyBuilder kb(kNamespace);
     KCACHE_RETURN_IF_ERROR(add_inputs(kb, p));
     for (const auto& f : m.files) kb.add_digest("file:" + f.path, f.digest);
-    for (const auto& pr : m.present) kb.add_bool("probe:" + pr, true);
+    for (const auto& pr : m.present) kb.add_u64("probe:" + pr.path, pr.mode);
     kb.add_list("probes.absent", m.absent);
     for (const auto& a : m.links) kb.add_string("readlink:" + a.path, a.found ? a.value : std::string("(none)"));
     for (const auto& a : m.resolved) kb.add_string("realpath:" + a.path, a.found ? a.value : std::string("(none)"));

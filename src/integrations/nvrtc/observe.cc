@@ -143,6 +143,19 @@ void note(Access::Kind kind, const char* path, bool found, const struct stat* st
 
 bool absent_errno(int e) { return e == ENOENT || e == ENOTDIR; }
 
+// An open or stat on the recording thread that failed other than absent.
+void unreadable(const char* path) {
+  Recording* r = t_rec;
+  if (!r || !path || !r->unreadable.empty()) return;
+  int saved = errno;
+  try {
+    r->unreadable = absolute(*r, path);
+  } catch (...) {
+    r->wrote = true;  // never stored
+  }
+  errno = saved;
+}
+
 bool writes_mode(const char* mode) { return mode && (std::strpbrk(mode, "wa+") != nullptr); }
 
 void noted_open(int fd, const char* path) {
@@ -153,6 +166,7 @@ void noted_open(int fd, const char* path) {
   }
   int e = errno;
   note(absent_errno(e) ? Access::Kind::opened : Access::Kind::stated, path, !absent_errno(e));
+  if (!absent_errno(e)) unreadable(path);
   errno = e;
 }
 
@@ -197,6 +211,7 @@ int do_xstat(xstat_fn real, int ver, const char* path, struct stat* st) {
   if (!t_rec) return unseen(), rc;
   int e = errno;
   note(Access::Kind::stated, path, rc == 0 || !absent_errno(e), rc == 0 ? st : nullptr);
+  if (rc != 0 && !absent_errno(e)) unreadable(path);
   errno = e;
   return rc;
 }

@@ -49,7 +49,7 @@ FileId id_of(const struct stat& st);
 struct Access {
   enum class Kind : uint8_t {
     opened,    // fopen / open for reading: the bytes count
-    stated,    // stat / lstat / an open that failed other than ENOENT: existence counts
+    stated,    // stat / lstat / an open that failed other than ENOENT (never stored): existence counts
     probed,    // access(): whether it succeeds counts
     listed,    // opendir: the names in the folder count
     linked,    // readlink: the target counts
@@ -75,6 +75,9 @@ struct Recording {
   // started, a raw system call, a wrapper reached on an unrecorded thread
   // meanwhile); nullptr: none.
   const char* escaped = nullptr;
+  // The first path whose open or stat failed other than ENOENT / ENOTDIR
+  // (EACCES, ELOOP, ...): what NVRTC made of it is not known.
+  std::string unreadable;
 };
 
 // Patches libnvrtc's import slots, once per process. OK, or why the

@@ -624,5 +624,65 @@ TEST_F(NvrtcObserve, ACompileBesideAnUnrecordedOneIsNotStored) {
   EXPECT_TRUE(nvrtc::detail::build_manifest(alone, {}, {}).uncacheable.empty());
 }
 
+TEST_F(NvrtcObserve, AHeaderNvrtcCouldNotOpenIsNeverStored) {
+  // h.h in the first folder with mode 000: NVRTC cannot open it (EACCES)
+  // and takes the second folder's; after a chmod 644 it would take the
+  // first's. Root reads a mode-000 file, so the compile runs in a child as
+  // nobody.
+  make_dir(root_ + "/a");
+  make_dir(root_ + "/b");
+  write_file(root_ + "/a/h.h", "#define V 1\n");
+  write_file(root_ + "/b/h.h", "#define V 2\n");
+  ASSERT_EQ(::chmod(root_.c_str(), 0755), 0);
+  ASSERT_EQ(::chmod((root_ + "/a/h.h").c_str(), 0), 0);
+  nvrtc::Program p;
+  p.source = kernel("#include \"h.h\"");
+  p.options = {"-arch=compute_80", "-I" + root_ + "/a", "-I" + root_ + "/b"};
+  pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    if (::getuid() == 0 && ::setuid(65534) != 0) ::_exit(10);
+    nvrtc::detail::Recording rec;
+    {
+      nvrtc::detail::ScopedRecording on(&rec);
+      auto arts = nvrtc::compile_uncached(p);
+      // NVRTC skipped the unreadable header or failed on it: either way
+      // nothing may be stored.
+      (void)arts;
+    }
+    if (rec.unreadable != root_ + "/a/h.h") ::_exit(11);
+    std::string why = nvrtc::detail::build_manifest(rec, {}, {}).uncacheable;
+    ::_exit(why.find("could not be opened") != std::string::npos ? 0 : 12);
+  }
+  int st = 0;
+  ASSERT_EQ(::waitpid(pid, &st, 0), pid);
+  ASSERT_TRUE(WIFEXITED(st));
+  EXPECT_EQ(WEXITSTATUS(st), 0) << "10: setuid failed, 11: the failed open not recorded, 12: stored";
+}
+
+TEST_F(NvrtcObserve, APathFoundWhosePermissionsChangedNoLongerHolds) {
+  const std::string h = root_ + "/probe.h";
+  write_file(h, "x");
+  nvrtc::detail::Recording rec;
+  char cwd[4096];
+  ASSERT_NE(::getcwd(cwd, sizeof cwd), nullptr);
+  rec.cwd = cwd;
+  nvrtc::detail::Access a;
+  a.kind = nvrtc::detail::Access::Kind::stated;
+  a.path = h;
+  a.found = true;
+  rec.accesses.push_back(a);
+  auto built = nvrtc::detail::build_manifest(rec, {}, {});
+  ASSERT_TRUE(built.uncacheable.empty()) << built.uncacheable;
+  ASSERT_EQ(built.manifest.present.size(), 1u);
+  EXPECT_TRUE(nvrtc::detail::manifest_holds(built.manifest));
+  auto decoded = nvrtc::detail::decode_manifest(nvrtc::detail::encode_manifest(built.manifest));
+  ASSERT_TRUE(decoded.has_value());
+  EXPECT_EQ(decoded->present[0].mode, built.manifest.present[0].mode);
+  ASSERT_EQ(::chmod(h.c_str(), 0), 0);
+  EXPECT_FALSE(nvrtc::detail::manifest_holds(built.manifest));
+  EXPECT_FALSE(nvrtc::detail::manifest_holds(*decoded));
+}
+
 }  // namespace
 }  // namespace kcache
