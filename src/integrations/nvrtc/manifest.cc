@@ -431,6 +431,11 @@ Built build_manifest(const Recording& rec, const std::vector<std::string_view>& 
     m.resolved.push_back(a);
   }
   for (auto& [path, a] : listings) {
+    // The names are taken now, not when NVRTC read them: a folder changed
+    // since the compile began (or within a tick before) may have listed
+    // otherwise for NVRTC.
+    if (a.found && ::stat(path.c_str(), &st) == 0 && young(path, id_of(st), began))
+      refuse(path + " is too new (a folder NVRTC listed changed within the timestamp granularity of the compile)");
     auto d = listing_digest(path);
     if (d.has_value() != a.found) refuse(path + " changed while compiling");
     if (d) a.value = d->hex();

@@ -684,5 +684,29 @@ TEST_F(NvrtcObserve, APathFoundWhosePermissionsChangedNoLongerHolds) {
   EXPECT_FALSE(nvrtc::detail::manifest_holds(*decoded));
 }
 
+TEST_F(NvrtcObserve, AFolderListedThatChangedDuringTheCompileIsNotStored) {
+  // The names are taken at the end of the compile: one added while NVRTC
+  // compiled would be in the manifest though NVRTC listed the folder
+  // without it.
+  make_dir(root_ + "/ls");
+  write_file(root_ + "/ls/one.h", "x");
+  nvrtc::detail::Recording rec;
+  char cwd[4096];
+  ASSERT_NE(::getcwd(cwd, sizeof cwd), nullptr);
+  rec.cwd = cwd;
+  struct timespec ts;
+  ::clock_gettime(CLOCK_REALTIME, &ts);
+  rec.start_ns = int64_t(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+  nvrtc::detail::Access a;
+  a.kind = nvrtc::detail::Access::Kind::listed;
+  a.path = root_ + "/ls";
+  a.found = true;
+  rec.accesses.push_back(a);
+  EXPECT_TRUE(nvrtc::detail::build_manifest(rec, {}, {}).uncacheable.empty());
+  write_file(root_ + "/ls/two.h", "x", /*age=*/false);  // during the compile
+  std::string why = nvrtc::detail::build_manifest(rec, {}, {}).uncacheable;
+  EXPECT_NE(why.find("too new"), std::string::npos) << why;
+}
+
 }  // namespace
 }  // namespace kcache
