@@ -181,7 +181,9 @@ struct CompilerOptions {
   // Remember failed compiles in memory for the Compiler's lifetime, so a
   // program known to fail is not compiled again. Default false.
   bool remember_failures = false;
-  // Most failures remembered; 0 means 1024. Oldest are dropped first.
+  // Most failures remembered per program (each is checked on every lookup
+  // of it); 0 means 8. Oldest are dropped first. The memory of programs as
+  // a whole is bounded (64 MiB, least recently used dropped first).
   size_t max_remembered_failures = 0;
   // Hash the libnvrtc file into the key (recommended). When false only
   // nvrtcVersion() identifies the compiler. Default true.

@@ -708,5 +708,28 @@ TEST_F(NvrtcObserve, AFolderListedThatChangedDuringTheCompileIsNotStored) {
   EXPECT_NE(why.find("too new"), std::string::npos) << why;
 }
 
+TEST_F(NvrtcObserve, AProgramRemembersItsLastEightFailures) {
+  // Each remembered failure is checked on every lookup of the program: the
+  // oldest are dropped past eight.
+  nvrtc::CompilerOptions co;
+  co.remember_failures = true;
+  nvrtc::Compiler c(*cache_, co);
+  make_dir(root_ + "/f");
+  nvrtc::Program p;
+  p.source = kernel("#include \"bad.h\"");
+  p.options = {"-arch=compute_80", "-I" + root_ + "/f"};
+  auto fail_with = [&](int i) {
+    write_file(root_ + "/f/bad.h", "#define V 1\nsyntax error " + std::to_string(i) + "\n");
+    uint64_t runs = nvrtc::detail::recorded_compiles();
+    auto r = c.compile(p);
+    EXPECT_FALSE(r.has_value());
+    return nvrtc::detail::recorded_compiles() - runs;
+  };
+  for (int i = 0; i < 10; ++i) EXPECT_EQ(fail_with(i), 1u) << i;
+  EXPECT_EQ(fail_with(9), 0u);  // remembered
+  EXPECT_EQ(fail_with(2), 0u);  // the oldest kept
+  EXPECT_EQ(fail_with(0), 1u);  // dropped
+}
+
 }  // namespace
 }  // namespace kcache
