@@ -83,6 +83,38 @@ int64_t granularity(const std::string& path, dev_t dev) {
   return g;
 }
 
+// Whether the file system of `path` (device `dev`) makes its files' bytes
+// as they are read (/proc, /sys, ...): identities there vouch for nothing.
+std::unordered_map<dev_t, bool> g_pseudo;  // GUARDED_BY(g_gran_mu)
+
+bool pseudo_fs(const std::string& path, dev_t dev) {
+  {
+    std::lock_guard lk(g_gran_mu);
+    if (auto it = g_pseudo.find(dev); it != g_pseudo.end()) return it->second;
+  }
+  struct statfs fs;
+  bool pseudo = true;  // unknown: not vouched for
+  if (::statfs(path.c_str(), &fs) == 0) {
+    switch (static_cast<unsigned long>(fs.f_type)) {
+      case 0x9FA0:      // proc
+      case 0x62656572:  // sysfs
+      case 0x64626720:  // debugfs
+      case 0x74726163:  // tracefs
+      case 0x63677270:  // cgroup2
+      case 0x27E0EB:    // cgroup
+      case 0x73636673:  // securityfs
+      case 0x1CD1:      // devpts
+      case 0x42494E4D:  // binfmt_misc
+        break;
+      default:
+        pseudo = false;
+    }
+  }
+  std::lock_guard lk(g_gran_mu);
+  g_pseudo[dev] = pseudo;
+  return pseudo;
+}
+
 // Changed so recently that it could change again within the same tick
 // without its identity changing (ccache's "file too new").
 bool young(const std::string& path, const FileId& id, int64_t now) {
@@ -389,6 +421,12 @@ Built build_manifest(const Recording& rec, const std::vector<std::string_view>& 
     }
     if (S_ISDIR(st.st_mode)) {  // opened as a folder: existence only
       m.present.push_back({path, mode_of(st)});
+      continue;
+    }
+    // /proc, a device, a FIFO: its bytes have no identity (and a FIFO
+    // blocks a read).
+    if (!S_ISREG(st.st_mode) || pseudo_fs(path, st.st_dev)) {
+      refuse(path + " is not a regular file");
       continue;
     }
     FileId id = id_of(st);

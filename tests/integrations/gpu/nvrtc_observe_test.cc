@@ -731,5 +731,25 @@ TEST_F(NvrtcObserve, AProgramRemembersItsLastEightFailures) {
   EXPECT_EQ(fail_with(0), 1u);  // dropped
 }
 
+TEST_F(NvrtcObserve, AReadOfANonRegularFileIsNotStored) {
+  // /proc's bytes change with no identity change; a FIFO would block the
+  // digest's read.
+  const std::string fifo = root_ + "/fifo.h";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0);
+  for (const std::string& path : {std::string("/proc/self/status"), fifo}) {
+    nvrtc::detail::Recording rec;
+    char cwd[4096];
+    ASSERT_NE(::getcwd(cwd, sizeof cwd), nullptr);
+    rec.cwd = cwd;
+    nvrtc::detail::Access a;
+    a.kind = nvrtc::detail::Access::Kind::opened;
+    a.path = path;
+    a.found = true;
+    rec.accesses.push_back(a);
+    std::string why = nvrtc::detail::build_manifest(rec, {}, {}).uncacheable;
+    EXPECT_NE(why.find("not a regular file"), std::string::npos) << path << ": " << why;
+  }
+}
+
 }  // namespace
 }  // namespace kcache
