@@ -75,7 +75,9 @@
 // any of them is still compiled.
 //
 // Caveats:
-//   * Environment variables NVRTC may read are not in the key.
+//   * The environment variables NVRTC asks for on the compiling thread
+//     (NVRTC 13: NVRTC_APPEND_FLAGS, EDG_BASE, ...) are in the key, as
+//     NVRTC saw them; PWD only when an output names its value.
 //   * Where libnvrtc's import table cannot be rewritten (not Linux x86-64,
 //     or a libnvrtc that reads files through functions the recorder does
 //     not cover), programs compile without the cache (one log line).

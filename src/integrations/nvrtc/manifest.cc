@@ -223,6 +223,12 @@ std::optional<std::string> resolved_of(const std::string& path) {
 // The type and permission bits of a file.
 uint32_t mode_of(const struct stat& st) { return static_cast<uint32_t>(st.st_mode & (S_IFMT | 07777)); }
 
+// Whether the environment variable `a.path` is as recorded.
+bool env_holds(const DepManifest::Answer& a) {
+  const char* v = std::getenv(a.path.c_str());
+  return (v != nullptr) == a.found && (!v || a.value == v);
+}
+
 bool absent_now(const std::string& path) {
   struct stat st;
   return ::stat(path.c_str(), &st) != 0 && (errno == ENOENT || errno == ENOTDIR);
@@ -351,7 +357,7 @@ Built build_manifest(const Recording& rec, const std::vector<std::string_view>& 
     FileId id;  // the identity NVRTC opened
   };
   std::map<std::string, Seen> seen;
-  std::map<std::string, DepManifest::Answer> links, resolved, listings;
+  std::map<std::string, DepManifest::Answer> links, resolved, listings, env;
   for (const Access& a : rec.accesses) {
     switch (a.kind) {
       case Access::Kind::opened:
@@ -382,6 +388,12 @@ Built build_manifest(const Recording& rec, const std::vector<std::string_view>& 
         auto [it, fresh] = map.emplace(a.path, DepManifest::Answer{a.path, a.found, a.target});
         if (!fresh && (it->second.found != a.found || it->second.value != a.target))
           refuse(a.path + " changed while compiling");
+        break;
+      }
+      case Access::Kind::env: {
+        auto [it, fresh] = env.emplace(a.path, DepManifest::Answer{a.path, a.found, a.target});
+        if (!fresh && (it->second.found != a.found || it->second.value != a.target))
+          refuse("$" + a.path + " changed while compiling");
         break;
       }
       case Access::Kind::listed:
@@ -479,6 +491,26 @@ Built build_manifest(const Recording& rec, const std::vector<std::string_view>& 
     if (d) a.value = d->hex();
     m.listings.push_back(a);
   }
+  // Variables NVRTC asked for in an earlier compile of this process only
+  // (once per process): their values now.
+  for (const auto& name : nvrtc_env_names()) {
+    if (env.count(name)) continue;
+    const char* v = std::getenv(name.c_str());
+    env.emplace(name, DepManifest::Answer{name, v != nullptr, v ? std::string(v) : std::string()});
+  }
+  for (auto& [name, a] : env) {
+    // PWD names the working folder, which is keyed when NVRTC uses it;
+    // kept only when an output names its value (a shell that did not
+    // follow a chdir leaves it stale, and a stale one should not miss).
+    if (name == "PWD") {
+      bool named = false;
+      if (a.found && a.value.size() > 1)
+        for (std::string_view o : outputs) named = named || o.find(a.value) != std::string_view::npos;
+      if (!named) continue;
+    }
+    if (!env_holds(a)) refuse("$" + name + " changed while compiling");
+    m.env.push_back(a);
+  }
   for (const Load& l : nvrtc_loads()) {
     DepManifest::Lib lib{l.name, l.path, {}, {}};
     if (!l.path.empty()) {
@@ -509,6 +541,8 @@ Built build_manifest(const Recording& rec, const std::vector<std::string_view>& 
 
 bool manifest_holds(const DepManifest& m) {
   if (!m.cwd.empty() && current_dir() != m.cwd) return false;
+  for (const auto& a : m.env)
+    if (!env_holds(a)) return false;
   const int64_t now = now_real_ns();
   struct stat st;
   for (const auto& l : m.libs) {
@@ -723,7 +757,8 @@ bool manifest_holds(const DepManifest& m, WatchState* w) {
   uint64_t seq = watcher.drain();
   if (w->watched && w->generation == watcher.generation() && w->verified_seq != 0 &&
       now - w->verified_ns < kRecheckNs && !watcher.changed_since(w->wds, w->verified_seq) &&
-      (m.cwd.empty() || current_dir() == m.cwd)) {
+      (m.cwd.empty() || current_dir() == m.cwd) &&
+      std::all_of(m.env.begin(), m.env.end(), [](const DepManifest::Answer& a) { return env_holds(a); })) {
     // Which file the loader maps for each library (the process may have
     // loaded another copy since): asked every time.
     bool libs_hold = true;
@@ -878,6 +913,7 @@ std::string encode_manifest(const DepManifest& m) {
     put_id(out, l.id);
     put_digest(out, l.digest);
   }
+  put_answers(out, m.env);
   put_str(out, m.cwd);
   return out;
 }
@@ -915,6 +951,7 @@ std::optional<DepManifest> decode_manifest(std::string_view bytes) {
     l.id = r.id();
     get_digest(r, &l.digest);
   }
+  get_answers(r, &m.env);
   m.cwd = r.str();
   if (!r.ok || !r.s.empty()) return std::nullopt;
   return m;

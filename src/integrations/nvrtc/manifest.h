@@ -9,8 +9,9 @@
 // looked for and did not find (absence, checked through the identity of the
 // folder it would be in); each folder it listed (the names in it); each
 // link it read and each path it resolved (the answer); each library it
-// loaded (the file the loader maps now for that name, and its digest); and
-// the working folder when the output depends on it.
+// loaded (the file the loader maps now for that name, and its digest); each
+// environment variable it asked for (its value); and the working folder
+// when the output depends on it.
 #pragma once
 
 #include <cstddef>
@@ -79,6 +80,7 @@ struct DepManifest {
   std::vector<Answer> resolved;     // realpath
   std::vector<Answer> listings;     // opendir
   std::vector<Lib> libs;            // dlopen
+  std::vector<Answer> env;          // getenv: name, set, value
   std::string cwd;                  // the working folder when NVRTC used it or an output names it; else empty
 };
 

@@ -376,6 +376,7 @@ struct Compiler::Impl {
     for (const auto& a : m.links) kb.add_string("readlink:" + a.path, a.found ? a.value : std::string("(none)"));
     for (const auto& a : m.resolved) kb.add_string("realpath:" + a.path, a.found ? a.value : std::string("(none)"));
     for (const auto& a : m.listings) kb.add_string("listing:" + a.path, a.found ? a.value : std::string("(none)"));
+    for (const auto& a : m.env) kb.add_string("env:" + a.path, a.found ? a.value : std::string("(unset)"));
     for (const auto& l : m.libs) {
       kb.add_string("library:" + l.name, l.path.empty() ? std::string("(not loaded)") : l.path);
       if (!l.path.empty()) kb.add_digest("library.digest:" + l.name, l.digest);
@@ -415,7 +416,7 @@ struct Compiler::Impl {
     for (const auto& p : m.present) n += sizeof p + p.path.size();
     for (const auto& a : m.absent) n += sizeof a + a.size();
     for (const auto& d : m.dirs) n += sizeof d + d.path.size();
-    for (const auto* v : {&m.links, &m.resolved, &m.listings})
+    for (const auto* v : {&m.links, &m.resolved, &m.listings, &m.env})
       for (const auto& a : *v) n += sizeof a + a.path.size() + a.value.size();
     for (const auto& l : m.libs) n += sizeof l + l.name.size() + l.path.size();
     return n;

@@ -271,6 +271,36 @@ char* w_getcwd(char* buf, size_t n) {
   return out;
 }
 
+// The environment variables NVRTC asks for on the recording thread: their
+// values are inputs.
+using getenv_fn = char* (*)(const char*);
+getenv_fn real_getenv;
+std::mutex g_env_mu;
+std::set<std::string> g_env_names;  // GUARDED_BY(g_env_mu)
+
+char* w_getenv(const char* name) {
+  char* v = real_getenv(name);
+  Recording* r = t_rec;
+  if (!r || !name) return v;
+  int saved = errno;
+  try {
+    Access a;
+    a.kind = Access::Kind::env;
+    a.path = name;
+    a.found = v != nullptr;
+    if (v) a.target = v;
+    {
+      std::lock_guard lk(g_env_mu);
+      g_env_names.insert(a.path);
+    }
+    r->accesses.push_back(std::move(a));
+  } catch (...) {
+    r->wrote = true;  // never stored
+  }
+  errno = saved;
+  return v;
+}
+
 // ---- calls that leave what the recorder sees ----------------------------------
 
 // A thread NVRTC starts, a child it forks or runs, a raw syscall: what they
@@ -418,6 +448,7 @@ const Hook kHooks[] = {
     {"chdir", nullptr, reinterpret_cast<void*>(&w_chdir), slot(&real_chdir)},
     {"getcwd", nullptr, reinterpret_cast<void*>(&w_getcwd), slot(&real_getcwd)},
     {"dlopen", nullptr, reinterpret_cast<void*>(&kcache_nvrtc_dlopen_hook), &kcache_nvrtc_real_dlopen},
+    {"getenv", nullptr, reinterpret_cast<void*>(&w_getenv), slot(&real_getenv)},
     {"pthread_create", nullptr, reinterpret_cast<void*>(&w_pthread_create), slot(&real_pthread_create)},
     {"fork", nullptr, reinterpret_cast<void*>(&w_fork), slot(&real_fork)},
     {"execv", nullptr, reinterpret_cast<void*>(&w_execv), slot(&real_execv)},
@@ -798,6 +829,11 @@ std::string resolve_library(const std::string& name, const std::string& fallback
 
 uint64_t recorded_compiles() noexcept { return g_recorded.load(std::memory_order_relaxed); }
 
+std::vector<std::string> nvrtc_env_names() {
+  std::lock_guard lk(g_env_mu);
+  return {g_env_names.begin(), g_env_names.end()};
+}
+
 std::vector<std::string> hooked_functions() {
   (void)install_recorder();
   return g_hooked;
@@ -819,6 +855,7 @@ std::vector<Load> nvrtc_loads() { return {}; }
 std::string resolve_library(const std::string& name, const std::string&) { return name; }
 std::vector<std::string> hooked_functions() { return {}; }
 uint64_t recorded_compiles() noexcept { return 0; }
+std::vector<std::string> nvrtc_env_names() { return {}; }
 }  // namespace kcache::nvrtc::detail
 
 #endif

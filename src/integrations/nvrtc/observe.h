@@ -5,7 +5,7 @@
 // dynamic relocations (DT_RELA and DT_JMPREL: R_X86_64_JUMP_SLOT,
 // R_X86_64_GLOB_DAT, R_X86_64_64) and points the import slots of the file
 // functions it calls (fopen, fopen64, open, __xstat, __lxstat, access,
-// opendir, realpath, readlink, chdir, getcwd, dlopen; and pthread_create,
+// opendir, realpath, readlink, chdir, getcwd, getenv, dlopen; and pthread_create,
 // fork, execv, execve, execvp, system, syscall, which mark the compile
 // unseen, and mkdir, unlink, rmdir, remove, which count as writes) at
 // wrappers here; slots in
@@ -54,6 +54,7 @@ struct Access {
     listed,    // opendir: the names in the folder count
     linked,    // readlink: the target counts
     resolved,  // realpath: the resolved path counts
+    env,       // getenv: `path` is the variable's name, `target` its value when `found`
   };
   Kind kind = Kind::opened;
   std::string path;  // absolute (joined to the working folder of the access)
@@ -116,6 +117,10 @@ std::vector<Load> nvrtc_loads();
 // RTLD_DI_SERINFO: LD_LIBRARY_PATH, run paths, system folders); empty when
 // none has it (the loader's cache may still find one: see `fallback`).
 std::string resolve_library(const std::string& name, const std::string& fallback);
+
+// Every environment variable NVRTC asked for on a recording thread in this
+// process (some it asks for once, at its first compile), sorted.
+std::vector<std::string> nvrtc_env_names();
 
 // Compiles run with the recorder on since the process began; for tests
 // (how many times NVRTC ran for the cache).

@@ -751,5 +751,67 @@ TEST_F(NvrtcObserve, AReadOfANonRegularFileIsNotStored) {
   }
 }
 
+TEST_F(NvrtcObserve, EnvironmentVariablesNvrtcAsksForAreInputs) {
+  // What getenv answered NVRTC on the recording thread: a later value
+  // makes the manifest no longer hold.
+  ::setenv("KCACHE_TEST_NVRTC_ENV", "one", 1);
+  ::unsetenv("KCACHE_TEST_NVRTC_UNSET");
+  nvrtc::detail::Recording rec;
+  char cwd[4096];
+  ASSERT_NE(::getcwd(cwd, sizeof cwd), nullptr);
+  rec.cwd = cwd;
+  nvrtc::detail::Access a;
+  a.kind = nvrtc::detail::Access::Kind::env;
+  a.path = "KCACHE_TEST_NVRTC_ENV";
+  a.found = true;
+  a.target = "one";
+  rec.accesses.push_back(a);
+  a.path = "KCACHE_TEST_NVRTC_UNSET";
+  a.found = false;
+  a.target.clear();
+  rec.accesses.push_back(a);
+  auto built = nvrtc::detail::build_manifest(rec, {}, {});
+  ASSERT_TRUE(built.uncacheable.empty()) << built.uncacheable;
+  // These two, and any NVRTC asked for in an earlier compile here.
+  size_t ours = 0;
+  for (const auto& e : built.manifest.env) ours += e.path.rfind("KCACHE_TEST_NVRTC_", 0) == 0;
+  ASSERT_EQ(ours, 2u);
+  auto decoded = nvrtc::detail::decode_manifest(nvrtc::detail::encode_manifest(built.manifest));
+  ASSERT_TRUE(decoded.has_value());
+  EXPECT_TRUE(nvrtc::detail::manifest_holds(*decoded));
+  ::setenv("KCACHE_TEST_NVRTC_ENV", "two", 1);
+  EXPECT_FALSE(nvrtc::detail::manifest_holds(*decoded));
+  ::setenv("KCACHE_TEST_NVRTC_ENV", "one", 1);
+  ::setenv("KCACHE_TEST_NVRTC_UNSET", "", 1);
+  EXPECT_FALSE(nvrtc::detail::manifest_holds(*decoded));
+  ::unsetenv("KCACHE_TEST_NVRTC_UNSET");
+  EXPECT_TRUE(nvrtc::detail::manifest_holds(*decoded));
+  // The wrapper is in place, and a compile through the cache is still a
+  // hit (whatever NVRTC asks for is unchanged).
+  auto hooked = nvrtc::detail::hooked_functions();
+  EXPECT_NE(std::find(hooked.begin(), hooked.end(), "getenv"), hooked.end());
+  nvrtc::Program p;
+  p.source = kernel("#define V 3");
+  p.options = {"-arch=compute_80"};
+  compile_stored(p);
+  ::unsetenv("KCACHE_TEST_NVRTC_ENV");
+}
+
+TEST_F(NvrtcObserve, NvrtcAppendFlagsInTheEnvironmentIsFollowed) {
+  // NVRTC 13 reads NVRTC_APPEND_FLAGS (and EDG_BASE, PWD, ...) on the
+  // compiling thread: options added through it change the output.
+  ::unsetenv("NVRTC_APPEND_FLAGS");
+  nvrtc::Program p;
+  p.source = kernel("#ifndef V\n#define V 1\n#endif");
+  p.options = {"-arch=compute_80"};
+  compile_stored(p);
+  ::setenv("NVRTC_APPEND_FLAGS", "-DV=7", 1);
+  std::string want = uncached_ptx(p);
+  EXPECT_NE(want.find("7"), std::string::npos);
+  expect_fresh(p, "NVRTC_APPEND_FLAGS set");
+  ::unsetenv("NVRTC_APPEND_FLAGS");
+  expect_fresh(p, "NVRTC_APPEND_FLAGS unset again");
+}
+
 }  // namespace
 }  // namespace kcache
