@@ -281,7 +281,20 @@ std::set<std::string> g_env_names;  // GUARDED_BY(g_env_mu)
 char* w_getenv(const char* name) {
   char* v = real_getenv(name);
   Recording* r = t_rec;
-  if (!r || !name) return v;
+  if (!name) return v;
+  if (!r) {
+    // Another thread of NVRTC's (-split-compile's workers ask too) while a
+    // recording is alive: the name is keyed, with its value at the end.
+    if (g_live.load() > 0) {
+      try {
+        std::lock_guard lk(g_env_mu);
+        g_env_names.insert(name);
+      } catch (...) {
+        unseen();
+      }
+    }
+    return v;
+  }
   int saved = errno;
   try {
     Access a;
@@ -328,28 +341,38 @@ syscall_fn real_syscall;
 mkdir_fn real_mkdir;
 unlink_fn real_unlink, real_rmdir, real_remove;
 
+// A thread NVRTC starts (-split-compile's workers) is not recorded, but its
+// file calls reach the same wrappers and, while a recording is alive, mark
+// it unseen (`unseen()`): starting one is no reason to refuse.
 int w_pthread_create(pthread_t* t, const pthread_attr_t* attr, void* (*fn)(void*), void* arg) {
-  escaped("NVRTC started a thread");
   return real_pthread_create(t, attr, fn, arg);
 }
+// A child, or a program run: on the recording thread the compile is unseen;
+// on another, any live recording is.
+void left(const char* what) {
+  if (t_rec)
+    escaped(what);
+  else
+    unseen();
+}
 pid_t w_fork() {
-  escaped("NVRTC forked");
+  left("NVRTC forked");
   return real_fork();
 }
 int w_execv(const char* path, char* const argv[]) {
-  escaped("NVRTC ran a program");
+  left("NVRTC ran a program");
   return real_execv(path, argv);
 }
 int w_execvp(const char* file, char* const argv[]) {
-  escaped("NVRTC ran a program");
+  left("NVRTC ran a program");
   return real_execvp(file, argv);
 }
 int w_execve(const char* path, char* const argv[], char* const envp[]) {
-  escaped("NVRTC ran a program");
+  left("NVRTC ran a program");
   return real_execve(path, argv, envp);
 }
 int w_system(const char* cmd) {
-  escaped("NVRTC ran a program");
+  left("NVRTC ran a program");
   return real_system(cmd);
 }
 
@@ -392,24 +415,36 @@ long w_syscall(long n, ...) {
   long a[6];
   for (long& x : a) x = va_arg(ap, long);
   va_end(ap);
-  if (t_rec && !harmless_syscall(n)) escaped("NVRTC made a system call the recorder does not follow");
+  if (!harmless_syscall(n)) left("NVRTC made a system call the recorder does not follow");
   return real_syscall(n, a[0], a[1], a[2], a[3], a[4], a[5]);
 }
 
 int w_mkdir(const char* path, mode_t mode) {
-  if (t_rec) t_rec->wrote = true;
+  if (t_rec)
+    t_rec->wrote = true;
+  else
+    unseen();
   return real_mkdir(path, mode);
 }
 int w_unlink(const char* path) {
-  if (t_rec) t_rec->wrote = true;
+  if (t_rec)
+    t_rec->wrote = true;
+  else
+    unseen();
   return real_unlink(path);
 }
 int w_rmdir(const char* path) {
-  if (t_rec) t_rec->wrote = true;
+  if (t_rec)
+    t_rec->wrote = true;
+  else
+    unseen();
   return real_rmdir(path);
 }
 int w_remove(const char* path) {
-  if (t_rec) t_rec->wrote = true;
+  if (t_rec)
+    t_rec->wrote = true;
+  else
+    unseen();
   return real_remove(path);
 }
 

@@ -5,11 +5,12 @@
 // dynamic relocations (DT_RELA and DT_JMPREL: R_X86_64_JUMP_SLOT,
 // R_X86_64_GLOB_DAT, R_X86_64_64) and points the import slots of the file
 // functions it calls (fopen, fopen64, open, __xstat, __lxstat, access,
-// opendir, realpath, readlink, chdir, getcwd, getenv, dlopen; and pthread_create,
-// fork, execv, execve, execvp, system, syscall, which mark the compile
-// unseen, and mkdir, unlink, rmdir, remove, which count as writes) at
-// wrappers here; slots in
-// the RELRO range are made writable for the write and read-only again.
+// opendir, realpath, readlink, chdir, getcwd, getenv, dlopen; and fork,
+// execv, execve, execvp, system, syscall, which mark the compile unseen,
+// mkdir, unlink, rmdir, remove, which count as writes, and pthread_create)
+// at wrappers here; slots on pages the loader made read-only (RELRO) are
+// made writable for the write and given back their protection, one write
+// at a time.
 // Each wrapper calls the libc function the slot would have bound to
 // (dlsym / dlvsym of the same name and version from the global scope, never
 // the slot's old value, which under lazy binding is the PLT resolver) and,

@@ -813,5 +813,20 @@ TEST_F(NvrtcObserve, NvrtcAppendFlagsInTheEnvironmentIsFollowed) {
   expect_fresh(p, "NVRTC_APPEND_FLAGS unset again");
 }
 
+TEST_F(NvrtcObserve, SplitCompileWorkersThatReachNoFileKeepTheCompileCacheable) {
+  // -split-compile starts threads: their file calls would reach the
+  // wrappers unrecorded and refuse the compile; code generation makes none.
+  nvrtc::Program p;
+  p.source = kernel("#define V 4") + "extern \"C\" __global__ void k2(int* x) { x[0] = 2; }\n";
+  p.options = {"-arch=sm_80", "-split-compile=4"};
+  nvrtc::detail::Recording rec;
+  {
+    nvrtc::detail::ScopedRecording on(&rec);
+    ASSERT_TRUE(nvrtc::compile_uncached(p).has_value());
+  }
+  EXPECT_EQ(rec.escaped, nullptr) << rec.escaped;
+  compile_stored(p);
+}
+
 }  // namespace
 }  // namespace kcache
