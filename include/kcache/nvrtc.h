@@ -75,7 +75,9 @@
 // any of them is still compiled.
 //
 // Caveats:
-//   * Environment variables NVRTC may read are not in the key.
+//   * The environment variables NVRTC asks for on the compiling thread
+//     (NVRTC 13: NVRTC_APPEND_FLAGS, EDG_BASE, ...) are in the key, as
+//     NVRTC saw them; PWD only when an output names its value.
 //   * Where libnvrtc's import table cannot be rewritten (not Linux x86-64,
 //     or a libnvrtc that reads files through functions the recorder does
 //     not cover), programs compile without the cache (one log line).
@@ -181,7 +183,9 @@ struct CompilerOptions {
   // Remember failed compiles in memory for the Compiler's lifetime, so a
   // program known to fail is not compiled again. Default false.
   bool remember_failures = false;
-  // Most failures remembered; 0 means 1024. Oldest are dropped first.
+  // Most failures remembered per program (each is checked on every lookup
+  // of it); 0 means 8. Oldest are dropped first. The memory of programs as
+  // a whole is bounded (64 MiB, least recently used dropped first).
   size_t max_remembered_failures = 0;
   // Hash the libnvrtc file into the key (recommended). When false only
   // nvrtcVersion() identifies the compiler. Default true.

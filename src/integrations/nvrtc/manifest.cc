@@ -83,6 +83,38 @@ int64_t granularity(const std::string& path, dev_t dev) {
   return g;
 }
 
+// Whether the file system of `path` (device `dev`) makes its files' bytes
+// as they are read (/proc, /sys, ...): identities there vouch for nothing.
+std::unordered_map<dev_t, bool> g_pseudo;  // GUARDED_BY(g_gran_mu)
+
+bool pseudo_fs(const std::string& path, dev_t dev) {
+  {
+    std::lock_guard lk(g_gran_mu);
+    if (auto it = g_pseudo.find(dev); it != g_pseudo.end()) return it->second;
+  }
+  struct statfs fs;
+  bool pseudo = true;  // unknown: not vouched for
+  if (::statfs(path.c_str(), &fs) == 0) {
+    switch (static_cast<unsigned long>(fs.f_type)) {
+      case 0x9FA0:      // proc
+      case 0x62656572:  // sysfs
+      case 0x64626720:  // debugfs
+      case 0x74726163:  // tracefs
+      case 0x63677270:  // cgroup2
+      case 0x27E0EB:    // cgroup
+      case 0x73636673:  // securityfs
+      case 0x1CD1:      // devpts
+      case 0x42494E4D:  // binfmt_misc
+        break;
+      default:
+        pseudo = false;
+    }
+  }
+  std::lock_guard lk(g_gran_mu);
+  g_pseudo[dev] = pseudo;
+  return pseudo;
+}
+
 // Changed so recently that it could change again within the same tick
 // without its identity changing (ccache's "file too new").
 bool young(const std::string& path, const FileId& id, int64_t now) {
@@ -186,6 +218,15 @@ std::optional<std::string> resolved_of(const std::string& path) {
   char buf[PATH_MAX];
   if (!::realpath(path.c_str(), buf)) return std::nullopt;
   return std::string(buf);
+}
+
+// The type and permission bits of a file.
+uint32_t mode_of(const struct stat& st) { return static_cast<uint32_t>(st.st_mode & (S_IFMT | 07777)); }
+
+// Whether the environment variable `a.path` is as recorded.
+bool env_holds(const DepManifest::Answer& a) {
+  const char* v = std::getenv(a.path.c_str());
+  return (v != nullptr) == a.found && (!v || a.value == v);
 }
 
 bool absent_now(const std::string& path) {
@@ -299,7 +340,12 @@ Built build_manifest(const Recording& rec, const std::vector<std::string_view>& 
   auto refuse = [&](std::string why) {
     if (out.uncacheable.empty()) out.uncacheable = std::move(why);
   };
-  if (rec.wrote) refuse("NVRTC opened a file for writing");
+  if (rec.hooks_lost)
+    refuse("a libnvrtc import slot was rebound while compiling (lazy binding on another thread); patched again");
+  if (!rec.unreadable.empty())
+    refuse(rec.unreadable + " could not be opened or stat'ed, other than absent (permissions, a loop, ...)");
+  if (rec.escaped) refuse(std::string(rec.escaped) + ": what it read there is not seen");
+  if (rec.wrote) refuse("NVRTC wrote: opened a file for writing, made a folder or removed a name");
   if (rec.cwd_changed) refuse("NVRTC changed the working folder");
   if (current_dir() != rec.cwd) refuse("the working folder changed while compiling");
   for (std::string_view t : in_memory)
@@ -311,7 +357,7 @@ Built build_manifest(const Recording& rec, const std::vector<std::string_view>& 
     FileId id;  // the identity NVRTC opened
   };
   std::map<std::string, Seen> seen;
-  std::map<std::string, DepManifest::Answer> links, resolved, listings;
+  std::map<std::string, DepManifest::Answer> links, resolved, listings, env;
   for (const Access& a : rec.accesses) {
     switch (a.kind) {
       case Access::Kind::opened:
@@ -344,6 +390,12 @@ Built build_manifest(const Recording& rec, const std::vector<std::string_view>& 
           refuse(a.path + " changed while compiling");
         break;
       }
+      case Access::Kind::env: {
+        auto [it, fresh] = env.emplace(a.path, DepManifest::Answer{a.path, a.found, a.target});
+        if (!fresh && (it->second.found != a.found || it->second.value != a.target))
+          refuse("$" + a.path + " changed while compiling");
+        break;
+      }
       case Access::Kind::listed:
         listings.emplace(a.path, DepManifest::Answer{a.path, a.found, std::string()});
         break;
@@ -368,8 +420,11 @@ Built build_manifest(const Recording& rec, const std::vector<std::string_view>& 
       continue;
     }
     if (!s.opened) {
-      if (::stat(path.c_str(), &st) != 0) refuse(path + " went while compiling");
-      m.present.push_back(path);
+      if (::stat(path.c_str(), &st) != 0) {
+        refuse(path + " went while compiling");
+        continue;
+      }
+      m.present.push_back({path, mode_of(st)});
       continue;
     }
     if (::stat(path.c_str(), &st) != 0) {
@@ -377,7 +432,13 @@ Built build_manifest(const Recording& rec, const std::vector<std::string_view>& 
       continue;
     }
     if (S_ISDIR(st.st_mode)) {  // opened as a folder: existence only
-      m.present.push_back(path);
+      m.present.push_back({path, mode_of(st)});
+      continue;
+    }
+    // /proc, a device, a FIFO: its bytes have no identity (and a FIFO
+    // blocks a read).
+    if (!S_ISREG(st.st_mode) || pseudo_fs(path, st.st_dev)) {
+      refuse(path + " is not a regular file");
       continue;
     }
     FileId id = id_of(st);
@@ -420,10 +481,35 @@ Built build_manifest(const Recording& rec, const std::vector<std::string_view>& 
     m.resolved.push_back(a);
   }
   for (auto& [path, a] : listings) {
+    // The names are taken now, not when NVRTC read them: a folder changed
+    // since the compile began (or within a tick before) may have listed
+    // otherwise for NVRTC.
+    if (a.found && ::stat(path.c_str(), &st) == 0 && young(path, id_of(st), began))
+      refuse(path + " is too new (a folder NVRTC listed changed within the timestamp granularity of the compile)");
     auto d = listing_digest(path);
     if (d.has_value() != a.found) refuse(path + " changed while compiling");
     if (d) a.value = d->hex();
     m.listings.push_back(a);
+  }
+  // Variables NVRTC asked for in an earlier compile of this process only
+  // (once per process): their values now.
+  for (const auto& name : nvrtc_env_names()) {
+    if (env.count(name)) continue;
+    const char* v = std::getenv(name.c_str());
+    env.emplace(name, DepManifest::Answer{name, v != nullptr, v ? std::string(v) : std::string()});
+  }
+  for (auto& [name, a] : env) {
+    // PWD names the working folder, which is keyed when NVRTC uses it;
+    // kept only when an output names its value (a shell that did not
+    // follow a chdir leaves it stale, and a stale one should not miss).
+    if (name == "PWD") {
+      bool named = false;
+      if (a.found && a.value.size() > 1)
+        for (std::string_view o : outputs) named = named || o.find(a.value) != std::string_view::npos;
+      if (!named) continue;
+    }
+    if (!env_holds(a)) refuse("$" + name + " changed while compiling");
+    m.env.push_back(a);
   }
   for (const Load& l : nvrtc_loads()) {
     DepManifest::Lib lib{l.name, l.path, {}, {}};
@@ -455,6 +541,8 @@ Built build_manifest(const Recording& rec, const std::vector<std::string_view>& 
 
 bool manifest_holds(const DepManifest& m) {
   if (!m.cwd.empty() && current_dir() != m.cwd) return false;
+  for (const auto& a : m.env)
+    if (!env_holds(a)) return false;
   const int64_t now = now_real_ns();
   struct stat st;
   for (const auto& l : m.libs) {
@@ -478,7 +566,7 @@ bool manifest_holds(const DepManifest& m) {
   if (!files_hold(m.files, now)) return false;
   FolderStat fs;
   for (const auto& p : m.present)
-    if (!fs.stat(p, &st)) return false;
+    if (!fs.stat(p.path, &st) || mode_of(st) != p.mode) return false;
   for (const auto& a : m.links) {
     auto t = link_of(a.path);
     if (t.has_value() != a.found || (a.found && *t != a.value)) return false;
@@ -641,7 +729,7 @@ std::vector<std::string> watch_dirs(const DepManifest& m) {
   for (const auto& f : m.files) file(f.path);
   for (const auto& l : m.libs)
     if (!l.path.empty()) file(l.path);
-  for (const auto& p : m.present) dirs.insert(folder(p));
+  for (const auto& p : m.present) dirs.insert(folder(p.path));
   for (const auto& a : m.links) dirs.insert(folder(a.path));
   for (const auto& d : m.dirs) {
     std::string at = d.path.empty() ? std::string("/") : d.path;
@@ -669,7 +757,8 @@ bool manifest_holds(const DepManifest& m, WatchState* w) {
   uint64_t seq = watcher.drain();
   if (w->watched && w->generation == watcher.generation() && w->verified_seq != 0 &&
       now - w->verified_ns < kRecheckNs && !watcher.changed_since(w->wds, w->verified_seq) &&
-      (m.cwd.empty() || current_dir() == m.cwd)) {
+      (m.cwd.empty() || current_dir() == m.cwd) &&
+      std::all_of(m.env.begin(), m.env.end(), [](const DepManifest::Answer& a) { return env_holds(a); })) {
     // Which file the loader maps for each library (the process may have
     // loaded another copy since): asked every time.
     bool libs_hold = true;
@@ -699,7 +788,7 @@ bool manifest_holds(const DepManifest& m, WatchState* w) {
 namespace {
 
 // Record encoding: a version byte, then counts and fields.
-constexpr uint8_t kRecordVersion = 2;
+constexpr uint8_t kRecordVersion = 3;
 
 void put_str(std::string& out, std::string_view s) {
   util::put_u32(out, static_cast<uint32_t>(s.size()));
@@ -801,10 +890,13 @@ std::string encode_manifest(const DepManifest& m) {
     put_id(out, f.id);
     put_digest(out, f.digest);
   }
-  for (const auto* list : {&m.present, &m.absent}) {
-    util::put_u32(out, static_cast<uint32_t>(list->size()));
-    for (const auto& s : *list) put_str(out, s);
+  util::put_u32(out, static_cast<uint32_t>(m.present.size()));
+  for (const auto& p : m.present) {
+    put_str(out, p.path);
+    util::put_u32(out, p.mode);
   }
+  util::put_u32(out, static_cast<uint32_t>(m.absent.size()));
+  for (const auto& s : m.absent) put_str(out, s);
   util::put_u32(out, static_cast<uint32_t>(m.dirs.size()));
   for (const auto& d : m.dirs) {
     put_str(out, d.path);
@@ -821,6 +913,7 @@ std::string encode_manifest(const DepManifest& m) {
     put_id(out, l.id);
     put_digest(out, l.digest);
   }
+  put_answers(out, m.env);
   put_str(out, m.cwd);
   return out;
 }
@@ -835,10 +928,13 @@ std::optional<DepManifest> decode_manifest(std::string_view bytes) {
     f.id = r.id();
     get_digest(r, &f.digest);
   }
-  for (auto* list : {&m.present, &m.absent}) {
-    list->resize(get_count(r));
-    for (auto& s : *list) s = r.str();
+  m.present.resize(get_count(r));
+  for (auto& p : m.present) {
+    p.path = r.str();
+    p.mode = r.u32();
   }
+  m.absent.resize(get_count(r));
+  for (auto& s : m.absent) s = r.str();
   m.dirs.resize(get_count(r));
   for (auto& d : m.dirs) {
     d.path = r.str();
@@ -855,6 +951,7 @@ std::optional<DepManifest> decode_manifest(std::string_view bytes) {
     l.id = r.id();
     get_digest(r, &l.digest);
   }
+  get_answers(r, &m.env);
   m.cwd = r.str();
   if (!r.ok || !r.s.empty()) return std::nullopt;
   return m;

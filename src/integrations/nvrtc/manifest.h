@@ -4,12 +4,14 @@
 // with a compiler's dependency list).
 //
 // A manifest lists each path NVRTC opened with the digest of the bytes it
-// read; each path it stat'ed or probed and found (existence); each path it
+// read; each path it stat'ed or probed and found (existence, and its type
+// and permission bits); each path it
 // looked for and did not find (absence, checked through the identity of the
 // folder it would be in); each folder it listed (the names in it); each
 // link it read and each path it resolved (the answer); each library it
-// loaded (the file the loader maps now for that name, and its digest); and
-// the working folder when the output depends on it.
+// loaded (the file the loader maps now for that name, and its digest); each
+// environment variable it asked for (its value); and the working folder
+// when the output depends on it.
 #pragma once
 
 #include <cstddef>
@@ -55,6 +57,10 @@ struct DepManifest {
     bool exists = false;
     FileId id;  // when exists; all zero when it was too young to vouch for its absent names
   };
+  struct Present {
+    std::string path;
+    uint32_t mode = 0;  // type and permission bits (st_mode): whether NVRTC could read it counts
+  };
   struct Answer {
     std::string path;
     bool found = false;
@@ -66,15 +72,16 @@ struct DepManifest {
     FileId id;
     Digest digest;
   };
-  std::vector<File> files;           // opened: their bytes
-  std::vector<std::string> present;  // stat'ed / probed and found
-  std::vector<std::string> absent;   // looked for and not found
-  std::vector<Dir> dirs;             // the folders of `absent`
-  std::vector<Answer> links;         // readlink
-  std::vector<Answer> resolved;      // realpath
-  std::vector<Answer> listings;      // opendir
-  std::vector<Lib> libs;             // dlopen
-  std::string cwd;                   // the working folder when NVRTC used it or an output names it; else empty
+  std::vector<File> files;          // opened: their bytes
+  std::vector<Present> present;     // stat'ed / probed and found
+  std::vector<std::string> absent;  // looked for and not found
+  std::vector<Dir> dirs;            // the folders of `absent`
+  std::vector<Answer> links;        // readlink
+  std::vector<Answer> resolved;     // realpath
+  std::vector<Answer> listings;     // opendir
+  std::vector<Lib> libs;            // dlopen
+  std::vector<Answer> env;          // getenv: name, set, value
+  std::string cwd;                  // the working folder when NVRTC used it or an output names it; else empty
 };
 
 // Why a compile's result is not stored (empty: it may be).

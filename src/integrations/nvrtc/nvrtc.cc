@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <climits>
 #include <deque>
+#include <list>
 #include <mutex>
 #include <set>
 #include <unordered_map>
@@ -370,11 +371,12 @@ struct Compiler::Impl {
     KeyBuilder kb(kNamespace);
     KCACHE_RETURN_IF_ERROR(add_inputs(kb, p));
     for (const auto& f : m.files) kb.add_digest("file:" + f.path, f.digest);
-    for (const auto& pr : m.present) kb.add_bool("probe:" + pr, true);
+    for (const auto& pr : m.present) kb.add_u64("probe:" + pr.path, pr.mode);
     kb.add_list("probes.absent", m.absent);
     for (const auto& a : m.links) kb.add_string("readlink:" + a.path, a.found ? a.value : std::string("(none)"));
     for (const auto& a : m.resolved) kb.add_string("realpath:" + a.path, a.found ? a.value : std::string("(none)"));
     for (const auto& a : m.listings) kb.add_string("listing:" + a.path, a.found ? a.value : std::string("(none)"));
+    for (const auto& a : m.env) kb.add_string("env:" + a.path, a.found ? a.value : std::string("(unset)"));
     for (const auto& l : m.libs) {
       kb.add_string("library:" + l.name, l.path.empty() ? std::string("(not loaded)") : l.path);
       if (!l.path.empty()) kb.add_digest("library.digest:" + l.name, l.digest);
@@ -393,12 +395,62 @@ struct Compiler::Impl {
   struct Known {
     std::shared_ptr<const KeyInfo> inputs;
     std::vector<Candidate> candidates;                                                    // newest first
-    std::vector<std::pair<std::shared_ptr<const detail::DepManifest>, Status>> failures;  // remembered
+    std::vector<std::pair<std::shared_ptr<const detail::DepManifest>, Status>> failures;  // remembered, oldest first
+    std::list<Digest>::iterator at;                                                       // its place in `lru`
+    size_t bytes = 0;                                                                     // about what it holds
   };
+  // The programs remembered, least recently used dropped first past a
+  // budget of bytes (a CCCL manifest lists about 1,300 paths: ~200 KB with
+  // its entry key).
+  static constexpr size_t kMemoBudget = size_t(64) << 20;
   static constexpr size_t kMemoCap = 4096;
   std::mutex memo_mu;
   std::unordered_map<Digest, Known> memo;  // GUARDED_BY(memo_mu); by program_digest
+  std::list<Digest> lru;                   // GUARDED_BY(memo_mu); most recently used first
+  size_t memo_bytes = 0;                   // GUARDED_BY(memo_mu)
   std::set<std::string> logged;            // GUARDED_BY(memo_mu); lines said once each
+
+  static size_t approx_bytes(const detail::DepManifest& m) {
+    size_t n = sizeof m + m.cwd.size();
+    for (const auto& f : m.files) n += sizeof f + f.path.size();
+    for (const auto& p : m.present) n += sizeof p + p.path.size();
+    for (const auto& a : m.absent) n += sizeof a + a.size();
+    for (const auto& d : m.dirs) n += sizeof d + d.path.size();
+    for (const auto* v : {&m.links, &m.resolved, &m.listings, &m.env})
+      for (const auto& a : *v) n += sizeof a + a.path.size() + a.value.size();
+    for (const auto& l : m.libs) n += sizeof l + l.name.size() + l.path.size();
+    return n;
+  }
+  // The program's memo, made most recently used (made when new).
+  // REQUIRES: memo_mu held.
+  Known& touch(const Digest& pd) {
+    auto [it, fresh] = memo.try_emplace(pd);
+    if (fresh) {
+      lru.push_front(pd);
+      it->second.at = lru.begin();
+    } else {
+      lru.splice(lru.begin(), lru, it->second.at);
+    }
+    return it->second;
+  }
+  // Counts what `k` holds now and drops the least recently used others
+  // while the memo is over budget. REQUIRES: memo_mu held.
+  void account(Known& k) {
+    size_t b = sizeof k;
+    if (k.inputs) b += k.inputs->manifest.items.size() * 64;
+    // A candidate's entry key names each path the manifest does.
+    for (const auto& c : k.candidates) b += 2 * approx_bytes(*c.manifest) + c.watch.wds.size() * sizeof(int);
+    for (const auto& [m, st] : k.failures) b += approx_bytes(*m) + st.message().size();
+    memo_bytes = memo_bytes - k.bytes + b;
+    k.bytes = b;
+    while ((memo_bytes > kMemoBudget || memo.size() > kMemoCap) && lru.size() > 1) {
+      auto it = memo.find(lru.back());
+      if (&it->second == &k) break;
+      memo_bytes -= it->second.bytes;
+      memo.erase(it);
+      lru.pop_back();
+    }
+  }
 
   void log_once(const std::string& line) {
     bool first = false;
@@ -443,13 +495,13 @@ struct Compiler::Impl {
 
   void remember(const Digest& pd, const std::shared_ptr<const KeyInfo>& inputs, Candidate c) {
     std::lock_guard lk(memo_mu);
-    if (memo.size() >= kMemoCap) memo.clear();
-    Known& k = memo[pd];
+    Known& k = touch(pd);
     k.inputs = inputs;
     for (const auto& old : k.candidates)
       if (old.entry->key == c.entry->key) return;
     k.candidates.insert(k.candidates.begin(), std::move(c));
     if (k.candidates.size() > kMaxManifests) k.candidates.pop_back();
+    account(k);
   }
 
   Expected<Lookup> lookup(const Program& p) {
@@ -459,6 +511,7 @@ struct Compiler::Impl {
       // Checked under the lock: the watch state is updated by the check.
       std::lock_guard lk(memo_mu);
       if (auto it = memo.find(pd); it != memo.end()) {
+        lru.splice(lru.begin(), lru, it->second.at);
         out.inputs = it->second.inputs;
         for (auto& c : it->second.candidates) {
           if (detail::manifest_holds(*c.manifest, &c.watch)) {
@@ -474,8 +527,9 @@ struct Compiler::Impl {
       KCACHE_TRY(KeyInfo ki, inputs_key(p));
       out.inputs = std::make_shared<const KeyInfo>(std::move(ki));
       std::lock_guard lk(memo_mu);
-      if (memo.size() >= kMemoCap) memo.clear();
-      memo[pd].inputs = out.inputs;
+      Known& k = touch(pd);
+      k.inputs = out.inputs;
+      account(k);
     }
     if (out.failure) return out;
     if (auto e = cache.get(out.inputs->key)) {
@@ -627,11 +681,14 @@ struct Compiler::Impl {
       if (opt.remember_failures && rc.artifacts.error().code() == Errc::compile_failed &&
           rc.built.uncacheable.empty()) {
         std::lock_guard lk2(memo_mu);
-        Known& k = memo[pd];
-        size_t cap = opt.max_remembered_failures ? opt.max_remembered_failures : 1024;
-        if (k.failures.size() < cap)
-          k.failures.emplace_back(std::make_shared<const detail::DepManifest>(std::move(rc.built.manifest)),
-                                  rc.artifacts.error());
+        Known& k = touch(pd);
+        // Each is checked on every lookup of the program: a few, the
+        // oldest dropped first.
+        size_t cap = opt.max_remembered_failures ? opt.max_remembered_failures : 8;
+        k.failures.emplace_back(std::make_shared<const detail::DepManifest>(std::move(rc.built.manifest)),
+                                rc.artifacts.error());
+        if (k.failures.size() > cap) k.failures.erase(k.failures.begin(), k.failures.end() - cap);
+        account(k);
       }
       return std::move(rc.artifacts).error();
     }

@@ -10,8 +10,10 @@
 #include <limits.h>
 #include <link.h>
 #include <nvrtc.h>
+#include <pthread.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -76,6 +78,15 @@ namespace {
 
 thread_local Recording* t_rec = nullptr;
 std::atomic<uint64_t> g_recorded{0};
+// Recordings alive in the process, and the calls into the wrappers made
+// meanwhile on threads with none (NVRTC's own threads, or an unrecorded
+// compile beside a recorded one): a recording they overlap is not stored.
+std::atomic<int> g_live{0};
+std::atomic<uint64_t> g_unseen{0};
+
+void unseen() {
+  if (g_live.load() > 0) g_unseen.fetch_add(1);
+}
 
 // ---- the real functions ------------------------------------------------------
 
@@ -132,6 +143,19 @@ void note(Access::Kind kind, const char* path, bool found, const struct stat* st
 
 bool absent_errno(int e) { return e == ENOENT || e == ENOTDIR; }
 
+// An open or stat on the recording thread that failed other than absent.
+void unreadable(const char* path) {
+  Recording* r = t_rec;
+  if (!r || !path || !r->unreadable.empty()) return;
+  int saved = errno;
+  try {
+    r->unreadable = absolute(*r, path);
+  } catch (...) {
+    r->wrote = true;  // never stored
+  }
+  errno = saved;
+}
+
 bool writes_mode(const char* mode) { return mode && (std::strpbrk(mode, "wa+") != nullptr); }
 
 void noted_open(int fd, const char* path) {
@@ -142,12 +166,13 @@ void noted_open(int fd, const char* path) {
   }
   int e = errno;
   note(absent_errno(e) ? Access::Kind::opened : Access::Kind::stated, path, !absent_errno(e));
+  if (!absent_errno(e)) unreadable(path);
   errno = e;
 }
 
 FILE* do_fopen(fopen_fn real, const char* path, const char* mode) {
   FILE* f = real(path, mode);
-  if (!t_rec) return f;
+  if (!t_rec) return unseen(), f;
   if (writes_mode(mode)) {
     t_rec->wrote = true;
     return f;
@@ -170,7 +195,7 @@ int w_open(const char* path, int flags, ...) {
     va_end(ap);
   }
   int fd = real_open(path, flags, mode);
-  if (!t_rec) return fd;
+  if (!t_rec) return unseen(), fd;
   if ((flags & O_ACCMODE) != O_RDONLY || (flags & (O_CREAT | O_TRUNC))) {
     t_rec->wrote = true;
     return fd;
@@ -183,9 +208,10 @@ int w_open(const char* path, int flags, ...) {
 
 int do_xstat(xstat_fn real, int ver, const char* path, struct stat* st) {
   int rc = real(ver, path, st);
-  if (!t_rec) return rc;
+  if (!t_rec) return unseen(), rc;
   int e = errno;
   note(Access::Kind::stated, path, rc == 0 || !absent_errno(e), rc == 0 ? st : nullptr);
+  if (rc != 0 && !absent_errno(e)) unreadable(path);
   errno = e;
   return rc;
 }
@@ -194,24 +220,28 @@ int w_lxstat(int ver, const char* path, struct stat* st) { return do_xstat(real_
 
 int w_access(const char* path, int mode) {
   int rc = real_access(path, mode);
-  if (t_rec) note(Access::Kind::probed, path, rc == 0);
+  if (!t_rec) return unseen(), rc;
+  note(Access::Kind::probed, path, rc == 0);
   return rc;
 }
 
 DIR* w_opendir(const char* path) {
   DIR* d = real_opendir(path);
-  if (t_rec) note(Access::Kind::listed, path, d != nullptr);
+  if (!t_rec) return unseen(), d;
+  note(Access::Kind::listed, path, d != nullptr);
   return d;
 }
 
 char* w_realpath(const char* path, char* resolved) {
   char* out = real_realpath(path, resolved);
-  if (t_rec) note(Access::Kind::resolved, path, out != nullptr, nullptr, out);
+  if (!t_rec) return unseen(), out;
+  note(Access::Kind::resolved, path, out != nullptr, nullptr, out);
   return out;
 }
 
 ssize_t w_readlink(const char* path, char* buf, size_t n) {
   ssize_t rc = real_readlink(path, buf, n);
+  if (!t_rec) unseen();
   if (t_rec) {
     int e = errno;
     std::string target = rc >= 0 ? std::string(buf, static_cast<size_t>(rc)) : std::string();
@@ -223,6 +253,7 @@ ssize_t w_readlink(const char* path, char* buf, size_t n) {
 
 int w_chdir(const char* path) {
   int rc = real_chdir(path);
+  if (!t_rec) unseen();
   if (t_rec && rc == 0) {
     int e = errno;
     t_rec->cwd_changed = true;
@@ -235,8 +266,186 @@ int w_chdir(const char* path) {
 
 char* w_getcwd(char* buf, size_t n) {
   char* out = real_getcwd(buf, n);
+  if (!t_rec) unseen();
   if (t_rec) t_rec->cwd_used = true;
   return out;
+}
+
+// The environment variables NVRTC asks for on the recording thread: their
+// values are inputs.
+using getenv_fn = char* (*)(const char*);
+getenv_fn real_getenv;
+std::mutex g_env_mu;
+std::set<std::string> g_env_names;  // GUARDED_BY(g_env_mu)
+
+char* w_getenv(const char* name) {
+  char* v = real_getenv(name);
+  Recording* r = t_rec;
+  if (!name) return v;
+  if (!r) {
+    // Another thread of NVRTC's (-split-compile's workers ask too) while a
+    // recording is alive: the name is keyed, with its value at the end.
+    if (g_live.load() > 0) {
+      try {
+        std::lock_guard lk(g_env_mu);
+        g_env_names.insert(name);
+      } catch (...) {
+        unseen();
+      }
+    }
+    return v;
+  }
+  int saved = errno;
+  try {
+    Access a;
+    a.kind = Access::Kind::env;
+    a.path = name;
+    a.found = v != nullptr;
+    if (v) a.target = v;
+    {
+      std::lock_guard lk(g_env_mu);
+      g_env_names.insert(a.path);
+    }
+    r->accesses.push_back(std::move(a));
+  } catch (...) {
+    r->wrote = true;  // never stored
+  }
+  errno = saved;
+  return v;
+}
+
+// ---- calls that leave what the recorder sees ----------------------------------
+
+// A thread NVRTC starts, a child it forks or runs, a raw syscall: what they
+// read is not seen, so the compile is not stored. Folders made or names
+// removed are writes.
+void escaped(const char* what) {
+  if (Recording* r = t_rec; r && !r->escaped) r->escaped = what;
+}
+
+using pthread_create_fn = int (*)(pthread_t*, const pthread_attr_t*, void* (*)(void*), void*);
+using fork_fn = pid_t (*)();
+using execv_fn = int (*)(const char*, char* const[]);
+using execve_fn = int (*)(const char*, char* const[], char* const[]);
+using system_fn = int (*)(const char*);
+using syscall_fn = long (*)(long, ...);
+using mkdir_fn = int (*)(const char*, mode_t);
+using unlink_fn = int (*)(const char*);
+
+pthread_create_fn real_pthread_create;
+fork_fn real_fork;
+execv_fn real_execv, real_execvp;
+execve_fn real_execve;
+system_fn real_system;
+syscall_fn real_syscall;
+mkdir_fn real_mkdir;
+unlink_fn real_unlink, real_rmdir, real_remove;
+
+// A thread NVRTC starts (-split-compile's workers) is not recorded, but its
+// file calls reach the same wrappers and, while a recording is alive, mark
+// it unseen (`unseen()`): starting one is no reason to refuse.
+int w_pthread_create(pthread_t* t, const pthread_attr_t* attr, void* (*fn)(void*), void* arg) {
+  return real_pthread_create(t, attr, fn, arg);
+}
+// A child, or a program run: on the recording thread the compile is unseen;
+// on another, any live recording is.
+void left(const char* what) {
+  if (t_rec)
+    escaped(what);
+  else
+    unseen();
+}
+pid_t w_fork() {
+  left("NVRTC forked");
+  return real_fork();
+}
+int w_execv(const char* path, char* const argv[]) {
+  left("NVRTC ran a program");
+  return real_execv(path, argv);
+}
+int w_execvp(const char* file, char* const argv[]) {
+  left("NVRTC ran a program");
+  return real_execvp(file, argv);
+}
+int w_execve(const char* path, char* const argv[], char* const envp[]) {
+  left("NVRTC ran a program");
+  return real_execve(path, argv, envp);
+}
+int w_system(const char* cmd) {
+  left("NVRTC ran a program");
+  return real_system(cmd);
+}
+
+// System calls that reach no file and start nothing.
+bool harmless_syscall(long n) {
+  switch (n) {
+    case SYS_gettid:
+    case SYS_getpid:
+    case SYS_futex:
+    case SYS_getrandom:
+    case SYS_sched_yield:
+    case SYS_sched_getaffinity:
+    case SYS_clock_gettime:
+    case SYS_gettimeofday:
+    case SYS_membarrier:
+    case SYS_madvise:
+    case SYS_mmap:
+    case SYS_munmap:
+    case SYS_mprotect:
+    case SYS_getrlimit:
+    case SYS_prlimit64:
+    case SYS_uname:
+    case SYS_sysinfo:
+    case SYS_get_mempolicy:
+    case SYS_getcpu:
+    case SYS_rseq:
+    case SYS_set_robust_list:
+    case SYS_rt_sigprocmask:
+    case SYS_tgkill:
+      return true;
+    default:
+      return false;
+  }
+}
+
+long w_syscall(long n, ...) {
+  // Six arguments, as the kernel takes: the ones not passed are unused.
+  va_list ap;
+  va_start(ap, n);
+  long a[6];
+  for (long& x : a) x = va_arg(ap, long);
+  va_end(ap);
+  if (!harmless_syscall(n)) left("NVRTC made a system call the recorder does not follow");
+  return real_syscall(n, a[0], a[1], a[2], a[3], a[4], a[5]);
+}
+
+int w_mkdir(const char* path, mode_t mode) {
+  if (t_rec)
+    t_rec->wrote = true;
+  else
+    unseen();
+  return real_mkdir(path, mode);
+}
+int w_unlink(const char* path) {
+  if (t_rec)
+    t_rec->wrote = true;
+  else
+    unseen();
+  return real_unlink(path);
+}
+int w_rmdir(const char* path) {
+  if (t_rec)
+    t_rec->wrote = true;
+  else
+    unseen();
+  return real_rmdir(path);
+}
+int w_remove(const char* path) {
+  if (t_rec)
+    t_rec->wrote = true;
+  else
+    unseen();
+  return real_remove(path);
 }
 
 // ---- the libraries NVRTC loads -------------------------------------------------
@@ -274,18 +483,34 @@ const Hook kHooks[] = {
     {"chdir", nullptr, reinterpret_cast<void*>(&w_chdir), slot(&real_chdir)},
     {"getcwd", nullptr, reinterpret_cast<void*>(&w_getcwd), slot(&real_getcwd)},
     {"dlopen", nullptr, reinterpret_cast<void*>(&kcache_nvrtc_dlopen_hook), &kcache_nvrtc_real_dlopen},
+    {"getenv", nullptr, reinterpret_cast<void*>(&w_getenv), slot(&real_getenv)},
+    {"pthread_create", nullptr, reinterpret_cast<void*>(&w_pthread_create), slot(&real_pthread_create)},
+    {"fork", nullptr, reinterpret_cast<void*>(&w_fork), slot(&real_fork)},
+    {"execv", nullptr, reinterpret_cast<void*>(&w_execv), slot(&real_execv)},
+    {"execvp", nullptr, reinterpret_cast<void*>(&w_execvp), slot(&real_execvp)},
+    {"execve", nullptr, reinterpret_cast<void*>(&w_execve), slot(&real_execve)},
+    {"system", nullptr, reinterpret_cast<void*>(&w_system), slot(&real_system)},
+    {"syscall", nullptr, reinterpret_cast<void*>(&w_syscall), slot(&real_syscall)},
+    {"mkdir", nullptr, reinterpret_cast<void*>(&w_mkdir), slot(&real_mkdir)},
+    {"unlink", nullptr, reinterpret_cast<void*>(&w_unlink), slot(&real_unlink)},
+    {"rmdir", nullptr, reinterpret_cast<void*>(&w_rmdir), slot(&real_rmdir)},
+    {"remove", nullptr, reinterpret_cast<void*>(&w_remove), slot(&real_remove)},
 };
 
 // Import functions libnvrtc may call that reach files and that no wrapper
 // covers: their presence refuses the recorder (a newer NVRTC calling
 // openat or statx would otherwise read files unseen).
 const char* const kUnhooked[] = {
-    "openat",  "openat64",  "stat",    "stat64",    "lstat", "lstat64",  "fstatat",  "__fxstatat", "faccessat", "statx",
-    "scandir", "fdopendir", "freopen", "freopen64", "creat", "truncate", "__open_2", "__openat_2", "ftw",       "nftw"};
+    "openat",    "openat64",   "stat",    "stat64",      "lstat",        "lstat64",   "fstatat", "__fxstatat",
+    "faccessat", "statx",      "scandir", "fdopendir",   "freopen",      "freopen64", "creat",   "truncate",
+    "__open_2",  "__openat_2", "ftw",     "nftw",        "vfork",        "clone",     "execl",   "execlp",
+    "execle",    "execvpe",    "fexecve", "posix_spawn", "posix_spawnp", "popen",     "rename",  "renameat",
+    "mkdirat",   "unlinkat",   "chmod",   "link",        "symlink"};
 
 struct Patched {
   void** at;
   void* value;
+  void* real;  // what the loader binds the slot to
 };
 
 std::once_flag g_once;
@@ -295,15 +520,44 @@ std::vector<std::string> g_hooked;         // names, sorted
 uintptr_t g_relro_lo = 0, g_relro_hi = 0;  // libnvrtc's RELRO range
 std::string g_nvrtc_path;
 
+std::mutex g_slot_mu;  // one slot write at a time (each makes a page writable and read-only again)
+
+// The protection of the mapping holding `a` (from /proc/self/maps); -1
+// when not found.
+int protection_of(uintptr_t a) {
+  FILE* f = std::fopen("/proc/self/maps", "re");
+  if (!f) return -1;
+  int prot = -1;
+  char line[512];
+  while (std::fgets(line, sizeof line, f)) {
+    unsigned long lo = 0, hi = 0;
+    char perms[5] = {};
+    if (std::sscanf(line, "%lx-%lx %4s", &lo, &hi, perms) != 3) continue;
+    if (a < lo || a >= hi) continue;
+    prot = (perms[0] == 'r' ? PROT_READ : 0) | (perms[1] == 'w' ? PROT_WRITE : 0) | (perms[2] == 'x' ? PROT_EXEC : 0);
+    break;
+  }
+  std::fclose(f);
+  return prot;
+}
+
+// Writes `value` into the slot `at`. The loader makes read-only only the
+// whole pages of libnvrtc's RELRO range ([page_down(lo), page_down(hi)));
+// a slot on such a page that is not writable now is made writable for the
+// write, and its page given back the protection it had.
 bool write_slot(void** at, void* value) {
-  uintptr_t a = reinterpret_cast<uintptr_t>(at);
-  bool relro = a >= g_relro_lo && a < g_relro_hi;
-  long page = ::sysconf(_SC_PAGESIZE);
-  uintptr_t p = a & ~static_cast<uintptr_t>(page - 1);
-  if (relro && ::mprotect(reinterpret_cast<void*>(p), static_cast<size_t>(page), PROT_READ | PROT_WRITE) != 0)
-    return false;
+  std::lock_guard lk(g_slot_mu);
+  const uintptr_t a = reinterpret_cast<uintptr_t>(at);
+  const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  auto down = [&](uintptr_t x) { return x & ~(page - 1); };
+  const bool relro = a >= down(g_relro_lo) && a < down(g_relro_hi);
+  int prot = relro ? protection_of(a) : -1;
+  if (relro && prot < 0) prot = PROT_READ;  // as the loader left it
+  const bool unprotect = relro && !(prot & PROT_WRITE);
+  void* p = reinterpret_cast<void*>(down(a));
+  if (unprotect && ::mprotect(p, page, prot | PROT_WRITE) != 0) return false;
   __atomic_store_n(at, value, __ATOMIC_SEQ_CST);
-  if (relro) (void)::mprotect(reinterpret_cast<void*>(p), static_cast<size_t>(page), PROT_READ);
+  if (unprotect) (void)::mprotect(p, page, prot);
   return true;
 }
 
@@ -391,6 +645,15 @@ Status install() {
     }
   }
   if (!symtab || !strtab) return Status(Errc::unavailable, "nvrtc: libnvrtc has no dynamic symbols");
+  // The object holding the wrappers stays mapped as long as libnvrtc does:
+  // a dlclose of it would leave libnvrtc's slots pointing at unmapped code.
+  // (In the main program it is never unloaded.)
+  Image self;
+  self.target = reinterpret_cast<uintptr_t>(&w_fopen);
+  if (!::dl_iterate_phdr(find_image, &self))
+    return Status(Errc::unavailable, "nvrtc: the recorder's own image is not found");
+  if (!self.name.empty() && !::dlopen(self.name.c_str(), RTLD_LAZY | RTLD_NOLOAD | RTLD_NODELETE))
+    return Status(Errc::unavailable, "nvrtc: the recorder's library " + self.name + " cannot be kept loaded");
   for (const Hook& h : kHooks) {
     void* real = h.version ? ::dlvsym(RTLD_DEFAULT, h.name, h.version) : nullptr;
     if (!real) real = ::dlsym(RTLD_DEFAULT, h.name);
@@ -414,8 +677,9 @@ Status install() {
       for (const Hook& h : kHooks) {
         if (std::strcmp(name, h.name) != 0) continue;
         if (!*h.real) return Status(Errc::unavailable, std::string("nvrtc: libc's ") + name + " is not found");
-        todo.push_back({reinterpret_cast<void**>(im.bias + r.r_offset),
-                        static_cast<char*>(h.wrapper) + (type == R_X86_64_64 ? r.r_addend : 0)});
+        const ElfW(Sxword) addend = type == R_X86_64_64 ? r.r_addend : 0;
+        todo.push_back({reinterpret_cast<void**>(im.bias + r.r_offset), static_cast<char*>(h.wrapper) + addend,
+                        static_cast<char*>(*h.real) + addend});
         hooked.insert(name);
       }
     }
@@ -458,11 +722,24 @@ const Status& install_recorder() {
   return g_status;
 }
 
-ScopedRecording::ScopedRecording(Recording* r) : prev_(t_rec) {
-  // A slot resolved lazily by another thread while it was patched could
-  // have been written over: written again.
-  for (const auto& p : g_patched)
-    if (__atomic_load_n(p.at, __ATOMIC_ACQUIRE) != p.value) (void)write_slot(p.at, p.value);
+// Whether every patched slot still points at its wrapper; the ones that do
+// not are patched again. A slot resolved lazily by another thread while
+// install() patched it is written over by the resolver (libnvrtc is not
+// linked with BIND_NOW).
+namespace {
+bool repair_slots() {
+  bool intact = true;
+  for (const auto& p : g_patched) {
+    if (__atomic_load_n(p.at, __ATOMIC_ACQUIRE) == p.value) continue;
+    intact = false;
+    (void)write_slot(p.at, p.value);
+  }
+  return intact;
+}
+}  // namespace
+
+ScopedRecording::ScopedRecording(Recording* r) : rec_(r), prev_(t_rec) {
+  (void)repair_slots();
   if (r->cwd.empty()) {
     char buf[PATH_MAX];
     if (::getcwd(buf, sizeof buf)) r->cwd = buf;
@@ -472,11 +749,25 @@ ScopedRecording::ScopedRecording(Recording* r) : prev_(t_rec) {
     ::clock_gettime(CLOCK_REALTIME, &ts);
     r->start_ns = int64_t(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
   }
+  g_live.fetch_add(1);
+  unseen_at_ = g_unseen.load();
   t_rec = r;
   g_recorded.fetch_add(1, std::memory_order_relaxed);
 }
 
-ScopedRecording::~ScopedRecording() { t_rec = prev_; }
+ScopedRecording::~ScopedRecording() {
+  t_rec = prev_;
+  if (g_unseen.load() != unseen_at_ && !rec_->escaped)
+    rec_->escaped = "NVRTC reached files on a thread kcache does not record (its own, or an unrecorded compile beside)";
+  g_live.fetch_sub(1);
+  // A slot rebound during the compile: some calls went to libc unseen.
+  if (!repair_slots()) rec_->hooks_lost = true;
+}
+
+void rebind_slots_for_test() {
+  (void)install_recorder();
+  for (const auto& p : g_patched) (void)write_slot(p.at, p.real);
+}
 
 std::vector<Load> nvrtc_loads() {
   std::vector<std::string> names;
@@ -573,6 +864,11 @@ std::string resolve_library(const std::string& name, const std::string& fallback
 
 uint64_t recorded_compiles() noexcept { return g_recorded.load(std::memory_order_relaxed); }
 
+std::vector<std::string> nvrtc_env_names() {
+  std::lock_guard lk(g_env_mu);
+  return {g_env_names.begin(), g_env_names.end()};
+}
+
 std::vector<std::string> hooked_functions() {
   (void)install_recorder();
   return g_hooked;
@@ -587,12 +883,14 @@ const Status& install_recorder() {
   static const Status s(Errc::unavailable, "nvrtc: file accesses are observed on Linux x86-64 only");
   return s;
 }
-ScopedRecording::ScopedRecording(Recording* r) : prev_(r) {}
+ScopedRecording::ScopedRecording(Recording* r) : rec_(r), prev_(r) {}
 ScopedRecording::~ScopedRecording() = default;
+void rebind_slots_for_test() {}
 std::vector<Load> nvrtc_loads() { return {}; }
 std::string resolve_library(const std::string& name, const std::string&) { return name; }
 std::vector<std::string> hooked_functions() { return {}; }
 uint64_t recorded_compiles() noexcept { return 0; }
+std::vector<std::string> nvrtc_env_names() { return {}; }
 }  // namespace kcache::nvrtc::detail
 
 #endif

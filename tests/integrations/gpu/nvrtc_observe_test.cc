@@ -12,6 +12,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
@@ -522,6 +523,309 @@ TEST_F(NvrtcObserve, FourProcessesCompileANewProgramOnce) {
   int compiled = 0;
   for (int i = 0; i < n; ++i) compiled += read_file(root_ + "/flight" + std::to_string(i)) == "compiled";
   EXPECT_EQ(compiled, 1);
+}
+
+// ---- the recorder's own limits -------------------------------------------------
+
+// Whether `rec` saw NVRTC open `path`.
+bool opened(const nvrtc::detail::Recording& rec, const std::string& path) {
+  for (const auto& a : rec.accesses)
+    if (a.path == path && a.kind == nvrtc::detail::Access::Kind::opened) return true;
+  return false;
+}
+
+TEST_F(NvrtcObserve, ASlotReboundDuringTheCompileIsNotStoredAndIsPatchedAgain) {
+  // The lazy resolver on another thread writing libc's fopen over the
+  // wrapper after the check at the start: the compile reads unseen.
+  make_dir(root_ + "/lb");
+  write_file(root_ + "/lb/h.h", "#define V 1\n");
+  nvrtc::Program p;
+  p.source = kernel("#include \"h.h\"");
+  p.options = {"-arch=compute_80", "-I" + root_ + "/lb"};
+  nvrtc::detail::Recording rec;
+  {
+    nvrtc::detail::ScopedRecording on(&rec);
+    nvrtc::detail::rebind_slots_for_test();
+    ASSERT_TRUE(nvrtc::compile_uncached(p).has_value());
+  }
+  EXPECT_TRUE(rec.hooks_lost);
+  EXPECT_FALSE(opened(rec, root_ + "/lb/h.h"));
+  std::string why = nvrtc::detail::build_manifest(rec, {}, {}).uncacheable;
+  EXPECT_NE(why.find("rebound"), std::string::npos) << why;
+  // Patched again: the next compile is seen whole.
+  nvrtc::detail::Recording again;
+  {
+    nvrtc::detail::ScopedRecording on(&again);
+    ASSERT_TRUE(nvrtc::compile_uncached(p).has_value());
+  }
+  EXPECT_FALSE(again.hooks_lost);
+  EXPECT_TRUE(opened(again, root_ + "/lb/h.h"));
+  EXPECT_TRUE(nvrtc::detail::build_manifest(again, {}, {}).uncacheable.empty());
+}
+
+TEST_F(NvrtcObserve, SlotsRepairedFromManyThreadsAtOnceStayPatched) {
+  // Each recording repairs rebound slots; eight threads at once each make
+  // pages writable and read-only again, serialised.
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 8; ++t) {
+    threads.emplace_back([] {
+      for (int i = 0; i < 200; ++i) {
+        nvrtc::detail::rebind_slots_for_test();
+        nvrtc::detail::Recording rec;
+        nvrtc::detail::ScopedRecording on(&rec);
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  make_dir(root_ + "/mt");
+  write_file(root_ + "/mt/h.h", "#define V 1\n");
+  nvrtc::Program p;
+  p.source = kernel("#include \"h.h\"");
+  p.options = {"-arch=compute_80", "-I" + root_ + "/mt"};
+  nvrtc::detail::Recording rec;
+  {
+    nvrtc::detail::ScopedRecording on(&rec);
+    ASSERT_TRUE(nvrtc::compile_uncached(p).has_value());
+  }
+  EXPECT_FALSE(rec.hooks_lost);
+  EXPECT_TRUE(opened(rec, root_ + "/mt/h.h"));
+}
+
+TEST_F(NvrtcObserve, ThreadsChildrenAndSystemCallsOfNvrtcAreHooked) {
+  auto hooked = nvrtc::detail::hooked_functions();
+  for (const char* f : {"pthread_create", "fork", "execv", "execve", "execvp", "system", "syscall", "mkdir", "unlink"})
+    EXPECT_NE(std::find(hooked.begin(), hooked.end(), f), hooked.end()) << f;
+}
+
+TEST_F(NvrtcObserve, ACompileBesideAnUnrecordedOneIsNotStored) {
+  // NVRTC reading on a thread with no recording while this one records
+  // (its own worker, or here an unrecorded compile beside): unseen reads.
+  make_dir(root_ + "/un");
+  write_file(root_ + "/un/h.h", "#define V 1\n");
+  nvrtc::Program p;
+  p.source = kernel("#include \"h.h\"");
+  p.options = {"-arch=compute_80", "-I" + root_ + "/un"};
+  nvrtc::detail::Recording rec;
+  {
+    nvrtc::detail::ScopedRecording on(&rec);
+    std::thread other([&] { ASSERT_TRUE(nvrtc::compile_uncached(p).has_value()); });
+    other.join();
+  }
+  ASSERT_NE(rec.escaped, nullptr);
+  std::string why = nvrtc::detail::build_manifest(rec, {}, {}).uncacheable;
+  EXPECT_NE(why.find("not seen"), std::string::npos) << why;
+  // Alone, the same compile is seen whole and may be stored.
+  nvrtc::detail::Recording alone;
+  {
+    nvrtc::detail::ScopedRecording on(&alone);
+    ASSERT_TRUE(nvrtc::compile_uncached(p).has_value());
+  }
+  EXPECT_EQ(alone.escaped, nullptr) << alone.escaped;
+  EXPECT_TRUE(nvrtc::detail::build_manifest(alone, {}, {}).uncacheable.empty());
+}
+
+TEST_F(NvrtcObserve, AHeaderNvrtcCouldNotOpenIsNeverStored) {
+  // h.h in the first folder with mode 000: NVRTC cannot open it (EACCES)
+  // and takes the second folder's; after a chmod 644 it would take the
+  // first's. Root reads a mode-000 file, so the compile runs in a child as
+  // nobody.
+  make_dir(root_ + "/a");
+  make_dir(root_ + "/b");
+  write_file(root_ + "/a/h.h", "#define V 1\n");
+  write_file(root_ + "/b/h.h", "#define V 2\n");
+  ASSERT_EQ(::chmod(root_.c_str(), 0755), 0);
+  ASSERT_EQ(::chmod((root_ + "/a/h.h").c_str(), 0), 0);
+  nvrtc::Program p;
+  p.source = kernel("#include \"h.h\"");
+  p.options = {"-arch=compute_80", "-I" + root_ + "/a", "-I" + root_ + "/b"};
+  pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    if (::getuid() == 0 && ::setuid(65534) != 0) ::_exit(10);
+    nvrtc::detail::Recording rec;
+    {
+      nvrtc::detail::ScopedRecording on(&rec);
+      auto arts = nvrtc::compile_uncached(p);
+      // NVRTC skipped the unreadable header or failed on it: either way
+      // nothing may be stored.
+      (void)arts;
+    }
+    if (rec.unreadable != root_ + "/a/h.h") ::_exit(11);
+    std::string why = nvrtc::detail::build_manifest(rec, {}, {}).uncacheable;
+    ::_exit(why.find("could not be opened") != std::string::npos ? 0 : 12);
+  }
+  int st = 0;
+  ASSERT_EQ(::waitpid(pid, &st, 0), pid);
+  ASSERT_TRUE(WIFEXITED(st));
+  EXPECT_EQ(WEXITSTATUS(st), 0) << "10: setuid failed, 11: the failed open not recorded, 12: stored";
+}
+
+TEST_F(NvrtcObserve, APathFoundWhosePermissionsChangedNoLongerHolds) {
+  const std::string h = root_ + "/probe.h";
+  write_file(h, "x");
+  nvrtc::detail::Recording rec;
+  char cwd[4096];
+  ASSERT_NE(::getcwd(cwd, sizeof cwd), nullptr);
+  rec.cwd = cwd;
+  nvrtc::detail::Access a;
+  a.kind = nvrtc::detail::Access::Kind::stated;
+  a.path = h;
+  a.found = true;
+  rec.accesses.push_back(a);
+  auto built = nvrtc::detail::build_manifest(rec, {}, {});
+  ASSERT_TRUE(built.uncacheable.empty()) << built.uncacheable;
+  ASSERT_EQ(built.manifest.present.size(), 1u);
+  EXPECT_TRUE(nvrtc::detail::manifest_holds(built.manifest));
+  auto decoded = nvrtc::detail::decode_manifest(nvrtc::detail::encode_manifest(built.manifest));
+  ASSERT_TRUE(decoded.has_value());
+  EXPECT_EQ(decoded->present[0].mode, built.manifest.present[0].mode);
+  ASSERT_EQ(::chmod(h.c_str(), 0), 0);
+  EXPECT_FALSE(nvrtc::detail::manifest_holds(built.manifest));
+  EXPECT_FALSE(nvrtc::detail::manifest_holds(*decoded));
+}
+
+TEST_F(NvrtcObserve, AFolderListedThatChangedDuringTheCompileIsNotStored) {
+  // The names are taken at the end of the compile: one added while NVRTC
+  // compiled would be in the manifest though NVRTC listed the folder
+  // without it.
+  make_dir(root_ + "/ls");
+  write_file(root_ + "/ls/one.h", "x");
+  nvrtc::detail::Recording rec;
+  char cwd[4096];
+  ASSERT_NE(::getcwd(cwd, sizeof cwd), nullptr);
+  rec.cwd = cwd;
+  struct timespec ts;
+  ::clock_gettime(CLOCK_REALTIME, &ts);
+  rec.start_ns = int64_t(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+  nvrtc::detail::Access a;
+  a.kind = nvrtc::detail::Access::Kind::listed;
+  a.path = root_ + "/ls";
+  a.found = true;
+  rec.accesses.push_back(a);
+  EXPECT_TRUE(nvrtc::detail::build_manifest(rec, {}, {}).uncacheable.empty());
+  write_file(root_ + "/ls/two.h", "x", /*age=*/false);  // during the compile
+  std::string why = nvrtc::detail::build_manifest(rec, {}, {}).uncacheable;
+  EXPECT_NE(why.find("too new"), std::string::npos) << why;
+}
+
+TEST_F(NvrtcObserve, AProgramRemembersItsLastEightFailures) {
+  // Each remembered failure is checked on every lookup of the program: the
+  // oldest are dropped past eight.
+  nvrtc::CompilerOptions co;
+  co.remember_failures = true;
+  nvrtc::Compiler c(*cache_, co);
+  make_dir(root_ + "/f");
+  nvrtc::Program p;
+  p.source = kernel("#include \"bad.h\"");
+  p.options = {"-arch=compute_80", "-I" + root_ + "/f"};
+  auto fail_with = [&](int i) {
+    write_file(root_ + "/f/bad.h", "#define V 1\nsyntax error " + std::to_string(i) + "\n");
+    uint64_t runs = nvrtc::detail::recorded_compiles();
+    auto r = c.compile(p);
+    EXPECT_FALSE(r.has_value());
+    return nvrtc::detail::recorded_compiles() - runs;
+  };
+  for (int i = 0; i < 10; ++i) EXPECT_EQ(fail_with(i), 1u) << i;
+  EXPECT_EQ(fail_with(9), 0u);  // remembered
+  EXPECT_EQ(fail_with(2), 0u);  // the oldest kept
+  EXPECT_EQ(fail_with(0), 1u);  // dropped
+}
+
+TEST_F(NvrtcObserve, AReadOfANonRegularFileIsNotStored) {
+  // /proc's bytes change with no identity change; a FIFO would block the
+  // digest's read.
+  const std::string fifo = root_ + "/fifo.h";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0);
+  for (const std::string& path : {std::string("/proc/self/status"), fifo}) {
+    nvrtc::detail::Recording rec;
+    char cwd[4096];
+    ASSERT_NE(::getcwd(cwd, sizeof cwd), nullptr);
+    rec.cwd = cwd;
+    nvrtc::detail::Access a;
+    a.kind = nvrtc::detail::Access::Kind::opened;
+    a.path = path;
+    a.found = true;
+    rec.accesses.push_back(a);
+    std::string why = nvrtc::detail::build_manifest(rec, {}, {}).uncacheable;
+    EXPECT_NE(why.find("not a regular file"), std::string::npos) << path << ": " << why;
+  }
+}
+
+TEST_F(NvrtcObserve, EnvironmentVariablesNvrtcAsksForAreInputs) {
+  // What getenv answered NVRTC on the recording thread: a later value
+  // makes the manifest no longer hold.
+  ::setenv("KCACHE_TEST_NVRTC_ENV", "one", 1);
+  ::unsetenv("KCACHE_TEST_NVRTC_UNSET");
+  nvrtc::detail::Recording rec;
+  char cwd[4096];
+  ASSERT_NE(::getcwd(cwd, sizeof cwd), nullptr);
+  rec.cwd = cwd;
+  nvrtc::detail::Access a;
+  a.kind = nvrtc::detail::Access::Kind::env;
+  a.path = "KCACHE_TEST_NVRTC_ENV";
+  a.found = true;
+  a.target = "one";
+  rec.accesses.push_back(a);
+  a.path = "KCACHE_TEST_NVRTC_UNSET";
+  a.found = false;
+  a.target.clear();
+  rec.accesses.push_back(a);
+  auto built = nvrtc::detail::build_manifest(rec, {}, {});
+  ASSERT_TRUE(built.uncacheable.empty()) << built.uncacheable;
+  // These two, and any NVRTC asked for in an earlier compile here.
+  size_t ours = 0;
+  for (const auto& e : built.manifest.env) ours += e.path.rfind("KCACHE_TEST_NVRTC_", 0) == 0;
+  ASSERT_EQ(ours, 2u);
+  auto decoded = nvrtc::detail::decode_manifest(nvrtc::detail::encode_manifest(built.manifest));
+  ASSERT_TRUE(decoded.has_value());
+  EXPECT_TRUE(nvrtc::detail::manifest_holds(*decoded));
+  ::setenv("KCACHE_TEST_NVRTC_ENV", "two", 1);
+  EXPECT_FALSE(nvrtc::detail::manifest_holds(*decoded));
+  ::setenv("KCACHE_TEST_NVRTC_ENV", "one", 1);
+  ::setenv("KCACHE_TEST_NVRTC_UNSET", "", 1);
+  EXPECT_FALSE(nvrtc::detail::manifest_holds(*decoded));
+  ::unsetenv("KCACHE_TEST_NVRTC_UNSET");
+  EXPECT_TRUE(nvrtc::detail::manifest_holds(*decoded));
+  // The wrapper is in place, and a compile through the cache is still a
+  // hit (whatever NVRTC asks for is unchanged).
+  auto hooked = nvrtc::detail::hooked_functions();
+  EXPECT_NE(std::find(hooked.begin(), hooked.end(), "getenv"), hooked.end());
+  nvrtc::Program p;
+  p.source = kernel("#define V 3");
+  p.options = {"-arch=compute_80"};
+  compile_stored(p);
+  ::unsetenv("KCACHE_TEST_NVRTC_ENV");
+}
+
+TEST_F(NvrtcObserve, NvrtcAppendFlagsInTheEnvironmentIsFollowed) {
+  // NVRTC 13 reads NVRTC_APPEND_FLAGS (and EDG_BASE, PWD, ...) on the
+  // compiling thread: options added through it change the output.
+  ::unsetenv("NVRTC_APPEND_FLAGS");
+  nvrtc::Program p;
+  p.source = kernel("#ifndef V\n#define V 1\n#endif");
+  p.options = {"-arch=compute_80"};
+  compile_stored(p);
+  ::setenv("NVRTC_APPEND_FLAGS", "-DV=7", 1);
+  std::string want = uncached_ptx(p);
+  EXPECT_NE(want.find("7"), std::string::npos);
+  expect_fresh(p, "NVRTC_APPEND_FLAGS set");
+  ::unsetenv("NVRTC_APPEND_FLAGS");
+  expect_fresh(p, "NVRTC_APPEND_FLAGS unset again");
+}
+
+TEST_F(NvrtcObserve, SplitCompileWorkersThatReachNoFileKeepTheCompileCacheable) {
+  // -split-compile starts threads: their file calls would reach the
+  // wrappers unrecorded and refuse the compile; code generation makes none.
+  nvrtc::Program p;
+  p.source = kernel("#define V 4") + "extern \"C\" __global__ void k2(int* x) { x[0] = 2; }\n";
+  p.options = {"-arch=sm_80", "-split-compile=4"};
+  nvrtc::detail::Recording rec;
+  {
+    nvrtc::detail::ScopedRecording on(&rec);
+    ASSERT_TRUE(nvrtc::compile_uncached(p).has_value());
+  }
+  EXPECT_EQ(rec.escaped, nullptr) << rec.escaped;
+  compile_stored(p);
 }
 
 }  // namespace
