@@ -2,6 +2,12 @@
 # missing system packages (scripts/install-deps.sh). CMAKE_FLAGS passes
 # options to CMake, e.g. CMAKE_FLAGS=-DKCACHE_WERROR=ON.
 BUILD ?= build
+# ccache (used where installed) rewrites paths under the checkout to
+# relative ones and leaves the working folder out of the hash, so a fresh
+# clone elsewhere (CI's) reuses what an earlier build of the same sources
+# compiled.
+export CCACHE_BASEDIR ?= $(CURDIR)
+export CCACHE_NOHASHDIR ?= 1
 JOBS  ?= $(shell nproc)
 CMAKE_FLAGS ?=
 

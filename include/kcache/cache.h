@@ -156,9 +156,11 @@ struct Options {
   // Longest one process waits for another's compile before compiling the
   // key itself, in ms (default 300 s; 0: never wait; by name at most a
   // week). The same bound holds for a thread waiting on another thread of
-  // this process (one log line naming the key's label, then it compiles
-  // without the flight), so no arrangement of threads can hang: a compile
-  // function that hands its own key to a thread it joins ends at the bound.
+  // this process, counted from when that thread began to compile (one log
+  // line naming the key's label, then it compiles without the flight), so
+  // no arrangement of threads can hang: a compile function that hands its
+  // own key to a thread it joins ends at the bound. With 0 a thread of this
+  // process is waited for without a bound.
   // "wait_bound_ms", KCACHE_WAIT_BOUND_MS.
   uint64_t wait_bound_ms = 300000;
   // Compiles (get_or_compile, batches, a Flight's commit), which are on

@@ -225,10 +225,13 @@ struct MemoryTierOptions {
 std::shared_ptr<Tier> make_memory_tier(const MemoryTierOptions& options = {});
 
 enum class Durability : uint8_t {
-  // fsync data on commit but not the meta page: a machine crash may lose
-  // the last commits, never integrity. Process crashes lose nothing. Default.
+  // fsync data on commit but not the meta page; a compile's commit
+  // (put_unsynced) is synced by the Cache's committer within 100 ms instead.
+  // A machine crash may lose the last commits, and a store it leaves
+  // damaged is moved aside and salvaged at the next open (never wrong
+  // bytes). Process crashes lose nothing. Default.
   normal = 0,
-  // fsync everything on every commit.
+  // fsync everything on every commit, compiles' commits included.
   full = 1,
   // no fsync: fastest; process crashes lose nothing, a machine crash may
   // lose recent commits (entries are checksummed, so never wrong bytes).

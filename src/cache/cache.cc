@@ -309,6 +309,7 @@ Expected<Entry> Cache::Impl::resolve(const KeyInfo& key, const CompileFn& compil
 
   // Leading: an exception from the compile function or a tier drops the
   // Leadership unfinished, which releases the lease and tells the waiters.
+  if (turn.leader) turn.leader->lead.compiling();
   Expected<Entry> r = compile_entry(key, compile);
   if (r) {
     if (source) *source = Source::compiled;
@@ -504,7 +505,10 @@ Flight Cache::begin(const KeyInfo& key) {
     if (turn.leader || turn.solo) {
       // Journaled only by the caller that compiles (see resolve).
       impl_->explain_miss(key);
-      if (turn.leader) s->leader.emplace(std::move(*turn.leader));
+      if (turn.leader) {
+        s->leader.emplace(std::move(*turn.leader));
+        s->leader->lead.compiling();  // the caller compiles from here
+      }
       s->owner = true;
       s->source = Source::compiled;
       return Flight(std::move(s));

@@ -52,6 +52,10 @@ class FlightTable {
     unsigned waiters = 0;                           // GUARDED_BY(the table's mu_)
     std::condition_variable cv;                     // `ended` became true
     std::thread::id leader;                         // the thread that took the lead; set once
+    // When the leader began to compile (steady clock, ns; 0: not yet, it is
+    // still looking up or waiting for another process's lease, a wait with
+    // its own bound). A waiter's bound counts from here.
+    std::atomic<int64_t> compiling_since{0};
   };
 
   // The leader's hold on a flight. Whatever happens (a result, an error, an
@@ -64,6 +68,8 @@ class FlightTable {
     Lead& operator=(Lead&&) = delete;
     ~Lead();
     void finish(const Expected<Entry>& r, End end = End::done);
+    // The leader begins to compile: the waiters' bound starts.
+    void compiling() noexcept;
     bool finished() const noexcept { return done_; }
     const Key& key() const noexcept { return key_; }
 
@@ -82,8 +88,9 @@ class FlightTable {
   // wait for ever.
   std::optional<Lead> lead_or_join(const Key& key, std::shared_ptr<Shared>* join, bool* reentry);
   // Waits until the joined flight ends: its result, and how it ended; or,
-  // past `bound_ms`, a timeout and End::gave_up (a compile function that
-  // hands its own key to another thread and joins it would otherwise hang).
+  // once the leader has been compiling for `bound_ms` (0: no bound), a
+  // timeout and End::gave_up (a compile function that hands its own key to
+  // another thread and joins it would otherwise hang).
   std::pair<Expected<Entry>, End> wait(const std::shared_ptr<Shared>& join, uint64_t bound_ms);
 
   FlightTable();
@@ -92,13 +99,19 @@ class FlightTable {
   ~FlightTable();
 
  private:
-  using Map = std::unordered_map<Key, std::shared_ptr<Shared>>;
-  // The table's lock, after renewing the table in a child of fork().
-  std::mutex& lock();
+  // The table of one fork generation. Replaced as a whole (one atomic
+  // pointer), so threads of a child that renew it at once all end up on the
+  // same one.
+  struct State {
+    explicit State(uint64_t g) : gen(g) {}
+    const uint64_t gen;
+    std::mutex mu;
+    std::unordered_map<Key, std::shared_ptr<Shared>> flights;  // GUARDED_BY(mu)
+  };
+  // This generation's table (made afresh in a child of fork()).
+  State& state();
 
-  std::atomic<uint64_t> gen_;  // the fork generation the table belongs to
-  std::mutex* mu_ = new std::mutex;
-  Map* flights_ = new Map;  // GUARDED_BY(*mu_)
+  std::atomic<State*> state_;
 };
 
 }  // namespace kcache

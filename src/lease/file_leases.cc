@@ -13,7 +13,8 @@
 // held from open (a store folder swapped in later is never reached) and
 // opened with O_NOFOLLOW | O_NONBLOCK: a symbolic link, FIFO, device or
 // folder planted under a lease file's name never blocks or redirects a
-// read; it counts as a stale record and is removed by the next taker.
+// read; it counts as a stale record and is removed by the next taker (a
+// folder, which cannot be, leaves its key to compile uncoordinated).
 // File operations and clock reads go through an Env (kcache/env.h), so a
 // test can expire a holder by moving the clock instead of sleeping.
 // In a store folder shared with a group (setgid, group-writable), the
@@ -61,6 +62,7 @@ class FileLeases final : public Leases {
     if (st == 1 && h.token == me) return renew(key, ttl_ms) ? LeaseResult::acquired : LeaseResult::error;
     if (st == 1 && lease::alive(h, env_->now_unix_ms())) return LeaseResult::busy;
     if (st == 0) return LeaseResult::busy;      // being written right now
+    if (st == 4) return LeaseResult::error;     // a folder: no lease can be made here
     if (st == 3) return create(p, me, ttl_ms);  // just released
 
     // Stale: a dead or expired holder, or a partial record that is old.
@@ -143,17 +145,18 @@ class FileLeases final : public Leases {
 
   // Reads the lease file through one descriptor, so that the record and the
   // inode (*ino) belong to the same file. 1: record read; 0: unreadable but
-  // young (being written); 2: unreadable and old (stale), or not a regular
-  // file (never a holder's); 3: no such file.
+  // young (being written), or that cannot be opened now (EACCES, ENFILE: a
+  // holder's lease is never taken over for that); 2: unreadable and old
+  // (stale), or a symbolic link, FIFO or device (never a holder's); 3: no
+  // such file; 4: a folder (callers compile uncoordinated).
   int read(const std::string& p, lease::Holder* h, ino_t* ino) {
     struct stat st;
     int fd = env_->openat(ldfd_, p, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
     if (fd < 0) {
-      // A symbolic link (ELOOP) or anything else under the name that is
-      // there but cannot be opened as a file: stale, for a taker to remove.
-      if (errno == ENOENT || env_->statat(ldfd_, p, &st) != 0) return 3;
+      const int err = errno;
+      if (err == ENOENT || env_->statat(ldfd_, p, &st) != 0) return 3;
       *ino = st.st_ino;
-      return 2;
+      return err == ELOOP || err == ENXIO ? 2 : 0;  // a link or a FIFO with no writer: stale
     }
     char buf[lease::kHolderSize + 1];
     ssize_t n = -1;
@@ -165,7 +168,7 @@ class FileLeases final : public Leases {
     env_->close(fd);
     if (n < 0) return 3;
     *ino = st.st_ino;
-    if (!regular) return 2;
+    if (!regular) return S_ISDIR(st.st_mode) ? 4 : 2;
     if (lease::decode(std::string_view(buf, static_cast<size_t>(n)), h)) return 1;
     uint64_t mt = static_cast<uint64_t>(st.st_mtim.tv_sec) * 1000 + st.st_mtim.tv_nsec / 1000000;
     return mt + kPartialGraceMs < env_->now_unix_ms() ? 2 : 0;

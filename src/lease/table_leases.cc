@@ -598,16 +598,20 @@ class TableLeases final : public Leases {
     for (size_t i = 0; i < kHeaderSize && fresh; ++i) fresh = header[i] == 0;
     const bool ours = check_header(header, mapped).is_ok();
     // A header that is no lease table's of any version (its magic without
-    // the version digit is missing) is damage, not another layout: no
-    // process can be using the table through it, so it is made afresh
-    // under the header lock, as a damaged bucket is.
+    // the version digit is missing) is damage, not another layout. Only the
+    // header is written afresh, under the header lock: processes that mapped
+    // the table before the damage still use its buckets, and a bucket whose
+    // lock holds garbage is made afresh when it is next locked.
     const bool garbage = !fresh && std::memcmp(header, kMagic, sizeof kMagic - 1) != 0;
-    if (garbage)
-      KCACHE_LOG(LogLevel::warn, "lease table %s had a damaged header; made afresh (single-flight restored)",
-                 path_.c_str());
-    Status made = !garbage && (ready == 1 || !(fresh || (ours && ready == 0))) ? check_header(header, mapped)
-                  : mapped                                                     ? make_ready(m)
-                                                                               : make_ready_unmapped(fd);
+    Status made;
+    if (garbage) {
+      KCACHE_LOG(LogLevel::warn, "lease table %s had a damaged header; its header was written afresh", path_.c_str());
+      made = mapped ? rewrite_header(m) : rewrite_header_unmapped(fd);
+    } else if (ready == 1 || !(fresh || (ours && ready == 0))) {
+      made = check_header(header, mapped);
+    } else {
+      made = mapped ? make_ready(m) : make_ready_unmapped(fd);
+    }
     if (!made.is_ok()) {
       if (m) ::munmap(m, kTableSize);
       return made;
@@ -646,6 +650,22 @@ class TableLeases final : public Leases {
     fill_header(mapped, want);
     if (std::memcmp(h, want, kReadyAt) != 0)
       return Status(Errc::io_error, path_ + " is a lease table of another layout or C library");
+    return Status();
+  }
+
+  // Under the header lock: the header alone, `ready` set (a damaged header).
+  static Status rewrite_header(char* m) {
+    fill_header(true, m);
+    __atomic_store_n(reinterpret_cast<uint32_t*>(m + kReadyAt), uint32_t{1}, __ATOMIC_RELEASE);
+    return Status();
+  }
+  Status rewrite_header_unmapped(int fd) {
+    char h[kHeaderSize];
+    fill_header(false, h);
+    const uint32_t one = 1;
+    std::memcpy(h + kReadyAt, &one, 4);
+    if (::pwrite(fd, h, kHeaderSize, 0) != static_cast<ssize_t>(kHeaderSize))
+      return util::errno_status(errno ? errno : EIO, path_);
     return Status();
   }
 

@@ -57,15 +57,15 @@ TEST(FileLeasesPlanted, SymlinkUnderTheLeaseNameIsNeitherFollowedNorWrittenThrou
   EXPECT_EQ(*util::read_file(target), "keep me");
 }
 
-TEST(FileLeasesPlanted, FolderUnderTheLeaseNameIsBusyNeverAHang) {
+TEST(FileLeasesPlanted, FolderUnderTheLeaseNameIsUncoordinatedNeverAWait) {
   TempDir d;
   auto l = *open_file_leases(d.path());
   Key k = key_of(3);
   ASSERT_EQ(::mkdir(lease_path(d.path(), k).c_str(), 0700), 0);
   Alarm a(20);
-  // Cannot be removed as a file: the key is busy (waiters give up after
-  // their bound and compile), and another key is unaffected.
-  EXPECT_EQ(l->acquire(k, 60000), LeaseResult::busy);
+  // Cannot be removed as a file: the key is compiled uncoordinated at once
+  // (no wait), and another key is unaffected.
+  EXPECT_EQ(l->acquire(k, 60000), LeaseResult::error);
   EXPECT_EQ(l->acquire(key_of(4), 60000), LeaseResult::acquired);
 }
 

@@ -718,6 +718,10 @@ struct Compiler::Impl {
     for (auto& m : current)
       if (m != encoded && list.size() < kMaxManifests) list.push_back(std::move(m));
     cache.put(*lk.inputs, {{"manifests", encode_list(list)}});
+    // The entry and the list are on disk before this returns and before the
+    // processes waiting on the flight look for them (plain puts are group
+    // committed; a compile's result is kept and seen at once).
+    cache.flush();
     if (f.owner()) (void)f.commit({{"manifest", encoded}});
     Key k = ek->key;
     remember(pd, lk.inputs,

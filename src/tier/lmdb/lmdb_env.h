@@ -135,6 +135,7 @@ class LmdbEnv {
 
   MDB_env* env_ = nullptr;
   bool sync_data_ = true;              // the durability syncs data on commit
+  bool sync_meta_ = false;             // and the meta page (Durability::full): no commit skips its sync
   std::atomic<bool> unsynced_{false};  // a commit skipped its sync since the last sync()
   uint64_t fork_gen_ = 0;              // util::fork_generation() when opened
   uint64_t map_size_ = 0;
