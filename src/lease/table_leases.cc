@@ -653,7 +653,8 @@ class TableLeases final : public Leases {
     return Status();
   }
 
-  // Under the header lock: the header alone, `ready` set (a damaged header).
+  // Under the header lock: the header, `ready` set (alone for a damaged
+  // header; last when the table is made).
   static Status rewrite_header(char* m) {
     fill_header(true, m);
     __atomic_store_n(reinterpret_cast<uint32_t*>(m + kReadyAt), uint32_t{1}, __ATOMIC_RELEASE);
@@ -682,9 +683,7 @@ class TableLeases final : public Leases {
     }
     ::pthread_mutexattr_destroy(&a);
     if (rc != 0) return util::errno_status(rc, path_ + ": process-shared robust mutexes");
-    fill_header(true, m);
-    __atomic_store_n(reinterpret_cast<uint32_t*>(m + kReadyAt), uint32_t{1}, __ATOMIC_RELEASE);
-    return Status();
+    return rewrite_header(m);
   }
 
   // The same for a table read and written with pread/pwrite: buckets
@@ -693,13 +692,7 @@ class TableLeases final : public Leases {
     std::string zeros(kTableSize - kHeaderSize, '\0');
     if (::pwrite(fd, zeros.data(), zeros.size(), static_cast<off_t>(kHeaderSize)) != static_cast<ssize_t>(zeros.size()))
       return util::errno_status(errno ? errno : EIO, path_);
-    char h[kHeaderSize];
-    fill_header(false, h);
-    const uint32_t one = 1;
-    std::memcpy(h + kReadyAt, &one, 4);
-    if (::pwrite(fd, h, kHeaderSize, 0) != static_cast<ssize_t>(kHeaderSize))
-      return util::errno_status(errno ? errno : EIO, path_);
-    return Status();
+    return rewrite_header_unmapped(fd);
   }
 
   const std::string path_;
