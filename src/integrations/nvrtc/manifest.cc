@@ -49,12 +49,11 @@ std::string current_dir() {
 
 // ---- timestamp granularity ---------------------------------------------------
 
-// File systems with nanosecond timestamps taken from the kernel's coarse
-// clock (a tick of at most 10 ms); elsewhere a timestamp may be as coarse
-// as 2 s (FAT) or set by a server (NFS).
-int64_t granularity_of(const std::string& path) {
+// File systems whose inotify events cover every change (local ones). On
+// others (NFS, FUSE, ...) a change made elsewhere raises no event.
+bool local_fs(const std::string& dir) {
   struct statfs fs;
-  if (::statfs(path.c_str(), &fs) != 0) return 2'000'000'000;
+  if (::statfs(dir.c_str(), &fs) != 0) return false;
   switch (static_cast<unsigned long>(fs.f_type)) {
     case 0xEF53:      // ext2/3/4
     case 0x01021994:  // tmpfs
@@ -63,11 +62,16 @@ int64_t granularity_of(const std::string& path) {
     case 0x794C7630:  // overlayfs
     case 0x2FC12FC1:  // zfs
     case 0xF2F52010:  // f2fs
-      return 50'000'000;
+      return true;
     default:
-      return 2'000'000'000;
+      return false;
   }
 }
+
+// The local file systems above have nanosecond timestamps taken from the
+// kernel's coarse clock (a tick of at most 10 ms); elsewhere a timestamp may
+// be as coarse as 2 s (FAT) or set by a server (NFS).
+int64_t granularity_of(const std::string& path) { return local_fs(path) ? 50'000'000 : 2'000'000'000; }
 
 std::mutex g_gran_mu;
 std::unordered_map<dev_t, int64_t> g_gran;  // GUARDED_BY(g_gran_mu)
@@ -585,25 +589,6 @@ bool manifest_holds(const DepManifest& m) {
 // ---- watched checks ----------------------------------------------------------
 
 namespace {
-
-// File systems whose inotify events cover every change (local ones). On
-// others (NFS, FUSE, ...) a change made elsewhere raises no event.
-bool local_fs(const std::string& dir) {
-  struct statfs fs;
-  if (::statfs(dir.c_str(), &fs) != 0) return false;
-  switch (static_cast<unsigned long>(fs.f_type)) {
-    case 0xEF53:      // ext2/3/4
-    case 0x01021994:  // tmpfs
-    case 0x58465342:  // xfs
-    case 0x9123683E:  // btrfs
-    case 0x794C7630:  // overlayfs
-    case 0x2FC12FC1:  // zfs
-    case 0xF2F52010:  // f2fs
-      return true;
-    default:
-      return false;
-  }
-}
 
 // One inotify descriptor for the process. Each folder a manifest depends on
 // is watched once; each read of the events stamps the folders that had any
