@@ -35,7 +35,8 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
+
+from hosts_bench import _run  # processes started at once: (wall, CPU seconds)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "..", "..", "python", "tests", "jax_worker.py")
@@ -63,19 +64,7 @@ def run(case, mode, procs, sleep, threshold, tmp):
     if first:
         subprocess.run([sys.executable, WORKER, *args], env=e, stdout=subprocess.DEVNULL, check=True)
         os.unlink(count)
-    t = time.perf_counter()
-    ps = [subprocess.Popen([sys.executable, WORKER, *args], env=e, stdout=subprocess.DEVNULL,
-                           stderr=subprocess.PIPE) for _ in range(procs)]
-    cpu = 0.0
-    for p in ps:
-        _, status, ru = os.wait4(p.pid, 0)
-        p.returncode = os.waitstatus_to_exitcode(status)
-        err = p.stderr.read().decode(errors="replace")
-        p.stderr.close()
-        if p.returncode != 0:
-            sys.exit(f"worker failed ({p.returncode}):\n{err[-3000:]}")
-        cpu += ru.ru_utime + ru.ru_stime
-    wall = time.perf_counter() - t
+    wall, cpu = _run([[sys.executable, WORKER, *args]] * procs, [e] * procs)
     waits, gets = [], []
     with open(count) as f:
         for line in f.read().split():
