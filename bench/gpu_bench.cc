@@ -192,6 +192,15 @@ void BM_CcclCold(benchmark::State& state, size_t i) {
 // NVRTC, store, flush) against plain NVRTC (compile_uncached), paired in
 // each round with the order alternating; the counter is the median of the
 // rounds' CPU ratios (process CPU, so kcache's own threads count).
+
+// The median cold / plain CPU ratio of the rounds, with their spread.
+void report_ratios(benchmark::State& state, std::vector<double> ratios) {
+  std::sort(ratios.begin(), ratios.end());
+  if (ratios.empty()) return;
+  state.counters["cold_over_plain_cpu"] = ratios[ratios.size() / 2];
+  state.counters["min"] = ratios.front();
+  state.counters["max"] = ratios.back();
+}
 void BM_CcclColdOverPlain(benchmark::State& state, size_t i) {
   auto& s = cccl();
   auto p = cccl_program(i);
@@ -219,12 +228,7 @@ void BM_CcclColdOverPlain(benchmark::State& state, size_t i) {
     if (plain > 0) ratios.push_back(cold / plain);
     ++round;
   }
-  std::sort(ratios.begin(), ratios.end());
-  if (!ratios.empty()) {
-    state.counters["cold_over_plain_cpu"] = ratios[ratios.size() / 2];
-    state.counters["min"] = ratios.front();
-    state.counters["max"] = ratios.back();
-  }
+  report_ratios(state, ratios);
 }
 
 // A warm key (Compiler::key, which also copies the KeyInfo out) or a warm
@@ -314,12 +318,7 @@ void BM_CcclColdOverPlainProcess(benchmark::State& state, size_t i) {
     ratios.push_back(us[1] / us[0]);
     ++round;
   }
-  std::sort(ratios.begin(), ratios.end());
-  if (!ratios.empty()) {
-    state.counters["cold_over_plain_cpu"] = ratios[ratios.size() / 2];
-    state.counters["min"] = ratios.front();
-    state.counters["max"] = ratios.back();
-  }
+  report_ratios(state, ratios);
 }
 
 void BM_CcclFirstKeyNewProcess(benchmark::State& state) {
