@@ -49,7 +49,7 @@ TEST(Flight, OwnerCommitsThenHits) {
 
   // Committed to disk once flushed: a second cache (no memory tier
   // content) finds it there.
-  c->flush();
+  (void)c->flush();
   auto c2 = Cache::open(disk_options(d.path()));
   Flight h = c2->begin(info_of(1));
   ASSERT_TRUE(h.hit());

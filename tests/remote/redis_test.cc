@@ -421,7 +421,7 @@ TEST(Redis, KilledServerNeverFailsACompileAndOpensTheBreaker) {
     return [i]() -> Expected<std::vector<Artifact>> { return std::vector<Artifact>{{"obj", bytes_for(i, 100)}}; };
   };
   for (uint64_t i = 0; i < 5; ++i) ASSERT_TRUE(cache->get_or_compile(key_of(i), fn(i)).has_value());
-  cache->flush();
+  (void)cache->flush();
   ASSERT_TRUE(remote->flush().is_ok());
   EXPECT_EQ(remote->stats().puts, 5u);
 
