@@ -159,7 +159,7 @@ def test_failed_compile_keeps_its_frames_and_a_waiting_thread_compiles(triton_en
     _assert_frames_intact(r["frames"])
     assert len(r["b"]) == 64, r["b"]  # B compiled the kernel (the cubin's SHA-256)
     assert triton_env.ptxas_runs() == 2
-    assert r["stats"]["compiles"] == 1
+    assert r["stats"]["compiles"] == 1 and r["stats"]["waits"] >= 1  # B waited for A's flight, then took it
     # Stored by B: a new process loads it.
     again = triton_env.run(1)
     assert list(again["cubins"].values()) == [r["b"]] and triton_env.ptxas_runs() == 2
