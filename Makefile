@@ -64,7 +64,7 @@ wheel: deps
 	@$(VENV)/bin/pip wheel -q --no-build-isolation --no-deps -w $(WHEEL_DIR)/raw \
 	  --config-settings=cmake.define.KCACHE_STATIC_DEPS=ON --config-settings=build-dir=$(BUILD)/python-static/{wheel_tag} \
 	  $(if $(shell command -v ccache),--config-settings=cmake.define.CMAKE_CXX_COMPILER_LAUNCHER=ccache) .
-	@PATH="$(abspath $(VENV))/bin:$$PATH" $(VENV)/bin/auditwheel repair -w $(WHEEL_DIR) $(WHEEL_DIR)/raw/kcache-*.whl \
+	@PATH="$(abspath $(VENV))/bin:$$PATH" $(VENV)/bin/auditwheel repair -w $(WHEEL_DIR) $(WHEEL_DIR)/raw/kcache_jit-*.whl \
 	  >$(WHEEL_DIR)/repair.log 2>&1 || { cat $(WHEEL_DIR)/repair.log; exit 1; }
 	@rm -rf $(WHEEL_DIR)/raw $(WHEEL_DIR)/repair.log
 	@ls $(WHEEL_DIR)/*.whl
