@@ -38,10 +38,11 @@ test: build python
 	@cd $(BUILD) && ctest -j $(JOBS) --output-on-failure --timeout 600
 
 # build/venv with the kcache package (pip install . through scikit-build-core),
-# Triton, llvmlite, JAX, numba, Warp and pytest; the Python suite in ctest runs in it.
+# Triton, llvmlite, JAX, numba, Warp, pytest and prometheus_client (whose
+# OpenMetrics parser reads `kcache stats`); the Python suite in ctest runs in it.
 PYTHON ?= python3
 VENV   ?= $(BUILD)/venv
-PY_DEPS = scikit-build-core nanobind pytest triton llvmlite jax numba warp-lang
+PY_DEPS = scikit-build-core nanobind pytest prometheus_client triton llvmlite jax numba warp-lang
 python: deps
 	@test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	@test "$$(cat $(VENV)/.kcache-deps 2>/dev/null)" = "$(PY_DEPS)" || { $(VENV)/bin/pip install -q --upgrade pip && \

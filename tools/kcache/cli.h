@@ -184,7 +184,7 @@ struct RemoteProbe {
 };
 RemoteProbe probe_remote(Tier& remote);
 
-// What `stats --format openmetrics` prints (metrics.cc).
+// What `stats --format openmetrics|prometheus` prints (metrics.cc).
 struct MetricsTier {
   std::string name, kind;
   TierStats stats;
@@ -198,6 +198,7 @@ struct MetricsInput {
   uint64_t disk_used = 0, max_bytes = 0, max_entries = 0;
   std::vector<MetricsTier> tiers;  // fastest first
 };
-std::string openmetrics_text(const MetricsInput& in);
+enum class MetricsFormat { openmetrics, prometheus };
+std::string metrics_text(const MetricsInput& in, MetricsFormat format);
 
 }  // namespace kcache::cli

@@ -48,12 +48,13 @@ const Help kHelp[] = {
     {"ls", "  ls [--json]                     list entries: key, size, last use (newest first)\n"},
     {"show", "  show --key HEX [--json]         one entry: sizes, artifacts, metadata, manifest\n"},
     {"stats",
-     "  stats [--json | --format openmetrics] [--zero]\n"
+     "  stats [--json | --format openmetrics|prometheus] [--zero]\n"
      "                                  counters and totals of the store, disk used, and\n"
      "                                  each other tier (a remote is probed); --format\n"
-     "                                  openmetrics prints them for Prometheus (node\n"
-     "                                  exporter's textfile collector); --zero sets the\n"
-     "                                  store's counters to 0 after printing them\n"},
+     "                                  openmetrics prints them as OpenMetrics 1.0,\n"
+     "                                  prometheus in Prometheus's text format 0.0.4\n"
+     "                                  (node exporter's textfile collector); --zero sets\n"
+     "                                  the store's counters to 0 after printing them\n"},
     {"verify",
      "  verify [--fix] [--json]         check every entry; list the bad ones;\n"
      "                                  --fix removes them. Exit 1 whenever bad entries\n"

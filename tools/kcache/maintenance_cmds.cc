@@ -91,14 +91,17 @@ uint64_t disk_used(const DiskStore& where) {
 int cmd_stats(Ctx& c) {
   const bool zero = c.args.has("--zero");
   bool metrics = false;
+  MetricsFormat metrics_format = MetricsFormat::openmetrics;
   if (const std::string* f = c.args.get("--format")) {
-    if (*f == "openmetrics" || *f == "prometheus")
+    if (*f == "openmetrics" || *f == "prometheus") {
       metrics = true;
-    else if (*f == "json")
+      if (*f == "prometheus") metrics_format = MetricsFormat::prometheus;
+    } else if (*f == "json") {
       c.json = true;
-    else if (*f != "text")
-      return usage_error("stats", "--format '" + *f + "' is not text, json or openmetrics");
-    if (metrics && c.json) return usage_error("stats", "--format openmetrics and --json do not go together");
+    } else if (*f != "text") {
+      return usage_error("stats", "--format '" + *f + "' is not text, json, openmetrics or prometheus");
+    }
+    if (metrics && c.json) return usage_error("stats", "--format " + *f + " and --json do not go together");
   }
   // --zero writes the store's counters; otherwise stats only looks.
   if (int rc = open_tiers(c, {.create = false, .remote = true, .honour_disable = false, .inspect = !zero})) return rc;
@@ -147,7 +150,7 @@ int cmd_stats(Ctx& c) {
     }
     // Printed is done: a remote's state is kcache_tier_up, and a scrape
     // file replaced only on success must say when the remote went down.
-    return c.out(openmetrics_text(m));
+    return c.out(metrics_text(m, metrics_format));
   }
   if (c.json) {
     util::JsonWriter w;
