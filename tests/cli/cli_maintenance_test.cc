@@ -119,6 +119,8 @@ TEST_P(CliTest, TrimEvictsLeastRecentlyUsedDownToMaxSize) {
   EXPECT_NE(r.out.find("evicted 1 entry"), std::string::npos) << r.out;
   EXPECT_EQ(json_num(run({"ls", "--json"}).out, "count"), 1);
   expect_failure(run({"trim", "--max-size", "lots"}), 2, "--max-size");
+  // 0 would empty the store, as `config set max_size 0` would: refused.
+  expect_failure(run({"trim", "--max-size", "0"}), 2, "--max-size 0 would evict every entry (kcache clear does that)");
 }
 
 TEST_P(CliTest, ClearRemovesEverything) {

@@ -65,6 +65,9 @@ struct Reach {
   // The command names a store it could not open itself (put in its
   // failure line; get and show through lookup()): no warning line here.
   bool reports_disk = false;
+  // The command reports every part itself, one line each (doctor): the
+  // library's log and the warnings of settings() stay quiet.
+  bool reports_all = false;
 };
 
 // The tiers a command opened, as the library assembled them.
@@ -80,6 +83,10 @@ struct Opened {
   // does not exist.
   std::string disk_refused;
   Status remote_error;  // why the remote of KCACHE_REMOTE was left out
+  // What settings() said and went on past: lines of a config file that set
+  // nothing (not_found), variables that name no option (not_found), and,
+  // for config and doctor only, config files not read (unavailable).
+  std::vector<Status> setting_problems;
 };
 
 struct Ctx {

@@ -1,7 +1,10 @@
 // kcache tool — `doctor`: opens every configured tier and says, one line
-// each, whether it works: the disk store (and who owns it, with names), the
-// remote (reachable, round trip), its secret (read, a signed value
-// round-trips), each bundle (opens, signed by a trusted key). Exit 3 when
+// each, whether it works: the config files (a line that sets nothing, a
+// file not read), the disk store (and who owns it, with names; one not
+// created yet judged by the rules its first put applies), the remote
+// (reachable, round trip), its secret (read, a signed value round-trips;
+// none is a warning: anyone who can write to the server could hand out
+// code), each bundle (opens, signed by a trusted key). Exit 3 when
 // something configured does not work. Also the remote probe that `stats`
 // shows.
 #include <sys/stat.h>
@@ -12,6 +15,7 @@
 
 #include "cli.h"
 #include "kcache/bundle.h"
+#include "tier/core/folder_check.h"
 #include "util/json.h"
 #include "util/util.h"
 
@@ -34,14 +38,49 @@ RemoteProbe probe_remote(Tier& remote) {
 namespace {
 
 struct Check {
-  std::string part;  // "store", "remote", "secret", "bundle", "settings"
+  std::string part;  // "config", "store", "remote", "secret", "bundle"
   bool ok = true;
   std::string detail;
+  bool warn = false;  // works, but not as it should (WARN; exit 0)
 };
 
 std::string owner_text(const struct stat& st) {
   return "owner " + util::user_label(st.st_uid) + ", group " + util::group_label(st.st_gid) + ", mode " +
          fmt("%04o", static_cast<unsigned>(st.st_mode & 07777));
+}
+
+// The config files: a line that sets nothing is a warning; a file that is
+// not read fails (every other command refuses to run with it).
+void check_config(const Ctx& c, std::vector<Check>* out) {
+  for (const auto& p : c.store.setting_problems) {
+    if (p.code() == Errc::unavailable)
+      out->push_back({"config", false, p.message()});
+    else
+      out->push_back({"config", true, p.message(), true});
+  }
+}
+
+// A store not created yet, judged as its first put will judge it
+// (open_disk_store): the folders that are missing are made by this user
+// (0700, or 02770 for a shared group), then the store's folder and those
+// above it must pass check_store_folders, and the folder must be writable.
+// So the nearest folder that exists already decides.
+Check check_new_store(const Ctx& c, const std::string& where) {
+  const Opened& s = c.store;
+  std::string existing = s.where.dir;
+  struct stat st;
+  while (::stat(existing.c_str(), &st) != 0) {
+    size_t slash = existing.rfind('/');
+    if (slash == std::string::npos) return {"store", false, where + ": not created yet, and no folder above it exists"};
+    existing = slash == 0 ? std::string("/") : existing.substr(0, slash);
+  }
+  auto trust = util::shared_group_trust(s.options.shared_group);
+  if (!trust) return {"store", false, where + ": not created yet, and " + trust.error().message()};
+  const std::string refused = where + ": not created yet, and the first put would be refused: ";
+  if (Status f = check_store_folders(existing, *trust); !f.is_ok()) return {"store", false, refused + f.message()};
+  if (::access(existing.c_str(), W_OK) != 0)
+    return {"store", false, refused + existing + " is not writable by this user (" + owner_text(st) + ")"};
+  return {"store", true, where + ": not created yet (the first put creates it)"};
 }
 
 Check check_store(const Ctx& c) {
@@ -51,12 +90,7 @@ Check check_store(const Ctx& c) {
   if (!s.options.disk_tier) return {"store", true, "none configured (disk 0)"};
   if (!s.disk_refused.empty()) return {"store", false, s.disk_refused};
   struct stat st;
-  if (!s.disk) {
-    if (::stat(s.where.dir.c_str(), &st) == 0 && ::access(s.where.dir.c_str(), W_OK) != 0)
-      return {"store", false,
-              where + ": not created yet, and " + s.where.dir + " is not writable (" + owner_text(st) + ")"};
-    return {"store", true, where + ": not created yet (the first put creates it)"};
-  }
+  if (!s.disk) return check_new_store(c, where);
   if (::stat(s.where.path.c_str(), &st) != 0)
     return {"store", false, where + ": " + util::errno_status(errno, "stat").to_string()};
   TierStats t = s.disk->stats();
@@ -90,7 +124,12 @@ void check_remote(const Ctx& c, std::vector<Check>* out) {
                   std::string(s.remote->name()) + ": reachable, round trip " +
                       fmt("%.2f ms", static_cast<double>(p.rtt_us) / 1000.0)});
   if (secret.empty()) {
-    out->push_back({"secret", true, "none configured: remote values are not signed"});
+    // Integrations load what the remote hands out as code (a cubin, an
+    // object file, an executable).
+    out->push_back({"secret", true,
+                    "none configured: remote values are not signed, so anyone who can write to the server can "
+                    "hand out code to every host that loads it (set KCACHE_REMOTE_SECRET_FILE)",
+                    true});
     return;
   }
   // The tier opened, so the secret was read. A value signed with it must
@@ -144,9 +183,11 @@ int cmd_doctor(Ctx& c) {
                               .honour_disable = false,
                               .inspect = true,
                               .needs_disk = false,
-                              .reports_disk = true}))
+                              .reports_disk = true,
+                              .reports_all = true}))
     return rc;
   std::vector<Check> checks;
+  check_config(c, &checks);
   checks.push_back(check_store(c));
   check_remote(c, &checks);
   check_bundles(c, &checks);
@@ -156,12 +197,17 @@ int cmd_doctor(Ctx& c) {
     util::JsonWriter w;
     w.begin_object().field("ok", ok).key("checks").begin_array();
     for (const auto& ch : checks)
-      w.begin_object().field("part", ch.part).field("ok", ch.ok).field("detail", ch.detail).end_object();
+      w.begin_object()
+          .field("part", ch.part)
+          .field("ok", ch.ok)
+          .field("warning", ch.warn)
+          .field("detail", ch.detail)
+          .end_object();
     if (int rc = c.out(w.end_array().end_object().take() + "\n")) return rc;
   } else {
     std::string text;
     for (const auto& ch : checks)
-      text += fmt("%-4s %-7s %s\n", ch.ok ? "ok" : "FAIL", ch.part.c_str(), ch.detail.c_str());
+      text += fmt("%-4s %-7s %s\n", !ch.ok ? "FAIL" : ch.warn ? "WARN" : "ok", ch.part.c_str(), ch.detail.c_str());
     if (int rc = c.out(text)) return rc;
   }
   if (ok) return kExitOk;

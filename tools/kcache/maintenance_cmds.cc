@@ -265,6 +265,8 @@ int cmd_trim(Ctx& c) {
   if (const std::string* v = c.args.get("--max-size")) {
     auto s = util::parse_size(*v);
     if (!s) return usage_error("trim", "--max-size '" + *v + "' is not a size (e.g. 500M, 2G)");
+    // As `config set max_size 0` is refused: emptying is `kcache clear`.
+    if (*s == 0) return usage_error("trim", "--max-size 0 would evict every entry (kcache clear does that)");
     limit = *s;
   }
   uint64_t evicted = 0;
