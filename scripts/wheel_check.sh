@@ -39,10 +39,13 @@ mods=$(find "$tmp/unpacked" -name '*.so*' -type f)
 # The bundled kcache tool, which the package's `kcache` command starts.
 [ -x "$tmp/unpacked/kcache/_bin/kcache" ] || fail "the wheel lacks the kcache tool (kcache/_bin/kcache)"
 mods="$mods $tmp/unpacked/kcache/_bin/kcache"
+# auditwheel names the folder of the libraries it copies in after the
+# distribution: kcache_jit.libs.
+libs=kcache_jit.libs
 for so in $mods; do
   for lib in $(readelf -d "$so" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p'); do
     case "$system_libs" in *" $lib "*) continue ;; esac
-    [ -e "$tmp/unpacked/kcache.libs/$lib" ] ||
+    [ -e "$tmp/unpacked/$libs/$lib" ] ||
       fail "$(basename "$so") needs $lib, which is neither in the wheel nor a system library"
   done
 done
@@ -56,15 +59,17 @@ ext=$(find "$tmp/unpacked/kcache" -name '_kcache*.so')
 if nm -D --defined-only "$ext" | awk '{print $3}' | grep -E '^(EVP_|OPENSSL_|CRYPTO_|redis|mdb_|ZSTD_|XXH)' >"$tmp/exported"; then
   fail "the extension exports library symbols: $(head -3 "$tmp/exported" | tr '\n' ' ')"
 fi
-echo "wheel check: $(basename "$wheel"): needs only system libraries besides $(ls "$tmp/unpacked/kcache.libs" 2>/dev/null | tr '\n' ' ')"
+echo "wheel check: $(basename "$wheel"): needs only system libraries besides $(ls "$tmp/unpacked/$libs" 2>/dev/null | tr '\n' ' ')"
 
 # 2. A fresh virtual environment with the wheel alone.
 "$py" -m venv "$tmp/venv"
 "$tmp/venv/bin/python" -m pip install -q --no-index --no-deps "$wheel" || fail "pip install of the wheel"
 installed=$(find "$tmp/venv" -name '_kcache*.so')
 ldd "$installed" >"$tmp/ldd" || fail "ldd $installed"
+tool=$(find "$tmp/venv" -path '*/kcache/_bin/kcache')
+ldd "$tool" >>"$tmp/ldd" || fail "ldd $tool"
 if grep -q "not found" "$tmp/ldd"; then fail "unresolved libraries: $(grep 'not found' "$tmp/ldd" | tr '\n' ' ')"; fi
-if grep -E 'lib(lmdb|zstd|xxhash|hiredis|crypto|ssl)' "$tmp/ldd" | grep -v "/kcache.libs/" >"$tmp/outside"; then
+if grep -E 'lib(lmdb|zstd|xxhash|hiredis|crypto|ssl)' "$tmp/ldd" | grep -v "/$libs/" >"$tmp/outside"; then
   fail "libraries resolved outside the wheel: $(tr '\n' ' ' <"$tmp/outside")"
 fi
 
