@@ -135,6 +135,40 @@ def test_the_package_is_kcache_jit_with_the_kcache_command(tmp_path):
     assert p.returncode == 1 and p.stderr.startswith("kcache: get: "), p.stderr
 
 
+# ---- evict ---------------------------------------------------------------------
+
+def test_evict_by_age_and_namespace(tmp_path):
+    import time
+    d = str(tmp_path / "store")
+    with kcache.Cache(d, memory=False) as c:
+        old_a = kcache.key("evict-a/1", n=1)
+        old_b = kcache.key("evict-b/1", n=1)
+        c.put(old_a, {"obj": b"a" * 1000})
+        c.put(old_b, {"obj": b"b" * 1000})
+        c.flush()
+        time.sleep(1.2)
+        new_a = kcache.key("evict-a/1", n=2)
+        c.put(new_a, {"obj": b"c" * 1000})
+        c.flush()
+        # Old and of evict-a/1: only old_a.
+        assert c.evict(older_than=1.0, namespace="evict-a/1") == 1
+        assert c.get(old_a) is None and c.get(old_b) is not None and c.get(new_a) is not None
+        # Of evict-a/1, whatever its age.
+        assert c.evict(namespace="evict-a/1") == 1
+        assert c.get(new_a) is None and c.get(old_b) is not None
+        assert c.evict(namespace="nosuch/1") == 0
+        with pytest.raises(ValueError):
+            c.evict()
+        with pytest.raises(ValueError):
+            c.evict(older_than=0)
+        with pytest.raises(TypeError):
+            c.evict(namespace=3)
+    with kcache.Cache(disk=False) as c:
+        with pytest.raises(kcache.Error) as e:
+            c.evict(namespace="evict-a/1")
+        assert e.value.code == "unavailable"
+
+
 # ---- stats ---------------------------------------------------------------------
 
 def test_stats_tiers_is_a_list_with_name_and_kind(cache_dir, tmp_path):

@@ -1,12 +1,10 @@
 // A strict reader of what `kcache stats --format openmetrics|prometheus`
 // prints. OpenMetrics (1.0): every line a HELP, a TYPE, a sample or the
 // final "# EOF"; a counter family is named without _total and its samples
-// are FAMILY_total (the official parser refuses a family named *_total: its
-// samples would clash). Prometheus text (0.0.4): no "# EOF", and a counter
-// family is named as its samples, *_total. Both: names and label names
-// valid; label values escaped (\\, \", \n only); each family's HELP and
-// TYPE once, before its samples, samples of a family together; values
-// numbers.
+// are FAMILY_total (and FAMILY_created, when it started counting) (the official parser refuses a family named *_total:
+// its samples would clash). Prometheus text (0.0.4): no "# EOF", and a counter family is named as its samples, *_total.
+// Both: names and label names valid; label values escaped (\\, \", \n only); each family's HELP and TYPE once, before
+// its samples, samples of a family together; values numbers.
 #pragma once
 
 #include <cstdlib>
@@ -111,8 +109,9 @@ inline Exposition parse_exposition(const std::string& text, ExpositionFormat for
     if (!valid_name(s.name, false)) return fail(n, "bad metric name '" + s.name + "'");
     // The sample's family: in OpenMetrics a counter's samples are FAMILY_total.
     std::string fam = s.name;
-    if (om && ends_with(s.name, "_total")) {
-      const std::string base = s.name.substr(0, s.name.size() - 6);
+    for (const char* suffix : {"_total", "_created"}) {
+      if (!om || !ends_with(s.name, suffix)) continue;
+      const std::string base = s.name.substr(0, s.name.size() - std::string(suffix).size());
       if (e.type.count(base) && e.type.at(base) == "counter") fam = base;
     }
     if (!e.type.count(fam)) return fail(n, s.name + " has no TYPE before it");

@@ -38,6 +38,36 @@ std::string fmt(const char* f, ...) {
   return out;
 }
 
+std::optional<uint64_t> parse_duration_ms(std::string_view s) {
+  if (s.size() < 2) return std::nullopt;
+  uint64_t unit = 0;
+  switch (s.back()) {
+    case 's':
+      unit = 1000;
+      break;
+    case 'm':
+      unit = 60 * 1000;
+      break;
+    case 'h':
+      unit = 3600 * 1000;
+      break;
+    case 'd':
+      unit = 86400 * 1000;
+      break;
+    case 'w':
+      unit = 7 * 86400 * 1000;
+      break;
+    default:
+      return std::nullopt;
+  }
+  uint64_t n = 0;
+  for (char ch : s.substr(0, s.size() - 1)) {
+    if (ch < '0' || ch > '9' || n > (UINT64_MAX / unit) / 10) return std::nullopt;
+    n = n * 10 + static_cast<uint64_t>(ch - '0');
+  }
+  return n * unit;
+}
+
 std::string format_time(uint64_t unix_ms) {
   if (unix_ms == 0) return "-";
   time_t t = static_cast<time_t>(unix_ms / 1000);

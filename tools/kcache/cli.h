@@ -114,6 +114,9 @@ void hold_standard_fds();
 // printf into a std::string.
 std::string fmt(const char* f, ...) __attribute__((format(printf, 1, 2)));
 std::string format_time(uint64_t unix_ms);
+// "90s", "30m", "12h", "7d", "2w" (a whole number and its unit) in ms;
+// nullopt for anything else.
+std::optional<uint64_t> parse_duration_ms(std::string_view s);
 // "1 entry" / "3 entries".
 std::string entries_word(uint64_t n);
 int exit_for(const Status& st);
@@ -203,6 +206,9 @@ struct MetricsInput {
   std::string store;  // the store's path, the `store` label
   bool store_up = false;
   uint64_t disk_used = 0, max_bytes = 0, max_entries = 0;
+  uint64_t counters_since_ms = 0;  // the disk store's counters count from then (0: unknown)
+  bool compression = false;        // stats --compression: the two below are known
+  uint64_t compressed_entries = 0, payload_bytes = 0;
   std::vector<MetricsTier> tiers;  // fastest first
 };
 enum class MetricsFormat { openmetrics, prometheus };

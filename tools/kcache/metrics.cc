@@ -84,8 +84,15 @@ std::string metrics_text(const MetricsInput& in, MetricsFormat format) {
   };
   for (const auto& fm : kFieldMetrics) {
     family(fm.family);
-    for (const auto& t : in.tiers)
+    const bool counter = std::string_view(fm.family.type) == "counter";
+    for (const auto& t : in.tiers) {
       out += fmt("kcache_%s%s %" PRIu64 "\n", sample_name(fm.family).c_str(), labels(t).c_str(), t.stats.*fm.member);
+      // OpenMetrics' _created: when the disk store's counters started
+      // (made or zeroed); other tiers count for this process only.
+      if (om && counter && t.kind == "disk" && in.counters_since_ms)
+        out += fmt("kcache_%s_created%s %.3f\n", fm.family.name, labels(t).c_str(),
+                   static_cast<double>(in.counters_since_ms) / 1000.0);
+    }
   }
   const std::string store = "{store=\"" + escape_label(in.store) + "\"}";
   family({"disk_used_bytes", "gauge", "Disk space the store's files take (allocated blocks)."});
@@ -94,6 +101,12 @@ std::string metrics_text(const MetricsInput& in, MetricsFormat format) {
   out += fmt("kcache_max_bytes%s %" PRIu64 "\n", store.c_str(), in.max_bytes);
   family({"max_entries", "gauge", "The store's configured entry limit."});
   out += fmt("kcache_max_entries%s %" PRIu64 "\n", store.c_str(), in.max_entries);
+  if (in.compression) {
+    family({"payload_bytes", "gauge", "The stored entries' artifact bytes before compression."});
+    out += fmt("kcache_payload_bytes%s %" PRIu64 "\n", store.c_str(), in.payload_bytes);
+    family({"compressed_entries", "gauge", "Entries stored compressed."});
+    out += fmt("kcache_compressed_entries%s %" PRIu64 "\n", store.c_str(), in.compressed_entries);
+  }
   family({"store_up", "gauge", "1 when the disk store exists and opened, else 0."});
   out += fmt("kcache_store_up%s %d\n", store.c_str(), in.store_up ? 1 : 0);
   bool any_probe = false;
