@@ -14,6 +14,8 @@ namespace {
 
 class CliConfigTest : public CliTest {
  protected:
+  // The start of a `doctor --hosts` line.
+  static std::string fmt_host(const std::string& host) { return host + std::string(9 - host.size(), ' '); }
   // The line of `config` output for option `name`.
   static std::string line_of(const std::string& out, const std::string& name) {
     size_t p = out.find(name + " ");
@@ -208,6 +210,36 @@ TEST_P(CliConfigTest, ABadSharedGroupNamesItsVariable) {
   expect_failure(run({"ls"}, true, {{"KCACHE_SHARED", "nosuchgroup"}}), 2,
                  "kcache: ls: KCACHE_SHARED=nosuchgroup: shared group 'nosuchgroup' does not exist");
   expect_failure(run({"doctor"}, true, {{"KCACHE_SHARED", "nosuchgroup"}}), 2, "KCACHE_SHARED=nosuchgroup");
+}
+
+// doctor --hosts: KCACHE_DIR is every host's store; without it each host's
+// default, from the variables each host reads.
+TEST_P(CliConfigTest, DoctorNamesTheStoreOfEachHost) {
+  Result r = run({"doctor", "--hosts"}, false, {{"KCACHE_DIR", dir()}});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  for (const char* h : {"library", "triton", "jax", "warp"})
+    EXPECT_NE(r.out.find(fmt_host(h) + dir() + " (environment KCACHE_DIR"), std::string::npos) << h << r.out;
+  EXPECT_EQ(lines(r.out), 4u) << r.out;
+  const std::map<std::string, std::string> env = {{"TRITON_HOME", file("th")},
+                                                  {"XDG_CACHE_HOME", file("xdg-cache")},
+                                                  {"TRITON_CACHE_DIR", file("tc")},
+                                                  {"JAX_COMPILATION_CACHE_DIR", file("jc")}};
+  r = run({"doctor", "--hosts"}, false, env);
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find(fmt_host("library") + file("xdg-cache") + "/kcache (default"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(fmt_host("triton") + file("tc") + "/kcache (TRITON_CACHE_DIR)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(fmt_host("jax") + file("jc") + "/kcache (JAX_COMPILATION_CACHE_DIR)"), std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find(fmt_host("warp") + file("xdg-cache") + "/warp/VERSION/kcache (Warp's default cache"),
+            std::string::npos)
+      << r.out;
+  auto no_triton = env;
+  no_triton.erase("TRITON_CACHE_DIR");
+  r = run({"doctor", "--hosts", "--json"}, false, no_triton);
+  EXPECT_NE(
+      r.out.find("{\"host\":\"triton\",\"store\":\"" + file("th") + "/.triton/cache/kcache\",\"why\":\"TRITON_HOME\"}"),
+      std::string::npos)
+      << r.out;
 }
 
 INSTANTIATE_TEST_SUITE_P(Engines, CliConfigTest, ::testing::ValuesIn(engine_names()),

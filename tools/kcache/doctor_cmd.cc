@@ -175,7 +175,69 @@ void check_bundles(const Ctx& c, std::vector<Check>* out) {
 
 }  // namespace
 
+namespace {
+
+std::string env_or(const char* var, const std::string& otherwise) {
+  std::string v = util::getenv_str(var);
+  return v.empty() ? otherwise : v;
+}
+
+// `doctor --hosts`: the store each host uses here (README, "Which store
+// each host uses"). A dir set by a config file or KCACHE_DIR is every
+// host's; else each host has its own default beside its own cache.
+int print_hosts(Ctx& c) {
+  Options o;
+  AppliedSettings applied;
+  if (int rc = settings(c, &o, &applied)) return rc;
+  struct Row {
+    std::string host, store, why;
+  };
+  std::vector<Row> rows;
+  auto it = applied.origin.find("dir");
+  const bool everyone = it != applied.origin.end() && it->second.rfind("command line", 0) != 0;
+  const std::string lib = everyone ? o.dir : Options::default_dir();
+  const std::string lib_why = everyone ? it->second : "default";
+  rows.push_back({"library", lib, lib_why + "; C++, C, this tool, kcache.Cache(), kcache.llvmlite, kcache.numba"});
+  if (everyone) {
+    for (const char* h : {"triton", "jax", "warp"}) rows.push_back({h, lib, lib_why});
+  } else {
+    const std::string home = util::getenv_str("HOME");
+    std::string triton = util::getenv_str("TRITON_CACHE_DIR");
+    std::string triton_why = "TRITON_CACHE_DIR";
+    if (triton.empty()) {
+      triton = env_or("TRITON_HOME", home) + "/.triton/cache";
+      triton_why = util::getenv_str("TRITON_HOME").empty() ? "Triton's default cache" : "TRITON_HOME";
+    }
+    rows.push_back({"triton", triton + "/kcache", triton_why});
+    std::string jax = util::getenv_str("JAX_COMPILATION_CACHE_DIR");
+    rows.push_back({"jax", jax.empty() ? lib : jax + "/kcache",
+                    jax.empty() ? "no JAX_COMPILATION_CACHE_DIR (a jax_compilation_cache_dir the program sets "
+                                  "puts it in DIR/kcache)"
+                                : "JAX_COMPILATION_CACHE_DIR"});
+    std::string warp = util::getenv_str("WARP_CACHE_PATH");
+    std::string warp_why = "WARP_CACHE_PATH, after wp.init()";
+    if (warp.empty()) {
+      warp = env_or("XDG_CACHE_HOME", home + "/.cache") + "/warp";
+      warp_why = "Warp's default cache, after wp.init()";
+    }
+    rows.push_back({"warp", warp + "/VERSION/kcache", warp_why + "; before it: " + lib});
+  }
+  if (c.json) {
+    util::JsonWriter w;
+    w.begin_object().key("hosts").begin_array();
+    for (const auto& r : rows)
+      w.begin_object().field("host", r.host).field("store", r.store).field("why", r.why).end_object();
+    return c.out(w.end_array().end_object().take() + "\n");
+  }
+  std::string text;
+  for (const auto& r : rows) text += fmt("%-8s %s (%s)\n", r.host.c_str(), r.store.c_str(), r.why.c_str());
+  return c.out(text);
+}
+
+}  // namespace
+
 int cmd_doctor(Ctx& c) {
+  if (c.args.has("--hosts")) return print_hosts(c);
   // Opened as a command that looks: nothing created, no counter changed;
   // the store is reported here, not refused by open_tiers.
   if (int rc = open_tiers(c, {.create = false,

@@ -99,11 +99,13 @@ const Help kHelp[] = {
      "                                  ($XDG_CONFIG_HOME/kcache/config)\n"
      "  config unset NAME [--user]      remove a setting from that file\n"},
     {"doctor",
-     "  doctor [--json]                 open every configured tier and say, one line\n"
-     "                                  each, whether it works: the store and its\n"
-     "                                  permissions, the remote (round trip), its secret,\n"
-     "                                  each bundle. Exit 3 when something configured\n"
-     "                                  does not work\n"},
+     "  doctor [--json]                 read the config files and open every configured\n"
+     "                                  tier and say, one line each, whether it works:\n"
+     "                                  the store and its permissions, the remote (round\n"
+     "                                  trip), its secret, each bundle. Exit 3 when\n"
+     "                                  something configured does not work\n"
+     "  doctor --hosts [--json]         the store each host (the library, Triton, JAX,\n"
+     "                                  Warp) uses in this environment\n"},
     {"mark",
      "  mark [--json]                   print a mark: a position in the store's recency\n"
      "                                  records (for bundle create --since)\n"},
@@ -217,7 +219,7 @@ const std::vector<Command>& commands() {
       {"misses", cmd_misses, true, {{"--limit", true}}},
       {"run", cmd_run, false, {{"--key", true}, {"--artifact", true, true}}},
       {"config", cmd_config, true, {{"--user", false}}},
-      {"doctor", cmd_doctor, true, {}},
+      {"doctor", cmd_doctor, true, {{"--hosts", false}}},
       {"mark", cmd_mark, true, {}},
       {"bundle",
        cmd_bundle,
