@@ -212,6 +212,18 @@ TEST_P(CliConfigTest, ABadSharedGroupNamesItsVariable) {
   expect_failure(run({"doctor"}, true, {{"KCACHE_SHARED", "nosuchgroup"}}), 2, "KCACHE_SHARED=nosuchgroup");
 }
 
+// A remote that cannot be set up is said once by stats, in its report and
+// its one failure line, naming the variable.
+TEST_P(CliConfigTest, AnUnusableRemoteIsSaidOnceByStats) {
+  Result r = run({"stats"}, true, {{"KCACHE_REMOTE", "bogus://x"}});
+  EXPECT_EQ(r.rc, 3);
+  EXPECT_NE(r.out.find("\nremote      NOT SET UP (invalid argument: remote URL has scheme 'bogus://'"),
+            std::string::npos)
+      << r.out;
+  EXPECT_EQ(lines(r.err), 1u) << r.err;
+  EXPECT_EQ(r.err.rfind("kcache: stats: the remote of KCACHE_REMOTE is not set up: ", 0), 0u) << r.err;
+}
+
 // doctor --hosts: KCACHE_DIR is every host's store; without it each host's
 // default, from the variables each host reads.
 TEST_P(CliConfigTest, DoctorNamesTheStoreOfEachHost) {

@@ -224,7 +224,7 @@ int open_tiers(Ctx& c, const Reach& reach) {
   if (!s.disk_refused.empty() && !reach.reports_disk)
     KCACHE_LOG(LogLevel::warn, "running without a disk tier: %s", s.disk_refused.c_str());
   for (const auto& b : a.bundle_errors) KCACHE_LOG(LogLevel::warn, "%s (left out)", b.to_string().c_str());
-  if (!a.remote_error.is_ok())
+  if (!a.remote_error.is_ok() && !reach.reports_remote)
     KCACHE_LOG(LogLevel::warn, "running without the remote tier: %s", a.remote_error.to_string().c_str());
   s.cache = Cache::open(std::move(a), o);
   for (const auto& t : s.cache->tiers()) {

@@ -68,6 +68,9 @@ struct Reach {
   // The command reports every part itself, one line each (doctor): the
   // library's log and the warnings of settings() stay quiet.
   bool reports_all = false;
+  // The command names a remote that could not be set up itself (stats): no
+  // warning line here.
+  bool reports_remote = false;
 };
 
 // The tiers a command opened, as the library assembled them.

@@ -129,7 +129,9 @@ int cmd_stats(Ctx& c) {
     if (metrics && c.json) return usage_error("stats", "--format " + *f + " and --json do not go together");
   }
   // --zero writes the store's counters; otherwise stats only looks.
-  if (int rc = open_tiers(c, {.create = false, .remote = true, .honour_disable = false, .inspect = !zero})) return rc;
+  if (int rc = open_tiers(
+          c, {.create = false, .remote = true, .honour_disable = false, .inspect = !zero, .reports_remote = true}))
+    return rc;
   const Opened& s = c.store;
   TierStats t;
   if (s.disk) t = s.disk->stats();
