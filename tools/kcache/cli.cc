@@ -40,30 +40,17 @@ std::string fmt(const char* f, ...) {
 
 std::optional<uint64_t> parse_duration_ms(std::string_view s) {
   if (s.size() < 2) return std::nullopt;
+  static constexpr std::pair<char, uint64_t> kUnits[] = {
+      {'s', 1000}, {'m', 60 * 1000}, {'h', 3600 * 1000}, {'d', 86400 * 1000}, {'w', 7 * 86400 * 1000}};
   uint64_t unit = 0;
-  switch (s.back()) {
-    case 's':
-      unit = 1000;
-      break;
-    case 'm':
-      unit = 60 * 1000;
-      break;
-    case 'h':
-      unit = 3600 * 1000;
-      break;
-    case 'd':
-      unit = 86400 * 1000;
-      break;
-    case 'w':
-      unit = 7 * 86400 * 1000;
-      break;
-    default:
-      return std::nullopt;
-  }
+  for (const auto& [letter, ms] : kUnits)
+    if (s.back() == letter) unit = ms;
+  if (unit == 0) return std::nullopt;
   uint64_t n = 0;
   for (char ch : s.substr(0, s.size() - 1)) {
-    if (ch < '0' || ch > '9' || n > (UINT64_MAX / unit) / 10) return std::nullopt;
+    if (ch < '0' || ch > '9' || n > UINT64_MAX / unit / 10) return std::nullopt;
     n = n * 10 + static_cast<uint64_t>(ch - '0');
+    if (n > UINT64_MAX / unit) return std::nullopt;
   }
   return n * unit;
 }
