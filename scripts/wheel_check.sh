@@ -37,7 +37,8 @@ system_libs=" libc.so.6 libm.so.6 libstdc++.so.6 libgcc_s.so.1 libpthread.so.0 l
 mods=$(find "$tmp/unpacked" -name '*.so*' -type f)
 [ -n "$mods" ] || fail "no shared objects in $wheel"
 # The bundled kcache tool, which the package's `kcache` command starts.
-[ -x "$tmp/unpacked/kcache/_bin/kcache" ] || fail "the wheel lacks the kcache tool (kcache/_bin/kcache)"
+# (zipfile does not keep the mode bits; pip sets them from the wheel's.)
+[ -f "$tmp/unpacked/kcache/_bin/kcache" ] || fail "the wheel lacks the kcache tool (kcache/_bin/kcache)"
 mods="$mods $tmp/unpacked/kcache/_bin/kcache"
 # auditwheel names the folder of the libraries it copies in after the
 # distribution: kcache_jit.libs.
@@ -163,7 +164,7 @@ PY
 # version and features as the package, on the store the README used.
 kc="$tmp/venv/bin/kcache"
 [ -x "$kc" ] || fail "the package installed no kcache command ($kc)"
-version=$(env -i PATH=/usr/bin:/bin HOME="$tmp/home" "$kc" --version) || fail "kcache --version"
+version=$(env -i PATH=/usr/bin:/bin HOME="$tmp/home" "$kc" --version | tr "\n" " ") || fail "kcache --version"
 want=$("$tmp/venv/bin/python" -c 'import kcache; print(kcache.__version__, " ".join(kcache.features()))')
 read -r v_num v_rest <<<"$(echo "$want")"
 case "$version" in *"$v_num"*) ;; *) fail "kcache --version says '$version', the package is $v_num" ;; esac
