@@ -38,10 +38,11 @@ test: build python
 	@cd $(BUILD) && ctest -j $(JOBS) --output-on-failure --timeout 600
 
 # build/venv with the kcache package (pip install . through scikit-build-core),
-# Triton, llvmlite, JAX, numba, Warp and pytest; the Python suite in ctest runs in it.
+# Triton, llvmlite, JAX, numba, Warp, pytest and prometheus_client (whose
+# OpenMetrics parser reads `kcache stats`); the Python suite in ctest runs in it.
 PYTHON ?= python3
 VENV   ?= $(BUILD)/venv
-PY_DEPS = scikit-build-core nanobind pytest triton llvmlite jax numba warp-lang
+PY_DEPS = scikit-build-core nanobind pytest prometheus_client triton llvmlite jax numba warp-lang
 python: deps
 	@test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	@test "$$(cat $(VENV)/.kcache-deps 2>/dev/null)" = "$(PY_DEPS)" || { $(VENV)/bin/pip install -q --upgrade pip && \
@@ -64,7 +65,7 @@ wheel: deps
 	@$(VENV)/bin/pip wheel -q --no-build-isolation --no-deps -w $(WHEEL_DIR)/raw \
 	  --config-settings=cmake.define.KCACHE_STATIC_DEPS=ON --config-settings=build-dir=$(BUILD)/python-static/{wheel_tag} \
 	  $(if $(shell command -v ccache),--config-settings=cmake.define.CMAKE_CXX_COMPILER_LAUNCHER=ccache) .
-	@PATH="$(abspath $(VENV))/bin:$$PATH" $(VENV)/bin/auditwheel repair -w $(WHEEL_DIR) $(WHEEL_DIR)/raw/kcache-*.whl \
+	@PATH="$(abspath $(VENV))/bin:$$PATH" $(VENV)/bin/auditwheel repair -w $(WHEEL_DIR) $(WHEEL_DIR)/raw/kcache_jit-*.whl \
 	  >$(WHEEL_DIR)/repair.log 2>&1 || { cat $(WHEEL_DIR)/repair.log; exit 1; }
 	@rm -rf $(WHEEL_DIR)/raw $(WHEEL_DIR)/repair.log
 	@ls $(WHEEL_DIR)/*.whl

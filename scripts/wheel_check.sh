@@ -7,7 +7,8 @@
 # lists its features, and stores and loads entries through each library:
 # LMDB (the lmdb engine), zstd (compression), OpenSSL (a signed bundle, an
 # HMAC-signed remote), hiredis (a redis-server started here, when one is
-# installed; else a closed port).
+# installed; else a closed port); then it runs the Python blocks of the
+# README's Python section as written, and the package's `kcache` command.
 #   scripts/wheel_check.sh [WHEEL_DIR] [PYTHON]   (default: build/wheel, python3)
 # AUDITWHEEL names the auditwheel that prints the wheel's platform tag.
 # KCACHE_KEEP_TMP=1 keeps the temporary folder for a look afterwards.
@@ -18,8 +19,8 @@ py=${2:-python3}
 fail() { echo "wheel check: FAILED: $*" >&2; exit 1; }
 
 shopt -s nullglob
-wheels=("$dir"/kcache-*.whl)
-[ ${#wheels[@]} -eq 1 ] || fail "expected one kcache wheel in $dir, found ${#wheels[@]} (make wheel)"
+wheels=("$dir"/kcache_jit-*.whl)
+[ ${#wheels[@]} -eq 1 ] || fail "expected one kcache_jit wheel in $dir, found ${#wheels[@]} (make wheel)"
 wheel=$(cd "$(dirname "${wheels[0]}")" && pwd)/$(basename "${wheels[0]}")
 
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/kcache-wheel-check.XXXXXX")
@@ -35,16 +36,23 @@ system_libs=" libc.so.6 libm.so.6 libstdc++.so.6 libgcc_s.so.1 libpthread.so.0 l
 "$py" -m zipfile -e "$wheel" "$tmp/unpacked"
 mods=$(find "$tmp/unpacked" -name '*.so*' -type f)
 [ -n "$mods" ] || fail "no shared objects in $wheel"
+# The bundled kcache tool, which the package's `kcache` command starts.
+# (zipfile does not keep the mode bits; pip sets them from the wheel's.)
+[ -f "$tmp/unpacked/kcache/_bin/kcache" ] || fail "the wheel lacks the kcache tool (kcache/_bin/kcache)"
+mods="$mods $tmp/unpacked/kcache/_bin/kcache"
+# auditwheel names the folder of the libraries it copies in after the
+# distribution: kcache_jit.libs.
+libs=kcache_jit.libs
 for so in $mods; do
   for lib in $(readelf -d "$so" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p'); do
     case "$system_libs" in *" $lib "*) continue ;; esac
-    [ -e "$tmp/unpacked/kcache.libs/$lib" ] ||
+    [ -e "$tmp/unpacked/$libs/$lib" ] ||
       fail "$(basename "$so") needs $lib, which is neither in the wheel nor a system library"
   done
 done
 # The licence terms of the code it carries.
 for pkg in liblmdb-dev libzstd-dev libxxhash-dev libhiredis-dev libssl-dev; do
-  ls "$tmp"/unpacked/kcache-*.dist-info/licenses/$pkg.copyright >/dev/null 2>&1 ||
+  ls "$tmp"/unpacked/kcache_jit-*.dist-info/licenses/$pkg.copyright >/dev/null 2>&1 ||
     fail "the wheel lacks the licence terms of $pkg (.dist-info/licenses/$pkg.copyright)"
 done
 ext=$(find "$tmp/unpacked/kcache" -name '_kcache*.so')
@@ -52,15 +60,17 @@ ext=$(find "$tmp/unpacked/kcache" -name '_kcache*.so')
 if nm -D --defined-only "$ext" | awk '{print $3}' | grep -E '^(EVP_|OPENSSL_|CRYPTO_|redis|mdb_|ZSTD_|XXH)' >"$tmp/exported"; then
   fail "the extension exports library symbols: $(head -3 "$tmp/exported" | tr '\n' ' ')"
 fi
-echo "wheel check: $(basename "$wheel"): needs only system libraries besides $(ls "$tmp/unpacked/kcache.libs" 2>/dev/null | tr '\n' ' ')"
+echo "wheel check: $(basename "$wheel"): needs only system libraries besides $(ls "$tmp/unpacked/$libs" 2>/dev/null | tr '\n' ' ')"
 
 # 2. A fresh virtual environment with the wheel alone.
 "$py" -m venv "$tmp/venv"
 "$tmp/venv/bin/python" -m pip install -q --no-index --no-deps "$wheel" || fail "pip install of the wheel"
 installed=$(find "$tmp/venv" -name '_kcache*.so')
 ldd "$installed" >"$tmp/ldd" || fail "ldd $installed"
+tool=$(find "$tmp/venv" -path '*/kcache/_bin/kcache')
+ldd "$tool" >>"$tmp/ldd" || fail "ldd $tool"
 if grep -q "not found" "$tmp/ldd"; then fail "unresolved libraries: $(grep 'not found' "$tmp/ldd" | tr '\n' ' ')"; fi
-if grep -E 'lib(lmdb|zstd|xxhash|hiredis|crypto|ssl)' "$tmp/ldd" | grep -v "/kcache.libs/" >"$tmp/outside"; then
+if grep -E 'lib(lmdb|zstd|xxhash|hiredis|crypto|ssl)' "$tmp/ldd" | grep -v "/$libs/" >"$tmp/outside"; then
   fail "libraries resolved outside the wheel: $(tr '\n' ' ' <"$tmp/outside")"
 fi
 
@@ -127,7 +137,42 @@ else:
 PY
   fail "the package in a fresh virtual environment"
 
-# 5. The platform tag the wheel claims, where auditwheel is at hand.
+# 5. The README's Python section as written, in a folder of its own: its
+# blocks in order in one interpreter, after defining the names they leave to
+# the reader (the IR, the compiler, what uses an entry) and making the
+# signing key its bundle block names.
+mkdir -p "$tmp/readme"
+"$py" - README.md >"$tmp/readme/readme_python.py" <<'PY'
+import re, sys
+text = open(sys.argv[1], encoding="utf-8").read()
+section = text.split("\n## Python\n", 1)[1].split("\n## ", 1)[0]
+blocks = re.findall(r"```python\n(.*?)```", section, re.S)
+assert len(blocks) >= 3, "the README's Python section has fewer blocks than expected"
+print("import kcache")
+print("ir = ir_bytes = b'define void @saxpy() { ret void }'")
+print("def compile(ir):\n    return b'cubin of ' + bytes(ir)")
+print("def use(entry):\n    assert len(entry['cubin']) > 0, entry")
+print("kcache.bundle_keygen('sign.key')")
+for b in blocks:
+    print(b)
+print("print('wheel check: the README Python section ran; store', cache.dir)")
+PY
+(cd "$tmp/readme" && env -i PATH=/usr/bin:/bin HOME="$tmp/home" "$tmp/venv/bin/python" readme_python.py) ||
+  fail "the README's Python section (as extracted into $tmp/readme/readme_python.py)"
+
+# 6. The `kcache` command the package installs: the bundled tool, the same
+# version and features as the package, on the store the README used.
+kc="$tmp/venv/bin/kcache"
+[ -x "$kc" ] || fail "the package installed no kcache command ($kc)"
+version=$(env -i PATH=/usr/bin:/bin HOME="$tmp/home" "$kc" --version | tr "\n" " ") || fail "kcache --version"
+want=$("$tmp/venv/bin/python" -c 'import kcache; print(kcache.__version__, " ".join(kcache.features()))')
+read -r v_num v_rest <<<"$(echo "$want")"
+case "$version" in *"$v_num"*) ;; *) fail "kcache --version says '$version', the package is $v_num" ;; esac
+for f in $v_rest; do case "$version" in *"$f"*) ;; *) fail "kcache --version ('$version') lacks the feature $f" ;; esac; done
+(cd "$tmp/readme" && env -i PATH=/usr/bin:/bin HOME="$tmp/home" "$kc" stats >"$tmp/stats.txt") || fail "kcache stats"
+echo "wheel check: $version; kcache stats: $(head -1 "$tmp/stats.txt")"
+
+# 7. The platform tag the wheel claims, where auditwheel is at hand.
 aw=${AUDITWHEEL:-$(command -v auditwheel || true)}
 if [ -n "$aw" ] && [ -x "$aw" ]; then "$aw" show "$wheel" | sed -n '/consistent with/,/platform tag/p' | tr -s ' \n' ' ' | sed 's/^/wheel check: /'; echo; fi
 echo "wheel check: ok"

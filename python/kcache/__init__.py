@@ -385,6 +385,29 @@ class Cache:
         reopened in a forked child mounts it again."""
         self._c.load_bundle(data)
 
+    def evict(self, older_than: Optional[float] = None, namespace: Optional[str] = None) -> int:
+        """Removes the disk store's entries not used for `older_than` seconds
+        and/or those of key namespace `namespace` (both given: entries
+        matching both), as `kcache trim --older-than/--namespace`; returns how
+        many went. An entry's age counts from its last use; an entry stored
+        without a manifest has no namespace. ValueError when neither is
+        given (clearing is `kcache clear`) or older_than is not positive;
+        Error (code "unavailable") without a disk store, ("read_only") on a
+        read-only one."""
+        if older_than is None and namespace is None:
+            raise ValueError("Cache.evict: give older_than (seconds), namespace, or both")
+        ms = 0
+        if older_than is not None:
+            if isinstance(older_than, bool) or not isinstance(older_than, (int, float)):
+                raise TypeError("Cache.evict: older_than must be a number of seconds")
+            if not older_than > 0:
+                raise ValueError("Cache.evict: older_than must be positive")
+            ms = max(1, int(older_than * 1000))
+        if namespace is not None and not isinstance(namespace, str):
+            raise TypeError("Cache.evict: namespace must be a str")
+        evicted, _bytes = self._c.evict(ms, namespace)
+        return evicted
+
     def tiers(self) -> list:
         """Names of the tiers, fastest first."""
         return self._c.tiers()

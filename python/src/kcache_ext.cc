@@ -35,6 +35,7 @@
 #include "kcache/bundle.h"
 #include "kcache/cache.h"
 #include "kcache/entry.h"
+#include "kcache/evict.h"
 #include "kcache/key.h"
 #include "kcache/tier.h"
 #include "util/util.h"
@@ -1025,6 +1026,24 @@ NB_MODULE(_kcache, m) {
           "since"_a, "key_file"_a)
       .def(
           "load_bundle", [](PyCache& self, nb::handle data) { self.load_bundle(buffer_bytes(data)); }, "data"_a)
+      // kcache/evict.h: (evicted, bytes) of the disk store's entries not
+      // used for older_than_ms and/or of namespace ns.
+      .def(
+          "evict",
+          [](PyCache& self, uint64_t older_than_ms, std::optional<std::string> ns) {
+            auto c = self.get_cache();
+            kcache::EvictSelection sel;
+            sel.older_than_ms = older_than_ms;
+            sel.ns = std::move(ns);
+            std::optional<kcache::Expected<kcache::EvictResult>> r;
+            {
+              nb::gil_scoped_release nogil;
+              r.emplace(kcache::evict_entries(*c, sel));
+            }
+            if (!*r) raise_status("Cache.evict", r->error());
+            return std::make_pair((*r)->evicted, (*r)->bytes);
+          },
+          "older_than_ms"_a, "ns"_a)
       .def_prop_ro("closed", &PyCache::closed)
       .def("close", &PyCache::close)
       .def("_flush_at_exit", &PyCache::flush_at_exit);

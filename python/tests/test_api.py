@@ -103,6 +103,72 @@ def test_features_match_the_tool(tmp_path):
     assert tuple(x for x in tool_features if x not in ("llvm", "nvrtc", "opencl")) == kcache.features()
 
 
+def test_the_package_is_kcache_jit_with_the_kcache_command(tmp_path):
+    """Installed as the distribution kcache-jit (the name kcache on PyPI is
+    another project's), with a `kcache` command: the bundled tool, the same
+    version and features as the package."""
+    from importlib import metadata
+
+    import kcache._cli
+
+    dist = metadata.distribution("kcache-jit")
+    assert dist.version == kcache.__version__
+    scripts = [e for e in dist.entry_points if e.group == "console_scripts"]
+    assert [(e.name, e.value) for e in scripts] == [("kcache", "kcache._cli:main")]
+    assert os.access(kcache._cli.tool_path(), os.X_OK), kcache._cli.tool_path()
+    # The command itself, where pip put it (beside this interpreter).
+    command = os.path.join(os.path.dirname(sys.executable), "kcache")
+    assert os.access(command, os.X_OK), command
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KCACHE_")}
+    env["KCACHE_DIR"] = str(tmp_path / "store")
+    out = subprocess.run([command, "--version", "--json"], capture_output=True, text=True, env=env, check=True)
+    info = json.loads(out.stdout)
+    assert info["version"] == kcache.__version__, info
+    assert tuple(info["features"]) == kcache.features(), info
+    # Arguments, output and exit status are the tool's own.
+    with kcache.Cache(env["KCACHE_DIR"]) as c:
+        c.put(kcache.key("t/1", x="cli"), {"obj": b"abc"})
+    p = subprocess.run([command, "ls", "--json"], capture_output=True, text=True, env=env)
+    assert p.returncode == 0 and json.loads(p.stdout)["count"] == 1, p.stdout + p.stderr
+    p = subprocess.run([command, "get", "--key", "f" * 32, "--artifact", "obj"], capture_output=True, text=True,
+                       env=env)
+    assert p.returncode == 1 and p.stderr.startswith("kcache: get: "), p.stderr
+
+
+# ---- evict ---------------------------------------------------------------------
+
+def test_evict_by_age_and_namespace(tmp_path):
+    import time
+    d = str(tmp_path / "store")
+    with kcache.Cache(d, memory=False) as c:
+        old_a = kcache.key("evict-a/1", n=1)
+        old_b = kcache.key("evict-b/1", n=1)
+        c.put(old_a, {"obj": b"a" * 1000})
+        c.put(old_b, {"obj": b"b" * 1000})
+        c.flush()
+        time.sleep(1.2)
+        new_a = kcache.key("evict-a/1", n=2)
+        c.put(new_a, {"obj": b"c" * 1000})
+        c.flush()
+        # Old and of evict-a/1: only old_a.
+        assert c.evict(older_than=1.0, namespace="evict-a/1") == 1
+        assert c.get(old_a) is None and c.get(old_b) is not None and c.get(new_a) is not None
+        # Of evict-a/1, whatever its age.
+        assert c.evict(namespace="evict-a/1") == 1
+        assert c.get(new_a) is None and c.get(old_b) is not None
+        assert c.evict(namespace="nosuch/1") == 0
+        with pytest.raises(ValueError):
+            c.evict()
+        with pytest.raises(ValueError):
+            c.evict(older_than=0)
+        with pytest.raises(TypeError):
+            c.evict(namespace=3)
+    with kcache.Cache(disk=False) as c:
+        with pytest.raises(kcache.Error) as e:
+            c.evict(namespace="evict-a/1")
+        assert e.value.code == "unavailable"
+
+
 # ---- stats ---------------------------------------------------------------------
 
 def test_stats_tiers_is_a_list_with_name_and_kind(cache_dir, tmp_path):

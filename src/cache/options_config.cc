@@ -1,9 +1,15 @@
 // Config files (kcache/options.h): where they are, reading one into
-// Options through Options::set, and changing one setting in one.
+// Options through Options::set, and changing one setting in one. A line
+// that sets nothing kcache knows (an unknown name, no `=`) is a warning
+// (not_found) naming PATH:LINE and the nearest name, and the rest of the
+// file still applies; a bad value of a known setting is an error
+// (invalid_argument); a file that exists but is not read (not trusted, not
+// a regular file) is unavailable.
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cerrno>
 #include <cstring>
 #include <string>
@@ -28,6 +34,12 @@ std::string line_name(std::string_view line) {
   if (t.empty() || t[0] == '#') return std::string();
   size_t eq = t.find('=');
   return trim(std::string_view(t).substr(0, eq == std::string::npos ? t.size() : eq));
+}
+
+// "; did you mean NAME?" when a known setting is near `name`, else "".
+std::string did_you_mean(std::string_view name) {
+  std::string near = nearest_option(name, false);
+  return near.empty() ? std::string() : "; did you mean " + near + "?";
 }
 
 std::vector<std::string> split_lines(const std::string& text) {
@@ -60,8 +72,8 @@ void apply_config_file(Options& options, const std::string& path, bool store_fil
   int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) {
     if (errno == ENOENT || errno == ENOTDIR) return;  // none: nothing to apply
-    std::string why = errno == ELOOP ? std::string("a symbolic link") : std::string(std::strerror(errno));
-    out->problems.push_back(Status(Errc::unavailable, "config file " + path + " not read: " + why));
+    std::string why = errno == ELOOP ? std::string("it is a symbolic link") : std::string(std::strerror(errno));
+    out->problems.push_back(Status(Errc::unavailable, "config file " + path + " is not read: " + why));
     return;
   }
   struct Closer {
@@ -70,13 +82,16 @@ void apply_config_file(Options& options, const std::string& path, bool store_fil
   } closer{fd};
   struct stat st;
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    out->problems.push_back(Status(Errc::unavailable, "config file " + path + " not read: not a regular file"));
+    out->problems.push_back(
+        Status(Errc::unavailable, "config file " + path + " is not read: it is not a regular file"));
     return;
   }
   // Settings decide where entries are read from and written to: a file
   // another user could have written is not taken, as such a store is not.
   if (std::string why = util::untrusted_reason(st, util::StoreTrust{}); !why.empty()) {
-    out->problems.push_back(Status(Errc::unavailable, "config file " + path + " not read: " + why));
+    out->problems.push_back(Status(Errc::unavailable, "config file " + path + " is not read, as another user could " +
+                                                          "have written it: it is " + why + " (chmod go-w " + path +
+                                                          " if its settings are yours)"));
     return;
   }
   constexpr size_t kMaxConfig = 1 << 20;
@@ -105,17 +120,19 @@ void apply_config_file(Options& options, const std::string& path, bool store_fil
     if (name.empty()) continue;
     size_t eq = lines[i].find('=');
     if (eq == std::string::npos) {
-      out->problems.push_back(Status(Errc::invalid_argument, where + ": '" + trim(lines[i]) + "' is not NAME = VALUE"));
+      out->problems.push_back(Status(
+          Errc::not_found,
+          where + ": '" + trim(lines[i]) + "' is not a NAME = VALUE line, so it sets nothing" + did_you_mean(name)));
       continue;
     }
     auto known = option_name(name);
     if (!known) {
-      std::string near = nearest_option(name, false);
-      out->problems.push_back(Status(Errc::invalid_argument, where + ": '" + name + "' is not a kcache setting" +
-                                                                 (near.empty() ? "" : "; did you mean " + near + "?")));
+      out->problems.push_back(
+          Status(Errc::not_found,
+                 where + ": '" + name + "' is not a kcache setting, so it sets nothing" + did_you_mean(name)));
       continue;
     }
-    if (store_file && *known == "dir") {
+    if (store_file && known && *known == "dir") {
       out->problems.push_back(Status(Errc::invalid_argument, where +
                                                                  ": the store folder's config cannot move the store "
                                                                  "(set dir in the user-wide config or KCACHE_DIR)"));
@@ -134,17 +151,15 @@ Status write_config_setting(const std::string& path, std::string_view name, std:
                             bool store_file) {
   if (path.empty()) return Status(Errc::invalid_argument, "no config file can be named (HOME is unset)");
   auto known = option_name(name);
-  if (!known) {
-    std::string near = nearest_option(name, false);
-    return Status(Errc::invalid_argument, "'" + std::string(name) + "' is not a kcache setting" +
-                                              (near.empty() ? "" : "; did you mean " + near + "?"));
-  }
-  if (store_file && *known == "dir")
+  // Removing takes any name, so a line kcache does not know can go too.
+  if (!known && value)
+    return Status(Errc::invalid_argument, "'" + std::string(name) + "' is not a kcache setting" + did_you_mean(name));
+  if (store_file && known && *known == "dir")
     return Status(Errc::invalid_argument, "the store folder's config cannot move the store (use --user)");
   if (value && value->find_first_of("\r\n") != std::string_view::npos)
     return Status(Errc::invalid_argument,
                   "a setting's value is one line: '" + std::string(name) + "' has a line break");
-  if (value) {
+  if (value && known) {
     Options check;
     if (Status s = check.set(*known, *value); !s.is_ok()) return s;
   }
@@ -157,17 +172,28 @@ Status write_config_setting(const std::string& path, std::string_view name, std:
   }
   // Every line of the setting goes; the new one takes the first one's place
   // (or comes last), so comments and the order of the rest are kept.
+  // A name kcache does not know matches its lines as written (any case).
+  auto same = [&](const std::string& n) {
+    if (known) return option_name(n) == known;
+    std::string a(n), b(trim(name));
+    for (auto* s : {&a, &b})
+      for (auto& ch : *s) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    return a == b;
+  };
   std::string next;
   bool placed = false;
   for (const auto& line : split_lines(text)) {
     std::string n = line_name(line);
-    if (!n.empty() && option_name(n) == known) {
+    if (!n.empty() && same(n)) {
       if (value && !placed) next += *known + " = " + std::string(*value) + "\n";
       placed = true;
       continue;
     }
     next += line + "\n";
   }
+  if (!known && !placed)
+    return Status(Errc::invalid_argument, "'" + std::string(name) + "' is not a kcache setting and no line of " + path +
+                                              " sets it" + did_you_mean(name));
   if (value && !placed) next += *known + " = " + std::string(*value) + "\n";
   size_t slash = path.rfind('/');
   if (slash != std::string::npos && slash > 0) {

@@ -273,10 +273,21 @@ TEST(ConfigTest, BadLinesAndUntrustedFilesAreProblems) {
   o.dir = tmp.path() + "/cache";
   auto applied = apply_settings(o);
   ASSERT_EQ(applied.problems.size(), 4u);
-  for (const auto& p : applied.problems) EXPECT_EQ(p.code(), Errc::invalid_argument) << p.message();
+  // A bad value of a known setting is an error; a line that names no
+  // setting is a warning (not_found) with its place and the nearest name.
+  EXPECT_EQ(applied.problems[0].code(), Errc::invalid_argument);
   EXPECT_NE(applied.problems[0].message().find(store + ":2: 'plenty' is not a size"), std::string::npos)
       << applied.problems[0].message();
-  EXPECT_NE(applied.problems[1].message().find("did you mean max_size?"), std::string::npos);
+  EXPECT_EQ(applied.problems[1].code(), Errc::not_found);
+  EXPECT_EQ(
+      applied.problems[1].message(),
+      "config file " + store + ":3: 'maxsize' is not a kcache setting, so it sets nothing; did you mean max_size?");
+  EXPECT_EQ(applied.problems[2].code(), Errc::invalid_argument);
+  EXPECT_NE(applied.problems[2].message().find(store + ":4: the store folder's config cannot move the store"),
+            std::string::npos);
+  EXPECT_EQ(applied.problems[3].code(), Errc::not_found);
+  EXPECT_EQ(applied.problems[3].message(),
+            "config file " + store + ":5: 'junk' is not a NAME = VALUE line, so it sets nothing");
   EXPECT_EQ(o.disk.max_bytes, uint64_t(2) << 30);
   EXPECT_TRUE(o.dir == tmp.path() + "/cache");
 
@@ -290,6 +301,41 @@ TEST(ConfigTest, BadLinesAndUntrustedFilesAreProblems) {
   EXPECT_EQ(applied.problems[0].code(), Errc::unavailable);
   EXPECT_NE(applied.problems[0].message().find("writable by every user"), std::string::npos);
   EXPECT_EQ(p.disk.max_bytes, Options().disk.max_bytes);
+  // Group-writable: not read either, and the message says how to fix it.
+  ASSERT_EQ(::chmod(store.c_str(), 0660), 0);
+  Options q;
+  q.dir = tmp.path() + "/cache";
+  applied = apply_settings(q);
+  ASSERT_EQ(applied.problems.size(), 1u);
+  EXPECT_EQ(applied.problems[0].code(), Errc::unavailable);
+  EXPECT_EQ(applied.problems[0].message().rfind("config file " + store +
+                                                    " is not read, as another user could have "
+                                                    "written it: it is writable by group ",
+                                                0),
+            0u)
+      << applied.problems[0].message();
+  EXPECT_NE(applied.problems[0].message().find("(chmod go-w " + store + " if its settings are yours)"),
+            std::string::npos);
+  EXPECT_EQ(q.disk.max_bytes, Options().disk.max_bytes);
+}
+
+// `unset` removes any line, one kcache does not know included; an unknown
+// name that no line sets is refused with the nearest known one.
+TEST(ConfigTest, UnsetRemovesUnknownLines) {
+  test::TempDir tmp;
+  const std::string file = tmp.path() + "/config";
+  spit(file, "# mine\nMaxSize = 1G\nmax_size = 2G\njunk\n");
+  ASSERT_TRUE(write_config_setting(file, "maxsize", std::nullopt, false).is_ok());
+  EXPECT_EQ(slurp(file), "# mine\nmax_size = 2G\njunk\n");
+  ASSERT_TRUE(write_config_setting(file, "junk", std::nullopt, false).is_ok());
+  EXPECT_EQ(slurp(file), "# mine\nmax_size = 2G\n");
+  Status st = write_config_setting(file, "maxsize", std::nullopt, false);
+  EXPECT_EQ(st.code(), Errc::invalid_argument);
+  EXPECT_EQ(st.message(),
+            "'maxsize' is not a kcache setting and no line of " + file + " sets it; did you mean max_size?");
+  st = write_config_setting(file, "maxsize", "3G", false);
+  EXPECT_EQ(st.code(), Errc::invalid_argument);
+  EXPECT_EQ(slurp(file), "# mine\nmax_size = 2G\n");
 }
 
 // A config file is what its descriptor shows: a link to a file (even one

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "cli_util.h"
+#include "util/util.h"
 
 namespace kcache::test {
 namespace {
@@ -162,6 +163,83 @@ TEST_P(CliTest, TrimEvictsLeastRecentlyUsedDownToMaxSize) {
   EXPECT_NE(r.out.find("evicted 1 entry"), std::string::npos) << r.out;
   EXPECT_EQ(json_num(run({"ls", "--json"}).out, "count"), 1);
   expect_failure(run({"trim", "--max-size", "lots"}), 2, "--max-size");
+  // 0 would empty the store, as `config set max_size 0` would: refused.
+  expect_failure(run({"trim", "--max-size", "0"}), 2, "--max-size 0 would evict every entry (kcache clear does that)");
+}
+
+// trim --older-than removes the entries not used for that long, and
+// --namespace those of one key namespace (both: those matching both); a
+// size limit applies then only when --max-size is given.
+TEST_P(CliTest, TrimByAgeAndNamespace) {
+  KeyInfo a = kernel_key("-O1"), b = kernel_key("-O2");
+  KeyInfo other = *KeyBuilder("othertest/1").add_string("opt", "-O1").finish();
+  put(a.key, binary_payload(1, 3000), write_text_manifest(file("a.txt"), a));
+  put(other.key, binary_payload(2, 3000), write_text_manifest(file("o.txt"), other));
+  put(key_of(3), binary_payload(3, 3000));  // no manifest: no namespace
+  ::usleep(1200 * 1000);
+  put(b.key, binary_payload(4, 3000), write_text_manifest(file("b.txt"), b));
+  // Using `other` makes it recent.
+  ASSERT_EQ(run({"get", "--key", other.key.hex(), "--artifact", "obj"}).rc, 0);
+
+  // Old and of clitest/1: only a.
+  Result r = run({"trim", "--older-than", "1s", "--namespace", "clitest/1", "--json"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(json_num(r.out, "evicted"), 1) << r.out;
+  EXPECT_EQ(json_num(r.out, "entries"), 3);
+  EXPECT_EQ(r.out.find("max_bytes"), std::string::npos) << r.out;  // no size limit applied
+  EXPECT_EQ(run({"show", "--key", a.key.hex()}).rc, 1);
+  // Old: key 3 (other and b were used within the second).
+  r = run({"trim", "--older-than", "1s"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.out.rfind("evicted 1 entry; now ", 0), 0u) << r.out;
+  EXPECT_EQ(r.out.find("(limit"), std::string::npos) << r.out;
+  EXPECT_EQ(run({"show", "--key", key_of(3).hex()}).rc, 1);
+  // Of othertest/1, whatever its age.
+  r = run({"trim", "--namespace", "othertest/1", "--json"});
+  EXPECT_EQ(json_num(r.out, "evicted"), 1) << r.out;
+  r = run({"ls", "--json"});
+  EXPECT_EQ(json_num(r.out, "count"), 1);
+  EXPECT_NE(r.out.find(b.key.hex()), std::string::npos) << r.out;
+  // A namespace nothing has: nothing goes.
+  EXPECT_EQ(json_num(run({"trim", "--namespace", "nosuch/1", "--json"}).out, "evicted"), 0);
+  // Removals, not evictions: the counter counts what the limits made.
+  EXPECT_EQ(json_num(run({"stats", "--json"}).out, "evictions"), 0);
+
+  expect_failure(run({"trim", "--older-than", "7"}), 2, "--older-than '7' is not a duration");
+  expect_failure(run({"trim", "--older-than", "0d"}), 2, "--older-than '0d'");
+  expect_failure(run({"trim", "--older-than", "soon"}), 2, "(e.g. 90s, 30m, 12h, 7d, 2w)");
+}
+
+// stats says since when its counters count (the store made, or last
+// zeroed), and with --compression what the entries take before and after
+// compression.
+TEST_P(CliTest, StatsCountersSinceAndCompression) {
+  put(key_of(1), binary_payload(1, 5000));
+  put(key_of(2), binary_payload(2, 7000));
+  Result r = run({"stats", "--json"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const long long made = json_num(r.out, "counters_since_ms");
+  if (made != 0) {
+    EXPECT_NE(r.out.find("\"counters_since\":\"created\""), std::string::npos) << r.out;
+  }
+  EXPECT_EQ(r.out.find("\"compression\""), std::string::npos) << r.out;  // only when asked
+  const long long before = static_cast<long long>(util::now_unix_ms());
+  ASSERT_EQ(run({"stats", "--zero"}).rc, 0);
+  r = run({"stats", "--json", "--compression"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("\"counters_since\":\"zeroed\""), std::string::npos) << r.out;
+  EXPECT_GE(json_num(r.out, "counters_since_ms"), before);
+  EXPECT_LE(json_num(r.out, "counters_since_ms"), static_cast<long long>(util::now_unix_ms()));
+  // The tool stores artifacts as given: 12000 bytes of artifacts, each
+  // entry's header and metadata on top.
+  EXPECT_NE(r.out.find("\"compression\":{\"entries\":2,\"compressed_entries\":0,\"stored_bytes\":"), std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find(",\"payload_bytes\":12000}"), std::string::npos) << r.out;
+  r = run({"stats", "--compression"});
+  EXPECT_NE(r.out.find("\ncompressed  0 of 2 entries; "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(" stored for 11.7 KiB of artifacts ("), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\ncounters    since "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(" (zeroed)\n"), std::string::npos) << r.out;
 }
 
 TEST_P(CliTest, ClearRemovesEverything) {

@@ -1,9 +1,10 @@
-// A strict reader of the Prometheus text exposition format (0.0.4) with the
-// OpenMetrics "# EOF" end, for checking what `kcache stats --format
-// openmetrics` prints: every line a HELP, a TYPE, a sample or the final
-// "# EOF"; names and label names valid; label values escaped (\\, \", \n
-// only); each family's HELP and TYPE once, before its samples, samples of
-// a family together; counters named *_total; values numbers.
+// A strict reader of what `kcache stats --format openmetrics|prometheus`
+// prints. OpenMetrics (1.0): every line a HELP, a TYPE, a sample or the
+// final "# EOF"; a counter family is named without _total and its samples
+// are FAMILY_total (and FAMILY_created, when it started counting) (the official parser refuses a family named *_total:
+// its samples would clash). Prometheus text (0.0.4): no "# EOF", and a counter family is named as its samples, *_total.
+// Both: names and label names valid; label values escaped (\\, \", \n only); each family's HELP and TYPE once, before
+// its samples, samples of a family together; values numbers.
 #pragma once
 
 #include <cstdlib>
@@ -20,9 +21,11 @@ struct Sample {
   double value = 0;
 };
 
+enum class ExpositionFormat { openmetrics, prometheus };
+
 struct Exposition {
-  std::string error;  // empty when the text is valid
-  std::map<std::string, std::string> type, help;
+  std::string error;                              // empty when the text is valid
+  std::map<std::string, std::string> type, help;  // by family name
   std::vector<Sample> samples;
   // The value of the sample `name` whose labels include `want`; -1 if none.
   double value(const std::string& name, const std::map<std::string, std::string>& want = {}) const {
@@ -47,7 +50,12 @@ inline bool valid_name(const std::string& n, bool label) {
   return true;
 }
 
-inline Exposition parse_exposition(const std::string& text) {
+inline bool ends_with(const std::string& s, const std::string& tail) {
+  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
+
+inline Exposition parse_exposition(const std::string& text, ExpositionFormat format = ExpositionFormat::openmetrics) {
+  const bool om = format == ExpositionFormat::openmetrics;
   Exposition e;
   auto fail = [&](size_t line, const std::string& why) {
     e.error = "line " + std::to_string(line) + ": " + why;
@@ -60,14 +68,14 @@ inline Exposition parse_exposition(const std::string& text) {
     lines.push_back(text.substr(p, nl - p));
     p = nl + 1;
   }
-  if (lines.empty() || lines.back() != "# EOF") return fail(lines.size(), "last line is not # EOF");
+  if (om && (lines.empty() || lines.back() != "# EOF")) return fail(lines.size(), "last line is not # EOF");
   std::set<std::string> closed;  // families whose samples have ended
   std::string current;           // the family being read
-  for (size_t i = 0; i + 1 < lines.size(); ++i) {
+  for (size_t i = 0; i + (om ? 1 : 0) < lines.size(); ++i) {
     const std::string& l = lines[i];
     const size_t n = i + 1;
     if (l.empty()) return fail(n, "empty line");
-    if (l == "# EOF") return fail(n, "# EOF before the end");
+    if (l == "# EOF") return fail(n, om ? "# EOF before the end" : "# EOF in Prometheus text");
     if (l.rfind("# HELP ", 0) == 0 || l.rfind("# TYPE ", 0) == 0) {
       const bool is_type = l[2] == 'T';
       size_t sp = l.find(' ', 7);
@@ -80,7 +88,9 @@ inline Exposition parse_exposition(const std::string& text) {
       if (is_type) {
         if (rest != "counter" && rest != "gauge" && rest != "untyped" && rest != "histogram" && rest != "summary")
           return fail(n, "bad type '" + rest + "'");
-        if (rest == "counter" && (name.size() < 6 || name.substr(name.size() - 6) != "_total"))
+        if (rest == "counter" && om && ends_with(name, "_total"))
+          return fail(n, "counter family " + name + " named *_total (its samples would clash with it)");
+        if (rest == "counter" && !om && !ends_with(name, "_total"))
           return fail(n, "counter " + name + " not named *_total");
       }
       for (size_t k = 0; k < rest.size(); ++k)
@@ -97,11 +107,20 @@ inline Exposition parse_exposition(const std::string& text) {
     while (p < l.size() && l[p] != '{' && l[p] != ' ') ++p;
     s.name = l.substr(0, p);
     if (!valid_name(s.name, false)) return fail(n, "bad metric name '" + s.name + "'");
-    if (!e.type.count(s.name)) return fail(n, s.name + " has no TYPE before it");
-    if (closed.count(s.name)) return fail(n, "samples of " + s.name + " are not together");
-    if (current != s.name) {
+    // The sample's family: in OpenMetrics a counter's samples are FAMILY_total.
+    std::string fam = s.name;
+    for (const char* suffix : {"_total", "_created"}) {
+      if (!om || !ends_with(s.name, suffix)) continue;
+      const std::string base = s.name.substr(0, s.name.size() - std::string(suffix).size());
+      if (e.type.count(base) && e.type.at(base) == "counter") fam = base;
+    }
+    if (!e.type.count(fam)) return fail(n, s.name + " has no TYPE before it");
+    if (om && e.type.at(fam) == "counter" && fam == s.name)
+      return fail(n, "sample " + s.name + " of a counter not named " + fam + "_total");
+    if (closed.count(fam)) return fail(n, "samples of " + fam + " are not together");
+    if (current != fam) {
       if (!current.empty()) closed.insert(current);
-      current = s.name;
+      current = fam;
     }
     if (p < l.size() && l[p] == '{') {
       ++p;

@@ -38,6 +38,23 @@ std::string fmt(const char* f, ...) {
   return out;
 }
 
+std::optional<uint64_t> parse_duration_ms(std::string_view s) {
+  if (s.size() < 2) return std::nullopt;
+  static constexpr std::pair<char, uint64_t> kUnits[] = {
+      {'s', 1000}, {'m', 60 * 1000}, {'h', 3600 * 1000}, {'d', 86400 * 1000}, {'w', 7 * 86400 * 1000}};
+  uint64_t unit = 0;
+  for (const auto& [letter, ms] : kUnits)
+    if (s.back() == letter) unit = ms;
+  if (unit == 0) return std::nullopt;
+  uint64_t n = 0;
+  for (char ch : s.substr(0, s.size() - 1)) {
+    if (ch < '0' || ch > '9' || n > UINT64_MAX / unit / 10) return std::nullopt;
+    n = n * 10 + static_cast<uint64_t>(ch - '0');
+    if (n > UINT64_MAX / unit) return std::nullopt;
+  }
+  return n * unit;
+}
+
 std::string format_time(uint64_t unix_ms) {
   if (unix_ms == 0) return "-";
   time_t t = static_cast<time_t>(unix_ms / 1000);
@@ -114,20 +131,50 @@ std::optional<Key> key_flag(const Ctx& c) {
   return k;
 }
 
+namespace {
+
+// Where a setting's value came from, for a message about the value:
+// "KCACHE_SHARED=staff", "shared_group = staff (config file PATH)",
+// "--dir /x".
+std::string value_source(const AppliedSettings& applied, std::string_view name, const std::string& value) {
+  const OptionInfo* info = nullptr;
+  for (const auto& i : option_table())
+    if (i.name == name) info = &i;
+  auto it = applied.origin.find(name);
+  if (it == applied.origin.end()) return std::string(name) + " = " + value;
+  if (info && it->second == "environment " + std::string(info->env)) return std::string(info->env) + "=" + value;
+  return std::string(name) + " = " + value + " (" + it->second + ")";
+}
+
+}  // namespace
+
 int settings(Ctx& c, Options* o, AppliedSettings* applied) {
   // The library's pipeline (kcache/options.h): defaults, config files, the
   // environment, then this command line's flags. A bad value is bad usage
-  // here (exit 2), where a JIT would only warn and go on; a variable that
-  // names no option, or a config file that is not read, is said and
-  // ignored.
+  // here (exit 2), where a JIT would only warn and go on. A line of a
+  // config file or a variable that sets nothing is a warning. A config file
+  // that exists but is not read (another user could have written it) fails
+  // the command (exit 3): its settings may name the store or the remote.
+  // `config` and `doctor` go on, to show and report it.
   std::vector<std::pair<std::string, std::string>> flags;
   for (const char* flag : {"--dir", "--engine"})
     if (const std::string* v = c.args.get(flag)) flags.emplace_back(flag + 2, *v);
   *applied = apply_settings(*o, flags);
+  const bool reports = c.args.command == "config" || c.args.command == "doctor";
   for (const auto& p : applied->problems) {
     if (p.code() == Errc::invalid_argument) return usage_error(c.args.command, p.message());
+    if (p.code() == Errc::unavailable && !reports) return c.fail(kExitError, p.message());
+    c.store.setting_problems.push_back(p);
+    if (c.args.command == "doctor") continue;  // a line of its report
     static std::set<std::string> said;
-    if (said.insert(p.message()).second) std::fprintf(stderr, "kcache: ignoring %s\n", p.message().c_str());
+    if (said.insert(p.message()).second) std::fprintf(stderr, "kcache: warning: %s\n", p.message().c_str());
+  }
+  // A value the library checks only when the store opens, named here with
+  // where it was set.
+  if (!o->shared_group.empty()) {
+    if (auto trust = util::shared_group_trust(o->shared_group); !trust)
+      return usage_error(c.args.command,
+                         value_source(*applied, "shared_group", o->shared_group) + ": " + trust.error().message());
   }
   return kExitOk;
 }
@@ -136,6 +183,7 @@ int open_tiers(Ctx& c, const Reach& reach) {
   Options o;
   AppliedSettings applied;
   if (int rc = settings(c, &o, &applied)) return rc;
+  if (reach.reports_all) o.log_level = LogLevel::off;
   o.memory_tier = false;  // one process, one lookup: what is printed is what is stored
   o.create_dir = reach.create;
   if (!reach.remote) o.remote_url.clear();
@@ -161,7 +209,7 @@ int open_tiers(Ctx& c, const Reach& reach) {
   if (!s.disk_refused.empty() && !reach.reports_disk)
     KCACHE_LOG(LogLevel::warn, "running without a disk tier: %s", s.disk_refused.c_str());
   for (const auto& b : a.bundle_errors) KCACHE_LOG(LogLevel::warn, "%s (left out)", b.to_string().c_str());
-  if (!a.remote_error.is_ok())
+  if (!a.remote_error.is_ok() && !reach.reports_remote)
     KCACHE_LOG(LogLevel::warn, "running without the remote tier: %s", a.remote_error.to_string().c_str());
   s.cache = Cache::open(std::move(a), o);
   for (const auto& t : s.cache->tiers()) {

@@ -68,6 +68,12 @@ struct Reach {
   // Open the store's leases (cross-process single-flight). Off for a
   // command that compiles nothing; verify checks the lease table itself.
   bool leases = true;
+  // The command reports every part itself, one line each (doctor): the
+  // library's log and the warnings of settings() stay quiet.
+  bool reports_all = false;
+  // The command names a remote that could not be set up itself (stats): no
+  // warning line here.
+  bool reports_remote = false;
 };
 
 // The tiers a command opened, as the library assembled them.
@@ -83,6 +89,10 @@ struct Opened {
   // does not exist.
   std::string disk_refused;
   Status remote_error;  // why the remote of KCACHE_REMOTE was left out
+  // What settings() said and went on past: lines of a config file that set
+  // nothing (not_found), variables that name no option (not_found), and,
+  // for config and doctor only, config files not read (unavailable).
+  std::vector<Status> setting_problems;
 };
 
 struct Ctx {
@@ -110,6 +120,9 @@ void hold_standard_fds();
 // printf into a std::string.
 std::string fmt(const char* f, ...) __attribute__((format(printf, 1, 2)));
 std::string format_time(uint64_t unix_ms);
+// "90s", "30m", "12h", "7d", "2w" (a whole number and its unit) in ms;
+// nullopt for anything else.
+std::optional<uint64_t> parse_duration_ms(std::string_view s);
 // "1 entry" / "3 entries".
 std::string entries_word(uint64_t n);
 int exit_for(const Status& st);
@@ -187,7 +200,7 @@ struct RemoteProbe {
 };
 RemoteProbe probe_remote(Tier& remote);
 
-// What `stats --format openmetrics` prints (metrics.cc).
+// What `stats --format openmetrics|prometheus` prints (metrics.cc).
 struct MetricsTier {
   std::string name, kind;
   TierStats stats;
@@ -199,8 +212,12 @@ struct MetricsInput {
   std::string store;  // the store's path, the `store` label
   bool store_up = false;
   uint64_t disk_used = 0, max_bytes = 0, max_entries = 0;
+  uint64_t counters_since_ms = 0;  // the disk store's counters count from then (0: unknown)
+  bool compression = false;        // stats --compression: the two below are known
+  uint64_t compressed_entries = 0, payload_bytes = 0;
   std::vector<MetricsTier> tiers;  // fastest first
 };
-std::string openmetrics_text(const MetricsInput& in);
+enum class MetricsFormat { openmetrics, prometheus };
+std::string metrics_text(const MetricsInput& in, MetricsFormat format);
 
 }  // namespace kcache::cli

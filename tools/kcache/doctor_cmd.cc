@@ -1,7 +1,10 @@
 // kcache tool — `doctor`: opens every configured tier and says, one line
-// each, whether it works: the disk store (and who owns it, with names), the
-// remote (reachable, round trip), its secret (read, a signed value
-// round-trips), each bundle (opens, signed by a trusted key). Exit 3 when
+// each, whether it works: the config files (a line that sets nothing, a
+// file not read), the disk store (and who owns it, with names; one not
+// created yet judged by the rules its first put applies), the remote
+// (reachable, round trip), its secret (read, a signed value round-trips;
+// none is a warning: anyone who can write to the server could hand out
+// code), each bundle (opens, signed by a trusted key). Exit 3 when
 // something configured does not work. Also the remote probe that `stats`
 // shows.
 #include <sys/stat.h>
@@ -13,6 +16,7 @@
 #include "cli.h"
 #include "kcache/bundle.h"
 #include "lease/table_layout.h"
+#include "tier/core/folder_check.h"
 #include "util/json.h"
 #include "util/util.h"
 
@@ -35,14 +39,49 @@ RemoteProbe probe_remote(Tier& remote) {
 namespace {
 
 struct Check {
-  std::string part;  // "store", "remote", "secret", "bundle", "settings"
+  std::string part;  // "config", "store", "leases", "remote", "secret", "bundle"
   bool ok = true;
   std::string detail;
+  bool warn = false;  // works, but not as it should (WARN; exit 0)
 };
 
 std::string owner_text(const struct stat& st) {
   return "owner " + util::user_label(st.st_uid) + ", group " + util::group_label(st.st_gid) + ", mode " +
          fmt("%04o", static_cast<unsigned>(st.st_mode & 07777));
+}
+
+// The config files: a line that sets nothing is a warning; a file that is
+// not read fails (every other command refuses to run with it).
+void check_config(const Ctx& c, std::vector<Check>* out) {
+  for (const auto& p : c.store.setting_problems) {
+    if (p.code() == Errc::unavailable)
+      out->push_back({"config", false, p.message()});
+    else
+      out->push_back({"config", true, p.message(), true});
+  }
+}
+
+// A store not created yet, judged as its first put will judge it
+// (open_disk_store): the folders that are missing are made by this user
+// (0700, or 02770 for a shared group), then the store's folder and those
+// above it must pass check_store_folders, and the folder must be writable.
+// So the nearest folder that exists already decides.
+Check check_new_store(const Ctx& c, const std::string& where) {
+  const Opened& s = c.store;
+  std::string existing = s.where.dir;
+  struct stat st;
+  while (::stat(existing.c_str(), &st) != 0) {
+    size_t slash = existing.rfind('/');
+    if (slash == std::string::npos) return {"store", false, where + ": not created yet, and no folder above it exists"};
+    existing = slash == 0 ? std::string("/") : existing.substr(0, slash);
+  }
+  auto trust = util::shared_group_trust(s.options.shared_group);
+  if (!trust) return {"store", false, where + ": not created yet, and " + trust.error().message()};
+  const std::string refused = where + ": not created yet, and the first put would be refused: ";
+  if (Status f = check_store_folders(existing, *trust); !f.is_ok()) return {"store", false, refused + f.message()};
+  if (::access(existing.c_str(), W_OK) != 0)
+    return {"store", false, refused + existing + " is not writable by this user (" + owner_text(st) + ")"};
+  return {"store", true, where + ": not created yet (the first put creates it)"};
 }
 
 Check check_store(const Ctx& c) {
@@ -52,12 +91,7 @@ Check check_store(const Ctx& c) {
   if (!s.options.disk_tier) return {"store", true, "none configured (disk 0)"};
   if (!s.disk_refused.empty()) return {"store", false, s.disk_refused};
   struct stat st;
-  if (!s.disk) {
-    if (::stat(s.where.dir.c_str(), &st) == 0 && ::access(s.where.dir.c_str(), W_OK) != 0)
-      return {"store", false,
-              where + ": not created yet, and " + s.where.dir + " is not writable (" + owner_text(st) + ")"};
-    return {"store", true, where + ": not created yet (the first put creates it)"};
-  }
+  if (!s.disk) return check_new_store(c, where);
   if (::stat(s.where.path.c_str(), &st) != 0)
     return {"store", false, where + ": " + util::errno_status(errno, "stat").to_string()};
   TierStats t = s.disk->stats();
@@ -104,7 +138,12 @@ void check_remote(const Ctx& c, std::vector<Check>* out) {
                   std::string(s.remote->name()) + ": reachable, round trip " +
                       fmt("%.2f ms", static_cast<double>(p.rtt_us) / 1000.0)});
   if (secret.empty()) {
-    out->push_back({"secret", true, "none configured: remote values are not signed"});
+    // Integrations load what the remote hands out as code (a cubin, an
+    // object file, an executable).
+    out->push_back({"secret", true,
+                    "none configured: remote values are not signed, so anyone who can write to the server can "
+                    "hand out code to every host that loads it (set KCACHE_REMOTE_SECRET_FILE)",
+                    true});
     return;
   }
   // The tier opened, so the secret was read. A value signed with it must
@@ -150,7 +189,69 @@ void check_bundles(const Ctx& c, std::vector<Check>* out) {
 
 }  // namespace
 
+namespace {
+
+std::string env_or(const char* var, const std::string& otherwise) {
+  std::string v = util::getenv_str(var);
+  return v.empty() ? otherwise : v;
+}
+
+// `doctor --hosts`: the store each host uses here (README, "Which store
+// each host uses"). A dir set by a config file or KCACHE_DIR is every
+// host's; else each host has its own default beside its own cache.
+int print_hosts(Ctx& c) {
+  Options o;
+  AppliedSettings applied;
+  if (int rc = settings(c, &o, &applied)) return rc;
+  struct Row {
+    std::string host, store, why;
+  };
+  std::vector<Row> rows;
+  auto it = applied.origin.find("dir");
+  const bool everyone = it != applied.origin.end() && it->second.rfind("command line", 0) != 0;
+  const std::string lib = everyone ? o.dir : Options::default_dir();
+  const std::string lib_why = everyone ? it->second : "default";
+  rows.push_back({"library", lib, lib_why + "; C++, C, this tool, kcache.Cache(), kcache.llvmlite, kcache.numba"});
+  if (everyone) {
+    for (const char* h : {"triton", "jax", "warp"}) rows.push_back({h, lib, lib_why});
+  } else {
+    const std::string home = util::getenv_str("HOME");
+    std::string triton = util::getenv_str("TRITON_CACHE_DIR");
+    std::string triton_why = "TRITON_CACHE_DIR";
+    if (triton.empty()) {
+      triton = env_or("TRITON_HOME", home) + "/.triton/cache";
+      triton_why = util::getenv_str("TRITON_HOME").empty() ? "Triton's default cache" : "TRITON_HOME";
+    }
+    rows.push_back({"triton", triton + "/kcache", triton_why});
+    std::string jax = util::getenv_str("JAX_COMPILATION_CACHE_DIR");
+    rows.push_back({"jax", jax.empty() ? lib : jax + "/kcache",
+                    jax.empty() ? "no JAX_COMPILATION_CACHE_DIR (a jax_compilation_cache_dir the program sets "
+                                  "puts it in DIR/kcache)"
+                                : "JAX_COMPILATION_CACHE_DIR"});
+    std::string warp = util::getenv_str("WARP_CACHE_PATH");
+    std::string warp_why = "WARP_CACHE_PATH, after wp.init()";
+    if (warp.empty()) {
+      warp = env_or("XDG_CACHE_HOME", home + "/.cache") + "/warp";
+      warp_why = "Warp's default cache, after wp.init()";
+    }
+    rows.push_back({"warp", warp + "/VERSION/kcache", warp_why + "; before it: " + lib});
+  }
+  if (c.json) {
+    util::JsonWriter w;
+    w.begin_object().key("hosts").begin_array();
+    for (const auto& r : rows)
+      w.begin_object().field("host", r.host).field("store", r.store).field("why", r.why).end_object();
+    return c.out(w.end_array().end_object().take() + "\n");
+  }
+  std::string text;
+  for (const auto& r : rows) text += fmt("%-8s %s (%s)\n", r.host.c_str(), r.store.c_str(), r.why.c_str());
+  return c.out(text);
+}
+
+}  // namespace
+
 int cmd_doctor(Ctx& c) {
+  if (c.args.has("--hosts")) return print_hosts(c);
   // Opened as a command that looks: nothing created, no counter changed;
   // the store is reported here, not refused by open_tiers.
   if (int rc = open_tiers(c, {.create = false,
@@ -158,9 +259,11 @@ int cmd_doctor(Ctx& c) {
                               .honour_disable = false,
                               .inspect = true,
                               .needs_disk = false,
-                              .reports_disk = true}))
+                              .reports_disk = true,
+                              .reports_all = true}))
     return rc;
   std::vector<Check> checks;
+  check_config(c, &checks);
   checks.push_back(check_store(c));
   check_leases(c, &checks);
   check_remote(c, &checks);
@@ -171,12 +274,17 @@ int cmd_doctor(Ctx& c) {
     util::JsonWriter w;
     w.begin_object().field("ok", ok).key("checks").begin_array();
     for (const auto& ch : checks)
-      w.begin_object().field("part", ch.part).field("ok", ch.ok).field("detail", ch.detail).end_object();
+      w.begin_object()
+          .field("part", ch.part)
+          .field("ok", ch.ok)
+          .field("warning", ch.warn)
+          .field("detail", ch.detail)
+          .end_object();
     if (int rc = c.out(w.end_array().end_object().take() + "\n")) return rc;
   } else {
     std::string text;
     for (const auto& ch : checks)
-      text += fmt("%-4s %-7s %s\n", ch.ok ? "ok" : "FAIL", ch.part.c_str(), ch.detail.c_str());
+      text += fmt("%-4s %-7s %s\n", !ch.ok ? "FAIL" : ch.warn ? "WARN" : "ok", ch.part.c_str(), ch.detail.c_str());
     if (int rc = c.out(text)) return rc;
   }
   if (ok) return kExitOk;

@@ -48,12 +48,15 @@ const Help kHelp[] = {
     {"ls", "  ls [--json]                     list entries: key, size, last use (newest first)\n"},
     {"show", "  show --key HEX [--json]         one entry: sizes, artifacts, metadata, manifest\n"},
     {"stats",
-     "  stats [--json | --format openmetrics] [--zero]\n"
+     "  stats [--json | --format openmetrics|prometheus] [--zero] [--compression]\n"
      "                                  counters and totals of the store, disk used, and\n"
      "                                  each other tier (a remote is probed); --format\n"
-     "                                  openmetrics prints them for Prometheus (node\n"
-     "                                  exporter's textfile collector); --zero sets the\n"
-     "                                  store's counters to 0 after printing them\n"},
+     "                                  openmetrics prints them as OpenMetrics 1.0,\n"
+     "                                  prometheus in Prometheus's text format 0.0.4\n"
+     "                                  (node exporter's textfile collector); --zero sets\n"
+     "                                  the store's counters to 0 after printing them;\n"
+     "                                  --compression reads every entry for its bytes\n"
+     "                                  before and after compression\n"},
     {"verify",
      "  verify [--fix] [--json]         check every entry; list the bad ones;\n"
      "                                  --fix removes them. Exit 1 whenever bad entries\n"
@@ -62,7 +65,11 @@ const Help kHelp[] = {
      "  trim [--max-size SIZE] [--json] evict least recently used entries down to SIZE\n"
      "                                  (e.g. 500M, 2G; default: the configured limit);\n"
      "                                  SIZE is for this trim only (keep a limit with\n"
-     "                                  `kcache config set max_size SIZE`)\n"},
+     "                                  `kcache config set max_size SIZE`)\n"
+     "  trim [--older-than DURATION] [--namespace NS] [--max-size SIZE]\n"
+     "                                  evict the entries not used for DURATION (90s,\n"
+     "                                  30m, 12h, 7d, 2w) and/or of key namespace NS;\n"
+     "                                  then down to SIZE when it is given\n"},
     {"clear", "  clear [--json]                  remove every entry\n"},
     {"explain",
      "  explain [--key HEX] [--manifest FILE] [--json]\n"
@@ -92,11 +99,13 @@ const Help kHelp[] = {
      "                                  ($XDG_CONFIG_HOME/kcache/config)\n"
      "  config unset NAME [--user]      remove a setting from that file\n"},
     {"doctor",
-     "  doctor [--json]                 open every configured tier and say, one line\n"
-     "                                  each, whether it works: the store and its\n"
-     "                                  permissions, the remote (round trip), its secret,\n"
-     "                                  each bundle. Exit 3 when something configured\n"
-     "                                  does not work\n"},
+     "  doctor [--json]                 read the config files and open every configured\n"
+     "                                  tier and say, one line each, whether it works:\n"
+     "                                  the store and its permissions, the remote (round\n"
+     "                                  trip), its secret, each bundle. Exit 3 when\n"
+     "                                  something configured does not work\n"
+     "  doctor --hosts [--json]         the store each host (the library, Triton, JAX,\n"
+     "                                  Warp) uses in this environment\n"},
     {"mark",
      "  mark [--json]                   print a mark: a position in the store's recency\n"
      "                                  records (for bundle create --since)\n"},
@@ -202,15 +211,15 @@ const std::vector<Command>& commands() {
       {"get", cmd_get, false, {{"--key", true}, {"--artifact", true}, {"-o", true}, {"--output", true}}},
       {"ls", cmd_ls, true, {}},
       {"show", cmd_show, true, {{"--key", true}}},
-      {"stats", cmd_stats, true, {{"--zero", false}, {"--format", true}}},
+      {"stats", cmd_stats, true, {{"--zero", false}, {"--format", true}, {"--compression", false}}},
       {"verify", cmd_verify, true, {{"--fix", false}}},
-      {"trim", cmd_trim, true, {{"--max-size", true}}},
+      {"trim", cmd_trim, true, {{"--max-size", true}, {"--older-than", true}, {"--namespace", true}}},
       {"clear", cmd_clear, true, {}},
       {"explain", cmd_explain, true, {{"--key", true}, {"--manifest", true}}},
       {"misses", cmd_misses, true, {{"--limit", true}}},
       {"run", cmd_run, false, {{"--key", true}, {"--artifact", true, true}}},
       {"config", cmd_config, true, {{"--user", false}}},
-      {"doctor", cmd_doctor, true, {}},
+      {"doctor", cmd_doctor, true, {{"--hosts", false}}},
       {"mark", cmd_mark, true, {}},
       {"bundle",
        cmd_bundle,

@@ -1,14 +1,17 @@
 // kcache tool — the commands of the whole store: ls, stats, verify, trim,
 // clear. ls, verify, trim and clear act on the disk store only (a remote
 // cannot list its entries); stats shows every tier.
+#include <fcntl.h>
 #include <ftw.h>
 #include <sys/stat.h>
 
 #include <algorithm>
 #include <cinttypes>
+#include <cstdlib>
 #include <optional>
 
 #include "cli.h"
+#include "kcache/evict.h"
 #include "lease/table_layout.h"
 #include "util/json.h"
 #include "util/util.h"
@@ -87,31 +90,70 @@ uint64_t disk_used(const DiskStore& where) {
   return g_disk_used;
 }
 
+// Since when the store's counters count: when `stats --zero` last zeroed
+// them (written to PATH.zeroed, beside the store's miss journal), else when
+// the store was made (its folder's birth time, where the file system keeps
+// one). unix_ms 0: not known.
+struct CountersSince {
+  uint64_t unix_ms = 0;
+  const char* how = "unknown";  // "zeroed", "created" or "unknown"
+};
+
+std::string zeroed_file(const DiskStore& where) { return where.path + ".zeroed"; }
+
+CountersSince counters_since(const DiskStore& where) {
+  if (auto t = util::read_file(zeroed_file(where), 64)) {
+    uint64_t ms = std::strtoull(t->c_str(), nullptr, 10);
+    if (ms) return {ms, "zeroed"};
+  }
+  struct statx sx;
+  if (::statx(AT_FDCWD, where.path.c_str(), 0, STATX_BTIME, &sx) == 0 && (sx.stx_mask & STATX_BTIME))
+    return {static_cast<uint64_t>(sx.stx_btime.tv_sec) * 1000 + sx.stx_btime.tv_nsec / 1000000, "created"};
+  return {};
+}
+
 }  // namespace
 
 int cmd_stats(Ctx& c) {
   const bool zero = c.args.has("--zero");
   bool metrics = false;
+  MetricsFormat metrics_format = MetricsFormat::openmetrics;
   if (const std::string* f = c.args.get("--format")) {
-    if (*f == "openmetrics" || *f == "prometheus")
+    if (*f == "openmetrics" || *f == "prometheus") {
       metrics = true;
-    else if (*f == "json")
+      if (*f == "prometheus") metrics_format = MetricsFormat::prometheus;
+    } else if (*f == "json") {
       c.json = true;
-    else if (*f != "text")
-      return usage_error("stats", "--format '" + *f + "' is not text, json or openmetrics");
-    if (metrics && c.json) return usage_error("stats", "--format openmetrics and --json do not go together");
+    } else if (*f != "text") {
+      return usage_error("stats", "--format '" + *f + "' is not text, json, openmetrics or prometheus");
+    }
+    if (metrics && c.json) return usage_error("stats", "--format " + *f + " and --json do not go together");
   }
   // --zero writes the store's counters; otherwise stats only looks.
-  if (int rc = open_tiers(c, {.create = false, .remote = true, .honour_disable = false, .inspect = !zero})) return rc;
+  if (int rc = open_tiers(
+          c, {.create = false, .remote = true, .honour_disable = false, .inspect = !zero, .reports_remote = true}))
+    return rc;
   const Opened& s = c.store;
   TierStats t;
   if (s.disk) t = s.disk->stats();
   const uint64_t used = s.disk ? disk_used(s.where) : 0;
   // The counters as printed are the ones zeroed: counts made meanwhile by
   // other processes are kept.
+  const CountersSince since = s.disk ? counters_since(s.where) : CountersSince{};
   if (zero && s.admin) {
     if (Status st = s.admin->zero_counters(); !st.is_ok())
       return c.fail(kExitError, "zeroing the counters of " + s.where.path + ": " + st.to_string());
+    if (Status st = util::write_file_atomic(zeroed_file(s.where), std::to_string(util::now_unix_ms()) + "\n");
+        !st.is_ok())
+      return c.fail(kExitError, "recording when the counters of " + s.where.path + " were zeroed: " + st.to_string());
+  }
+  // What the entries take before and after compression: every entry is
+  // read, so only when asked.
+  std::optional<CompressionStats> comp;
+  if (c.args.has("--compression") && s.disk) {
+    auto r = compression_stats(*s.disk);
+    if (!r) return c.fail(kExitError, "reading the entries of " + s.where.path + ": " + r.error().to_string());
+    comp = *r;
   }
   const std::string engine(engine_name(s.where.engine));
   uint64_t max_bytes = effective_max_bytes(s.options.disk), max_entries = effective_max_entries(s.options.disk);
@@ -136,6 +178,12 @@ int cmd_stats(Ctx& c) {
     m.disk_used = used;
     m.max_bytes = max_bytes;
     m.max_entries = max_entries;
+    m.counters_since_ms = since.unix_ms;
+    if (comp) {
+      m.compression = true;
+      m.compressed_entries = comp->compressed_entries;
+      m.payload_bytes = comp->payload_bytes;
+    }
     if (s.disk) m.tiers.push_back({std::string(s.disk->name()), std::string(tier_kind_name(s.disk->kind())), t});
     for (const auto& [tier, ts] : others) {
       MetricsTier mt{std::string(tier->name()), std::string(tier_kind_name(tier->kind())), ts};
@@ -148,7 +196,7 @@ int cmd_stats(Ctx& c) {
     }
     // Printed is done: a remote's state is kcache_tier_up, and a scrape
     // file replaced only on success must say when the remote went down.
-    return c.out(openmetrics_text(m));
+    return c.out(metrics_text(m, metrics_format));
   }
   if (c.json) {
     util::JsonWriter w;
@@ -165,8 +213,17 @@ int cmd_stats(Ctx& c) {
         .field("exists", s.disk != nullptr)
         .field("disk_used", used)
         .field("zeroed", zero && s.admin != nullptr)
-        .key("tiers")
-        .begin_array();
+        .field("counters_since_ms", since.unix_ms)
+        .field("counters_since", since.how);
+    if (comp)
+      w.key("compression")
+          .begin_object()
+          .field("entries", comp->entries)
+          .field("compressed_entries", comp->compressed_entries)
+          .field("stored_bytes", comp->stored_bytes)
+          .field("payload_bytes", comp->payload_bytes)
+          .end_object();
+    w.key("tiers").begin_array();
     if (s.disk)
       w.begin_object()
           .field("name", s.disk->name())
@@ -194,6 +251,15 @@ int cmd_stats(Ctx& c) {
       fmt("size        %s of %s (%.1f%%)\n", util::format_size(t.bytes).c_str(), util::format_size(max_bytes).c_str(),
           100.0 * static_cast<double>(t.bytes) / static_cast<double>(max_bytes));
   out += fmt("disk used   %s (the store's files)\n", util::format_size(used).c_str());
+  if (comp)
+    out += fmt(
+        "compressed  %" PRIu64 " of %" PRIu64 " entries; %s stored for %s of artifacts (%.2fx)\n",
+        comp->compressed_entries, comp->entries, util::format_size(comp->stored_bytes).c_str(),
+        util::format_size(comp->payload_bytes).c_str(),
+        comp->stored_bytes ? static_cast<double>(comp->payload_bytes) / static_cast<double>(comp->stored_bytes) : 1.0);
+  if (since.unix_ms)
+    out += fmt("counters    since %s (%s)\n", format_time(since.unix_ms).c_str(),
+               std::string_view(since.how) == "zeroed" ? "zeroed" : "the store was made");
   // Entries and bytes are shown above, against their limits.
   for (const auto& f : TierStats::kFields) {
     if (f.member == &TierStats::entries || f.member == &TierStats::bytes) continue;
@@ -270,33 +336,52 @@ int cmd_verify(Ctx& c) {
 }
 
 int cmd_trim(Ctx& c) {
-  if (int rc = open_tiers(c, kDiskOnly)) return rc;
-  if (int rc = unopened_store(c, "evicted")) return rc;
-  uint64_t limit = effective_max_bytes(c.store.options.disk);
+  // --older-than and --namespace choose entries to remove (both: entries
+  // matching both); then a size limit applies only when --max-size is
+  // given. Without them: least recently used entries down to the limit.
+  EvictSelection sel;
+  if (const std::string* v = c.args.get("--older-than")) {
+    auto ms = parse_duration_ms(*v);
+    if (!ms || *ms == 0)
+      return usage_error("trim", "--older-than '" + *v + "' is not a duration (e.g. 90s, 30m, 12h, 7d, 2w)");
+    sel.older_than_ms = *ms;
+  }
+  if (const std::string* v = c.args.get("--namespace")) sel.ns = *v;
+  const bool selecting = sel.older_than_ms != 0 || sel.ns.has_value();
+  std::optional<uint64_t> limit;
   if (const std::string* v = c.args.get("--max-size")) {
     auto s = util::parse_size(*v);
     if (!s) return usage_error("trim", "--max-size '" + *v + "' is not a size (e.g. 500M, 2G)");
+    // As `config set max_size 0` is refused: emptying is `kcache clear`.
+    if (*s == 0) return usage_error("trim", "--max-size 0 would evict every entry (kcache clear does that)");
     limit = *s;
   }
+  if (int rc = open_tiers(c, kDiskOnly)) return rc;
+  if (int rc = unopened_store(c, "evicted")) return rc;
+  if (!selecting && !limit) limit = effective_max_bytes(c.store.options.disk);
   uint64_t evicted = 0;
   TierStats t;
   if (c.store.admin) {
-    auto r = c.store.admin->trim(limit);
-    if (!r) return c.fail(kExitError, "trimming " + c.store.where.path + ": " + r.error().to_string());
-    evicted = *r;
+    if (selecting) {
+      auto r = evict_entries(*c.store.disk, sel);
+      if (!r) return c.fail(kExitError, "evicting from " + c.store.where.path + ": " + r.error().to_string());
+      evicted += r->evicted;
+    }
+    if (limit) {
+      auto r = c.store.admin->trim(*limit);
+      if (!r) return c.fail(kExitError, "trimming " + c.store.where.path + ": " + r.error().to_string());
+      evicted += *r;
+    }
     t = c.store.disk->stats();
   }
   if (c.json) {
     util::JsonWriter w;
-    w.begin_object()
-        .field("evicted", evicted)
-        .field("entries", t.entries)
-        .field("bytes", t.bytes)
-        .field("max_bytes", limit);
+    w.begin_object().field("evicted", evicted).field("entries", t.entries).field("bytes", t.bytes);
+    if (limit) w.field("max_bytes", *limit);
     return c.out(w.end_object().take() + "\n");
   }
   return c.out("evicted " + entries_word(evicted) + "; now " + util::format_size(t.bytes) + " in " +
-               entries_word(t.entries) + " (limit " + util::format_size(limit) + ")\n");
+               entries_word(t.entries) + (limit ? " (limit " + util::format_size(*limit) + ")" : std::string()) + "\n");
 }
 
 int cmd_clear(Ctx& c) {

@@ -1,8 +1,11 @@
 // kcache tool — `stats --format openmetrics`: the statistics in the
-// Prometheus text exposition format (version 0.0.4), ending with the
-// OpenMetrics "# EOF" line, which the Prometheus parser reads as a comment.
-// Written for node_exporter's textfile collector:
-//   kcache stats --format openmetrics > /var/lib/node_exporter/kcache.prom.$$ &&
+// OpenMetrics text format (1.0.0): a counter family is named without
+// `_total`, its samples with it, and the text ends with "# EOF".
+// `stats --format prometheus`: the Prometheus text exposition format
+// (0.0.4), where a counter's family is named as its samples (`*_total`) and
+// there is no "# EOF". Either is written for node_exporter's textfile
+// collector (which reads 0.0.4):
+//   kcache stats --format prometheus > /var/lib/node_exporter/kcache.prom.$$ &&
 //     mv /var/lib/node_exporter/kcache.prom.$$ /var/lib/node_exporter/kcache.prom
 #include <cinttypes>
 #include <string>
@@ -31,7 +34,7 @@ std::string escape_label(std::string_view v) {
 }
 
 struct Family {
-  const char* name;  // without the kcache_ prefix
+  const char* name;  // without the kcache_ prefix, nor a counter's _total
   const char* type;  // counter or gauge
   const char* help;
 };
@@ -43,28 +46,37 @@ struct FieldMetric {
 };
 
 const FieldMetric kFieldMetrics[] = {
-    {&TierStats::hits, {"hits_total", "counter", "Lookups the tier answered."}},
-    {&TierStats::misses, {"misses_total", "counter", "Lookups the tier did not answer."}},
-    {&TierStats::puts,
-     {"puts_total", "counter", "Entries written to the tier (each compile that was stored is one put)."}},
-    {&TierStats::evictions, {"evictions_total", "counter", "Entries removed to stay under the limits."}},
-    {&TierStats::corrupt, {"corrupt_total", "counter", "Entries that failed verification (each a miss)."}},
+    {&TierStats::hits, {"hits", "counter", "Lookups the tier answered."}},
+    {&TierStats::misses, {"misses", "counter", "Lookups the tier did not answer."}},
+    {&TierStats::puts, {"puts", "counter", "Entries written to the tier (each compile that was stored is one put)."}},
+    {&TierStats::evictions, {"evictions", "counter", "Entries removed to stay under the limits."}},
+    {&TierStats::corrupt, {"corrupt", "counter", "Entries that failed verification (each a miss)."}},
     {&TierStats::errors,
-     {"errors_total", "counter", "Faults other than corrupt entries: I/O, full disk, a remote that did not answer."}},
-    {&TierStats::rejected, {"rejected_total", "counter", "Writes the tier refused."}},
+     {"errors", "counter", "Faults other than corrupt entries: I/O, full disk, a remote that did not answer."}},
+    {&TierStats::rejected, {"rejected", "counter", "Writes the tier refused."}},
     {&TierStats::skipped,
-     {"skipped_total", "counter", "Remote calls not made while the remote was switched off after failures."}},
-    {&TierStats::dropped, {"dropped_total", "counter", "Background remote writes dropped."}},
+     {"skipped", "counter", "Remote calls not made while the remote was switched off after failures."}},
+    {&TierStats::dropped, {"dropped", "counter", "Background remote writes dropped."}},
     {&TierStats::entries, {"entries", "gauge", "Entries stored now."}},
     {&TierStats::bytes, {"bytes", "gauge", "Encoded bytes of the entries stored now."}},
 };
 
 }  // namespace
 
-std::string openmetrics_text(const MetricsInput& in) {
+std::string metrics_text(const MetricsInput& in, MetricsFormat format) {
   std::string out;
+  const bool om = format == MetricsFormat::openmetrics;
+  // The family's name: a counter's carries _total in 0.0.4 only.
+  auto family_name = [&](const Family& f) {
+    return std::string(f.name) + (!om && std::string_view(f.type) == "counter" ? "_total" : "");
+  };
   auto family = [&](const Family& f) {
-    out += fmt("# HELP kcache_%s %s\n# TYPE kcache_%s %s\n", f.name, f.help, f.name, f.type);
+    const std::string n = family_name(f);
+    out += fmt("# HELP kcache_%s %s\n# TYPE kcache_%s %s\n", n.c_str(), f.help, n.c_str(), f.type);
+  };
+  // A sample's name: a counter's always ends in _total.
+  auto sample_name = [](const Family& f) {
+    return std::string(f.name) + (std::string_view(f.type) == "counter" ? "_total" : "");
   };
   auto labels = [&](const MetricsTier& t) {
     return "{tier=\"" + escape_label(t.name) + "\",kind=\"" + escape_label(t.kind) + "\",store=\"" +
@@ -72,8 +84,15 @@ std::string openmetrics_text(const MetricsInput& in) {
   };
   for (const auto& fm : kFieldMetrics) {
     family(fm.family);
-    for (const auto& t : in.tiers)
-      out += fmt("kcache_%s%s %" PRIu64 "\n", fm.family.name, labels(t).c_str(), t.stats.*fm.member);
+    const bool counter = std::string_view(fm.family.type) == "counter";
+    for (const auto& t : in.tiers) {
+      out += fmt("kcache_%s%s %" PRIu64 "\n", sample_name(fm.family).c_str(), labels(t).c_str(), t.stats.*fm.member);
+      // OpenMetrics' _created: when the disk store's counters started
+      // (made or zeroed); other tiers count for this process only.
+      if (om && counter && t.kind == "disk" && in.counters_since_ms)
+        out += fmt("kcache_%s_created%s %.3f\n", fm.family.name, labels(t).c_str(),
+                   static_cast<double>(in.counters_since_ms) / 1000.0);
+    }
   }
   const std::string store = "{store=\"" + escape_label(in.store) + "\"}";
   family({"disk_used_bytes", "gauge", "Disk space the store's files take (allocated blocks)."});
@@ -82,6 +101,12 @@ std::string openmetrics_text(const MetricsInput& in) {
   out += fmt("kcache_max_bytes%s %" PRIu64 "\n", store.c_str(), in.max_bytes);
   family({"max_entries", "gauge", "The store's configured entry limit."});
   out += fmt("kcache_max_entries%s %" PRIu64 "\n", store.c_str(), in.max_entries);
+  if (in.compression) {
+    family({"payload_bytes", "gauge", "The stored entries' artifact bytes before compression."});
+    out += fmt("kcache_payload_bytes%s %" PRIu64 "\n", store.c_str(), in.payload_bytes);
+    family({"compressed_entries", "gauge", "Entries stored compressed."});
+    out += fmt("kcache_compressed_entries%s %" PRIu64 "\n", store.c_str(), in.compressed_entries);
+  }
   family({"store_up", "gauge", "1 when the disk store exists and opened, else 0."});
   out += fmt("kcache_store_up%s %d\n", store.c_str(), in.store_up ? 1 : 0);
   bool any_probe = false;
@@ -94,7 +119,7 @@ std::string openmetrics_text(const MetricsInput& in) {
     for (const auto& t : in.tiers)
       if (t.probed) out += fmt("kcache_probe_latency_seconds%s %.6f\n", labels(t).c_str(), t.latency_s);
   }
-  return out + "# EOF\n";
+  return om ? out + "# EOF\n" : out;
 }
 
 }  // namespace kcache::cli
