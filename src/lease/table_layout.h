@@ -45,6 +45,6 @@ inline constexpr size_t slot_at(size_t b, size_t i) { return bucket_at(b) + kLoc
 
 // The table of `dir` read and written with pread/pwrite under fcntl locks,
 // as on a copy-on-write file system, whatever the file system (tests).
-Expected<std::shared_ptr<Leases>> open_unmapped(const std::string& dir);
+Expected<std::shared_ptr<Leases>> open_unmapped(const std::string& dir, std::shared_ptr<Env> env = nullptr);
 
 }  // namespace kcache::lease::table
