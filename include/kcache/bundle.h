@@ -78,6 +78,9 @@ struct BundleWriteOptions {
   // Private key file (bundle_keygen). Empty: the bundle is not signed.
   std::string sign_key_file;
   BundleProgress progress;
+  // What the writer asks of the system (kcache/env.h); null means the
+  // real one (the Cache-level writer passes the cache's Options::env).
+  std::shared_ptr<Env> env;
 };
 
 struct BundleInfo {

@@ -58,12 +58,13 @@ class Leases {
 };
 
 // The lease table `dir`/leases2.tab (the LMDB tier's folder: a local file
-// system).
-Expected<std::shared_ptr<Leases>> open_table_leases(const std::string& dir);
+// system). Its file is opened, read and written through `env`
+// (kcache/env.h); null means the system's, Env::posix().
+Expected<std::shared_ptr<Leases>> open_table_leases(const std::string& dir, std::shared_ptr<Env> env = nullptr);
 // Lease files under `dir`/leases (the files tier's folder). Their file
 // operations and clock go through `env` (kcache/env.h); null means the
-// system's, Env::posix(): pass the files tier's Env (DiskTierOptions::env)
-// so leases and entries see the same disk and the same time.
+// system's, Env::posix(): pass the tier's Env (DiskTierOptions::env) so
+// leases and entries see the same disk and the same time.
 Expected<std::shared_ptr<Leases>> open_file_leases(const std::string& dir, std::shared_ptr<Env> env = nullptr);
 // The leases that go with each disk engine: engine_info(e).open_leases
 // (kcache/assembly.h).

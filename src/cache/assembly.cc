@@ -3,6 +3,7 @@
 // scheme. Cache::open, the C ABI and the `kcache` tool all come here.
 #include "kcache/assembly.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -10,6 +11,7 @@
 
 #include "kcache/bundle.h"
 #include "lease/table_layout.h"
+#include "tier/bundle/bundle_reader.h"
 #include "tier/core/folder_check.h"
 #include "util/util.h"
 #if KCACHE_HAVE_REDIS
@@ -111,7 +113,8 @@ std::vector<std::string> files_paths(const std::string& path) {
 const std::array kEngines = {
     // A local file system: the lease table beside the store.
     EngineInfo{Engine::lmdb, "lmdb", KCACHE_HAVE_LMDB != 0, kOpenLmdb,
-               [](const std::string& path, const DiskTierOptions&) { return open_table_leases(path); }, lmdb_paths},
+               [](const std::string& path, const DiskTierOptions& o) { return open_table_leases(path, o.env); },
+               lmdb_paths},
     // Perhaps NFS: lease files, no locks.
     EngineInfo{Engine::files, "files", true,
                [](const std::string& path, const DiskTierOptions& o) { return open_files_tier(path, o); },
@@ -126,18 +129,18 @@ std::vector<std::string> store_paths(const DiskStore& d) {
   return p;
 }
 
-bool exists(const std::string& path) {
+bool exists(Env& env, const std::string& path) {
   struct stat st;
-  return ::stat(path.c_str(), &st) == 0;
+  return env.stat(path, &st) == 0;
 }
 
 // Ok when the folders above the store (check_store_folders) and every
 // existing path of the store are trusted.
-Status check_store(const DiskStore& d, const util::StoreTrust& trust) {
-  Status folders = check_store_folders(exists(d.path) ? d.path : d.dir, trust);
+Status check_store(const DiskStore& d, const util::StoreTrust& trust, Env& env) {
+  Status folders = check_store_folders(exists(env, d.path) ? d.path : d.dir, trust, env);
   if (!folders.is_ok() && folders.code() != Errc::not_found) return folders;
   for (const auto& p : store_paths(d)) {
-    Status st = util::check_trusted(p, trust);
+    Status st = util::check_trusted(p, trust, env);
     if (!st.is_ok() && st.code() != Errc::not_found) return st;
   }
   return Status();
@@ -199,24 +202,25 @@ Expected<DiskStore> open_disk_store(const DiskStoreSpec& spec) {
   d.dir = spec.dir;
   d.path = spec.path();
   KCACHE_TRY(util::StoreTrust trust, util::shared_group_trust(spec.shared_group));
+  Env& env = Env::or_posix(spec.tier.env);
   const unsigned dir_mode = trust.shared ? 02770 : 0700;
   // A read-only cache makes nothing: not the folder, not the store (a
   // read-only mount, or a shipped store another user owns, opens as it is).
   if (spec.create && !spec.read_only) {
-    const bool fresh = !exists(d.dir);
-    KCACHE_RETURN_IF_ERROR(util::make_dirs(d.dir, dir_mode));
+    const bool fresh = !exists(env, d.dir);
+    KCACHE_RETURN_IF_ERROR(util::make_dirs(d.dir, dir_mode, env));
     if (fresh) util::share_with_group(d.dir, trust);
-    KCACHE_RETURN_IF_ERROR(check_store(d, trust));
-    if (::access(d.dir.c_str(), W_OK) != 0) return util::errno_status(errno, d.dir);
+    KCACHE_RETURN_IF_ERROR(check_store(d, trust, env));
+    if (env.accessat(AT_FDCWD, d.dir, W_OK) != 0) return util::errno_status(errno, d.dir);
     // The engine folder is made here, so the engines find it shared (or
     // not) and make what they create inside to match.
-    if (!exists(d.path)) {
-      KCACHE_RETURN_IF_ERROR(util::make_dirs(d.path, dir_mode));
+    if (!exists(env, d.path)) {
+      KCACHE_RETURN_IF_ERROR(util::make_dirs(d.path, dir_mode, env));
       util::share_with_group(d.path, trust);
     }
   } else {
-    if (!exists(d.path)) return Status(Errc::not_found, "no store at " + d.path);
-    KCACHE_RETURN_IF_ERROR(check_store(d, trust));
+    if (!exists(env, d.path)) return Status(Errc::not_found, "no store at " + d.path);
+    KCACHE_RETURN_IF_ERROR(check_store(d, trust, env));
   }
   DiskTierOptions tier_options = spec.tier;
   tier_options.read_only = tier_options.read_only || spec.read_only;
@@ -225,7 +229,7 @@ Expected<DiskStore> open_disk_store(const DiskStoreSpec& spec) {
   // group's write here, since LMDB makes them for this user only.
   if (trust.shared && !spec.read_only)
     for (const auto& p : store_paths(d)) util::share_with_group(p, trust);
-  KCACHE_RETURN_IF_ERROR(check_store(d, trust));
+  KCACHE_RETURN_IF_ERROR(check_store(d, trust, env));
   // The engine writes nothing of its own; the wrapper refuses the writes
   // others ask for and says "(ro)" in the tier's name.
   if (spec.read_only) d.tier = make_read_only(std::move(d.tier));
@@ -250,9 +254,9 @@ Assembly assemble(const Options& options) {
   // Shipped bundles: read-only, after memory and before the stores. A
   // refused bundle (damaged, or not signed by a trusted key) is left out.
   for (const auto& f : options.bundles.files) {
-    auto b = open_bundle(f, options.bundles.trusted_keys);
+    auto b = bundle::open_file(f, options.bundles.trusted_keys, options.env);
     if (b) {
-      a.tiers.push_back(std::move(b).value());
+      a.tiers.push_back(bundle::make_tier(std::move(b).value()));
     } else {
       a.bundle_errors.push_back(b.error());
       KCACHE_LOG(LogLevel::warn, "%s (left out)", b.error().to_string().c_str());

@@ -37,7 +37,9 @@ Expected<uint64_t> Cache::mark() {
 Expected<BundleInfo> write_bundle(Cache& from, const BundleSelection& selection, const std::string& path,
                                   const BundleWriteOptions& options) {
   KCACHE_TRY(auto src, bundle_source(from));
-  return write_bundle(*src, selection, path, options);
+  BundleWriteOptions o = options;
+  if (!o.env) o.env = from.options().env;
+  return write_bundle(*src, selection, path, o);
 }
 
 Expected<std::string> save_bundle(Cache& from, const BundleSelection& selection, const BundleWriteOptions& options) {

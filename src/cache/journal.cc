@@ -178,15 +178,7 @@ bool same_file(Env& env, int fd, const std::string& path) {
 }
 
 Status write_all_at(Env& env, int fd, std::string_view s, off_t at, const std::string& path) {
-  while (!s.empty()) {
-    ssize_t n = env.pwrite(fd, s.data(), s.size(), at);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return util::errno_status(errno, path);
-    }
-    s.remove_prefix(static_cast<size_t>(n));
-    at += n;
-  }
+  if (int e = util::pwrite_all(env, fd, s, at)) return util::errno_status(e, path);
   return Status();
 }
 
@@ -369,7 +361,8 @@ Status MissJournal::append_encoded(const std::string* recs, size_t n, size_t* ap
       const std::string prev = path_ + ".1";
       if (s.is_ok()) {
         (void)env_->unlink(prev);
-        if (env_->link(path_, prev) != 0 && env_->rename(path_, prev) != 0) s = util::errno_status(errno, path_);
+        if (env_->linkat(AT_FDCWD, path_, prev) != 0 && env_->rename(path_, prev) != 0)
+          s = util::errno_status(errno, path_);
       }
       if (s.is_ok() && env_->rename(tmp, path_) != 0) s = util::errno_status(errno, path_);
       if (!s.is_ok()) env_->unlink(tmp);

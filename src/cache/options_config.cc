@@ -15,7 +15,9 @@
 #include <string>
 #include <vector>
 
+#include "kcache/env.h"
 #include "kcache/options.h"
+#include "util/fd.h"
 #include "util/util.h"
 
 namespace kcache {
@@ -68,20 +70,17 @@ std::string store_config_path(const std::string& dir) { return dir.empty() ? std
 
 void apply_config_file(Options& options, const std::string& path, bool store_file, AppliedSettings* out) {
   // One descriptor for the checks and the read: no link is followed, and
-  // the file read is the file checked.
-  int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
-  if (fd < 0) {
+  // the file read is the file checked. Both through the options' Env.
+  Env& env = Env::or_posix(options.env);
+  util::Fd fd(env.open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC), env);
+  if (!fd) {
     if (errno == ENOENT || errno == ENOTDIR) return;  // none: nothing to apply
     std::string why = errno == ELOOP ? std::string("it is a symbolic link") : std::string(std::strerror(errno));
     out->problems.push_back(Status(Errc::unavailable, "config file " + path + " is not read: " + why));
     return;
   }
-  struct Closer {
-    int fd;
-    ~Closer() { ::close(fd); }
-  } closer{fd};
   struct stat st;
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+  if (env.fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode)) {
     out->problems.push_back(
         Status(Errc::unavailable, "config file " + path + " is not read: it is not a regular file"));
     return;
@@ -98,7 +97,7 @@ void apply_config_file(Options& options, const std::string& path, bool store_fil
   std::string data;
   char buf[8192];
   for (;;) {
-    ssize_t n = ::read(fd, buf, sizeof buf);
+    ssize_t n = env.pread(fd.get(), buf, sizeof buf, static_cast<off_t>(data.size()));
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) {
       out->problems.push_back(Status(Errc::unavailable, "config file " + path + ": " + std::strerror(errno)));

@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "util/fd.h"
 #include "util/util.h"
 
 namespace kcache {
@@ -186,21 +187,17 @@ const char* file_kind(mode_t m) {
 // before a byte is read: a device such as /dev/zero never ends, and a FIFO
 // would block (it is opened without blocking, then looked at).
 Expected<std::string> read_regular_file(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
-  if (fd < 0) return util::errno_status(errno, "open " + path);
-  struct Closer {
-    int fd;
-    ~Closer() { ::close(fd); }
-  } closer{fd};
+  util::Fd fd(::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY));
+  if (!fd) return util::errno_status(errno, "open " + path);
   struct stat st;
-  if (::fstat(fd, &st) != 0) return util::errno_status(errno, "stat " + path);
+  if (::fstat(fd.get(), &st) != 0) return util::errno_status(errno, "stat " + path);
   if (!S_ISREG(st.st_mode))
     return Status(Errc::invalid_argument, path + " is " + file_kind(st.st_mode) + ", not a regular file");
   std::string out;
   out.reserve(static_cast<size_t>(st.st_size));
   char buf[65536];
   for (;;) {
-    ssize_t n = ::read(fd, buf, sizeof buf);
+    ssize_t n = ::read(fd.get(), buf, sizeof buf);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) return util::errno_status(errno, "read " + path);
     if (n == 0) break;

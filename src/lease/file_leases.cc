@@ -117,7 +117,7 @@ class FileLeases final : public Leases {
     KCACHE_RETURN_IF_ERROR(util::make_dirs(leases, shared_ ? 02770 : 0700, *env_));
     if (shared_) {
       struct stat st;
-      if (env_->stat(leases, &st) == 0 && st.st_uid == ::geteuid()) (void)env_->chmod(leases, 02770);
+      if (env_->stat(leases, &st) == 0 && st.st_uid == ::geteuid()) (void)env_->chmodat(AT_FDCWD, leases, 02770);
     }
     ldfd_ = env_->open(leases, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     if (ldfd_ < 0) return util::errno_status(errno, "open " + leases);
@@ -134,7 +134,7 @@ class FileLeases final : public Leases {
     if (fd < 0) return errno == EEXIST ? LeaseResult::busy : LeaseResult::error;
     if (shared_) (void)env_->fchmod(fd, file_mode());
     std::string rec = lease::encode(lease::self(me, ttl_ms, env_->now_unix_ms()));
-    bool ok = env_->write(fd, rec.data(), rec.size()) == static_cast<ssize_t>(rec.size());
+    bool ok = util::pwrite_all(*env_, fd, rec) == 0;
     env_->close(fd);
     if (!ok) {
       env_->unlinkat(ldfd_, p);

@@ -56,6 +56,6 @@ Status check(const std::string& dir, bool fix);
 
 // The table of `dir` read and written with pread/pwrite under fcntl locks,
 // as on a copy-on-write file system, whatever the file system (tests).
-Expected<std::shared_ptr<Leases>> open_unmapped(const std::string& dir);
+Expected<std::shared_ptr<Leases>> open_unmapped(const std::string& dir, std::shared_ptr<Env> env = nullptr);
 
 }  // namespace kcache::lease::table

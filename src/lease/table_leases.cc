@@ -35,6 +35,8 @@
 //  * A table made by another layout or C library (the size of its mutexes)
 //    is an error: no cross-process leases, compiles go on.
 // In a store folder shared with a group, the file is group-writable.
+// The file is opened, sized up and read and written (unmapped) through an
+// Env (kcache/env.h); its map and its fcntl locks are the system's.
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -53,9 +55,11 @@
 #include <string>
 #include <thread>
 
+#include "kcache/env.h"
 #include "kcache/lease.h"
 #include "lease/holder.h"
 #include "lease/table_layout.h"
+#include "util/fd.h"
 #include "util/util.h"
 
 namespace kcache {
@@ -234,11 +238,12 @@ void fill_header(bool mapped, char h[kHeaderSize]) {
 
 class TableLeases final : public Leases {
  public:
-  TableLeases(std::string path, bool may_map) : path_(std::move(path)), may_map_(may_map) {}
+  TableLeases(std::string path, bool may_map, std::shared_ptr<Env> env)
+      : path_(std::move(path)), may_map_(may_map), env_(env ? std::move(env) : Env::posix()) {}
   ~TableLeases() override {
     if (map_) ::munmap(map_, kTableSize);
-    if (map_fd_ >= 0) ::close(map_fd_);
-    if (state_->fd >= 0) ::close(state_->fd);
+    if (map_fd_ >= 0) env_->close(map_fd_);
+    if (state_->fd >= 0) env_->close(state_->fd);
   }
   std::string_view name() const noexcept override { return "table"; }
   uint64_t takeovers() const noexcept override { return takeovers_.load(); }
@@ -250,7 +255,7 @@ class TableLeases final : public Leases {
 #if defined(__GLIBC__)
     (void)expected_lock_kind();
 #endif
-    shared_ = util::folder_is_shared(path_.substr(0, path_.rfind('/')));
+    shared_ = util::folder_is_shared(path_.substr(0, path_.rfind('/')), *env_);
     return open_file();
   }
 
@@ -351,7 +356,7 @@ class TableLeases final : public Leases {
         t_.give_up(kTruncated);
         return false;
       }
-      return ::pread(fd_, b->bytes, sizeof b->bytes, slots_at()) == static_cast<ssize_t>(sizeof b->bytes);
+      return t_.env_->pread(fd_, b->bytes, sizeof b->bytes, slots_at()) == static_cast<ssize_t>(sizeof b->bytes);
     }
     bool write_slot(size_t i, const Key& key, const lease::Holder& h) {
       char slot[kSlotSize];
@@ -373,7 +378,7 @@ class TableLeases final : public Leases {
     // not alive after the reboot).
     bool store(size_t i, const char* slot) {
       if (!mu_)
-        return ::pwrite(fd_, slot, kSlotSize, slots_at() + static_cast<off_t>(i * kSlotSize)) ==
+        return t_.env_->pwrite(fd_, slot, kSlotSize, slots_at() + static_cast<off_t>(i * kSlotSize)) ==
                static_cast<ssize_t>(kSlotSize);
       char* s = base_ + kLockSize + i * kSlotSize;
       auto* expiry = reinterpret_cast<uint64_t*>(s + kExpiryAt);
@@ -478,7 +483,7 @@ class TableLeases final : public Leases {
   bool map_intact() {
     if (broken_.load(std::memory_order_relaxed)) return false;
     struct stat st;
-    if (::fstat(map_fd_, &st) == 0 && st.st_size >= static_cast<off_t>(kTableSize)) return true;
+    if (env_->fstat(map_fd_, &st) == 0 && st.st_size >= static_cast<off_t>(kTableSize)) return true;
     give_up(kTruncated);
     return false;
   }
@@ -533,10 +538,9 @@ class TableLeases final : public Leases {
       std::lock_guard lk(fork_mu_);
       if (g != gen_.load()) {
         State* old = state_.release();
-        if (old->fd >= 0) ::close(old->fd);  // leaves the parent's locks alone
+        if (old->fd >= 0) env_->close(old->fd);  // leaves the parent's locks alone
         state_ = std::make_unique<State>();
-        int fd = util::open_above_std(path_.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW);
-        state_->fd = fd;
+        state_->fd = env_->open(path_, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
         gen_.store(g, std::memory_order_release);
       }
     }
@@ -561,28 +565,25 @@ class TableLeases final : public Leases {
   // Opens and maps the table, making it ready first if no process has.
   Status open_file() {
     const unsigned mode = shared_ ? 0660 : 0600;
-    int fd = util::open_above_std(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, mode);
-    if (fd < 0) return util::errno_status(errno, path_);
-    // The mapping outlives the descriptor. It also keeps the open file
-    // description, and with it any lock on it, so the header lock is
-    // given up by hand.
-    struct Closer {
-      int fd;
-      bool locked = false;
-      ~Closer() {
-        if (locked) ofd_unlock(fd, 0, static_cast<off_t>(kHeaderSize));
-        ::close(fd);
-      }
-    } closer{fd};
+    util::Fd file(env_->open(path_, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, mode), *env_);
+    if (!file) return util::errno_status(errno, path_);
+    const int fd = file.get();
     struct stat st;
-    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) return Status(Errc::io_error, path_ + " is not a regular file");
+    if (env_->fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
+      return Status(Errc::io_error, path_ + " is not a regular file");
     util::note_store_file(fd);
-    if (shared_ && st.st_uid == ::geteuid()) (void)::fchmod(fd, mode);
+    if (shared_ && st.st_uid == ::geteuid()) (void)env_->fchmod(fd, mode);
     const bool mapped = may_map_ && writes_in_place(fd);
     if (!ofd_lock(fd, 0, static_cast<off_t>(kHeaderSize)))
       return Status(Errc::timeout, path_ + ": could not lock the header to open the lease table");
-    closer.locked = true;
-    if (::fstat(fd, &st) != 0) return util::errno_status(errno, path_);
+    // The mapping outlives the descriptor. It also keeps the open file
+    // description, and with it any lock on it, so the header lock is
+    // given up by hand (before `file` closes).
+    struct HeaderLock {
+      int fd;
+      ~HeaderLock() { ofd_unlock(fd, 0, static_cast<off_t>(kHeaderSize)); }
+    } header_lock{fd};
+    if (env_->fstat(fd, &st) != 0) return util::errno_status(errno, path_);
     // Allocated in full before it is used: on a file system that writes in
     // place a store into the mapping never needs a block (a full disk would
     // make it SIGBUS), and it never lies past the end of the file.
@@ -597,7 +598,7 @@ class TableLeases final : public Leases {
       if (p == MAP_FAILED) return util::errno_status(errno, path_);
       m = static_cast<char*>(p);
       std::memcpy(header, m, kHeaderSize);
-    } else if (::pread(fd, header, kHeaderSize, 0) != static_cast<ssize_t>(kHeaderSize)) {
+    } else if (env_->pread(fd, header, kHeaderSize, 0) != static_cast<ssize_t>(kHeaderSize)) {
       return util::errno_status(errno ? errno : EIO, path_);
     }
     uint32_t ready;
@@ -664,8 +665,7 @@ class TableLeases final : public Leases {
     fill_header(false, h);
     const uint32_t one = 1;
     std::memcpy(h + kReadyAt, &one, 4);
-    if (::pwrite(fd, h, kHeaderSize, 0) != static_cast<ssize_t>(kHeaderSize))
-      return util::errno_status(errno ? errno : EIO, path_);
+    if (int e = util::pwrite_all(*env_, fd, std::string_view(h, kHeaderSize))) return util::errno_status(e, path_);
     return Status();
   }
 
@@ -689,13 +689,14 @@ class TableLeases final : public Leases {
   // zeroed, then the header with `ready` set.
   Status make_ready_unmapped(int fd) {
     std::string zeros(kTableSize - kHeaderSize, '\0');
-    if (::pwrite(fd, zeros.data(), zeros.size(), static_cast<off_t>(kHeaderSize)) != static_cast<ssize_t>(zeros.size()))
-      return util::errno_status(errno ? errno : EIO, path_);
+    if (int e = util::pwrite_all(*env_, fd, zeros, static_cast<off_t>(kHeaderSize)))
+      return util::errno_status(e, path_);
     return rewrite_header_unmapped(fd);
   }
 
   const std::string path_;
   const bool may_map_;
+  const std::shared_ptr<Env> env_;  // never null
   bool shared_ = false;
   char* map_ = nullptr;                                       // a mapped table
   int map_fd_ = -1;                                           // and its file
@@ -711,8 +712,8 @@ class TableLeases final : public Leases {
 
 }  // namespace
 
-Expected<std::shared_ptr<Leases>> open_table_leases(const std::string& dir) {
-  auto l = std::make_shared<TableLeases>(dir + "/" + lease::table::kFileName, true);
+Expected<std::shared_ptr<Leases>> open_table_leases(const std::string& dir, std::shared_ptr<Env> env) {
+  auto l = std::make_shared<TableLeases>(dir + "/" + lease::table::kFileName, true, std::move(env));
   KCACHE_RETURN_IF_ERROR(l->init());
   return std::shared_ptr<Leases>(std::move(l));
 }
@@ -758,8 +759,8 @@ Status check(const std::string& dir, bool fix) {
   return check_once(path);
 }
 
-Expected<std::shared_ptr<Leases>> open_unmapped(const std::string& dir) {
-  auto l = std::make_shared<TableLeases>(dir + "/" + kFileName, false);
+Expected<std::shared_ptr<Leases>> open_unmapped(const std::string& dir, std::shared_ptr<Env> env) {
+  auto l = std::make_shared<TableLeases>(dir + "/" + kFileName, false, std::move(env));
   KCACHE_RETURN_IF_ERROR(l->init());
   return std::shared_ptr<Leases>(std::move(l));
 }

@@ -1,5 +1,7 @@
 #include "util/util.h"
 
+#include "util/fd.h"
+
 #include <fcntl.h>
 #include <grp.h>
 #include <pthread.h>
@@ -22,6 +24,8 @@
 #include <ctime>
 #include <mutex>
 #include <random>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 namespace kcache {
@@ -405,47 +409,40 @@ Status make_dirs(const std::string& path, unsigned mode, Env& env) {
 }
 
 Expected<std::string> read_file(const std::string& path, uint64_t max_bytes, Env& env) {
-  int fd = env.open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return errno_status(errno, "open " + path);
+  Fd fd(env.open(path, O_RDONLY | O_CLOEXEC), env);
+  if (!fd) return errno_status(errno, "open " + path);
   struct stat st;
-  if (env.fstat(fd, &st) != 0) {
-    int e = errno;
-    env.close(fd);
-    return errno_status(e, "stat " + path);
-  }
-  if (static_cast<uint64_t>(st.st_size) > max_bytes) {
-    env.close(fd);
-    return Status(Errc::too_large, path);
-  }
-  std::string out;
-  out.resize(static_cast<size_t>(st.st_size));
+  if (env.fstat(fd.get(), &st) != 0) return errno_status(errno, "stat " + path);
+  if (static_cast<uint64_t>(st.st_size) > max_bytes) return Status(Errc::too_large, path);
+  // Read to the end, not to the size fstat gave: a file may grow while it
+  // is read, and /proc files say 0.
+  std::string out(static_cast<size_t>(st.st_size) + 1, '\0');
   size_t got = 0;
-  while (got < out.size()) {
-    ssize_t n = env.read(fd, out.data() + got, out.size() - got);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      int e = errno;
-      env.close(fd);
-      return errno_status(e, "read " + path);
+  for (;;) {
+    if (got == out.size()) {
+      if (out.size() > max_bytes) return Status(Errc::too_large, path);
+      out.resize(std::max<size_t>(out.size() * 2, 65536));
     }
+    ssize_t n = env.pread(fd.get(), out.data() + got, out.size() - got, static_cast<off_t>(got));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return errno_status(errno, "read " + path);
     if (n == 0) break;
     got += static_cast<size_t>(n);
   }
+  if (got > max_bytes) return Status(Errc::too_large, path);
   out.resize(got);
-  // A file that grew while read (e.g. /proc): read the rest.
-  char buf[65536];
-  for (;;) {
-    ssize_t n = env.read(fd, buf, sizeof buf);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    out.append(buf, static_cast<size_t>(n));
-    if (out.size() > max_bytes) {
-      env.close(fd);
-      return Status(Errc::too_large, path);
-    }
-  }
-  env.close(fd);
   return out;
+}
+
+int pwrite_all(Env& env, int fd, std::string_view data, off_t at) {
+  size_t off = 0;
+  while (off < data.size()) {
+    ssize_t n = env.pwrite(fd, data.data() + off, data.size() - off, at + static_cast<off_t>(off));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return n < 0 ? errno : ENOSPC;
+    off += static_cast<size_t>(n);
+  }
+  return 0;
 }
 
 namespace {
@@ -493,56 +490,28 @@ std::optional<bool> parse_bool(std::string_view v) noexcept {
   return std::nullopt;
 }
 
-namespace {
-// Writes all of `data` to `fd`; 0 or the errno of the failed write.
-int write_all(Env& env, int fd, std::string_view data) {
-  size_t off = 0;
-  while (off < data.size()) {
-    ssize_t n = env.write(fd, data.data() + off, data.size() - off);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return errno;
-    off += static_cast<size_t>(n);
-  }
-  return 0;
-}
-}  // namespace
-
 Status write_file_atomic_via(const std::string& tmp_prefix, const std::string& path, std::string_view data, bool sync,
                              unsigned mode, Env& env) {
   std::string tmp = tmp_prefix + "." + random_suffix();
-  int fd = env.open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode);
-  if (fd < 0) return errno_status(errno, "create " + tmp);
-  if (int e = write_all(env, fd, data)) {
-    env.close(fd);
-    env.unlink(tmp);
-    return errno_status(e, "write " + tmp);
-  }
-  if (sync && env.fdatasync(fd) != 0) {
-    int e = errno;
-    env.close(fd);
-    env.unlink(tmp);
-    return errno_status(e, "fsync " + tmp);
-  }
-  if (env.close(fd) != 0) {
-    int e = errno;
-    env.unlink(tmp);
-    return errno_status(e, "close " + tmp);
-  }
-  if (env.rename(tmp, path) != 0) {
-    int e = errno;
-    env.unlink(tmp);
-    return errno_status(e, "rename " + tmp);
-  }
-  return Status();
+  Fd fd(env.open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode), env);
+  if (!fd) return errno_status(errno, "create " + tmp);
+  std::string_view step = "write ";
+  int e = pwrite_all(env, fd.get(), data);
+  if (e == 0 && sync && env.fdatasync(fd.get()) != 0) std::tie(e, step) = std::pair(errno, "fsync ");
+  if (fd.close() != 0 && e == 0) std::tie(e, step) = std::pair(errno, "close ");
+  if (e == 0 && env.rename(tmp, path) != 0) std::tie(e, step) = std::pair(errno, "rename ");
+  if (e == 0) return Status();
+  env.unlink(tmp);
+  return errno_status(e, std::string(step) + tmp);
 }
 
 Status write_file_atomic_at(int dir, const std::string& name, std::string_view data, unsigned mode, Env& env) {
   std::string tmp = name + ".tmp." + random_suffix();
-  int fd = env.openat(dir, tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
-  if (fd < 0) return errno_status(errno, "create " + tmp);
-  int e = write_all(env, fd, data);
-  if (e == 0) (void)env.fchmod(fd, mode);  // the mode itself, whatever the umask
-  if (env.close(fd) != 0 && e == 0) e = errno;
+  Fd fd(env.openat(dir, tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode), env);
+  if (!fd) return errno_status(errno, "create " + tmp);
+  int e = pwrite_all(env, fd.get(), data);
+  if (e == 0) (void)env.fchmod(fd.get(), mode);  // the mode itself, whatever the umask
+  if (fd.close() != 0 && e == 0) e = errno;
   if (e == 0 && env.renameat(dir, tmp, name) != 0) e = errno;
   if (e != 0) {
     env.unlinkat(dir, tmp);
@@ -688,9 +657,9 @@ std::string untrusted_reason(const struct stat& st, const StoreTrust& trust) {
   return why;
 }
 
-Status check_trusted(const std::string& path, const StoreTrust& trust) {
+Status check_trusted(const std::string& path, const StoreTrust& trust, Env& env) {
   struct stat st;
-  if (::stat(path.c_str(), &st) != 0) {
+  if (env.stat(path, &st) != 0) {
     if (errno == ENOENT) return Status(Errc::not_found, path + " does not exist");
     return errno_status(errno, "stat " + path);
   }

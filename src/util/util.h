@@ -115,6 +115,9 @@ int flock_within(int fd, int op, uint64_t bound_ms, Env& env = *Env::posix()) no
 // mkdir -p with `mode` for the folders it creates.
 Status make_dirs(const std::string& path, unsigned mode = 0700, Env& env = *Env::posix());
 Expected<std::string> read_file(const std::string& path, uint64_t max_bytes = UINT64_MAX, Env& env = *Env::posix());
+// Writes all of `data` at offset `at` of `fd` (pwrite, EINTR retried): 0,
+// or the errno of the write that failed (ENOSPC for one that wrote nothing).
+int pwrite_all(Env& env, int fd, std::string_view data, off_t at = 0);
 // Writes to a temp file beside `path`, fsyncs when `sync`, renames into place.
 Status write_file_atomic(const std::string& path, std::string_view data, bool sync = false, Env& env = *Env::posix());
 // Writes `data` to a fresh temp file named `tmp_prefix`.<random>, then
@@ -144,7 +147,7 @@ Expected<StoreTrust> shared_group_trust(const std::string& group);
 // Ok when the file or folder at `path` (links followed) is owned and
 // writable only as `trust` allows; not_found when it does not exist;
 // unavailable with the reason (owner, mode) otherwise.
-Status check_trusted(const std::string& path, const StoreTrust& trust);
+Status check_trusted(const std::string& path, const StoreTrust& trust, Env& env = *Env::posix());
 // "uid 1000 (alice)" / "100 (users)": an id with its name where the
 // system knows one, for messages about who owns or may write a path.
 std::string user_label(uint32_t uid);

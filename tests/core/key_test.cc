@@ -9,6 +9,7 @@
 
 #include "golden_key.h"
 #include "kcache/key.h"
+#include "test_util.h"
 #include "util/util.h"
 
 using namespace kcache;
@@ -109,7 +110,10 @@ TEST(Key, DuplicateAndEmptyNamesAreErrors) {
 }
 
 TEST(Key, FileContentsNotPath) {
-  std::string d = ::testing::TempDir();
+  // A folder of this run's own: another user's files of the same names in
+  // a sticky /tmp could not be replaced.
+  test::TempDir t;
+  const std::string& d = t.path();
   std::string p1 = d + "/kc_key_a.txt", p2 = d + "/kc_key_b.txt";
   ASSERT_TRUE(util::write_file_atomic(p1, "same").is_ok());
   ASSERT_TRUE(util::write_file_atomic(p2, "same").is_ok());

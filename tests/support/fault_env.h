@@ -1,23 +1,39 @@
 // A fault-injecting Env for tests (LevelDB's SpecialEnv): the real file
-// system underneath, with switches that make it look full, read-only or
-// failing, and a clock that moves only when the test (or a sleep) moves it.
+// system underneath, with switches that make it look full, read-only,
+// failing or forbidding, files that look owned by another user or with
+// other permission bits, and a clock that moves only when the test (or a
+// sleep) moves it.
 //
 // The switches are atomics, so a test may flip them while other threads use
 // the Env. Counters say what was asked of it, for assertions.
 #pragma once
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
+#include <map>
+#include <mutex>
+#include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "kcache/env.h"
 
 namespace kcache::test {
+
+// How a file or folder looks to fstat/fstatat through a FaultEnv: another
+// owner, group or permission bits than it has.
+struct Look {
+  std::optional<uid_t> uid;
+  std::optional<gid_t> gid;
+  std::optional<mode_t> mode;  // the permission bits (07777)
+};
 
 class FaultEnv final : public Env {
  public:
@@ -27,9 +43,11 @@ class FaultEnv final : public Env {
   }
 
   // ---- switches --------------------------------------------------------------
-  std::atomic<bool> no_space{false};   // creates, writes, mkdir: ENOSPC
-  std::atomic<bool> read_only{false};  // creates, writes, renames, unlinks, mkdir, mtimes: EROFS
-  std::atomic<bool> io_error{false};   // read/pread: EIO
+  std::atomic<bool> no_space{false};        // creates, writes, mkdir: ENOSPC
+  std::atomic<bool> read_only{false};       // creates, writes, renames, unlinks, mkdir, modes, mtimes: EROFS
+  std::atomic<bool> io_error{false};        // reads: EIO
+  std::atomic<bool> write_io_error{false};  // writes and syncs: EIO
+  std::atomic<bool> denied{false};          // opens, creates, renames, unlinks, mkdir: EACCES
   // Each fsync/fdatasync "takes" this long: the manual clock moves by it.
   std::atomic<uint64_t> fsync_delay_ms{0};
   // Each unlink "takes" this long (a sleep: real or on the manual clock).
@@ -39,7 +57,7 @@ class FaultEnv final : public Env {
 
   // ---- counters ----------------------------------------------------------------
   std::atomic<uint64_t> opens{0}, creates{0}, reads{0}, writes{0}, fsyncs{0}, renames{0}, unlinks{0}, mtimes{0},
-      sleeps{0}, faults{0};
+      sleeps{0}, faults{0}, stats{0};
   std::atomic<uint64_t> slept_us{0};  // total asked of sleep_us
 
   // Moves the manual clock (both the monotonic and the wall clock) forward.
@@ -49,100 +67,63 @@ class FaultEnv final : public Env {
     unix_us_.fetch_add(us);
   }
 
-  // ---- files ------------------------------------------------------------------
-  int open(const std::string& path, int flags, unsigned mode) override {
-    opens.fetch_add(1);
-    const bool writing = (flags & O_ACCMODE) != O_RDONLY || (flags & (O_CREAT | O_TRUNC));
-    const bool creating = (flags & O_CREAT) && ::access(path.c_str(), F_OK) != 0;
-    if (creating) creates.fetch_add(1);
-    if (read_only && writing) {
-      if ((flags & O_CREAT) && (flags & O_EXCL) && !creating) return fail(EEXIST);
-      return fail(EROFS);
-    }
-    if (no_space && creating) return fail(ENOSPC);
-    return base_->open(path, flags, mode);
+  // From now on the file or folder at `path` (links followed; the inode it
+  // is now, whatever it is renamed to) looks as `look` says to fstat and
+  // fstatat. False when there is nothing at `path`.
+  bool show_as(const std::string& path, const Look& look) {
+    struct stat st;
+    if (::stat(path.c_str(), &st) != 0) return false;
+    std::lock_guard lk(looks_mu_);
+    looks_[{st.st_dev, st.st_ino}] = look;
+    return true;
   }
+  // Shown as it is again.
+  void show_real(const std::string& path) {
+    struct stat st;
+    if (::stat(path.c_str(), &st) != 0) return;
+    std::lock_guard lk(looks_mu_);
+    looks_.erase({st.st_dev, st.st_ino});
+  }
+
+  // ---- open files ---------------------------------------------------------------
   int close(int fd) override { return base_->close(fd); }
-  ssize_t read(int fd, void* buf, size_t n) override {
-    reads.fetch_add(1);
-    if (io_error) return fail(EIO);
-    return base_->read(fd, buf, n);
-  }
   ssize_t pread(int fd, void* buf, size_t n, off_t off) override {
     reads.fetch_add(1);
     if (io_error) return fail(EIO);
     return base_->pread(fd, buf, n, off);
   }
-  ssize_t write(int fd, const void* buf, size_t n) override {
-    writes.fetch_add(1);
-    if (int e = write_fault()) return fail(e);
-    return base_->write(fd, buf, n);
-  }
   ssize_t pwrite(int fd, const void* buf, size_t n, off_t off) override {
     writes.fetch_add(1);
     if (int e = write_fault()) return fail(e);
+    if (write_io_error) return fail(EIO);
     return base_->pwrite(fd, buf, n, off);
   }
-  int fsync(int fd) override {
-    synced();
-    return base_->fsync(fd);
-  }
   int fdatasync(int fd) override {
-    synced();
+    fsyncs.fetch_add(1);
+    if (uint64_t d = fsync_delay_ms.load()) sleep_us(d * 1000);
+    if (write_io_error) return fail(EIO);
     return base_->fdatasync(fd);
   }
-  int ftruncate(int fd, off_t size) override {
-    if (int e = write_fault()) return fail(e);
-    return base_->ftruncate(fd, size);
+  int fstat(int fd, struct stat* st) override {
+    stats.fetch_add(1);
+    if (base_->fstat(fd, st) != 0) return -1;
+    apply_look(st);
+    return 0;
   }
-  int fstat(int fd, struct stat* st) override { return base_->fstat(fd, st); }
   int fchmod(int fd, unsigned mode) override {
     if (read_only) return fail(EROFS);
     return base_->fchmod(fd, mode);
   }
   int flock(int fd, int op) override { return base_->flock(fd, op); }
-  int stat(const std::string& path, struct stat* st) override { return base_->stat(path, st); }
-  int access(const std::string& path, int mode) override {
-    if (read_only && (mode & W_OK)) return fail(EROFS);
-    return base_->access(path, mode);
-  }
-  int chmod(const std::string& path, unsigned mode) override {
-    if (read_only) return fail(EROFS);
-    return base_->chmod(path, mode);
-  }
-  int mkdir(const std::string& path, unsigned mode) override {
-    if ((read_only || no_space) && ::access(path.c_str(), F_OK) == 0) return fail(EEXIST);
-    if (int e = write_fault()) return fail(e);
-    return base_->mkdir(path, mode);
-  }
-  int rename(const std::string& from, const std::string& to) override {
-    renames.fetch_add(1);
-    if (read_only) return fail(EROFS);
-    return base_->rename(from, to);
-  }
-  int unlink(const std::string& path) override {
-    unlinks.fetch_add(1);
-    if (uint64_t d = unlink_delay_us.load()) sleep_us(d);
-    if (read_only) return fail(EROFS);
-    return base_->unlink(path);
-  }
-  int link(const std::string& from, const std::string& to) override {
-    if (int e = write_fault()) return fail(e);
-    return base_->link(from, to);
-  }
-  int set_mtime_ms(const std::string& path, uint64_t unix_ms) override {
-    mtimes.fetch_add(1);
-    if (read_only) return fail(EROFS);
-    return base_->set_mtime_ms(path, unix_ms);
-  }
-  int list_dir(const std::string& dir, std::vector<std::string>* names) override { return base_->list_dir(dir, names); }
 
-  // The same faults for names relative to a folder held open.
+  // ---- names ------------------------------------------------------------------
   int openat(int dir, const std::string& path, int flags, unsigned mode) override {
     opens.fetch_add(1);
-    const bool writing = (flags & O_ACCMODE) != O_RDONLY || (flags & (O_CREAT | O_TRUNC));
-    const bool creating = (flags & O_CREAT) && ::faccessat(dir, path.c_str(), F_OK, 0) != 0;
+    const bool tmpfile = (flags & O_TMPFILE) == O_TMPFILE;  // O_TMPFILE holds O_DIRECTORY's bit
+    const bool writing = (flags & O_ACCMODE) != O_RDONLY || (flags & (O_CREAT | O_TRUNC)) || tmpfile;
+    const bool creating = tmpfile || ((flags & O_CREAT) && ::faccessat(dir, path.c_str(), F_OK, 0) != 0);
     if (creating) creates.fetch_add(1);
+    if (denied) return fail(EACCES);
     if (read_only && writing) {
       if ((flags & O_CREAT) && (flags & O_EXCL) && !creating) return fail(EEXIST);
       return fail(EROFS);
@@ -150,8 +131,14 @@ class FaultEnv final : public Env {
     if (no_space && creating) return fail(ENOSPC);
     return base_->openat(dir, path, flags, mode);
   }
-  int statat(int dir, const std::string& path, struct stat* st) override { return base_->statat(dir, path, st); }
+  int fstatat(int dir, const std::string& path, struct stat* st, int flags) override {
+    stats.fetch_add(1);
+    if (base_->fstatat(dir, path, st, flags) != 0) return -1;
+    apply_look(st);
+    return 0;
+  }
   int accessat(int dir, const std::string& path, int mode) override {
+    if (denied) return fail(EACCES);
     if (read_only && (mode & W_OK)) return fail(EROFS);
     return base_->accessat(dir, path, mode);
   }
@@ -160,18 +147,26 @@ class FaultEnv final : public Env {
     return base_->chmodat(dir, path, mode);
   }
   int mkdirat(int dir, const std::string& path, unsigned mode) override {
-    if ((read_only || no_space) && ::faccessat(dir, path.c_str(), F_OK, 0) == 0) return fail(EEXIST);
+    if ((read_only || no_space || denied) && ::faccessat(dir, path.c_str(), F_OK, 0) == 0) return fail(EEXIST);
+    if (denied) return fail(EACCES);
     if (int e = write_fault()) return fail(e);
     return base_->mkdirat(dir, path, mode);
   }
   int renameat(int dir, const std::string& from, const std::string& to) override {
     renames.fetch_add(1);
+    if (denied) return fail(EACCES);
     if (read_only) return fail(EROFS);
     return base_->renameat(dir, from, to);
+  }
+  int linkat(int dir, const std::string& from, const std::string& to) override {
+    if (denied) return fail(EACCES);
+    if (int e = write_fault()) return fail(e);
+    return base_->linkat(dir, from, to);
   }
   int unlinkat(int dir, const std::string& path) override {
     unlinks.fetch_add(1);
     if (uint64_t d = unlink_delay_us.load()) sleep_us(d);
+    if (denied) return fail(EACCES);
     if (read_only) return fail(EROFS);
     return base_->unlinkat(dir, path);
   }
@@ -209,13 +204,20 @@ class FaultEnv final : public Env {
     return -1;
   }
   int write_fault() const { return read_only ? EROFS : no_space ? ENOSPC : 0; }
-  void synced() {
-    fsyncs.fetch_add(1);
-    if (uint64_t d = fsync_delay_ms.load()) sleep_us(d * 1000);
+  void apply_look(struct stat* st) {
+    std::lock_guard lk(looks_mu_);
+    auto it = looks_.find({st->st_dev, st->st_ino});
+    if (it == looks_.end()) return;
+    const Look& l = it->second;
+    if (l.uid) st->st_uid = *l.uid;
+    if (l.gid) st->st_gid = *l.gid;
+    if (l.mode) st->st_mode = (st->st_mode & S_IFMT) | (*l.mode & 07777);
   }
 
   std::shared_ptr<Env> base_;
   std::atomic<uint64_t> mono_us_{0}, unix_us_{0};
+  std::mutex looks_mu_;
+  std::map<std::pair<dev_t, ino_t>, Look> looks_;  // GUARDED_BY(looks_mu_)
 };
 
 }  // namespace kcache::test

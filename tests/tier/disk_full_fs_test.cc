@@ -58,6 +58,8 @@ class FaultyTier final : public Tier {
   FaultyTier(std::shared_ptr<Tier> inner, Errc code, int ok_puts)
       : inner_(std::move(inner)), code_(code), left_(ok_puts) {}
   std::string_view name() const noexcept override { return inner_->name(); }
+  // A disk tier still: its hits are Source::disk.
+  TierKind kind() const noexcept override { return inner_->kind(); }
 
  protected:
   Expected<std::optional<Entry>> do_get(const Key& k, Access c) override { return inner_->get(k, c); }

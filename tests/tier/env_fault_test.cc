@@ -8,6 +8,8 @@
 #include <chrono>
 #include <fstream>
 #include <thread>
+#include <tuple>
+#include <utility>
 
 #include "cache/committer.h"
 #include "cache/lease_wait.h"
@@ -15,8 +17,10 @@
 #include "fault_env.h"
 #include "kcache/cache.h"
 #include "kcache/lease.h"
+#include "kcache/options.h"
 #include "kcache/tier.h"
 #include "test_util.h"
+#include "util/util.h"
 
 using namespace kcache;
 using namespace kcache::test;
@@ -49,7 +53,7 @@ std::shared_ptr<Tier> files_tier(const std::string& dir, const std::shared_ptr<F
 
 size_t files_in(const std::string& dir) {
   std::vector<std::string> names;
-  if (Env::posix()->list_dir(dir, &names) != 0) return 0;
+  if (Env::posix()->list_dir_at(AT_FDCWD, dir, &names) != 0) return 0;
   return names.size();
 }
 
@@ -373,4 +377,68 @@ TEST(EnvFault, CacheOverAFullDiskStillReturnsTheCompile) {
   auto e2 = c->get_or_compile(*k, fn, &s);
   ASSERT_TRUE(e2.has_value());
   EXPECT_EQ(*e2->artifact("obj"), "OBJECT CODE");
+}
+
+// Atomic writes (util::write_file_atomic) through the Env: a write or a
+// sync that fails leaves the file as it was and no temp file beside it.
+TEST(EnvFault, AFailedAtomicWriteLeavesTheOldFileAndNoTempFile) {
+  TempDir d;
+  const std::string path = d.path() + "/state";
+  ASSERT_TRUE(util::write_file_atomic(path, "old").is_ok());
+  FaultEnv env;
+  env.manual_clock = false;
+  for (int fault = 0; fault < 3; ++fault) {
+    if (fault == 0) env.no_space = true;
+    if (fault == 1) env.write_io_error = true;
+    if (fault == 2) env.denied = true;
+    Status s = util::write_file_atomic(path, "new", /*sync=*/true, env);
+    env.no_space = env.write_io_error = env.denied = false;
+    const Errc want[] = {Errc::no_space, Errc::io_error, Errc::read_only};
+    EXPECT_EQ(s.code(), want[fault]) << s.to_string();
+    EXPECT_EQ(*util::read_file(path), "old");
+    EXPECT_EQ(files_in(d.path()), 1u) << "a temp file was left after fault " << fault;
+  }
+  ASSERT_TRUE(util::write_file_atomic(path, "new", true, env).is_ok());
+  EXPECT_EQ(*util::read_file(path, UINT64_MAX, env), "new");
+  EXPECT_GE(env.fsyncs.load(), 1u);
+}
+
+// A config file is read through the Options' Env: one that looks another
+// user's, or group-writable, is not read (one problem naming it); a read
+// that fails is a problem too.
+TEST(EnvFault, AConfigFileThatLooksAnotherUsersIsNotRead) {
+  TempDir d;
+  const std::string path = d.path() + "/config";
+  ASSERT_TRUE(util::write_file_atomic(path, "memory = 0\n").is_ok());
+  auto env = std::make_shared<FaultEnv>();
+  env->manual_clock = false;
+  const uid_t other = ::geteuid() == 65534 ? 65533 : 65534;
+  auto apply = [&] {
+    Options o;
+    o.env = env;
+    AppliedSettings out;
+    apply_config_file(o, path, false, &out);
+    return std::pair(o.memory_tier, out);
+  };
+  auto [memory, out] = apply();
+  EXPECT_FALSE(memory) << "the config file was not applied";
+  EXPECT_TRUE(out.problems.empty());
+  ASSERT_TRUE(env->show_as(path, {other, {}, {}}));
+  std::tie(memory, out) = apply();
+  EXPECT_TRUE(memory) << "another user's config file was applied";
+  ASSERT_EQ(out.problems.size(), 1u);
+  EXPECT_NE(out.problems[0].message().find("owned by uid " + std::to_string(other)), std::string::npos)
+      << out.problems[0].to_string();
+  ASSERT_TRUE(env->show_as(path, {{}, {}, 0660}));
+  std::tie(memory, out) = apply();
+  EXPECT_TRUE(memory);
+  ASSERT_EQ(out.problems.size(), 1u);
+  EXPECT_NE(out.problems[0].message().find("writable by group"), std::string::npos) << out.problems[0].to_string();
+  env->show_real(path);
+  env->io_error = true;
+  std::tie(memory, out) = apply();
+  env->io_error = false;
+  EXPECT_TRUE(memory);
+  ASSERT_EQ(out.problems.size(), 1u);
+  EXPECT_NE(out.problems[0].message().find(path), std::string::npos) << out.problems[0].to_string();
 }

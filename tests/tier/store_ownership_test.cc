@@ -1,11 +1,16 @@
-// A disk store another user could have written is never trusted: a second
-// real user (made with useradd) creates a cache folder inside a world-
-// writable folder and fills it; this user's cache then refuses it (one log
-// line, no disk tier, compiles still succeed) on both engines. Group- or
-// world-writable folders and foreign files inside an own store are refused
-// too. With a shared group (Options::shared_group / KCACHE_SHARED) members
-// share one store in both directions, while other groups' write is still
-// refused. Needs root (to add users and to setuid into one); skips otherwise.
+// A disk store another user could have written is never trusted: a store
+// that looks another user's (through the Cache's Env,
+// tests/support/fault_env.h) is refused (one log line, no disk tier,
+// compiles still succeed) on both engines. Group- or world-writable
+// folders and foreign files inside an own store are refused too. These run
+// as any user.
+//
+// Where a real second user matters (StoreOwnershipRealUser, root only: it
+// adds a user with useradd and setuid()s into it): a store that user made
+// and filled is refused; with a shared group (Options::shared_group /
+// KCACHE_SHARED) members share one store in both directions, while other
+// groups' write is still refused; a member takes leases in a lease table
+// this user made.
 #include <fcntl.h>
 #include <grp.h>
 #include <pwd.h>
@@ -19,6 +24,7 @@
 #include <sstream>
 #include <string>
 
+#include "fault_env.h"
 #include "kcache/assembly.h"
 #include "kcache/cache.h"
 #include "kcache/lease.h"
@@ -117,52 +123,46 @@ int disk_hits(Cache& c) {
   return hits;
 }
 
+// Another user than this one, as the Env shows owners.
+uid_t other_uid() { return ::geteuid() == 65534 ? 65533 : 65534; }
+gid_t other_gid() { return ::getegid() == 65534 ? 65533 : 65534; }
+
 class StoreOwnership : public ::testing::TestWithParam<Engine> {
  protected:
   void SetUp() override {
-    std::string why;
-    auto ids = foreign_user(&why);
-    if (!ids) GTEST_SKIP() << why;
     if (!engine_built(GetParam())) GTEST_SKIP() << "engine not built";
-    ids_ = *ids;
-    // A world-writable, sticky folder (like /tmp) both users can reach.
-    ASSERT_EQ(::chmod(tmp_.path().c_str(), 0755), 0);
-    pub_ = tmp_.path() + "/public";
-    ASSERT_EQ(::mkdir(pub_.c_str(), 0777), 0);
-    ASSERT_EQ(::chmod(pub_.c_str(), 01777), 0);
+    env_->manual_clock = false;
     log_ = tmp_.path() + "/kcache.log";
   }
   void TearDown() override { util::set_log(LogLevel::warn, ""); }
+  // store_options with the fault-injecting Env.
+  Options faulty(const std::string& dir, const std::string& log_file = {}) const {
+    Options o = store_options(dir, GetParam(), log_file);
+    o.env = env_;
+    return o;
+  }
 
-  Ids ids_;
   TempDir tmp_;
-  std::string pub_, log_;
+  std::string log_;
+  std::shared_ptr<test::FaultEnv> env_ = std::make_shared<test::FaultEnv>();
 };
 
-TEST_P(StoreOwnership, AStoreAnotherUserMadeIsRefusedWithOneLogLineAndCompilesStillSucceed) {
-  const std::string dir = pub_ + "/kc";
-  ASSERT_EQ(run_as(ids_, [&] { return fill(store_options(dir, GetParam())); }), 0);
-  struct stat st;
-  ASSERT_EQ(::stat(dir.c_str(), &st), 0);
-  ASSERT_EQ(st.st_uid, ids_.uid);  // really the other user's
-
-  auto c = Cache::open(store_options(dir, GetParam(), log_));
+TEST_P(StoreOwnership, AStoreThatLooksAnotherUsersIsRefusedWithOneLogLineAndCompilesStillSucceed) {
+  const std::string dir = tmp_.path() + "/kc";
+  ASSERT_EQ(fill(store_options(dir, GetParam())), 0);
+  ASSERT_TRUE(env_->show_as(dir, {other_uid(), other_gid(), {}}));
+  auto c = Cache::open(faulty(dir, log_));
   EXPECT_TRUE(c->tiers().empty()) << "the foreign store was opened";
   EXPECT_EQ(disk_hits(*c), 0);
   EXPECT_EQ(c->stats().compiles, static_cast<uint64_t>(kEntries));  // every compile succeeded
   auto lines = log_lines(log_, "refusing");
   ASSERT_EQ(lines.size(), 1u);
   EXPECT_NE(lines[0].find(dir), std::string::npos) << lines[0];
-  EXPECT_NE(lines[0].find("owned by uid " + std::to_string(ids_.uid)), std::string::npos) << lines[0];
-
-  // The refusal comes from the owner: with the owner's own rights the
-  // entries are all there (so the refusal above is what hid them).
-  EXPECT_EQ(run_as(ids_,
-                   [&] {
-                     auto own = Cache::open(store_options(dir, GetParam()));
-                     return own->tiers().empty() ? 20 : disk_hits(*own) == kEntries ? 0 : 21;
-                   }),
-            0);
+  EXPECT_NE(lines[0].find("owned by uid " + std::to_string(other_uid())), std::string::npos) << lines[0];
+  // The refusal comes from the owner: as it really is, every entry is there.
+  auto own = Cache::open(store_options(dir, GetParam()));
+  ASSERT_EQ(own->tiers().size(), 1u);
+  EXPECT_EQ(disk_hits(*own), kEntries);
 }
 
 TEST_P(StoreOwnership, GroupOrWorldWritableFoldersAreRefused) {
@@ -190,16 +190,106 @@ TEST_P(StoreOwnership, AForeignFileInsideAnOwnStoreIsRefused) {
   // LMDB's data file; a shard folder of the files engine.
   std::string inner =
       GetParam() == Engine::lmdb ? engine_dir + "/data.mdb" : engine_dir + "/" + test::key_of(3).hex().substr(0, 2);
-  ASSERT_EQ(::chown(inner.c_str(), ids_.uid, ids_.gid), 0);
-  auto c = Cache::open(store_options(dir, GetParam(), log_));
+  ASSERT_TRUE(env_->show_as(inner, {other_uid(), other_gid(), {}}));
+  auto c = Cache::open(faulty(dir, log_));
   EXPECT_TRUE(c->tiers().empty());
   auto lines = log_lines(log_, "refusing");
   ASSERT_EQ(lines.size(), 1u);
   EXPECT_NE(lines[0].find(inner), std::string::npos) << lines[0];
+  EXPECT_NE(lines[0].find("owned by uid " + std::to_string(other_uid())), std::string::npos) << lines[0];
   EXPECT_EQ(disk_hits(*c), 0);
 }
 
-TEST_P(StoreOwnership, ASharedGroupSharesOneStoreBothWaysAndStillRefusesOthers) {
+// The leases of a store that cannot be made (no permission, a full disk)
+// are an error that says which: the lease table and the lease files both
+// open through the Env.
+TEST_P(StoreOwnership, LeasesThatCannotBeMadeAreAnErrorSayingWhy) {
+  const std::string dir = tmp_.path() + "/own";
+  ASSERT_EQ(fill(store_options(dir, GetParam())), 0);
+  const std::string engine_dir = dir + "/" + std::string(engine_name(GetParam()));
+  for (int fault = 0; fault < 2; ++fault) {
+    // The store's own files exist; only the lease file is made anew.
+    (void)std::system(
+        ("rm -rf '" + engine_dir + "/" + lease::table::kFileName + "' '" + engine_dir + "/leases'").c_str());
+    (fault == 0 ? env_->denied : env_->no_space) = true;
+    auto leases = GetParam() == Engine::lmdb ? open_table_leases(engine_dir, env_) : open_file_leases(engine_dir, env_);
+    (fault == 0 ? env_->denied : env_->no_space) = false;
+    ASSERT_FALSE(leases.has_value()) << "fault " << fault;
+    EXPECT_EQ(leases.error().code(), fault == 0 ? Errc::read_only : Errc::no_space) << leases.error().to_string();
+  }
+}
+
+TEST_P(StoreOwnership, AnUnknownSharedGroupLeavesTheDiskOutWithAClearMessage) {
+  const std::string dir = tmp_.path() + "/own";
+  auto c = Cache::open(store_options(dir, GetParam(), log_, "kcache-no-such-group"));
+  EXPECT_TRUE(c->tiers().empty());
+  ASSERT_TRUE(c->get_or_compile(test::key_of(1), compile_of(1)).has_value());
+  auto lines = log_lines(log_, "kcache-no-such-group");
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_NE(lines[0].find("does not exist"), std::string::npos) << lines[0];
+}
+
+TEST_P(StoreOwnership, TheEnvironmentNamesTheSharedGroup) {
+  ::setenv("KCACHE_SHARED", kShared, 1);
+  Options o = Options::from_env();
+  ::unsetenv("KCACHE_SHARED");
+  EXPECT_EQ(o.shared_group, kShared);
+}
+
+INSTANTIATE_TEST_SUITE_P(Engines, StoreOwnership, ::testing::Values(Engine::lmdb, Engine::files),
+                         [](const auto& info) { return std::string(engine_name(info.param)); });
+
+// ---- with a real second user (root only) -------------------------------------
+
+class StoreOwnershipRealUser : public ::testing::TestWithParam<Engine> {
+ protected:
+  void SetUp() override {
+    std::string why;
+    auto ids = foreign_user(&why);
+    if (!ids) GTEST_SKIP() << why;
+    if (!engine_built(GetParam())) GTEST_SKIP() << "engine not built";
+    ids_ = *ids;
+    // A world-writable, sticky folder (like /tmp) both users can reach.
+    ASSERT_EQ(::chmod(tmp_.path().c_str(), 0755), 0);
+    pub_ = tmp_.path() + "/public";
+    ASSERT_EQ(::mkdir(pub_.c_str(), 0777), 0);
+    ASSERT_EQ(::chmod(pub_.c_str(), 01777), 0);
+    log_ = tmp_.path() + "/kcache.log";
+  }
+  void TearDown() override { util::set_log(LogLevel::warn, ""); }
+
+  Ids ids_;
+  TempDir tmp_;
+  std::string pub_, log_;
+};
+
+TEST_P(StoreOwnershipRealUser, AStoreAnotherUserMadeIsRefusedWithOneLogLineAndCompilesStillSucceed) {
+  const std::string dir = pub_ + "/kc";
+  ASSERT_EQ(run_as(ids_, [&] { return fill(store_options(dir, GetParam())); }), 0);
+  struct stat st;
+  ASSERT_EQ(::stat(dir.c_str(), &st), 0);
+  ASSERT_EQ(st.st_uid, ids_.uid);  // really the other user's
+
+  auto c = Cache::open(store_options(dir, GetParam(), log_));
+  EXPECT_TRUE(c->tiers().empty()) << "the foreign store was opened";
+  EXPECT_EQ(disk_hits(*c), 0);
+  EXPECT_EQ(c->stats().compiles, static_cast<uint64_t>(kEntries));  // every compile succeeded
+  auto lines = log_lines(log_, "refusing");
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_NE(lines[0].find(dir), std::string::npos) << lines[0];
+  EXPECT_NE(lines[0].find("owned by uid " + std::to_string(ids_.uid)), std::string::npos) << lines[0];
+
+  // The refusal comes from the owner: with the owner's own rights the
+  // entries are all there (so the refusal above is what hid them).
+  EXPECT_EQ(run_as(ids_,
+                   [&] {
+                     auto own = Cache::open(store_options(dir, GetParam()));
+                     return own->tiers().empty() ? 20 : disk_hits(*own) == kEntries ? 0 : 21;
+                   }),
+            0);
+}
+
+TEST_P(StoreOwnershipRealUser, ASharedGroupSharesOneStoreBothWaysAndStillRefusesOthers) {
   const std::string dir = pub_ + "/team";
   // The other user makes the shared store and fills it.
   ASSERT_EQ(run_as(ids_, [&] { return fill(store_options(dir, GetParam(), {}, kShared)); }), 0);
@@ -262,7 +352,7 @@ TEST_P(StoreOwnership, ASharedGroupSharesOneStoreBothWaysAndStillRefusesOthers) 
 // member that did not make it maps it and takes leases in it. The member's
 // lease, left behind when it exits, is taken over here: it was written into
 // this user's file.
-TEST_P(StoreOwnership, AGroupMemberTakesLeasesInATableAnotherUserMade) {
+TEST_P(StoreOwnershipRealUser, AGroupMemberTakesLeasesInATableAnotherUserMade) {
   if (GetParam() != Engine::lmdb) GTEST_SKIP() << "one lease table for both engines";
   const std::string dir = pub_ + "/leases";
   ASSERT_EQ(::mkdir(dir.c_str(), 0770), 0);
@@ -285,24 +375,7 @@ TEST_P(StoreOwnership, AGroupMemberTakesLeasesInATableAnotherUserMade) {
   EXPECT_EQ((*mine)->takeovers(), 1u);
 }
 
-TEST_P(StoreOwnership, AnUnknownSharedGroupLeavesTheDiskOutWithAClearMessage) {
-  const std::string dir = tmp_.path() + "/own";
-  auto c = Cache::open(store_options(dir, GetParam(), log_, "kcache-no-such-group"));
-  EXPECT_TRUE(c->tiers().empty());
-  ASSERT_TRUE(c->get_or_compile(test::key_of(1), compile_of(1)).has_value());
-  auto lines = log_lines(log_, "kcache-no-such-group");
-  ASSERT_EQ(lines.size(), 1u);
-  EXPECT_NE(lines[0].find("does not exist"), std::string::npos) << lines[0];
-}
-
-TEST_P(StoreOwnership, TheEnvironmentNamesTheSharedGroup) {
-  ::setenv("KCACHE_SHARED", kShared, 1);
-  Options o = Options::from_env();
-  ::unsetenv("KCACHE_SHARED");
-  EXPECT_EQ(o.shared_group, kShared);
-}
-
-INSTANTIATE_TEST_SUITE_P(Engines, StoreOwnership, ::testing::Values(Engine::lmdb, Engine::files),
+INSTANTIATE_TEST_SUITE_P(Engines, StoreOwnershipRealUser, ::testing::Values(Engine::lmdb, Engine::files),
                          [](const auto& info) { return std::string(engine_name(info.param)); });
 
 }  // namespace

@@ -1,21 +1,23 @@
 // The folders above a disk store are checked as ssh's StrictModes checks
 // those above a key file, and the files engine reads and writes only
-// through the store folder it opened, with a real second user (uid 65534,
-// "nobody"): files chown'ed to it and a forked child that setuid()s to it.
+// through the store folder it opened.
 //
 // * A store under a folder another user owns, or under a folder others may
 //   write, is refused with one log line naming that folder; compiles go on
 //   without the disk tier. A sticky folder (owned by root) or a root-owned
-//   folder above the store ends the walk.
-// * While a process runs, the other user renames the store folder away (in
-//   a folder of theirs) and puts a prepared store in its place; or, in a
-//   sticky /tmp-like folder, a tmp cleaner removes the store and the other
-//   user makes one of their own under the same name. The running files
-//   tier never hands out the other user's bytes, nor writes into their
-//   store.
+//   folder above the store ends the walk. Owners come from the Cache's Env
+//   (tests/support/fault_env.h shows a folder as another user's or root's),
+//   modes are real, so these run as any user; one test (root only) makes
+//   the other user's folder with a real chown.
+// * While a process runs, the store folder is renamed away and a prepared
+//   store put in its place; or, in a sticky /tmp-like folder, a tmp cleaner
+//   removes the store and a new one is made under the same name. The
+//   running files tier never hands out the new store's bytes, nor writes
+//   into it. As root the swap is made by a real second user (uid 65534,
+//   "nobody", in a forked child that setuid()s to it); as any other user,
+//   by a forked child of the same user.
 //
-// Needs root (to chown and to setuid); skips otherwise. KCACHE_TRIALS sets
-// the number of swap trials (default 20):
+// KCACHE_TRIALS sets the number of swap trials (default 20):
 //   KCACHE_TRIALS=300 build/tests/tier/strict_modes_test
 #include <fcntl.h>
 #include <grp.h>
@@ -28,6 +30,7 @@
 #include <functional>
 #include <string>
 
+#include "fault_env.h"
 #include "kcache/assembly.h"
 #include "kcache/cache.h"
 #include "robust_util.h"
@@ -40,9 +43,13 @@ namespace {
 using test::log_lines;
 using test::TempDir;
 
-constexpr uid_t kOther = 65534;  // nobody
-constexpr gid_t kOtherGroup = 65534;
+constexpr uid_t kNobody = 65534;
+constexpr gid_t kNogroup = 65534;
 constexpr int kEntries = 10;
+
+// Another user than this one: nobody, or (for nobody itself) the uid below.
+uid_t other_uid() { return ::geteuid() == kNobody ? kNobody - 1 : kNobody; }
+gid_t other_gid() { return ::getegid() == kNogroup ? kNogroup - 1 : kNogroup; }
 
 int swap_trials() {
   const char* v = std::getenv("KCACHE_TRIALS");
@@ -50,14 +57,17 @@ int swap_trials() {
   return n > 0 ? n : test::trials(20, 5);
 }
 
-// Runs fn in a child process as the other user; returns fn's result, or -1.
+// Runs fn in a child process: as the other user (nobody) when this process
+// is root, else as this user. Returns fn's result, or -1.
 int run_as_other(const std::function<int()>& fn) {
   fflush(nullptr);
   pid_t pid = ::fork();
   if (pid < 0) return -1;
   if (pid == 0) {
-    gid_t groups[] = {kOtherGroup};
-    if (::setgroups(1, groups) != 0 || ::setgid(kOtherGroup) != 0 || ::setuid(kOther) != 0) ::_exit(100);
+    if (::geteuid() == 0) {
+      gid_t groups[] = {kNogroup};
+      if (::setgroups(1, groups) != 0 || ::setgid(kNogroup) != 0 || ::setuid(kNobody) != 0) ::_exit(100);
+    }
     ::umask(022);
     ::_exit(fn());
   }
@@ -85,34 +95,45 @@ CompileFn compile_of(int i) {
   };
 }
 
-void mkdir_as(const std::string& path, mode_t mode, uid_t uid) {
+// A real folder with `mode`, really owned by `uid` (root only: chown).
+void mkdir_owned(const std::string& path, mode_t mode, uid_t uid) {
   ASSERT_EQ(::mkdir(path.c_str(), 0700), 0) << path;
-  ASSERT_EQ(::chown(path.c_str(), uid, uid == 0 ? 0 : kOtherGroup), 0) << path;
+  ASSERT_EQ(::chown(path.c_str(), uid, uid == 0 ? 0 : kNogroup), 0) << path;
   ASSERT_EQ(::chmod(path.c_str(), mode), 0) << path;
 }
 
 class StrictModes : public ::testing::TestWithParam<Engine> {
  protected:
   void SetUp() override {
-    if (::geteuid() != 0) GTEST_SKIP() << "needs root to chown to another user and to setuid into it";
     if (!engine_built(GetParam())) GTEST_SKIP() << "engine not built";
-    // The other user must reach the folders below.
-    ASSERT_EQ(::chmod(tmp_.path().c_str(), 0755), 0);
+    env_->manual_clock = false;
     log_ = tmp_.path() + "/kcache.log";
   }
   void TearDown() override { util::set_log(LogLevel::warn, ""); }
+
+  // A folder with `mode` (real) that the Cache's Env shows as owned by
+  // `uid` (root's group for root, else the other group).
+  void mkdir_as(const std::string& path, mode_t mode, uid_t uid) {
+    ASSERT_EQ(::mkdir(path.c_str(), 0700), 0) << path;
+    ASSERT_EQ(::chmod(path.c_str(), mode), 0) << path;
+    if (uid != ::geteuid()) {
+      ASSERT_TRUE(env_->show_as(path, {uid, uid == 0 ? 0 : other_gid(), {}})) << path;
+    }
+  }
 
   Options options(const std::string& dir) const {
     Options o = test::disk_options(dir, /*memory=*/false);
     o.engine = GetParam();
     o.log_level = LogLevel::warn;
     o.log_file = log_;
+    o.env = env_;
     return o;
   }
   // Opens a cache in dir: whether it got its disk tier; every compile of
   // kEntries keys must succeed either way.
-  bool opens_with_disk(const std::string& dir) {
-    auto c = Cache::open(options(dir));
+  bool opens_with_disk(const std::string& dir) { return opens_with_disk(options(dir)); }
+  bool opens_with_disk(const Options& o) {
+    auto c = Cache::open(o);
     for (int i = 0; i < kEntries; ++i) EXPECT_TRUE(c->get_or_compile(test::key_of(i), compile_of(i)).has_value());
     EXPECT_EQ(c->stats().compiles, static_cast<uint64_t>(kEntries));
     return !c->tiers().empty();
@@ -120,21 +141,40 @@ class StrictModes : public ::testing::TestWithParam<Engine> {
 
   TempDir tmp_;
   std::string log_;
+  std::shared_ptr<test::FaultEnv> env_ = std::make_shared<test::FaultEnv>();
 };
 
 TEST_P(StrictModes, AStoreUnderAFolderAnotherUserOwnsIsRefusedWithOneLineNamingIt) {
   const std::string theirs = tmp_.path() + "/theirs";
-  mkdir_as(theirs, 0755, kOther);
+  mkdir_as(theirs, 0755, other_uid());
   EXPECT_FALSE(opens_with_disk(theirs + "/kc")) << "a store below another user's folder was opened";
   auto lines = log_lines(log_, "refusing");
   ASSERT_EQ(lines.size(), 1u);
   EXPECT_NE(lines[0].find("refusing " + theirs + ","), std::string::npos) << lines[0];
-  EXPECT_NE(lines[0].find("owned by uid " + std::to_string(kOther)), std::string::npos) << lines[0];
+  EXPECT_NE(lines[0].find("owned by uid " + std::to_string(other_uid())), std::string::npos) << lines[0];
+  // Shown as this user's again, the same folder is accepted.
+  env_->show_real(theirs);
+  EXPECT_TRUE(opens_with_disk(theirs + "/kc"));
+}
+
+// The same with a real second user: the folder chown'ed to nobody.
+TEST_P(StrictModes, AStoreUnderAFolderARealOtherUserOwnsIsRefused) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to chown to another user";
+  ASSERT_EQ(::chmod(tmp_.path().c_str(), 0755), 0);
+  const std::string theirs = tmp_.path() + "/theirs";
+  mkdir_owned(theirs, 0755, kNobody);
+  Options o = options(theirs + "/kc");
+  o.env = nullptr;  // the system's own answers
+  EXPECT_FALSE(opens_with_disk(o)) << "a store below another user's folder was opened";
+  auto lines = log_lines(log_, "refusing");
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_NE(lines[0].find("refusing " + theirs + ","), std::string::npos) << lines[0];
+  EXPECT_NE(lines[0].find("owned by uid " + std::to_string(kNobody)), std::string::npos) << lines[0];
 }
 
 TEST_P(StrictModes, AStoreUnderAFolderOthersMayWriteIsRefusedWithOneLineNamingIt) {
   const std::string open = tmp_.path() + "/open";
-  mkdir_as(open, 0700, 0);
+  mkdir_as(open, 0700, ::geteuid());
   for (mode_t mode : {0770, 0707, 0777}) {
     ASSERT_EQ(::chmod(open.c_str(), mode), 0);
     EXPECT_FALSE(opens_with_disk(open + "/kc")) << "parent mode " << std::oct << mode;
@@ -152,7 +192,7 @@ TEST_P(StrictModes, AStoreUnderAFolderOthersMayWriteIsRefusedWithOneLineNamingIt
 TEST_P(StrictModes, ARootOwnedOrStickyFolderAboveTheStoreEndsTheWalk) {
   // Above both: a folder another user owns and everyone may write.
   const std::string wild = tmp_.path() + "/wild";
-  mkdir_as(wild, 0777, kOther);
+  mkdir_as(wild, 0777, other_uid());
   const std::string sticky = wild + "/sticky";
   mkdir_as(sticky, 01777, 0);
   const std::string root_owned = wild + "/root";
@@ -162,7 +202,7 @@ TEST_P(StrictModes, ARootOwnedOrStickyFolderAboveTheStoreEndsTheWalk) {
   EXPECT_EQ(log_lines(log_, "refusing").size(), 0u);
   // A sticky folder of another user is theirs to empty: refused.
   const std::string their_sticky = tmp_.path() + "/their-sticky";
-  mkdir_as(their_sticky, 01777, kOther);
+  mkdir_as(their_sticky, 01777, other_uid());
   EXPECT_FALSE(opens_with_disk(their_sticky + "/kc"));
   auto lines = log_lines(log_, "refusing");
   ASSERT_EQ(lines.size(), 1u);
@@ -171,8 +211,8 @@ TEST_P(StrictModes, ARootOwnedOrStickyFolderAboveTheStoreEndsTheWalk) {
 
 TEST_P(StrictModes, TheCheckFollowsLinksToTheRealFolders) {
   const std::string theirs = tmp_.path() + "/theirs";
-  mkdir_as(theirs, 0755, kOther);
-  mkdir_as(theirs + "/kc", 0700, 0);
+  mkdir_as(theirs, 0755, other_uid());
+  mkdir_as(theirs + "/kc", 0700, ::geteuid());
   const std::string link = tmp_.path() + "/link";
   ASSERT_EQ(::symlink((theirs + "/kc").c_str(), link.c_str()), 0);
   EXPECT_FALSE(opens_with_disk(link)) << "a link hid the other user's folder above the store";
@@ -182,19 +222,27 @@ TEST_P(StrictModes, TheCheckFollowsLinksToTheRealFolders) {
 }
 
 TEST_P(StrictModes, AFolderOfTheSharedGroupAboveTheStoreIsAcceptedOthersAreNot) {
+  // This process's own group is one it is a member of, whoever runs it.
   const std::string team = tmp_.path() + "/team";
-  mkdir_as(team, 02770, 0);
-  ASSERT_EQ(::chown(team.c_str(), 0, kOtherGroup), 0);
-  ASSERT_EQ(::chmod(team.c_str(), 02770), 0);
+  mkdir_as(team, 02770, ::geteuid());
   // The cache folder itself is private: only the one above is the group's.
-  mkdir_as(team + "/kc", 0700, 0);
+  mkdir_as(team + "/kc", 0700, ::geteuid());
   Options o = options(team + "/kc");
   EXPECT_TRUE(Cache::open(o)->tiers().empty()) << "a group-writable folder was accepted without sharing";
   auto lines = log_lines(log_, "refusing");
   ASSERT_EQ(lines.size(), 1u);
   EXPECT_NE(lines[0].find("refusing " + team + ","), std::string::npos) << lines[0];
-  o.shared_group = std::to_string(kOtherGroup);
+  o.shared_group = std::to_string(::getegid());
   EXPECT_FALSE(Cache::open(o)->tiers().empty()) << "the shared group's folder was refused";
+  // Shown in another group, it is refused again for a new store beside
+  // (for the one made above, a root-owned store folder ends the walk).
+  ASSERT_TRUE(env_->show_as(team, {{}, other_gid(), {}}));
+  o.dir = team + "/kc2";
+  EXPECT_TRUE(Cache::open(o)->tiers().empty()) << "a folder of another group was accepted";
+  lines = log_lines(log_, "refusing");
+  ASSERT_EQ(lines.size(), 2u);
+  EXPECT_NE(lines[1].find("refusing " + team + ","), std::string::npos) << lines[1];
+  EXPECT_NE(lines[1].find("not the shared group"), std::string::npos) << lines[1];
 }
 
 INSTANTIATE_TEST_SUITE_P(Engines, StrictModes, ::testing::Values(Engine::lmdb, Engine::files),
@@ -205,6 +253,20 @@ TEST(StoreFolders, NotFoundForAMissingFolderOkForAPrivateOne) {
   TempDir t;
   EXPECT_EQ(check_store_folders(t.path() + "/none", {}).code(), Errc::not_found);
   EXPECT_TRUE(check_store_folders(t.path(), {}).is_ok()) << check_store_folders(t.path(), {}).to_string();
+}
+
+// A folder of the walk that cannot be opened or judged is an error that
+// names it, never a pass.
+TEST(StoreFolders, AFolderThatCannotBeOpenedIsAnErrorNamingIt) {
+  TempDir t;
+  test::FaultEnv env;
+  env.manual_clock = false;
+  env.denied = true;
+  Status s = check_store_folders(t.path(), {}, env);
+  EXPECT_EQ(s.code(), Errc::read_only) << s.to_string();
+  EXPECT_NE(s.message().find(t.path()), std::string::npos) << s.to_string();
+  env.denied = false;
+  EXPECT_TRUE(check_store_folders(t.path(), {}, env).is_ok());
 }
 
 // ---- a store swapped under a running files tier ---------------------------
@@ -253,9 +315,6 @@ bool has_file_for(const std::string& path, int i) {
 
 class SwappedStore : public ::testing::Test {
  protected:
-  void SetUp() override {
-    if (::geteuid() != 0) GTEST_SKIP() << "needs root to chown to another user and to setuid into it";
-  }
   // Runs the trials: `swap` replaces the store at `store` (made anew in
   // `parent` for each trial) while a tier holds it open.
   void run(const std::string& what, mode_t parent_mode, uid_t parent_owner,
@@ -267,7 +326,12 @@ class SwappedStore : public ::testing::Test {
       TempDir t;
       ASSERT_EQ(::chmod(t.path().c_str(), 0755), 0);
       const std::string parent = t.path() + "/parent";
-      mkdir_as(parent, parent_mode, parent_owner);
+      if (::geteuid() == 0) {
+        mkdir_owned(parent, parent_mode, parent_owner);
+      } else {
+        ASSERT_EQ(::mkdir(parent.c_str(), 0700), 0);
+        ASSERT_EQ(::chmod(parent.c_str(), parent_mode), 0);
+      }
       const std::string store = parent + "/store";
       DiskTierOptions o;
       o.durability = Durability::none;
@@ -278,7 +342,9 @@ class SwappedStore : public ::testing::Test {
       ASSERT_EQ(swap(store, trial), 0) << what << ": the swap itself failed";
       struct stat st;
       ASSERT_EQ(::stat(store.c_str(), &st), 0);
-      ASSERT_EQ(st.st_uid, kOther) << "the store in place is the other user's";
+      if (::geteuid() == 0) {
+        ASSERT_EQ(st.st_uid, kNobody) << "the store in place is the other user's";
+      }
       Seen s = read_all(**tier);
       total.own += s.own;
       total.foreign += s.foreign;
@@ -299,7 +365,7 @@ class SwappedStore : public ::testing::Test {
 };
 
 TEST_F(SwappedStore, RenamedAwayInTheOtherUsersFolderAndReplaced) {
-  run("renamed and replaced", 0755, kOther, [](const std::string& store, int trial) {
+  run("renamed and replaced", 0755, kNobody, [](const std::string& store, int trial) {
     return run_as_other([&] {
       if (::rename(store.c_str(), (store + ".moved" + std::to_string(trial)).c_str()) != 0) return 40;
       return prepare_foreign_store(store);

@@ -12,6 +12,7 @@
 #include "kcache/bundle.h"
 #include "tier/bundle/bundle_format.h"
 #include "util/fast_xxhash.h"
+#include "util/fd.h"
 #include "util/util.h"
 
 namespace kcache::bundle {
@@ -149,18 +150,18 @@ Status bundle_keygen(const std::string& key_file) {
   KCACHE_TRY(std::string priv, pem(true));
   KCACHE_TRY(std::string pub, pem(false));
   // O_EXCL: never replaces a key that appeared meanwhile.
-  int fd = util::open_above_std(key_file.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-  if (fd < 0) return util::errno_status(errno, "create " + key_file);
-  bool ok = ::fchmod(fd, 0600) == 0 && ::write(fd, priv.data(), priv.size()) == static_cast<ssize_t>(priv.size()) &&
-            ::fsync(fd) == 0;
-  int err = errno;
-  ::close(fd);
-  if (!ok) {
-    ::unlink(key_file.c_str());
+  Env& env = *Env::posix();
+  util::Fd fd(env.open(key_file, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600), env);
+  if (!fd) return util::errno_status(errno, "create " + key_file);
+  int err = env.fchmod(fd.get(), 0600) != 0 ? errno : util::pwrite_all(env, fd.get(), priv);
+  if (err == 0 && env.fdatasync(fd.get()) != 0) err = errno;
+  if (fd.close() != 0 && err == 0) err = errno;
+  if (err != 0) {
+    env.unlink(key_file);
     return util::errno_status(err, "write " + key_file);
   }
-  Status s = util::write_file_atomic_via(key_file + ".tmp", pub_file, pub, true, 0644);
-  if (!s.is_ok()) ::unlink(key_file.c_str());
+  Status s = util::write_file_atomic_via(key_file + ".tmp", pub_file, pub, true, 0644, env);
+  if (!s.is_ok()) env.unlink(key_file);
   return s;
 }
 

@@ -11,6 +11,7 @@
 
 #include "kcache/bundle.h"
 #include "kcache/entry.h"
+#include "kcache/env.h"
 #include "kcache/tier.h"
 
 namespace kcache::bundle {
@@ -67,7 +68,9 @@ class Reader {
   mutable std::unique_ptr<std::atomic<uint8_t>[]> block_ok_, entry_ok_;
 };
 
-Expected<std::shared_ptr<Reader>> open_file(const std::string& path, const std::vector<std::string>& trusted_keys);
+// The bundle file at `path`, opened and read through `env` (null: Env::posix()).
+Expected<std::shared_ptr<Reader>> open_file(const std::string& path, const std::vector<std::string>& trusted_keys,
+                                            std::shared_ptr<Env> env = nullptr);
 Expected<std::shared_ptr<Reader>> open_bytes(std::string_view bytes, const std::vector<std::string>& trusted_keys);
 std::shared_ptr<Tier> make_tier(std::shared_ptr<Reader> r);
 

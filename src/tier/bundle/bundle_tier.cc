@@ -15,6 +15,7 @@
 #include "tier/bundle/bundle_format.h"
 #include "tier/bundle/bundle_reader.h"
 #include "tier/core/atomic_stats.h"
+#include "util/fd.h"
 #include "util/util.h"
 
 namespace kcache::bundle {
@@ -30,13 +31,13 @@ namespace {
 // their checks, never a signal.
 class FileImage final : public Image {
  public:
-  FileImage(int fd, const struct stat& st, std::string path) : fd_(fd), st_(st), path_(std::move(path)) {}
-  ~FileImage() override { ::close(fd_); }
+  FileImage(std::shared_ptr<Env> env, util::Fd fd, const struct stat& st, std::string path)
+      : env_(std::move(env)), fd_(std::move(fd)), st_(st), path_(std::move(path)) {}
   uint64_t size() const noexcept override { return static_cast<uint64_t>(st_.st_size); }
   Expected<std::shared_ptr<const Buffer>> read(uint64_t off, uint64_t len) const override {
     if (changed_.load(std::memory_order_relaxed)) return changed_error();
     struct stat now;
-    if (::fstat(fd_, &now) != 0) return util::errno_status(errno, "stat bundle " + path_);
+    if (env_->fstat(fd_.get(), &now) != 0) return util::errno_status(errno, "stat bundle " + path_);
     if (now.st_size != st_.st_size || now.st_mtim.tv_sec != st_.st_mtim.tv_sec ||
         now.st_mtim.tv_nsec != st_.st_mtim.tv_nsec) {
       changed_.store(true, std::memory_order_relaxed);
@@ -50,7 +51,8 @@ class FileImage final : public Image {
     }
     uint64_t got = 0;
     while (got < len) {
-      ssize_t n = ::pread(fd_, buf->data() + got, static_cast<size_t>(len - got), static_cast<off_t>(off + got));
+      ssize_t n =
+          env_->pread(fd_.get(), buf->data() + got, static_cast<size_t>(len - got), static_cast<off_t>(off + got));
       if (n < 0 && errno == EINTR) continue;
       if (n < 0) return util::errno_status(errno, "read bundle " + path_);
       if (n == 0) return Status(Errc::corrupt, "bundle " + path_ + " is shorter than when it was opened");
@@ -66,7 +68,8 @@ class FileImage final : public Image {
                                          "not used until mounted again (replace a bundle by renaming a new file "
                                          "over it)");
   }
-  const int fd_;
+  const std::shared_ptr<Env> env_;  // never null; outlives fd_
+  const util::Fd fd_;
   const struct stat st_;
   const std::string path_;
   mutable std::atomic<bool> changed_{false};
@@ -328,26 +331,17 @@ class BundleTier final : public Tier, public StoreAdmin {
 
 uint64_t Reader::length_at(uint64_t i) const { return util::get_u64(index_ + i * kRecordSize + r_length); }
 
-Expected<std::shared_ptr<Reader>> open_file(const std::string& path, const std::vector<std::string>& trusted_keys) {
-  int fd = util::open_above_std(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return util::errno_status(errno, "open bundle " + path);
+Expected<std::shared_ptr<Reader>> open_file(const std::string& path, const std::vector<std::string>& trusted_keys,
+                                            std::shared_ptr<Env> env) {
+  if (!env) env = Env::posix();
+  util::Fd fd(env->open(path, O_RDONLY | O_CLOEXEC), *env);
+  if (!fd) return util::errno_status(errno, "open bundle " + path);
   struct stat st;
-  if (::fstat(fd, &st) != 0) {
-    Status s = util::errno_status(errno, "stat bundle " + path);
-    ::close(fd);
-    return s;
-  }
-  if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
-    return Status(Errc::invalid_argument, "bundle " + path + " is not a regular file");
-  }
-  size_t n = static_cast<size_t>(st.st_size);
-  if (n < kHeaderSize) {
-    ::close(fd);
-    return refused(path, "shorter than its header");
-  }
-  util::note_store_file(fd);
-  return Reader::open(std::make_shared<FileImage>(fd, st, path), path, trusted_keys);
+  if (env->fstat(fd.get(), &st) != 0) return util::errno_status(errno, "stat bundle " + path);
+  if (!S_ISREG(st.st_mode)) return Status(Errc::invalid_argument, "bundle " + path + " is not a regular file");
+  if (static_cast<uint64_t>(st.st_size) < kHeaderSize) return refused(path, "shorter than its header");
+  util::note_store_file(fd.get());
+  return Reader::open(std::make_shared<FileImage>(std::move(env), std::move(fd), st, path), path, trusted_keys);
 }
 
 Expected<std::shared_ptr<Reader>> open_bytes(std::string_view bytes, const std::vector<std::string>& trusted_keys) {

@@ -2,7 +2,6 @@
 // keys, or what was created or used since a mark), lays them out behind a
 // header and a sorted index (bundle_format.h), and signs header and index
 // digests with Ed25519 when a private key is given.
-#include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -18,6 +17,7 @@
 
 #include "kcache/bundle.h"
 #include "tier/bundle/bundle_format.h"
+#include "util/fd.h"
 #include "util/util.h"
 
 namespace kcache::bundle {
@@ -52,26 +52,22 @@ class StringSink final : public DataSink {
   std::string data;
 };
 
-Status write_all(int fd, std::string_view bytes, const std::string& what) {
-  while (!bytes.empty()) {
-    ssize_t n = ::write(fd, bytes.data(), bytes.size());
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return util::errno_status(errno, "write " + what);
-    bytes.remove_prefix(static_cast<size_t>(n));
-  }
+Status write_at(Env& env, int fd, std::string_view bytes, uint64_t at, const std::string& what) {
+  if (int e = util::pwrite_all(env, fd, bytes, static_cast<off_t>(at))) return util::errno_status(e, "write " + what);
   return Status();
 }
 
 class FileSink final : public DataSink {
  public:
-  FileSink(int fd, std::string what) : fd_(fd), what_(std::move(what)) {}
+  FileSink(Env& env, int fd, std::string what) : env_(env), fd_(fd), what_(std::move(what)) {}
   Status append(std::string_view bytes) override {
-    KCACHE_RETURN_IF_ERROR(write_all(fd_, bytes, what_));
+    KCACHE_RETURN_IF_ERROR(write_at(env_, fd_, bytes, size, what_));
     size += bytes.size();
     return Status();
   }
 
  private:
+  Env& env_;
   int fd_;
   std::string what_;
 };
@@ -204,9 +200,9 @@ namespace {
 // named, a symbolic link's target (the link stays). Anything else (a device
 // such as /dev/full, a FIFO, a folder, a link to a missing file) is refused:
 // the writer's rename would replace it with a regular file.
-Expected<std::string> bundle_target(const std::string& path) {
+Expected<std::string> bundle_target(Env& env, const std::string& path) {
   struct stat st;
-  if (::stat(path.c_str(), &st) == 0) {
+  if (env.stat(path, &st) == 0) {
     if (!S_ISREG(st.st_mode))
       return Status(Errc::io_error, path + " is not a regular file; a bundle is written to a file, not replaced");
     char* real = ::realpath(path.c_str(), nullptr);
@@ -216,7 +212,7 @@ Expected<std::string> bundle_target(const std::string& path) {
     return t;
   }
   if (errno != ENOENT) return util::errno_status(errno, path);
-  if (::lstat(path.c_str(), &st) == 0 && S_ISLNK(st.st_mode))
+  if (env.statat(AT_FDCWD, path, &st) == 0 && S_ISLNK(st.st_mode))
     return Status(Errc::io_error, path + " is a symbolic link to a missing file; not replaced");
   return path;
 }
@@ -235,23 +231,23 @@ bool is_bundle_temp(std::string_view name, std::string_view prefix) {
 // Removes the temp files of writers of `target` that were killed before
 // their rename: this user's plain files an hour old or more (a writer that
 // is still going keeps its file's mtime fresh).
-void collect_stale_temps(const std::string& target) {
+void collect_stale_temps(Env& env, const std::string& target) {
   size_t slash = target.rfind('/');
   std::string folder = slash == std::string::npos ? std::string(".") : target.substr(0, slash ? slash : 1);
   std::string prefix = (slash == std::string::npos ? target : target.substr(slash + 1)) + std::string(kBundleTemp);
-  DIR* d = ::opendir(folder.c_str());
-  if (!d) return;
-  const time_t now = ::time(nullptr);
+  util::Fd d(env.open(folder, O_RDONLY | O_DIRECTORY | O_CLOEXEC), env);
+  std::vector<std::string> names;
+  if (!d || env.list_dir_at(d.get(), ".", &names) != 0) return;
+  const time_t now = static_cast<time_t>(env.now_unix_ms() / 1000);
   uint64_t removed = 0;
-  while (struct dirent* de = ::readdir(d)) {
-    if (!is_bundle_temp(de->d_name, prefix)) continue;
+  for (const auto& name : names) {
+    if (!is_bundle_temp(name, prefix)) continue;
     struct stat st;
-    if (::fstatat(::dirfd(d), de->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode) ||
-        st.st_uid != ::geteuid() || now - st.st_mtime < kStaleTempSeconds)
+    if (env.statat(d.get(), name, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != ::geteuid() ||
+        now - st.st_mtime < kStaleTempSeconds)
       continue;
-    if (::unlinkat(::dirfd(d), de->d_name, 0) == 0) ++removed;
+    if (env.unlinkat(d.get(), name) == 0) ++removed;
   }
-  ::closedir(d);
   if (removed)
     KCACHE_LOG(LogLevel::info, "removed %llu stale temp files of %s", static_cast<unsigned long long>(removed),
                target.c_str());
@@ -282,13 +278,11 @@ Expected<BundleInfo> write_file(Tier& from, const BundleSelection& selection, co
   // The entries go to an unnamed temp file beside the bundle first (the
   // index comes before them and is known only at the end); then header,
   // index and entries are copied into a named temp file renamed into place.
-  int data_fd = util::open_above_std(dir.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
-  if (data_fd < 0) return util::errno_status(errno, "temp file in " + dir);
-  struct Closer {
-    int fd;
-    ~Closer() { ::close(fd); }
-  } close_data{data_fd};
-  bundle::FileSink data(data_fd, "temp file in " + dir);
+  Env& env = Env::or_posix(options.env);
+  util::Fd data_file(env.open(dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600), env);
+  if (!data_file) return util::errno_status(errno, "temp file in " + dir);
+  const int data_fd = data_file.get();
+  bundle::FileSink data(env, data_fd, "temp file in " + dir);
   BundleInfo info;
   KCACHE_TRY(std::string head, bundle::build(from, selection, options, data, &info));
 
@@ -296,33 +290,38 @@ Expected<BundleInfo> write_file(Tier& from, const BundleSelection& selection, co
   std::snprintf(suffix, sizeof suffix, "%016llx", static_cast<unsigned long long>(util::random_u64()));
   std::string tmp = path + ".tmp." + suffix;
   // Shipped to others: readable by all, like any file one ships.
-  int fd = util::open_above_std(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (fd < 0) return util::errno_status(errno, "create " + tmp);
-  Status st = bundle::write_all(fd, head, tmp);
-  loff_t in = 0;
+  util::Fd file(env.open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644), env);
+  if (!file) return util::errno_status(errno, "create " + tmp);
+  const int fd = file.get();
+  Status st = bundle::write_at(env, fd, head, 0, tmp);
+  loff_t in = 0, out = static_cast<loff_t>(head.size());
   uint64_t left = data.size;
   while (st.is_ok() && left > 0) {
-    ssize_t n = ::copy_file_range(data_fd, &in, fd, nullptr, left, 0);
+    // In the kernel where it can (not through the Env: the bytes were
+    // written through it once already).
+    ssize_t n = ::copy_file_range(data_fd, &in, fd, &out, left, 0);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
       // No in-kernel copy here: read and write.
       std::string buf(std::min<uint64_t>(left, 1 << 20), '\0');
-      ssize_t r = ::pread(data_fd, buf.data(), buf.size(), in);
+      ssize_t r = env.pread(data_fd, buf.data(), buf.size(), in);
       if (r <= 0) {
         st = util::errno_status(r < 0 ? errno : EIO, "read back " + tmp);
         break;
       }
-      st = bundle::write_all(fd, std::string_view(buf.data(), static_cast<size_t>(r)), tmp);
+      st = bundle::write_at(env, fd, std::string_view(buf.data(), static_cast<size_t>(r)), static_cast<uint64_t>(out),
+                            tmp);
       n = r;
       in += r;
+      out += r;
     }
     left -= static_cast<uint64_t>(n);
   }
-  if (st.is_ok() && ::fdatasync(fd) != 0) st = util::errno_status(errno, "fsync " + tmp);
-  if (::close(fd) != 0 && st.is_ok()) st = util::errno_status(errno, "close " + tmp);
-  if (st.is_ok() && ::rename(tmp.c_str(), path.c_str()) != 0) st = util::errno_status(errno, "rename " + tmp);
+  if (st.is_ok() && env.fdatasync(fd) != 0) st = util::errno_status(errno, "fsync " + tmp);
+  if (file.close() != 0 && st.is_ok()) st = util::errno_status(errno, "close " + tmp);
+  if (st.is_ok() && env.rename(tmp, path) != 0) st = util::errno_status(errno, "rename " + tmp);
   if (!st.is_ok()) {
-    ::unlink(tmp.c_str());
+    env.unlink(tmp);
     return st;
   }
   return info;
@@ -333,8 +332,9 @@ Expected<BundleInfo> write_file(Tier& from, const BundleSelection& selection, co
 Expected<BundleInfo> write_bundle(Tier& from, const BundleSelection& selection, const std::string& path,
                                   const BundleWriteOptions& options) {
   if (path.empty()) return Status(Errc::invalid_argument, "no bundle file named");
-  KCACHE_TRY(std::string target, bundle_target(path));
-  collect_stale_temps(target);
+  Env& env = Env::or_posix(options.env);
+  KCACHE_TRY(std::string target, bundle_target(env, path));
+  collect_stale_temps(env, target);
   auto info = write_file(from, selection, target, options);
   if (!info) return naming(std::move(info).error(), target, path);
   return info;

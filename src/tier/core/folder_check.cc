@@ -9,6 +9,8 @@
 #include <climits>
 #include <cstdlib>
 
+#include "util/fd.h"
+
 namespace kcache {
 namespace {
 
@@ -19,21 +21,6 @@ constexpr int kWalkFlags = O_PATH | O_DIRECTORY | O_CLOEXEC;
 constexpr int kWalkFlags = O_RDONLY | O_DIRECTORY | O_CLOEXEC;
 #endif
 
-// Closes the descriptor it holds.
-struct Fd {
-  int fd = -1;
-  explicit Fd(int f) : fd(f) {}
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  ~Fd() {
-    if (fd >= 0) ::close(fd);
-  }
-  void reset(int f) {
-    if (fd >= 0) ::close(fd);
-    fd = f;
-  }
-};
-
 std::string parent_name(const std::string& p) {
   size_t s = p.rfind('/');
   return s == 0 || s == std::string::npos ? std::string("/") : p.substr(0, s);
@@ -41,7 +28,7 @@ std::string parent_name(const std::string& p) {
 
 }  // namespace
 
-Status check_store_folders(const std::string& folder, const util::StoreTrust& trust) {
+Status check_store_folders(const std::string& folder, const util::StoreTrust& trust, Env& env) {
   char* real = ::realpath(folder.c_str(), nullptr);
   if (!real) {
     if (errno == ENOENT) return Status(Errc::not_found, folder + " does not exist");
@@ -49,12 +36,12 @@ Status check_store_folders(const std::string& folder, const util::StoreTrust& tr
   }
   const std::string store(real);
   std::free(real);
-  Fd fd(::open(store.c_str(), kWalkFlags));
-  if (fd.fd < 0) return util::errno_status(errno, "open " + store);
+  util::Fd fd(env.open(store, kWalkFlags), env);
+  if (!fd) return util::errno_status(errno, "open " + store);
   std::string name = store;
   for (int depth = 0; depth < PATH_MAX; ++depth) {
     struct stat st;
-    if (::fstat(fd.fd, &st) != 0) return util::errno_status(errno, "stat " + name);
+    if (env.fstat(fd.get(), &st) != 0) return util::errno_status(errno, "stat " + name);
     if (depth == 0 && !S_ISDIR(st.st_mode)) return Status(Errc::unavailable, "refusing " + name + ": not a folder");
     const bool sticky = depth > 0 && (st.st_mode & S_ISVTX);
     struct stat judged = st;
@@ -74,13 +61,12 @@ Status check_store_folders(const std::string& folder, const util::StoreTrust& tr
                                            "in its place");
     }
     if (sticky || (depth > 0 && st.st_uid == 0)) return Status();
-    Fd up(::openat(fd.fd, "..", kWalkFlags));
-    if (up.fd < 0) return util::errno_status(errno, "open " + parent_name(name));
+    util::Fd up(env.openat(fd.get(), "..", kWalkFlags), env);
+    if (!up) return util::errno_status(errno, "open " + parent_name(name));
     struct stat ust;
-    if (::fstat(up.fd, &ust) != 0) return util::errno_status(errno, "stat " + parent_name(name));
+    if (env.fstat(up.get(), &ust) != 0) return util::errno_status(errno, "stat " + parent_name(name));
     if (ust.st_dev == st.st_dev && ust.st_ino == st.st_ino) return Status();  // the root
-    fd.reset(up.fd);
-    up.fd = -1;
+    fd = std::move(up);
     name = parent_name(name);
   }
   return Status(Errc::unavailable, "refusing " + store + ": too many folders above it");

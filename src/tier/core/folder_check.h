@@ -15,7 +15,8 @@
 // The folders are reached from the store folder through "..", each opened
 // relative to the one below it (O_PATH where there is one), so a folder
 // renamed while the walk runs cannot make it check another chain than the
-// one the store is in.
+// one the store is in. The folders are opened and judged (fstat) through
+// `env` (kcache/env.h).
 #pragma once
 
 #include <string>
@@ -28,6 +29,6 @@ namespace kcache {
 // Ok when `folder` and the folders above it may be trusted as described
 // above. not_found when `folder` does not exist; unavailable with one
 // sentence naming the refused folder, its owner or mode, otherwise.
-Status check_store_folders(const std::string& folder, const util::StoreTrust& trust);
+Status check_store_folders(const std::string& folder, const util::StoreTrust& trust, Env& env = *Env::posix());
 
 }  // namespace kcache

@@ -103,17 +103,7 @@ Status write_temp(Env& env, int dir, const std::string& where, const std::string
   int fd = env.openat(dir, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode);
   if (fd < 0) return util::errno_status(errno, "create " + where + "/" + tmp);
   if (mode != 0600) (void)env.fchmod(fd, mode);
-  size_t off = 0;
-  int err = 0;
-  while (off < data.size()) {
-    ssize_t n = env.write(fd, data.data() + off, data.size() - off);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      err = n < 0 ? errno : ENOSPC;
-      break;
-    }
-    off += static_cast<size_t>(n);
-  }
+  int err = util::pwrite_all(env, fd, data);
   if (!err && sync && env.fdatasync(fd) != 0) err = errno;
   if (env.close(fd) != 0 && !err) err = errno;
   if (err) {
