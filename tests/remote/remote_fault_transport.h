@@ -63,6 +63,9 @@ class FaultTransport final : public RemoteTransport, public RemoteLeaseBackend {
     wrong_type_keys_[key] = true;
   }
   uint64_t calls() const { return calls_.load(); }
+  // The timeouts the policy set (set_timeouts).
+  uint64_t connect_ms() const { return connect_ms_.load(); }
+  uint64_t command_ms() const { return command_ms_.load(); }
 
   Expected<RemoteBytes> get(const Key& key) override {
     KCACHE_RETURN_IF_ERROR(enter());
@@ -72,7 +75,7 @@ class FaultTransport final : public RemoteTransport, public RemoteLeaseBackend {
     if (it == values_.end() || expired(it->second.expiry_ms)) return RemoteBytes();
     return make_heap_buffer(it->second.bytes);
   }
-  Status get_many(std::span<const Key> keys, std::vector<Expected<RemoteBytes>>* out) override {
+  Status get_many(const std::vector<Key>& keys, std::vector<Expected<RemoteBytes>>* out) override {
     KCACHE_RETURN_IF_ERROR(enter());
     out->clear();
     std::lock_guard g(mu_);

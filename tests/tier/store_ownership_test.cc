@@ -19,7 +19,7 @@
 #include <sstream>
 #include <string>
 
-#include "kcache/assembly.h"
+#include "cache/assembly.h"
 #include "kcache/cache.h"
 #include "kcache/lease.h"
 #include "lease/table_layout.h"

@@ -28,7 +28,7 @@
 #include <functional>
 #include <string>
 
-#include "kcache/assembly.h"
+#include "cache/assembly.h"
 #include "kcache/cache.h"
 #include "robust_util.h"
 #include "tier/core/folder_check.h"
