@@ -63,9 +63,6 @@ class FaultTransport final : public RemoteTransport, public RemoteLeaseBackend {
     wrong_type_keys_[key] = true;
   }
   uint64_t calls() const { return calls_.load(); }
-  // The timeouts the policy set (set_timeouts).
-  uint64_t connect_ms() const { return connect_ms_.load(); }
-  uint64_t command_ms() const { return command_ms_.load(); }
 
   Expected<RemoteBytes> get(const Key& key) override {
     KCACHE_RETURN_IF_ERROR(enter());

@@ -33,6 +33,19 @@ void check(bool ok, const char* what) {
   }
 }
 
+// An object file's bytes, a NUL among them.
+const std::string kObject(
+    "\x7f"
+    "ELF\0object",
+    11);
+
+// Whether `cache` holds the object under `key`, found in the tier `want`.
+bool holds_object(kcache::Cache& cache, const kcache::KeyInfo& key, kcache::Source want) {
+  kcache::Source source = kcache::Source::other;
+  auto e = cache.get(key, &source);
+  return e && e->artifact("obj") == std::string_view(kObject) && source == want;
+}
+
 // put, then get from memory; reopened, get from disk.
 void put_get(const std::string& dir) {
   kcache::Options options;
@@ -42,29 +55,12 @@ void put_get(const std::string& dir) {
   if (!key) return;
   {
     auto cache = kcache::Cache::open(options);
-    check(cache
-              ->put(*key, {{"obj", std::string("\x7f"
-                                               "ELF\0object",
-                                               11)}})
-              .has_value(),
-          "put");
-    kcache::Source source = kcache::Source::other;
-    auto e = cache->get(*key, &source);
-    check(e && e->artifact("obj") == std::string_view("\x7f"
-                                                      "ELF\0object",
-                                                      11),
-          "bytes from memory");
-    check(source == kcache::Source::memory, "first get from the memory tier");
+    check(cache->put(*key, {{"obj", kObject}}).has_value(), "put");
+    check(holds_object(*cache, *key, kcache::Source::memory), "the bytes, from the memory tier");
     cache->flush();
   }
-  auto cache = kcache::Cache::open(options);
-  kcache::Source source = kcache::Source::other;
-  auto e = cache->get(*key, &source);
-  check(e && e->artifact("obj") == std::string_view("\x7f"
-                                                    "ELF\0object",
-                                                    11),
-        "bytes after reopening");
-  check(source == kcache::Source::disk, "get after reopening from the disk tier");
+  check(holds_object(*kcache::Cache::open(options), *key, kcache::Source::disk),
+        "the bytes after reopening, from the disk tier");
 
   // Keys compare and order as values (kcache/key.h without <=>).
   auto other = kcache::KeyBuilder("consumer17/1").add_string("source", "kernel void j() {}").finish();
