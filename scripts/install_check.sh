@@ -29,6 +29,14 @@ for f in include/kcache/cache.h include/kcache/kcache.h include/kcache/status.h 
          lib/cmake/kcache/kcache-targets.cmake lib/pkgconfig/kcache.pc; do
   [ -e "$prefix/$f" ] || fail "$f is not installed"
 done
+# Every header a public header includes is installed too; the internal ones
+# (src/, such as cache/assembly.h) are neither installed nor named.
+for h in "$prefix"/include/kcache/*.h; do
+  for inc in $(sed -n 's|^#include [<"]\(kcache/[a-z0-9_]*\.h\)[>"].*|\1|p' "$h"); do
+    [ -e "$prefix/include/$inc" ] || fail "$(basename "$h") includes $inc, which is not installed"
+  done
+done
+[ ! -e "$prefix/include/kcache/assembly.h" ] || fail "the internal assembly.h is installed"
 # No build-only flag or path reaches a client.
 for bad in -fno-rtti -fsanitize -Werror KCACHE_HAVE_ "$src/" "$build/"; do
   if grep -rqF -- "$bad" "$prefix/lib/cmake/kcache" "$prefix/lib/pkgconfig"; then
