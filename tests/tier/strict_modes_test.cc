@@ -14,9 +14,9 @@
 //   tier never hands out the other user's bytes, nor writes into their
 //   store.
 //
-// Needs root (to chown and to setuid); skips otherwise. KCACHE_TRIALS sets
+// Needs root (to chown and to setuid); skips otherwise. KCACHE_TEST_TRIALS sets
 // the number of swap trials (default 20):
-//   KCACHE_TRIALS=300 build/tests/tier/strict_modes_test
+//   KCACHE_TEST_TRIALS=300 build/tests/tier/strict_modes_test
 #include <fcntl.h>
 #include <grp.h>
 #include <sys/stat.h>
@@ -45,7 +45,7 @@ constexpr gid_t kOtherGroup = 65534;
 constexpr int kEntries = 10;
 
 int swap_trials() {
-  const char* v = std::getenv("KCACHE_TRIALS");
+  const char* v = std::getenv("KCACHE_TEST_TRIALS");
   int n = v ? std::atoi(v) : 0;
   return n > 0 ? n : test::trials(20, 5);
 }
