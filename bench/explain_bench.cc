@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "cache/assembly.h"
 #include "cache/journal.h"
-#include "kcache/assembly.h"
 #include "kcache/cache.h"
 #include "util/util.h"
 

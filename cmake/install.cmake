@@ -26,7 +26,9 @@ foreach(pair ${_kcache_aliases})
 endforeach()
 
 # Public headers: the core's always, an integration's only when it is built.
-file(GLOB _kcache_headers ${PROJECT_SOURCE_DIR}/include/kcache/*.h)
+# KCACHE_PUBLIC_HEADERS (full paths) is what a host gets; tests/headers
+# compiles each of them as C++17.
+file(GLOB KCACHE_PUBLIC_HEADERS ${PROJECT_SOURCE_DIR}/include/kcache/*.h)
 set(_kcache_optional_headers llvm.h:kcache_llvm llvm_compat.h:kcache_llvm llvm_file_cache.h:kcache_llvm nvrtc.h:kcache_nvrtc opencl.h:kcache_opencl
                              redis.h:kcache_tier_redis kcache.h:kcache_capi)
 foreach(pair ${_kcache_optional_headers})
@@ -34,10 +36,10 @@ foreach(pair ${_kcache_optional_headers})
   list(GET pair 0 _header)
   list(GET pair 1 _target)
   if(NOT TARGET ${_target})
-    list(REMOVE_ITEM _kcache_headers ${PROJECT_SOURCE_DIR}/include/kcache/${_header})
+    list(REMOVE_ITEM KCACHE_PUBLIC_HEADERS ${PROJECT_SOURCE_DIR}/include/kcache/${_header})
   endif()
 endforeach()
-install(FILES ${_kcache_headers} DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/kcache)
+install(FILES ${KCACHE_PUBLIC_HEADERS} DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/kcache)
 
 # One targets file per export set, so that a client of the core needs none of
 # the integrations' dependencies.

@@ -2,12 +2,13 @@
 # Installs a built tree into a temporary prefix and uses it the way another
 # project does, outside the source tree: checks the installed layout, runs
 # the installed `kcache` tool, builds and runs a C++ program through
-# find_package(kcache) and a C program through `pkg-config kcache` (both
-# with -Werror), and, when kcache::llvm is installed, a program linking it
+# find_package(kcache), a C++17 one (the headers a host includes, held to
+# -std=c++17) and a C program through `pkg-config kcache` (all with
+# -Werror), and, when kcache::llvm is installed, a program linking it
 # and one that compiles the installed FileCache source itself, and checks
 # that an LLVM of another major version is refused.
 #   scripts/install_check.sh [BUILD_DIR]      (default: build; `make install-check`)
-# KCACHE_KEEP_TMP=1 keeps the temporary folder for a look afterwards.
+# KCACHE_TEST_KEEP_TMP=1 keeps the temporary folder for a look afterwards.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 src=$PWD
@@ -15,7 +16,7 @@ build=$(cd "${1:-build}" && pwd)
 jobs=$(nproc)
 
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/kcache-install-check.XXXXXX")
-[ -n "${KCACHE_KEEP_TMP:-}" ] || trap 'rm -rf "$tmp"' EXIT
+[ -n "${KCACHE_TEST_KEEP_TMP:-}" ] || trap 'rm -rf "$tmp"' EXIT
 prefix=$tmp/prefix
 fail() { echo "install check: FAILED: $*" >&2; exit 1; }
 
@@ -28,6 +29,14 @@ for f in include/kcache/cache.h include/kcache/kcache.h include/kcache/status.h 
          lib/cmake/kcache/kcache-targets.cmake lib/pkgconfig/kcache.pc; do
   [ -e "$prefix/$f" ] || fail "$f is not installed"
 done
+# Every header a public header includes is installed too; the internal ones
+# (src/, such as cache/assembly.h) are neither installed nor named.
+for h in "$prefix"/include/kcache/*.h; do
+  for inc in $(sed -n 's|^#include [<"]\(kcache/[a-z0-9_]*\.h\)[>"].*|\1|p' "$h"); do
+    [ -e "$prefix/include/$inc" ] || fail "$(basename "$h") includes $inc, which is not installed"
+  done
+done
+[ ! -e "$prefix/include/kcache/assembly.h" ] || fail "the internal assembly.h is installed"
 # No build-only flag or path reaches a client.
 for bad in -fno-rtti -fsanitize -Werror KCACHE_HAVE_ "$src/" "$build/"; do
   if grep -rqF -- "$bad" "$prefix/lib/cmake/kcache" "$prefix/lib/pkgconfig"; then
@@ -55,6 +64,13 @@ configure() {  # configure SOURCE BINARY
 configure "$tmp/consumer/cxx" "$tmp/cxx"
 cmake --build "$tmp/cxx" -j "$jobs" >"$tmp/cxx-build.log" 2>&1 || { cat "$tmp/cxx-build.log" >&2; fail "building the C++ client"; }
 "$tmp/cxx/consumer"
+
+# C++17: the headers a host includes (kcache/cache.h, and with kcache::llvm
+# kcache/llvm.h and kcache/llvm_file_cache.h) in a client held to -std=c++17
+# (its main.cc checks __cplusplus, so a package that asked for C++20 fails).
+configure "$tmp/consumer/cxx17" "$tmp/cxx17"
+cmake --build "$tmp/cxx17" -j "$jobs" >"$tmp/cxx17-build.log" 2>&1 || { cat "$tmp/cxx17-build.log" >&2; fail "building the C++17 client"; }
+"$tmp/cxx17/consumer17"
 
 # C: pkg-config and libkcache.so.
 export PKG_CONFIG_PATH=$prefix/lib/pkgconfig

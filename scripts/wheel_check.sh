@@ -11,7 +11,7 @@
 # README's Python section as written, and the package's `kcache` command.
 #   scripts/wheel_check.sh [WHEEL_DIR] [PYTHON]   (default: build/wheel, python3)
 # AUDITWHEEL names the auditwheel that prints the wheel's platform tag.
-# KCACHE_KEEP_TMP=1 keeps the temporary folder for a look afterwards.
+# KCACHE_TEST_KEEP_TMP=1 keeps the temporary folder for a look afterwards.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=${1:-build/wheel}
@@ -27,7 +27,7 @@ tmp=$(mktemp -d "${TMPDIR:-/tmp}/kcache-wheel-check.XXXXXX")
 redis_pid=""
 cleanup() {
   if [ -n "$redis_pid" ]; then kill "$redis_pid" 2>/dev/null || true; wait "$redis_pid" 2>/dev/null || true; fi
-  [ -n "${KCACHE_KEEP_TMP:-}" ] || rm -rf "$tmp"
+  [ -n "${KCACHE_TEST_KEEP_TMP:-}" ] || rm -rf "$tmp"
 }
 trap cleanup EXIT
 

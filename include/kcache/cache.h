@@ -59,7 +59,6 @@
 #include <functional>
 #include <memory>
 #include <optional>
-#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -74,8 +73,9 @@
 namespace kcache {
 
 // Everything that decides how a Cache is put together and behaves. Every
-// field holds its default in its initialiser; nothing re-applies defaults
-// elsewhere.
+// field holds its default in its initialiser, and a number's 0 follows the
+// one rule of kcache/options.h ("Zero and defaults"): the default, unless
+// its comment says what else 0 means ("0: never wait").
 //
 // One pipeline, whatever the front end (docs/design.md, "Options"):
 //   1. the defaults below;
@@ -119,8 +119,8 @@ struct Options {
   // "max_size" (KCACHE_MAX_SIZE), "max_entries" (KCACHE_MAX_ENTRIES),
   // "durability" (KCACHE_DURABILITY), "check_on_open".
   DiskTierOptions disk;
-  // The memory tier and its size in bytes (default 256 MiB). "memory",
-  // "memory_size" (KCACHE_MEMORY_SIZE; "0" leaves the tier out).
+  // The memory tier and its size in bytes (default 256 MiB; 0: no memory
+  // tier, in C++ as by name). "memory", "memory_size" (KCACHE_MEMORY_SIZE).
   bool memory_tier = true;
   uint64_t memory_bytes = MemoryTierOptions().max_bytes;
   // The disk store. "disk".
@@ -147,11 +147,10 @@ struct Options {
   // entry. Off: every process compiles its own misses.
   // "process_single_flight", KCACHE_SINGLE_FLIGHT.
   bool process_single_flight = true;
-  // Lease time-to-live in ms (default 10 s); a holder renews every ttl/3
-  // while it compiles, so this bounds how long a hung-but-alive holder's
-  // lease outlives it, not how long a compile may take. By name: 1 ms to a
-  // day; a 0 set in C++ is taken as the default.
-  // "lease_ttl_ms", KCACHE_LEASE_TTL_MS.
+  // Lease time-to-live in ms (default 10 s; at most a day by name); a
+  // holder renews every ttl/3 while it compiles, so this bounds how long a
+  // hung-but-alive holder's lease outlives it, not how long a compile may
+  // take. "lease_ttl_ms", KCACHE_LEASE_TTL_MS.
   uint64_t lease_ttl_ms = 10000;
   // Longest one process waits for another's compile before compiling the
   // key itself, in ms (default 300 s; 0: never wait; by name at most a
@@ -243,7 +242,7 @@ struct OptionInfo {
   std::string_view env;
   std::string_view help;
 };
-std::span<const OptionInfo> option_table() noexcept;
+const std::vector<OptionInfo>& option_table() noexcept;
 
 // Where a get_or_compile result came from.
 enum class Source : uint8_t { compiled = 0, memory = 1, disk = 2, remote = 3, other = 4, waited = 5, bundle = 6 };
@@ -278,15 +277,15 @@ struct BatchItem {
 };
 
 struct BatchOptions {
-  // Worker threads compiling misses; 0 means $KCACHE_JOBS, else the number
-  // of CPUs.
+  // Worker threads compiling misses (default, 0: $KCACHE_JOBS, else the
+  // number of CPUs).
   unsigned threads = 0;
   // Called (from worker threads, one call at a time) after each item is
   // resolved: items done so far, total, the item's index and source.
   std::function<void(size_t done, size_t total, size_t index, Source source)> progress;
 };
 
-struct Assembly;  // kcache/assembly.h
+struct Assembly;  // how Cache::open puts the tiers together; not installed
 class Cache;
 
 // A request for a key whose compile the caller runs itself, between two
@@ -351,11 +350,13 @@ bool is_reentry(const Status& st) noexcept;
 
 class Cache {
  public:
-  // Never fails: a disk folder that cannot be used leaves the disk tier out
-  // (said once in the log). The tiers are those of assemble(options).
+  // Never fails: a part that cannot be set up (a disk folder that cannot be
+  // used, a remote that cannot be reached) is left out, said once in the
+  // log. The tiers, fastest first: the memory tier, the bundles, the disk
+  // store with its leases, the remote (see Options).
   static std::unique_ptr<Cache> open(const Options& options);
-  // The tiers and leases of an assembly the caller made (and may have
-  // looked into first, as the `kcache` tool does).
+  // The same from tiers already put together, for kcache's own front ends
+  // (the `kcache` tool looks into them first); Assembly is not installed.
   static std::unique_ptr<Cache> open(Assembly assembly, const Options& options);
   // Only the given tiers, fastest first (for tests and custom set-ups).
   static std::unique_ptr<Cache> with_tiers(std::vector<std::shared_ptr<Tier>> tiers, const Options& options = {});

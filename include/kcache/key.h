@@ -30,7 +30,6 @@
 #pragma once
 
 #include <array>
-#include <compare>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -48,8 +47,13 @@ struct Digest {
 
   std::string hex() const;  // 32 lowercase hex characters
   static std::optional<Digest> from_hex(std::string_view hex);
-  auto operator<=>(const Digest&) const = default;
-  bool operator==(const Digest&) const = default;
+  // Byte-wise order (the order of hex()), so digests key ordered maps.
+  bool operator==(const Digest& o) const noexcept { return bytes == o.bytes; }
+  bool operator!=(const Digest& o) const noexcept { return bytes != o.bytes; }
+  bool operator<(const Digest& o) const noexcept { return bytes < o.bytes; }
+  bool operator>(const Digest& o) const noexcept { return bytes > o.bytes; }
+  bool operator<=(const Digest& o) const noexcept { return bytes <= o.bytes; }
+  bool operator>=(const Digest& o) const noexcept { return bytes >= o.bytes; }
 };
 
 using Key = Digest;
@@ -84,13 +88,15 @@ struct ManifestItem {
   std::optional<std::string> value = std::nullopt;
   // Name, type and digest: what the key is made of (value is not compared).
   bool operator==(const ManifestItem& o) const { return name == o.name && type == o.type && digest == o.digest; }
+  bool operator!=(const ManifestItem& o) const { return !(*this == o); }
 };
 
 // The namespace and each component's digest, sorted by name.
 struct Manifest {
   std::string ns;
   std::vector<ManifestItem> items;
-  bool operator==(const Manifest&) const = default;
+  bool operator==(const Manifest& o) const { return ns == o.ns && items == o.items; }
+  bool operator!=(const Manifest& o) const { return !(*this == o); }
 
   // The key this manifest hashes to.
   Key key() const noexcept;

@@ -66,7 +66,7 @@ Expected<std::shared_ptr<Leases>> open_table_leases(const std::string& dir, std:
 // system's, Env::posix(): pass the tier's Env (DiskTierOptions::env) so
 // leases and entries see the same disk and the same time.
 Expected<std::shared_ptr<Leases>> open_file_leases(const std::string& dir, std::shared_ptr<Env> env = nullptr);
-// The leases that go with each disk engine: engine_info(e).open_leases
-// (kcache/assembly.h).
+// Which of the two goes with a disk store is decided where the store is
+// opened (Cache::open).
 
 }  // namespace kcache

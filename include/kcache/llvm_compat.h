@@ -16,6 +16,7 @@
 #include <memory>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 
 #include <llvm/ADT/Twine.h>
@@ -70,11 +71,18 @@ using ReserveAlign = uint32_t;
 inline uint64_t align_value(uint32_t a) { return a; }
 #endif
 
+// Whether `Symbol` has toPtr<T>() (ExecutorAddr, LLVM 15 and later).
+template <typename T, typename Symbol, typename = void>
+inline constexpr bool kHasToPtr = false;
+template <typename T, typename Symbol>
+inline constexpr bool kHasToPtr<T, Symbol, std::void_t<decltype(std::declval<const Symbol&>().template toPtr<T>())>> =
+    true;
+
 // The address a JIT symbol lookup (LLJIT::lookup) returned, as a `T`:
 // LLVM 14 returns a JITEvaluatedSymbol, LLVM 15 and later an ExecutorAddr.
 template <typename T, typename Symbol>
 T jit_pointer(const Symbol& s) {
-  if constexpr (requires { s.template toPtr<T>(); })
+  if constexpr (kHasToPtr<T, Symbol>)
     return s.template toPtr<T>();
   else
     return reinterpret_cast<T>(static_cast<uintptr_t>(s.getAddress()));

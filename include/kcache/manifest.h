@@ -81,7 +81,12 @@ struct ManifestDifference {
   std::optional<std::string> stored_value = std::nullopt, lookup_value = std::nullopt;
   // A change of the component's type (u64 -> i64), the digests the same or not.
   bool type_changed() const noexcept { return stored_type && lookup_type && *stored_type != *lookup_type; }
-  bool operator==(const ManifestDifference&) const = default;
+  bool operator==(const ManifestDifference& o) const {
+    return name == o.name && change == o.change && stored == o.stored && lookup == o.lookup &&
+           stored_type == o.stored_type && lookup_type == o.lookup_type && stored_value == o.stored_value &&
+           lookup_value == o.lookup_value;
+  }
+  bool operator!=(const ManifestDifference& o) const { return !(*this == o); }
 };
 
 // Every component that differs, ordered by name; empty when the components

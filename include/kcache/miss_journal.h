@@ -23,8 +23,8 @@
 
 namespace kcache {
 
-// The journal of the disk store at `store_path` (DiskStore::path):
-// store_path + ".misses".
+// The journal of the disk store at `store_path` (the cache folder + "/" +
+// engine_name(engine), e.g. ~/.cache/kcache/lmdb): store_path + ".misses".
 std::string miss_journal_path(const std::string& store_path);
 
 // The last `limit` committed records of the journal at `store_path`, oldest

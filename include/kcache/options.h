@@ -24,6 +24,20 @@
 // A file that another user could have written (owned by someone else than
 // this user or root, or writable by others) is not read (a problem says
 // so), as a store in such a folder is not opened.
+//
+// Zero and defaults: one rule for every options struct of kcache (Options
+// with the DiskTierOptions in it, MemoryTierOptions, RemoteTierOptions and
+// RedisTierOptions, BatchOptions):
+//  * a field's initialiser is its default, and nothing else holds one;
+//  * a number is never refused for being 0. 0 means unset, and the default
+//    applies, unless the field's comment gives 0 a meaning of its own:
+//    Options::wait_bound_ms (0: never wait), Options::miss_journal (0: no
+//    journal), Options::memory_bytes (0: no memory tier),
+//    RemoteTierOptions::ttl_ms (0: no expiry);
+//  * a value given by name (Options::set, a config file, a KCACHE_*
+//    variable, a command line, a remote URL's query) means what the field
+//    means: "0" there is the same 0. Options::get shows the value in effect
+//    (max_size 0 reads back as 4G).
 #pragma once
 
 #include <map>
@@ -49,7 +63,10 @@ struct AppliedSettings {
   // Bad values (invalid_argument, naming the file and line, the variable
   // or the flag), unknown names in a file (invalid_argument), files that
   // cannot be read or are not trusted (unavailable), and KCACHE_* variables
-  // that name no option (not_found, with the nearest known name).
+  // that name no option (not_found, with the nearest known name). Not
+  // options, and never reported: KCACHE_JOBS (BatchOptions::threads) and
+  // the names that begin with KCACHE_TEST_ or KCACHE_BENCH_, left to the
+  // programs that test or measure kcache.
   std::vector<Status> problems;
   // Where each option set by steps 3 to 6 came from: option name ->
   // "config file PATH", "environment KCACHE_X" or "command line --flag".

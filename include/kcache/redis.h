@@ -62,11 +62,11 @@ using RedisCounters = RemoteCounters;
 // Sets the option `name` of `o` from its text `value`: what a URL's query
 // string does, one option=value at a time. The options, from one table:
 //   connect_timeout_ms, command_timeout_ms, breaker_cooldown_ms
-//                        milliseconds, a whole number of at least 1
+//                        milliseconds, a whole number; 0: the default
 //   ttl_ms               milliseconds, a whole number; 0: no expiry
-//   max_entry_bytes      bytes, a whole number of at least 1
+//   max_entry_bytes      bytes, a whole number; 0: the default
 //   breaker_threshold, breaker_timeouts, write_queue_depth
-//                        a whole number of at least 1
+//                        a whole number; 0: the default
 //   read_only            1/0, true/false, yes/no or on/off
 //   key_prefix           any text
 // The HMAC secret is not among them: it is read from a file

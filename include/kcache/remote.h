@@ -8,9 +8,8 @@
 //    renew, release and look up one key's lease record by holder token. A
 //    server without leases implements the value store only; one that has
 //    both may implement both in one object (Redis does, kcache/redis.h).
-//    Another server needs these only, and a line in the URL scheme table
-//    (remote_schemes(), kcache/assembly.h) for Options::remote_url to reach
-//    it;
+//    Another server needs these only (and, for Options::remote_url to
+//    reach it, a line in kcache's table of URL schemes);
 //  * the policy, made by make_remote() over any of them and the same for
 //    all: a RemoteTier over the value store (timeouts, a circuit breaker, a
 //    bounded queue of asynchronous writes, HMAC-SHA256 value framing
@@ -44,7 +43,6 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
-#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -57,9 +55,10 @@
 
 namespace kcache {
 
-// Every field holds its default. Every number but ttl_ms must be at least
-// 1: make_remote() refuses a 0 there (invalid_argument, naming the field),
-// and so does the URL option parser (set_remote_option, kcache/redis.h).
+// Zero and defaults as everywhere (kcache/options.h): each initialiser is
+// the default, and every number but ttl_ms reads 0 as unset (the default),
+// here as in a URL's query (set_remote_option, kcache/redis.h); ttl_ms 0
+// is no expiry.
 struct RemoteTierOptions {
   // Bound on establishing a connection, in ms.
   uint64_t connect_timeout_ms = 250;
@@ -150,7 +149,7 @@ class RemoteTransport {
   // Values for many keys in few round trips: on success `out` holds one
   // result per key, in order (a per-key error has the codes above). An
   // error return means the server could not be asked at all.
-  virtual Status get_many(std::span<const Key> keys, std::vector<Expected<RemoteBytes>>* out) = 0;
+  virtual Status get_many(const std::vector<Key>& keys, std::vector<Expected<RemoteBytes>>* out) = 0;
   // Stores `value` under `key`, replacing it; ttl_ms 0 means no expiry.
   virtual Status set(const Key& key, std::string_view value, uint64_t ttl_ms) = 0;
   // Removes the value under `key` (absent is fine).
@@ -249,8 +248,8 @@ struct RemoteTransports {
 
 // The policy over `values` and, if not null, `leases` (see the top of this
 // file). The tier's name is the transport's, with "(ro)" when read-only.
-// Fails (invalid_argument) on an option of 0 that must be at least 1, and
-// when the options cannot be honoured (no HMAC-SHA256 in OpenSSL).
+// Fails (invalid_argument) without a transport, and (internal) when the
+// options cannot be honoured (no HMAC-SHA256 in OpenSSL).
 Expected<Remote> make_remote(std::shared_ptr<RemoteTransport> values, std::shared_ptr<RemoteLeaseBackend> leases,
                              const RemoteTierOptions& options = {});
 Expected<Remote> make_remote(const RemoteTransports& transports, const RemoteTierOptions& options = {});

@@ -213,13 +213,14 @@ class Tier {
 
 // ---- Factories -----------------------------------------------------------
 
+// Zero and defaults as everywhere (kcache/options.h): each initialiser is
+// the default, and every number here reads 0 as unset (the default).
 struct MemoryTierOptions {
-  // Bytes of encoded entries held (default 256 MiB); 0 is taken as the
-  // default.
+  // Bytes of encoded entries held (default 256 MiB).
   uint64_t max_bytes = uint64_t(256) << 20;
-  // Number of independently locked shards; 0 means 16.
-  unsigned shards = 0;
-  // Largest single entry held; 0 means one shard's budget.
+  // Number of independently locked shards (default 16).
+  unsigned shards = 16;
+  // Largest single entry held; the default (0) is one shard's budget.
   uint64_t max_entry_bytes = 0;
 };
 std::shared_ptr<Tier> make_memory_tier(const MemoryTierOptions& options = {});
@@ -246,25 +247,26 @@ std::optional<Engine> parse_engine(std::string_view name) noexcept;
 Engine default_engine() noexcept;  // lmdb where built, else files
 bool engine_built(Engine e) noexcept;
 
+// Zero and defaults as everywhere (kcache/options.h): each initialiser is
+// the default, and every number here reads 0 as unset (the default).
 struct DiskTierOptions {
-  // Size limit of stored entries in bytes (default 4 GiB). 0 is taken as
-  // the default.
+  // Size limit of stored entries in bytes (default 4 GiB).
   uint64_t max_bytes = uint64_t(4) << 30;
-  // Entry-count limit (default 200,000). 0 is taken as the default.
+  // Entry-count limit (default 200,000).
   uint64_t max_entries = 200000;
   // Eviction to a low-water mark (the files engine's evictor, LMDB on a
   // full map) goes down to this fraction of the limits (default 0.8); a
   // put over a limit only makes its own room. A value outside (0, 1) is
   // taken as the default.
   double low_water = 0.8;
-  // Largest single entry accepted; 0 (the default) means max_bytes / 8.
+  // Largest single entry accepted; the default (0) is max_bytes / 8.
   uint64_t max_entry_bytes = 0;
   Durability durability = Durability::normal;
   // Hits are recorded in memory and written in batches of this many (or at
-  // flush/close); default 256, 0 taken as the default.
+  // flush/close); default 256.
   unsigned recency_batch = 256;
   // Temp files older than this are collected (files engine); default 1
-  // hour, 0 taken as the default.
+  // hour.
   uint64_t stale_temp_ms = 3600'000;
   // Open the store only to read it: the engine writes nothing on its own
   // (no corrupt-entry removal, no recency or counter flushes, no temp-file
@@ -288,11 +290,9 @@ struct DiskTierOptions {
   std::shared_ptr<Env> env;
 };
 
-// The limits an engine applies: each value the comments above say is taken
-// as the default (0, a low_water outside (0, 1)) replaced by the default of
-// the initialiser, and max_entry_bytes 0 by max_bytes / 8. Both disk
-// engines read their limits through this, so the defaults live in one
-// place.
+// The limits an engine applies: each 0 (and a low_water outside (0, 1))
+// replaced by the field's default. Both disk engines read their limits
+// through this, so the defaults live in one place.
 struct DiskLimits {
   uint64_t max_bytes, max_entries, max_entry_bytes;
   double low_water;

@@ -31,7 +31,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "kcache/assembly.h"
+#include "cache/assembly.h"
 #include "kcache/bundle.h"
 #include "kcache/cache.h"
 #include "kcache/entry.h"

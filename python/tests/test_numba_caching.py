@@ -25,7 +25,7 @@ def test_numba_caching_suite_under_kcache(tmp_path):
     pids = tmp_path / "pids"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("KCACHE_", "NUMBA_"))}
     env["PYTHONPATH"] = os.pathsep.join([SUITE] + [p for p in [env.get("PYTHONPATH")] if p])
-    env["KCACHE_NUMBA_SUITE_PIDS"] = str(pids)
+    env["KCACHE_TEST_NUMBA_SUITE_PIDS"] = str(pids)
     env["KCACHE_LOG"] = "off"
     proc = subprocess.run(
         # no:unraisableexception: numba's cfunc test reads the unraisable

@@ -9,7 +9,7 @@ terminate() sends SIGTERM to the workers) and workers a scheduler stops with
 SIGTERM or SIGKILL right after their compiles returned. After the workers
 are gone, a fresh Cache finds every entry.
 
-KCACHE_TRIALS sets the trials per case (default 3; Triton: a tenth of it,
+KCACHE_TEST_TRIALS sets the trials per case (default 3; Triton: a tenth of it,
 at least 1)."""
 
 import concurrent.futures
@@ -27,7 +27,7 @@ sys.path.insert(0, HERE)
 import kcache  # noqa: E402
 import worker_tasks  # noqa: E402
 
-TRIALS = int(os.environ.get("KCACHE_TRIALS", "3"))
+TRIALS = int(os.environ.get("KCACHE_TEST_TRIALS", "3"))
 METHODS = [m for m in ("fork", "forkserver", "spawn") if m in mp.get_all_start_methods()]
 WORKERS = 4
 PER_WORKER = 6

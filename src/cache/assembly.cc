@@ -1,7 +1,7 @@
-// The one assembly of a cache's tiers from Options (kcache/assembly.h):
+// The one assembly of a cache's tiers from Options (cache/assembly.h):
 // memory, the disk store with its leases, and the remote chosen by its URL
 // scheme. Cache::open, the C ABI and the `kcache` tool all come here.
-#include "kcache/assembly.h"
+#include "cache/assembly.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -246,7 +246,8 @@ Expected<DiskStore> open_disk_store(const DiskStoreSpec& spec) {
 Assembly assemble(const Options& options) {
   Assembly a;
   if (options.disabled) return a;
-  if (options.memory_tier) {
+  // memory_bytes 0: no memory tier (Options::memory_bytes).
+  if (options.memory_tier && options.memory_bytes > 0) {
     MemoryTierOptions mo;
     mo.max_bytes = options.memory_bytes;
     a.tiers.push_back(make_memory_tier(mo));

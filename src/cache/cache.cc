@@ -10,8 +10,8 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "cache/assembly.h"
 #include "cache/impl.h"
-#include "kcache/assembly.h"
 #include "util/util.h"
 
 namespace kcache {

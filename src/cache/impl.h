@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "cache/committer.h"
+#include "cache/defaults.h"
 #include "cache/flight.h"
 #include "cache/journal.h"
 #include "cache/lease_wait.h"
@@ -39,13 +40,13 @@ struct Policy {
 };
 
 struct Cache::Impl {
-  // A lease TTL of 0 would expire as it is taken: the default instead.
   explicit Impl(const Options& o)
-      : opt(o),
-        policy(o),
-        lease(o.lease_ttl_ms ? o.lease_ttl_ms : Options().lease_ttl_ms, o.wait_bound_ms, o.env),
-        committer(chain, o.env) {}
+      : opt(with_defaults(o)),
+        policy(opt),
+        lease(opt.lease_ttl_ms, opt.wait_bound_ms, opt.env),
+        committer(chain, opt.env) {}
 
+  // What the Cache runs with: no 0 that means unset left (cache/defaults.h).
   Options opt;
   Policy policy;
   TierChain chain;

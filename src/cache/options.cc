@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "cache/defaults.h"
 #include "kcache/cache.h"
 #include "kcache/options.h"
 #include "util/util.h"
@@ -91,14 +92,15 @@ Want set_bool(std::string_view v, bool* out) {
   return kTaken;
 }
 
-Want set_u64(std::string_view v, uint64_t* out, bool positive) {
+// Numbers by name mean what they mean in the struct: "0" is the same 0
+// (kcache/options.h, "Zero and defaults"), never refused.
+Want set_u64(std::string_view v, uint64_t* out) {
   uint64_t n = 0;
-  if (v.empty() || v.size() > 19) return positive ? "a whole number above 0" : "a whole number";
+  if (v.empty() || v.size() > 19) return "a whole number";
   for (char c : v) {
-    if (c < '0' || c > '9') return positive ? "a whole number above 0" : "a whole number";
+    if (c < '0' || c > '9') return "a whole number";
     n = n * 10 + static_cast<uint64_t>(c - '0');
   }
-  if (positive && n == 0) return "a whole number above 0";
   *out = n;
   return kTaken;
 }
@@ -106,16 +108,16 @@ Want set_u64(std::string_view v, uint64_t* out, bool positive) {
 // Milliseconds up to a bound that keeps every sum and product of them
 // (deadlines, microseconds) far from overflowing.
 constexpr uint64_t kDayMs = 86'400'000;
-Want set_ms(std::string_view v, uint64_t* out, bool positive, uint64_t max_ms, Want want) {
+Want set_ms(std::string_view v, uint64_t* out, uint64_t max_ms, Want want) {
   uint64_t n = 0;
-  if (Want w = set_u64(v, &n, positive); !w.empty() || n > max_ms) return want;
+  if (Want w = set_u64(v, &n); !w.empty() || n > max_ms) return want;
   *out = n;
   return kTaken;
 }
 
-Want set_size(std::string_view v, uint64_t* out, bool positive) {
+Want set_size(std::string_view v, uint64_t* out) {
   auto s = util::parse_size(v);
-  if (!s || (positive && *s == 0)) return positive ? "a size above 0, such as 500M or 2G" : "a size such as 500M or 2G";
+  if (!s) return "a size such as 500M or 2G";
   *out = *s;
   return kTaken;
 }
@@ -165,10 +167,10 @@ const std::array kRows = {
       [](Options& o, std::string_view v) { return set_bool(v, &o.create_dir); },
       [](const Options& o) { return flag(o.create_dir); }},
   Row{{"max_size", "KCACHE_MAX_SIZE", "disk store size limit (default 4G)"},
-      [](Options& o, std::string_view v) { return set_size(v, &o.disk.max_bytes, true); },
+      [](Options& o, std::string_view v) { return set_size(v, &o.disk.max_bytes); },
       [](const Options& o) { return size_text(effective_max_bytes(o.disk)); }},
   Row{{"max_entries", "KCACHE_MAX_ENTRIES", "disk store entry limit (default 200000)"},
-      [](Options& o, std::string_view v) { return set_u64(v, &o.disk.max_entries, true); },
+      [](Options& o, std::string_view v) { return set_u64(v, &o.disk.max_entries); },
       [](const Options& o) { return std::to_string(effective_max_entries(o.disk)); }},
   Row{{"durability", "KCACHE_DURABILITY", "disk syncs: normal (default), full or none"},
       [](Options& o, std::string_view text) -> Want {
@@ -193,18 +195,9 @@ const std::array kRows = {
   Row{{"memory", "", "the in-process memory tier (default 1)"},
       [](Options& o, std::string_view v) { return set_bool(v, &o.memory_tier); },
       [](const Options& o) { return flag(o.memory_tier); }},
+  // A size never brings back a tier the program left out ("memory" 0).
   Row{{"memory_size", "KCACHE_MEMORY_SIZE", "memory tier size (default 256M; 0 leaves the tier out)"},
-      [](Options& o, std::string_view v) -> Want {
-        uint64_t n = 0;
-        if (Want w = set_size(v, &n, false); !w.empty()) return w;
-        // 0 leaves the tier out; a size never brings back a tier the
-        // program left out ("memory" 0).
-        if (n == 0)
-          o.memory_tier = false;
-        else
-          o.memory_bytes = n;
-        return kTaken;
-      },
+      [](Options& o, std::string_view v) { return set_size(v, &o.memory_bytes); },
       [](const Options& o) { return o.memory_tier ? size_text(o.memory_bytes) : std::string("0"); }},
   Row{{"disk", "", "the disk store (default 1)"},
       [](Options& o, std::string_view v) { return set_bool(v, &o.disk_tier); },
@@ -249,12 +242,12 @@ const std::array kRows = {
       [](const Options& o) { return flag(o.process_single_flight); }},
   Row{{"lease_ttl_ms", "KCACHE_LEASE_TTL_MS", "lease time-to-live in ms, renewed while compiling (default 10000)"},
       [](Options& o, std::string_view v) {
-        return set_ms(v, &o.lease_ttl_ms, true, kDayMs, "a number of ms from 1 to 86400000 (a day)");
+        return set_ms(v, &o.lease_ttl_ms, kDayMs, "a number of ms up to 86400000 (a day; 0: the default)");
       },
-      [](const Options& o) { return std::to_string(o.lease_ttl_ms); }},
+      [](const Options& o) { return std::to_string(with_defaults(o).lease_ttl_ms); }},
   Row{{"wait_bound_ms", "KCACHE_WAIT_BOUND_MS", "longest wait for another process's compile, ms (default 300000)"},
       [](Options& o, std::string_view v) {
-        return set_ms(v, &o.wait_bound_ms, false, 7 * kDayMs, "a number of ms from 0 to 604800000 (a week)");
+        return set_ms(v, &o.wait_bound_ms, 7 * kDayMs, "a number of ms up to 604800000 (a week; 0: never wait)");
       },
       [](const Options& o) { return std::to_string(o.wait_bound_ms); }},
   Row{{"sync_commit", "KCACHE_SYNC_COMMIT", "each store is synced before it returns; puts too wait for their write (default 0)"},
@@ -287,7 +280,7 @@ const std::array kRows = {
   Row{{"miss_journal", "KCACHE_MISS_JOURNAL", "misses kept in the store's journal (default 1000; 0: none)"},
       [](Options& o, std::string_view v) -> Want {
         uint64_t n = 0;
-        if (Want w = set_u64(v, &n, false); !w.empty()) return w;
+        if (Want w = set_u64(v, &n); !w.empty()) return w;
         o.miss_journal = static_cast<size_t>(n);
         return kTaken;
       },
@@ -321,34 +314,51 @@ const std::array kRows = {
 };
 // clang-format on
 
-// The option table's rows as OptionInfo, for option_table().
-const std::array<OptionInfo, kRows.size()> kInfos = [] {
-  std::array<OptionInfo, kRows.size()> a{};
-  for (size_t i = 0; i < kRows.size(); ++i) a[i] = kRows[i].info;
-  return a;
-}();
-
 const Row* find_row(std::string_view name) {
   for (const auto& r : kRows)
     if (r.info.name == name) return &r;
   return nullptr;
 }
 
-// KCACHE_* variables that are not options: KCACHE_JOBS (threads of a
-// batch, read where the batch runs) and those of kcache's own test and
-// benchmark programs, which a user never sets.
+// KCACHE_* variables that are not options (kcache/options.h,
+// AppliedSettings::problems): KCACHE_JOBS (threads of a batch, read where
+// the batch runs), and the names left to programs that test or measure
+// kcache.
 bool other_variable(std::string_view var) {
-  for (std::string_view prefix : {"KCACHE_TEST_", "KCACHE_BENCH_", "KCACHE_CHILD_", "KCACHE_KEEP_"})
+  for (std::string_view prefix : {"KCACHE_TEST_", "KCACHE_BENCH_"})
     if (var.substr(0, prefix.size()) == prefix) return true;
-  for (std::string_view name : {"KCACHE_JOBS", "KCACHE_FIXTURES_DIR", "KCACHE_CLI", "KCACHE_REMOTE_TRIALS",
-                                "KCACHE_REMOTE_CONNECT_MS", "KCACHE_REMOTE_COMMAND_MS"})
-    if (var == name) return true;
-  return false;
+  return var == "KCACHE_JOBS";
+}
+
+// Sets option `name` from `value`. A bad value's message names where it
+// came from, `subject` ("option max_size", "KCACHE_MAX_SIZE",
+// "--engine"): "SUBJECT: 'VALUE' is not WHAT IT TAKES". The options are
+// unchanged then.
+Status set_option(Options& o, std::string_view name, std::string_view value, std::string_view subject) {
+  const Row* r = find_row(name);
+  if (!r) {
+    std::string known;
+    for (const auto& row : kRows) known += (known.empty() ? "" : ", ") + std::string(row.info.name);
+    return Status(Errc::invalid_argument, "unknown option '" + std::string(name) + "' (known: " + known + ")");
+  }
+  Options next = o;
+  if (Want w = r->set(next, value); !w.empty())
+    return Status(Errc::invalid_argument,
+                  std::string(subject) + ": '" + std::string(value) + "' is not " + std::string(w));
+  o = std::move(next);
+  return Status();
 }
 
 }  // namespace
 
-std::span<const OptionInfo> option_table() noexcept { return kInfos; }
+const std::vector<OptionInfo>& option_table() noexcept {
+  static const std::vector<OptionInfo> infos = [] {
+    std::vector<OptionInfo> v;
+    for (const auto& r : kRows) v.push_back(r.info);
+    return v;
+  }();
+  return infos;
+}
 
 std::optional<std::string> option_name(std::string_view name) {
   std::string n = lower(name);
@@ -393,18 +403,12 @@ std::string nearest_option(std::string_view unknown, bool variables) {
 
 Status Options::set(std::string_view given, std::string_view value) {
   const std::string name = option_name(given).value_or(std::string(given));
-  const Row* r = find_row(name);
-  if (!r) {
-    std::string known;
-    for (const auto& row : kRows) known += (known.empty() ? "" : ", ") + std::string(row.info.name);
-    return Status(Errc::invalid_argument, "unknown option '" + std::string(name) + "' (known: " + known + ")");
-  }
-  Options next = *this;  // unchanged on a bad value
-  if (Want w = r->set(next, value); !w.empty())
-    return Status(Errc::invalid_argument,
-                  "option " + std::string(name) + ": '" + std::string(value) + "' is not " + std::string(w));
-  *this = std::move(next);
-  return Status();
+  return set_option(*this, name, value, "option " + name);
+}
+
+Options with_defaults(Options o) {
+  o.lease_ttl_ms = util::or_default(o.lease_ttl_ms, Options().lease_ttl_ms);
+  return o;
 }
 
 Expected<std::string> Options::get(std::string_view name) const {
@@ -426,10 +430,8 @@ void apply_environment(Options& o, AppliedSettings* out) {
     // meant to be set than a wish for the default store, which the tool's
     // `clear` would then empty; it is refused like --dir "".
     if (!v || (!*v && var != "KCACHE_DIR")) continue;
-    Status st = o.set(r.info.name, v);
-    // "option NAME: WHAT": said of the variable instead.
-    if (!st.is_ok())
-      out->problems.push_back(Status(Errc::invalid_argument, var + st.message().substr(st.message().find(':'))));
+    if (Status st = set_option(o, r.info.name, v, var); !st.is_ok())
+      out->problems.push_back(std::move(st));
     else
       out->origin[std::string(r.info.name)] = "environment " + var;
   }
@@ -464,12 +466,11 @@ AppliedSettings apply_settings(Options& o, const std::vector<std::pair<std::stri
   apply_environment(o, &out);
   // 6. the command line.
   for (const auto& [name, value] : command_line) {
-    Status st = o.set(name, value);
-    if (!st.is_ok()) {
-      out.problems.push_back(Status(Errc::invalid_argument, "--" + name + st.message().substr(st.message().find(':'))));
-    } else {
-      out.origin[option_name(name).value_or(name)] = "command line --" + name;
-    }
+    const std::string known = option_name(name).value_or(name);
+    if (Status st = set_option(o, known, value, "--" + name); !st.is_ok())
+      out.problems.push_back(std::move(st));
+    else
+      out.origin[known] = "command line --" + name;
   }
   return out;
 }

@@ -167,6 +167,13 @@ bool folder_is_shared(const std::string& dir, Env& env = *Env::posix());
 
 // "1", "true", "yes", "on" / "0", "false", "no", "off"; nullopt otherwise.
 std::optional<bool> parse_bool(std::string_view s) noexcept;
+
+// The rule of kcache/options.h ("Zero and defaults") for a field whose 0
+// means unset: `value`, or `fallback` (the field's initialiser) when it is 0.
+template <class T>
+constexpr T or_default(T value, T fallback) noexcept {
+  return value == T{} ? fallback : value;
+}
 std::string getenv_str(const char* name);
 
 // Little-endian fixed-width encoding.

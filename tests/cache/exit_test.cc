@@ -8,7 +8,7 @@
 // child of fork() that compiles, then ends; the parent opens the store
 // afresh and counts the entries.
 //
-// KCACHE_TRIALS sets the number of trials per case (default 5).
+// KCACHE_TEST_TRIALS sets the number of trials per case (default 5).
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -32,7 +32,7 @@ using namespace kcache::test;
 namespace {
 
 int trials() {
-  const char* t = std::getenv("KCACHE_TRIALS");
+  const char* t = std::getenv("KCACHE_TEST_TRIALS");
   int n = t ? std::atoi(t) : 0;
   return n > 0 ? n : 5;
 }

@@ -1,5 +1,6 @@
 // The options pipeline (kcache/cache.h, Options): one table of names, one
-// parser, one precedence (defaults, the program, the environment), and one
+// parser, one precedence (defaults, the program, the environment), one rule
+// for 0 and defaults in every options struct (kcache/options.h), and one
 // policy gate that every lookup and store path asks.
 #include <grp.h>
 #include <gtest/gtest.h>
@@ -9,12 +10,17 @@
 #include <cstdlib>
 #include <string>
 
+#include "cache/assembly.h"
 #include "fault_env.h"
-#include "kcache/assembly.h"
 #include "kcache/bundle.h"
 #include "kcache/cache.h"
 #include "kcache/options.h"
 #include "kcache/stage.h"
+#include "kcache/tier.h"
+#if KCACHE_HAVE_REDIS
+#include "kcache/redis.h"
+#include "kcache/remote.h"
+#endif
 #include "test_util.h"
 #include "util/util.h"
 
@@ -112,7 +118,7 @@ TEST(OptionsTest, SetParsesEachKindAndRefusesBadValuesWithoutChangingAnything) {
   EXPECT_EQ(o.log_level, LogLevel::debug);
   EXPECT_EQ(o.log_file, "/tmp/x.log");
   ASSERT_TRUE(o.set("memory_size", "0").is_ok());
-  EXPECT_FALSE(o.memory_tier);
+  EXPECT_EQ(o.memory_bytes, 0u);
   ASSERT_TRUE(o.set("shared_group", "staff").is_ok());
   EXPECT_EQ(o.shared_group, "staff");
   ASSERT_TRUE(o.set("wait_bound_ms", "0").is_ok());
@@ -124,8 +130,7 @@ TEST(OptionsTest, SetParsesEachKindAndRefusesBadValuesWithoutChangingAnything) {
   EXPECT_NE(st.message().find("max_size"), std::string::npos) << st.message();
   EXPECT_NE(st.message().find("'lots'"), std::string::npos) << st.message();
   EXPECT_EQ(o.disk.max_bytes, before.disk.max_bytes);
-  EXPECT_EQ(o.set("max_size", "0").code(), Errc::invalid_argument);
-  EXPECT_EQ(o.set("lease_ttl_ms", "0").code(), Errc::invalid_argument);
+  EXPECT_EQ(o.set("max_size", "-1").code(), Errc::invalid_argument);
   EXPECT_EQ(o.set("lease_ttl_ms", "-5").code(), Errc::invalid_argument);
   EXPECT_EQ(o.set("engine", "bdb").code(), Errc::invalid_argument);
   EXPECT_EQ(o.set("log", "loud").code(), Errc::invalid_argument);
@@ -150,6 +155,191 @@ TEST(OptionsTest, SetParsesEachKindAndRefusesBadValuesWithoutChangingAnything) {
   EXPECT_EQ(st.code(), Errc::invalid_argument);
   EXPECT_NE(st.message().find("read_only"), std::string::npos) << "lists the known names: " << st.message();
   EXPECT_EQ(o.get("nope").error().code(), Errc::not_found);
+}
+
+// Zero and defaults (kcache/options.h): in every options struct a number's
+// 0 is unset and its default applies, unless the field gives 0 a meaning
+// of its own; never refused, and the same 0 by name as in C++.
+TEST(ZeroAndDefaults, OptionsByNameTakeZeroAsInTheStruct) {
+  Options o;
+  ASSERT_TRUE(o.set("max_size", "0").is_ok());
+  EXPECT_EQ(o.disk.max_bytes, 0u);
+  EXPECT_EQ(*o.get("max_size"), "4G") << "the value in effect";
+  ASSERT_TRUE(o.set("max_entries", "0").is_ok());
+  EXPECT_EQ(*o.get("max_entries"), "200000");
+  ASSERT_TRUE(o.set("lease_ttl_ms", "0").is_ok());
+  EXPECT_EQ(o.lease_ttl_ms, 0u);
+  EXPECT_EQ(*o.get("lease_ttl_ms"), "10000");
+  // Fields whose 0 means something of its own keep it.
+  ASSERT_TRUE(o.set("wait_bound_ms", "0").is_ok());
+  EXPECT_EQ(*o.get("wait_bound_ms"), "0");
+  ASSERT_TRUE(o.set("miss_journal", "0").is_ok());
+  EXPECT_EQ(*o.get("miss_journal"), "0");
+  ASSERT_TRUE(o.set("memory_size", "0").is_ok());
+  EXPECT_EQ(*o.get("memory_size"), "0");
+  // The same from the environment.
+  ScopedEnv ttl("KCACHE_LEASE_TTL_MS", "0");
+  ScopedEnv size("KCACHE_MAX_SIZE", "0");
+  ScopedEnv kdir("KCACHE_DIR", nullptr);
+  Options e;
+  e.lease_ttl_ms = 5;
+  e.disk.max_bytes = 5;
+  EXPECT_TRUE(e.apply_env().empty());
+  EXPECT_EQ(e.lease_ttl_ms, 0u);
+  EXPECT_EQ(e.disk.max_bytes, 0u);
+}
+
+TEST(ZeroAndDefaults, ACacheRunsWithTheDefaultLeaseTtl) {
+  Options o;
+  o.lease_ttl_ms = 0;
+  o.disk_tier = false;
+  auto c = Cache::open(o);
+  EXPECT_EQ(c->options().lease_ttl_ms, 10000u);
+  o.lease_ttl_ms = 1234;
+  EXPECT_EQ(Cache::open(o)->options().lease_ttl_ms, 1234u);
+}
+
+TEST(ZeroAndDefaults, MemoryBytesZeroLeavesTheMemoryTierOutInCppAsByName) {
+  Options o;
+  o.disk_tier = false;
+  auto kinds = [](const Options& x) {
+    std::vector<TierKind> k;
+    for (const auto& t : assemble(x).tiers) k.push_back(t->kind());
+    return k;
+  };
+  EXPECT_EQ(kinds(o), std::vector<TierKind>{TierKind::memory});
+  o.memory_bytes = 0;
+  EXPECT_TRUE(kinds(o).empty());
+  Options by_name;
+  by_name.disk_tier = false;
+  ASSERT_TRUE(by_name.set("memory_size", "0").is_ok());
+  EXPECT_TRUE(kinds(by_name).empty());
+}
+
+TEST(ZeroAndDefaults, DiskTierOptionsReadZeroAsTheDefault) {
+  DiskTierOptions zero;
+  zero.max_bytes = 0;
+  zero.max_entries = 0;
+  zero.recency_batch = 0;
+  zero.stale_temp_ms = 0;
+  const DiskLimits l = effective_limits(zero);
+  const DiskTierOptions d;
+  EXPECT_EQ(l.max_bytes, d.max_bytes);
+  EXPECT_EQ(l.max_entries, d.max_entries);
+  EXPECT_EQ(l.max_entry_bytes, d.max_bytes / 8) << "max_entry_bytes' default";
+  EXPECT_EQ(l.recency_batch, d.recency_batch);
+  EXPECT_EQ(l.stale_temp_ms, d.stale_temp_ms);
+  // A store opened so holds entries: 0 is not a limit of nothing.
+  test::TempDir tmp;
+  auto t = open_files_tier(tmp.path() + "/files", zero);
+  ASSERT_TRUE(t.has_value()) << t.error().to_string();
+  ASSERT_TRUE((*t)->put(test::make_entry(1, 100000)).is_ok());
+  auto got = (*t)->get(test::key_of(1));
+  ASSERT_TRUE(got.has_value() && got->has_value());
+  EXPECT_TRUE(test::entry_ok(**got, 1, 100000));
+}
+
+TEST(ZeroAndDefaults, MemoryTierOptionsReadZeroAsTheDefault) {
+  MemoryTierOptions zero;
+  zero.max_bytes = 0;
+  zero.shards = 0;
+  auto t = make_memory_tier(zero);
+  // One MiB fits a shard of the default 256 MiB over 16 shards...
+  ASSERT_TRUE(t->put(test::make_entry(1, 1 << 20)).is_ok());
+  auto got = t->get(test::key_of(1));
+  ASSERT_TRUE(got.has_value() && got->has_value());
+  EXPECT_TRUE(test::entry_ok(**got, 1, 1 << 20));
+  // ...and not one of a tier that really is small.
+  MemoryTierOptions small;
+  small.max_bytes = 64 << 10;
+  EXPECT_FALSE(make_memory_tier(small)->put(test::make_entry(1, 1 << 20)).is_ok());
+}
+
+#if KCACHE_HAVE_REDIS
+namespace {
+// A value store that keeps nothing and notes the bounds the policy set.
+class NotingTransport final : public RemoteTransport {
+ public:
+  std::string_view name() const noexcept override { return "noting"; }
+  void set_timeouts(uint64_t connect_ms, uint64_t command_ms) override {
+    connect = connect_ms;
+    command = command_ms;
+  }
+  void set_max_value_bytes(uint64_t max_bytes) override { max_value = max_bytes; }
+  Expected<RemoteBytes> get(const Key&) override { return RemoteBytes(); }
+  Status get_many(const std::vector<Key>& keys, std::vector<Expected<RemoteBytes>>* out) override {
+    out->assign(keys.size(), RemoteBytes());
+    return Status();
+  }
+  Status set(const Key&, std::string_view, uint64_t) override { return Status(); }
+  Status remove(const Key&) override { return Status(); }
+  uint64_t connect = 0, command = 0, max_value = 0;
+};
+}  // namespace
+
+TEST(ZeroAndDefaults, RemoteOptionsReadZeroAsTheDefault) {
+  RemoteTierOptions zero;
+  zero.connect_timeout_ms = 0;
+  zero.command_timeout_ms = 0;
+  zero.max_entry_bytes = 0;
+  zero.breaker_threshold = 0;
+  zero.breaker_timeouts = 0;
+  zero.breaker_cooldown_ms = 0;
+  zero.write_queue_depth = 0;
+  auto t = std::make_shared<NotingTransport>();
+  auto r = make_remote(t, nullptr, zero);
+  ASSERT_TRUE(r.has_value()) << r.error().to_string();
+  const RemoteTierOptions d;
+  EXPECT_EQ(t->connect, d.connect_timeout_ms);
+  EXPECT_EQ(t->command, d.command_timeout_ms);
+  EXPECT_GE(t->max_value, d.max_entry_bytes);
+  EXPECT_LT(t->max_value, d.max_entry_bytes + 1024) << "the default bound and the value framing";
+  // By name, in a URL's query, 0 is the same 0.
+  RedisTierOptions by_name;
+  for (std::string_view name : remote_option_names()) {
+    if (name == "key_prefix" || name == "read_only") continue;
+    ASSERT_TRUE(set_remote_option(&by_name, name, "0").is_ok()) << name;
+  }
+  EXPECT_EQ(by_name.command_timeout_ms, 0u);
+  EXPECT_TRUE(make_redis_tier("redis://127.0.0.1:1?command_timeout_ms=0&write_queue_depth=0").has_value());
+}
+#endif
+
+// A value refused by name is said of where it came from, in the words of
+// the one parser: the option, the variable or the flag.
+TEST(OptionsTest, ABadValueIsSaidOfWhereItCameFrom) {
+  Options o;
+  EXPECT_EQ(o.set("max_size", "huge").message(), "option max_size: 'huge' is not a size such as 500M or 2G");
+  ScopedEnv size("KCACHE_MAX_SIZE", "huge");
+  ScopedEnv kdir("KCACHE_DIR", nullptr);
+  auto env = o.apply_env();
+  ASSERT_EQ(env.size(), 1u);
+  EXPECT_EQ(env[0].message(), "KCACHE_MAX_SIZE: 'huge' is not a size such as 500M or 2G");
+  ScopedEnv no_size("KCACHE_MAX_SIZE", nullptr);
+  auto line = apply_settings(o, {{"max-size", "huge"}, {"colour", "1"}});
+  ASSERT_EQ(line.problems.size(), 2u);
+  EXPECT_EQ(line.problems[0].message(), "--max-size: 'huge' is not a size such as 500M or 2G");
+  EXPECT_TRUE(line.problems[1].message().starts_with("unknown option 'colour' (known: dir, engine, "))
+      << line.problems[1].message();
+}
+
+// The variable check knows the product's variables; programs that test or
+// measure kcache keep to the prefixes it leaves alone.
+TEST(OptionsTest, OnlyTheDocumentedPrefixesEscapeTheVariableCheck) {
+  ScopedEnv kdir("KCACHE_DIR", nullptr);
+  ScopedEnv jobs("KCACHE_JOBS", "2");
+  ScopedEnv test("KCACHE_TEST_ANYTHING", "1");
+  ScopedEnv bench("KCACHE_BENCH_ANYTHING", "1");
+  Options o;
+  EXPECT_TRUE(o.apply_env().empty());
+  for (const char* stray : {"KCACHE_CHILD_OUT", "KCACHE_KEEP_TMP", "KCACHE_REMOTE_TRIALS", "KCACHE_CLI"}) {
+    ScopedEnv v(stray, "1");
+    auto problems = o.apply_env();
+    ASSERT_EQ(problems.size(), 1u) << stray;
+    EXPECT_EQ(problems[0].code(), Errc::not_found);
+    EXPECT_TRUE(problems[0].message().starts_with(std::string(stray) + " is not a kcache variable"))
+        << problems[0].message();
+  }
 }
 
 // Defaults < the program's settings < KCACHE_* variables.

@@ -19,8 +19,8 @@
 #include <thread>
 #include <vector>
 
+#include "cache/assembly.h"
 #include "fault_env.h"
-#include "kcache/assembly.h"
 #include "kcache/cache.h"
 #include "kcache/lease.h"
 #include "lease/holder.h"

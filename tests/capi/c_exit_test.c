@@ -8,7 +8,7 @@
  *   - a compile callback asking for its own key, and a second kcache_begin
  *     of an owned key, get KCACHE_INVALID_ARGUMENT at once (never a wait).
  * Each case runs in a child of fork(); the re-entry cases under alarm(), so
- * a hang is reported as one. KCACHE_TRIALS sets the trials per exit case
+ * a hang is reported as one. KCACHE_TEST_TRIALS sets the trials per exit case
  * (default 5). */
 #define _POSIX_C_SOURCE 200809L
 
@@ -89,7 +89,7 @@ static int count_on_disk(const char* dir, const char* engine, int first, int n) 
 }
 
 static int trials(void) {
-  const char* t = getenv("KCACHE_TRIALS");
+  const char* t = getenv("KCACHE_TEST_TRIALS");
   int n = t ? atoi(t) : 0;
   return n > 0 ? n : 5;
 }

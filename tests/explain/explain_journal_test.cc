@@ -17,9 +17,9 @@
 #include <sstream>
 #include <thread>
 
+#include "cache/assembly.h"
 #include "cache/journal.h"
 #include "fault_env.h"
-#include "kcache/assembly.h"
 #include "kcache/cache.h"
 #include "kcache/miss_journal.h"
 #include "test_util.h"

@@ -9,7 +9,7 @@
 #include <optional>
 #include <thread>
 
-#include "kcache/assembly.h"
+#include "cache/assembly.h"
 #include "kcache/cache.h"
 #include "kcache/redis.h"
 #include "process_sync.h"
@@ -100,9 +100,15 @@ TEST(RemoteOptions, EachNameIsAcceptedAndSetsItsField) {
     ASSERT_TRUE(set_remote_option(&o, "read_only", no).is_ok()) << no;
     EXPECT_FALSE(o.read_only) << no;
   }
-  // 0 is no expiry for ttl_ms; the largest counts fit.
+  // 0 is no expiry for ttl_ms and the default for every other number
+  // (kept as 0, replaced by the policy); the largest counts fit.
   ASSERT_TRUE(set_remote_option(&o, "ttl_ms", "0").is_ok());
   EXPECT_EQ(o.ttl_ms, 0u);
+  for (const char* name : {"connect_timeout_ms", "command_timeout_ms", "max_entry_bytes", "breaker_threshold",
+                           "breaker_timeouts", "breaker_cooldown_ms", "write_queue_depth"})
+    EXPECT_TRUE(set_remote_option(&o, name, "0").is_ok()) << name;
+  EXPECT_EQ(o.connect_timeout_ms, 0u);
+  EXPECT_EQ(o.write_queue_depth, 0u);
   ASSERT_TRUE(set_remote_option(&o, "write_queue_depth", "4294967295").is_ok());
   EXPECT_EQ(o.write_queue_depth, 4294967295u);
 }
@@ -113,18 +119,17 @@ TEST(RemoteOptions, BadValuesAndUnknownNamesAreRejectedWithTheExpectedForm) {
     const char* value;
     const char* message;
   };
-  const std::string ms = "a whole number of milliseconds, at least 1 (e.g. 250)";
-  const std::string count = "a whole number from 1 to 4294967295";
+  const std::string ms = "a whole number of milliseconds, e.g. 250 (0: the default)";
+  const std::string count = "a whole number up to 4294967295 (0: the default)";
   const Case cases[] = {
-      {"connect_timeout_ms", "0", "remote option connect_timeout_ms wants "},
       {"connect_timeout_ms", "1s", "remote option connect_timeout_ms wants "},
       {"command_timeout_ms", "-5", "remote option command_timeout_ms wants "},
       {"command_timeout_ms", "", "remote option command_timeout_ms wants "},
-      {"breaker_cooldown_ms", "0", "remote option breaker_cooldown_ms wants "},
-      {"ttl_ms", "abc", "remote option ttl_ms wants a whole number of milliseconds (0: none)"},
-      {"max_entry_bytes", "0",
-       "remote option max_entry_bytes wants a whole number of bytes, at least 1 (e.g. 67108864)"},
-      {"breaker_threshold", "0", "remote option breaker_threshold wants "},
+      {"breaker_cooldown_ms", "soon", "remote option breaker_cooldown_ms wants "},
+      {"ttl_ms", "abc", "remote option ttl_ms wants a whole number of milliseconds (0: no expiry)"},
+      {"max_entry_bytes", "64M",
+       "remote option max_entry_bytes wants a whole number of bytes, e.g. 67108864 (0: the default)"},
+      {"breaker_threshold", "-1", "remote option breaker_threshold wants "},
       {"breaker_timeouts", "4294967296", "remote option breaker_timeouts wants "},
       {"write_queue_depth", "1.5", "remote option write_queue_depth wants "},
       {"read_only", "maybe", "remote option read_only wants 1/0, true/false, yes/no or on/off"},
@@ -162,8 +167,9 @@ TEST(RedisUrl, ErrorsNameTheOptionNeverTheUrl) {
     const char* message;
   };
   for (const Case& c :
-       {Case{"redis://:hunter2@h?command_timeout_ms=0",
-             "redis URL: remote option command_timeout_ms wants a whole number of milliseconds, at least 1 (e.g. 250)"},
+       {Case{"redis://:hunter2@h?command_timeout_ms=0.5",
+             "redis URL: remote option command_timeout_ms wants a whole number of milliseconds, e.g. 250 (0: the "
+             "default)"},
         Case{"redis://user:hunter2@h:6379/1?ttl_ms=10&read_only=perhaps",
              "redis URL: remote option read_only wants 1/0, true/false, yes/no or on/off"},
         Case{"redis+cluster://:hunter2@a:1,b:2?key_prefix",
@@ -185,13 +191,12 @@ TEST(RedisUrl, ErrorsNameTheOptionNeverTheUrl) {
   EXPECT_TRUE(unknown.error().message().starts_with("redis URL: unknown remote option 'breaker' (known: "))
       << unknown.error().message();
   EXPECT_EQ(unknown.error().to_string().find("hunter2"), std::string::npos);
-  // The query reaches the policy: a timeout of 0 is refused there too, and
-  // a good query applies over the options given.
+  // The query reaches the policy: a timeout of 0 is the default there too,
+  // and a good query applies over the options given.
   RedisTierOptions o;
   o.command_timeout_ms = 0;
-  auto zero = make_redis_tier("redis://127.0.0.1:1", o);
-  ASSERT_FALSE(zero.has_value());
-  EXPECT_EQ(zero.error().message(), "remote option command_timeout_ms must be at least 1");
+  auto zero = make_redis_tier("redis://127.0.0.1:1?connect_timeout_ms=0", o);
+  ASSERT_TRUE(zero.has_value()) << zero.error().to_string();
   auto fixed = make_redis_remote("redis://127.0.0.1:1?command_timeout_ms=40&read_only=yes", o);
   ASSERT_TRUE(fixed.has_value()) << fixed.error().to_string();
   EXPECT_EQ(fixed->tier->name(), "redis(ro)");
@@ -631,20 +636,20 @@ size_t count_lines(const std::string& s) { return static_cast<size_t>(std::count
 
 // The child side: a whole Cache configured from the environment only
 // (KCACHE_DIR, KCACHE_REMOTE, KCACHE_REMOTE_SECRET_FILE), as a JIT would be.
-// With KCACHE_CHILD_PEER_WAITS (a path shared by two children), a child
+// With KCACHE_TEST_CHILD_PEER_WAITS (a path shared by two children), a child
 // that waits on the other's lease creates that file, and a child that
 // compiles finishes only once it exists: the compile outlasts the other's
 // start however slowly the machine runs.
 TEST(RedisChild, Run) {
-  const char* out = std::getenv("KCACHE_CHILD_OUT");
+  const char* out = std::getenv("KCACHE_TEST_CHILD_OUT");
   if (!out) GTEST_SKIP() << "runs only as the child process of Redis.TwoMachines*";
-  const std::string log = std::getenv("KCACHE_CHILD_COMPILES");
-  const int compile_ms = std::atoi(std::getenv("KCACHE_CHILD_COMPILE_MS"));
-  const char* peer_waits = std::getenv("KCACHE_CHILD_PEER_WAITS");
+  const std::string log = std::getenv("KCACHE_TEST_CHILD_COMPILES");
+  const int compile_ms = std::atoi(std::getenv("KCACHE_TEST_CHILD_COMPILE_MS"));
+  const char* peer_waits = std::getenv("KCACHE_TEST_CHILD_PEER_WAITS");
   auto cache = Cache::open(Options::from_env());
   ASSERT_EQ(cache->tiers().size(), 3u);
   EXPECT_EQ(cache->tiers().back()->name(), "redis");
-  KeyInfo k = *KeyBuilder("two-machines").add_string("src", std::getenv("KCACHE_CHILD_KEY")).finish();
+  KeyInfo k = *KeyBuilder("two-machines").add_string("src", std::getenv("KCACHE_TEST_CHILD_KEY")).finish();
   std::optional<OnLeaseWait> on_wait;
   if (peer_waits)
     on_wait.emplace(*cache, [peer_waits] {
@@ -680,10 +685,14 @@ TEST(Redis, TwoMachinesOneCompilesTheOtherHits) {
   std::fclose(f);
   std::string compiles = d.path() + "/compiles";
   auto env = [&](const TempDir& dir, const std::string& out) {
-    return std::vector<std::string>{
-        "KCACHE_DIR=" + dir.path(),   "KCACHE_REMOTE=" + srv.url(), "KCACHE_REMOTE_SECRET_FILE=" + secret,
-        "KCACHE_LOG=error",           "KCACHE_CHILD_OUT=" + out,    "KCACHE_CHILD_COMPILES=" + compiles,
-        "KCACHE_CHILD_COMPILE_MS=50", "KCACHE_CHILD_KEY=kernel-1"};
+    return std::vector<std::string>{"KCACHE_DIR=" + dir.path(),
+                                    "KCACHE_REMOTE=" + srv.url(),
+                                    "KCACHE_REMOTE_SECRET_FILE=" + secret,
+                                    "KCACHE_LOG=error",
+                                    "KCACHE_TEST_CHILD_OUT=" + out,
+                                    "KCACHE_TEST_CHILD_COMPILES=" + compiles,
+                                    "KCACHE_TEST_CHILD_COMPILE_MS=50",
+                                    "KCACHE_TEST_CHILD_KEY=kernel-1"};
   };
   ASSERT_EQ(wait_child(spawn_child(env(a, d.path() + "/out-a"))), 0);
   EXPECT_EQ(slurp(d.path() + "/out-a"), "compiled built once for everyone");
@@ -696,9 +705,9 @@ TEST(Redis, TwoMachinesOneCompilesTheOtherHits) {
   // once the other machine waits.
   auto envk = [&](const TempDir& dir, const std::string& out) {
     auto e = env(dir, out);
-    e[6] = "KCACHE_CHILD_COMPILE_MS=0";
-    e[7] = "KCACHE_CHILD_KEY=kernel-2";
-    e.push_back("KCACHE_CHILD_PEER_WAITS=" + d.path() + "/peer-waits");
+    e[6] = "KCACHE_TEST_CHILD_COMPILE_MS=0";
+    e[7] = "KCACHE_TEST_CHILD_KEY=kernel-2";
+    e.push_back("KCACHE_TEST_CHILD_PEER_WAITS=" + d.path() + "/peer-waits");
     return e;
   };
   TempDir a2, b2;

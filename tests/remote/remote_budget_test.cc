@@ -5,8 +5,8 @@
 // store, its leases and the remote tier adds at most one command timeout
 // plus one connect timeout, and each fault is one warn line in the log.
 // Each trial starts a fresh server, cache folder and tier (a fresh
-// breaker). KCACHE_REMOTE_TRIALS sets the trials per fault (default 2),
-// KCACHE_REMOTE_COMMAND_MS / KCACHE_REMOTE_CONNECT_MS the tier's timeouts
+// breaker). KCACHE_TEST_REMOTE_TRIALS sets the trials per fault (default 2),
+// KCACHE_TEST_REMOTE_COMMAND_MS / KCACHE_TEST_REMOTE_CONNECT_MS the tier's timeouts
 // (default 300 / 200); each fault prints a summary line
 // (docs/reliability.md, "Remote tier", quotes them).
 #include <gtest/gtest.h>
@@ -29,8 +29,8 @@ uint64_t env_or(const char* name, uint64_t fallback) {
   uint64_t v = s ? std::strtoull(s, nullptr, 10) : 0;
   return v ? v : fallback;
 }
-const uint64_t kCommandMs = env_or("KCACHE_REMOTE_COMMAND_MS", 300);
-const uint64_t kConnectMs = env_or("KCACHE_REMOTE_CONNECT_MS", 200);
+const uint64_t kCommandMs = env_or("KCACHE_TEST_REMOTE_COMMAND_MS", 300);
+const uint64_t kConnectMs = env_or("KCACHE_TEST_REMOTE_CONNECT_MS", 200);
 constexpr uint64_t kMarginMs = 250;
 constexpr int kCallsPerTrial = 4;
 
@@ -52,7 +52,7 @@ const char* fault_name(Fault f) {
 }
 
 int trials() {
-  const char* s = std::getenv("KCACHE_REMOTE_TRIALS");
+  const char* s = std::getenv("KCACHE_TEST_REMOTE_TRIALS");
   int n = s ? std::atoi(s) : 2;
   return n > 0 ? n : 2;
 }

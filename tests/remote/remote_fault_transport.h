@@ -72,7 +72,7 @@ class FaultTransport final : public RemoteTransport, public RemoteLeaseBackend {
     if (it == values_.end() || expired(it->second.expiry_ms)) return RemoteBytes();
     return make_heap_buffer(it->second.bytes);
   }
-  Status get_many(std::span<const Key> keys, std::vector<Expected<RemoteBytes>>* out) override {
+  Status get_many(const std::vector<Key>& keys, std::vector<Expected<RemoteBytes>>* out) override {
     KCACHE_RETURN_IF_ERROR(enter());
     out->clear();
     std::lock_guard g(mu_);

@@ -53,7 +53,7 @@ class TempDir {
     if (p) path_ = p;
   }
   ~TempDir() {
-    if (!path_.empty() && std::getenv("KCACHE_KEEP_TEST_DIRS") == nullptr) {
+    if (!path_.empty() && std::getenv("KCACHE_TEST_KEEP_DIRS") == nullptr) {
       std::string cmd = "chmod -R u+w '" + path_ + "' 2>/dev/null; rm -rf '" + path_ + "'";
       (void)::system(cmd.c_str());
     }

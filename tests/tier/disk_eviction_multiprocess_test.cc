@@ -5,9 +5,9 @@
 // it by more than one group per process; a put never waits for the
 // whole of another process's eviction; an evictor killed with SIGKILL in
 // the middle of its work is taken over by the next writer at once.
-// KCACHE_TRIALS sets the puts per thread of the
+// KCACHE_TEST_TRIALS sets the puts per thread of the
 // 8 x 4 run (default 32, rounded up to whole groups of 4):
-//   KCACHE_TRIALS=200 build/tests/tier/disk_eviction_multiprocess_test
+//   KCACHE_TEST_TRIALS=200 build/tests/tier/disk_eviction_multiprocess_test
 #include <gtest/gtest.h>
 #include <sys/file.h>
 #include <sys/mman.h>
@@ -142,7 +142,7 @@ TEST(FilesEvictorLock, ALiveHolderBlocksEvictionADeadOneIsFollowedAtOnce) {
 }
 
 int env_trials(int dflt) {
-  const char* v = std::getenv("KCACHE_TRIALS");
+  const char* v = std::getenv("KCACHE_TEST_TRIALS");
   int n = v ? std::atoi(v) : 0;
   return n > 0 ? n : dflt;
 }
@@ -315,7 +315,7 @@ TEST(FilesEviction, AnEvictorKilledMidEvictionIsTakenOverByTheNextWriterAtOnce) 
 // unlink made slow, a trim every 5 puts): the store never grows past its
 // limit by more than a few entries, and the evictor's lock a killed writer
 // held is free at once (a last trim to nothing empties the store).
-// KCACHE_TRIALS sets the number of kills (default 20).
+// KCACHE_TEST_TRIALS sets the number of kills (default 20).
 TEST(FilesEviction, RepeatedlyKilledWritersLeaveTheStoreWithinItsLimit) {
   TempDir td;
   const std::string dir = td.path() + "/store";

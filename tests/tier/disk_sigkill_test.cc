@@ -20,7 +20,7 @@
 #include <map>
 #include <random>
 
-#include "kcache/assembly.h"
+#include "cache/assembly.h"
 #include "robust_util.h"
 
 using namespace kcache;

@@ -6,7 +6,7 @@
 // a stall or wrong bytes. Each case runs in a child process, so a signal
 // is a failed test rather than a crashed suite.
 //
-// KCACHE_TRIALS=N repeats the racing cases N times (default 3).
+// KCACHE_TEST_TRIALS=N repeats the racing cases N times (default 3).
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/wait.h>
@@ -33,7 +33,7 @@ namespace {
 constexpr size_t kBig = 20000;  // entries in overflow pages, bundle data past the first pages
 
 int trials() {
-  const char* v = std::getenv("KCACHE_TRIALS");
+  const char* v = std::getenv("KCACHE_TEST_TRIALS");
   int n = v ? std::atoi(v) : 0;
   return n > 0 ? n : 3;
 }

@@ -16,7 +16,7 @@
 #include <fstream>
 #include <iterator>
 
-#include "kcache/assembly.h"
+#include "cache/assembly.h"
 #include "robust_util.h"
 
 using namespace kcache;

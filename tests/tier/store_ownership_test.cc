@@ -24,8 +24,8 @@
 #include <sstream>
 #include <string>
 
+#include "cache/assembly.h"
 #include "fault_env.h"
-#include "kcache/assembly.h"
 #include "kcache/cache.h"
 #include "kcache/lease.h"
 #include "lease/table_layout.h"

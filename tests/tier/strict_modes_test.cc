@@ -17,8 +17,8 @@
 //   "nobody", in a forked child that setuid()s to it); as any other user,
 //   by a forked child of the same user.
 //
-// KCACHE_TRIALS sets the number of swap trials (default 20):
-//   KCACHE_TRIALS=300 build/tests/tier/strict_modes_test
+// KCACHE_TEST_TRIALS sets the number of swap trials (default 20):
+//   KCACHE_TEST_TRIALS=300 build/tests/tier/strict_modes_test
 #include <fcntl.h>
 #include <grp.h>
 #include <sys/stat.h>
@@ -30,8 +30,8 @@
 #include <functional>
 #include <string>
 
+#include "cache/assembly.h"
 #include "fault_env.h"
-#include "kcache/assembly.h"
 #include "kcache/cache.h"
 #include "robust_util.h"
 #include "tier/core/folder_check.h"
@@ -52,7 +52,7 @@ uid_t other_uid() { return ::geteuid() == kNobody ? kNobody - 1 : kNobody; }
 gid_t other_gid() { return ::getegid() == kNogroup ? kNogroup - 1 : kNogroup; }
 
 int swap_trials() {
-  const char* v = std::getenv("KCACHE_TRIALS");
+  const char* v = std::getenv("KCACHE_TEST_TRIALS");
   int n = v ? std::atoi(v) : 0;
   return n > 0 ? n : test::trials(20, 5);
 }

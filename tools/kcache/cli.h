@@ -15,7 +15,7 @@
 #include <utility>
 #include <vector>
 
-#include "kcache/assembly.h"
+#include "cache/assembly.h"
 #include "kcache/cache.h"
 #include "kcache/entry.h"
 #include "kcache/key.h"

@@ -48,7 +48,7 @@ def _test_id(item):
 
 
 def pytest_collection_modifyitems(config, items):
-    if os.environ.get("KCACHE_NUMBA_SUITE_ALL"):  # run them too (to see that they do fail)
+    if os.environ.get("KCACHE_TEST_NUMBA_SUITE_ALL"):  # run them too (to see that they do fail)
         return
     kept, dropped = [], []
     for item in items:

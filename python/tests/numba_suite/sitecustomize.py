@@ -2,7 +2,7 @@
 (the run of numba's own caching suite, test_numba_caching.py): numba's
 cache=True goes to kcache in the test process and in each process its tests
 start (subprocess, multiprocessing spawn). Each process that enabled it
-appends its pid to $KCACHE_NUMBA_SUITE_PIDS."""
+appends its pid to $KCACHE_TEST_NUMBA_SUITE_PIDS."""
 
 import os
 
@@ -10,7 +10,7 @@ try:
     import kcache.numba
 
     kcache.numba.enable()
-    _pids = os.environ.get("KCACHE_NUMBA_SUITE_PIDS")
+    _pids = os.environ.get("KCACHE_TEST_NUMBA_SUITE_PIDS")
     if _pids:
         with open(_pids, "a") as _f:
             _f.write(f"{os.getpid()}\n")

@@ -143,12 +143,12 @@ std::shared_ptr<Tier> make_read_only(std::shared_ptr<Tier> inner) {
 DiskLimits effective_limits(const DiskTierOptions& o) noexcept {
   static const DiskTierOptions d;
   DiskLimits l;
-  l.max_bytes = o.max_bytes ? o.max_bytes : d.max_bytes;
-  l.max_entries = o.max_entries ? o.max_entries : d.max_entries;
-  l.max_entry_bytes = o.max_entry_bytes ? o.max_entry_bytes : std::max<uint64_t>(l.max_bytes / 8, 1);
+  l.max_bytes = util::or_default(o.max_bytes, d.max_bytes);
+  l.max_entries = util::or_default(o.max_entries, d.max_entries);
+  l.max_entry_bytes = util::or_default(o.max_entry_bytes, std::max<uint64_t>(l.max_bytes / 8, 1));
   l.low_water = o.low_water > 0 && o.low_water < 1 ? o.low_water : d.low_water;
-  l.recency_batch = o.recency_batch ? o.recency_batch : d.recency_batch;
-  l.stale_temp_ms = o.stale_temp_ms ? o.stale_temp_ms : d.stale_temp_ms;
+  l.recency_batch = util::or_default(o.recency_batch, d.recency_batch);
+  l.stale_temp_ms = util::or_default(o.stale_temp_ms, d.stale_temp_ms);
   return l;
 }
 uint64_t effective_max_bytes(const DiskTierOptions& o) noexcept { return effective_limits(o).max_bytes; }

@@ -25,8 +25,9 @@ namespace {
 class MemoryTier final : public Tier, public StoreAdmin {
  public:
   explicit MemoryTier(const MemoryTierOptions& o) {
-    uint64_t total = o.max_bytes ? o.max_bytes : MemoryTierOptions().max_bytes;
-    unsigned n = o.shards ? o.shards : 16;
+    const MemoryTierOptions d;
+    uint64_t total = util::or_default(o.max_bytes, d.max_bytes);
+    unsigned n = util::or_default(o.shards, d.shards);
     shards_ = std::vector<Shard>(n);
     per_shard_ = total / n;
     max_entry_ = o.max_entry_bytes ? std::min(o.max_entry_bytes, per_shard_) : per_shard_;

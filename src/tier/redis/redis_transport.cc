@@ -43,7 +43,6 @@
 #include <mutex>
 #include <optional>
 #include <shared_mutex>
-#include <span>
 #include <unordered_map>
 
 #include "kcache/redis.h"
@@ -75,13 +74,15 @@ bool parse_u64(std::string_view s, uint64_t* out) {
 
 // ---- remote options: one table ------------------------------------------------
 
+// A number's 0 means what it means in RemoteTierOptions (kcache/options.h,
+// "Zero and defaults"): the default, or for ttl_ms no expiry.
 enum class OptionForm {
-  millis,          // whole milliseconds, at least 1
-  millis_or_zero,  // whole milliseconds, 0 allowed
-  bytes,           // whole bytes, at least 1
-  count,           // a whole number from 1 to UINT_MAX
-  flag,            // 1/0, true/false, yes/no, on/off
-  text,            // anything
+  millis,     // whole milliseconds
+  expiry_ms,  // whole milliseconds, 0: no expiry
+  bytes,      // whole bytes
+  count,      // a whole number up to UINT_MAX
+  flag,       // 1/0, true/false, yes/no, on/off
+  text,       // anything
 };
 
 struct OptionValue {
@@ -101,7 +102,7 @@ constexpr RemoteOption kRemoteOptions[] = {
      [](RedisTierOptions* o, const OptionValue& v) { o->connect_timeout_ms = v.n; }},
     {"command_timeout_ms", OptionForm::millis,
      [](RedisTierOptions* o, const OptionValue& v) { o->command_timeout_ms = v.n; }},
-    {"ttl_ms", OptionForm::millis_or_zero, [](RedisTierOptions* o, const OptionValue& v) { o->ttl_ms = v.n; }},
+    {"ttl_ms", OptionForm::expiry_ms, [](RedisTierOptions* o, const OptionValue& v) { o->ttl_ms = v.n; }},
     {"read_only", OptionForm::flag, [](RedisTierOptions* o, const OptionValue& v) { o->read_only = v.flag; }},
     {"max_entry_bytes", OptionForm::bytes, [](RedisTierOptions* o, const OptionValue& v) { o->max_entry_bytes = v.n; }},
     {"breaker_threshold", OptionForm::count,
@@ -120,13 +121,13 @@ constexpr RemoteOption kRemoteOptions[] = {
 std::string_view form_text(OptionForm form) {
   switch (form) {
     case OptionForm::millis:
-      return "a whole number of milliseconds, at least 1 (e.g. 250)";
-    case OptionForm::millis_or_zero:
-      return "a whole number of milliseconds (0: none)";
+      return "a whole number of milliseconds, e.g. 250 (0: the default)";
+    case OptionForm::expiry_ms:
+      return "a whole number of milliseconds (0: no expiry)";
     case OptionForm::bytes:
-      return "a whole number of bytes, at least 1 (e.g. 67108864)";
+      return "a whole number of bytes, e.g. 67108864 (0: the default)";
     case OptionForm::count:
-      return "a whole number from 1 to 4294967295";
+      return "a whole number up to 4294967295 (0: the default)";
     case OptionForm::flag:
       return "1/0, true/false, yes/no or on/off";
     case OptionForm::text:
@@ -148,15 +149,13 @@ std::optional<OptionValue> parse_option(OptionForm form, std::string_view text) 
       v.flag = *b;
       return v;
     }
-    case OptionForm::millis_or_zero:
+    case OptionForm::millis:
+    case OptionForm::expiry_ms:
+    case OptionForm::bytes:
       if (!parse_u64(text, &v.n)) return std::nullopt;
       return v;
-    case OptionForm::millis:
-    case OptionForm::bytes:
-      if (!parse_u64(text, &v.n) || v.n == 0) return std::nullopt;
-      return v;
     case OptionForm::count:
-      if (!parse_u64(text, &v.n) || v.n == 0 || v.n > UINT_MAX) return std::nullopt;
+      if (!parse_u64(text, &v.n) || v.n > UINT_MAX) return std::nullopt;
       return v;
   }
   return std::nullopt;
@@ -464,7 +463,7 @@ class RedisTransport final : public RemoteTransport, public RemoteLeaseBackend {
     return range_value_of(std::move(r), bound);
   }
 
-  Status get_many(std::span<const Key> keys, std::vector<Expected<RemoteBytes>>* out) override {
+  Status get_many(const std::vector<Key>& keys, std::vector<Expected<RemoteBytes>>* out) override {
     out->clear();
     out->reserve(keys.size());
     for (size_t i = 0; i < keys.size(); ++i) out->emplace_back(RemoteBytes());

@@ -70,17 +70,18 @@ class SliceBuffer final : public Buffer {
   size_t off_;
 };
 
-// The options that must be at least 1 (kcache/remote.h).
-Status check_options(const RemoteTierOptions& o) {
-  const std::pair<const char*, uint64_t> fields[] = {
-      {"connect_timeout_ms", o.connect_timeout_ms}, {"command_timeout_ms", o.command_timeout_ms},
-      {"max_entry_bytes", o.max_entry_bytes},       {"breaker_threshold", o.breaker_threshold},
-      {"breaker_timeouts", o.breaker_timeouts},     {"breaker_cooldown_ms", o.breaker_cooldown_ms},
-      {"write_queue_depth", o.write_queue_depth},
-  };
-  for (const auto& [name, value] : fields)
-    if (value == 0) return Status(Errc::invalid_argument, std::string("remote option ") + name + " must be at least 1");
-  return Status();
+// `o` with each 0 that means unset replaced by the field's default
+// (kcache/options.h, "Zero and defaults"); ttl_ms 0 is no expiry.
+RemoteTierOptions with_defaults(RemoteTierOptions o) {
+  const RemoteTierOptions d;
+  o.connect_timeout_ms = util::or_default(o.connect_timeout_ms, d.connect_timeout_ms);
+  o.command_timeout_ms = util::or_default(o.command_timeout_ms, d.command_timeout_ms);
+  o.max_entry_bytes = util::or_default(o.max_entry_bytes, d.max_entry_bytes);
+  o.breaker_threshold = util::or_default(o.breaker_threshold, d.breaker_threshold);
+  o.breaker_timeouts = util::or_default(o.breaker_timeouts, d.breaker_timeouts);
+  o.breaker_cooldown_ms = util::or_default(o.breaker_cooldown_ms, d.breaker_cooldown_ms);
+  o.write_queue_depth = util::or_default(o.write_queue_depth, d.write_queue_depth);
+  return o;
 }
 
 // A lease holder's identity: host, process (PID and start time), a random
@@ -799,8 +800,7 @@ class CombinedLeases final : public Leases {
 Expected<Remote> make_remote(std::shared_ptr<RemoteTransport> values, std::shared_ptr<RemoteLeaseBackend> leases,
                              const RemoteTierOptions& options) {
   if (!values) return Status(Errc::invalid_argument, "make_remote: no transport");
-  KCACHE_RETURN_IF_ERROR(check_options(options));
-  auto t = std::make_shared<RemoteTierImpl>(std::move(values), options);
+  auto t = std::make_shared<RemoteTierImpl>(std::move(values), with_defaults(options));
   if (!t->ok()) return Status(Errc::internal, "OpenSSL has no HMAC");
   Remote r;
   if (leases) r.leases = std::make_shared<RemoteLeasesImpl>(t, std::move(leases));

@@ -12,6 +12,8 @@
 #include <llvm/Support/MemoryBuffer.h>
 #include <llvm/Support/raw_ostream.h>
 
+static_assert(__cplusplus == 201703L, "the FileCache source is built here as C++17, as LLD builds");
+
 namespace compat = kcache::llvm::compat;
 
 int main() {

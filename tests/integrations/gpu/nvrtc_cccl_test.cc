@@ -331,10 +331,10 @@ TEST_F(NvrtcCccl, EditingEachHeaderReadIsAMissAndACompileNamesIt) {
   ASSERT_GT(users.size(), 300u);
   // Every header the libcu++ and cooperative_groups programs read; of the
   // headers only CUB programs read, one in eight (all of them with
-  // KCACHE_TRIALS set). The key of an edited program is no longer any
+  // KCACHE_TEST_TRIALS set). The key of an edited program is no longer any
   // stored one's; for one header in forty it is compiled too, and the new
   // key differs from the old one by that file alone.
-  const bool all = std::getenv("KCACHE_TRIALS") != nullptr;
+  const bool all = std::getenv("KCACHE_TEST_TRIALS") != nullptr;
   size_t edits = 0, compiled = 0, cub_only = 0;
   for (const auto& [path, progs] : users) {
     if (progs.back() < 2 && !all && cub_only++ % 8 != 0) continue;

@@ -791,7 +791,7 @@ TEST(NvrtcManifestWatch, AChildForkedWhileAnotherThreadChecksNeverHangs) {
   // A thread checks manifests again and again while the process forks; each
   // child checks with its own watcher and exits. A child that inherited a
   // held lock would hang (and be ended by its alarm).
-  const char* env = std::getenv("KCACHE_TRIALS");
+  const char* env = std::getenv("KCACHE_TEST_TRIALS");
   const int trials = env ? std::max(1, std::atoi(env)) : 100;
   TempDir tmp;
   nvrtc::detail::DepManifest c;

@@ -1,4 +1,8 @@
-// kcache/assembly.h — how a cache's tiers are put together from Options.
+// cache/assembly.h — how a cache's tiers are put together from Options.
+//
+// Internal: the wiring behind Cache::open (disk store spec, engine table,
+// remote schemes), not installed; the `kcache` tool and the Python
+// extension include it from src/.
 //
 // One assembly serves every front end: Cache::open, the C ABI, Python and
 // every `kcache` command call assemble(), so each honours every KCACHE_*
