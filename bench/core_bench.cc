@@ -445,7 +445,7 @@ void BM_Miss(benchmark::State& state, bool cached) {
   }
   // After the loop: outside the timed region.
   if (cache) {
-    cache->flush();
+    (void)cache->flush();
     // Every miss was stored: the last one reads back whole.
     auto back = cache->get(keys[next - 1].key);
     if (!back || back->artifact("obj") != std::optional<std::string_view>(artifact))

@@ -98,7 +98,7 @@ NvrtcState& nv() {
     g_nv->mem_cache = kcache::Cache::open(cache_options(g_nv->dir, true));
     g_nv->mem = std::make_unique<kcache::nvrtc::Compiler>(*g_nv->mem_cache);
     for (const auto& k : g_nv->kernels) (void)g_nv->mem->compile(k.program);  // fills both tiers
-    g_nv->mem_cache->flush();
+    (void)g_nv->mem_cache->flush();
     g_nv->disk_cache = kcache::Cache::open(cache_options(g_nv->dir, false));
     g_nv->disk = std::make_unique<kcache::nvrtc::Compiler>(*g_nv->disk_cache);
   }
@@ -164,7 +164,7 @@ CcclState& cccl() {
     g_cccl->cache = kcache::Cache::open(cache_options(g_cccl->dir, true));
     g_cccl->compiler = std::make_unique<kcache::nvrtc::Compiler>(*g_cccl->cache);
     for (size_t i = 0; i < kcache::cccl_kernels::kKernelCount; ++i) (void)g_cccl->compiler->compile(cccl_program(i));
-    g_cccl->cache->flush();
+    (void)g_cccl->cache->flush();
   }
   return *g_cccl;
 }
@@ -217,7 +217,7 @@ void BM_CcclColdOverPlain(benchmark::State& state, size_t i) {
         kcache::nvrtc::Compiler c(*cache);
         auto r = c.compile(p);
         if (!r || r->source != kcache::Source::compiled) state.SkipWithError("expected a compile");
-        cache->flush();
+        (void)cache->flush();
         cold = cpu_ns() - c0;
       } else {
         auto r = kcache::nvrtc::compile_uncached(p);
@@ -288,7 +288,7 @@ int cccl_cold_child(size_t i, const std::string& dir, bool cached) {
     kcache::nvrtc::Compiler c(*cache);
     auto r = c.compile(p);
     if (!r || r->source != kcache::Source::compiled) return 2;
-    cache->flush();
+    (void)cache->flush();
   } else if (!kcache::nvrtc::compile_uncached(p)) {
     return 2;
   }
@@ -382,7 +382,7 @@ int opencl_child(const std::string& mode, const std::string& dir) {
     clReleaseProgram(prog);
   }
   double total_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  if (cache) cache->flush();
+  if (cache) (void)cache->flush();
   std::printf("%.3f %.3f\n", total_ms, build_ms);
   clReleaseCommandQueue(env.queue);
   clReleaseContext(env.ctx);

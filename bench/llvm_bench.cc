@@ -235,7 +235,7 @@ void BM_JitColdPair(benchmark::State& state) {
       // no-cache half and slow that. A process pays it at close, after its
       // kernels are ready, as in kcache-demo's figures.
       auto f0 = std::chrono::steady_clock::now();
-      cache->flush();
+      (void)cache->flush();
       flush_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - f0).count();
     };
     auto one_plain = [&] { plain_s += batch(*nocache, false, plain_n); };

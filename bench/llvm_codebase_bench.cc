@@ -199,7 +199,7 @@ int run_once(const Args& a) {
   }
   double t_ready = now_s(), pcpu = clock_s(CLOCK_PROCESS_CPUTIME_ID);
   bool ok = check(*jit, a.check);
-  if (cache) cache->flush();
+  if (cache) (void)cache->flush();
   const auto& c = *C;
   std::printf(
       "{\"run\":\"%s\",\"files\":%zu,\"ready_s\":%.6f,\"ready_cpu_s\":%.6f,\"key_cpu_s\":%.6f,\"cache_cpu_s\":%.6f,"

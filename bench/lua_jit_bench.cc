@@ -182,7 +182,7 @@ int run_once(const Args& a) {
   double key_cpu = c.key_cpu_ns / 1e9, cache_cpu = c.lookup_cpu_ns / 1e9;
   double link_cpu =
       (cpu_ready - cpu_add) - (key_cpu - pre_key_cpu) - (cache_cpu - pre_cache_cpu) - c.compile_cpu_ns / 1e9;
-  cache->flush();
+  (void)cache->flush();
   std::printf(
       "{\"files\":%zu,\"parsed\":%llu,\"ready_s\":%.6f,\"ready_cpu_s\":%.6f,\"key_s\":%.6f,\"cache_s\":%.6f,"
       "\"compile_s\":%.6f,\"link_s\":%.6f,\"key_cpu_s\":%.6f,\"cache_cpu_s\":%.6f,\"link_cpu_s\":%.6f,"

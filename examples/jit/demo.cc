@@ -228,7 +228,7 @@ int run_once(const Args& a) {
   double key_cpu = C.key_cpu_ns.load() / 1e9, cache_cpu = C.lookup_cpu_ns.load() / 1e9;
   double link_cpu =
       (cpu_ready - cpu_ir) - (key_cpu - pre_key_cpu) - (cache_cpu - pre_cache_cpu) - C.compile_cpu_ns.load() / 1e9;
-  cache->flush();
+  (void)cache->flush();
   kcache::CacheStats st = cache->stats();
   bool warm = C.codegen_runs.load() == 0;
   const char* run = cache->options().disabled ? "nocache" : warm ? "warm" : "cold";

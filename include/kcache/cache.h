@@ -369,9 +369,12 @@ class Cache {
   std::optional<Entry> get(const KeyInfo& key, Source* source = nullptr);
   // Stores into every writable tier: the memory tier at once, the disk tier
   // with the committer's next group (group commit; see Exit above and
-  // Options::sync_commit). Faults are counted and logged; never returned as
-  // errors (the result says whether any tier took it).
-  bool put(const Entry& entry);
+  // Options::sync_commit). Faults are counted and logged. The result: ok
+  // when a tier took it; with sync_commit, ok only when the disk tier has
+  // it too (else why not: no_space, read_only, io_error, ...); read_only
+  // when the cache stores nothing. Without sync_commit a later disk
+  // failure is reported by flush().
+  Status put(const Entry& entry);
   // Builds the entry (with metadata and manifest) and puts it. nullopt when
   // the artifacts are invalid (logged) or the cache stores nothing (read-only
   // or disabled). The slower tiers are written later, off the caller's
@@ -427,7 +430,10 @@ class Cache {
   // are there already: this waits for put()s and the remote tier's queue). Also waits until every miss so far is in the
   // miss journal (or was dropped: the journal is a diagnostic, and a journal whose lock another process held for over a
   // second drops what it had).
-  void flush();
+  // The result: ok, or why entries stored since the last flush() are not
+  // on disk (the first reason, and how many), or the disk tier's failure
+  // to flush its records.
+  Status flush();
   // The same, waiting at most `bound` for the disk (a store whose lock
   // another process holds, or a hung file system, can take longer); false
   // when the bound ran out with entries still on their way. The exit

@@ -93,8 +93,11 @@ class Entry {
   // Reads just the key from a header that passes the size/magic check.
   static std::optional<Key> peek_key(std::string_view encoded) noexcept;
 
-  // A copy whose bytes live on the heap (detached from any tier's memory).
-  Entry detach() const;
+  // A copy whose bytes live on the heap (detached from any tier's memory),
+  // checked again (checksum) once copied. The copy out of a map is guarded:
+  // when the file under the map shrank (another process truncated the
+  // store) the result is Errc::unavailable, never a SIGBUS.
+  Expected<Entry> detach() const;
 
  private:
   friend class EntryBuilder;

@@ -208,7 +208,12 @@ KCACHE_EXPORT void kcache_close(kcache_cache* c);
  * itself (an atexit handler), but one that ends with _exit() or is killed
  * keeps its last puts only after kcache_flush, or with the option
  * "sync_commit" = "1", which makes every put wait for its write.
- * KCACHE_INVALID_ARGUMENT for NULL. */
+ * The result says whether those entries are on disk: KCACHE_OK, or the
+ * first failure's code (KCACHE_NO_SPACE, KCACHE_READ_ONLY,
+ * KCACHE_IO_ERROR, ...) with kcache_last_error() saying how many entries
+ * since the last kcache_flush were not written and why. With
+ * "sync_commit" = "1", kcache_put itself returns that failure for its own
+ * entry. KCACHE_INVALID_ARGUMENT for NULL. */
 KCACHE_EXPORT int kcache_flush(kcache_cache* c);
 
 /* KCACHE_OK and *out set on a hit; KCACHE_NOT_FOUND and *out = NULL on a

@@ -392,7 +392,11 @@ class Cache:
     def flush(self) -> None:
         """Waits until new entries are written to the disk and remote tiers
         (after it returns, os._exit() or a kill loses none of them), and
-        writes buffered recency records."""
+        writes buffered recency records. Raises kcache.Error (code
+        "no_space", "read_only", "io_error", ...) when entries put since the
+        last flush could not be written to the disk store, so none is
+        reported kept that is not. With sync_commit=True, put() itself
+        returns None for an entry the disk refused."""
         self._c.flush()
 
     def close(self) -> None:

@@ -66,7 +66,7 @@ class PyCache {
     std::shared_ptr<kcache::Cache> c = std::atomic_exchange(&c_, std::shared_ptr<kcache::Cache>());
     if (c) {
       nb::gil_scoped_release nogil;
-      if (gen_ == kcache::util::fork_generation()) c->flush();
+      if (gen_ == kcache::util::fork_generation()) (void)c->flush();  // failures are in the log
       c.reset();
     }
   }
@@ -77,7 +77,7 @@ class PyCache {
     std::shared_ptr<kcache::Cache> c = std::atomic_load(&c_);
     if (!c || gen_ != kcache::util::fork_generation()) return;
     nb::gil_scoped_release nogil;
-    c->flush();
+    (void)c->flush();  // failures are in the log
   }
   bool closed() const { return !std::atomic_load(&c_); }
 
@@ -234,14 +234,19 @@ void bind_cache(nb::module_& m) {
           "get",
           [](PyCache& self, const PyKey& key) -> std::optional<PyEntry> {
             auto c = self.get_cache();
-            std::optional<kcache::Entry> e;
-            kcache::Source s = kcache::Source::other;
-            {
-              nb::gil_scoped_release nogil;
-              e = c->get(key.info.key, &s);
+            // A hit that could not be copied out of its map is looked up
+            // once more: the store is then known lost, and that is a miss.
+            for (int attempt = 0; attempt < 2; ++attempt) {
+              std::optional<kcache::Entry> e;
+              kcache::Source s = kcache::Source::other;
+              {
+                nb::gil_scoped_release nogil;
+                e = c->get(key.info.key, &s);
+              }
+              if (!e) return std::nullopt;
+              if (auto h = held(std::move(*e), s)) return h;
             }
-            if (!e) return std::nullopt;
-            return make_entry(std::move(*e), s);
+            return std::nullopt;
           },
           "key"_a)
       .def(
@@ -263,21 +268,26 @@ void bind_cache(nb::module_& m) {
           [](PyCache& self, const PyKey& key, nb::object fn) {
             if (!PyCallable_Check(fn.ptr())) throw nb::type_error("Cache.get_or_compile: compile must be callable");
             auto c = self.get_cache();
-            std::optional<nb::python_error> error;
-            kcache::Source s = kcache::Source::other;
-            std::optional<kcache::Expected<kcache::Entry>> r;
-            try {
-              nb::gil_scoped_release nogil;
-              r.emplace(c->get_or_compile(key.info, PyCompile{fn, &error}, &s));
-            } catch (const Interrupted&) {
-              // The interrupt is this thread's own, re-raised below.
+            for (int attempt = 0;; ++attempt) {
+              std::optional<nb::python_error> error;
+              kcache::Source s = kcache::Source::other;
+              std::optional<kcache::Expected<kcache::Entry>> r;
+              try {
+                nb::gil_scoped_release nogil;
+                r.emplace(c->get_or_compile(key.info, PyCompile{fn, &error}, &s));
+              } catch (const Interrupted&) {
+                // The interrupt is this thread's own, re-raised below.
+              }
+              if (error) {
+                error->restore();
+                throw nb::python_error();
+              }
+              if (!*r) raise_compile_error(r->error());
+              // As in get: a hit that vanished under the copy is looked up
+              // once more, and then misses and compiles.
+              if (attempt == 1) return make_entry(std::move(**r), s);
+              if (auto h = held(std::move(**r), s)) return std::move(*h);
             }
-            if (error) {
-              error->restore();
-              throw nb::python_error();
-            }
-            if (!*r) raise_compile_error(r->error());
-            return make_entry(std::move(**r), s);
           },
           "key"_a, "compile"_a)
       .def(
@@ -297,8 +307,12 @@ void bind_cache(nb::module_& m) {
       .def("flush",
            [](PyCache& self) {
              auto c = self.get_cache();
-             nb::gil_scoped_release nogil;
-             c->flush();
+             kcache::Status st;
+             {
+               nb::gil_scoped_release nogil;
+               st = c->flush();
+             }
+             if (!st.is_ok()) raise_status("Cache.flush", st);
            })
       .def("tiers",
            [](PyCache& self) {

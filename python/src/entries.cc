@@ -47,9 +47,19 @@ nb::object artifact_memoryview(const kcache::Entry& e, std::string_view data) {
 
 }  // namespace
 
-PyEntry make_entry(kcache::Entry e, kcache::Source s) {
-  if (e.pinned()) e = e.detach();
+std::optional<PyEntry> held(kcache::Entry e, kcache::Source s) {
+  if (e.pinned()) {
+    auto d = e.detach();
+    if (!d) return std::nullopt;
+    e = std::move(d).value();
+  }
   return PyEntry{std::move(e), s};
+}
+
+PyEntry make_entry(kcache::Entry e, kcache::Source s) {
+  auto h = held(std::move(e), s);
+  if (!h) raise_status("Entry", kcache::Status(kcache::Errc::unavailable, "the store file shrank under this process"));
+  return std::move(*h);
 }
 
 std::vector<kcache::Artifact> to_artifacts(nb::handle obj, const char* what) {

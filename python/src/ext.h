@@ -67,7 +67,10 @@ nb::list manifest_list(const kcache::Manifest& m);
 
 // LMDB hits pin a read transaction; Python may keep an Entry for as long as it
 // likes, so such entries are copied to the heap first. Heap entries (memory
-// tier, promotions, fresh compiles) are handed out without a copy.
+// tier, promotions, fresh compiles) are handed out without a copy. The copy
+// is guarded (Entry::detach): nullopt when the store file shrank under it.
+std::optional<PyEntry> held(kcache::Entry e, kcache::Source s);
+// The same; kcache.Error ("unavailable") when the copy failed.
 PyEntry make_entry(kcache::Entry e, kcache::Source s);
 
 // ---- errors (errors.cc) ------------------------------------------------------

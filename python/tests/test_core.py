@@ -13,6 +13,16 @@ import pytest
 import kcache
 
 
+def _until(pred, bound=60.0):
+    """Polls pred until it holds (True) or bound seconds pass (False)."""
+    end = time.time() + bound
+    while not pred():
+        if time.time() > end:
+            return False
+        time.sleep(0.005)
+    return True
+
+
 # ---- keys --------------------------------------------------------------------
 
 def test_key_does_not_depend_on_component_order():
@@ -281,7 +291,7 @@ def test_flight_waits_for_thread(cache_dir):
         got = []
         t = threading.Thread(target=lambda: got.append(c.begin(k)))
         t.start()
-        time.sleep(0.2)
+        assert _until(lambda: c.stats()["waits"] >= 1)
         assert t.is_alive() and not got  # waiting for this flight, without the GIL
         f.commit({"a": b"from owner"})
         t.join(10)
@@ -295,21 +305,35 @@ c = kcache.Cache(sys.argv[1])
 f = c.begin(kcache.key("t/1", x="cross-process"))
 assert f.owner
 print("owner", flush=True)
-time.sleep(float(sys.argv[2]))
-if sys.argv[3] == "commit":
+sys.stdin.readline()  # the parent's go, or EOF
+if sys.argv[2] == "commit":
     f.commit({"a": b"from child"})
     c.close()
 else:
-    import os; os._exit(0) if sys.argv[3] == "exit" else time.sleep(60)
+    import os; os._exit(0) if sys.argv[2] == "exit" else time.sleep(60)
 """
 
 
+def _child(cache_dir, then):
+    return subprocess.Popen([sys.executable, "-c", _CHILD, cache_dir, then], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+
+
 def test_flight_waits_for_other_process(cache_dir):
-    p = subprocess.Popen([sys.executable, "-c", _CHILD, cache_dir, "0.5", "commit"], stdout=subprocess.PIPE, text=True)
+    p = _child(cache_dir, "commit")
     assert p.stdout.readline().strip() == "owner"
     with kcache.Cache(cache_dir) as c:
+        def go():  # the child commits 0.2 s after this process began waiting on its lease
+            if _until(lambda: c.stats()["lease_waits"] >= 1):
+                time.sleep(0.2)
+            p.stdin.write("go\n")
+            p.stdin.flush()
+
+        t = threading.Thread(target=go)
+        t.start()
         t0 = time.time()
         f = c.begin(kcache.key("t/1", x="cross-process"))
+        t.join(120)
         assert f.hit and bytes(f.entry["a"]) == b"from child"
         assert f.source == "waited" and time.time() - t0 >= 0.2
         assert c.stats()["lease_waits"] >= 1
@@ -317,14 +341,14 @@ def test_flight_waits_for_other_process(cache_dir):
 
 
 def test_flight_of_killed_process_is_taken_over(cache_dir):
-    p = subprocess.Popen([sys.executable, "-c", _CHILD, cache_dir, "0", "hang"], stdout=subprocess.PIPE, text=True)
+    p = _child(cache_dir, "hang")
     assert p.stdout.readline().strip() == "owner"
     with kcache.Cache(cache_dir) as c:
         k = kcache.key("t/1", x="cross-process")
         res = []
         t = threading.Thread(target=lambda: res.append(c.begin(k)))
         t.start()
-        time.sleep(0.3)
+        assert _until(lambda: c.stats()["lease_waits"] >= 1)
         assert t.is_alive()  # waiting for the child
         p.kill()
         p.wait()

@@ -72,8 +72,13 @@ def test_waiters_compile_at_once_once_the_owner_marks_the_key(tmp_path):
     # does not store: each waiter then finds the mark and compiles at once,
     # instead of taking the flight over in turn.
     store = tmp_path / "kcache"
+    # Each waiter says "waiting" once it waits on the owner's lease.
     worker = (
-        "import kcache, sys, time; from kcache import _hostutil as h; c = kcache.Cache(sys.argv[1]); "
+        "import kcache, sys, threading, time; from kcache import _hostutil as h; c = kcache.Cache(sys.argv[1])\n"
+        "def watch():\n"
+        "    while c.stats()['lease_waits'] < 1: time.sleep(0.005)\n"
+        "    print('waiting', flush=True)\n"
+        "threading.Thread(target=watch, daemon=True).start()\n"
         "k = kcache.key('hostutil-test/1', label='w', program=b'w'); f = h.Flights(); "
         "t = time.time(); assert f.begin(c, k, 't', 'w') is None; owned = f.get(k.hex) is not None; "
         "s = time.time(); time.sleep(2); f.abandon_new([], local=True); "
@@ -84,7 +89,7 @@ def test_waiters_compile_at_once_once_the_owner_marks_the_key(tmp_path):
     assert owner.owner
     procs = [subprocess.Popen([sys.executable, "-c", worker, str(store)], stdout=subprocess.PIPE, text=True)
              for _ in range(4)]
-    time.sleep(3)
+    assert [p.stdout.readline().strip() for p in procs] == ["waiting"] * 4
     assert all(p.poll() is None for p in procs)  # waiting
     _hostutil.OwnedFlight(owner, c, "test", "w").abandon()
     released = time.time()

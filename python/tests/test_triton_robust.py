@@ -1,6 +1,7 @@
 """kcache.triton where real users break it: written-out files removed or
-damaged, a read-only TRITON_CACHE_DIR, compiles that raise (and an exception
-kept alive), a holder killed mid-compile, the written-out files' limit,
+damaged, a read-only TRITON_CACHE_DIR, compiles that raise (an exception
+kept alive, its frames' locals intact, a thread waiting for the same
+kernel), a holder killed mid-compile, the written-out files' limit,
 triton_key() remembered, readable keys in `kcache misses`, Triton absent."""
 
 import glob
@@ -10,7 +11,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 
 import pytest
@@ -72,6 +72,16 @@ def test_read_only_cache_dir_still_serves_hits(triton_env, tmp_path, readonly):
         _immutable(cdir, False)
 
 
+def _assert_frames_intact(frames):
+    # Every frame of the traceback the program got still has its locals
+    # (pdb.pm() and %debug see them): each argument it was called with, and
+    # Triton's compile frame its own.
+    assert frames
+    assert all(not f["missing_args"] for f in frames), frames
+    compile_frames = [f for f in frames if f["function"] == "compile" and f["module"] == "triton.compiler.compiler"]
+    assert compile_frames and {"src", "target", "options", "key", "fn_cache_manager"} <= set(compile_frames[0]["locals"])
+
+
 def _failing_pair(triton_env, first_cmd, **extra):
     # Process 1 compiles a kernel that fails and keeps the exception alive
     # (as a notebook keeps the last one); process 2 must not wait for it.
@@ -82,6 +92,7 @@ def _failing_pair(triton_env, first_cmd, **extra):
         line = first.stdout.readline()
     assert line, first.stderr.read()
     assert json.loads(line[7:])["ready"]
+    _assert_frames_intact(json.loads(line[7:])["frames"])
     try:
         t = time.time()
         second = _scenario(triton_env, first_cmd.replace("-and-keep", "").replace("-keep", ""), **bound)
@@ -123,6 +134,35 @@ def test_failed_first_backend_compile_without_install_does_not_stall_others(trit
     err = _failing_pair(triton_env, "fail-ptxas-env-keep", TRITON_PTXAS_PATH=str(failing),
                         TRITON_PTXAS_BLACKWELL_PATH=str(failing))
     assert "leaked" not in err
+
+
+def test_failed_compile_keeps_its_frames_and_a_waiting_thread_compiles(triton_env, tmp_path):
+    # Thread A's compile fails in ptxas while thread B of the same process
+    # waits in get_group() for A's flight: B compiles the kernel itself,
+    # and A's exception reaches A with every local of its frames.
+    import triton
+    real = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    fifo = str(tmp_path / "release")
+    os.mkfifo(fifo)
+    script = tmp_path / "ptxas-first-fails"
+    script.write_text(f'#!/bin/sh\ncase "$1" in --version) exec {real} "$@" ;; esac\n'
+                      'echo "$$" >> "$PTXAS_COUNT_FILE"\n'
+                      f'if mkdir "{fifo}.started" 2>/dev/null; then cat "{fifo}" >/dev/null; exit 1; fi\n'
+                      f'exec {real} "$@"\n')
+    script.chmod(0o755)
+    p = _scenario(triton_env, "fail-waited", fifo, TRITON_PTXAS_PATH=str(script),
+                  TRITON_PTXAS_BLACKWELL_PATH=str(script), KCACHE_WAIT_BOUND_MS=600000, KCACHE_LEASE_TTL_MS=600000)
+    out, err = p.communicate(timeout=300)
+    assert p.returncode == 0, err
+    r = json.loads([x for x in out.splitlines() if x.startswith("RESULT ")][-1][7:])
+    assert r["a"] not in ("NoneType", "str"), r  # A's compile raised
+    _assert_frames_intact(r["frames"])
+    assert len(r["b"]) == 64, r["b"]  # B compiled the kernel (the cubin's SHA-256)
+    assert triton_env.ptxas_runs() == 2
+    assert r["stats"]["compiles"] == 1 and r["stats"]["waits"] >= 1  # B waited for A's flight, then took it
+    # Stored by B: a new process loads it.
+    again = triton_env.run(1)
+    assert list(again["cubins"].values()) == [r["b"]] and triton_env.ptxas_runs() == 2
 
 
 def test_holder_killed_is_taken_over_before_its_lease_expires(triton_env):
@@ -215,16 +255,84 @@ def test_triton_key_is_remembered_and_invalidated(triton_env, tmp_path):
     assert second["source"] == "remembered" and second["key"] == first["key"]
     # An edited module under triton/ changes the key: computed afresh.
     site = _triton_tree(tmp_path, "language/random.py")
-    edited = key(PYTHONPATH=site)
+    # The tree first, then the rest of the path (which may hold the kcache under test).
+    path = os.pathsep.join([site] + [p for p in [os.environ.get("PYTHONPATH")] if p])
+    edited = key(PYTHONPATH=path)
     assert edited["source"] == "computed" and edited["key"] != first["key"]
-    # The real tree is still remembered; a touched libtriton is not.
+    # The real tree is still remembered, and so is the edited one, until a
+    # file of it is touched (a new mtime, the same bytes): computed again,
+    # to the same value.
     assert key()["source"] == "remembered"
-    import triton
-    lib = glob.glob(os.path.join(os.path.dirname(triton.__file__), "_C", "libtriton*"))[0]
+    assert key(PYTHONPATH=path)["source"] == "remembered"
+    copied = os.path.join(site, "triton", "language", "random.py")
+    st = os.stat(copied)
+    os.utime(copied, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    touched = key(PYTHONPATH=path)
+    assert touched["source"] == "computed" and touched["key"] == edited["key"]
+    assert key(PYTHONPATH=path)["source"] == "remembered"
+
+
+def test_triton_key_memo_is_keyed_on_a_stat_walk_of_the_tree(tmp_path):
+    # The walk over a Triton-shaped tree of its own (the installed Triton is
+    # never changed): the same tree gives the same digest, any change to a
+    # file's identity (mtime, size, inode, a file added or removed, also in
+    # a backend linked in from elsewhere) another; __pycache__ is left out.
+    pytest.importorskip("triton")
+    from kcache.triton import _key
+
+    root = tmp_path / "triton"
+    elsewhere = tmp_path / "plugin" / "extra"
+    for rel, data in (("__init__.py", b"__version__ = '3.9.0'\n"), ("_C/libtriton.so", b"\x7fELF" + bytes(4096)),
+                      ("language/core.py", b"def f(): pass\n"), ("backends/nvidia/compiler.py", b"x = 1\n"),
+                      ("backends/nvidia/lib/libcupti.so", b"\x7fELF" + bytes(64))):
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(data)
+    elsewhere.mkdir(parents=True)
+    (elsewhere / "compiler.py").write_bytes(b"y = 2\n")
+    os.symlink(elsewhere, root / "backends" / "extra")  # a backend installed elsewhere
+    os.symlink(root, root / "backends" / "loop")  # a link back up is walked once
+    walk = lambda: _key.stat_walk(str(root))  # noqa: E731
+    d0 = walk()
+    assert walk() == d0
+
+    (root / "language" / "__pycache__").mkdir()
+    (root / "language" / "__pycache__" / "core.cpython-311.pyc").write_bytes(b"pyc")
+    assert walk() == d0
+
+    lib = root / "_C" / "libtriton.so"
     st = os.stat(lib)
-    os.utime(lib, ns=(st.st_atime_ns, st.st_mtime_ns))  # same times, new ctime
-    touched = key()
-    assert touched["source"] == "computed" and touched["key"] == first["key"]
+    os.utime(lib, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # touched
+    assert walk() != d0
+    os.utime(lib, ns=(st.st_atime_ns, st.st_mtime_ns))  # and back: the same identity
+    assert walk() == d0
+
+    copy = root / "_C" / "libtriton.so.new"  # the same bytes and times in a new inode
+    shutil.copy2(lib, copy)
+    os.replace(copy, lib)
+    os.utime(lib, ns=(st.st_atime_ns, st.st_mtime_ns))
+    d1 = walk()
+    assert d1 != d0
+
+    plugin = elsewhere / "compiler.py"
+    pst = os.stat(plugin)
+    os.utime(plugin, ns=(pst.st_atime_ns, pst.st_mtime_ns + 10**9))
+    d2 = walk()
+    assert d2 != d1
+
+    (root / "language" / "random.py").write_bytes(b"")  # a module added
+    d3 = walk()
+    assert d3 != d2
+    os.unlink(root / "language" / "random.py")
+    assert walk() == d2
+
+    with open(root / "backends" / "nvidia" / "compiler.py", "ab") as f:  # grown, whatever its mtime
+        f.write(b"\n")
+    os.utime(root / "backends" / "nvidia" / "compiler.py", ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert walk() != d2
+
+    # The store key follows the walk.
+    assert _key.record_key(str(root), d0).hex == _key.record_key(str(root), d0).hex
+    assert _key.record_key(str(root), d0).hex != _key.record_key(str(root), d1).hex
 
 
 def test_triton_key_is_remembered_from_the_variable_alone(triton_env):

@@ -145,7 +145,7 @@ Cache::~Cache() {
   live_caches().with([this](std::unordered_set<Cache*>& caches) { caches.erase(this); });
   impl_->committer.stop();  // releases the leases that went with its entries
   impl_->lease.stop();
-  impl_->chain.flush();
+  (void)impl_->chain.flush();  // a failure is in the log
   if (impl_->opt.print_stats) std::fprintf(stderr, "%s", stats().to_string().c_str());
 }
 
@@ -189,27 +189,32 @@ bool is_reentry(const Status& st) noexcept {
   return st.code() == Errc::invalid_argument && st.message().starts_with(kReentryPrefix);
 }
 
-void Cache::flush() {
+Status Cache::flush() {
   impl_->committer.flush();
-  impl_->chain.flush();
+  Status chain = impl_->chain.flush();
   if (impl_->explainer) impl_->explainer->flush();
+  Status lost = impl_->committer.take_failures();
+  return lost.is_ok() ? chain : lost;
 }
 
 bool Cache::flush(std::chrono::milliseconds bound) {
   if (!impl_->committer.flush_for(bound)) return false;
-  impl_->chain.flush();
+  (void)impl_->chain.flush();
   if (impl_->explainer) impl_->explainer->flush();
   return true;
 }
 
-bool Cache::Impl::store(const Entry& e) {
-  if (!policy.store) return false;
+Status Cache::Impl::store(const Entry& e) {
+  if (!policy.store) return Status(Errc::read_only, "this cache stores nothing (read-only or disabled)");
   bool any = chain.store(e, TierChain::Tiers::memory);
-  if (!chain.has_slow_writable()) return any;
-  committer.submit(e, nullptr);
-  // With sync_commit the entry is also written before this store returns.
-  if (opt.sync_commit) committer.flush();
-  return true;
+  if (!chain.has_slow_writable())
+    return any ? Status() : Status(Errc::unavailable, "no tier took the entry (see the log)");
+  uint64_t seq = committer.submit(e, nullptr);
+  // With sync_commit the entry is also written before this store returns,
+  // and a write that failed is this put's result.
+  if (!opt.sync_commit) return Status();
+  committer.flush();
+  return committer.outcome(seq);
 }
 
 bool Cache::Impl::store_compiled(const Entry& e) {
@@ -249,7 +254,7 @@ std::optional<Entry> Cache::get(const KeyInfo& key, Source* source) {
   return e;
 }
 
-bool Cache::put(const Entry& entry) { return impl_->store(entry); }
+Status Cache::put(const Entry& entry) { return impl_->store(entry); }
 
 std::optional<Entry> Cache::put(const KeyInfo& key, std::vector<Artifact> artifacts, uint64_t compile_cost_us) {
   auto e = impl_->build(key, std::move(artifacts), compile_cost_us);

@@ -28,6 +28,10 @@ void Committer::renew_after_fork() {
   inflight_ = {};
   submitted_ = written_ = queued_bytes_ = 0;
   sync_requested_ = synced_ = 0;
+  util::abandon(new std::deque<std::pair<uint64_t, Status>>(std::move(failed_)));
+  failed_ = {};
+  failures_ = reported_ = 0;
+  first_unreported_ = Status();
   flushing_ = 0;
   stop_ = false;
   waiting_.store(0);
@@ -35,14 +39,19 @@ void Committer::renew_after_fork() {
   done_cv_ = std::make_unique<std::condition_variable>();
 }
 
-void Committer::submit(Entry e, std::function<void()> then) {
+uint64_t Committer::submit(Entry e, std::function<void()> then) {
   renew_after_fork();
   if (inherited_) {
     // A child of fork() using its parent's Cache (whose disk handles refuse
     // it) writes in the caller's thread instead of starting one.
-    chain_.store_group({e});
+    std::vector<Item> one{{e, nullptr, 0}};
+    std::vector<Status> r = chain_.store_group({std::move(e)});
     if (then) then();
-    return;
+    std::lock_guard lk(worker_.mu());
+    one[0].seq = ++submitted_;
+    ++written_;
+    record(one, r);
+    return one[0].seq;
   }
   std::unique_lock lk(worker_.mu());
   done_cv_->wait(lk, [&] { return queue_.size() < kMaxQueued && queued_bytes_ < kMaxQueuedBytes; });
@@ -56,6 +65,36 @@ void Committer::submit(Entry e, std::function<void()> then) {
   // The first entry starts a group; later ones join it without a wake-up
   // (a system call on the compiling thread) until the group is full.
   if (queue_.size() == 1 || group_full()) worker_.cv().notify_one();
+  return seq;
+}
+
+void Committer::record(const std::vector<Item>& group, const std::vector<Status>& r) {
+  for (size_t k = 0; k < group.size() && k < r.size(); ++k) {
+    if (r[k].is_ok()) continue;
+    if (failures_++ == reported_) first_unreported_ = r[k];
+    failed_.emplace_back(group[k].seq, r[k]);
+    if (failed_.size() > kMaxFailures) failed_.pop_front();
+  }
+}
+
+Status Committer::take_failures() {
+  renew_after_fork();
+  std::lock_guard lk(worker_.mu());
+  if (failures_ == reported_) return Status();
+  const uint64_t n = failures_ - reported_;
+  reported_ = failures_;
+  Status first = std::move(first_unreported_);
+  first_unreported_ = Status();
+  if (n == 1) return first;
+  return Status(first.code(), std::to_string(n) + " entries were not written; the first: " + first.message());
+}
+
+Status Committer::outcome(uint64_t seq) {
+  renew_after_fork();
+  std::lock_guard lk(worker_.mu());
+  for (auto it = failed_.rbegin(); it != failed_.rend() && it->first >= seq; ++it)
+    if (it->first == seq) return it->second;
+  return Status();
 }
 
 void Committer::request_sync() {
@@ -138,8 +177,9 @@ void Committer::run() {
     std::vector<Entry> entries;
     entries.reserve(group.size());
     for (auto& it : group) entries.push_back(it.entry);
+    std::vector<Status> results;
     if (!entries.empty()) {
-      chain_.store_group(entries);
+      results = chain_.store_group(entries);
       groups_.fetch_add(1, std::memory_order_relaxed);
     }
     // After the group: its own synced commit has made the unsynced commits
@@ -152,6 +192,7 @@ void Committer::run() {
       auto f = inflight_.find(it.entry.key());
       if (f != inflight_.end() && f->second.first == it.seq) inflight_.erase(f);
     }
+    record(group, results);
     written_ += group.size();
     if (sync) synced_ = sync_upto;
     waiting_.fetch_sub(group.size(), std::memory_order_release);

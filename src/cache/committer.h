@@ -44,8 +44,9 @@ class Committer {
   Committer& operator=(const Committer&) = delete;
 
   // Queues e for the chain's tiers that are not memory tiers; `then` runs on
-  // the committer thread once they have it (or failed to take it).
-  void submit(Entry e, std::function<void()> then);
+  // the committer thread once they have it (or failed to take it). Returns
+  // the entry's number for outcome().
+  uint64_t submit(Entry e, std::function<void()> then);
   // An entry was committed without its sync (TierChain::store, synced
   // false): the committer syncs the slow tiers (TierChain::sync) within the
   // same lingering window as a group, once for every request made in it.
@@ -58,6 +59,12 @@ class Committer {
   void flush();
   // The same, waiting at most `bound`; false when it ran out first.
   bool flush_for(std::chrono::milliseconds bound);
+  // Entries a disk tier did not take since the last call (written, not
+  // waiting): ok when none, else the first one's reason and how many.
+  Status take_failures();
+  // Why entry `seq` (submit's number, written by now) is not on disk, or
+  // ok. Only the newest kMaxFailures failures are remembered.
+  Status outcome(uint64_t seq);
   // flush(), then ends the thread (a later submit() starts it again).
   void stop();
 
@@ -81,9 +88,14 @@ class Committer {
       inflight_;                                             // GUARDED_BY(worker_.mu()): key -> newest (seq, entry)
   uint64_t submitted_ = 0, written_ = 0, queued_bytes_ = 0;  // GUARDED_BY(worker_.mu())
   uint64_t sync_requested_ = 0, synced_ = 0;                 // GUARDED_BY(worker_.mu())
-  unsigned flushing_ = 0;                                    // GUARDED_BY(worker_.mu()): flush() callers waiting
-  bool stop_ = false;                                        // GUARDED_BY(worker_.mu())
-  bool inherited_ = false;                                   // this object was inherited across fork()
+  static constexpr size_t kMaxFailures = 1024;
+  std::deque<std::pair<uint64_t, Status>> failed_;  // GUARDED_BY(worker_.mu()): (seq, why), newest last
+  uint64_t failures_ = 0, reported_ = 0;            // GUARDED_BY(worker_.mu())
+  Status first_unreported_;                         // GUARDED_BY(worker_.mu())
+  void record(const std::vector<Item>& group, const std::vector<Status>& r);  // REQUIRES: worker_.mu() held
+  unsigned flushing_ = 0;   // GUARDED_BY(worker_.mu()): flush() callers waiting
+  bool stop_ = false;       // GUARDED_BY(worker_.mu())
+  bool inherited_ = false;  // this object was inherited across fork()
   // written_ grew or the queue shrank; on the heap for the same reason as
   // the worker's own (see util/worker.h).
   std::unique_ptr<std::condition_variable> done_cv_ = std::make_unique<std::condition_variable>();

@@ -148,8 +148,9 @@ struct Cache::Impl {
   // by any signal; a remote tier queues it for its own writer.
   bool store_compiled(const Entry& e);
   // A plain put (Cache::put, stage links): the memory tier at once, the
-  // slower ones through the committer (group commit), unless sync_commit.
-  bool store(const Entry& e);
+  // slower ones through the committer (group commit); with sync_commit,
+  // written before it returns, and a failed disk write is the result.
+  Status store(const Entry& e);
 
   enum class Outcome { done, busy };
   // The four steps. count: whether this request's first lookup counts a

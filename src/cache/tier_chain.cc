@@ -33,7 +33,7 @@ void TierChain::add(std::shared_ptr<Tier> t) {
       ++at;
   }
   tiers_.insert(tiers_.begin() + static_cast<std::ptrdiff_t>(at), std::move(t));
-  no_writes_.insert(no_writes_.begin() + static_cast<std::ptrdiff_t>(at), std::make_unique<std::atomic<bool>>(false));
+  no_writes_.insert(no_writes_.begin() + static_cast<std::ptrdiff_t>(at), std::make_unique<Off>());
 }
 
 std::optional<Entry> TierChain::lookup(const Key& key, Source* src, Access count) {
@@ -48,7 +48,14 @@ std::optional<Entry> TierChain::lookup(const Key& key, Source* src, Access count
     if (i > 0) {
       // Faster tiers outlive a pinned read: give them heap bytes, and
       // return those too so the caller holds no read transaction.
-      if (e.pinned()) e = e.detach();
+      if (e.pinned()) {
+        auto d = e.detach();
+        if (!d) {
+          fault(*tiers_[i], "get", d.error());
+          continue;
+        }
+        e = std::move(d).value();
+      }
       for (size_t j = 0; j < i; ++j) put_into(j, e);
     }
     hits_.fetch_add(1, std::memory_order_relaxed);
@@ -76,29 +83,61 @@ void TierChain::sync() {
   }
 }
 
-void TierChain::store_group(const std::vector<Entry>& es) {
+std::vector<Status> TierChain::store_group(const std::vector<Entry>& es) {
+  std::vector<Status> out(es.size());
   for (size_t i = 0; i < tiers_.size(); ++i) {
-    if (tiers_[i]->kind() == TierKind::memory || !writes_to(i)) continue;
+    if (tiers_[i]->kind() == TierKind::memory || !tiers_[i]->writable()) continue;
+    if (!writes_to(i)) {
+      if (reports(i))
+        for (auto& o : out)
+          if (o.is_ok()) o = off_status(i);
+      continue;
+    }
     std::vector<Status> r = tiers_[i]->put_many(es);
-    for (const auto& st : r) took(i, st);
+    for (size_t k = 0; k < r.size() && k < out.size(); ++k)
+      if (!took(i, r[k]) && reports(i) && out[k].is_ok()) out[k] = r[k].is_ok() ? off_status(i) : r[k];
   }
+  return out;
 }
 
 bool TierChain::has_slow_writable() const {
+  // Writes turned off by a full disk or a read-only folder count: the
+  // committer then reports each entry as not written (store_group).
   for (size_t i = 0; i < tiers_.size(); ++i)
-    if (tiers_[i]->kind() != TierKind::memory && writes_to(i)) return true;
+    if (tiers_[i]->kind() != TierKind::memory && tiers_[i]->writable()) return true;
   return false;
 }
 
 bool TierChain::writes_to(size_t i) const {
-  return tiers_[i]->writable() && !no_writes_[i]->load(std::memory_order_relaxed);
+  if (!tiers_[i]->writable()) return false;
+  const Off& off = *no_writes_[i];
+  if (!off.on.load(std::memory_order_relaxed)) return true;
+  // Turned off by a full disk: tried again once the wait is over.
+  uint64_t until = off.until_us.load(std::memory_order_relaxed);
+  return until != 0 && util::now_mono_us() >= until;
 }
 
-void TierChain::flush() {
-  for (auto& t : tiers_) {
-    Status st = t->flush();
-    if (!st.is_ok()) fault(*t, "flush", st);
+bool TierChain::reports(size_t i) const {
+  TierKind k = tiers_[i]->kind();
+  return k != TierKind::memory && k != TierKind::remote;
+}
+
+Status TierChain::off_status(size_t i) const {
+  Errc why = no_writes_[i]->why.load(std::memory_order_relaxed);
+  std::string name(tiers_[i]->name());
+  if (why == Errc::no_space) return Status(why, "writes to " + name + " are paused: its file system is full");
+  return Status(why == Errc::ok ? Errc::read_only : why, "writes to " + name + " are off for this process");
+}
+
+Status TierChain::flush() {
+  Status first;
+  for (size_t i = 0; i < tiers_.size(); ++i) {
+    Status st = tiers_[i]->flush();
+    if (st.is_ok()) continue;
+    fault(*tiers_[i], "flush", st);
+    if (first.is_ok() && reports(i)) first = st;
   }
+  return first;
 }
 
 void TierChain::fault(const Tier& t, const char* op, const Status& st) {
@@ -125,7 +164,11 @@ bool TierChain::put_into(size_t i, const Entry& e, bool synced) {
 
 bool TierChain::took(size_t i, const Status& st) {
   Tier& t = *tiers_[i];
+  Off& off = *no_writes_[i];
   if (st.is_ok()) {
+    if (off.on.load(std::memory_order_relaxed) && off.on.exchange(false))
+      KCACHE_LOG(LogLevel::warn, "%.*s put: writes to this tier resumed", static_cast<int>(t.name().size()),
+                 t.name().data());
     if (in_episode_.load(std::memory_order_relaxed)) {
       // The tier takes writes again: its next store-wide fault is said.
       std::lock_guard lk(said_mu_);
@@ -134,15 +177,21 @@ bool TierChain::took(size_t i, const Status& st) {
     }
     return true;
   }
-  if (no_writes_[i]->load(std::memory_order_relaxed)) return false;
   if (st.code() == Errc::no_space || st.code() == Errc::read_only) {
-    if (!no_writes_[i]->exchange(true)) {
+    // A full disk pauses writes for a while (a trim, here or in another
+    // process, may make room); a read-only store ends them.
+    off.why.store(st.code(), std::memory_order_relaxed);
+    off.until_us.store(st.code() == Errc::no_space ? util::now_mono_us() + kRetryFullUs : 0, std::memory_order_relaxed);
+    if (!off.on.exchange(true)) {
       faults_.fetch_add(1, std::memory_order_relaxed);
-      KCACHE_LOG(LogLevel::warn, "%.*s put: %s; writes to this tier are off for this process",
-                 static_cast<int>(t.name().size()), t.name().data(), st.to_string().c_str());
+      KCACHE_LOG(LogLevel::warn, "%.*s put: %s; %s", static_cast<int>(t.name().size()), t.name().data(),
+                 st.to_string().c_str(),
+                 st.code() == Errc::no_space ? "writes to this tier are paused, and tried again every 5 s"
+                                             : "writes to this tier are off for this process");
     }
     return false;
   }
+  if (off.on.load(std::memory_order_relaxed)) return false;
   if (st.code() == Errc::too_large) {
     KCACHE_LOG(LogLevel::info, "%.*s put: %s", static_cast<int>(t.name().size()), t.name().data(),
                st.to_string().c_str());

@@ -40,12 +40,16 @@ class TierChain {
   bool store(const Entry& e, Tiers which, bool synced = true);
   // Tier::sync of every slow writable tier.
   void sync();
-  // Puts a group into every slow tier, one Tier::put_many each.
-  void store_group(const std::vector<Entry>& es);
-  // Whether a slow tier takes writes.
+  // Puts a group into every slow tier, one Tier::put_many each. Per entry:
+  // ok, or why a disk tier does not hold it (a failed write, or writes to
+  // that tier turned off for this process). A remote tier's refusals are
+  // not reported: it is written behind and reports its own.
+  std::vector<Status> store_group(const std::vector<Entry>& es);
+  // Whether a slow tier is writable (its writes may be turned off for now).
   bool has_slow_writable() const;
-  // Pushes buffered records of every tier to its store.
-  void flush();
+  // Pushes buffered records of every tier to its store; the first disk
+  // tier's failure, if any.
+  Status flush();
   // Counts a fault and logs it once per event; a tier switched off
   // (Errc::unavailable: breaker open, handle from before a fork) says so
   // once for the life of this chain. A store-wide fault of a write or flush
@@ -62,13 +66,25 @@ class TierChain {
  private:
   bool put_into(size_t i, const Entry& e, bool synced = true);
   bool writes_to(size_t i) const;
+  // Whether what tier i refuses is a lost entry for flush() and
+  // sync_commit (a disk tier; not a memory tier, not a remote one).
+  bool reports(size_t i) const;
+  // Why tier i takes no writes now.
+  Status off_status(size_t i) const;
   // The fault policy for the result of a put into tier i.
   bool took(size_t i, const Status& st);
 
   std::vector<std::shared_ptr<Tier>> tiers_;
   // Per tier: writes switched off for this process after a full disk or a
-  // read-only folder.
-  std::vector<std::unique_ptr<std::atomic<bool>>> no_writes_;
+  // read-only folder (a full disk: until kRetryFullUs have passed, then one
+  // write is tried again, so room made by a trim is used).
+  struct Off {
+    std::atomic<bool> on{false};
+    std::atomic<uint64_t> until_us{0};  // 0: for good (read-only)
+    std::atomic<Errc> why{Errc::ok};
+  };
+  std::vector<std::unique_ptr<Off>> no_writes_;
+  static constexpr uint64_t kRetryFullUs = 5'000'000;
   std::atomic<uint64_t> hits_{0}, misses_{0}, faults_{0};
   std::mutex said_mu_;
   std::set<const Tier*> said_unavailable_;                     // GUARDED_BY(said_mu_)

@@ -126,11 +126,27 @@ bool flag(const char* v, bool* out) {
 }
 
 // Entries handed to C may be held for long: never let them pin an LMDB read
-// snapshot (each pin holds one of a bounded number of reader slots).
-kcache_entry* wrap(kcache::Entry e) {
-  auto* out = new kcache_entry;
-  out->e = e.pinned() ? e.detach() : std::move(e);
-  return out;
+// snapshot (each pin holds one of a bounded number of reader slots). The
+// copy out of the map is guarded (Entry::detach): a store file truncated
+// under this process gives KCACHE_UNAVAILABLE here, never a SIGBUS.
+int wrap(kcache::Entry e, kcache_entry** out) {
+  if (e.pinned()) {
+    auto d = e.detach();
+    if (!d) return set_error(d.error());
+    e = std::move(d).value();
+  }
+  *out = new kcache_entry;
+  (*out)->e = std::move(e);
+  return KCACHE_OK;
+}
+
+// Runs a lookup and hands its entry to C; once more when the hit could not
+// be copied out of its map: by then the store is known to be lost, so the
+// second lookup misses (or compiles) instead.
+template <class Lookup>
+int lookup_and_wrap(Lookup&& lookup, kcache_entry** out) {
+  int rc = lookup(out);
+  return rc == KCACHE_UNAVAILABLE && !*out ? lookup(out) : rc;
 }
 
 kcache::CompileFn compile_fn(kcache_compile_fn fn, void* user) {
@@ -157,8 +173,7 @@ kcache::CompileFn compile_fn(kcache_compile_fn fn, void* user) {
 int finish_get_or_compile(kcache::Expected<kcache::Entry> r, kcache::Source src, kcache_entry** out, int* source) {
   if (!r) return set_error(r.error());
   if (source) *source = static_cast<int>(src);
-  *out = wrap(std::move(r).value());
-  return KCACHE_OK;
+  return wrap(std::move(r).value(), out);
 }
 
 }  // namespace
@@ -344,8 +359,8 @@ void kcache_close(kcache_cache* c) {
 int kcache_flush(kcache_cache* c) {
   return guard([&] {
     if (!c) return set_error(KCACHE_INVALID_ARGUMENT, "kcache_flush: NULL cache");
-    c->cache->flush();
-    return static_cast<int>(KCACHE_OK);
+    kcache::Status st = c->cache->flush();
+    return st.is_ok() ? static_cast<int>(KCACHE_OK) : set_error(st);
   });
 }
 
@@ -353,10 +368,17 @@ int kcache_get(kcache_cache* c, const kcache_key* key, kcache_entry** out) {
   return guard([&] {
     if (!c || !key || !out) return set_error(KCACHE_INVALID_ARGUMENT, "kcache_get: NULL argument");
     *out = nullptr;
-    auto e = c->cache->get(to_key(key));
-    if (!e) return set_error(KCACHE_NOT_FOUND, "no entry for key " + to_key(key).hex());
-    *out = wrap(std::move(*e));
-    return static_cast<int>(KCACHE_OK);
+    int rc = lookup_and_wrap(
+        [&](kcache_entry** o) {
+          auto e = c->cache->get(to_key(key));
+          if (!e) return set_error(KCACHE_NOT_FOUND, "no entry for key " + to_key(key).hex());
+          return wrap(std::move(*e), o);
+        },
+        out);
+    // A hit that vanished under the copy twice is still a miss.
+    if (rc != KCACHE_UNAVAILABLE) return rc;
+    std::string why = kcache_last_error();
+    return set_error(KCACHE_NOT_FOUND, why);
   });
 }
 
@@ -381,8 +403,8 @@ int kcache_put(kcache_cache* c, const kcache_key* key, const kcache_artifact* ar
     b.meta(std::move(m)).compression(opt.compression);
     auto e = b.build();
     if (!e) return set_error(e.error());
-    if (!c->cache->put(*e)) return set_error(KCACHE_UNAVAILABLE, "no tier stored the entry (see the log)");
-    return static_cast<int>(KCACHE_OK);
+    kcache::Status st = c->cache->put(*e);
+    return st.is_ok() ? static_cast<int>(KCACHE_OK) : set_error(st);
   });
 }
 
@@ -410,8 +432,12 @@ int kcache_get_or_compile(kcache_cache* c, const kcache_key* key, kcache_compile
       return set_error(KCACHE_INVALID_ARGUMENT, "kcache_get_or_compile: NULL argument");
     *out = nullptr;
     kcache::Source src = kcache::Source::compiled;
-    auto r = c->cache->get_or_compile(to_key(key), compile_fn(compile, user_data), &src);
-    return finish_get_or_compile(std::move(r), src, out, source);
+    return lookup_and_wrap(
+        [&](kcache_entry** o) {
+          auto r = c->cache->get_or_compile(to_key(key), compile_fn(compile, user_data), &src);
+          return finish_get_or_compile(std::move(r), src, o, source);
+        },
+        out);
   });
 }
 
@@ -424,8 +450,12 @@ int kcache_get_or_compile_built(kcache_cache* c, const kcache_key_builder* key, 
     auto info = key->b.finish();
     if (!info) return set_error(info.error());
     kcache::Source src = kcache::Source::compiled;
-    auto r = c->cache->get_or_compile(*info, compile_fn(compile, user_data), &src);
-    return finish_get_or_compile(std::move(r), src, out, source);
+    return lookup_and_wrap(
+        [&](kcache_entry** o) {
+          auto r = c->cache->get_or_compile(*info, compile_fn(compile, user_data), &src);
+          return finish_get_or_compile(std::move(r), src, o, source);
+        },
+        out);
   });
 }
 
@@ -451,8 +481,7 @@ int kcache_flight_entry(const kcache_flight* f, kcache_entry** out, int* source)
     *out = nullptr;
     if (!f->f.has_entry()) return set_error(KCACHE_NOT_FOUND, "the flight holds no entry");
     if (source) *source = static_cast<int>(f->f.source());
-    *out = wrap(f->f.entry());
-    return static_cast<int>(KCACHE_OK);
+    return wrap(f->f.entry(), out);
   });
 }
 
@@ -479,8 +508,8 @@ int kcache_flight_commit(kcache_flight* f, const kcache_artifact* artifacts, siz
     }
     auto e = f->f.commit(std::move(arts));
     if (!e) return set_error(e.error());
-    if (out) *out = wrap(std::move(e).value());
-    return static_cast<int>(KCACHE_OK);
+    if (!out) return static_cast<int>(KCACHE_OK);
+    return wrap(std::move(e).value(), out);
   });
 }
 

@@ -449,13 +449,12 @@ const Entry::Description& Entry::described() const {
   return lazy_->d;
 }
 
-Entry Entry::detach() const {
-  Entry e = *this;
-  if (!buffer_) return e;
+Expected<Entry> Entry::detach() const {
+  if (!buffer_) return *this;
   auto copy = std::make_shared<AlignedBuffer>(buffer_->bytes().size());
-  std::memcpy(copy->data(), buffer_->bytes().data(), copy->size());
-  auto d = decode(copy);
-  return d ? std::move(d).value() : e;
+  if (!util::copy_guarded(copy->data(), buffer_->bytes().data(), copy->size()))
+    return Status(Errc::unavailable, "the entry's file shrank under this process while its bytes were copied");
+  return decode(copy);
 }
 
 EntryBuilder& EntryBuilder::add(std::string name, std::string data) {

@@ -43,6 +43,17 @@ inline constexpr size_t kReadyAt = 28;
 inline constexpr size_t bucket_at(size_t b) { return kHeaderSize + b * kBucketSize; }
 inline constexpr size_t slot_at(size_t b, size_t i) { return bucket_at(b) + kLockSize + i * kSlotSize; }
 
+// What `kcache verify` and `kcache doctor` say of the lease table of `dir`:
+// ok (also when there is none yet: the first process to use the store
+// makes it), or why cross-process single-flight is degraded while the
+// table is as it is: a damaged header, a table cut short, a table being
+// made by a process that died, another layout or C library. fix: the
+// table is opened as a process using the store opens it, which rewrites
+// a damaged header and finishes a short or unfinished table under the
+// header lock; then it is checked again (another layout is left alone:
+// a process of that build may be using it).
+Status check(const std::string& dir, bool fix);
+
 // The table of `dir` read and written with pread/pwrite under fcntl locks,
 // as on a copy-on-write file system, whatever the file system (tests).
 Expected<std::shared_ptr<Leases>> open_unmapped(const std::string& dir);

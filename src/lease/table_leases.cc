@@ -221,6 +221,17 @@ uint32_t max_tid() {
   return v;
 }
 
+// magic | version buckets slots lock_size lock_kind, then zeros (`ready`
+// too): a mapped table's locks are this C library's mutexes; an unmapped
+// one's are fcntl locks (kind 3).
+void fill_header(bool mapped, char h[kHeaderSize]) {
+  const uint32_t fields[5] = {kVersion, static_cast<uint32_t>(kBuckets), static_cast<uint32_t>(kSlots),
+                              mapped ? static_cast<uint32_t>(sizeof(pthread_mutex_t)) : 0u, mapped ? lock_kind() : 3u};
+  std::memset(h, 0, kHeaderSize);
+  std::memcpy(h, kMagic, 8);
+  std::memcpy(h + 8, fields, sizeof fields);
+}
+
 class TableLeases final : public Leases {
  public:
   TableLeases(std::string path, bool may_map) : path_(std::move(path)), may_map_(may_map) {}
@@ -633,18 +644,6 @@ class TableLeases final : public Leases {
     return Status();
   }
 
-  // magic | version buckets slots lock_size lock_kind, then zeros (`ready`
-  // too): a mapped table's locks are this C library's mutexes; an unmapped
-  // one's are fcntl locks (kind 3).
-  static void fill_header(bool mapped, char h[kHeaderSize]) {
-    const uint32_t fields[5] = {kVersion, static_cast<uint32_t>(kBuckets), static_cast<uint32_t>(kSlots),
-                                mapped ? static_cast<uint32_t>(sizeof(pthread_mutex_t)) : 0u,
-                                mapped ? lock_kind() : 3u};
-    std::memset(h, 0, kHeaderSize);
-    std::memcpy(h, kMagic, 8);
-    std::memcpy(h + 8, fields, sizeof fields);
-  }
-
   Status check_header(const char* h, bool mapped) const {
     char want[kHeaderSize];
     fill_header(mapped, want);
@@ -719,6 +718,46 @@ Expected<std::shared_ptr<Leases>> open_table_leases(const std::string& dir) {
 }
 
 namespace lease::table {
+
+namespace {
+Status check_once(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+  if (fd < 0) return errno == ENOENT ? Status() : util::errno_status(errno, path);
+  char h[kHeaderSize] = {};
+  struct stat st {};
+  const bool regular = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
+  const ssize_t n = regular ? ::pread(fd, h, kHeaderSize, 0) : -1;
+  ::close(fd);
+  if (!regular) return Status(Errc::corrupt, path + " is not a regular file");
+  if (st.st_size < static_cast<off_t>(kTableSize))
+    return Status(Errc::corrupt, path + " is cut short (" + std::to_string(st.st_size) + " of " +
+                                     std::to_string(kTableSize) + " bytes)");
+  if (n != static_cast<ssize_t>(kHeaderSize)) return util::errno_status(errno ? errno : EIO, path);
+  bool zeros = true;
+  for (size_t i = 0; i < kHeaderSize && zeros; ++i) zeros = h[i] == 0;
+  if (zeros) return Status(Errc::corrupt, path + " was never finished (its maker died)");
+  if (std::memcmp(h, kMagic, sizeof kMagic - 1) != 0) return Status(Errc::corrupt, path + " has a damaged header");
+  char mapped[kHeaderSize], unmapped[kHeaderSize];
+  fill_header(true, mapped);
+  fill_header(false, unmapped);
+  if (std::memcmp(h, mapped, kReadyAt) != 0 && std::memcmp(h, unmapped, kReadyAt) != 0)
+    return Status(Errc::stale_format, path + " is a lease table of another layout or C library");
+  uint32_t ready;
+  std::memcpy(&ready, h + kReadyAt, 4);
+  if (ready != 1) return Status(Errc::corrupt, path + " was never finished (its maker died)");
+  return Status();
+}
+}  // namespace
+
+Status check(const std::string& dir, bool fix) {
+  const std::string path = dir + "/" + kFileName;
+  Status st = check_once(path);
+  if (st.is_ok() || !fix || st.code() != Errc::corrupt) return st;
+  auto repaired = open_table_leases(dir);
+  if (!repaired) return repaired.error();
+  return check_once(path);
+}
+
 Expected<std::shared_ptr<Leases>> open_unmapped(const std::string& dir) {
   auto l = std::make_shared<TableLeases>(dir + "/" + kFileName, false);
   KCACHE_RETURN_IF_ERROR(l->init());

@@ -397,7 +397,7 @@ TEST(Bundle, ServedThroughCacheOpenWithEnvironment) {
     return Expected<std::vector<Artifact>>(std::vector<Artifact>{{"obj", "new"}});
   });
   ASSERT_TRUE(n.has_value());
-  cache->flush();  // slower tiers are written in the background
+  (void)cache->flush();  // slower tiers are written in the background
   EXPECT_EQ(cache->tiers()[2]->stats().entries, 1u);
   EXPECT_EQ(cache->tiers()[1]->stats().hits, 30u);
 }

@@ -356,7 +356,7 @@ TEST(Cache, EntriesOnTheirWayToDiskAreFound) {
     ASSERT_TRUE(e.has_value()) << i;
     EXPECT_EQ(*e->artifact("obj"), kcache::test::bytes_for(i, 4096));
   }
-  c->flush();
+  (void)c->flush();
   auto other = Cache::open(o);
   for (uint64_t i = 0; i < 64; ++i) {
     Source s = Source::compiled;

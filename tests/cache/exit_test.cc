@@ -121,7 +121,7 @@ uint64_t trial(const std::string& dir, const std::string& engine, Way way, bool 
       case Way::exit_without_close:
         std::exit(0);
       case Way::flush_then_underscore_exit:
-        c->flush();
+        (void)c->flush();
         ::_exit(0);
       case Way::sync_commit_underscore_exit:
         ::_exit(0);
@@ -260,7 +260,7 @@ TEST(ExitHandler, ClosedAndInheritedCachesExitCleanly) {
     std::exit(0);
   });
   EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "child status " << st;
-  parent->flush();
+  (void)parent->flush();
   EXPECT_EQ(count_on_disk(d.path(), engine, 0, 4), 4u);
   EXPECT_EQ(count_on_disk(d.path(), engine, 100, 4), 4u);
 }
@@ -324,7 +324,7 @@ TEST(SyncCommit, CompilesAreWrittenAtOnceAndSyncedByTheCommitter) {
     // Written before each call returned.
     EXPECT_EQ(tier->puts.load() + tier->unsynced_puts.load(), 24);
     EXPECT_EQ(tier->unsynced_puts.load(), sync_commit ? 0 : 24);
-    c->flush();
+    (void)c->flush();
     if (sync_commit) {
       EXPECT_EQ(tier->syncs.load(), 0);
     } else {
@@ -334,7 +334,7 @@ TEST(SyncCommit, CompilesAreWrittenAtOnceAndSyncedByTheCommitter) {
     // Plain puts: through the committer, synced by their group's commit.
     const int puts_before = tier->puts.load(), syncs_before = tier->syncs.load();
     for (uint64_t i = 100; i < 110; ++i) ASSERT_TRUE(c->put(make_entry(i)));
-    c->flush();
+    (void)c->flush();
     EXPECT_EQ(tier->puts.load() - puts_before, 10);
     EXPECT_EQ(tier->syncs.load(), syncs_before);
   }

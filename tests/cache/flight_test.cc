@@ -8,9 +8,11 @@
 
 #include <atomic>
 #include <chrono>
+#include <optional>
 #include <thread>
 
 #include "kcache/cache.h"
+#include "process_sync.h"
 #include "test_util.h"
 
 using namespace kcache;
@@ -49,7 +51,7 @@ TEST(Flight, OwnerCommitsThenHits) {
 
   // Committed to disk once flushed: a second cache (no memory tier
   // content) finds it there.
-  c->flush();
+  (void)c->flush();
   auto c2 = Cache::open(disk_options(d.path()));
   Flight h = c2->begin(info_of(1));
   ASSERT_TRUE(h.hit());
@@ -74,7 +76,7 @@ TEST(Flight, WaiterInThisProcessGetsTheOwnersEntry) {
     if (w.hit()) bytes = std::string(*w.entry().artifact("obj"));
     got = true;
   });
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_TRUE(wait_until([&] { return c->stats().waits >= 1; })) << "the thread never waited";
   EXPECT_FALSE(got.load());  // waiting on the owner
   ASSERT_TRUE(f.commit(arts("two")).has_value());
   t.join();
@@ -95,7 +97,7 @@ TEST(Flight, AbandonHandsTheKeyToAWaiter) {
     waiter_owns = w.owner();
     if (w.owner()) (void)w.commit(arts("from waiter"));
   });
-  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  EXPECT_TRUE(wait_until([&] { return c->stats().waits >= 1; })) << "the thread never waited";
   f->abandon();
   EXPECT_FALSE(f->owner());
   t.join();
@@ -154,6 +156,7 @@ TEST(Flight, OtherProcessOwnsThenCommitsOrDies) {
     o.lease_ttl_ms = 300;
     int ready[2];
     ASSERT_EQ(::pipe(ready), 0);
+    Signal go;  // the child commits or dies once the parent waits on it
     pid_t pid = ::fork();
     if (pid == 0) {
       ::close(ready[0]);
@@ -161,7 +164,7 @@ TEST(Flight, OtherProcessOwnsThenCommitsOrDies) {
       Flight f = c->begin(info_of(7));
       char x = f.owner() ? '1' : '0';
       (void)!::write(ready[1], &x, 1);
-      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      go.wait();
       if (dies) ::kill(::getpid(), SIGKILL);
       int rc = f.commit(arts("child")).has_value() ? 0 : 1;
       c.reset();
@@ -173,7 +176,10 @@ TEST(Flight, OtherProcessOwnsThenCommitsOrDies) {
     ::close(ready[0]);
     ASSERT_EQ(x, '1');
     auto c = Cache::open(o);
+    std::optional<OnLeaseWait> on_wait(std::in_place, *c, [&] { go.post(); });
     Flight f = c->begin(info_of(7));
+    on_wait.reset();
+    go.post();  // had the wait never come
     if (dies) {
       EXPECT_TRUE(f.owner());
       ASSERT_TRUE(f.commit(arts("parent")).has_value());

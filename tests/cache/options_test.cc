@@ -462,7 +462,7 @@ TEST(PolicyTest, ReadOnlyAndDisabledMeanTheSameOnEveryPath) {
     Flight f = c->begin(k);
     ASSERT_TRUE(f.owner());
     ASSERT_TRUE(f.commit({{"obj", std::string("c")}}).has_value());
-    c->flush();
+    (void)c->flush();
   }
   {
     auto c = Cache::open(test::disk_options(d.path(), /*memory=*/false));
@@ -497,7 +497,7 @@ TEST(DiskStoreSpecTest, BundlesOfASharedStore) {
   int runs = 0;
   for (int i = 0; i < 3; ++i)
     ASSERT_TRUE(c->get_or_compile(*KeyBuilder("b/1").add_u64("i", i).finish(), compile_to("x", &runs)).has_value());
-  c->flush();
+  (void)c->flush();
   auto bytes = save_bundle(*c, BundleSelection{});
   ASSERT_TRUE(bytes.has_value()) << bytes.error().to_string();
   auto b = open_bundle_bytes(*bytes);
@@ -548,7 +548,7 @@ TEST(OptionsTest, TheEnvOfTheOptionsReachesTheStoreAndItsLeases) {
     env->no_space = true;
     auto r = c->get_or_compile(k, compile_to("obj", &runs));
     ASSERT_TRUE(r.has_value()) << "a full disk never fails a compile";
-    c->flush();
+    (void)c->flush();
     EXPECT_GT(env->faults.load(), 0u) << "the store and its leases asked the injected Env";
     EXPECT_EQ(c->stats().tiers.at(0).stats.puts, 0u);
     env->no_space = false;
@@ -556,7 +556,7 @@ TEST(OptionsTest, TheEnvOfTheOptionsReachesTheStoreAndItsLeases) {
   auto c = Cache::open(o);
   EXPECT_FALSE(c->get(k.key).has_value()) << "nothing was stored on the full disk";
   ASSERT_TRUE(c->get_or_compile(k, compile_to("obj", &runs)).has_value());
-  c->flush();
+  (void)c->flush();
   EXPECT_TRUE(Cache::open(o)->get(k.key).has_value());
   EXPECT_EQ(runs, 2);
 }

@@ -204,8 +204,8 @@ TEST(Reentry, SecondCacheOnTheSameStoreDoesNotWaitForItsOwnThread) {
               });
               CHILD_CHECK(r.has_value(), 1);
               CHILD_CHECK(inner_calls == 1, 2);
-              a->flush();
-              b->flush();
+              (void)a->flush();
+              (void)b->flush();
               // The lease went with the write: a third Cache gets the entry.
               Options o = disk_options(d.path(), false);
               auto fresh = Cache::open(o);

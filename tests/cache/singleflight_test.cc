@@ -25,6 +25,7 @@
 #include "kcache/lease.h"
 #include "lease/holder.h"
 #include "lease/table_layout.h"
+#include "process_sync.h"
 #include "test_util.h"
 #include "util/util.h"
 
@@ -80,27 +81,21 @@ int wait_exit(pid_t pid) {
 }
 
 // Starts a process that leads the compile of `k` in a cache in `dir`: its
-// compile function signals, sleeps `ms`, and returns `value`. Returns once
-// the compile has begun (the holder has the lease).
-pid_t spawn_holder(const std::string& dir, const std::string& engine, const KeyInfo& k, int ms,
+// compile function returns `value` once `release` is posted (or after two
+// minutes). Returns once the compile has begun (the holder has the lease).
+pid_t spawn_holder(const std::string& dir, const std::string& engine, const KeyInfo& k, const Signal& release,
                    const std::string& value) {
-  int ready[2];
-  if (::pipe(ready) != 0) return -1;
+  Signal ready;
   pid_t pid = spawn([&] {
     auto c = Cache::open(opts(dir, engine));
     auto e = c->get_or_compile(k, [&]() -> Expected<std::vector<Artifact>> {
-      char x = 1;
-      (void)!::write(ready[1], &x, 1);
-      std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+      ready.post();
+      release.wait(120000);
       return std::vector<Artifact>{{"obj", value}};
     });
     return e ? 0 : 1;
   });
-  char x;
-  bool started = ::read(ready[0], &x, 1) == 1;
-  ::close(ready[0]);
-  ::close(ready[1]);
-  return started ? pid : -1;
+  return pid > 0 && ready.wait() ? pid : -1;
 }
 
 // The library's leases for an engine's folder (engine_info(e).open_leases).
@@ -155,13 +150,16 @@ TEST_P(LeaseKinds, ExpiredLeaseIsTakenOver) {
   const bool files = GetParam() == "files";
   auto a = files ? *open_file_leases(dir_.path(), env) : leases_for(GetParam(), dir_.path());
   auto b = files ? *open_file_leases(dir_.path(), env) : leases_for(GetParam(), dir_.path());
+  // The TTL is long enough that b's first try comes before it runs out
+  // on a loaded machine too.
+  constexpr uint64_t kTtlMs = 1000;
   Key k = key_of(2);
-  EXPECT_EQ(a->acquire(k, 150), LeaseResult::acquired);
+  EXPECT_EQ(a->acquire(k, kTtlMs), LeaseResult::acquired);
   EXPECT_EQ(b->acquire(k, 60000), LeaseResult::busy);
   if (files)
-    env->advance(250);
+    env->advance(kTtlMs + 100);
   else
-    std::this_thread::sleep_for(std::chrono::milliseconds(250));
+    std::this_thread::sleep_for(std::chrono::milliseconds(kTtlMs + 100));
   EXPECT_EQ(b->acquire(k, 60000), LeaseResult::acquired);
   EXPECT_EQ(b->takeovers(), 1u);
   EXPECT_FALSE(a->renew(k, 60000));  // a lost it
@@ -676,22 +674,27 @@ TEST_P(SingleFlight, EightProcessesCompileEachKeyOnce) {
 // The holder is SIGKILLed mid-compile: the waiter takes over promptly.
 TEST_P(SingleFlight, HolderKilledMidCompileIsTakenOver) {
   KeyInfo k = *KeyBuilder("sf").add_string("what", "killed").finish();
-  pid_t holder = spawn_holder(dir_.path(), GetParam(), k, 120000, "holder");
+  Signal never, waiting;
+  pid_t holder = spawn_holder(dir_.path(), GetParam(), k, never, "holder");
   ASSERT_GT(holder, 0);
   int result[2];
   ASSERT_EQ(::pipe(result), 0);
-  auto t0 = std::chrono::steady_clock::now();
   pid_t waiter = spawn([&] {
     auto c = Cache::open(opts(dir_.path(), GetParam()));
-    auto e = c->get_or_compile(k, []() -> Expected<std::vector<Artifact>> {
-      return std::vector<Artifact>{{"obj", "waiter"}};
-    });
+    auto e = [&] {
+      OnLeaseWait on_wait(*c, [&] { waiting.post(); });
+      return c->get_or_compile(k, []() -> Expected<std::vector<Artifact>> {
+        return std::vector<Artifact>{{"obj", "waiter"}};
+      });
+    }();
     auto s = c->stats();
     uint64_t out[3] = {s.lease_waits, s.compiles, s.lease_takeovers};
     (void)!::write(result[1], out, sizeof out);
     return e && *e->artifact("obj") == "waiter" ? 0 : 1;
   });
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  // The kill comes once the waiter waits on the holder's lease.
+  EXPECT_TRUE(waiting.wait()) << "the waiter never waited for the holder";
+  auto t0 = std::chrono::steady_clock::now();
   ::kill(holder, SIGKILL);
   EXPECT_EQ(wait_exit(waiter), 0);
   double waited = seconds_since(t0);
@@ -703,14 +706,15 @@ TEST_P(SingleFlight, HolderKilledMidCompileIsTakenOver) {
   EXPECT_EQ(out[2], 1u) << "taking over the dead holder's lease";
   // The death is noticed by the next poll (at most 50 ms apart), far below
   // the lease TTL (10 s) and the wait bound (300 s).
-  EXPECT_LT(waited, 5.0);
+  EXPECT_LT(waited, 5.0) << "seconds from the kill to the waiter's end";
 }
 
 // A waiter whose bound runs out compiles on its own; the live holder is
 // left alone.
 TEST_P(SingleFlight, WaiterWithShortBoundCompilesItself) {
   KeyInfo k = *KeyBuilder("sf").add_string("what", "slow").finish();
-  pid_t holder = spawn_holder(dir_.path(), GetParam(), k, 3000, "same");
+  Signal release;  // the holder compiles until the waiter has given up
+  pid_t holder = spawn_holder(dir_.path(), GetParam(), k, release, "same");
   ASSERT_GT(holder, 0);
   Options o = opts(dir_.path(), GetParam());
   o.wait_bound_ms = 200;
@@ -720,6 +724,7 @@ TEST_P(SingleFlight, WaiterWithShortBoundCompilesItself) {
     return std::vector<Artifact>{{"obj", "same"}};
   });
   double took = seconds_since(t0);
+  release.post();
   ASSERT_TRUE(e.has_value());
   EXPECT_EQ(c->stats().lease_timeouts, 1u);
   EXPECT_EQ(c->stats().compiles, 1u);
@@ -748,24 +753,33 @@ TEST_P(SingleFlight, CrashWhileHoldingBlocksNothing) {
   EXPECT_EQ(c->stats().lease_takeovers, 1u);
 }
 
+// Three processes compile one key at the same time: each compile waits at a
+// barrier until all three are in theirs, which one process waiting on
+// another's compile would never reach.
 TEST_P(SingleFlight, OffMeansEveryProcessCompiles) {
   KeyInfo k = *KeyBuilder("sf").add_string("what", "off").finish();
   int result[2];
   ASSERT_EQ(::pipe(result), 0);
+  Signal entered, go;
   std::vector<pid_t> pids;
   for (int p = 0; p < 3; ++p)
     pids.push_back(spawn([&] {
       Options o = opts(dir_.path(), GetParam());
       o.process_single_flight = false;
       auto c = Cache::open(o);
-      auto e = c->get_or_compile(k, []() -> Expected<std::vector<Artifact>> {
-        std::this_thread::sleep_for(std::chrono::milliseconds(500));
+      auto e = c->get_or_compile(k, [&]() -> Expected<std::vector<Artifact>> {
+        entered.post();
+        go.wait();
         return std::vector<Artifact>{{"obj", "x"}};
       });
       uint64_t n = c->stats().compiles;
       (void)!::write(result[1], &n, sizeof n);
       return e ? 0 : 1;
     }));
+  int in_compile = 0;
+  while (in_compile < 3 && entered.wait()) ++in_compile;
+  EXPECT_EQ(in_compile, 3) << "compiles running at once";
+  for (int p = 0; p < 3; ++p) go.post();
   for (pid_t pid : pids) EXPECT_EQ(wait_exit(pid), 0);
   ::close(result[1]);
   uint64_t total = 0, v;
@@ -867,16 +881,22 @@ TEST_P(SingleFlight, ForkedChildDoesNotInheritLeases) {
 // a counted lookup (hundreds of misses for one request).
 TEST_P(SingleFlight, WaitingCountsOneMiss) {
   KeyInfo k = *KeyBuilder("sf").add_string("what", "miss-count").finish();
-  pid_t holder = spawn_holder(dir_.path(), GetParam(), k, 800, "held");
+  Signal release;
+  pid_t holder = spawn_holder(dir_.path(), GetParam(), k, release, "held");
   ASSERT_GT(holder, 0);
   auto c = Cache::open(opts(dir_.path(), GetParam()));
   Source s;
-  auto e = c->get_or_compile(
-      k,
-      []() -> Expected<std::vector<Artifact>> {
-        return std::vector<Artifact>{{"obj", "waiter"}};
-      },
-      &s);
+  auto e = [&] {
+    // The holder finishes once this cache waits on its lease.
+    OnLeaseWait on_wait(*c, [&] { release.post(); });
+    return c->get_or_compile(
+        k,
+        []() -> Expected<std::vector<Artifact>> {
+          return std::vector<Artifact>{{"obj", "waiter"}};
+        },
+        &s);
+  }();
+  release.post();  // had the wait never come
   ASSERT_TRUE(e.has_value());
   EXPECT_EQ(*e->artifact("obj"), "held");
   EXPECT_EQ(s, Source::waited);

@@ -85,7 +85,7 @@ TEST(StageTest, HitByFrontEndKeyRunsNeitherStage) {
     EXPECT_EQ(obj_of(*r), back_end(front_end(kSrc)));
     EXPECT_EQ(p.frontend_runs, 1);
     EXPECT_EQ(p.backend_runs, 1);
-    cache->flush();
+    (void)cache->flush();
   }
   // A new Cache on the same folder: the link and the object are on disk.
   auto cache = Cache::open(kcache::test::disk_options(d.path(), false));
@@ -167,7 +167,7 @@ TEST(StageTest, StaleLinkIsAMissNeverAWrongArtifact) {
   Pipeline p{*cache};
   auto first = p.build(kSrc);
   ASSERT_TRUE(first);
-  cache->flush();
+  (void)cache->flush();
   // The object is evicted; the link stays and points to nothing.
   for (auto& t : cache->tiers()) ASSERT_TRUE(t->remove(first->entry.key()).is_ok());
   ASSERT_TRUE(kcache::find_stage_link(*cache, p.front_key(kSrc).key));
@@ -187,7 +187,7 @@ TEST(StageTest, CorruptLinkIsAMissNeverAWrongArtifact) {
   ASSERT_TRUE(p.build(kSrc));
   auto other = p.build(kOtherIr);
   ASSERT_TRUE(other);
-  cache->flush();
+  (void)cache->flush();
   const KeyInfo front = p.front_key(kSrc);
   KeyInfo link_key;
   link_key.key = kcache::stage_link_key(front.key);
@@ -195,7 +195,7 @@ TEST(StageTest, CorruptLinkIsAMissNeverAWrongArtifact) {
 
   auto expect_rebuilt = [&](const char* what) {
     SCOPED_TRACE(what);
-    cache->flush();  // without a memory tier, get() sees what the disk has
+    (void)cache->flush();  // without a memory tier, get() sees what the disk has
     int fe = p.frontend_runs;
     EXPECT_FALSE(kcache::find_stage_link(*cache, front.key));
     auto r = p.build(kSrc);
@@ -203,7 +203,7 @@ TEST(StageTest, CorruptLinkIsAMissNeverAWrongArtifact) {
     EXPECT_TRUE(r->frontend_ran);
     EXPECT_EQ(p.frontend_runs, fe + 1);
     EXPECT_EQ(obj_of(*r), back_end(front_end(kSrc)));
-    cache->flush();
+    (void)cache->flush();
     // And the link was replaced by a good one.
     auto l = kcache::find_stage_link(*cache, front.key);
     ASSERT_TRUE(l);
@@ -245,7 +245,7 @@ TEST(StageTest, CorruptLinkBytesOnDiskAreAMiss) {
     auto c = Cache::open(o);
     Pipeline p{*c};
     EXPECT_TRUE(p.build(kSrc));
-    c->flush();
+    (void)c->flush();
     return kcache::stage_link_key(p.front_key(kSrc).key).hex();
   }();
   // Flip one byte in the middle of the stored link file.

@@ -1,5 +1,8 @@
 // The kcache tool on the whole store (ls, stats, verify, trim, clear), run
 // as a real process on a fresh cache folder for each disk engine.
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <string>
 #include <vector>
 
@@ -92,6 +95,46 @@ TEST_P(CliTest, VerifyFindsAndFixesACorruptEntry) {
   r = run({"stats", "--json"});
   EXPECT_EQ(json_num(r.out, "entries"), 2);
   EXPECT_GE(json_num(r.out, "corrupt"), 1);
+}
+
+// A lease table whose header was overwritten: cross-process single-flight
+// is degraded until it is rebuilt. doctor fails the leases part, verify
+// reports it (exit 1), verify --fix rebuilds it, and both are then clean.
+TEST_P(CliTest, VerifyAndDoctorReportAndRepairADamagedLeaseTable) {
+  if (engine() != "lmdb") GTEST_SKIP() << "the lease table belongs to the LMDB engine";
+  put(key_of(1), binary_payload(1, 1000));
+  {
+    Options o = disk_options(dir());
+    o.engine = Engine::lmdb;
+    auto cache = Cache::open(o);  // makes the lease table beside the store
+    ASSERT_TRUE(cache->get(key_of(1)).has_value());
+  }
+  const std::string table = dir() + "/lmdb/leases2.tab";
+  Result r = run({"doctor"});
+  ASSERT_EQ(r.rc, 0) << r.out << r.err;
+  EXPECT_EQ(r.out.find("leases"), std::string::npos) << "a healthy table is no line: " << r.out;
+  {
+    int fd = ::open(table.c_str(), O_WRONLY);
+    ASSERT_GE(fd, 0) << table;
+    std::string junk(64, '\xab');
+    ASSERT_EQ(::pwrite(fd, junk.data(), junk.size(), 0), 64);
+    ::close(fd);
+  }
+  r = run({"doctor"});
+  EXPECT_EQ(r.rc, 3) << r.out << r.err;
+  EXPECT_NE(r.out.find("FAIL leases"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("degraded: " + table + " has a damaged header"), std::string::npos) << r.out;
+  r = run({"verify"});
+  EXPECT_EQ(r.rc, 1) << r.out << r.err;
+  EXPECT_NE(r.out.find("lease table: " + table + " has a damaged header\n"), std::string::npos) << r.out;
+  r = run({"verify", "--fix", "--json"});
+  EXPECT_EQ(r.rc, 1) << r.out << r.err;
+  EXPECT_NE(r.out.find("\"lease_table_repaired\":true"), std::string::npos) << r.out;
+  r = run({"verify"});
+  EXPECT_EQ(r.rc, 0) << r.out << r.err;
+  EXPECT_EQ(r.out.find("lease table"), std::string::npos) << r.out;
+  r = run({"doctor"});
+  EXPECT_EQ(r.rc, 0) << r.out << r.err;
 }
 
 TEST_P(CliTest, TrimEvictsLeastRecentlyUsedDownToMaxSize) {

@@ -34,7 +34,7 @@ class CliStateTest : public CliTest {
         return std::vector<Artifact>{{"obj", std::string("code for ") + opt}};
       });
       ASSERT_TRUE(e) << e.error().to_string();
-      cache->flush();
+      (void)cache->flush();
       ::usleep(5000);  // a later last use for each
     }
     auto k = kernel_key("O1");
@@ -44,7 +44,7 @@ class CliStateTest : public CliTest {
       return std::vector<Artifact>{{"obj", std::string("code for O4")}};
     });
     ASSERT_TRUE(e);
-    cache->flush();
+    (void)cache->flush();
   }
 
   // Everything a diagnostic could change: the counters and totals, and

@@ -140,7 +140,7 @@ TEST(MissJournal, PostedBatchesKeepTheNewestInOrder) {
   {
     MissJournal j(store, 4);
     for (uint64_t i = 0; i < 11; ++i) j.post(record(i));
-    j.flush();
+    (void)j.flush();
     auto recs = read_miss_journal(store, 100);
     ASSERT_TRUE(recs);
     // 0-3 rotated out, 4-7 the previous generation, 8-10 the current one.

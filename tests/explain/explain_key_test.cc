@@ -198,7 +198,7 @@ TEST_P(ExplainPrivate, PrivateValueNeverReachesTheStore) {
                    .add_string("shown", visible)
                    .finish();
     ASSERT_TRUE(cache->get_or_compile(k2, [] { return std::vector<Artifact>{{"obj", "code2"}}; }));
-    cache->flush();
+    (void)cache->flush();
   }
   size_t files = 0;
   bool saw_visible = false;

@@ -6,11 +6,13 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <optional>
 #include <thread>
 
 #include "kcache/assembly.h"
 #include "kcache/cache.h"
 #include "kcache/redis.h"
+#include "process_sync.h"
 #include "redis_server.h"
 #include "test_util.h"
 
@@ -421,7 +423,7 @@ TEST(Redis, KilledServerNeverFailsACompileAndOpensTheBreaker) {
     return [i]() -> Expected<std::vector<Artifact>> { return std::vector<Artifact>{{"obj", bytes_for(i, 100)}}; };
   };
   for (uint64_t i = 0; i < 5; ++i) ASSERT_TRUE(cache->get_or_compile(key_of(i), fn(i)).has_value());
-  cache->flush();
+  (void)cache->flush();
   ASSERT_TRUE(remote->flush().is_ok());
   EXPECT_EQ(remote->stats().puts, 5u);
 
@@ -629,26 +631,40 @@ size_t count_lines(const std::string& s) { return static_cast<size_t>(std::count
 
 // The child side: a whole Cache configured from the environment only
 // (KCACHE_DIR, KCACHE_REMOTE, KCACHE_REMOTE_SECRET_FILE), as a JIT would be.
+// With KCACHE_CHILD_PEER_WAITS (a path shared by two children), a child
+// that waits on the other's lease creates that file, and a child that
+// compiles finishes only once it exists: the compile outlasts the other's
+// start however slowly the machine runs.
 TEST(RedisChild, Run) {
   const char* out = std::getenv("KCACHE_CHILD_OUT");
   if (!out) GTEST_SKIP() << "runs only as the child process of Redis.TwoMachines*";
   const std::string log = std::getenv("KCACHE_CHILD_COMPILES");
   const int compile_ms = std::atoi(std::getenv("KCACHE_CHILD_COMPILE_MS"));
+  const char* peer_waits = std::getenv("KCACHE_CHILD_PEER_WAITS");
   auto cache = Cache::open(Options::from_env());
   ASSERT_EQ(cache->tiers().size(), 3u);
   EXPECT_EQ(cache->tiers().back()->name(), "redis");
   KeyInfo k = *KeyBuilder("two-machines").add_string("src", std::getenv("KCACHE_CHILD_KEY")).finish();
+  std::optional<OnLeaseWait> on_wait;
+  if (peer_waits)
+    on_wait.emplace(*cache, [peer_waits] {
+      if (FILE* w = std::fopen(peer_waits, "w")) std::fclose(w);
+    });
   Source src;
   auto e = cache->get_or_compile(
       k,
       [&]() -> Expected<std::vector<Artifact>> {
         std::this_thread::sleep_for(Ms(compile_ms));
+        if (peer_waits) {
+          EXPECT_TRUE(wait_until([&] { return ::access(peer_waits, F_OK) == 0; }));
+        }
         FILE* f = std::fopen(log.c_str(), "a");
         std::fprintf(f, "%d\n", static_cast<int>(::getpid()));
         std::fclose(f);
         return std::vector<Artifact>{{"obj", "built once for everyone"}};
       },
       &src);
+  on_wait.reset();
   ASSERT_TRUE(e.has_value());
   FILE* f = std::fopen(out, "w");
   std::fprintf(f, "%s %s", std::string(source_name(src)).c_str(), std::string(*e->artifact("obj")).c_str());
@@ -676,11 +692,13 @@ TEST(Redis, TwoMachinesOneCompilesTheOtherHits) {
   EXPECT_EQ(count_lines(slurp(compiles)), 1u);
 
   // Both machines miss a new key at once: one compiles, the other waits on
-  // the Redis lease and takes the entry from the server.
+  // the Redis lease and takes the entry from the server. The compile ends
+  // once the other machine waits.
   auto envk = [&](const TempDir& dir, const std::string& out) {
     auto e = env(dir, out);
-    e[6] = "KCACHE_CHILD_COMPILE_MS=1500";
+    e[6] = "KCACHE_CHILD_COMPILE_MS=0";
     e[7] = "KCACHE_CHILD_KEY=kernel-2";
+    e.push_back("KCACHE_CHILD_PEER_WAITS=" + d.path() + "/peer-waits");
     return e;
   };
   TempDir a2, b2;

@@ -106,7 +106,7 @@ void run_trial(Fault fault, const std::string& log_path, Tally* tally) {
   if (srv) {  // a healthy round first: pooled connections, a stored entry
     Source s;
     ASSERT_TRUE(cache->get_or_compile(key_of(0), compile_of(0), &s).has_value());
-    cache->flush();  // the committer's writes, then the remote's queue
+    (void)cache->flush();  // the committer's writes, then the remote's queue
     ASSERT_EQ(remote->stats().puts, 1u);
   }
   auto warn_lines = [&] {

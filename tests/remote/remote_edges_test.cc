@@ -263,5 +263,45 @@ TEST(RemoteEdges, AServerOutOfMemoryIsOneLogLine) {
   EXPECT_FALSE(t->breaker_open()) << "write refusals switched lookups off";
 }
 
+// A user the server does not let run scripts cannot take leases (they are
+// scripts): every acquire is refused, interleaved with lookups and writes
+// that work. One line for the whole episode, no breaker, lookups and writes
+// still served; once scripting is allowed again, leases are granted.
+TEST(RemoteEdges, AServerThatRefusesLeaseScriptsIsOneLineAndNoBreaker) {
+  TempDir d;
+  START_REDIS(srv, d);
+  RedisClient admin("127.0.0.1", srv.port());
+  ASSERT_EQ(admin.str({"ACL", "SETUSER", "nolua", "on", ">pw", "~*", "+@all", "-@scripting"}), "OK");
+  const std::string url = "redis://nolua:pw@127.0.0.1:" + std::to_string(srv.port());
+  auto remote = make_redis_remote(url);
+  ASSERT_TRUE(remote.has_value()) << remote.error().to_string();
+  ASSERT_TRUE(remote->leases);
+  const std::string log = d.path() + "/leases.log";
+  {
+    LogTo to(log);
+    for (uint64_t i = 1; i <= 20; ++i) {
+      EXPECT_EQ(remote->leases->acquire(key_of(i), 10000), LeaseResult::error);
+      auto g = remote->tier->get(key_of(i));  // a lookup that works
+      ASSERT_TRUE(g.has_value()) << g.error().to_string();
+      EXPECT_FALSE(g->has_value());
+      ASSERT_TRUE(remote->tier->put(make_entry(i)).is_ok());  // the compile's put
+      ASSERT_TRUE(remote->tier->flush().is_ok());
+    }
+  }
+  // One line for the leases, one for the lookup script (bounded lookups go
+  // without it), nothing else.
+  auto lines = log_lines(log);
+  EXPECT_EQ(lines.size(), 2u) << joined(lines);
+  EXPECT_EQ(log_lines(log, "refuses leases").size(), 1u) << joined(lines);
+  EXPECT_EQ(log_lines(log, "refuses the lookup script").size(), 1u) << joined(lines);
+  EXPECT_FALSE(remote->tier->breaker_open()) << "refused leases switched the remote off";
+  EXPECT_EQ(remote->tier->counters().breaker_opens, 0u);
+  EXPECT_EQ(remote->tier->stats().puts, 20u) << "writes stopped with the leases";
+  // Scripting allowed again: the next acquire is granted.
+  ASSERT_EQ(admin.str({"ACL", "SETUSER", "nolua", "+@scripting"}), "OK");
+  EXPECT_EQ(remote->leases->acquire(key_of(99), 10000), LeaseResult::acquired);
+  remote->leases->release(key_of(99));
+}
+
 }  // namespace
 }  // namespace kcache::test

@@ -480,7 +480,7 @@ TEST_P(RemoteFaults, ACompileThroughTheCachePaysAtMostOneTimeout) {
     return [i]() -> Expected<std::vector<Artifact>> { return std::vector<Artifact>{{"obj", bytes_for(i, 100)}}; };
   };
   ASSERT_TRUE(cache->get_or_compile(key_of(0), fn(0)).has_value());
-  cache->flush();  // the committer's writes, then the remote's queue
+  (void)cache->flush();  // the committer's writes, then the remote's queue
   LogCapture log(LogLevel::warn);
   server_->hang();
   uint64_t worst = 0;
@@ -527,7 +527,7 @@ TEST_P(RemoteFaults, APoisonedKeyIsOneLinePerCompile) {
         &s);
     ASSERT_TRUE(e.has_value());
     EXPECT_EQ(s, Source::compiled);
-    cache->flush();  // the committer's writes, then the remote's queue
+    (void)cache->flush();  // the committer's writes, then the remote's queue
     EXPECT_EQ(log.warnings(), static_cast<size_t>(round)) << log.text();
     EXPECT_EQ(remote->stats().rejected, 3u * round);
     // The compile replaced the poisoned value: the next lookup hits.
@@ -786,7 +786,7 @@ TEST(RemoteSplit, AValueStoreWithoutLeasesGivesATierAndNoLeases) {
       &s);
   ASSERT_TRUE(e.has_value());
   EXPECT_EQ(s, Source::compiled);
-  cache->flush();
+  (void)cache->flush();
   auto stored = r->tier->get(key_of(5));
   ASSERT_TRUE(stored.has_value() && stored->has_value());
   EXPECT_EQ(*(*stored)->artifact("obj"), "five");

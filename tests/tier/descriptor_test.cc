@@ -60,7 +60,7 @@ int std_fds_in(const std::string& dir) {
       auto e = cache->get(key_of(i));
       if (!e || !entry_ok(*e, i, 3000)) code = 2;
     }
-    cache->put(make_entry(1000, 3000));
+    (void)cache->put(make_entry(1000, 3000));
     const int taken = std_fds_in(dir) | (bundle.empty() ? 0 : std_fds_in(bundle.substr(0, bundle.rfind('/'))));
     if (taken) code = 10 + taken;
     // A warning from the library, and the program's own output on the

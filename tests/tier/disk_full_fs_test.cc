@@ -1,6 +1,7 @@
 // A disk tier on a file system that fills up, and on one that is read-only.
-// Compiles must all succeed with correct bytes; a full disk turns the tier's
-// writes off for the process with one log line, and counters move.
+// Compiles must all succeed with correct bytes; a full disk pauses the
+// tier's writes with one log line, and counters move; no put is reported
+// kept that the disk refused, and a trim makes room that puts then use.
 //
 // Uses a real 2 MiB tmpfs and a read-only bind mount (the tests run as root
 // in CI). Where mounting is not allowed, the same checks run against an
@@ -12,6 +13,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
 #include "robust_util.h"
 
@@ -151,7 +153,7 @@ TEST_P(DiskFullFs, CompilesSucceedWhenTheDiskFillsAndWritesTurnOffOnce) {
     EXPECT_EQ(src, Source::compiled);
   }
   EXPECT_EQ(runs, static_cast<int>(kKeys));
-  cache->flush();  // the committer's writes, which filled the disk
+  (void)cache->flush();  // the committer's writes, which filled the disk
   CacheStats s = cache->stats();
   ASSERT_EQ(s.tiers.size(), 1u);
   const TierStats& ts = s.tiers[0].stats;
@@ -162,7 +164,8 @@ TEST_P(DiskFullFs, CompilesSucceedWhenTheDiskFillsAndWritesTurnOffOnce) {
   EXPECT_GT(ts.puts, 0u) << "nothing was stored before the disk filled";
   EXPECT_LT(ts.puts, kKeys) << "the disk never filled";
   EXPECT_GE(s.faults, 1u);
-  EXPECT_EQ(count_lines(log_, "writes to this tier are off"), 1) << "expected exactly one log line";
+  EXPECT_EQ(count_lines(log_, "writes to this tier are paused") - count_lines(log_, "resumed"), 1)
+      << "expected exactly one log line";
 
   // What was stored before the disk filled is still served, and correct;
   // what was not is compiled again, and correct.
@@ -176,7 +179,7 @@ TEST_P(DiskFullFs, CompilesSucceedWhenTheDiskFillsAndWritesTurnOffOnce) {
     from_disk += src == Source::disk;
   }
   EXPECT_GT(from_disk, 0u);
-  EXPECT_EQ(count_lines(log_, "writes to this tier are off"), 1);
+  EXPECT_EQ(count_lines(log_, "writes to this tier are paused") - count_lines(log_, "resumed"), 1);
   cache.reset();
 }
 
@@ -223,6 +226,73 @@ TEST_P(DiskFullFs, ReadOnlyFolderStillCompiles) {
     EXPECT_GE(count_lines(log_, "running without a disk tier"), 1);
   }
   cache.reset();
+}
+
+// No entry is reported kept and then lost: with sync_commit each put that
+// the full disk refused says so (no_space), and every put that said ok is
+// there for a cache opened afterwards; without it, flush() reports the
+// refused writes. Then a trim (here by a second cache on the same store,
+// as `kcache trim` does from another process) makes room, and the first
+// cache's paused writes resume and are kept.
+TEST_P(DiskFullFs, NoEntryReportedKeptIsLostAndTrimMakesRoom) {
+  std::string mnt = dir_.path() + "/small";
+  ASSERT_EQ(::mkdir(mnt.c_str(), 0700), 0);
+  Mount m;
+  if (!m.tmpfs(mnt, "size=2m,mode=0700")) GTEST_SKIP() << "cannot mount a tmpfs here: " << m.error();
+  Options o = options(mnt);
+  o.sync_commit = true;
+  auto cache = Cache::open(o);
+  ASSERT_EQ(cache->tiers().size(), 1u);
+  constexpr uint64_t kKeys = 300;  // 300 x 20 KB: three times the file system
+  std::vector<uint64_t> kept;
+  int refused = 0;
+  for (uint64_t i = 0; i < kKeys; ++i) {
+    Status st = cache->put(make_entry(i, 20000));
+    if (st.is_ok()) {
+      kept.push_back(i);
+      continue;
+    }
+    ++refused;
+    EXPECT_EQ(st.code(), Errc::no_space) << st.to_string();
+  }
+  printf("[ %s ] sync_commit puts: %zu kept, %d refused\n", GetParam().name.c_str(), kept.size(), refused);
+  EXPECT_GT(refused, 0) << "the disk never filled";
+  ASSERT_FALSE(kept.empty()) << "nothing was stored before the disk filled";
+  {
+    Options r = options(mnt);
+    auto again = Cache::open(r);
+    for (uint64_t i : kept) {
+      auto e = again->get(key_of(i));
+      ASSERT_TRUE(e.has_value()) << "entry " << i << " was reported kept and is not there";
+      EXPECT_TRUE(entry_ok(*e, i, 20000)) << "entry " << i << " has wrong bytes";
+    }
+    // Plain puts on the full disk: flush() says they were not written.
+    for (uint64_t i = kKeys; i < kKeys + 20; ++i) ASSERT_TRUE(again->put(make_entry(i, 20000)).is_ok());
+    Status st = again->flush();
+    EXPECT_FALSE(st.is_ok()) << "flush() reported the refused writes as kept";
+    EXPECT_EQ(st.code(), Errc::no_space) << st.to_string();
+    // Reported once: the next flush has nothing new to say.
+    EXPECT_TRUE(again->flush().is_ok());
+  }
+  {
+    auto trimmer = Cache::open(options(mnt));
+    ASSERT_EQ(trimmer->tiers().size(), 1u);
+    StoreAdmin* admin = trimmer->tiers()[0]->admin();
+    ASSERT_NE(admin, nullptr);
+    auto evicted = admin->trim(512 << 10);
+    ASSERT_TRUE(evicted.has_value()) << evicted.error().to_string();
+    EXPECT_GT(*evicted, 0u);
+  }
+  // The first cache's writes were paused by the full disk; once the pause
+  // is over, its next put uses the room the trim made.
+  std::this_thread::sleep_for(std::chrono::milliseconds(5200));
+  Status st = cache->put(make_entry(kKeys + 100, 20000));
+  EXPECT_TRUE(st.is_ok()) << "a put after the trim: " << st.to_string();
+  cache.reset();
+  auto check = Cache::open(options(mnt));
+  auto e = check->get(key_of(kKeys + 100));
+  ASSERT_TRUE(e.has_value()) << "the put after the trim is not there";
+  EXPECT_TRUE(entry_ok(*e, kKeys + 100, 20000));
 }
 
 INSTANTIATE_TEST_SUITE_P(Engines, DiskFullFs, ::testing::ValuesIn(disk_engines()), disk_engine_name);

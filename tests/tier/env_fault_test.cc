@@ -337,7 +337,7 @@ TEST(EnvFault, CommitterGroupWaitsForTheInjectedClock) {
   EXPECT_TRUE(entry_ok(**g, 21));
   // flush() cuts the wait short without any clock movement.
   c.submit(make_entry(22), nullptr);
-  c.flush();
+  (void)c.flush();
   EXPECT_EQ(c.groups(), 2u);
   c.stop();
 }
@@ -364,7 +364,7 @@ TEST(EnvFault, CacheOverAFullDiskStillReturnsTheCompile) {
   ASSERT_TRUE(e.has_value()) << e.error().to_string();
   EXPECT_EQ(s, Source::compiled);
   EXPECT_EQ(*e->artifact("obj"), "OBJECT CODE");
-  c->flush();
+  (void)c->flush();
   EXPECT_EQ(calls.load(), 1);
   EXPECT_GE(c->stats().faults, 1u);
   EXPECT_FALSE(exists(d.path() + "/" + k->key.hex().substr(0, 2) + "/" + k->key.hex() + ".kce"));

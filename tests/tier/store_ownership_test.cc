@@ -102,7 +102,7 @@ int fill(const Options& o) {
   for (int i = 0; i < kEntries; ++i) {
     if (!c->get_or_compile(test::key_of(i), compile_of(i)).has_value()) return 11;
   }
-  c->flush();
+  (void)c->flush();
   return c->stats().tiers.at(0).stats.puts == static_cast<uint64_t>(kEntries) ? 0 : 12;
 }
 
@@ -223,7 +223,7 @@ TEST_P(StoreOwnership, ASharedGroupSharesOneStoreBothWaysAndStillRefusesOthers) 
     // ...and adds one of its own (the store's counters are shared too).
     uint64_t puts = c->stats().tiers.at(0).stats.puts;
     ASSERT_TRUE(c->get_or_compile(test::key_of(100), compile_of(100)).has_value());
-    c->flush();
+    (void)c->flush();
     EXPECT_EQ(c->stats().tiers.at(0).stats.puts, puts + 1);
   }
   EXPECT_EQ(log_lines(log_, "refusing").size(), 0u);

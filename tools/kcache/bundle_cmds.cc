@@ -136,7 +136,7 @@ int bundle_import(Ctx& c, const std::string& file) {
     n = import_bundle(file, *c.store.disk, c.store.options.bundles.trusted_keys, p.fn());
   }
   if (!n) return c.fail(n.error());
-  c.store.cache->flush();
+  if (kcache::Status st = c.store.cache->flush(); !st.is_ok()) return c.fail(st);
   if (c.json) {
     util::JsonWriter w;
     return c.out(w.begin_object()

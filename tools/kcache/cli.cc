@@ -140,10 +140,8 @@ int open_tiers(Ctx& c, const Reach& reach) {
   o.create_dir = reach.create;
   if (!reach.remote) o.remote_url.clear();
   if (!reach.honour_disable) o.disabled = false;
-  if (reach.inspect) {
-    o.disk.read_only = true;
-    o.process_single_flight = false;
-  }
+  if (reach.inspect) o.disk.read_only = true;
+  if (reach.inspect || !reach.leases) o.process_single_flight = false;
   util::set_log(o.log_level, o.log_file);
 
   Opened& s = c.store;

@@ -65,6 +65,9 @@ struct Reach {
   // The command names a store it could not open itself (put in its
   // failure line; get and show through lookup()): no warning line here.
   bool reports_disk = false;
+  // Open the store's leases (cross-process single-flight). Off for a
+  // command that compiles nothing; verify checks the lease table itself.
+  bool leases = true;
 };
 
 // The tiers a command opened, as the library assembled them.

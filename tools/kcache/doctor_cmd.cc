@@ -12,6 +12,7 @@
 
 #include "cli.h"
 #include "kcache/bundle.h"
+#include "lease/table_layout.h"
 #include "util/json.h"
 #include "util/util.h"
 
@@ -66,6 +67,19 @@ Check check_store(const Ctx& c) {
     ch.detail += s.options.read_only ? "; read-only (KCACHE_READONLY)" : "; not writable by this user";
   }
   return ch;
+}
+
+// Cross-process single-flight of an LMDB store, a line only while its
+// lease table is damaged (the files engine's lease files need no check:
+// each is made afresh when stale).
+void check_leases(const Ctx& c, std::vector<Check>* out) {
+  const Opened& s = c.store;
+  if (!s.disk || s.where.engine != Engine::lmdb) return;
+  Status st = lease::table::check(s.where.path, /*fix=*/false);
+  if (st.is_ok()) return;  // said only while degraded
+  out->push_back({"leases", false,
+                  "single-flight across processes is degraded: " + st.message() +
+                      (st.code() == Errc::corrupt ? " (kcache verify --fix repairs it)" : "")});
 }
 
 // The remote and, when one is configured, its secret.
@@ -148,6 +162,7 @@ int cmd_doctor(Ctx& c) {
     return rc;
   std::vector<Check> checks;
   checks.push_back(check_store(c));
+  check_leases(c, &checks);
   check_remote(c, &checks);
   check_bundles(c, &checks);
   bool ok = true;

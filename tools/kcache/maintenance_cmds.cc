@@ -9,6 +9,7 @@
 #include <optional>
 
 #include "cli.h"
+#include "lease/table_layout.h"
 #include "util/json.h"
 #include "util/util.h"
 
@@ -221,13 +222,22 @@ int cmd_stats(Ctx& c) {
 int cmd_verify(Ctx& c) {
   bool fix = c.args.has("--fix");
   // Without --fix verify only reads; with it, it removes what fails.
-  if (int rc = open_tiers(c, {.create = false, .remote = false, .honour_disable = false, .inspect = !fix})) return rc;
+  if (int rc =
+          open_tiers(c, {.create = false, .remote = false, .honour_disable = false, .inspect = !fix, .leases = false}))
+    return rc;
   if (int rc = unopened_store(c, fix ? "verified or removed" : "verified")) return rc;
   VerifyReport rep;
   if (c.store.admin) {
     auto r = c.store.admin->verify(fix);
     if (!r) return c.fail(kExitError, "verifying " + c.store.where.path + ": " + r.error().to_string());
     rep = std::move(r).value();
+  }
+  // The lease table beside an LMDB store: damage there degrades
+  // cross-process single-flight, and --fix makes it whole.
+  Status found, leases;
+  if (c.store.disk && c.store.where.engine == Engine::lmdb) {
+    found = lease::table::check(c.store.where.path, /*fix=*/false);
+    leases = found.is_ok() || !fix ? found : lease::table::check(c.store.where.path, /*fix=*/true);
   }
   std::string out;
   if (c.json) {
@@ -237,6 +247,8 @@ int cmd_verify(Ctx& c) {
         .field("bad_count", rep.bad.size())
         .field("removed", rep.removed)
         .field("fix", fix)
+        .field("lease_table", found.is_ok() ? std::string("ok") : found.message())
+        .field("lease_table_repaired", !found.is_ok() && leases.is_ok())
         .key("bad")
         .begin_array();
     for (const auto& [k, why] : rep.bad) w.begin_object().field("key", k.hex()).field("reason", why).end_object();
@@ -247,12 +259,14 @@ int cmd_verify(Ctx& c) {
            (rep.bad.empty() ? "all good" : std::to_string(rep.bad.size()) + " bad");
     if (fix && !rep.bad.empty()) out += ", " + std::to_string(rep.removed) + " removed";
     out += "\n";
+    if (!found.is_ok()) out += "lease table: " + found.message() + (leases.is_ok() ? "; repaired\n" : "\n");
   }
   if (int rc = c.out(out)) return rc;
   if (fix && rep.removed < rep.bad.size())
     return c.fail(kExitError, std::to_string(rep.bad.size() - rep.removed) + " bad entries could not be removed");
+  if (!leases.is_ok() && fix) return c.fail(kExitError, "the lease table could not be repaired: " + leases.message());
   // Bad entries found is exit 1 even when all were removed: scripts notice.
-  return rep.bad.empty() ? kExitOk : kExitMiss;
+  return rep.bad.empty() && found.is_ok() ? kExitOk : kExitMiss;
 }
 
 int cmd_trim(Ctx& c) {

@@ -135,7 +135,7 @@ class Stream final : private StreamBytes, public ::llvm::CachedFileStream {
       if (entry) {
         s.counters->commits.fetch_add(1, std::memory_order_relaxed);
         // The host may _exit once it has the buffer (LLD does).
-        if (s.options.flush_on_commit) s.cache->flush();
+        if (s.options.flush_on_commit) (void)s.cache->flush();
         if (auto stored = entry->artifact("obj"); stored && stored->size() == obj.size())
           buffer = buffer_of(*entry, *stored, s.options.pin_hits);
       } else {

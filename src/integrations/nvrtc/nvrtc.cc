@@ -568,7 +568,11 @@ struct Compiler::Impl {
   // Views into the entry, or nullopt when the entry does not hold what the
   // program asks for (treated as a bad entry and recompiled).
   std::optional<Result> make_result(Entry e, const Program& p, const Key& key, Source src) {
-    if (e.pinned()) e = e.detach();
+    if (e.pinned()) {
+      auto d = e.detach();
+      if (!d) return std::nullopt;
+      e = std::move(d).value();
+    }
     Result r;
     r.entry = std::move(e);
     r.key = key;
@@ -727,7 +731,7 @@ struct Compiler::Impl {
     // The entry and the list are on disk before this returns and before the
     // processes waiting on the flight look for them (plain puts are group
     // committed; a compile's result is kept and seen at once).
-    cache.flush();
+    (void)cache.flush();  // a failed write is in the log: the next process compiles again
     if (f.owner()) (void)f.commit({{"manifest", encoded}});
     Key k = ek->key;
     remember(pd, lk.inputs,

@@ -278,7 +278,20 @@ Expected<uint64_t> LmdbMaintenance::evict(uint64_t target_bytes, uint64_t target
     KCACHE_TRY(MDB_txn * txn, env_.begin_write());
     uint64_t bytes = records_.get_counter(txn, c_bytes), entries = records_.get_counter(txn, c_entries);
     if (bytes <= target_bytes && entries <= target_entries) {
-      env_.abort_write(txn);
+      if (total == 0) {
+        env_.abort_write(txn);
+        return total;
+      }
+      // LMDB lets a writer reuse the pages a transaction freed only once
+      // another one has committed after it: this commit (the totals
+      // rewritten as they are) makes the pages the last batch freed
+      // usable by the next put, which on a full file system is the room
+      // the eviction was for. Its failure changes nothing.
+      if (records_.put_counter(txn, c_bytes, bytes) != 0) {
+        env_.abort_write(txn);
+        return total;
+      }
+      (void)env_.commit_write(txn);
       return total;
     }
     size_t removed = 0;

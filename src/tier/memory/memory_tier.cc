@@ -93,7 +93,10 @@ class MemoryTier final : public Tier, public StoreAdmin {
   }
 
   Status do_put(const Entry& entry) override {
-    Entry e = entry.pinned() ? entry.detach() : entry;
+    Entry e = entry;
+    if (e.pinned()) {
+      KCACHE_TRY(e, entry.detach());
+    }
     uint64_t size = e.memory_size();
     Shard& sh = shard(e.key());
     std::lock_guard lk(sh.mu);

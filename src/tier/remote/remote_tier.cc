@@ -257,6 +257,30 @@ class RemoteTierImpl final : public RemoteTier {
     return r;
   }
 
+  // A lease call's result. A server that answered with an error (a user
+  // without scripting, out of memory, a read-only replica) is not an
+  // outage: lookups and writes still work, so the breaker is left out of
+  // it, and the condition is one line until a lease call succeeds again.
+  // Timeouts and an unreachable server are call()'s: they count toward
+  // the breaker like any other request.
+  template <class T>
+  Expected<T> lease_call(Expected<T> r) {
+    if (!r && r.error().code() == Errc::io_error) {
+      succeed();
+      counts_.add(&TierStats::errors);
+      server_errors_++;
+      if (!leases_refused_.exchange(true))
+        KCACHE_LOG(LogLevel::warn,
+                   "%s: the server refuses leases (%s); compiles go on without single-flight across machines until "
+                   "it grants one",
+                   name_.c_str(), r.error().to_string().c_str());
+      return r;
+    }
+    if (r && leases_refused_.load(std::memory_order_relaxed) && leases_refused_.exchange(false))
+      KCACHE_LOG(LogLevel::info, "%s: the server grants leases again", name_.c_str());
+    return call(std::move(r));
+  }
+
  protected:
   Expected<std::optional<Entry>> do_get(const Key& key, Access access) override {
     if (!allow()) {
@@ -295,7 +319,11 @@ class RemoteTierImpl final : public RemoteTier {
     Task t;
     t.kind = Task::put;
     t.key = entry.key();
-    t.entry = entry.pinned() ? entry.detach() : entry;
+    if (entry.pinned()) {
+      KCACHE_TRY(t.entry, entry.detach());
+    } else {
+      t.entry = entry;
+    }
     {
       std::lock_guard lk(q_mu_);
       if (q_.size() >= o_.write_queue_depth) {
@@ -584,7 +612,7 @@ class RemoteTierImpl final : public RemoteTier {
       return;
     }
     if (t.kind == Task::release) {
-      (void)call(t.lease->lease_release(t.key, t.token));
+      (void)lease_call(t.lease->lease_release(t.key, t.token));
       return;
     }
     auto v = encode_value(t.entry);
@@ -623,6 +651,7 @@ class RemoteTierImpl final : public RemoteTier {
 
   std::atomic<uint64_t> failures_{0}, timeouts_{0}, open_until_ms_{0}, breaker_opens_{0};
   std::atomic<bool> outage_{false};
+  std::atomic<bool> leases_refused_{false};  // lease calls are answered with an error (said once)
   std::atomic<bool> writes_refused_{false};  // the last write got an error reply
   AtomicTierStats counts_;                   // this process's counts: a server keeps none
   std::atomic<uint64_t> timeouts_total_{0}, unreachable_{0}, server_errors_{0}, bad_replies_{0};
@@ -668,14 +697,14 @@ class RemoteLeasesImpl final : public RemoteLeases {
     // A queued release of this key must not remove the lease taken now.
     if (tier_->releasing(key)) (void)tier_->flush();
     if (!tier_->allow_or_skip()) return Status(Errc::unavailable, name_ + ": circuit breaker open");
-    KCACHE_TRY(bool held, tier_->call(b_->lease_acquire(key, token_, ttl_ms ? ttl_ms : 1)));
+    KCACHE_TRY(bool held, tier_->lease_call(b_->lease_acquire(key, token_, ttl_ms ? ttl_ms : 1)));
     tier_->count_lease(held);
     return held;
   }
 
   bool renew_lease(const Key& key, uint64_t ttl_ms) override {
     if (!tier_->allow_or_skip()) return false;
-    auto r = tier_->call(b_->lease_renew(key, token_, ttl_ms ? ttl_ms : 1));
+    auto r = tier_->lease_call(b_->lease_renew(key, token_, ttl_ms ? ttl_ms : 1));
     return r && *r;
   }
 
@@ -683,10 +712,10 @@ class RemoteLeasesImpl final : public RemoteLeases {
 
   bool take_over_dead(const Key& key) override {
     if (!tier_->allow_or_skip()) return false;
-    auto holder = tier_->call(b_->lease_holder(key));
+    auto holder = tier_->lease_call(b_->lease_holder(key));
     if (!holder || !*holder || **holder == token_ || !lease::token_holder_dead(**holder)) return false;
     // Removed only if that dead holder still has it (compare and delete).
-    auto gone = tier_->call(b_->lease_release(key, **holder));
+    auto gone = tier_->lease_call(b_->lease_release(key, **holder));
     if (!gone || !*gone) return false;
     takeovers_.fetch_add(1, std::memory_order_relaxed);
     KCACHE_LOG(LogLevel::info, "%s: lease on %s held by a dead process of this host (%s); taken over", name_.c_str(),
@@ -704,7 +733,7 @@ class RemoteLeasesImpl final : public RemoteLeases {
         tier_->count_hit(true);
         return std::move(*r);
       }
-      auto held = tier_->call(b_->lease_held(key));
+      auto held = tier_->lease_call(b_->lease_held(key));
       if (!held) return std::nullopt;
       if (!*held) {
         // The holder is gone; it may have stored the entry just before.

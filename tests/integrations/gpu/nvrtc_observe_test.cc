@@ -84,7 +84,7 @@ class NvrtcObserve : public ::testing::Test {
     auto here = compiler_->compile(p);
     ASSERT_TRUE(here.has_value()) << what << ": " << here.error().to_string();
     EXPECT_EQ(std::string(here->ptx), want) << what << " (this process, " << source_name(here->source) << ")";
-    cache_->flush();
+    (void)cache_->flush();
     auto other_cache = Cache::open(disk_options(store_, /*memory=*/false));
     nvrtc::Compiler other(*other_cache);
     auto there = other.compile(p);

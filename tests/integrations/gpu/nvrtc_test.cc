@@ -126,7 +126,7 @@ TEST_F(NvrtcCorpus, WarmFromMemoryGivesIdenticalBytes) {
 }
 
 TEST_F(NvrtcCorpus, WarmFromDiskInAFreshCacheGivesIdenticalBytes) {
-  cache_->flush();
+  (void)cache_->flush();
   auto disk_only = Cache::open(disk_options(dir_->path(), /*memory=*/false));
   nvrtc::Compiler c(*disk_only);
   for (size_t i = 0; i < kernels_->size(); ++i) {
@@ -423,7 +423,7 @@ class NvrtcDiskHeaders : public ::testing::Test {
   // A compile through a fresh cache on the same folder with no memory tier:
   // what another process would get from disk.
   Expected<nvrtc::Result> compile_in_fresh_process(const nvrtc::Program& p) {
-    cache_->flush();
+    (void)cache_->flush();
     fresh_ = Cache::open(disk_options(cache_dir_, /*memory=*/false));
     nvrtc::Compiler c(*fresh_);
     return c.compile(p);
@@ -771,7 +771,7 @@ TEST_F(NvrtcDiskHeaders, AWarmProcessStatsHeadersInsteadOfReadingThem) {
   }
   EXPECT_EQ(nvrtc::detail::header_reads(), reads);
   // Another process (a fresh cache on the same folder) finds the record.
-  cache_->flush();
+  (void)cache_->flush();
   auto fresh = Cache::open(disk_options(cache_dir_, /*memory=*/false));
   nvrtc::Compiler other(*fresh);
   auto r2 = other.compile(program_);

@@ -126,7 +126,7 @@ TEST_F(OpenclTest, ColdThenWarmBuildsRunAndMatchTheCpu) {
 
   // A fresh cache on the same folder (a new process): every build is a disk
   // hit, loaded from the binary, and still computes the right answers.
-  cache_->flush();
+  (void)cache_->flush();
   auto disk_only = Cache::open(disk_options(dir_->path(), /*memory=*/false));
   opencl::ProgramCache pc2(*disk_only);
   for (const auto& k : *kernels_) {

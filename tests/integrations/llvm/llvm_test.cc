@@ -823,7 +823,7 @@ TEST(LlvmKey, IrDigestIgnoresTheModuleNameAndTagsKeepTheLabel) {
     ASSERT_FALSE(jit->addIRModule(std::move(t)));
     EXPECT_EQ(call(*jit, "g", 50), reference(7, 50));
     EXPECT_EQ(counters->codegen_runs.load(), run == 0 ? 1u : 0u);
-    cache->flush();
+    (void)cache->flush();
     auto e = cache->get(default_jit_key(ir));
     ASSERT_TRUE(e);
     EXPECT_EQ(e->meta().label, "kernel_g.ll");
@@ -843,7 +843,7 @@ TEST(LlvmCompiler, IrDigestTagSkipsSerialisingAndHitsAcrossProcesses) {
     EXPECT_EQ(call(*jit, "g", 50), reference(7, 50));
     EXPECT_EQ(counters->codegen_runs.load(), run == 0 ? 1u : 0u);
     EXPECT_EQ(counters->hits.load(), run == 0 ? 0u : 1u);
-    cache->flush();
+    (void)cache->flush();
     // The entry is under the digest key (the tag never reached the key).
     EXPECT_TRUE(cache->get(default_jit_key(digest)));
   }
@@ -893,7 +893,7 @@ TEST(LlvmFrontend, HitByFrontEndKeyNeedsNoModuleAndUnchangedIrSkipsCodegen) {
       EXPECT_EQ(c->codegen_runs.load(), 0u);
       EXPECT_EQ(c->frontend_hits.load(), 1u);
     }
-    cache->flush();
+    (void)cache->flush();
   }
   {
     // Another source, the same IR: the front end runs, codegen does not.
@@ -909,7 +909,7 @@ TEST(LlvmFrontend, HitByFrontEndKeyNeedsNoModuleAndUnchangedIrSkipsCodegen) {
     EXPECT_EQ(lowered, 1);
     EXPECT_EQ(c->codegen_runs.load(), 0u);
     EXPECT_EQ(c->links_stored.load(), 1u);
-    cache->flush();
+    (void)cache->flush();
     EXPECT_TRUE(kcache::find_stage_link(*cache, fk->link_front(front_b.key)));
   }
   {
@@ -1063,7 +1063,7 @@ TEST(LlvmBitcodeLoader, KeysOnTheBytesAndSeesThroughADefineNoCodeReads) {
     EXPECT_TRUE(bool(loader));
     EXPECT_FALSE(loader->add_file(path));
     EXPECT_EQ(call(**jit, "h", 40), reference(3, 40));
-    cache->flush();
+    (void)cache->flush();
     return c;
   };
   auto cold = run(d.path() + "/one/h.bc");
@@ -1157,7 +1157,7 @@ TEST(LlvmBitcodeLoader, TakesEveryKeyedSettingFromItsJit) {
     auto k = kl::object_key(**m, cc->target(), cc->key_options());
     EXPECT_TRUE(bool(k));
     if (auto e = cache->get(k->key); e && e->artifact("obj")) r.stored = std::string(*e->artifact("obj"));
-    cache->flush();
+    (void)cache->flush();
     return r;
   };
   auto expect_one_lookup = [](const kl::CompileCounters& c) {
@@ -1236,7 +1236,7 @@ TEST(LlvmFrontend, ALinkLeftUnderAnotherConfigurationsKeyIsAMiss) {
     EXPECT_EQ(c->links_stored.load(), 1u);
     auto fk3 = kl::FrontendKeys::for_jit(**jit3);
     ASSERT_TRUE(fk3);
-    cache->flush();
+    (void)cache->flush();
     // Stored, bound to the -O3 compiler: under fk3's binding of front0.
     EXPECT_TRUE(kcache::find_stage_link(*cache, fk3->link_front(front0.key)));
     EXPECT_FALSE(kcache::find_stage_link(*cache, fk0->link_front(front0.key)));
@@ -1352,7 +1352,7 @@ TEST(LlvmFrontend, ALinkToAnObjectForAnotherTargetIsAMiss) {
   auto junk = *kcache::KeyBuilder("junk").add_string("x", "y").finish();
   ASSERT_TRUE(cache->put(junk, {{"obj", std::string(256, '\x7f')}}));
   ASSERT_TRUE(kcache::put_stage_link(*cache, fk->link_front(front.key), kcache::hash_bytes("ir"), junk.key));
-  cache->flush();
+  (void)cache->flush();
   kl::CompileCounters c;
   EXPECT_EQ(fk->find(*cache, front.key, &c), nullptr);
   EXPECT_EQ(c.bad_objects.load(), 1u);

@@ -1,0 +1,234 @@
+"""The cache manager Triton is given (TRITON_CACHE_MANAGER=kcache.triton:CacheManager).
+
+A kernel's whole group (source and IR stages, cubin, metadata JSON) is one
+kcache entry, stored in one atomic put, so a group mixed from two writers
+cannot exist. A group that N processes miss at once is compiled once: the
+first get_group() takes the key's single-flight lease (renewed while held)
+and returns None, so Triton compiles; put_group() commits the group and lets
+the lease go. The others wait inside get_group() and load the committed
+entry. Hits are handed to Triton as written-out files (._files).
+
+Each entry is labelled with the kernel's name and carries Triton's parsed
+options, the target, Triton's version and a digest of triton_key() as
+readable components, so `kcache misses` says which of them changed."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+import threading
+from typing import Dict, Optional, Tuple
+
+import kcache
+from triton.runtime.cache import CacheManager as _TritonCacheManager
+from triton.runtime.cache import FileCacheManager
+
+from ._common import cache, log, to_bytes, triton
+from ._files import materialiser
+from ._hooks import Lease, drop_leases, watch_unwrapped
+from ._key import triton_key_fn
+
+_NAMESPACE = "triton/2"
+
+_key_memo: Dict[Tuple[str, str], kcache.Key] = {}
+_triton_key_digest: Optional[str] = None
+
+
+def forget_keys() -> None:
+    """Lets the remembered keys go (at exit: no kcache object outlives the
+    interpreter)."""
+    _key_memo.clear()
+
+
+def _readable(v):
+    # A component value kcache.key takes as it is (str, bool, a 64-bit
+    # int), else its JSON text.
+    if isinstance(v, (bool, str)) or (isinstance(v, int) and -2**63 <= v < 2**63):
+        return v
+    try:
+        return json.dumps(v, sort_keys=True, default=str)
+    except (TypeError, ValueError):
+        return str(v)
+
+
+def _compile_components() -> Tuple[Optional[str], dict]:
+    """The label and readable components of the compile that called
+    get_group: the kernel's name, target, Triton's parsed options and cache
+    invalidating variables, and versions, read from Triton's compile frame.
+    They are functions of Triton's hash (which the key holds too), so they
+    add no identity of their own; remembered per hash in the process. Nothing
+    when the caller is not Triton's compile (Triton calls get_group nowhere
+    else)."""
+    global _triton_key_digest
+    try:
+        f = sys._getframe(2)
+        for _ in range(3):
+            if f is None or f.f_code.co_name == "compile":
+                break
+            f = f.f_back
+        if f is None or f.f_code.co_name != "compile":
+            return None, {}
+        loc = f.f_locals
+        src, target, options = loc.get("src"), loc.get("target"), loc.get("options")
+        comps: dict = {"triton_version": triton.__version__,
+                       "python": "%d.%d" % sys.version_info[:2]}
+        label = getattr(src, "name", None)
+        if isinstance(label, str):
+            comps["kernel"] = label
+        else:
+            label = None
+        if target is not None:
+            comps["target"] = f"{getattr(target, 'backend', '?')}:{getattr(target, 'arch', '?')}:" \
+                              f"{getattr(target, 'warp_size', '?')}"
+        if options is not None and hasattr(options, "__dict__"):
+            for k, v in options.__dict__.items():
+                if k not in comps and k not in ("label", "private"):
+                    comps[k] = _readable(v)
+        env_vars = loc.get("env_vars")
+        if isinstance(env_vars, dict):
+            for k, v in env_vars.items():
+                comps[f"env {k}"] = _readable(v)
+        if _triton_key_digest is None:
+            _triton_key_digest = hashlib.sha256(triton_key_fn()().encode()).hexdigest()[:32]
+        comps["triton_key"] = _triton_key_digest
+        return label, comps
+    except Exception:
+        return None, {}
+
+
+class CacheManager(_TritonCacheManager):
+    """Triton's CacheManager over kcache (TRITON_CACHE_MANAGER=kcache.triton:CacheManager)."""
+
+    def __init__(self, key: str, override: bool = False, dump: bool = False) -> None:
+        self.key = key
+        # Dump and override folders are for people to read and edit: Triton's
+        # own file manager keeps them.
+        self._files_only = FileCacheManager(key, override=override, dump=dump) if (override or dump) else None
+        self._lease: Optional[Lease] = None
+        self._staged: Dict[str, bytes] = {}
+        self._paths: Dict[str, str] = {}
+
+    def _key(self, filename: str, label: Optional[str] = None, comps: Optional[dict] = None) -> kcache.Key:
+        memo = (self.key, filename)
+        k = _key_memo.get(memo)
+        if k is None:
+            if comps is None:
+                label, comps = None, {}
+            comps = {n: v for n, v in comps.items() if n not in ("triton", "file")}
+            k = kcache.key(_NAMESPACE, label=label, **comps, triton=self.key, file=filename)
+            if len(_key_memo) > 4096:
+                _key_memo.clear()
+            _key_memo[memo] = k
+        return k
+
+    def _drop_flight(self) -> None:
+        if self._lease is not None:
+            self._lease.drop()
+            self._lease = None
+
+    # ---- groups: one entry, one flight -------------------------------------
+
+    def get_group(self, filename: str) -> Optional[Dict[str, str]]:
+        if self._files_only is not None:
+            return self._files_only.get_group(filename)
+        self._drop_flight()
+        memo = (self.key, "__grp__" + filename)
+        k = _key_memo.get(memo)
+        if k is None:
+            label, comps = _compile_components()
+            k = self._key("__grp__" + filename, label, comps)
+        hx = k.hex
+        drop_leases(threading.get_ident(), key=hx)  # this thread is back here: that compile is over
+        try:
+            flight = cache().begin(k)
+        except Exception as e:  # the cache never fails a compile
+            log(f"lookup failed: {e}")
+            return None
+        if flight.hit:
+            try:
+                group = materialiser().materialise(flight.entry)
+            except OSError as e:
+                log(f"cannot write out {flight.entry.key_hex}: {e}")
+                group = None
+            if group is not None and filename in group:
+                return group
+            # Not usable: compile, and let the compile's put_group store it.
+            return None
+        lease = Lease(flight, hx)
+        self._lease = lease
+        try:
+            watch_unwrapped(lease)
+        except Exception:
+            pass
+        return None
+
+    def put_group(self, filename: str, group: Dict[str, str]) -> Optional[str]:
+        if self._files_only is not None:
+            return self._files_only.put_group(filename, group)
+        artifacts: Dict[str, bytes] = {}
+        for name, path in group.items():
+            data = self._staged.get(name)
+            if data is None:
+                try:
+                    with open(path, "rb") as f:
+                        data = f.read()
+                except OSError as e:
+                    log(f"group {filename}: cannot read {path}: {e}; not stored")
+                    self._drop_flight()
+                    return None
+            artifacts[name] = data
+        lease, self._lease = self._lease, None
+        flight = lease.take() if lease is not None else None
+        try:
+            if flight is not None and flight.owner:
+                entry, flight = flight.commit(artifacts), None
+            else:
+                entry = cache().put(self._key("__grp__" + filename), artifacts)
+            if entry is not None and cache().tiers():  # nothing to publish with the cache disabled
+                materialiser().publish_compiled(entry, {n: p for n, p in group.items() if self._paths.get(n) == p})
+        except Exception as e:
+            log(f"group {filename} not stored: {e}")
+        finally:
+            if flight is not None:  # not committed
+                try:
+                    flight.abandon()
+                except Exception:
+                    pass
+        self._staged.clear()
+        grp = json.dumps({"child_paths": group})
+        return materialiser().stage(self.key, f"__grp__{filename}", grp.encode())
+
+    # ---- single files (launchers, autotuning results) ----------------------
+
+    def get_file(self, filename: str) -> Optional[str]:
+        if self._files_only is not None:
+            return self._files_only.get_file(filename)
+        path = self._paths.get(filename)
+        if path is not None:
+            return path
+        try:
+            e = cache().get(self._key(filename))
+            if e is None or filename not in e:
+                return None
+            paths = materialiser().materialise(e)
+        except Exception as err:
+            log(f"lookup of {filename} failed: {err}")
+            return None
+        return paths.get(filename) if paths else None
+
+    def put(self, data, filename: str, binary: bool = True) -> str:
+        if self._files_only is not None:
+            return self._files_only.put(data, filename, binary=binary)
+        data = to_bytes(data)
+        path = materialiser().stage(self.key, filename, data)
+        self._paths[filename] = path
+        if self._lease is not None:
+            # Part of the group being compiled: stored with it in put_group.
+            self._staged[filename] = data
+        else:
+            try:
+                cache().put(self._key(filename), {filename: data})
+            except Exception as e:
+                log(f"{filename} not stored: {e}")
+        return path
