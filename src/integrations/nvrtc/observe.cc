@@ -1,13 +1,8 @@
 // The recorder of NVRTC's file accesses (observe.h): libnvrtc's import
 // slots pointed at wrappers that forward to libc and note what NVRTC asked
 // for on the thread kcache compiles on.
-//
-// One concept, the recorder: every part of it exists for the import slots
-// it points at its wrappers. The wrappers (one per libc call NVRTC makes,
-// each a few lines), the calls that would escape it (threads, processes,
-// syscall), the slots found and written in libnvrtc's image, and the
-// libraries and variables NVRTC is found to use are one mechanism,
-// installed once; splitting it would spread one table of hooks over files.
+// One concept: the wrappers, the calls that escape them, the slots written
+// in libnvrtc's image and what NVRTC loads are one table of hooks.
 #include "integrations/nvrtc/observe.h"
 
 #include <dirent.h>
