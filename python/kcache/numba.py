@@ -85,6 +85,11 @@ file other than those of the functions reached is not in the key (numba's
 own cache has the same limit); ``cfunc`` and ``vectorize`` keep numba's
 own cache. Dispatcher.stats reports kcache hits as cache hits; cache_path
 is the kcache folder.
+
+One module, one concept: numba's cache kept in kcache. The key (code_key
+and the walk behind it) exists only for the cache that stores under it
+(FunctionCache, installed by enable()), and is defined by what numba
+compiles; neither is used without the other.
 """
 
 from __future__ import annotations

@@ -1,3 +1,12 @@
+// The private helpers every component shares (util.h): the text of a
+// Status, logging, the descriptors 0 to 2 kept off store files, reads of
+// maps another process can shrink, time, sizes, errno as Status, whole-file
+// reads and atomic writes, and the trust check of files another user could
+// have written.
+//
+// One concept, the leaf library (kcache_util) below every component: each
+// section is a few helpers that the layers above share, and none depends
+// on a kcache type beyond Status and Env.
 #include "util/util.h"
 
 #include "util/fd.h"

@@ -29,7 +29,7 @@
 
 namespace kcache::nvrtc::detail {
 
-// ---- options as NVRTC reads them -------------------------------------------
+// ---- options as NVRTC reads them (options.cc) ------------------------------
 
 // Every spelling NVRTC accepts, parsed: -D X, -DX, -D" X", --define-macro X,
 // --define-macro=X (same for -U / --undefine-macro), -I X, -IX, -I=X,
@@ -45,6 +45,9 @@ struct ParsedOptions {
 ParsedOptions parse_options(const std::vector<std::string>& options);
 
 // ---- the manifest ------------------------------------------------------------
+//
+// Built and checked in manifest.cc, against what paths answer now
+// (identity.h); watched checks in watch.cc, the encoding in manifest_codec.cc.
 
 struct DepManifest {
   struct File {

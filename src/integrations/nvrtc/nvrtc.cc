@@ -8,6 +8,12 @@
 // while it ran. A hit is checked (PTX NUL-terminated, the lowered names
 // decode and cover every requested expression) before it is handed out; an
 // entry that fails the check is recompiled and overwritten.
+//
+// One concept, kcache::nvrtc::Compiler: the file is its Impl (the path from
+// a program to its inputs key, the manifests under it, the entry and the
+// flight) and the few helpers of its keys (options, outputs, lowered names)
+// above it. What it uses but is not it lives apart: the recorder
+// (observe.cc) and the manifests (manifest.cc and the files beside it).
 #include "kcache/nvrtc.h"
 
 #include <dlfcn.h>

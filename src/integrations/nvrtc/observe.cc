@@ -1,6 +1,8 @@
 // The recorder of NVRTC's file accesses (observe.h): libnvrtc's import
 // slots pointed at wrappers that forward to libc and note what NVRTC asked
 // for on the thread kcache compiles on.
+// One concept: the wrappers, the calls that escape them, the slots written
+// in libnvrtc's image and what NVRTC loads are one table of hooks.
 #include "integrations/nvrtc/observe.h"
 
 #include <dirent.h>

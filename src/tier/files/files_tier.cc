@@ -45,6 +45,12 @@
 // Every file operation, clock read and sleep goes through the Env of the
 // options (kcache/env.h), so tests can fill the disk, make it read-only,
 // fail reads or move time by hand.
+//
+// One concept, the files engine: reads, puts, eviction, the counters and
+// the administration are one class because they share one locking
+// protocol (the stats lock over every rename and unlink, evict.lock, the
+// eviction candidates a put removes in the same hold); split apart, each
+// part would need the others' invariants.
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>

@@ -29,6 +29,11 @@
 //    redis+cluster://host:port[,host:port...][?...]; each option of the
 //    query goes through set_remote_option, whose one table (kRemoteOptions)
 //    names every option, its form and the field it sets.
+//
+// One concept, the Redis transport: the node pools, the slot routing, the
+// bounded reads and the URL all serve the one object behind the value
+// store and lease backend interfaces; nothing here is policy, and nothing
+// is used without the rest.
 #include <hiredis/hiredis.h>
 #include <sys/time.h>
 #include <unistd.h>

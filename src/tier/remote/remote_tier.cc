@@ -24,6 +24,11 @@
 //  * Values: "KCRV" header, optional HMAC-SHA256, then the entry bytes
 //    (docs/format.md, "Redis value"). The MAC is checked before
 //    Entry::decode sees a byte.
+//
+// One concept, the remote policy: the tier and its leases are one object
+// graph (the leases go through the tier's breaker, counters and write
+// queue), and each part above is a rule of that policy, not a layer of its
+// own; the transport it drives is src/tier/redis/.
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/params.h>
