@@ -243,6 +243,7 @@ void bind_cache(nb::module_& m) {
               kcache::Source s = kcache::Source::other;
               {
                 nb::gil_scoped_release nogil;
+                kcache::util::CopiedHits copied;  // Python holds copies (held())
                 e = c->get(key.info.key, &s);
               }
               if (!e) return std::nullopt;
@@ -276,6 +277,7 @@ void bind_cache(nb::module_& m) {
               std::optional<kcache::Expected<kcache::Entry>> r;
               try {
                 nb::gil_scoped_release nogil;
+                kcache::util::CopiedHits copied;
                 r.emplace(c->get_or_compile(key.info, PyCompile{fn, &error}, &s));
               } catch (const Interrupted&) {
                 // The interrupt is this thread's own, re-raised below.

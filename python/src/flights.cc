@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "ext.h"
+#include "util/util.h"
 
 namespace kcache::python {
 
@@ -98,6 +99,7 @@ std::unique_ptr<PyFlight> begin_flight(std::shared_ptr<kcache::Cache> cache, con
   std::optional<kcache::Flight> began;
   {
     nb::gil_scoped_release nogil;
+    kcache::util::CopiedHits copied;
     began.emplace(cache->begin(key));
   }
   kcache::Flight fl = std::move(*began);

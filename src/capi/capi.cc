@@ -83,6 +83,9 @@ int set_error(int code, const char* msg) noexcept { return set_error(code, std::
 template <class F>
 int guard(F&& f) noexcept {
   try {
+    // Every entry handed to C is a copy (wrap): hits are copied inside the
+    // lookup's SIGBUS guard, so no read of a map happens after it.
+    kcache::util::CopiedHits copied;
     t_last_error.clear();
     int rc = f();
     if (rc == KCACHE_OK)

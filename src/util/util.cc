@@ -225,6 +225,8 @@ bool run_guarded(void (*fn)(void*), void* arg) noexcept {
   return true;
 }
 
+thread_local int CopiedHits::depth_ = 0;
+
 bool copy_guarded(void* dst, const void* src, size_t n) noexcept {
   struct Copy {
     void* dst;

@@ -87,6 +87,22 @@ bool run_guarded(void (*fn)(void*), void* arg) noexcept;
 // file shrank (what was copied until then is unspecified).
 bool copy_guarded(void* dst, const void* src, size_t n) noexcept;
 
+// While one is alive on a thread, a disk hit on that thread is copied out
+// of its map inside the lookup's SIGBUS guard and verified in the copy,
+// never handed out as a view: for callers that copy every hit anyway (the
+// C ABI, Python), so no read of a map happens after the guard ends.
+class CopiedHits {
+ public:
+  CopiedHits() noexcept { ++depth_; }
+  ~CopiedHits() { --depth_; }
+  CopiedHits(const CopiedHits&) = delete;
+  CopiedHits& operator=(const CopiedHits&) = delete;
+  static bool active() noexcept { return depth_ > 0; }
+
+ private:
+  static thread_local int depth_;
+};
+
 // ---- time ----------------------------------------------------------------
 uint64_t now_unix_ms() noexcept;
 uint64_t now_mono_us() noexcept;

@@ -243,9 +243,10 @@ TEST(MapShrink, HeldHitCopiedAfterTheDataFileShrank) {
   EXPECT_EQ(code, 0) << "128 + signal when it died; 3: a copy of bytes that are gone; 6: another error";
 }
 
-// The same race as the C ABI's kcache_get and Python's Cache.get run it:
-// readers look up and copy out while another thread cuts data.mdb. Every
-// result is a correct entry or a miss; the process never dies.
+// The same race as the C ABI's kcache_get and Python's Cache.get run it
+// (util::CopiedHits: each hit copied out inside the lookup's guard): readers
+// look up and copy out while another thread cuts data.mdb. Every result is
+// a correct entry or a miss; the process never dies.
 TEST(MapShrink, LookupsAndCopiesRacingATruncation) {
   for (int trial = 0; trial < trials(); ++trial) {
     SCOPED_TRACE("trial " + std::to_string(trial));
@@ -263,6 +264,7 @@ TEST(MapShrink, LookupsAndCopiesRacingATruncation) {
       std::vector<std::thread> readers;
       for (int t = 0; t < 2; ++t)
         readers.emplace_back([&] {
+          util::CopiedHits copied;
           for (uint64_t i = 0; !stop.load(); i = (i + 1) % kN) {
             auto e = cache->get(key_of(i));
             copies.fetch_add(1);

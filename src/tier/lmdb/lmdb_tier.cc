@@ -185,11 +185,13 @@ class LmdbTier final : public Tier, public StoreAdmin {
     }
     std::string_view bytes(static_cast<const char*>(v.mv_data), v.mv_size);
     std::shared_ptr<const Buffer> buf;
-    if (env_->pinned.load(std::memory_order_relaxed) < kMaxPinned) {
+    if (env_->pinned.load(std::memory_order_relaxed) < kMaxPinned && !util::CopiedHits::active()) {
       buf = std::make_shared<PinnedBuffer>(env_, txn, bytes);
     } else {
       // Each pinned hit holds a reader slot; a caller that keeps many
       // entries alive gets copies instead of exhausting the reader table.
+      // A caller that copies every hit (util::CopiedHits) gets the copy
+      // made here, under the guard, and verified in it.
       auto copy = std::make_shared<AlignedBuffer>(bytes.size());
       const bool copied = util::copy_guarded(copy->data(), bytes.data(), bytes.size());
       env_->end_read(txn);
