@@ -23,6 +23,28 @@ if [ "$(id -u)" -eq 0 ]; then
 else
   as_user=()
 fi
+src=$(cd "$(dirname "$0")/.." && pwd)
+# A checkout or build under a private folder (a fresh clone in a 0700
+# mktemp folder, /root): the folders above them are made searchable (o+x,
+# nothing readable) for the run, and put back as they were when it ends.
+restore=()
+if [ "$(id -u)" -eq 0 ]; then
+  for top in "$build" "$src"; do
+    d=$top
+    while [ "$d" != "/" ]; do
+      d=$(dirname "$d")
+      if [ -d "$d" ] && ! "${as_user[@]}" test -x "$d"; then
+        restore+=("$(stat -c '%a' "$d"):$d")
+        chmod o+x "$d"
+      fi
+    done
+  done
+fi
+put_back() {
+  local r
+  for r in ${restore[@]+"${restore[@]}"}; do chmod "${r%%:*}" "${r#*:}"; done
+}
+trap put_back EXIT
 if ! "${as_user[@]}" test -r "$build/CTestTestfile.cmake" -a -x "$build"; then
   echo "test-unprivileged: $user cannot read $build (each folder above it must be searchable by all)" >&2
   exit 1
@@ -38,7 +60,7 @@ if [ "$(id -u)" -ne 0 ]; then
   cd "$build" && exec ctest "${ctest_args[@]}"
 fi
 home=$(mktemp -d)
-trap 'rm -rf "$home"' EXIT
+trap 'rm -rf "$home"; put_back' EXIT
 chown "$uid:$gid" "$home"
 mkdir -p "$build/Testing"
 chown -R "$uid:$gid" "$build/Testing"

@@ -4,6 +4,11 @@
 // exception (std::bad_alloc, or one thrown by a misbehaving callback) into
 // KCACHE_INTERNAL plus a message, so nothing propagates into C frames.
 // Handles are plain heap structs around the C++ values.
+//
+// One concept, the translation to C, in one file: each exported function is
+// a few lines of argument checks and conversion around one library call,
+// and they share the handle structs, guard() and the error text; split by
+// subject they would each repeat that frame.
 #include "kcache/kcache.h"
 
 #include <cstdlib>

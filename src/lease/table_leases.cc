@@ -37,6 +37,11 @@
 // In a store folder shared with a group, the file is group-writable.
 // The file is opened, sized up and read and written (unmapped) through an
 // Env (kcache/env.h); its map and its fcntl locks are the system's.
+//
+// One concept, the table's file, in one file: making it, its buckets'
+// locking and repair, the two ways of reaching them (mapped, unmapped) and
+// its check (lease::table::check) all read and write the same layout
+// (lease/table_layout.h) under the same header lock.
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
