@@ -108,8 +108,14 @@ class CliTest : public ::testing::TestWithParam<std::string> {
     c.args.insert(c.args.end(), args.begin(), args.end());
     // The user-wide config file is the test's own (none unless it writes
     // one), never the caller's.
-    for (char** e = environ; *e; ++e)
-      if (std::strncmp(*e, "KCACHE_", 7) != 0 && std::strncmp(*e, "XDG_CONFIG_HOME=", 16) != 0) c.env.push_back(*e);
+    // A variable env_extra sets replaces the caller's (the first of a name
+    // in the environment is the one a program reads).
+    for (char** e = environ; *e; ++e) {
+      const char* eq = std::strchr(*e, '=');
+      const bool replaced = eq && env_extra.count(std::string(*e, static_cast<size_t>(eq - *e)));
+      if (!replaced && std::strncmp(*e, "KCACHE_", 7) != 0 && std::strncmp(*e, "XDG_CONFIG_HOME=", 16) != 0)
+        c.env.push_back(*e);
+    }
     if (!env_extra.count("XDG_CONFIG_HOME")) c.env.push_back("XDG_CONFIG_HOME=" + tmp_.path() + "/xdg");
     for (const auto& [k, v] : env_extra) c.env.push_back(k + "=" + v);
     for (auto& a : c.args) c.argv.push_back(a.data());
