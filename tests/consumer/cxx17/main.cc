@@ -57,7 +57,7 @@ void put_get(const std::string& dir) {
     auto cache = kcache::Cache::open(options);
     check(cache->put(*key, {{"obj", kObject}}).has_value(), "put");
     check(holds_object(*cache, *key, kcache::Source::memory), "the bytes, from the memory tier");
-    cache->flush();
+    check(cache->flush().is_ok(), "flush");
   }
   check(holds_object(*kcache::Cache::open(options), *key, kcache::Source::disk),
         "the bytes after reopening, from the disk tier");
