@@ -61,7 +61,7 @@ std::string store_config_path(const std::string& dir);
 // What applying the settings did.
 struct AppliedSettings {
   // Bad values (invalid_argument, naming the file and line, the variable
-  // or the flag), unknown names in a file (invalid_argument), files that
+  // or the flag), lines of a file that set nothing (not_found), files that
   // cannot be read or are not trusted (unavailable), and KCACHE_* variables
   // that name no option (not_found, with the nearest known name). Not
   // options, and never reported: KCACHE_JOBS (BatchOptions::threads) and

@@ -384,4 +384,4 @@ def test_import_without_triton_says_what_to_install():
     code = "import sys; sys.modules['triton'] = None\nimport kcache.triton"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode != 0
-    assert "ImportError" in r.stderr and "pip install 'kcache[triton]'" in r.stderr, r.stderr
+    assert "ImportError" in r.stderr and "pip install 'kcache-jit[triton]'" in r.stderr, r.stderr

@@ -19,7 +19,7 @@ try:
 except ImportError as _e:  # pragma: no cover - depends on the environment
     raise ImportError(
         "kcache.triton needs Triton 3.0 or later, which is not installed here "
-        f"({_e}): pip install 'kcache[triton]'") from _e
+        f"({_e}): pip install 'kcache-jit[triton]'") from _e
 
 
 def _version(v: str) -> Tuple[int, ...]:
