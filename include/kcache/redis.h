@@ -67,7 +67,8 @@ using RedisCounters = RemoteCounters;
 //   max_entry_bytes      bytes, a whole number; 0: the default
 //   breaker_threshold, breaker_timeouts, write_queue_depth
 //                        a whole number; 0: the default
-//   read_only            1/0, true/false, yes/no or on/off
+//   read_only, shared_stats
+//                        1/0, true/false, yes/no or on/off
 //   key_prefix           any text
 // The HMAC secret is not among them: it is read from a file
 // (Options::remote_secret_file), never from a URL.

@@ -32,6 +32,12 @@
 //    `breaker_cooldown_ms`; then one call probes the server again;
 //  * put() only queues the write; a background thread sends it. A full
 //    queue drops the write (counted in TierStats::dropped);
+//  * statistics that outlive a process: every client that writes adds its
+//    hits, misses, puts, corrupt and rejected values (in all, and per key
+//    namespace) to counters the server keeps, sent by the same background
+//    thread about once a second and when the tier closes, never on the
+//    lookup's path; what is stored now is counted from the server's keys
+//    when asked (RemoteTier::server_stats, `kcache stats`);
 //  * the tier logs its own faults: one warn line per outage (the first
 //    failure after the server last answered), further failures of the same
 //    outage at info; a rejected or corrupt value once per key.
@@ -40,11 +46,13 @@
 // many threads at once.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "kcache/entry.h"
@@ -83,6 +91,44 @@ struct RemoteTierOptions {
   // Values carry a 16-bit id of the secret: values stored with another
   // secret are misses, said once, and never overwritten by this tier.
   std::string secret;
+  // Add this process's hits, misses, puts, corrupt and rejected values to
+  // the counters the server keeps for all its clients (RemoteServerStats).
+  // A read-only tier never sends them (it writes nothing).
+  bool shared_stats = true;
+};
+
+// What the server keeps for all its clients (`kcache stats`).
+struct RemoteServerStats {
+  // Entries stored now and the bytes of their values (framing included),
+  // counted from the server's keys when asked.
+  uint64_t entries = 0;
+  uint64_t bytes = 0;
+  // False when counting stopped at its time bound: entries and bytes are
+  // then those of the keys counted so far.
+  bool complete = true;
+  // Since when the shared counters count (their first write, or when they
+  // were last zeroed), Unix ms; 0: the server keeps none yet.
+  uint64_t since_unix_ms = 0;
+  // The shared counters: the fields of kShared, of every client that sends
+  // them (RemoteTierOptions::shared_stats); the other fields are 0.
+  TierStats counters;
+  static constexpr std::array<uint64_t TierStats::*, 5> kShared = {
+      &TierStats::hits, &TierStats::misses, &TierStats::puts, &TierStats::corrupt, &TierStats::rejected};
+  // The same per key namespace (an entry's manifest's), sorted by name.
+  struct Namespace {
+    std::string ns;
+    uint64_t hits = 0;
+    uint64_t puts = 0;
+    uint64_t put_bytes = 0;  // value bytes of those puts
+  };
+  std::vector<Namespace> namespaces;
+};
+
+// The values a server stores now (RemoteTransport::count_stored).
+struct RemoteStored {
+  uint64_t entries = 0;
+  uint64_t bytes = 0;
+  bool complete = true;  // false: counting stopped at its time bound
 };
 
 // Counters of a transport's routing (a clustered server).
@@ -156,6 +202,34 @@ class RemoteTransport {
   virtual Status remove(const Key& key) = 0;
 
   virtual TransportCounters counters() const { return {}; }
+
+  // ---- statistics kept by the server (optional; default: unavailable) ----
+  // Whether the calls below work on this server.
+  virtual bool keeps_stats() const noexcept { return false; }
+  // Adds each (name, amount) to the server's shared counters, and sets
+  // their start time ("since_ms") to now_unix_ms when none is set. Names
+  // are those of RemoteServerStats as the policy writes them ("hits",
+  // "ns:NAME:puts", ...).
+  virtual Status add_stats(const std::vector<std::pair<std::string, uint64_t>>& deltas, uint64_t now_unix_ms) {
+    (void)deltas;
+    (void)now_unix_ms;
+    return Status(Errc::unavailable, "this server keeps no statistics");
+  }
+  // Every shared counter by name, "since_ms" included.
+  virtual Expected<std::vector<std::pair<std::string, uint64_t>>> read_stats() {
+    return Status(Errc::unavailable, "this server keeps no statistics");
+  }
+  // Removes every shared counter and sets their start time.
+  virtual Status zero_stats(uint64_t now_unix_ms) {
+    (void)now_unix_ms;
+    return Status(Errc::unavailable, "this server keeps no statistics");
+  }
+  // Counts the values stored under this transport's naming, stopping after
+  // about budget_ms (RemoteStored::complete false).
+  virtual Expected<RemoteStored> count_stored(uint64_t budget_ms) {
+    (void)budget_ms;
+    return Status(Errc::unavailable, "this server cannot count its values");
+  }
 };
 
 // The lease records of a server: the lease of `key` is one record holding
@@ -197,6 +271,16 @@ class RemoteTier : public Tier {
   virtual RemoteCounters counters() const = 0;
   // Whether the circuit breaker skips the server now.
   virtual bool breaker_open() const = 0;
+  // What the server keeps for all its clients: the shared counters and
+  // the values stored now (counting stops after scan_budget_ms). Sends this
+  // process's unsent counts first. unavailable when the transport keeps no
+  // statistics; an error when the server cannot be asked.
+  virtual Expected<RemoteServerStats> server_stats(uint64_t scan_budget_ms) {
+    (void)scan_budget_ms;
+    return Status(Errc::unavailable, "this remote keeps no statistics");
+  }
+  // Zeroes the shared counters (refused, read_only, by a read-only tier).
+  virtual Status zero_server_stats() { return Status(Errc::unavailable, "this remote keeps no statistics"); }
 };
 
 // The remote's leases, made by make_remote() with its tier: one holder

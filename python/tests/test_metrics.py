@@ -113,3 +113,56 @@ def test_stats_compression_counts_what_zstd_saved(tmp_path):
     assert comp["entries"] == 3 and comp["compressed_entries"] == 3, comp
     assert comp["payload_bytes"] == 20000 + 19999 + 19998, comp
     assert 0 < comp["stored_bytes"] < comp["payload_bytes"] // 10, comp
+
+
+@needs_parser
+def test_a_remotes_counters_of_every_client_parse(tmp_path, redis):
+    """Two processes (this one and a child) write through one redis-server in
+    two namespaces; `stats` in a third folder shows the server's counts, and
+    both parsers accept the namespace families."""
+    def work(folder, ns, n, hits=0):
+        with kcache.Cache(str(tmp_path / folder), memory=False, remote=redis.url) as c:
+            for i in range(n):
+                c.put(kcache.key(ns, n=i), {"obj": b"y" * 500})
+            for i in range(hits):
+                assert c.get(kcache.key(ns, n=i)) is not None
+            c.flush()
+    work("a", "metrics-alpha/1", 3)
+    child = subprocess.run(
+        [os.sys.executable, "-c",
+         "import kcache, sys\n"
+         "with kcache.Cache(sys.argv[1], memory=False, remote=sys.argv[2]) as c:\n"
+         "    [c.put(kcache.key('metrics-beta/1', n=i), {'obj': b'z' * 700}) for i in range(2)]\n"
+         "    c.flush()\n",
+         str(tmp_path / "b"), redis.url], capture_output=True, text=True, timeout=120)
+    assert child.returncode == 0, child.stderr
+    # Hits through the remote alone: a folder that has nothing.
+    work("c", "metrics-alpha/1", 0, hits=0)
+    with kcache.Cache(str(tmp_path / "d"), memory=False, remote=redis.url) as c:
+        assert c.get(kcache.key("metrics-alpha/1", n=0)) is not None
+        assert c.get(kcache.key("metrics-alpha/1", n=77)) is None
+
+    def stats(fmt):
+        env = {k: v for k, v in os.environ.items() if not k.startswith("KCACHE_")}
+        env["KCACHE_DIR"] = str(tmp_path / "e")
+        env["KCACHE_REMOTE"] = redis.url
+        p = subprocess.run([_tool(), "stats", "--format", fmt], capture_output=True, text=True, env=env, timeout=60)
+        assert p.returncode == 0, p.stderr
+        return p.stdout
+    om = _by_family(parse_openmetrics(stats("openmetrics")))
+    prom = _by_family(parse_prometheus(stats("prometheus")))
+
+    def remote(fams, family, sample, **labels):
+        (s,) = [s for s in fams[family].samples
+                if s.name == sample and s.labels["kind"] == "remote" and labels.items() <= s.labels.items()]
+        return s.value
+    for fams in (om, prom):
+        assert remote(fams, "kcache_puts", "kcache_puts_total") == 5
+        assert remote(fams, "kcache_hits", "kcache_hits_total") == 1
+        assert remote(fams, "kcache_misses", "kcache_misses_total") == 1
+        assert remote(fams, "kcache_entries", "kcache_entries") == 5
+        assert fams["kcache_namespace_puts"].type == "counter"
+        assert remote(fams, "kcache_namespace_puts", "kcache_namespace_puts_total", namespace="metrics-alpha/1") == 3
+        assert remote(fams, "kcache_namespace_puts", "kcache_namespace_puts_total", namespace="metrics-beta/1") == 2
+        assert remote(fams, "kcache_namespace_hits", "kcache_namespace_hits_total", namespace="metrics-alpha/1") == 1
+    assert remote(om, "kcache_namespace_puts", "kcache_namespace_puts_created", namespace="metrics-beta/1") > 1.7e9

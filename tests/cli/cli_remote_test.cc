@@ -222,6 +222,129 @@ TEST_P(CliRemoteTest, SignedValuesNeedTheSameSecret) {
   EXPECT_FALSE(in_redis(key_of(37)));
 }
 
+// The server keeps statistics for every client: two writer processes at a
+// time (their own cache folders, two namespaces) add their hits, misses and
+// puts to counters on the server, and a third process in a fresh folder
+// reads them, with the values stored counted on the server itself (not a
+// lease, not a foreign key), in text, JSON and OpenMetrics that the real
+// parser's rules accept; --zero zeroes them; shared_stats=0 sends nothing.
+TEST_P(CliRemoteTest, TheServerKeepsStatisticsOfEveryClient) {
+  auto env = remote_env();
+  auto manifest = [&](const std::string& ns, int i) {
+    std::string p = file("m-" + ns + std::to_string(i) + ".json");
+    spit(p, "{\"namespace\": \"" + ns + "\", \"items\": [{\"name\": \"i\", \"type\": \"string\", \"digest\": \"" +
+                std::string(31, '0') + std::to_string(i % 10) + "\"}]}");
+    return p;
+  };
+  spit(file("obj"), binary_payload(7, 3000));
+  // Two writers at once, six rounds: each round one `put` in each folder,
+  // started together.
+  // Each put prints "stored HEX: ..." to its own file.
+  auto spawn = [&](const std::string& folder, std::vector<std::string> args, const std::string& out) {
+    Command c = command(folder, std::move(args), env);
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 1, out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
+    pid_t pid = -1;
+    EXPECT_EQ(posix_spawn(&pid, KCACHE_CLI, &fa, nullptr, c.argv.data(), c.envp.data()), 0);
+    posix_spawn_file_actions_destroy(&fa);
+    return pid;
+  };
+  auto reap = [](pid_t pid) {
+    int status = 0;
+    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+  };
+  std::vector<std::string> stored;  // the keys' hex
+  for (int i = 0; i < 6; ++i) {
+    std::string oa = file("put-a" + std::to_string(i)), ob = file("put-b" + std::to_string(i));
+    pid_t a = spawn(file("cache-a"), {"put", "--manifest", manifest("alpha", i), "obj=" + file("obj")}, oa);
+    pid_t b = spawn(file("cache-b"), {"put", "--manifest", manifest("beta", i + 10), "obj=" + file("obj")}, ob);
+    ASSERT_EQ(reap(a), 0);
+    ASSERT_EQ(reap(b), 0);
+    for (const auto& o : {oa, ob}) {
+      std::string text = slurp(o);
+      ASSERT_EQ(text.rfind("stored ", 0), 0u) << text;
+      stored.push_back(text.substr(7, 32));
+    }
+  }
+  // Lookups through the remote from folders that have nothing: 2 hits
+  // (of an alpha entry), 1 miss.
+  Key alpha0 = *Digest::from_hex(stored[0]);
+  for (int i : {0, 1}) {
+    Result g = run_in(file("cache-d" + std::to_string(i)), {"get", "--key", alpha0.hex(), "--artifact", "obj"}, env);
+    EXPECT_EQ(g.rc, 0) << g.err;
+  }
+  EXPECT_EQ(run_in(file("cache-e"), {"get", "--key", key_of(99).hex(), "--artifact", "obj"}, env).rc, 1);
+  // Keys of the server that are not values.
+  RedisClient redis("127.0.0.1", server_->port());
+  EXPECT_EQ(redis.str({"SET", "kcache:{" + key_of(98).hex() + "}:lease", "someone"}), "OK");
+  EXPECT_EQ(redis.str({"SET", "kcache:unrelated", "x"}), "OK");
+  long long value_bytes = 0;
+  for (const auto& hex : stored) value_bytes += std::stoll(redis.str({"STRLEN", "kcache:{" + hex + "}"}));
+  ASSERT_GT(value_bytes, 12 * 3000);
+
+  // The third process, in a folder of its own.
+  Result r = run_in(file("cache-f"), {"stats", "--json"}, env);
+  ASSERT_EQ(r.rc, 0) << r.err;
+  size_t at = r.out.find("\"server\":{");
+  ASSERT_NE(at, std::string::npos) << r.out;
+  std::string srv = r.out.substr(at, r.out.find("\"stats\":", at) - at);
+  EXPECT_EQ(json_num(srv, "entries"), 12) << srv;
+  EXPECT_EQ(json_num(srv, "bytes"), value_bytes) << srv;
+  EXPECT_NE(srv.find("\"complete\":true"), std::string::npos) << srv;
+  EXPECT_EQ(json_num(srv, "puts"), 12) << srv;
+  EXPECT_EQ(json_num(srv, "hits"), 2) << srv;
+  EXPECT_EQ(json_num(srv, "misses"), 1) << srv;
+  EXPECT_GT(json_num(srv, "counters_since_ms"), 1700000000000LL) << srv;
+  std::string alpha = srv.substr(srv.find("{\"namespace\":\"alpha\""));
+  EXPECT_EQ(json_num(alpha, "hits"), 2) << srv;
+  EXPECT_EQ(json_num(alpha, "puts"), 6) << srv;
+  std::string beta = srv.substr(srv.find("{\"namespace\":\"beta\""));
+  EXPECT_EQ(json_num(beta, "hits"), 0) << srv;
+  EXPECT_EQ(json_num(beta, "puts"), 6) << srv;
+  EXPECT_EQ(json_num(alpha, "put_bytes") + json_num(beta, "put_bytes"), value_bytes) << srv;
+  r = run_in(file("cache-f"), {"stats"}, env);
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("  stored    12 entries, "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("  clients   2 hits, 1 misses, 12 puts, 0 corrupt, 0 rejected (every client, since "),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("  namespace alpha: 2 hits, 6 puts ("), std::string::npos) << r.out;
+  r = run_in(file("cache-f"), {"stats", "--format", "openmetrics"}, env);
+  ASSERT_EQ(r.rc, 0) << r.err;
+  Exposition m = parse_exposition(r.out);
+  ASSERT_EQ(m.error, "") << r.out;
+  EXPECT_EQ(m.value("kcache_puts_total", {{"tier", "redis"}}), 12);
+  EXPECT_EQ(m.value("kcache_entries", {{"tier", "redis"}}), 12);
+  EXPECT_EQ(m.value("kcache_bytes", {{"tier", "redis"}}), static_cast<double>(value_bytes));
+  EXPECT_EQ(m.value("kcache_namespace_puts_total", {{"tier", "redis"}, {"namespace", "beta"}}), 6);
+  EXPECT_EQ(m.value("kcache_namespace_hits_total", {{"tier", "redis"}, {"namespace", "alpha"}}), 2);
+  EXPECT_GT(m.value("kcache_puts_created", {{"tier", "redis"}}), 1.7e9);
+  EXPECT_EQ(m.value("kcache_errors_created", {{"tier", "redis"}}), -1) << "errors are this process's own";
+
+  // --zero: printed, then zeroed; what is stored stays.
+  r = run_in(file("cache-f"), {"stats", "--json", "--zero"}, env);
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("\"zeroed\":true,\"namespaces\""), std::string::npos) << r.out;
+  r = run_in(file("cache-f"), {"stats", "--json"}, env);
+  srv = r.out.substr(r.out.find("\"server\":{"));
+  EXPECT_EQ(json_num(srv, "entries"), 12) << srv;
+  EXPECT_EQ(json_num(srv, "puts"), 0) << srv;
+  EXPECT_EQ(json_num(srv, "hits"), 0) << srv;
+  EXPECT_EQ(srv.find("\"namespace\":"), std::string::npos) << srv;
+
+  // shared_stats=0: this client's counts stay its own.
+  auto quiet = env;
+  quiet["KCACHE_REMOTE"] = server_->url() + "?shared_stats=0";
+  EXPECT_EQ(run_in(file("cache-g"), {"get", "--key", alpha0.hex(), "--artifact", "obj"}, quiet).rc, 0);
+  EXPECT_EQ(run_in(file("cache-h"), {"get", "--key", alpha0.hex(), "--artifact", "obj"}, env).rc, 0);
+  r = run_in(file("cache-f"), {"stats", "--json"}, env);
+  srv = r.out.substr(r.out.find("\"server\":{"));
+  EXPECT_EQ(json_num(srv, "hits"), 1) << srv;
+}
+
 INSTANTIATE_TEST_SUITE_P(Engines, CliRemoteTest, ::testing::ValuesIn(engine_names()),
                          [](const auto& info) { return info.param; });
 

@@ -71,10 +71,11 @@ TEST(RemoteOptions, EachNameIsAcceptedAndSetsItsField) {
     const char* name;
     const char* value;
   };
-  for (const Case& c : {Case{"connect_timeout_ms", "11"}, Case{"command_timeout_ms", "12"}, Case{"ttl_ms", "13"},
-                        Case{"read_only", "on"}, Case{"max_entry_bytes", "14"}, Case{"breaker_threshold", "15"},
-                        Case{"breaker_timeouts", "16"}, Case{"breaker_cooldown_ms", "17"},
-                        Case{"write_queue_depth", "18"}, Case{"key_prefix", "team:{x}:"}}) {
+  for (const Case& c :
+       {Case{"connect_timeout_ms", "11"}, Case{"command_timeout_ms", "12"}, Case{"ttl_ms", "13"},
+        Case{"read_only", "on"}, Case{"max_entry_bytes", "14"}, Case{"breaker_threshold", "15"},
+        Case{"breaker_timeouts", "16"}, Case{"breaker_cooldown_ms", "17"}, Case{"write_queue_depth", "18"},
+        Case{"shared_stats", "off"}, Case{"key_prefix", "team:{x}:"}}) {
     Status st = set_remote_option(&o, c.name, c.value);
     EXPECT_TRUE(st.is_ok()) << c.name << ": " << st.to_string();
   }
@@ -87,8 +88,9 @@ TEST(RemoteOptions, EachNameIsAcceptedAndSetsItsField) {
   EXPECT_EQ(o.breaker_timeouts, 16u);
   EXPECT_EQ(o.breaker_cooldown_ms, 17u);
   EXPECT_EQ(o.write_queue_depth, 18u);
+  EXPECT_FALSE(o.shared_stats);
   EXPECT_EQ(o.key_prefix, "team:{x}:");
-  EXPECT_EQ(remote_option_names().size(), 10u);
+  EXPECT_EQ(remote_option_names().size(), 11u);
   // Every boolean spelling, both ways.
   for (const char* yes : {"1", "true", "yes", "on"}) {
     o.read_only = false;
@@ -155,7 +157,7 @@ TEST(RemoteOptions, BadValuesAndUnknownNamesAreRejectedWithTheExpectedForm) {
   EXPECT_EQ(st.message(),
             "unknown remote option 'timeout' (known: connect_timeout_ms, command_timeout_ms, ttl_ms, read_only, "
             "max_entry_bytes, breaker_threshold, breaker_timeouts, breaker_cooldown_ms, write_queue_depth, "
-            "key_prefix)");
+            "shared_stats, key_prefix)");
   // The secret is never read from a URL.
   EXPECT_FALSE(set_remote_option(&o, "secret", "s").is_ok());
   EXPECT_TRUE(o.secret.empty());

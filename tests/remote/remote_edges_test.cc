@@ -303,5 +303,77 @@ TEST(RemoteEdges, AServerThatRefusesLeaseScriptsIsOneLineAndNoBreaker) {
   remote->leases->release(key_of(99));
 }
 
+// Statistics every client adds to on the server: a server that refuses
+// them (an ACL without HINCRBY) is one line, no breaker, and lookups and
+// writes go on; a read-only tier sends none; two clients' counts add up,
+// and what is stored is counted on the server (a lease is not a value).
+TEST(RemoteEdges, SharedStatisticsAddUpAndARefusalIsOneLine) {
+  TempDir d;
+  START_REDIS(srv, d);
+  RedisClient admin("127.0.0.1", srv.port());
+  const std::string url = "redis://127.0.0.1:" + std::to_string(srv.port());
+  {
+    auto a = make_redis_remote(url), b = make_redis_remote(url);
+    ASSERT_TRUE(a.has_value() && b.has_value());
+    for (uint64_t i = 1; i <= 4; ++i) ASSERT_TRUE(a->tier->put(make_entry(i)).is_ok());
+    ASSERT_TRUE(a->tier->flush().is_ok());
+    for (uint64_t i = 1; i <= 6; ++i) {
+      auto g = b->tier->get(key_of(i));
+      ASSERT_TRUE(g.has_value());
+      EXPECT_EQ(g->has_value(), i <= 4);
+    }
+    ASSERT_EQ(b->leases->acquire(key_of(50), 10000), LeaseResult::acquired);
+    auto s = a->tier->server_stats(5000);  // sends a's counts first, not b's
+    ASSERT_TRUE(s.has_value()) << s.error().to_string();
+    EXPECT_EQ(s->entries, 4u);
+    EXPECT_TRUE(s->complete);
+    EXPECT_EQ(s->counters.puts, 4u);
+    uint64_t bytes = 0;
+    for (uint64_t i = 1; i <= 4; ++i) bytes += std::stoull(admin.str({"STRLEN", "kcache:{" + key_of(i).hex() + "}"}));
+    EXPECT_EQ(s->bytes, bytes);
+    s = b->tier->server_stats(5000);
+    ASSERT_TRUE(s.has_value());
+    EXPECT_EQ(s->counters.puts, 4u);
+    EXPECT_EQ(s->counters.hits, 4u);
+    EXPECT_EQ(s->counters.misses, 2u);
+    EXPECT_GT(s->since_unix_ms, 0u);
+    b->leases->release(key_of(50));
+  }
+  // Read-only: nothing sent.
+  ASSERT_EQ(admin.str({"DEL", "kcache:stats"}), "1");
+  {
+    RedisTierOptions ro;
+    ro.read_only = true;
+    auto r = make_redis_remote(url, ro);
+    ASSERT_TRUE(r.has_value());
+    for (uint64_t i = 1; i <= 3; ++i) ASSERT_TRUE(r->tier->get(key_of(i)).has_value());
+    EXPECT_EQ(r->tier->zero_server_stats().code(), Errc::read_only);
+  }
+  EXPECT_EQ(admin.str({"EXISTS", "kcache:stats"}), "0") << "a read-only tier wrote statistics";
+
+  // Refused: one line, no breaker, the rest works.
+  ASSERT_EQ(admin.str({"ACL", "SETUSER", "nostats", "on", ">pw", "~*", "+@all", "-hincrby"}), "OK");
+  const std::string log = d.path() + "/stats.log";
+  {
+    LogTo to(log);
+    auto r = make_redis_remote("redis://nostats:pw@127.0.0.1:" + std::to_string(srv.port()));
+    ASSERT_TRUE(r.has_value());
+    for (uint64_t i = 1; i <= 10; ++i) {
+      ASSERT_TRUE(r->tier->put(make_entry(100 + i)).is_ok());
+      ASSERT_TRUE(r->tier->flush().is_ok());
+      auto g = r->tier->get(key_of(100 + i));
+      ASSERT_TRUE(g.has_value() && g->has_value());
+      if (i == 5) (void)r->tier->server_stats(1000);  // a send now, refused
+    }
+    EXPECT_FALSE(r->tier->breaker_open());
+    EXPECT_EQ(r->tier->counters().breaker_opens, 0u);
+    EXPECT_EQ(r->tier->stats().puts, 10u);
+    EXPECT_EQ(r->tier->stats().hits, 10u);
+  }  // closing sends nothing more
+  auto lines = log_lines(log);
+  EXPECT_EQ(lines.size(), 1u) << joined(lines);
+  EXPECT_EQ(log_lines(log, "refuses statistics").size(), 1u) << joined(lines);
+}
+
 }  // namespace
 }  // namespace kcache::test

@@ -21,6 +21,7 @@
 #include "kcache/key.h"
 #include "kcache/manifest.h"
 #include "kcache/options.h"
+#include "kcache/remote.h"
 #include "kcache/status.h"
 #include "kcache/tier.h"
 
@@ -207,6 +208,11 @@ struct MetricsTier {
   bool probed = false;  // a probe lookup was made (the remote)
   bool up = false;
   double latency_s = 0;
+  // The counts are every client's, kept by the server (the remote), since
+  // counters_since_ms (0: unknown), with their namespaces.
+  bool shared = false;
+  uint64_t counters_since_ms = 0;
+  std::vector<RemoteServerStats::Namespace> namespaces = {};
 };
 struct MetricsInput {
   std::string store;  // the store's path, the `store` label

@@ -12,6 +12,7 @@
 
 #include "cli.h"
 #include "kcache/evict.h"
+#include "kcache/remote.h"
 #include "lease/table_layout.h"
 #include "util/json.h"
 #include "util/util.h"
@@ -94,6 +95,10 @@ uint64_t disk_used(const DiskStore& where) {
 // them (written to PATH.zeroed, beside the store's miss journal), else when
 // the store was made (its folder's birth time, where the file system keeps
 // one). unix_ms 0: not known.
+// How long `stats` counts the values a remote stores before it says how
+// many it counted so far.
+constexpr uint64_t kServerScanBudgetMs = 5000;
+
 struct CountersSince {
   uint64_t unix_ms = 0;
   const char* how = "unknown";  // "zeroed", "created" or "unknown"
@@ -160,7 +165,8 @@ int cmd_stats(Ctx& c) {
   uint64_t lookups = t.hits + t.misses;
   double rate = lookups ? static_cast<double>(t.hits) / static_cast<double>(lookups) : 0.0;
   // Every tier after the disk store: the remote (its counters are this
-  // process's own, so mostly zero here; the server keeps none).
+  // process's own, so mostly zero here; what the server keeps for all its
+  // clients is `server` below).
   std::vector<std::pair<std::shared_ptr<Tier>, TierStats>> others;
   for (const auto& tier : s.cache->tiers())
     if (tier != s.disk) others.emplace_back(tier, tier->stats());
@@ -171,6 +177,22 @@ int cmd_stats(Ctx& c) {
   std::string remote_down;
   if (!s.options.remote_url.empty() && !s.remote) remote_down = "not set up: " + s.remote_error.to_string();
   if (probe && !probe->ok) remote_down = "unreachable: " + probe->error;
+  // What the server keeps for every client: its counters and a count of
+  // its values (read before --zero zeroes the counters).
+  std::optional<RemoteServerStats> server;
+  std::string server_error;
+  bool server_zeroed = false;
+  if (auto rt = std::dynamic_pointer_cast<RemoteTier>(s.remote); rt && probe && probe->ok) {
+    if (auto r = rt->server_stats(kServerScanBudgetMs))
+      server = std::move(r).value();
+    else
+      server_error = r.error().to_string();
+    if (zero && server && rt->writable()) {
+      if (Status st = rt->zero_server_stats(); !st.is_ok())
+        return c.fail(kExitError, "zeroing the counters of " + std::string(rt->name()) + ": " + st.to_string());
+      server_zeroed = true;
+    }
+  }
   if (metrics) {
     MetricsInput m;
     m.store = s.where.path;
@@ -191,6 +213,16 @@ int cmd_stats(Ctx& c) {
         mt.probed = true;
         mt.up = probe->ok;
         mt.latency_s = static_cast<double>(probe->rtt_us) / 1e6;
+      }
+      if (tier == s.remote && server) {
+        // Every client's counts and the values stored, in place of this
+        // process's own (which are about zero).
+        for (auto f : RemoteServerStats::kShared) mt.stats.*f = server->counters.*f;
+        mt.stats.entries = server->entries;
+        mt.stats.bytes = server->bytes;
+        mt.shared = true;
+        mt.counters_since_ms = server->since_unix_ms;
+        mt.namespaces = server->namespaces;
       }
       m.tiers.push_back(std::move(mt));
     }
@@ -237,6 +269,28 @@ int cmd_stats(Ctx& c) {
         w.field("reachable", probe->ok).field("rtt_us", probe->rtt_us);
         if (!probe->ok) w.field("error", probe->error);
       }
+      if (tier == s.remote && server) {
+        w.key("server")
+            .begin_object()
+            .field("entries", server->entries)
+            .field("bytes", server->bytes)
+            .field("complete", server->complete)
+            .field("counters_since_ms", server->since_unix_ms);
+        for (auto f : RemoteServerStats::kShared)
+          for (const auto& fd : TierStats::kFields)
+            if (fd.member == f) w.field(fd.name, server->counters.*f);
+        w.field("zeroed", server_zeroed).key("namespaces").begin_array();
+        for (const auto& n : server->namespaces)
+          w.begin_object()
+              .field("namespace", n.ns)
+              .field("hits", n.hits)
+              .field("puts", n.puts)
+              .field("put_bytes", n.put_bytes)
+              .end_object();
+        w.end_array().end_object();
+      } else if (tier == s.remote && !server_error.empty()) {
+        w.field("server_error", server_error);
+      }
       w.key("stats").raw(tier_stats_json(ts)).end_object();
     }
     w.end_array();
@@ -276,6 +330,22 @@ int cmd_stats(Ctx& c) {
                         : "UNREACHABLE (" + probe->error + "); ";
     out += fmt("%-11s %s: %s%s (this process)\n", std::string(tier_kind_name(tier->kind())).c_str(),
                std::string(tier->name()).c_str(), state.c_str(), counts.c_str());
+    if (tier != s.remote) continue;
+    if (server) {
+      const TierStats& sc = server->counters;
+      out += fmt("  stored    %s%" PRIu64 " entries, %s (counted on the server)\n", server->complete ? "" : "at least ",
+                 server->entries, util::format_size(server->bytes).c_str());
+      out += fmt("  clients   %" PRIu64 " hits, %" PRIu64 " misses, %" PRIu64 " puts, %" PRIu64 " corrupt, %" PRIu64
+                 " rejected (every client%s)\n",
+                 sc.hits, sc.misses, sc.puts, sc.corrupt, sc.rejected,
+                 server->since_unix_ms ? (", since " + format_time(server->since_unix_ms)).c_str() : "");
+      for (const auto& n : server->namespaces)
+        out += fmt("  namespace %s: %" PRIu64 " hits, %" PRIu64 " puts (%s)\n", n.ns.c_str(), n.hits, n.puts,
+                   util::format_size(n.put_bytes).c_str());
+      if (server_zeroed) out += "  clients' counters zeroed\n";
+    } else if (!server_error.empty()) {
+      out += "  server statistics not read: " + server_error + "\n";
+    }
   }
   if (!s.options.remote_url.empty() && !s.remote)
     out += "remote      NOT SET UP (" + s.remote_error.to_string() + ")\n";

@@ -7,6 +7,7 @@
 // collector (which reads 0.0.4):
 //   kcache stats --format prometheus > /var/lib/node_exporter/kcache.prom.$$ &&
 //     mv /var/lib/node_exporter/kcache.prom.$$ /var/lib/node_exporter/kcache.prom
+#include <algorithm>
 #include <cinttypes>
 #include <string>
 #include <vector>
@@ -88,10 +89,42 @@ std::string metrics_text(const MetricsInput& in, MetricsFormat format) {
     for (const auto& t : in.tiers) {
       out += fmt("kcache_%s%s %" PRIu64 "\n", sample_name(fm.family).c_str(), labels(t).c_str(), t.stats.*fm.member);
       // OpenMetrics' _created: when the disk store's counters started
-      // (made or zeroed); other tiers count for this process only.
-      if (om && counter && t.kind == "disk" && in.counters_since_ms)
-        out += fmt("kcache_%s_created%s %.3f\n", fm.family.name, labels(t).c_str(),
-                   static_cast<double>(in.counters_since_ms) / 1000.0);
+      // (made or zeroed), or the server's counters of every client; a
+      // remote's own counts are this process's only.
+      const bool kept = std::find(RemoteServerStats::kShared.begin(), RemoteServerStats::kShared.end(), fm.member) !=
+                        RemoteServerStats::kShared.end();
+      const uint64_t created = t.kind == "disk" ? in.counters_since_ms : t.shared && kept ? t.counters_since_ms : 0;
+      if (om && counter && created)
+        out +=
+            fmt("kcache_%s_created%s %.3f\n", fm.family.name, labels(t).c_str(), static_cast<double>(created) / 1000.0);
+    }
+  }
+  // Per key namespace, what the server keeps for every client.
+  const struct {
+    Family family;
+    uint64_t RemoteServerStats::Namespace::*member;
+  } kNamespaceMetrics[] = {
+      {{"namespace_hits", "counter", "Hits of the namespace's entries, every client of the tier."},
+       &RemoteServerStats::Namespace::hits},
+      {{"namespace_puts", "counter", "Entries of the namespace written to the tier, every client."},
+       &RemoteServerStats::Namespace::puts},
+      {{"namespace_put_bytes", "counter", "Bytes of the namespace's entries written to the tier, every client."},
+       &RemoteServerStats::Namespace::put_bytes},
+  };
+  bool any_namespace = false;
+  for (const auto& t : in.tiers) any_namespace = any_namespace || !t.namespaces.empty();
+  if (any_namespace) {
+    for (const auto& nm : kNamespaceMetrics) {
+      family(nm.family);
+      for (const auto& t : in.tiers)
+        for (const auto& n : t.namespaces) {
+          std::string l = labels(t);
+          l.insert(l.size() - 1, ",namespace=\"" + escape_label(n.ns) + "\"");
+          out += fmt("kcache_%s%s %" PRIu64 "\n", sample_name(nm.family).c_str(), l.c_str(), n.*nm.member);
+          if (om && t.counters_since_ms)
+            out += fmt("kcache_%s_created%s %.3f\n", nm.family.name, l.c_str(),
+                       static_cast<double>(t.counters_since_ms) / 1000.0);
+        }
     }
   }
   const std::string store = "{store=\"" + escape_label(in.store) + "\"}";

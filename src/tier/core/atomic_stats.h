@@ -20,6 +20,8 @@ class AtomicTierStats {
     return v_[index(field)].fetch_add(n, std::memory_order_relaxed);
   }
   uint64_t get(uint64_t TierStats::*field) const noexcept { return v_[index(field)].load(std::memory_order_relaxed); }
+  // The count of `field`, set back to 0.
+  uint64_t take(uint64_t TierStats::*field) noexcept { return v_[index(field)].exchange(0, std::memory_order_relaxed); }
   TierStats snapshot() const noexcept {
     TierStats s;
     for (size_t i = 0; i < TierStats::kFields.size(); ++i)

@@ -25,19 +25,21 @@
 //    asked GETRANGE key 0 bound instead, for the life of the transport: at
 //    most bound + 1 bytes of an oversized value travel, and the refusal is
 //    one log line, never an error of the call.
-//  * URL: redis://[:password@]host[:port][/db][?option=value&...] and
-//    redis+cluster://host:port[,host:port...][?...]; each option of the
-//    query goes through set_remote_option, whose one table (kRemoteOptions)
-//    names every option, its form and the field it sets.
+//  * Statistics: one hash (PREFIX stats) of counters that every client
+//    adds to (HINCRBY, pipelined) and reads (HGETALL); the values stored
+//    are counted by SCAN over value names only and STRLEN of each.
+//  * URL: parsed in redis_url.cc (redis_url.h), the one table of options
+//    with it.
 //
-// One concept, the Redis transport: the node pools, the slot routing, the
-// bounded reads and the URL all serve the one object behind the value
-// store and lease backend interfaces; nothing here is policy, and nothing
-// is used without the rest.
+// One concept, the Redis transport: the node pools, the slot routing and
+// the bounded reads all serve the one object behind the value store and
+// lease backend interfaces; nothing here is policy, and nothing is used
+// without the rest.
 #include <hiredis/hiredis.h>
 #include <sys/time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cctype>
@@ -51,6 +53,7 @@
 #include <unordered_map>
 
 #include "kcache/redis.h"
+#include "tier/redis/redis_url.h"
 #include "util/util.h"
 
 namespace kcache {
@@ -71,125 +74,10 @@ uint16_t redis_key_slot(std::string_view key) noexcept {
 
 namespace {
 
-bool parse_u64(std::string_view s, uint64_t* out) {
-  if (s.empty()) return false;
-  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), *out);
-  return ec == std::errc() && p == s.data() + s.size();
-}
-
-// ---- remote options: one table ------------------------------------------------
-
-// A number's 0 means what it means in RemoteTierOptions (kcache/options.h,
-// "Zero and defaults"): the default, or for ttl_ms no expiry.
-enum class OptionForm {
-  millis,     // whole milliseconds
-  expiry_ms,  // whole milliseconds, 0: no expiry
-  bytes,      // whole bytes
-  count,      // a whole number up to UINT_MAX
-  flag,       // 1/0, true/false, yes/no, on/off
-  text,       // anything
-};
-
-struct OptionValue {
-  uint64_t n = 0;
-  bool flag = false;
-  std::string_view text;
-};
-
-struct RemoteOption {
-  std::string_view name;
-  OptionForm form;
-  void (*set)(RedisTierOptions* o, const OptionValue& v);
-};
-
-constexpr RemoteOption kRemoteOptions[] = {
-    {"connect_timeout_ms", OptionForm::millis,
-     [](RedisTierOptions* o, const OptionValue& v) { o->connect_timeout_ms = v.n; }},
-    {"command_timeout_ms", OptionForm::millis,
-     [](RedisTierOptions* o, const OptionValue& v) { o->command_timeout_ms = v.n; }},
-    {"ttl_ms", OptionForm::expiry_ms, [](RedisTierOptions* o, const OptionValue& v) { o->ttl_ms = v.n; }},
-    {"read_only", OptionForm::flag, [](RedisTierOptions* o, const OptionValue& v) { o->read_only = v.flag; }},
-    {"max_entry_bytes", OptionForm::bytes, [](RedisTierOptions* o, const OptionValue& v) { o->max_entry_bytes = v.n; }},
-    {"breaker_threshold", OptionForm::count,
-     [](RedisTierOptions* o, const OptionValue& v) { o->breaker_threshold = static_cast<unsigned>(v.n); }},
-    {"breaker_timeouts", OptionForm::count,
-     [](RedisTierOptions* o, const OptionValue& v) { o->breaker_timeouts = static_cast<unsigned>(v.n); }},
-    {"breaker_cooldown_ms", OptionForm::millis,
-     [](RedisTierOptions* o, const OptionValue& v) { o->breaker_cooldown_ms = v.n; }},
-    {"write_queue_depth", OptionForm::count,
-     [](RedisTierOptions* o, const OptionValue& v) { o->write_queue_depth = static_cast<unsigned>(v.n); }},
-    {"key_prefix", OptionForm::text,
-     [](RedisTierOptions* o, const OptionValue& v) { o->key_prefix = std::string(v.text); }},
-};
-
-// What a value of `form` looks like, for error messages.
-std::string_view form_text(OptionForm form) {
-  switch (form) {
-    case OptionForm::millis:
-      return "a whole number of milliseconds, e.g. 250 (0: the default)";
-    case OptionForm::expiry_ms:
-      return "a whole number of milliseconds (0: no expiry)";
-    case OptionForm::bytes:
-      return "a whole number of bytes, e.g. 67108864 (0: the default)";
-    case OptionForm::count:
-      return "a whole number up to 4294967295 (0: the default)";
-    case OptionForm::flag:
-      return "1/0, true/false, yes/no or on/off";
-    case OptionForm::text:
-      return "text";
-  }
-  return "";
-}
-
-// The value of `text` in `form`, or nullopt when it has another form.
-std::optional<OptionValue> parse_option(OptionForm form, std::string_view text) {
-  OptionValue v;
-  v.text = text;
-  switch (form) {
-    case OptionForm::text:
-      return v;
-    case OptionForm::flag: {
-      auto b = util::parse_bool(text);
-      if (!b) return std::nullopt;
-      v.flag = *b;
-      return v;
-    }
-    case OptionForm::millis:
-    case OptionForm::expiry_ms:
-    case OptionForm::bytes:
-      if (!parse_u64(text, &v.n)) return std::nullopt;
-      return v;
-    case OptionForm::count:
-      if (!parse_u64(text, &v.n) || v.n > UINT_MAX) return std::nullopt;
-      return v;
-  }
-  return std::nullopt;
-}
-
-}  // namespace
-
-std::vector<std::string_view> remote_option_names() {
-  std::vector<std::string_view> names;
-  for (const auto& opt : kRemoteOptions) names.push_back(opt.name);
-  return names;
-}
-
-Status set_remote_option(RedisTierOptions* o, std::string_view name, std::string_view value) {
-  for (const auto& opt : kRemoteOptions) {
-    if (opt.name != name) continue;
-    auto v = parse_option(opt.form, value);
-    if (!v)
-      return Status(Errc::invalid_argument,
-                    "remote option " + std::string(name) + " wants " + std::string(form_text(opt.form)));
-    opt.set(o, *v);
-    return Status();
-  }
-  std::string known;
-  for (const auto& opt : kRemoteOptions) known += (known.empty() ? "" : ", ") + std::string(opt.name);
-  return Status(Errc::invalid_argument, "unknown remote option '" + std::string(name) + "' (known: " + known + ")");
-}
-
-namespace {
+using redis_url::Endpoint;
+using redis_url::parse_u64;
+using redis_url::parse_url;
+using redis_url::ParsedUrl;
 
 constexpr size_t kPipelineBatch = 128;
 constexpr int kMaxRedirects = 5;
@@ -226,113 +114,6 @@ class ReplyBuffer final : public Buffer {
   Reply r_;
   size_t off_;
 };
-
-struct Endpoint {
-  std::string host;
-  int port = 6379;
-};
-
-struct ParsedUrl {
-  bool cluster = false;
-  std::vector<Endpoint> seeds;
-  std::string user, password;
-  int db = 0;
-  RedisTierOptions opt;
-};
-
-Status bad_url(const std::string& url, const std::string& why) {
-  // The URL may hold a password: name only the problem.
-  (void)url;
-  return Status(Errc::invalid_argument, "redis URL: " + why);
-}
-
-Status apply_query(std::string_view q, RedisTierOptions* o, const std::string& url) {
-  while (!q.empty()) {
-    auto amp = q.find('&');
-    std::string_view kv = q.substr(0, amp);
-    q = amp == std::string_view::npos ? std::string_view() : q.substr(amp + 1);
-    if (kv.empty()) continue;
-    auto eq = kv.find('=');
-    if (eq == std::string_view::npos)
-      return bad_url(url, "option " + std::string(kv) + " has no value (write " + std::string(kv) + "=value)");
-    Status st = set_remote_option(o, kv.substr(0, eq), kv.substr(eq + 1));
-    if (!st.is_ok()) return bad_url(url, st.message());
-  }
-  return Status();
-}
-
-Expected<ParsedUrl> parse_url(const std::string& url, const RedisTierOptions& base) {
-  ParsedUrl p;
-  p.opt = base;
-  std::string_view s = url;
-  if (s.starts_with("redis+cluster://")) {
-    p.cluster = true;
-    s.remove_prefix(16);
-  } else if (s.starts_with("redis://")) {
-    s.remove_prefix(8);
-  } else {
-    return bad_url(url, "scheme must be redis:// or redis+cluster://");
-  }
-  if (auto q = s.find('?'); q != std::string_view::npos) {
-    // A '?' inside a password would put the rest of the password in the
-    // query, and the messages about options would show it: refuse it
-    // without naming any part of the URL.
-    if (s.find('@', q) != std::string_view::npos)
-      return bad_url(url, "an '@' after the '?' (a password may not hold '?' nor an option '@')");
-    KCACHE_RETURN_IF_ERROR(apply_query(s.substr(q + 1), &p.opt, url));
-    s = s.substr(0, q);
-  }
-  if (auto at = s.rfind('@'); at != std::string_view::npos) {
-    std::string_view info = s.substr(0, at);
-    s = s.substr(at + 1);
-    if (auto c = info.find(':'); c != std::string_view::npos) {
-      p.user = std::string(info.substr(0, c));
-      p.password = std::string(info.substr(c + 1));
-    } else {
-      p.password = std::string(info);
-    }
-  }
-  if (auto slash = s.find('/'); slash != std::string_view::npos) {
-    std::string_view db = s.substr(slash + 1);
-    s = s.substr(0, slash);
-    uint64_t n = 0;
-    if (!db.empty()) {
-      if (!parse_u64(db, &n) || n > 1000000) return bad_url(url, "database must be a number");
-      if (p.cluster && n != 0) return bad_url(url, "Redis Cluster has only database 0");
-      p.db = static_cast<int>(n);
-    }
-  }
-  while (!s.empty()) {
-    auto comma = s.find(',');
-    std::string_view hp = s.substr(0, comma);
-    s = comma == std::string_view::npos ? std::string_view() : s.substr(comma + 1);
-    Endpoint e;
-    std::string_view host = hp, port;
-    if (hp.starts_with("[")) {  // [v6]:port
-      auto close = hp.find(']');
-      if (close == std::string_view::npos) return bad_url(url, "unclosed [ in host");
-      host = hp.substr(1, close - 1);
-      if (close + 1 < hp.size()) {
-        if (hp[close + 1] != ':') return bad_url(url, "junk after ]");
-        port = hp.substr(close + 2);
-      }
-    } else if (auto c = hp.rfind(':'); c != std::string_view::npos) {
-      host = hp.substr(0, c);
-      port = hp.substr(c + 1);
-    }
-    if (host.empty()) return bad_url(url, "empty host");
-    e.host = std::string(host);
-    if (!port.empty()) {
-      uint64_t n = 0;
-      if (!parse_u64(port, &n) || n == 0 || n > 65535) return bad_url(url, "bad port");
-      e.port = static_cast<int>(n);
-    }
-    p.seeds.push_back(std::move(e));
-  }
-  if (p.seeds.empty()) return bad_url(url, "no host");
-  if (!p.cluster && p.seeds.size() > 1) return bad_url(url, "several hosts need redis+cluster://");
-  return p;
-}
 
 struct Node {
   Endpoint ep;
@@ -550,6 +331,90 @@ class RedisTransport final : public RemoteTransport, public RemoteLeaseBackend {
     return std::optional<std::string>(std::string(r->str, r->len));
   }
 
+  // ---- statistics: one hash of counters, and a count of the values --------
+
+  bool keeps_stats() const noexcept override { return true; }
+
+  Status add_stats(const std::vector<std::pair<std::string, uint64_t>>& deltas, uint64_t now_unix_ms) override {
+    const std::string k = stats_key(), now = std::to_string(now_unix_ms);
+    std::vector<std::vector<std::string>> cmds;
+    for (const auto& [name, n] : deltas) cmds.push_back({"HINCRBY", k, name, std::to_string(n)});
+    cmds.push_back({"HSETNX", k, "since_ms", now});
+    return on_key(k, cmds);
+  }
+
+  Expected<std::vector<std::pair<std::string, uint64_t>>> read_stats() override {
+    const std::string k = stats_key();
+    KCACHE_TRY(Reply r, run(k, {"HGETALL", k}));
+    if (r->type != REDIS_REPLY_ARRAY || r->elements % 2 != 0)
+      return Status(Errc::corrupt, "redis: unexpected HGETALL reply for " + k);
+    std::vector<std::pair<std::string, uint64_t>> out;
+    for (size_t i = 0; i + 1 < r->elements; i += 2) {
+      const redisReply* name = r->element[i];
+      const redisReply* value = r->element[i + 1];
+      uint64_t v = 0;
+      if (name->type != REDIS_REPLY_STRING || value->type != REDIS_REPLY_STRING || !parse_u64(reply_str(value), &v))
+        continue;  // not one of ours: left out
+      out.emplace_back(std::string(reply_str(name)), v);
+    }
+    return out;
+  }
+
+  Status zero_stats(uint64_t now_unix_ms) override {
+    const std::string k = stats_key();
+    return on_key(k, {{"DEL", k}, {"HSET", k, "since_ms", std::to_string(now_unix_ms)}});
+  }
+
+  // SCAN over each node that owns slots, for the names of values only
+  // (P{32 hex digits}: leases and the statistics hash do not match), and
+  // STRLEN of each key found, pipelined per batch.
+  Expected<RemoteStored> count_stored(uint64_t budget_ms) override {
+    std::vector<int> owners{0};
+    if (p_.cluster) {
+      KCACHE_RETURN_IF_ERROR(refresh_slots());
+      std::shared_lock lk(map_mu_);
+      owners.clear();
+      for (int i : slots_)
+        if (i >= 0 && std::find(owners.begin(), owners.end(), i) == owners.end()) owners.push_back(i);
+    }
+    std::string pattern;
+    for (char ch : p_.opt.key_prefix) {
+      if (ch == '*' || ch == '?' || ch == '[' || ch == ']' || ch == '\\') pattern += '\\';
+      pattern += ch;
+    }
+    pattern += "{" + std::string(32, '?') + "}";
+    const uint64_t deadline = util::now_mono_us() / 1000 + budget_ms;
+    RemoteStored out;
+    for (int ni : owners) {
+      Node& n = node(ni);
+      std::string cursor = "0";
+      do {
+        if (util::now_mono_us() / 1000 >= deadline) {
+          out.complete = false;
+          return out;
+        }
+        KCACHE_TRY(Reply r, exec_on(n, {"SCAN", cursor, "MATCH", pattern, "COUNT", "1000"}, false));
+        if (r->type == REDIS_REPLY_ERROR) return Status(Errc::io_error, "redis: " + std::string(reply_str(r.get())));
+        if (r->type != REDIS_REPLY_ARRAY || r->elements != 2 || r->element[0]->type != REDIS_REPLY_STRING ||
+            r->element[1]->type != REDIS_REPLY_ARRAY)
+          return Status(Errc::corrupt, "redis: unexpected SCAN reply");
+        cursor = std::string(reply_str(r->element[0]));
+        std::vector<std::vector<std::string>> lens;
+        for (size_t i = 0; i < r->element[1]->elements; ++i)
+          if (r->element[1]->element[i]->type == REDIS_REPLY_STRING)
+            lens.push_back({"STRLEN", std::string(reply_str(r->element[1]->element[i]))});
+        KCACHE_TRY(std::vector<Reply> got, pipelined(n, lens));
+        for (const Reply& g : got) {
+          // 0: gone since the scan; an error: a key of another type.
+          if (g->type != REDIS_REPLY_INTEGER || g->integer <= 0) continue;
+          ++out.entries;
+          out.bytes += static_cast<uint64_t>(g->integer);
+        }
+      } while (cursor != "0");
+    }
+    return out;
+  }
+
   // One pipeline of lookups on one node, for the keys in *again: the
   // replies land in (*out)[i]; a redirected key is added to `retry`, and
   // *again becomes the keys to ask again: those the server answered
@@ -632,6 +497,53 @@ class RedisTransport final : public RemoteTransport, public RemoteLeaseBackend {
  private:
   std::string entry_key(const Key& k) const { return p_.opt.key_prefix + "{" + k.hex() + "}"; }
   std::string lease_key(const Key& k) const { return p_.opt.key_prefix + "{" + k.hex() + "}:lease"; }
+  std::string stats_key() const { return p_.opt.key_prefix + "stats"; }
+
+  // Commands sent on one connection to `n` in one round trip; the replies
+  // in order (error replies among them).
+  Expected<std::vector<Reply>> pipelined(Node& n, const std::vector<std::vector<std::string>>& cmds) {
+    std::vector<Reply> out;
+    if (cmds.empty()) return out;
+    KCACHE_TRY(Conn conn, borrow(n));
+    for (const auto& cmd : cmds) {
+      std::vector<const char*> argv;
+      std::vector<size_t> lens;
+      for (const auto& a : cmd) {
+        argv.push_back(a.data());
+        lens.push_back(a.size());
+      }
+      redisAppendCommandArgv(conn.get(), static_cast<int>(argv.size()), argv.data(), lens.data());
+    }
+    for (size_t i = 0; i < cmds.size(); ++i) {
+      void* raw = nullptr;
+      if (redisGetReply(conn.get(), &raw) != REDIS_OK || !raw) return conn_error(n, conn.get(), errno);
+      out.emplace_back(static_cast<redisReply*>(raw));
+    }
+    give_back(n, std::move(conn));
+    return out;
+  }
+
+  // Commands on the one key `rkey`, pipelined to the node that owns it; a
+  // command answered with a Cluster redirection is sent again alone through
+  // run(). The first other error reply is the result.
+  Status on_key(const std::string& rkey, const std::vector<std::vector<std::string>>& cmds) {
+    KCACHE_TRY(std::vector<Reply> got, pipelined(node(p_.cluster ? node_for_slot(redis_key_slot(rkey)) : 0), cmds));
+    Status first;
+    for (size_t i = 0; i < got.size(); ++i) {
+      if (got[i]->type != REDIS_REPLY_ERROR) continue;
+      std::string_view msg = reply_str(got[i].get());
+      if (p_.cluster && (msg.starts_with("MOVED ") || msg.starts_with("ASK "))) {
+        std::vector<std::string_view> args(cmds[i].begin(), cmds[i].end());
+        auto r = run(rkey, args);
+        if (!r && first.is_ok()) first = std::move(r).error();
+        continue;
+      }
+      if (first.is_ok())
+        first = Status(msg.find("WRONGTYPE") != std::string_view::npos ? Errc::corrupt : Errc::io_error,
+                       "redis: " + std::string(msg));
+    }
+    return first;
+  }
 
   // ---- connections and routing ----------------------------------------------
 

@@ -21,17 +21,23 @@
 //    (make_remote makes both; nothing is cast) and goes through its breaker,
 //    counters and write queue; its releases are tasks of that queue. Each
 //    leases object has its own holder token.
+//  * Shared statistics: hits, misses, puts, corrupt and rejected values
+//    (in all, and per namespace) are counted twice, for this process
+//    (`counts_`) and unsent to the server (`unsent_`, shared_stats.h); the
+//    writer thread adds the unsent ones to the server's counters about
+//    once a second and when the tier closes. A failed send keeps them for
+//    the next; a server that answers with an error is said once and sent
+//    nothing more.
 //  * Values: "KCRV" header, optional HMAC-SHA256, then the entry bytes
-//    (docs/format.md, "Redis value"). The MAC is checked before
-//    Entry::decode sees a byte.
+//    (docs/format.md, "Redis value"; value_frame.h). The MAC is checked
+//    before Entry::decode sees a byte.
 //
 // One concept, the remote policy: the tier and its leases are one object
 // graph (the leases go through the tier's breaker, counters and write
 // queue), and each part above is a rule of that policy, not a layer of its
-// own; the transport it drives is src/tier/redis/.
-#include <openssl/crypto.h>
-#include <openssl/evp.h>
-#include <openssl/params.h>
+// own; the byte framing of values (value_frame.h) and the shared counts
+// (shared_stats.h) are kept apart as data, the transport it drives is
+// src/tier/redis/.
 #include <unistd.h>
 
 #include <atomic>
@@ -48,19 +54,16 @@
 #include "kcache/remote.h"
 #include "lease/holder.h"
 #include "tier/core/atomic_stats.h"
+#include "tier/remote/shared_stats.h"
+#include "tier/remote/value_frame.h"
 #include "util/util.h"
 
 namespace kcache {
 
 namespace {
 
-constexpr char kMagic[4] = {'K', 'C', 'R', 'V'};
-constexpr uint8_t kValueVersion = 1;
-constexpr uint8_t kMacNone = 0, kMacHmacSha256 = 1;
-constexpr size_t kValueHeader = 8, kMacSize = 32;
-constexpr std::string_view kMacContext = "kcache-redis-value/1";
-constexpr std::string_view kFingerprintContext = "kcache-secret-fingerprint/1";
 constexpr size_t kSaidKeys = 4096;
+constexpr uint64_t kStatsEveryMs = 1000;
 
 uint64_t mono_ms() { return util::now_mono_us() / 1000; }
 
@@ -99,14 +102,14 @@ std::string new_token() {
 
 class RemoteTierImpl final : public RemoteTier {
  public:
-  RemoteTierImpl(std::shared_ptr<RemoteTransport> t, const RemoteTierOptions& o) : t_(std::move(t)), o_(o) {
+  RemoteTierImpl(std::shared_ptr<RemoteTransport> t, const RemoteTierOptions& o)
+      : t_(std::move(t)),
+        o_(o),
+        frame_(o_.secret),
+        sends_stats_(o_.shared_stats && !o_.read_only && t_->keeps_stats()) {
     name_ = std::string(t_->name()) + (o_.read_only ? "(ro)" : "");
     t_->set_timeouts(o_.connect_timeout_ms, o_.command_timeout_ms);
-    t_->set_max_value_bytes(o_.max_entry_bytes + kValueHeader + kMacSize);
-    if (!o_.secret.empty()) {
-      mac_ = EVP_MAC_fetch(nullptr, "HMAC", nullptr);
-      fingerprint_ = secret_fingerprint();
-    }
+    t_->set_max_value_bytes(o_.max_entry_bytes + remote_value::kMaxOverhead);
     writer_ = std::thread([this] { write_loop(); });
   }
 
@@ -118,10 +121,9 @@ class RemoteTierImpl final : public RemoteTier {
     }
     q_cv_.notify_all();
     writer_.join();
-    if (mac_) EVP_MAC_free(mac_);
   }
 
-  bool ok() const { return o_.secret.empty() || mac_ != nullptr; }
+  bool ok() const { return frame_.ok(); }
   std::string_view name() const noexcept override { return name_; }
   TierKind kind() const noexcept override { return TierKind::remote; }
   bool writable() const noexcept override { return !o_.read_only; }
@@ -132,7 +134,7 @@ class RemoteTierImpl final : public RemoteTier {
     std::vector<std::optional<Entry>> out(keys.size());
     if (keys.empty()) return out;
     if (!allow()) {
-      counts_.add(&TierStats::skipped, keys.size());
+      count(&TierStats::skipped, keys.size());
       return out;
     }
     std::vector<Expected<RemoteBytes>> vals;
@@ -145,9 +147,9 @@ class RemoteTierImpl final : public RemoteTier {
     for (size_t i = 0; i < keys.size(); ++i) {
       out[i] = accept(keys[i], std::move(vals[i]));
       if (out[i])
-        counts_.add(&TierStats::hits);
+        count_hit(*out[i]);
       else
-        counts_.add(&TierStats::misses);
+        count(&TierStats::misses);
     }
     return out;
   }
@@ -197,15 +199,16 @@ class RemoteTierImpl final : public RemoteTier {
   // False: skip the server (counted as skipped).
   bool allow_or_skip() {
     if (allow()) return true;
-    counts_.add(&TierStats::skipped);
+    count(&TierStats::skipped);
     return false;
   }
   void count_lease(bool held) {
     std::lock_guard g(c_mu_);
     ++(held ? c_.leases_taken : c_.leases_busy);
   }
-  void count_hit(bool lease_wait) {
-    counts_.add(&TierStats::hits);
+  void count_hit(const Entry& e, bool lease_wait = false) {
+    count(&TierStats::hits);
+    note_namespace(e, false);
     if (!lease_wait) return;
     std::lock_guard g(c_mu_);
     ++c_.lease_waits;
@@ -250,7 +253,7 @@ class RemoteTierImpl final : public RemoteTier {
       succeed();
     } else if (r.error().code() == Errc::corrupt) {
       succeed();
-      counts_.add(&TierStats::errors);
+      count(&TierStats::errors);
       bad_replies_++;
     } else {
       fail(r.error());
@@ -268,7 +271,7 @@ class RemoteTierImpl final : public RemoteTier {
   Expected<T> lease_call(Expected<T> r) {
     if (!r && r.error().code() == Errc::io_error) {
       succeed();
-      counts_.add(&TierStats::errors);
+      count(&TierStats::errors);
       server_errors_++;
       if (!leases_refused_.exchange(true))
         KCACHE_LOG(LogLevel::warn,
@@ -285,36 +288,36 @@ class RemoteTierImpl final : public RemoteTier {
  protected:
   Expected<std::optional<Entry>> do_get(const Key& key, Access access) override {
     if (!allow()) {
-      if (access != Access::peek) counts_.add(&TierStats::skipped);
+      if (access != Access::peek) count(&TierStats::skipped);
       return std::optional<Entry>();
     }
     auto r = fetch(key);
     if (!r) return std::move(r).error();
     if (access == Access::peek) return r;
     if (r->has_value())
-      counts_.add(&TierStats::hits);
+      count_hit(**r);
     else if (access == Access::counted)
-      counts_.add(&TierStats::misses);
+      count(&TierStats::misses);
     return r;
   }
 
   Status do_put(const Entry& entry) override {
     if (o_.read_only) {
-      counts_.add(&TierStats::rejected);
+      count(&TierStats::rejected);
       return Status(Errc::read_only, name_ + " tier is read-only");
     }
     if (entry.encoded().size() > o_.max_entry_bytes) {
-      counts_.add(&TierStats::rejected);
+      count(&TierStats::rejected);
       return Status(Errc::too_large, "entry of " + std::to_string(entry.encoded().size()) +
                                          " bytes is larger than the " + name_ + " tier's max_entry_bytes");
     }
     if (foreign(entry.key())) {
-      counts_.add(&TierStats::rejected);
+      count(&TierStats::rejected);
       return Status();
     }
     forget_said(entry.key());
     if (breaker_open()) {
-      counts_.add(&TierStats::skipped);
+      count(&TierStats::skipped);
       return Status();
     }
     Task t;
@@ -328,7 +331,7 @@ class RemoteTierImpl final : public RemoteTier {
     {
       std::lock_guard lk(q_mu_);
       if (q_.size() >= o_.write_queue_depth) {
-        if (counts_.add(&TierStats::dropped) == 0)
+        if (count(&TierStats::dropped) == 0)
           KCACHE_LOG(LogLevel::info, "%s: write queue full (%u); dropping writes", name_.c_str(), o_.write_queue_depth);
         return Status();
       }
@@ -340,11 +343,11 @@ class RemoteTierImpl final : public RemoteTier {
 
   Status do_remove(const Key& key) override {
     if (o_.read_only) {
-      counts_.add(&TierStats::rejected);
+      count(&TierStats::rejected);
       return Status(Errc::read_only, name_ + " tier is read-only");
     }
     if (!allow()) {
-      counts_.add(&TierStats::skipped);
+      count(&TierStats::skipped);
       return Status(Errc::unavailable, name_ + ": circuit breaker open");
     }
     KCACHE_RETURN_IF_ERROR(call_status(t_->remove(key)));
@@ -362,56 +365,75 @@ class RemoteTierImpl final : public RemoteTier {
     std::string token;
   };
 
-  // ---- values ---------------------------------------------------------------
+  // ---- counting -------------------------------------------------------------
 
-  bool compute_mac(const Key& key, std::string_view header, std::string_view body, unsigned char out[kMacSize]) const {
-    EVP_MAC_CTX* ctx = EVP_MAC_CTX_new(mac_);
-    if (!ctx) return false;
-    char digest[] = "SHA256";
-    OSSL_PARAM params[] = {OSSL_PARAM_construct_utf8_string("digest", digest, 0), OSSL_PARAM_construct_end()};
-    size_t len = 0;
-    bool ok =
-        EVP_MAC_init(ctx, reinterpret_cast<const unsigned char*>(o_.secret.data()), o_.secret.size(), params) == 1 &&
-        EVP_MAC_update(ctx, reinterpret_cast<const unsigned char*>(kMacContext.data()), kMacContext.size()) == 1 &&
-        EVP_MAC_update(ctx, key.bytes.data(), key.bytes.size()) == 1 &&
-        EVP_MAC_update(ctx, reinterpret_cast<const unsigned char*>(header.data()), header.size()) == 1 &&
-        EVP_MAC_update(ctx, reinterpret_cast<const unsigned char*>(body.data()), body.size()) == 1 &&
-        EVP_MAC_final(ctx, out, &len, kMacSize) == 1 && len == kMacSize;
-    EVP_MAC_CTX_free(ctx);
-    return ok;
+  // Adds n to this process's `field`, and to what the server is sent when
+  // the field is one of the shared ones. Returns this process's count
+  // before.
+  uint64_t count(uint64_t TierStats::*field, uint64_t n = 1) {
+    if (sends_stats_) unsent_.add(field, n);
+    return counts_.add(field, n);
+  }
+  // A hit or a put of `e`, for the server's counts per namespace.
+  void note_namespace(const Entry& e, bool put, uint64_t value_bytes = 0) {
+    if (sends_stats_) unsent_.note(e, put, value_bytes);
   }
 
-  // 16 bits naming the secret (never 0, which stands for "not said"):
-  // HMAC-SHA256(secret, kFingerprintContext), its first two bytes. Values
-  // carry it in their header, so a reader with another secret knows the
-  // value was stored with a different one rather than damaged.
-  uint16_t secret_fingerprint() const {
-    unsigned char m[kMacSize];
-    Key none{};
-    if (!mac_ || !compute_mac(none, kFingerprintContext, {}, m)) return 1;
-    uint16_t f = static_cast<uint16_t>(m[0] | (m[1] << 8));
-    return f ? f : 1;
-  }
-
-  Expected<std::string> encode_value(const Entry& e) const {
-    std::string_view body = e.encoded();
-    std::string v;
-    bool mac = !o_.secret.empty();
-    v.reserve(kValueHeader + (mac ? kMacSize : 0) + body.size());
-    v.append(kMagic, 4);
-    v.push_back(static_cast<char>(kValueVersion));
-    v.push_back(static_cast<char>(mac ? kMacHmacSha256 : kMacNone));
-    v.push_back(static_cast<char>(fingerprint_ & 0xff));  // 0 without a secret
-    v.push_back(static_cast<char>(fingerprint_ >> 8));
-    if (mac) {
-      unsigned char m[kMacSize];
-      if (!compute_mac(e.key(), std::string_view(v.data(), kValueHeader), body, m))
-        return Status(Errc::internal, "HMAC-SHA256 failed");
-      v.append(reinterpret_cast<const char*>(m), kMacSize);
+  // Adds the unsent shared counts to the server's counters. Kept for the
+  // next try when the server cannot be asked; dropped, and no more sent,
+  // when it answers with an error (said once).
+  void push_stats() {
+    if (!sends_stats_ || stats_refused_.load(std::memory_order_relaxed)) return;
+    std::lock_guard g(stats_send_mu_);
+    stats_sent_ms_.store(mono_ms(), std::memory_order_relaxed);
+    remote_stats::Batch batch = unsent_.take();
+    const auto deltas = batch.named();
+    if (deltas.empty()) return;
+    if (!allow()) {
+      unsent_.give_back(batch);  // for the next send
+      return;
     }
-    v.append(body);
-    return v;
+    Status st = t_->add_stats(deltas, util::now_unix_ms());
+    if (st.is_ok()) {
+      succeed();
+      return;
+    }
+    if (st.code() == Errc::io_error || st.code() == Errc::corrupt) {
+      // The server answered, refusing (an ACL without hash commands, the
+      // statistics key holding another type): lookups and writes still
+      // work, so the breaker is left out of it.
+      succeed();
+      count(&TierStats::errors);
+      server_errors_++;
+      stats_refused_.store(true);
+      KCACHE_LOG(LogLevel::warn, "%s: the server refuses statistics (%s); this process's counts are not kept there",
+                 name_.c_str(), st.to_string().c_str());
+      return;
+    }
+    fail(st);
+    unsent_.give_back(batch);
   }
+
+ public:
+  Expected<RemoteServerStats> server_stats(uint64_t scan_budget_ms) override {
+    if (!t_->keeps_stats()) return Status(Errc::unavailable, name_ + " keeps no statistics");
+    push_stats();
+    if (!allow()) return Status(Errc::unavailable, name_ + ": circuit breaker open");
+    KCACHE_TRY(auto named, call(t_->read_stats()));
+    KCACHE_TRY(RemoteStored stored, call(t_->count_stored(scan_budget_ms)));
+    return remote_stats::report(named, stored);
+  }
+
+  Status zero_server_stats() override {
+    if (!t_->keeps_stats()) return Status(Errc::unavailable, name_ + " keeps no statistics");
+    if (o_.read_only) return Status(Errc::read_only, name_ + " tier is read-only");
+    push_stats();
+    if (!allow()) return Status(Errc::unavailable, name_ + ": circuit breaker open");
+    return call_status(t_->zero_stats(util::now_unix_ms()));
+  }
+
+ private:
+  // ---- values ---------------------------------------------------------------
 
   // True the first time `key` is named in a log line (until it is stored
   // again, or the bounded set is full and starts over).
@@ -433,7 +455,7 @@ class RemoteTierImpl final : public RemoteTier {
       KCACHE_LOG(LogLevel::warn,
                  "%s: values on the server were stored with another secret (fingerprint %04x; this one's is %04x): "
                  "they are misses here and are not overwritten; check the secret file",
-                 name_.c_str(), fp, fingerprint_);
+                 name_.c_str(), fp, frame_.fingerprint());
   }
   bool foreign(const Key& key) {
     std::lock_guard g(said_mu_);
@@ -449,14 +471,14 @@ class RemoteTierImpl final : public RemoteTier {
   // configured) is checked.
   std::optional<Entry> accept(const Key& key, Expected<RemoteBytes> got) {
     if (!got && got.error().code() == Errc::too_large) {  // refused unread: a miss, not a fault
-      counts_.add(&TierStats::rejected);
+      count(&TierStats::rejected);
       if (first_word(key))
         KCACHE_LOG(LogLevel::warn, "%s: rejected value for %s: larger than max_entry_bytes (%s)", name_.c_str(),
                    key.hex().c_str(), got.error().message().c_str());
       return std::nullopt;
     }
     if (!got) {  // a reply of the wrong type for this key
-      counts_.add(&TierStats::errors);
+      count(&TierStats::errors);
       bad_replies_++;
       if (first_word(key))
         KCACHE_LOG(LogLevel::warn, "%s: bad reply for %s: %s", name_.c_str(), key.hex().c_str(),
@@ -467,41 +489,24 @@ class RemoteTierImpl final : public RemoteTier {
     if (!bytes) return std::nullopt;
     std::string_view v = bytes->bytes();
     auto reject = [&](const char* why) -> std::optional<Entry> {
-      counts_.add(&TierStats::rejected);
+      count(&TierStats::rejected);
       if (first_word(key))
         KCACHE_LOG(LogLevel::warn, "%s: rejected value for %s: %s", name_.c_str(), key.hex().c_str(), why);
       return std::nullopt;
     };
-    if (v.size() > o_.max_entry_bytes + kValueHeader + kMacSize) return reject("larger than max_entry_bytes");
-    if (v.size() < kValueHeader || std::memcmp(v.data(), kMagic, 4) != 0 || static_cast<uint8_t>(v[4]) != kValueVersion)
-      return reject("not a kcache value");
-    uint8_t alg = static_cast<uint8_t>(v[5]);
-    size_t off = kValueHeader;
-    if (alg == kMacHmacSha256) {
-      if (v.size() < kValueHeader + kMacSize) return reject("truncated MAC");
-      off += kMacSize;
-    } else if (alg != kMacNone) {
-      return reject("unknown MAC algorithm");
-    }
-    uint16_t stored_fp = static_cast<uint16_t>(static_cast<uint8_t>(v[6]) | (static_cast<uint8_t>(v[7]) << 8));
-    if (fingerprint_ != 0 && alg == kMacHmacSha256 && stored_fp != 0 && stored_fp != fingerprint_) {
+    const remote_value::ValueFrame::Opened opened = frame_.open(key, v, o_.max_entry_bytes);
+    if (opened.foreign) {
       // Stored with another secret: not damaged, not ours. A miss, and the
       // value is left alone (a put of the key is not sent from here), so a
-      // node with the wrong secret cannot empty the others' cache. (A value
-      // of a build that wrote no fingerprint, 0, gets the MAC check.)
-      counts_.add(&TierStats::rejected);
-      note_foreign(key, stored_fp);
+      // node with the wrong secret cannot empty the others' cache.
+      count(&TierStats::rejected);
+      note_foreign(key, opened.foreign);
       return std::nullopt;
     }
-    if (!o_.secret.empty()) {
-      if (alg != kMacHmacSha256) return reject("no MAC, and a secret is configured");
-      unsigned char m[kMacSize];
-      if (!compute_mac(key, v.substr(0, kValueHeader), v.substr(off), m)) return reject("HMAC-SHA256 failed");
-      if (CRYPTO_memcmp(m, v.data() + kValueHeader, kMacSize) != 0) return reject("MAC mismatch");
-    }
-    auto e = Entry::decode(std::make_shared<SliceBuffer>(std::move(bytes), off), &key);
+    if (opened.refused) return reject(opened.refused);
+    auto e = Entry::decode(std::make_shared<SliceBuffer>(std::move(bytes), opened.entry_offset), &key);
     if (!e) {
-      counts_.add(&TierStats::corrupt);
+      count(&TierStats::corrupt);
       if (first_word(key))
         KCACHE_LOG(LogLevel::warn, "%s: corrupt entry %s: %s", name_.c_str(), key.hex().c_str(),
                    e.error().to_string().c_str());
@@ -540,7 +545,7 @@ class RemoteTierImpl final : public RemoteTier {
   }
 
   void fail(const Status& st) {
-    counts_.add(&TierStats::errors);
+    count(&TierStats::errors);
     bool timeout = st.code() == Errc::timeout;
     switch (st.code()) {
       case Errc::timeout:
@@ -589,8 +594,22 @@ class RemoteTierImpl final : public RemoteTier {
   void write_loop() {
     std::unique_lock lk(q_mu_);
     for (;;) {
-      q_cv_.wait(lk, [&] { return stop_ || !q_.empty(); });
-      if (q_.empty()) return;  // stop_ and nothing left
+      auto ready = [&] { return stop_ || !q_.empty(); };
+      if (sends_stats_)
+        q_cv_.wait_for(lk, std::chrono::milliseconds(kStatsEveryMs), ready);
+      else
+        q_cv_.wait(lk, ready);
+      if (sends_stats_ && q_.empty() && (stop_ || mono_ms() - stats_sent_ms_.load() >= kStatsEveryMs)) {
+        // Idle and due, or closing (the last counts of a process): never
+        // before a queued write.
+        lk.unlock();
+        push_stats();
+        lk.lock();
+      }
+      if (q_.empty()) {
+        if (stop_) return;  // nothing left
+        continue;
+      }
       Task t = std::move(q_.front());
       q_.pop_front();
       busy_ = true;
@@ -609,22 +628,23 @@ class RemoteTierImpl final : public RemoteTier {
 
   void send(const Task& t) {
     if (!allow()) {
-      counts_.add(&TierStats::skipped);
+      count(&TierStats::skipped);
       return;
     }
     if (t.kind == Task::release) {
       (void)lease_call(t.lease->lease_release(t.key, t.token));
       return;
     }
-    auto v = encode_value(t.entry);
+    auto v = frame_.encode(t.entry);
     if (!v) {
-      counts_.add(&TierStats::errors);
+      count(&TierStats::errors);
       return;
     }
     Status st = t_->set(t.key, *v, o_.ttl_ms);
     if (st.is_ok()) {
       succeed();
-      counts_.add(&TierStats::puts);
+      count(&TierStats::puts);
+      note_namespace(t.entry, true, v->size());
       if (writes_refused_.load(std::memory_order_relaxed) && writes_refused_.exchange(false))
         KCACHE_LOG(LogLevel::info, "%s: the server takes writes again", name_.c_str());
       return;
@@ -634,7 +654,7 @@ class RemoteTierImpl final : public RemoteTier {
       // read-only replica): reads still work, so the breaker is left out
       // of it, and the condition is one line until a write is taken.
       succeed();
-      counts_.add(&TierStats::errors);
+      count(&TierStats::errors);
       server_errors_++;
       if (!writes_refused_.exchange(true))
         KCACHE_LOG(LogLevel::warn,
@@ -648,13 +668,18 @@ class RemoteTierImpl final : public RemoteTier {
   std::shared_ptr<RemoteTransport> t_;
   const RemoteTierOptions o_;
   std::string name_;
-  EVP_MAC* mac_ = nullptr;
+  const remote_value::ValueFrame frame_;  // values' header and MAC
 
   std::atomic<uint64_t> failures_{0}, timeouts_{0}, open_until_ms_{0}, breaker_opens_{0};
   std::atomic<bool> outage_{false};
   std::atomic<bool> leases_refused_{false};  // lease calls are answered with an error (said once)
   std::atomic<bool> writes_refused_{false};  // the last write got an error reply
-  AtomicTierStats counts_;                   // this process's counts: a server keeps none
+  AtomicTierStats counts_;                   // this process's counts
+  const bool sends_stats_;                   // shared statistics are sent to the server
+  remote_stats::Unsent unsent_;              // shared counts not yet sent
+  std::mutex stats_send_mu_;                 // one send of the shared counts at a time
+  std::atomic<uint64_t> stats_sent_ms_{0};
+  std::atomic<bool> stats_refused_{false};  // the server answered a send with an error
   std::atomic<uint64_t> timeouts_total_{0}, unreachable_{0}, server_errors_{0}, bad_replies_{0};
   mutable std::mutex c_mu_;
   RemoteCounters c_;  // GUARDED_BY(c_mu_): the lease counters
@@ -663,7 +688,6 @@ class RemoteTierImpl final : public RemoteTier {
   std::unordered_set<Key> said_;     // GUARDED_BY(said_mu_): keys named in a log line
   std::unordered_set<Key> foreign_;  // GUARDED_BY(said_mu_): keys holding another secret's value
   std::atomic<bool> foreign_said_{false};
-  uint16_t fingerprint_ = 0;  // of the secret; 0: none
 
   std::mutex q_mu_;
   std::condition_variable q_cv_, idle_cv_;
@@ -731,7 +755,7 @@ class RemoteLeasesImpl final : public RemoteLeases {
       auto r = tier_->fetch(key);
       if (!r) return std::nullopt;  // the server cannot be asked: stop waiting
       if (r->has_value()) {
-        tier_->count_hit(true);
+        tier_->count_hit(**r, true);
         return std::move(*r);
       }
       auto held = tier_->lease_call(b_->lease_held(key));
@@ -740,7 +764,7 @@ class RemoteLeasesImpl final : public RemoteLeases {
         // The holder is gone; it may have stored the entry just before.
         auto again = tier_->fetch(key);
         if (again && again->has_value()) {
-          tier_->count_hit(false);
+          tier_->count_hit(**again);
           return std::move(*again);
         }
         return std::nullopt;
