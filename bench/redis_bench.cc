@@ -59,8 +59,9 @@ Entry entry_of(const Key& k, size_t n) {
   return *EntryBuilder(k).add("obj", std::move(data)).build();
 }
 
-std::shared_ptr<RedisTier> make_tier(bool mac) {
+std::shared_ptr<RedisTier> make_tier(bool mac, bool shared_stats = true) {
   RedisTierOptions o;
+  o.shared_stats = shared_stats;
   o.write_queue_depth = 4096;
   o.command_timeout_ms = 5000;
   if (mac) o.secret = "bench-secret";
@@ -134,6 +135,34 @@ BENCHMARK(BM_RemoteHit)
     ->Args({4 << 20, 1})
     ->ArgNames({"bytes", "mac"})
     ->UseRealTime();
+
+// What the statistics every client adds to on the server cost a hit: one
+// 16 KiB entry with a manifest (so its namespace is counted), looked up by
+// two tiers in turn, one sending shared statistics and one not, in the
+// same run. x_without = p50 with / p50 without.
+void BM_RemoteHitSharedStats(benchmark::State& state) {
+  if (!world().error.empty()) return state.SkipWithError(world().error.c_str());
+  auto with = make_tier(false, true), without = make_tier(false, false);
+  auto info = KeyBuilder("bench/shared-stats").add_u64("i", 1).finish();
+  std::string data(16 << 10, 'x');
+  Entry e = *EntryBuilder(info->key).manifest(info->manifest).add("obj", std::move(data)).build();
+  if (!with->put(e).is_ok() || !with->flush().is_ok()) return state.SkipWithError("put failed");
+  std::vector<double> on_us, off_us;
+  for (auto _ : state) {
+    for (auto* t : {&with, &without}) {
+      double t0 = now_us();
+      auto g = (*t)->get(info->key);
+      (t == &with ? on_us : off_us).push_back(now_us() - t0);
+      if (!g || !g->has_value()) return state.SkipWithError("remote miss");
+      benchmark::DoNotOptimize(g);
+    }
+  }
+  double on = percentile(on_us, 0.5), off = percentile(off_us, 0.5);
+  state.counters["with_p50_us"] = on;
+  state.counters["without_p50_us"] = off;
+  state.counters["x_without"] = off > 0 ? on / off : 0;
+}
+BENCHMARK(BM_RemoteHitSharedStats)->Iterations(4000)->UseRealTime();
 
 // Args: entry bytes, keys per batch, MAC on (1) or off (0).
 void BM_GetMany(benchmark::State& state) {

@@ -69,8 +69,9 @@ def damage_files_engine_entries(kcache_dir):
 
 def poison_redis_values(redis):
     """Flips the last byte of every kcache value in Redis (the MAC then
-    fails); returns the keys."""
-    keys = redis.command("KEYS", "kcache:*")
+    fails); returns the keys. Values only: kcache:{32 hex digits}, not
+    leases nor the statistics hash."""
+    keys = redis.command("KEYS", "kcache:{" + "?" * 32 + "}")
     for k in keys:
         try:
             v = redis.command("GET", k)
