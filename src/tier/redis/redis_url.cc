@@ -13,7 +13,6 @@ using redis_url::parse_u64;
 
 namespace {
 
-
 // ---- remote options: one table ------------------------------------------------
 
 // A number's 0 means what it means in RemoteTierOptions (kcache/options.h,
