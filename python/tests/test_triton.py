@@ -105,3 +105,30 @@ def test_remote_backend_redis_hmac_and_poisoned_values(triton_env, redis, tmp_pa
     fourth = triton_env.run(2, manager="remote", TRITON_CACHE_DIR=str(tmp_path / "local-d"),
                             KCACHE_REMOTE=redis.url, KCACHE_REMOTE_SECRET_FILE=str(other))
     assert triton_env.ptxas_runs() == 6 and fourth["cubins"] == first["cubins"]
+
+
+def test_an_unsigned_remote_is_left_out(tmp_path, redis):
+    """Triton's entries hold cubins and launcher libraries, which are loaded
+    as code: a remote without a secret is not used, by either of the
+    integration's caches (its cache manager's, and RemoteBackend's)."""
+    import subprocess
+    import sys
+    code = ("import json, sys\n"
+            "from kcache.triton import _common\n"
+            "kinds = lambda c: [t['kind'] for t in c.stats()['tiers']]\n"
+            "print(json.dumps([kinds(_common.cache()), kinds(_common.remote_cache())]))\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KCACHE_")}
+    env.update(KCACHE_DIR=str(tmp_path / "store"), KCACHE_REMOTE=redis.url)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    import json
+    main, backend = json.loads(r.stdout.strip().splitlines()[-1])
+    assert "remote" not in main and "remote" not in backend, r.stdout
+    assert "remote tier left out" in r.stderr, r.stderr
+    secret = tmp_path / "secret"
+    secret.write_text("s3cret\n")
+    env["KCACHE_REMOTE_SECRET_FILE"] = str(secret)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    main, backend = json.loads(r.stdout.strip().splitlines()[-1])
+    assert "remote" in main and "remote" in backend, r.stdout

@@ -183,10 +183,13 @@ def test_holder_killed_is_taken_over_before_its_lease_expires(triton_env):
     assert res["stats"]["compiles"] == 1 and res["stats"]["lease_takeovers"] >= 1
 
 
-def test_holder_killed_is_taken_over_with_a_remote_tier(triton_env, redis):
+def test_holder_killed_is_taken_over_with_a_remote_tier(triton_env, redis, tmp_path):
     # KCACHE_REMOTE: the lease is held on the Redis server too; a holder of
     # this host that died gives it up there at once as well.
-    long = dict(KCACHE_LEASE_TTL_MS=600000, KCACHE_WAIT_BOUND_MS=600000, KCACHE_REMOTE=redis.url)
+    secret = tmp_path / "secret"
+    secret.write_text("s3cret\n")
+    long = dict(KCACHE_LEASE_TTL_MS=600000, KCACHE_WAIT_BOUND_MS=600000, KCACHE_REMOTE=redis.url,
+                KCACHE_REMOTE_SECRET_FILE=str(secret))
     holder = triton_env.start(1, PTXAS_SLEEP=120, **long)
     deadline = time.time() + 120
     while triton_env.ptxas_runs() < 1:

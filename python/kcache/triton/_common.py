@@ -91,7 +91,9 @@ def cache() -> kcache.Cache:
         with lock:
             if _cache is None or _cache_pid != os.getpid():
                 d = None if os.environ.get("KCACHE_DIR") else os.path.join(triton_cache_dir(), "kcache")
-                _cache = kcache.Cache(d, producer="triton")
+                # Entries hold cubins and launcher libraries that are
+                # loaded as code: a remote is used only with a secret.
+                _cache = kcache.Cache(d, producer="triton", signed_remote_only=True)
                 _cache_pid = os.getpid()
             c = _cache
     return c
@@ -106,7 +108,8 @@ def remote_cache() -> kcache.Cache:
             if _remote_cache is None or _remote_pid != os.getpid():
                 _remote_pid = os.getpid()
                 url = os.environ.get("KCACHE_REMOTE") or _redis_url()
-                _remote_cache = kcache.Cache(remote=url, disk=False, process_single_flight=False, producer="triton")
+                _remote_cache = kcache.Cache(remote=url, disk=False, process_single_flight=False, producer="triton",
+                                             signed_remote_only=True)
             c = _remote_cache
     return c
 
