@@ -4,8 +4,9 @@
     kcache.torch.enable()          # before the first torch.compile'd call
 
 or, without touching the program, KCACHE_TORCH=1 in its environment (the
-package's start-up hook, kcache-boot.pth, calls enable() right after
-`import torch`; python/_kcache_boot.py).
+package's start-up hook, kcache-boot.pth, calls enable() once
+torch._inductor.compile_fx has loaded, at the program's first compile;
+python/_kcache_boot.py).
 
 Two things Inductor compiles become kcache entries:
 
@@ -20,18 +21,21 @@ Two things Inductor compiles become kcache entries:
   that changed), the torch and Triton versions and the C++ compiler's
   version. The label is the compiled function's name and the graph's kind
   (`f (forward)`).
-* every C++ kernel library of the CPU backend (what Inductor builds with
-  the C++ compiler from the sources the graph's code hands it): the built
-  shared object. Key: the content of each source file and the compiler's
-  command line (with Inductor's cache folder written as `<cache>`), the
-  compiler's version and the torch version. A hit is written into
-  Inductor's cache folder under the name Inductor loads it by (under a
-  temporary name, then renamed).
+* every file the CPU backend builds with the C++ compiler into Inductor's
+  cache folder (the graph's kernel libraries, their object files and
+  precompiled headers, and the small programs with which Inductor probes
+  the vector instruction sets of the CPU once per folder): the built file.
+  Key: the content of each source file and the compiler's command line
+  (with Inductor's cache folder written as `<cache>`), the compiler's
+  version and the torch version; the label is the file's name. A hit is
+  written into Inductor's cache folder under the name Inductor loads it by
+  (under a temporary name, then renamed). A build outside that folder (a
+  header preprocessed in a temporary folder) is not cached.
 
 No key holds a cache folder, so processes with their own
 TORCHINDUCTOR_CACHE_DIR share one store.
 
-A graph or a kernel library that N processes miss at once is compiled once:
+A graph or a C++ build that N processes miss at once is compiled once:
 the first process owns the key's flight and compiles; the others wait and
 load its entry. A compile that raises abandons the flight, and a waiting
 process takes it over; a graph Inductor compiles and does not store (one it
@@ -41,8 +45,11 @@ cannot key, freezing, ...) is not looked up. The size limit,
 verification, statistics, KCACHE_REMOTE (values signed with
 KCACHE_REMOTE_SECRET_FILE: entries are code, and a remote without a secret
 is left out) and every other KCACHE_* variable are kcache's. The folder is
-$KCACHE_DIR, else <TORCHINDUCTOR_CACHE_DIR>/kcache when that variable is
-set, else kcache's default folder.
+$KCACHE_DIR, else <Inductor's cache folder>/kcache
+($TORCHINDUCTOR_CACHE_DIR, else <temporary folder>/torchinductor_<user>).
+AOTAutograd's own cache (on by default, in Inductor's cache folder) keeps
+its entries, which name FX graphs by key: a hit there loads the graphs
+from kcache.
 
 Plugged in through Inductor's remote FX graph cache interface: enable()
 turns torch._inductor.config.fx_graph_remote_cache on and Inductor's own FX
@@ -50,9 +57,9 @@ graph folder (fx_graph_cache) off, and FxGraphCache.get_remote_cache
 returns a KcacheFxGraphCache (a torch._inductor.remote_cache.RemoteCache).
 FxGraphCache.load_with_key is wrapped to hand its hash details to the
 lookup; compile_fx._compile_fx_inner to end the flights a compile did not
-commit; codecache._worker_compile_cpp (Inductor's build of a C++ library)
-for the kernel libraries. A cache fault is a miss and one log line; it
-never fails a torch.compile.
+commit; cpp_builder.CppBuilder.build (and codecache._worker_compile_cpp,
+which Inductor may hand to a compile worker process) for the C++ builds.
+A cache fault is a miss and one log line; it never fails a torch.compile.
 """
 
 from __future__ import annotations
@@ -100,8 +107,7 @@ _CPP_ARTIFACT = "library"
 
 
 def _default_dir() -> Optional[str]:
-    d = os.environ.get("TORCHINDUCTOR_CACHE_DIR", "").strip()
-    return os.path.join(d, "kcache") if d else None
+    return os.path.join(_inductor_cache_dir(), "kcache")
 
 
 cache = ProcessCache("torch", _default_dir)
@@ -390,8 +396,8 @@ def _worker_compile_cpp(lock_path: str, cpp_builders: Sequence[Any]) -> None:
 
 
 def enable() -> None:
-    """Makes Inductor keep every FX graph and C++ kernel library it
-    compiles in kcache (call it before the first compile). Idempotent."""
+    """Makes Inductor keep every FX graph and C++ build it compiles in
+    kcache (call it before the first compile). Idempotent."""
     global _enabled
     with _lock:
         if _enabled:
