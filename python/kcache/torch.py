@@ -76,6 +76,8 @@ import kcache
 
 try:
     import torch
+    from torch._functorch import config as _fconfig
+    from torch._functorch._aot_autograd.autograd_cache import AOTAutogradCache as _AOTAutogradCache
     from torch._inductor import codecache as _codecache
     from torch._inductor import compile_fx as _compile_fx
     from torch._inductor import config as _iconfig
@@ -98,11 +100,13 @@ if not (2, 14) <= TORCH_VERSION < (2, 16):
 
 from ._hostutil import Flights, ProcessCache, log, write_file  # noqa: E402
 
-__all__ = ["KcacheFxGraphCache", "cache", "disable", "enable", "enabled"]
+__all__ = ["KcacheAOTAutogradCache", "KcacheFxGraphCache", "cache", "disable", "enable", "enabled"]
 
 _FX_NAMESPACE = "torch-fx/1"
 _CPP_NAMESPACE = "torch-cpp/1"
+_AOT_NAMESPACE = "torch-aot/1"
 _FX_ARTIFACT = "graph"
+_AOT_ARTIFACT = "entry"
 _CPP_ARTIFACT = "library"
 
 
@@ -249,25 +253,66 @@ class _Serde(RemoteCachePassthroughSerde):
         return {"data": base64.b64encode(data).decode("ascii"), "time_taken_ms": 0}
 
 
-class KcacheFxGraphCache(RemoteCache):
-    """Inductor's remote FX graph cache over kcache (what
-    FxGraphCache.get_remote_cache returns once enable() ran)."""
-
-    def __init__(self) -> None:
-        super().__init__(_Backend(), _Serde())
+class _KcacheRemoteCache(RemoteCache):
+    """An Inductor RemoteCache over kcache whose faults are misses."""
 
     def get(self, key: str) -> Optional[Any]:
         try:
             return super().get(key)
         except Exception as e:  # the cache never fails a compile
-            log("torch", f"graph {key[:16]}: lookup failed: {e}")
+            log("torch", f"{key[:16]}: lookup failed: {e}")
             return None
 
     def put(self, key: str, value: Any) -> None:
         try:
             super().put(key, value)
         except Exception as e:
-            log("torch", f"graph {key[:16]}: not stored: {e}")
+            log("torch", f"{key[:16]}: not stored: {e}")
+
+
+class KcacheFxGraphCache(_KcacheRemoteCache):
+    """Inductor's remote FX graph cache over kcache (what
+    FxGraphCache.get_remote_cache returns once enable() ran)."""
+
+    def __init__(self) -> None:
+        super().__init__(_Backend(), _Serde())
+
+
+def _aot_key(aot_key: str) -> kcache.Key:
+    return kcache.key(_AOT_NAMESPACE, label=f"AOTAutograd {aot_key[:12]}", aot_key=aot_key, torch=torch.__version__,
+                      triton=_triton_version(), cxx=_cxx_version())
+
+
+class _AotBackend(RemoteCacheBackend):
+    """AOTAutograd's entries under its keys (no flight: its lookup comes
+    before the compile, whose FX graphs have flights of their own)."""
+
+    def _get(self, key: str) -> Optional[bytes]:
+        entry = cache().get(_aot_key(key))
+        if entry is None or _AOT_ARTIFACT not in entry:
+            return None
+        return bytes(entry[_AOT_ARTIFACT])
+
+    def _put(self, key: str, data: bytes) -> None:
+        cache().put(_aot_key(key), {_AOT_ARTIFACT: data})
+
+
+class KcacheAOTAutogradCache(_KcacheRemoteCache):
+    """AOTAutograd's remote cache over kcache (what
+    AOTAutogradCache.get_remote_cache returns once enable() ran)."""
+
+    def __init__(self) -> None:
+        super().__init__(_AotBackend(), _Serde())
+
+
+_aot_remote: Optional[KcacheAOTAutogradCache] = None
+
+
+def _get_aot_remote_cache() -> KcacheAOTAutogradCache:
+    global _aot_remote
+    if _aot_remote is None:
+        _aot_remote = KcacheAOTAutogradCache()
+    return _aot_remote
 
 
 def _get_remote_cache() -> KcacheFxGraphCache:
@@ -408,7 +453,10 @@ def enable() -> None:
         _originals.setdefault("_compile_fx_inner", _compile_fx._compile_fx_inner)
         _originals.setdefault("_worker_compile_cpp", _codecache._worker_compile_cpp)
         _originals.setdefault("build", _cpp_builder.CppBuilder.build)
-        _originals.setdefault("config", (_iconfig.fx_graph_cache, _iconfig.fx_graph_remote_cache))
+        _originals.setdefault("aot_get_remote_cache", _AOTAutogradCache.__dict__["get_remote_cache"])
+        _originals.setdefault("config", (_iconfig.fx_graph_cache, _iconfig.fx_graph_remote_cache,
+                                         _fconfig.enable_remote_autograd_cache))
+        _AOTAutogradCache.get_remote_cache = staticmethod(_get_aot_remote_cache)
         fx.get_remote_cache = staticmethod(_get_remote_cache)
         fx.load_with_key = staticmethod(_load_with_key)
         _compile_fx._compile_fx_inner = _compile_fx_inner
@@ -418,6 +466,9 @@ def enable() -> None:
         # left out, its remote interface is on.
         _iconfig.fx_graph_cache = False
         _iconfig.fx_graph_remote_cache = True
+        # AOTAutograd's entries in kcache too (its own folder is still
+        # written and looked up first).
+        _fconfig.enable_remote_autograd_cache = True
         _enabled = True
 
 
@@ -433,7 +484,9 @@ def disable() -> None:
         _compile_fx._compile_fx_inner = _originals["_compile_fx_inner"]
         _codecache._worker_compile_cpp = _originals["_worker_compile_cpp"]
         _cpp_builder.CppBuilder.build = _originals["build"]
-        _iconfig.fx_graph_cache, _iconfig.fx_graph_remote_cache = _originals.pop("config")
+        _AOTAutogradCache.get_remote_cache = _originals["aot_get_remote_cache"]
+        (_iconfig.fx_graph_cache, _iconfig.fx_graph_remote_cache,
+         _fconfig.enable_remote_autograd_cache) = _originals.pop("config")
         _enabled = False
 
 

@@ -1,7 +1,8 @@
 """kcache.torch with real PyTorch from PyPI on the CPU (Inductor's C++
 backend): torch_worker.py's torch.compile'd programs in real processes, FX
-graph compiles counted by Inductor's own counters (fxgraph_cache_miss: a
-graph compiled; fxgraph_cache_hit: a graph loaded) in each. Every process
+graph compiles counted in each (fx_compiles: Inductor's fx_codegen_and_compile
+runs) beside Inductor's own counters (fxgraph_cache_miss,
+fxgraph_cache_hit: a graph loaded). Every process
 has a TORCHINDUCTOR_CACHE_DIR of its own, so whatever it does not compile
 comes from kcache. Runs in build/venv-torch (make python-torch)."""
 
@@ -59,20 +60,24 @@ def _copy(store, tmp_path):
 
 def test_round_trip_in_a_new_process(warm_store, tmp_path):
     store, cold = warm_store
-    assert cold["equal"] == [True, True] and cold["fx_miss"] == 2 and cold["fx_hit"] == 0
+    assert cold["equal"] == [True, True] and cold["fx_compiles"] == 2 and cold["fx_miss"] == 2
+    assert cold["fx_hit"] == 0
     assert cold["stats"]["compiles"] >= 4  # two graphs, their C++ kernel libraries (and the ISA probes)
     env = _env(tmp_path, _copy(store, tmp_path))
     warm = env.run()
     assert warm["equal"] == [True, True]
-    assert warm["fx_miss"] == 0 and warm["fx_hit"] == 2
-    assert warm["stats"]["misses"] == 0 and warm["stats"]["hits"] == cold["stats"]["compiles"]
+    assert warm["fx_compiles"] == 0 and warm["fx_miss"] == 0 and warm["fx_hit"] == 2
+    # Every lookup that missed in the cold process hits: graphs, C++ builds
+    # and AOTAutograd's entries (whose hits load the graphs).
+    assert warm["stats"]["misses"] == 0 and warm["stats"]["hits"] == cold["stats"]["misses"]
+    assert warm["aot_hit"] == 2
     # Nothing of the graphs is compiled again: no C++ build of a kernel
     # library (the one compiler run left preprocesses a header in a
     # temporary folder, which is not cached).
     assert warm["cxx_runs"] <= 1
     # The variable alone (the start-up hook) does the same.
     by_env = env.run(KCACHE_TORCH=1, PROGRAMS=1)
-    assert by_env["enabled"] and by_env["fx_miss"] == 0 and by_env["fx_hit"] == 1 and by_env["equal"] == [True]
+    assert by_env["enabled"] and by_env["fx_compiles"] == 0 and by_env["fx_hit"] == 1 and by_env["equal"] == [True]
 
 
 def test_processes_started_together_compile_each_graph_once(tmp_path):
@@ -80,8 +85,8 @@ def test_processes_started_together_compile_each_graph_once(tmp_path):
     procs = [env.start() for _ in range(N)]
     results = [env.result(p, timeout=400) for p in procs]
     assert all(r["equal"] == [True, True] for r in results)
-    assert sum(r["fx_miss"] for r in results) == 2, [r["fx_miss"] for r in results]
-    assert sum(r["fx_hit"] for r in results) == 2 * (N - 1)
+    assert sum(r["fx_compiles"] for r in results) == 2, [r["fx_compiles"] for r in results]
+    assert sum(r["fx_miss"] for r in results) == 2 and sum(r["fx_hit"] for r in results) == 2 * (N - 1)
 
 
 def test_damaged_entry_is_a_miss(warm_store, tmp_path):
@@ -91,8 +96,10 @@ def test_damaged_entry_is_a_miss(warm_store, tmp_path):
     # again, its kernels loaded).
     assert _damage_graphs(env.kcache_dir) == 2
     res = env.run(PROGRAMS=1)
-    assert res["equal"] == [True] and res["fx_miss"] == 1 and res["fx_hit"] == 0
-    assert tier(res["stats"], "files")["corrupt"] == 1
+    # AOTAutograd's entry hits and names the graph, whose entry is a miss:
+    # the graph is compiled again.
+    assert res["equal"] == [True] and res["fx_compiles"] == 1 and res["fx_hit"] == 0
+    assert tier(res["stats"], "files")["corrupt"] >= 1
 
 
 def _damage_graphs(kcache_dir):
@@ -127,7 +134,7 @@ def test_changed_inductor_option_is_a_miss_kcache_misses_names(warm_store, tmp_p
     store, _ = warm_store
     env = _env(tmp_path, _copy(store, tmp_path))
     res = env.run(PROGRAMS=1, INDUCTOR_OPTION="epilogue_fusion=False")
-    assert res["equal"] == [True] and res["fx_miss"] == 1 and res["fx_hit"] == 0
+    assert res["equal"] == [True] and res["fx_compiles"] == 1 and res["fx_miss"] == 1 and res["fx_hit"] == 0
     r = subprocess.run([_kcache_tool(), "misses", "--dir", env.kcache_dir], capture_output=True, text=True,
                        timeout=60, env=dict({k: v for k, v in os.environ.items() if not k.startswith("KCACHE_")},
                                                    KCACHE_ENGINE="files"))
@@ -163,5 +170,5 @@ def test_process_killed_mid_compile_is_taken_over(warm_store, tmp_path):
         os.killpg(holder.pid, signal.SIGKILL)
         holder.wait()
     res = env.result(waiter, timeout=300)
-    assert res["equal"] == [True] and res["fx_miss"] == 1 and res["stats"]["lease_takeovers"] >= 1
+    assert res["equal"] == [True] and res["fx_compiles"] == 1 and res["stats"]["lease_takeovers"] >= 1
     assert len(_started(env)) == 2

@@ -1,9 +1,10 @@
 """A process that torch.compile's two small programs on the CPU (an MLP in
 inference and an elementwise function: two FX graphs) under kcache.torch,
 or Inductor's own caches with HOST_CACHE=inductor, runs them and prints one
-JSON line: whether each result equals eager's, Inductor's FX graph cache
-counters in this process (fxgraph_cache_miss: graphs compiled;
-fxgraph_cache_hit: graphs loaded), the C++ compiler runs, and the kcache
+JSON line: whether each result equals eager's, the FX graphs Inductor
+compiled (fx_compiles: its fx_codegen_and_compile runs), Inductor's FX graph
+cache counters in this process (fxgraph_cache_miss, fxgraph_cache_hit: graphs
+loaded), AOTAutograd's cache hits, the C++ compiler runs, and the kcache
 statistics. $PROGRAMS: how many of the two to compile (default 2).
 $INDUCTOR_OPTION=name=value sets a torch._inductor.config option (a bool or
 an int). With $COMPILE_SLEEP each FX graph compile sleeps that long after
@@ -33,7 +34,12 @@ if os.environ.get("INDUCTOR_OPTION"):
 _real_compile = compile_fx.fx_codegen_and_compile
 
 
+fx_compiles = 0
+
+
 def _slow_compile(*args, **kwargs):
+    global fx_compiles
+    fx_compiles += 1
     if os.environ.get("COUNT_FILE"):
         with open(os.environ["COUNT_FILE"] + ".started", "a") as f:
             f.write(f"{os.getpid()}\n")
@@ -75,9 +81,10 @@ with torch.no_grad():
         out = torch.compile(mlp)(x)
         equal.append(bool(torch.allclose(out, mlp(x), atol=1e-5)))
 
-res = {"equal": equal, "fx_miss": counters["inductor"]["fxgraph_cache_miss"],
+res = {"equal": equal, "fx_compiles": fx_compiles, "fx_miss": counters["inductor"]["fxgraph_cache_miss"],
        "fx_hit": counters["inductor"]["fxgraph_cache_hit"],
        "fx_bypass": counters["inductor"]["fxgraph_cache_bypass"], "cxx_runs": cxx_runs,
+       "aot_hit": counters["aot_autograd"]["autograd_cache_hit"],
        "seconds": round(time.time() - t0, 3)}
 if "kcache.torch" in sys.modules:
     import kcache.torch
