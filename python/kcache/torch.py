@@ -8,7 +8,7 @@ package's start-up hook, kcache-boot.pth, calls enable() once
 torch._inductor.compile_fx has loaded, at the program's first compile;
 python/_kcache_boot.py).
 
-Two things Inductor compiles become kcache entries:
+What torch.compile compiles becomes kcache entries:
 
 * every FX graph Inductor compiles (a forward, a backward or an inference
   graph of a torch.compile'd region): Inductor's pickled CompiledFxGraph,
@@ -32,6 +32,15 @@ Two things Inductor compiles become kcache entries:
   (under a temporary name, then renamed). A build outside that folder (a
   header preprocessed in a temporary folder) is not cached.
 
+* every AOTAutograd cache entry (what AOTAutograd's own cache stores: the
+  compiled region's wrappers, naming its forward and backward FX graphs by
+  their keys): under AOTAutograd's key and the torch, Triton and C++
+  compiler versions, labelled `AOTAutograd <key prefix>`. Looked up after
+  AOTAutograd's own folder, without a flight (the lookup comes before the
+  compile, whose graphs have flights of their own); a hit loads its graphs
+  from kcache, and a graph missing there is a miss of the entry
+  (AOTAutograd then compiles as usual).
+
 No key holds a cache folder, so processes with their own
 TORCHINDUCTOR_CACHE_DIR share one store.
 
@@ -47,14 +56,15 @@ KCACHE_REMOTE_SECRET_FILE: entries are code, and a remote without a secret
 is left out) and every other KCACHE_* variable are kcache's. The folder is
 $KCACHE_DIR, else <Inductor's cache folder>/kcache
 ($TORCHINDUCTOR_CACHE_DIR, else <temporary folder>/torchinductor_<user>).
-AOTAutograd's own cache (on by default, in Inductor's cache folder) keeps
-its entries, which name FX graphs by key: a hit there loads the graphs
-from kcache.
+AOTAutograd's own folder (in Inductor's cache folder) is still written and
+looked up first.
 
-Plugged in through Inductor's remote FX graph cache interface: enable()
-turns torch._inductor.config.fx_graph_remote_cache on and Inductor's own FX
-graph folder (fx_graph_cache) off, and FxGraphCache.get_remote_cache
-returns a KcacheFxGraphCache (a torch._inductor.remote_cache.RemoteCache).
+Plugged in through the remote cache interfaces of Inductor and
+AOTAutograd: enable() turns torch._inductor.config.fx_graph_remote_cache
+and torch._functorch.config.enable_remote_autograd_cache on and Inductor's
+own FX graph folder (fx_graph_cache) off; FxGraphCache.get_remote_cache
+returns a KcacheFxGraphCache and AOTAutogradCache.get_remote_cache a
+KcacheAOTAutogradCache (torch._inductor.remote_cache.RemoteCache, each).
 FxGraphCache.load_with_key is wrapped to hand its hash details to the
 lookup; compile_fx._compile_fx_inner to end the flights a compile did not
 commit; cpp_builder.CppBuilder.build (and codecache._worker_compile_cpp,
@@ -441,8 +451,8 @@ def _worker_compile_cpp(lock_path: str, cpp_builders: Sequence[Any]) -> None:
 
 
 def enable() -> None:
-    """Makes Inductor keep every FX graph and C++ build it compiles in
-    kcache (call it before the first compile). Idempotent."""
+    """Makes Inductor keep every FX graph and C++ build it compiles, and
+    AOTAutograd its entries, in kcache (call it before the first compile). Idempotent."""
     global _enabled
     with _lock:
         if _enabled:

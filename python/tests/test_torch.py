@@ -10,6 +10,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
@@ -172,3 +173,14 @@ def test_process_killed_mid_compile_is_taken_over(warm_store, tmp_path):
     res = env.result(waiter, timeout=300)
     assert res["equal"] == [True] and res["fx_compiles"] == 1 and res["stats"]["lease_takeovers"] >= 1
     assert len(_started(env)) == 2
+
+
+def test_import_says_what_to_install():
+    code = "import sys; sys.modules['torch'] = None\nimport kcache.torch"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0
+    assert "ImportError" in r.stderr and "pip install 'kcache-jit[torch]'" in r.stderr, r.stderr
+    code = "import torch; torch.__version__ = '2.13.1'\nimport kcache.torch"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0
+    assert "kcache.torch supports PyTorch 2.14 and 2.15; this is PyTorch 2.13.1" in r.stderr, r.stderr
