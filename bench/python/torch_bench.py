@@ -107,10 +107,12 @@ def main():
                     note = f"{med['cold'][1] / cpu:.1f}x less CPU than cold"
                 if r == "N":
                     best = med["cold"][1] + (n - 1) * med["warm"][1]
-                    note = f"CPU {cpu / med['cold'][1]:.1f}x one cold; over cold + {n - 1} warm {100 * (cpu / best - 1):+.0f}%"
+                    note = (f"CPU {cpu / med['cold'][1]:.1f}x one cold; over cold + {n - 1} warm "
+                            f"{100 * (cpu / best - 1):+.0f}%")
                 print(f"  {mode:<7} {label:<10} {fx:>3g} {cxx:>4g} {cpu:>7.2f} {wall:>7.2f}   {note}")
         own, kc = meds["own"], meds["kcache"]
-        print("  kcache / own, CPU: " + ", ".join(f"{r} {kc[r][1] / own[r][1]:.2f}" for r in ("cold", "warm", "new", "N")))
+        ratios = ", ".join(f"{r} {kc[r][1] / own[r][1]:.2f}" for r in ("cold", "warm", "new", "N"))
+        print(f"  kcache / own, CPU: {ratios}")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -80,7 +80,7 @@ import os
 import re
 import subprocess
 import threading
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 import kcache
 
