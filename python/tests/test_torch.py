@@ -184,3 +184,11 @@ def test_import_says_what_to_install():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode != 0
     assert "kcache.torch supports PyTorch 2.14 and 2.15; this is PyTorch 2.13.1" in r.stderr, r.stderr
+
+
+def test_hook_does_nothing_without_the_variable():
+    code = ("import sys, torch, torch._inductor.compile_fx\n"
+            "print(int('kcache' in sys.modules or '_kcache_boot' in sys.modules))")
+    env = {k: v for k, v in os.environ.items() if k not in ("KCACHE_TORCH", "TRITON_CACHE_MANAGER")}
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip().splitlines()[-1] == "0", r.stderr
