@@ -27,6 +27,6 @@ dst=$("$tvenv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["pur
 rm -rf "$dst/kcache" "$dst"/kcache_jit-*.dist-info
 cp -r "$src/kcache" "$dst/kcache"
 for f in _kcache_boot.py kcache-boot.pth "$(cd "$src" && echo kcache_jit-*.dist-info)"; do
-  [ -e "$src/$f" ] && cp -r "$src/$f" "$dst/$f"
+  if [ -e "$src/$f" ]; then cp -r "$src/$f" "$dst/$f"; fi
 done
 "$tvenv/bin/python" -c 'import torch, kcache; print("python-torch: torch", torch.__version__, "kcache", kcache.__version__)'
