@@ -11,7 +11,8 @@ export CCACHE_NOHASHDIR ?= 1
 JOBS  ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: all deps configure build demo test test-unprivileged test-llvm bench sanitize install-check clean python format format-check \
+.PHONY: all deps configure build demo test test-unprivileged test-llvm bench sanitize install-check clean python python-torch \
+        format format-check \
         wheel wheel-check
 
 all: build
@@ -34,7 +35,7 @@ demo: configure
 	  cmake --build $(BUILD) -j $(JOBS) --target $(DEMO_TARGETS); fi
 	@bash scripts/demo.sh $(BUILD)
 
-test: build python
+test: build python python-torch
 	@cd $(BUILD) && ctest -j $(JOBS) --output-on-failure --timeout 600
 
 # The C and C++ tests once more as an unprivileged user (from root: USER,
@@ -57,6 +58,15 @@ python: deps
 	  $(VENV)/bin/pip install -q $(PY_DEPS) && echo "$(PY_DEPS)" > $(VENV)/.kcache-deps; }
 	@$(VENV)/bin/pip install -q --no-build-isolation \
 	  $(if $(shell command -v ccache),--config-settings=cmake.define.CMAKE_CXX_COMPILER_LAUNCHER=ccache) .
+
+# build/venv-torch: PyTorch (the newest line tested, from PyPI, with its CUDA
+# libraries: several GB, kept in pip's cache), numpy and pytest, beside the
+# kcache package of build/venv (same interpreter); the PyTorch suite in ctest
+# (python_torch) runs in it. scripts/torch_venv.sh.
+TORCH_VENV ?= $(BUILD)/venv-torch
+TORCH_DEPS  = torch==2.15.* numpy pytest
+python-torch: python
+	@bash scripts/torch_venv.sh $(VENV) $(TORCH_VENV) "$(TORCH_DEPS)"
 
 # A wheel that needs nothing but the C and C++ runtimes, in $(WHEEL_DIR):
 # hiredis and OpenSSL linked in (KCACHE_STATIC_DEPS), LMDB, zstd and xxHash

@@ -229,13 +229,14 @@ TEST_P(CliConfigTest, AnUnusableRemoteIsSaidOnceByStats) {
 TEST_P(CliConfigTest, DoctorNamesTheStoreOfEachHost) {
   Result r = run({"doctor", "--hosts"}, false, {{"KCACHE_DIR", dir()}});
   ASSERT_EQ(r.rc, 0) << r.err;
-  for (const char* h : {"library", "triton", "jax", "warp"})
+  for (const char* h : {"library", "triton", "jax", "warp", "torch"})
     EXPECT_NE(r.out.find(fmt_host(h) + dir() + " (environment KCACHE_DIR"), std::string::npos) << h << r.out;
-  EXPECT_EQ(lines(r.out), 4u) << r.out;
+  EXPECT_EQ(lines(r.out), 5u) << r.out;
   const std::map<std::string, std::string> env = {{"TRITON_HOME", file("th")},
                                                   {"XDG_CACHE_HOME", file("xdg-cache")},
                                                   {"TRITON_CACHE_DIR", file("tc")},
-                                                  {"JAX_COMPILATION_CACHE_DIR", file("jc")}};
+                                                  {"JAX_COMPILATION_CACHE_DIR", file("jc")},
+                                                  {"TORCHINDUCTOR_CACHE_DIR", file("ti")}};
   r = run({"doctor", "--hosts"}, false, env);
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_NE(r.out.find(fmt_host("library") + file("xdg-cache") + "/kcache (default"), std::string::npos) << r.out;
@@ -243,6 +244,16 @@ TEST_P(CliConfigTest, DoctorNamesTheStoreOfEachHost) {
   EXPECT_NE(r.out.find(fmt_host("jax") + file("jc") + "/kcache (JAX_COMPILATION_CACHE_DIR)"), std::string::npos)
       << r.out;
   EXPECT_NE(r.out.find(fmt_host("warp") + file("xdg-cache") + "/warp/VERSION/kcache (Warp's default cache"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find(fmt_host("torch") + file("ti") + "/kcache (TORCHINDUCTOR_CACHE_DIR)"), std::string::npos)
+      << r.out;
+  auto no_inductor = env;
+  no_inductor.erase("TORCHINDUCTOR_CACHE_DIR");
+  no_inductor["TMPDIR"] = file("tmp");
+  no_inductor["LOGNAME"] = "someone";
+  r = run({"doctor", "--hosts"}, false, no_inductor);
+  EXPECT_NE(r.out.find(fmt_host("torch") + file("tmp") + "/torchinductor_someone/kcache (Inductor's default cache)"),
             std::string::npos)
       << r.out;
   auto no_triton = env;

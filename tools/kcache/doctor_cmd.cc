@@ -7,6 +7,7 @@
 // code), each bundle (opens, signed by a trusted key). Exit 3 when
 // something configured does not work. Also the remote probe that `stats`
 // shows.
+#include <pwd.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -213,7 +214,7 @@ int print_hosts(Ctx& c) {
   const std::string lib_why = everyone ? it->second : "default";
   rows.push_back({"library", lib, lib_why + "; C++, C, this tool, kcache.Cache(), kcache.llvmlite, kcache.numba"});
   if (everyone) {
-    for (const char* h : {"triton", "jax", "warp"}) rows.push_back({h, lib, lib_why});
+    for (const char* h : {"triton", "jax", "warp", "torch"}) rows.push_back({h, lib, lib_why});
   } else {
     const std::string home = util::getenv_str("HOME");
     std::string triton = util::getenv_str("TRITON_CACHE_DIR");
@@ -235,6 +236,22 @@ int print_hosts(Ctx& c) {
       warp_why = "Warp's default cache, after wp.init()";
     }
     rows.push_back({"warp", warp + "/VERSION/kcache", warp_why + "; before it: " + lib});
+    // Inductor's cache folder: TORCHINDUCTOR_CACHE_DIR, else
+    // <tempfile.gettempdir()>/torchinductor_<getpass.getuser()>.
+    std::string inductor = util::getenv_str("TORCHINDUCTOR_CACHE_DIR");
+    std::string inductor_why = "TORCHINDUCTOR_CACHE_DIR";
+    if (inductor.empty()) {
+      std::string user;
+      for (const char* v : {"LOGNAME", "USER", "LNAME", "USERNAME"})
+        if (user.empty()) user = util::getenv_str(v);
+      if (user.empty()) {
+        const passwd* pw = getpwuid(getuid());
+        user = pw != nullptr ? pw->pw_name : "uid_" + std::to_string(getuid());
+      }
+      inductor = env_or("TMPDIR", "/tmp") + "/torchinductor_" + user;
+      inductor_why = "Inductor's default cache";
+    }
+    rows.push_back({"torch", inductor + "/kcache", inductor_why});
   }
   if (c.json) {
     util::JsonWriter w;
