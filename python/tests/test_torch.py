@@ -192,3 +192,31 @@ def test_hook_does_nothing_without_the_variable():
     env = {k: v for k, v in os.environ.items() if k not in ("KCACHE_TORCH", "TRITON_CACHE_MANAGER")}
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.strip().splitlines()[-1] == "0", r.stderr
+
+
+def test_a_signed_bundle_ships_a_warm_start(warm_store, tmp_path):
+    """What Mega-Cache's save/load_cache_artifacts is for, as kcache does it:
+    the filled store written to a signed bundle (`kcache bundle create
+    --sign`), and a process with an empty store and an empty Inductor folder
+    that mounts it (KCACHE_BUNDLES, KCACHE_BUNDLE_TRUST) compiles nothing.
+    A bundle signed by another key is refused: every graph compiled again."""
+    store, _ = warm_store
+    tool = _kcache_tool()
+
+    def kc(*args):
+        r = subprocess.run([tool, *args], capture_output=True, text=True, timeout=120,
+                           env={k: v for k, v in os.environ.items() if not k.startswith("KCACHE_")})
+        assert r.returncode == 0, r.stderr
+        return r.stdout
+    key, other = str(tmp_path / "ship.key"), str(tmp_path / "other.key")
+    kc("bundle", "keygen", key)
+    kc("bundle", "keygen", other)
+    bundle = str(tmp_path / "warm.kcb")
+    kc("--dir", str(store), "--engine", "files", "bundle", "create", "-o", bundle, "--sign", key)
+    env = _env(tmp_path, tmp_path / "empty-store")
+    res = env.run(KCACHE_BUNDLES=bundle, KCACHE_BUNDLE_TRUST=key + ".pub")
+    assert res["equal"] == [True, True]
+    assert res["fx_compiles"] == 0 and res["fx_hit"] == 2 and res["cxx_runs"] <= 1, res
+    env = _env(tmp_path, tmp_path / "empty-store-2")
+    res = env.run(KCACHE_BUNDLES=bundle, KCACHE_BUNDLE_TRUST=other + ".pub", PROGRAMS=1)
+    assert res["equal"] == [True] and res["fx_compiles"] == 1, res
