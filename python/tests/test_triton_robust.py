@@ -306,8 +306,19 @@ def test_triton_key_memo_is_keyed_on_a_stat_walk_of_the_tree(tmp_path):
     st = os.stat(lib)
     os.utime(lib, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # touched
     assert walk() != d0
-    os.utime(lib, ns=(st.st_atime_ns, st.st_mtime_ns))  # and back: the same identity
+    time.sleep(0.01)
+    os.utime(lib, ns=(st.st_atime_ns, st.st_mtime_ns))  # and back: its ctime moved on
+    d0 = walk()
     assert walk() == d0
+    # Rewritten in place, same size, same inode, mtime put back (touch -r):
+    # only the ctime tells.
+    time.sleep(0.01)
+    with open(lib, "r+b") as f:
+        f.write(b"\x7fELF\x02")
+    os.utime(lib, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert os.stat(lib).st_ino == st.st_ino and os.stat(lib).st_size == st.st_size
+    assert walk() != d0
+    d0 = walk()
 
     copy = root / "_C" / "libtriton.so.new"  # the same bytes and times in a new inode
     shutil.copy2(lib, copy)

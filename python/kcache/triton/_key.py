@@ -33,11 +33,13 @@ def triton_root() -> str:
 
 
 def stat_walk(root: str) -> str:
-    """A digest of the identity (path, size, mtime_ns, inode) of every
-    file under `root`, following symbolic links (each folder walked once),
-    without __pycache__ folders. A file that cannot be read counts by its
-    path alone."""
-    files: List[Tuple[str, int, int, int]] = []
+    """A digest of the identity (path, size, mtime_ns, ctime_ns, inode) of
+    every file under `root`, following symbolic links (each folder walked
+    once), without __pycache__ folders. A file that cannot be read counts by
+    its path alone. The ctime catches a file rewritten in place with its
+    size and mtime put back (`touch -r`, `cp -p` onto it): it cannot be
+    set, only moved forward by any change."""
+    files: List[Tuple[str, int, int, int, int]] = []
     try:
         top = os.stat(root)
         seen = {(top.st_dev, top.st_ino)}
@@ -49,7 +51,7 @@ def stat_walk(root: str) -> str:
         try:
             it = os.scandir(d)
         except OSError:
-            files.append((d, -1, -1, -1))
+            files.append((d, -1, -1, -1, -1))
             continue
         with it:
             for e in it:
@@ -61,10 +63,10 @@ def stat_walk(root: str) -> str:
                         continue
                     st = e.stat()
                 except OSError:
-                    files.append((e.path, -1, -1, -1))
+                    files.append((e.path, -1, -1, -1, -1))
                     continue
                 if not stat.S_ISDIR(st.st_mode):
-                    files.append((e.path, st.st_size, st.st_mtime_ns, st.st_ino))
+                    files.append((e.path, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino))
                 elif (st.st_dev, st.st_ino) not in seen:  # a linked folder: walked once
                     seen.add((st.st_dev, st.st_ino))
                     stack.append(e.path)
