@@ -252,6 +252,12 @@ Running start_child(const Args& a, const char* self, const std::string& mode, co
   pid_t pid = ::fork();
   if (pid < 0) die("fork");
   if (pid == 0) {
+    // A session of its own, as a process started on its own has: where the
+    // scheduler groups processes by session (autogroup), N children of one
+    // session would share one session's part of the machine's CPU when
+    // other sessions keep it busy, and N processes could never finish
+    // sooner than one.
+    ::setsid();
     if (disabled)
       ::setenv("KCACHE_DISABLE", "1", 1);
     else
@@ -347,49 +353,56 @@ std::string runs_of(const Together& t) {
 // --coop N (see the top of the file).
 int coop_bench(const Args& a, const char* self, const std::string& tmp, unsigned files) {
   const unsigned n = a.coop;
-  std::vector<double> one, coop, by_one, r_coop, r_by_one, r_cpu;
-  std::string split;
+  struct Round {
+    Together one, coop, by_one;  // one process; n with add_files; n with add_file one by one
+  };
+  std::vector<Round> rounds;
   for (unsigned r = 0; r < std::max(1u, a.rounds); ++r) {
     const std::string dir = tmp + "/coop-" + std::to_string(r + 1);
-    Together o, c, b;
+    Round& x = rounds.emplace_back();
     for (unsigned k = 0; k < 3; ++k) {  // each first, second and third in turn
       switch ((r + k) % 3) {
         case 0:
-          o = together(a, self, 1, dir + "-one", true);
+          x.one = together(a, self, 1, dir + "-one", true);
           break;
         case 1:
-          c = together(a, self, n, dir + "-coop", true);
+          x.coop = together(a, self, n, dir + "-coop", true);
           break;
         default:
-          b = together(a, self, n, dir + "-by-one", false);
+          x.by_one = together(a, self, n, dir + "-by-one", false);
           break;
       }
     }
-    for (const Together* t : {&o, &c, &b}) {
+    for (const Together* t : {&x.one, &x.coop, &x.by_one}) {
       unsigned sum = 0;
-      for (unsigned x : t->codegen_runs) sum += x;
+      for (unsigned c : t->codegen_runs) sum += c;
       if (sum != files) die("compiled " + std::to_string(sum) + " modules of " + std::to_string(files));
     }
-    one.push_back(o.wall_s);
-    coop.push_back(c.wall_s);
-    by_one.push_back(b.wall_s);
-    r_coop.push_back(o.wall_s / c.wall_s);
-    r_by_one.push_back(o.wall_s / b.wall_s);
-    r_cpu.push_back(o.busiest_cpu_s / c.busiest_cpu_s);
-    split = runs_of(c);
     std::fprintf(stderr,
                  "round %u: wall one process %.3f s; %u processes with add_files %.3f s (compiles %s), one / %u = "
                  "%.3f; %u with add_file one by one %.3f s (compiles %s), one / that = %.3f; CPU one %.3f s, "
                  "busiest of the %u %.3f s\n",
-                 r + 1, o.wall_s, n, c.wall_s, runs_of(c).c_str(), n, r_coop.back(), n, b.wall_s, runs_of(b).c_str(),
-                 r_by_one.back(), o.busiest_cpu_s, n, c.busiest_cpu_s);
+                 r + 1, x.one.wall_s, n, x.coop.wall_s, runs_of(x.coop).c_str(), n, x.one.wall_s / x.coop.wall_s, n,
+                 x.by_one.wall_s, runs_of(x.by_one).c_str(), x.one.wall_s / x.by_one.wall_s, x.one.busiest_cpu_s, n,
+                 x.coop.busiest_cpu_s);
   }
+  // A figure of every round.
+  auto each = [&](double (*f)(const Round&)) {
+    std::vector<double> v;
+    for (const Round& x : rounds) v.push_back(f(x));
+    return v;
+  };
   std::printf(
       "{\"files\":%u,\"processes\":%u,\"rounds\":%zu,\"wall\":\"first start to last exit, empty store\","
       "\"one_s\":%.4f,\"coop_s\":%.4f,\"one_by_one_s\":%.4f,\"one_over_coop\":%s,\"one_over_one_by_one\":%s,"
       "\"one_cpu_over_busiest_coop_cpu\":%s,\"coop_compiles_last_round\":\"%s\"}\n",
-      files, n, one.size(), median(one), median(coop), median(by_one), stat(r_coop).c_str(), stat(r_by_one).c_str(),
-      stat(r_cpu).c_str(), split.c_str());
+      files, n, rounds.size(), median(each([](const Round& x) { return x.one.wall_s; })),
+      median(each([](const Round& x) { return x.coop.wall_s; })),
+      median(each([](const Round& x) { return x.by_one.wall_s; })),
+      stat(each([](const Round& x) { return x.one.wall_s / x.coop.wall_s; })).c_str(),
+      stat(each([](const Round& x) { return x.one.wall_s / x.by_one.wall_s; })).c_str(),
+      stat(each([](const Round& x) { return x.one.busiest_cpu_s / x.coop.busiest_cpu_s; })).c_str(),
+      runs_of(rounds.back().coop).c_str());
   return 0;
 }
 

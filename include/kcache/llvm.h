@@ -461,11 +461,12 @@ class BitcodeLoader {
   // Adds many modules at once, compiling the missing ones before it
   // returns, shared out with the other processes (and threads) that load
   // overlapping lists: every buffer is keyed and looked up first; the
-  // misses are parsed, keyed on their IR and compiled through
-  // Cache::get_or_compile_batch on `threads` workers (0: $KCACHE_JOBS, else
-  // the number of CPUs; each module has an LLVMContext of its own), which
-  // compiles first the modules no other process is compiling and only then
-  // waits for those another process is (taking over from one that died).
+  // misses are parsed, keyed on their IR and compiled, largest first,
+  // through Cache::get_or_compile_batch on `threads` workers (0:
+  // $KCACHE_JOBS, else the number of CPUs; each module has an LLVMContext of
+  // its own), which compiles first the modules no other process is
+  // compiling and only then waits for those another process is (taking over
+  // from one that died).
   // Still one compile per module across processes and threads; N processes
   // given the same list, in any order, each compile about 1/N of it. Where
   // add() leaves code generation to the JIT's first lookup of a symbol,

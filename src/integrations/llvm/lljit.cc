@@ -193,12 +193,18 @@ kcache::Expected<BitcodeLoader> BitcodeLoader::for_jit(Cache& cache, ::llvm::orc
   }
   // 2. The misses parsed, each into a context of its own, tagged with its
   // front-end key; nothing is added unless every one parses.
+  // Largest first: every process takes them in this order, and the last
+  // compile to end, which the others may wait for, is then a short one.
+  std::vector<size_t> order;
+  for (size_t i = 0; i < n; ++i)
+    if (!objects[i]) order.push_back(i);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t x, size_t y) { return bitcode[x]->getBufferSize() > bitcode[y]->getBufferSize(); });
   std::vector<::llvm::orc::ThreadSafeModule> modules(n);
   std::vector<::llvm::Module*> to_compile;
   std::vector<size_t> compiled_index;
   ::llvm::Error errors = ::llvm::Error::success();
-  for (size_t i = 0; i < n; ++i) {
-    if (objects[i]) continue;
+  for (size_t i : order) {
     auto ctx = std::make_unique<::llvm::LLVMContext>();
     auto m = parse_tagged(*bitcode[i], *ctx, fronts[i]);
     if (!m) {

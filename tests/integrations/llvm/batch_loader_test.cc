@@ -38,14 +38,10 @@ using kcache::test::TempDir;
 
 namespace {
 
-struct LlvmInit {
-  LlvmInit() {
-    llvm::InitializeNativeTarget();
-    llvm::InitializeNativeTargetAsmPrinter();
-    llvm::InitializeNativeTargetAsmParser();
-  }
-};
-const LlvmInit kInit;
+// The native target, set up before the first test (and so before any fork).
+[[maybe_unused]] const bool kNativeTarget = [] {
+  return !llvm::InitializeNativeTarget() && !llvm::InitializeNativeTargetAsmPrinter();
+}();
 
 // Function `name`: acc = acc * mul + i for i in [0, x), from `start`.
 std::string loop_fn(const std::string& name, uint64_t start, uint64_t mul) {
