@@ -475,7 +475,8 @@ class BitcodeLoader {
   // fails the call before anything is added. A module that does not compile
   // is left out (its error returned, joined with any others); the rest are
   // added. Without keys (a JIT with no CachingCompiler, or a disabled
-  // cache) these are add() of each buffer in turn.
+  // cache) the modules are parsed and added as add() adds them (compiled
+  // at their first lookup), again only once every buffer parsed.
   ::llvm::Error add_all(std::vector<std::unique_ptr<::llvm::MemoryBuffer>> bitcode, ::llvm::orc::JITDylib* jd = nullptr,
                         unsigned threads = 0);
   // The same for the files at `paths`.

@@ -100,6 +100,26 @@ class JitTargets {
   return m;
 }
 
+// The modules of bitcode[i] for each i in `which`, in that order, each in a
+// context of its own and tagged with (*fronts)[i] when `fronts` is given;
+// when any buffer does not parse, every parse error and no module.
+::llvm::Expected<std::vector<::llvm::orc::ThreadSafeModule>> parse_all(
+    const std::vector<std::unique_ptr<::llvm::MemoryBuffer>>& bitcode, const std::vector<size_t>& which,
+    const std::vector<Key>* fronts) {
+  std::vector<::llvm::orc::ThreadSafeModule> modules;
+  ::llvm::Error errors = ::llvm::Error::success();
+  for (size_t i : which) {
+    auto ctx = std::make_unique<::llvm::LLVMContext>();
+    auto m = parse_tagged(*bitcode[i], *ctx, fronts ? std::optional<Key>((*fronts)[i]) : std::nullopt);
+    if (m)
+      modules.emplace_back(std::move(*m), std::move(ctx));
+    else
+      errors = ::llvm::joinErrors(std::move(errors), m.takeError());
+  }
+  if (errors) return errors;
+  return modules;
+}
+
 }  // namespace
 
 kcache::Expected<FrontendKeys> FrontendKeys::for_jit(const JitOptions& options) {
@@ -177,13 +197,18 @@ kcache::Expected<BitcodeLoader> BitcodeLoader::for_jit(Cache& cache, ::llvm::orc
                                      ::llvm::orc::JITDylib* jd, unsigned threads) {
   for (const auto& b : bitcode)
     if (!b) return make_error("BitcodeLoader::add_all: no buffer");
-  if (!keys_ || !cache_ || !compiler_) {
-    for (auto& b : bitcode)
-      if (auto err = add(std::move(b), jd)) return err;
-    return ::llvm::Error::success();
-  }
   ::llvm::orc::JITDylib& dylib = jd ? *jd : jit_->getMainJITDylib();
   const size_t n = bitcode.size();
+  if (!keys_ || !cache_ || !compiler_) {
+    // No keys: parsed and added, as add() would, once every buffer parsed.
+    std::vector<size_t> all(n);
+    for (size_t i = 0; i < n; ++i) all[i] = i;
+    auto modules = parse_all(bitcode, all, nullptr);
+    if (!modules) return modules.takeError();
+    for (auto& m : *modules)
+      if (auto err = jit_->addIRModule(dylib, std::move(m))) return err;
+    return ::llvm::Error::success();
+  }
   // 1. Every buffer keyed on its bytes and looked up: a hit needs no parse.
   std::vector<std::unique_ptr<::llvm::MemoryBuffer>> objects(n);
   std::vector<Key> fronts(n);
@@ -191,40 +216,28 @@ kcache::Expected<BitcodeLoader> BitcodeLoader::for_jit(Cache& cache, ::llvm::orc
     fronts[i] = front_key(*bitcode[i]);
     objects[i] = keys_->find(*cache_, fronts[i], counters_.get());
   }
-  // 2. The misses parsed, each into a context of its own, tagged with its
-  // front-end key; nothing is added unless every one parses.
-  // Largest first: every process takes them in this order, and the last
-  // compile to end, which the others may wait for, is then a short one.
+  // 2. The misses parsed, largest first: every process takes them in this
+  // order, and the last compile to end, which the others may wait for, is
+  // then a short one.
   std::vector<size_t> order;
   for (size_t i = 0; i < n; ++i)
     if (!objects[i]) order.push_back(i);
   std::stable_sort(order.begin(), order.end(),
                    [&](size_t x, size_t y) { return bitcode[x]->getBufferSize() > bitcode[y]->getBufferSize(); });
-  std::vector<::llvm::orc::ThreadSafeModule> modules(n);
+  auto modules = parse_all(bitcode, order, &fronts);
+  if (!modules) return modules.takeError();
   std::vector<::llvm::Module*> to_compile;
-  std::vector<size_t> compiled_index;
-  ::llvm::Error errors = ::llvm::Error::success();
-  for (size_t i : order) {
-    auto ctx = std::make_unique<::llvm::LLVMContext>();
-    auto m = parse_tagged(*bitcode[i], *ctx, fronts[i]);
-    if (!m) {
-      errors = ::llvm::joinErrors(std::move(errors), m.takeError());
-      continue;
-    }
-    to_compile.push_back(m->get());
-    compiled_index.push_back(i);
-    modules[i] = ::llvm::orc::ThreadSafeModule(std::move(*m), std::move(ctx));
-  }
-  if (errors) return errors;
+  for (auto& m : *modules) to_compile.push_back(m.getModuleUnlocked());
   // 3. Keyed on their IR and compiled, shared out with the other processes.
   auto compiled = compiler_->compile_all(to_compile, threads);
+  ::llvm::Error errors = ::llvm::Error::success();
   for (size_t k = 0; k < compiled.size(); ++k) {
     if (compiled[k])
-      objects[compiled_index[k]] = std::move(*compiled[k]);
+      objects[order[k]] = std::move(*compiled[k]);
     else
       errors = ::llvm::joinErrors(std::move(errors), compiled[k].takeError());
   }
-  modules.clear();
+  modules->clear();
   // 4. The objects handed to the JIT in the caller's order.
   for (auto& obj : objects) {
     if (!obj) continue;

@@ -345,3 +345,46 @@ void held_first_module(bool kill) {
 TEST(LlvmBatchLoader, CompilesWhatNobodyHoldsThenWaitsForTheHolder) { held_first_module(false); }
 
 TEST(LlvmBatchLoader, AHolderKilledMidCompileIsTakenOver) { held_first_module(true); }
+
+// Input errors are all or nothing: a list with one buffer that is not
+// bitcode fails before anything is added or compiled, with the cache and
+// with it disabled; the list without it then loads.
+TEST(LlvmBatchLoader, ABufferThatDoesNotParseAddsNothing) {
+  TempDir d;
+  auto paths = write_modules(d.path(), 3, 0);
+  auto buffers = [&](bool garbage) {
+    std::vector<std::unique_ptr<llvm::MemoryBuffer>> v;
+    for (const auto& p : paths) v.push_back(std::move(*llvm::MemoryBuffer::getFile(p)));
+    if (garbage) v.push_back(llvm::MemoryBuffer::getMemBufferCopy("not bitcode", "bad.bc"));
+    return v;
+  };
+  for (bool disabled : {false, true}) {
+    kcache::Options o;
+    o.dir = d.path() + "/cache";
+    o.disabled = disabled;
+    o.log_level = kcache::LogLevel::error;
+    auto cache = kcache::Cache::open(o);
+    auto counters = std::make_shared<kl::CompileCounters>();
+    kl::JitOptions jo;
+    jo.counters = counters;
+    auto jit = kl::make_cached_lljit(*cache, jo);
+    ASSERT_TRUE(bool(jit));
+    auto loader = kl::BitcodeLoader::for_jit(**jit);
+    ASSERT_TRUE(bool(loader));
+    llvm::Error err = loader->add_all(buffers(true));
+    EXPECT_TRUE(bool(err));
+    llvm::consumeError(std::move(err));
+    EXPECT_EQ(counters->codegen_runs.load(), 0u);
+    auto none = (*jit)->lookup("f0");
+    EXPECT_FALSE(bool(none));
+    if (!none) llvm::consumeError(none.takeError());
+    EXPECT_FALSE(loader->add_all(buffers(false)));
+    // With the cache, compiled before any lookup; without, at the lookup.
+    EXPECT_EQ(counters->codegen_runs.load(), disabled ? 0u : 3u);
+    for (int i = 0; i < 3; ++i) {
+      auto sym = (*jit)->lookup("f" + std::to_string(i));
+      ASSERT_TRUE(bool(sym)) << llvm::toString(sym.takeError());
+      EXPECT_EQ(kl::compat::jit_pointer<uint64_t (*)(int64_t)>(*sym)(20), reference(1000 + i, 31, 20));
+    }
+  }
+}
