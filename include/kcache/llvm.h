@@ -430,12 +430,15 @@ std::function<std::unique_ptr<::llvm::RuntimeDyld::MemoryManager>()> arena_memor
 //   auto jit = make_cached_lljit(*cache, jo);
 //   auto loader = BitcodeLoader::for_jit(**jit);
 //   for (auto& path : files) if (auto err = loader->add_file(path)) ...
+//   // or all at once, the misses compiled now and shared out with other
+//   // processes loading the same files (add_files, below):
+//   if (auto err = loader->add_files(files)) ...
 //
 // The label of each module's entries (what `kcache misses` and
 // KCACHE_EXPLAIN compare a miss with) is the buffer identifier's last path
 // component: a file's name, whichever folder it was read from; a host that
-// adds buffers names them. Thread-safe: add() may be called from several
-// threads at once (LLJIT's own adds are).
+// adds buffers names them. Thread-safe: add() and add_all() may be called
+// from several threads at once (LLJIT's own adds are).
 class BitcodeLoader {
  public:
   // For `jit`, which make_cached_lljit built (or any LLJIT whose compile
