@@ -9,7 +9,20 @@
 //   warm     the same again on that folder
 //
 //   kcache_bench_llvm_codebase --bc DIR [--rounds N] [--check sha|lua|none]
-//   kcache_bench_llvm_codebase --bc DIR --symbols FILE --run plain|kcache [--cache DIR] [--check ...]
+//   kcache_bench_llvm_codebase --bc DIR --coop N [--rounds R] [--check ...]
+//   kcache_bench_llvm_codebase --bc DIR --symbols FILE --run plain|kcache [--cache DIR] [--batch T] [--check ...]
+//
+// --coop N: processes sharing a cold start. Each round, on empty stores,
+// in wall time from the first fork to the last exit: one process loading
+// every file (BitcodeLoader::add_files, one compile thread), N such
+// processes started together on the same list in the same order, and (the
+// baseline of before) N processes adding the files one by one (add_file).
+// Prints each, the ratio one / N (how much sooner N processes finish than
+// one) and checks each module was compiled once in all and that every
+// process's JIT answers right. Under other load wall time says more about
+// that load than about kcache, so the ratios are also given over the
+// quiet rounds alone: those in which the one process had a core to itself
+// (its CPU time at least 95 % of its wall time).
 //
 // Every round runs plain, nocache and cold in a rotating order (each goes
 // first, second and third equally often over three rounds), then warm. CPU
@@ -59,6 +72,8 @@ namespace {
 struct Args {
   std::string bc, cache, symbols, run, check = "none";
   unsigned rounds = 3;
+  unsigned coop = 0;   // --coop N: the cooperative cold start with N processes
+  unsigned batch = 0;  // --batch T: add_files on T compile threads (0: add_file one by one)
 };
 
 using kcache::bench::clock_s;
@@ -190,8 +205,14 @@ int run_once(const Args& a) {
     jit = std::move(*j);
     auto loader = kcache::llvm::BitcodeLoader::for_jit(*cache, *jit, jo);
     if (!loader) die(loader.error().to_string());
-    for (const auto& [path, sym] : syms)
-      if (auto err = loader->add_file(path)) die(path + ": " + llvm::toString(std::move(err)));
+    if (a.batch) {
+      std::vector<std::string> paths;
+      for (const auto& [path, sym] : syms) paths.push_back(path);
+      if (auto err = loader->add_files(paths, nullptr, a.batch)) die(llvm::toString(std::move(err)));
+    } else {
+      for (const auto& [path, sym] : syms)
+        if (auto err = loader->add_file(path)) die(path + ": " + llvm::toString(std::move(err)));
+    }
   }
   for (const auto& [path, sym] : syms) {
     auto s = jit->lookup(sym);
@@ -214,14 +235,29 @@ struct Child {
   double cpu_s = 0;  // user + system of the whole child
 };
 
-Child run_child(const Args& a, const char* self, const std::string& mode, const std::string& cache, bool disabled) {
+struct Running {
+  pid_t pid;
+  int fd;  // the child's stdout
+  std::string mode;
+};
+
+// Starts `self` as a child in `mode` (--batch `batch` when not 0).
+Running start_child(const Args& a, const char* self, const std::string& mode, const std::string& cache, bool disabled,
+                    unsigned batch = 0) {
   std::vector<std::string> argv = {self, "--bc", a.bc, "--symbols", a.symbols, "--run", mode, "--check", a.check};
   if (!cache.empty()) argv.insert(argv.end(), {"--cache", cache});
+  if (batch) argv.insert(argv.end(), {"--batch", std::to_string(batch)});
   int fd[2];
   if (::pipe(fd) != 0) die("pipe");
   pid_t pid = ::fork();
   if (pid < 0) die("fork");
   if (pid == 0) {
+    // A session of its own, as a process started on its own has: where the
+    // scheduler groups processes by session (autogroup), N children of one
+    // session would share one session's part of the machine's CPU when
+    // other sessions keep it busy, and N processes could never finish
+    // sooner than one.
+    ::setsid();
     if (disabled)
       ::setenv("KCACHE_DISABLE", "1", 1);
     else
@@ -236,6 +272,14 @@ Child run_child(const Args& a, const char* self, const std::string& mode, const 
     _exit(127);
   }
   ::close(fd[1]);
+  return {pid, fd[0], mode};
+}
+
+// Its output and CPU time once it ends (dies when it failed).
+Child finish_child(const Running& r) {
+  const int fd[2] = {r.fd, -1};
+  const pid_t pid = r.pid;
+  const std::string& mode = r.mode;
   Child c;
   char buf[4096];
   ssize_t n;
@@ -249,6 +293,10 @@ Child run_child(const Args& a, const char* self, const std::string& mode, const 
             static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) * 1e-6;
   while (!c.out.empty() && c.out.back() == '\n') c.out.pop_back();
   return c;
+}
+
+Child run_child(const Args& a, const char* self, const std::string& mode, const std::string& cache, bool disabled) {
+  return finish_child(start_child(a, self, mode, cache, disabled));
 }
 
 double num(const std::string& json, const std::string& field) {
@@ -270,6 +318,98 @@ std::string stat(const std::vector<double>& v) {
                 v.empty() ? 0 : *std::min_element(v.begin(), v.end()),
                 v.empty() ? 0 : *std::max_element(v.begin(), v.end()));
   return b;
+}
+
+// `n` processes started together on the empty store `dir`, each loading
+// every file (add_files on one compile thread when `batch`, else add_file
+// one by one): the wall time from the first start to the last end, and
+// the code generator runs of each.
+struct Together {
+  double wall_s = 0;
+  double busiest_cpu_s = 0;  // the largest CPU time of one of the processes
+  std::vector<unsigned> codegen_runs;
+};
+
+Together together(const Args& a, const char* self, unsigned n, const std::string& dir, bool batch) {
+  Together t;
+  const double t0 = now_s();
+  std::vector<Running> kids;
+  for (unsigned k = 0; k < n; ++k) kids.push_back(start_child(a, self, "kcache", dir, false, batch ? 1 : 0));
+  for (const auto& r : kids) {
+    Child c = finish_child(r);
+    t.codegen_runs.push_back(static_cast<unsigned>(num(c.out, "codegen_runs")));
+    t.busiest_cpu_s = std::max(t.busiest_cpu_s, c.cpu_s);
+  }
+  t.wall_s = now_s() - t0;
+  return t;
+}
+
+std::string runs_of(const Together& t) {
+  std::string s;
+  for (unsigned c : t.codegen_runs) s += (s.empty() ? "" : "+") + std::to_string(c);
+  return s;
+}
+
+// --coop N (see the top of the file).
+int coop_bench(const Args& a, const char* self, const std::string& tmp, unsigned files) {
+  const unsigned n = a.coop;
+  struct Round {
+    Together one, coop, by_one;  // one process; n with add_files; n with add_file one by one
+    // The share of a core the one process had: its CPU time over its wall.
+    double one_share() const { return one.busiest_cpu_s / one.wall_s; }
+    // Whether the machine left it a core (95 % or more) to itself.
+    bool quiet() const { return one_share() >= 0.95; }
+  };
+  std::vector<Round> rounds;
+  for (unsigned r = 0; r < std::max(1u, a.rounds); ++r) {
+    const std::string dir = tmp + "/coop-" + std::to_string(r + 1);
+    Round& x = rounds.emplace_back();
+    for (unsigned k = 0; k < 3; ++k) {  // each first, second and third in turn
+      switch ((r + k) % 3) {
+        case 0:
+          x.one = together(a, self, 1, dir + "-one", true);
+          break;
+        case 1:
+          x.coop = together(a, self, n, dir + "-coop", true);
+          break;
+        default:
+          x.by_one = together(a, self, n, dir + "-by-one", false);
+          break;
+      }
+    }
+    for (const Together* t : {&x.one, &x.coop, &x.by_one}) {
+      unsigned sum = 0;
+      for (unsigned c : t->codegen_runs) sum += c;
+      if (sum != files) die("compiled " + std::to_string(sum) + " modules of " + std::to_string(files));
+    }
+    std::fprintf(stderr,
+                 "round %u: wall one process %.3f s; %u processes with add_files %.3f s (compiles %s), one / %u = "
+                 "%.3f; %u with add_file one by one %.3f s (compiles %s), one / that = %.3f; the one process "
+                 "had %.0f %% of a core%s\n",
+                 r + 1, x.one.wall_s, n, x.coop.wall_s, runs_of(x.coop).c_str(), n, x.one.wall_s / x.coop.wall_s, n,
+                 x.by_one.wall_s, runs_of(x.by_one).c_str(), x.one.wall_s / x.by_one.wall_s, 100 * x.one_share(),
+                 x.quiet() ? " (quiet)" : "");
+  }
+  // A figure of every round, or of the quiet ones.
+  auto each = [&](double (*f)(const Round&), bool quiet = false) {
+    std::vector<double> v;
+    for (const Round& x : rounds)
+      if (!quiet || x.quiet()) v.push_back(f(x));
+    return v;
+  };
+  const auto coop_ratio = [](const Round& x) { return x.one.wall_s / x.coop.wall_s; };
+  const auto by_one_ratio = [](const Round& x) { return x.one.wall_s / x.by_one.wall_s; };
+  std::printf(
+      "{\"files\":%u,\"processes\":%u,\"rounds\":%zu,\"wall\":\"first start to last exit, empty store\","
+      "\"one_s\":%.4f,\"coop_s\":%.4f,\"one_by_one_s\":%.4f,\"one_over_coop\":%s,\"one_over_one_by_one\":%s,"
+      "\"quiet_rounds\":%zu,\"quiet_one_over_coop\":%s,\"quiet_one_over_one_by_one\":%s,"
+      "\"coop_compiles_last_round\":\"%s\"}\n",
+      files, n, rounds.size(), median(each([](const Round& x) { return x.one.wall_s; })),
+      median(each([](const Round& x) { return x.coop.wall_s; })),
+      median(each([](const Round& x) { return x.by_one.wall_s; })), stat(each(coop_ratio)).c_str(),
+      stat(each(by_one_ratio)).c_str(), each(coop_ratio, true).size(), stat(each(coop_ratio, true)).c_str(),
+      stat(each(by_one_ratio, true)).c_str(), runs_of(rounds.back().coop).c_str());
+  return 0;
 }
 
 }  // namespace
@@ -294,6 +434,10 @@ int main(int argc, char** argv) {
       a.check = val();
     else if (s == "--rounds")
       a.rounds = static_cast<unsigned>(std::stoul(val()));
+    else if (s == "--coop")
+      a.coop = static_cast<unsigned>(std::stoul(val()));
+    else if (s == "--batch")
+      a.batch = static_cast<unsigned>(std::stoul(val()));
     else
       die("unknown argument " + s + " (see the comment at the top of bench/llvm_codebase_bench.cc)");
   }
@@ -313,6 +457,11 @@ int main(int argc, char** argv) {
   std::string tmp = std::string(std::getenv("TMPDIR") ? std::getenv("TMPDIR") : "/tmp") + "/kcache-codebase-XXXXXX";
   if (!::mkdtemp(tmp.data())) die("mkdtemp");
   a.symbols = write_symbols(a.bc, tmp + "/symbols");
+  if (a.coop) {
+    int rc = coop_bench(a, self, tmp, static_cast<unsigned>(read_symbols(a.symbols).size()));
+    (void)::system(("rm -rf '" + tmp + "'").c_str());
+    return rc;
+  }
   std::vector<double> plain, nocache, cold, warm, r_cold, r_nocache, r_warm, warm_share, warm_key_share;
   std::string files;
   for (unsigned r = 0; r < std::max(1u, a.rounds); ++r) {

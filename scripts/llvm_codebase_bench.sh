@@ -9,9 +9,12 @@
 # AES-NI), and ec_nat_module.c, a unity build of others; 46 files. Then
 # kcache_bench_llvm_codebase runs a plain LLJIT, kcache with
 # KCACHE_DISABLE=1, cold and warm, ROUNDS times (default 5), in CPU time,
-# and checks the JIT-ed SHA-256 and MD5 of "abc".
+# and checks the JIT-ed SHA-256 and MD5 of "abc". COOP=N runs instead the
+# shared cold start: one process against N processes started together on
+# an empty store (BitcodeLoader::add_files), and N adding files one by one,
+# in wall time.
 #
-#   scripts/llvm_codebase_bench.sh [BUILD]      (ROUNDS=N, CODEBASE_SRC=dir)
+#   scripts/llvm_codebase_bench.sh [BUILD]      (ROUNDS=N, CODEBASE_SRC=dir, COOP=N)
 #
 # Everything it fetches and makes goes to BUILD/codebase; nothing is committed.
 set -euo pipefail
@@ -54,4 +57,8 @@ for c in "$OUT"/src/*.c; do
   [ "$OUT/bc/$n.bc" -nt "$c" ] || clang-14 -O2 -w $DEFS ${EXTRA_CFLAGS:-} -emit-llvm -c "$c" -o "$OUT/bc/$n.bc"
 done
 echo "llvm_codebase_bench: $(ls "$OUT"/bc/*.bc | wc -l) translation units of pycryptodome $VERSION in $OUT/bc" >&2
-"$BENCH" --bc "$OUT/bc" --rounds "${ROUNDS:-5}" --check sha
+if [ -n "${COOP:-}" ]; then
+  "$BENCH" --bc "$OUT/bc" --coop "$COOP" --rounds "${ROUNDS:-5}" --check sha
+else
+  "$BENCH" --bc "$OUT/bc" --rounds "${ROUNDS:-5}" --check sha
+fi

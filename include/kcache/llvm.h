@@ -332,6 +332,29 @@ class CachingCompiler final : public ::llvm::orc::IRCompileLayer::IRCompiler {
   // TargetMachine of its own while it runs, taken from machines_.
   kcache::Expected<::llvm::SmallVector<char, 0>> compile(::llvm::Module& m);
 
+  // One module on its way through the compiler (caching_compiler.cc): the
+  // same steps for operator() and compile_all.
+  struct Job;
+  // Takes the module's tags off and keys it (no key when the cache is
+  // disabled or the module cannot be keyed: it is compiled uncached).
+  void open_job(Job& job);
+  // compile() on the job's module, timed.
+  kcache::Expected<::llvm::SmallVector<char, 0>> run_job(Job& job);
+  // run_job's object as the artifacts of its entry: the compile function
+  // the cache runs on a miss.
+  kcache::Expected<std::vector<Artifact>> job_artifacts(Job& job);
+  // The object the JIT links, from what the cache answered for the job's
+  // key (or, with no key, from a compile here); a stored object that is no
+  // object for this target is compiled again and replaced.
+  ::llvm::Expected<std::unique_ptr<::llvm::MemoryBuffer>> close_job(Job& job, kcache::Expected<Entry> entry);
+  // The objects of `modules` (each in a context of its own, used by no
+  // other thread meanwhile), in order: every module keyed first, then
+  // looked up, and the misses compiled on `threads` workers through
+  // Cache::get_or_compile_batch, which compiles first what no other process
+  // is compiling and waits for the rest last.
+  std::vector<::llvm::Expected<std::unique_ptr<::llvm::MemoryBuffer>>> compile_all(
+      const std::vector<::llvm::Module*>& modules, unsigned threads);
+
   Cache& cache_;
   ::llvm::orc::JITTargetMachineBuilder jtmb_;
   TargetDesc target_;
@@ -407,12 +430,15 @@ std::function<std::unique_ptr<::llvm::RuntimeDyld::MemoryManager>()> arena_memor
 //   auto jit = make_cached_lljit(*cache, jo);
 //   auto loader = BitcodeLoader::for_jit(**jit);
 //   for (auto& path : files) if (auto err = loader->add_file(path)) ...
+//   // or all at once, the misses compiled now and shared out with other
+//   // processes loading the same files (add_files, below):
+//   if (auto err = loader->add_files(files)) ...
 //
 // The label of each module's entries (what `kcache misses` and
 // KCACHE_EXPLAIN compare a miss with) is the buffer identifier's last path
 // component: a file's name, whichever folder it was read from; a host that
-// adds buffers names them. Thread-safe: add() may be called from several
-// threads at once (LLJIT's own adds are).
+// adds buffers names them. Thread-safe: add() and add_all() may be called
+// from several threads at once (LLJIT's own adds are).
 class BitcodeLoader {
  public:
   // For `jit`, which make_cached_lljit built (or any LLJIT whose compile
@@ -435,14 +461,42 @@ class BitcodeLoader {
   // The same for the file at `path`.
   ::llvm::Error add_file(const std::string& path, ::llvm::orc::JITDylib* jd = nullptr);
 
+  // Adds many modules at once, compiling the missing ones before it
+  // returns, shared out with the other processes (and threads) that load
+  // overlapping lists: every buffer is keyed and looked up first; the
+  // misses are parsed, keyed on their IR and compiled, largest first,
+  // through Cache::get_or_compile_batch on `threads` workers (0:
+  // $KCACHE_JOBS, else the number of CPUs; each module has an LLVMContext of
+  // its own), which compiles first the modules no other process is
+  // compiling and only then waits for those another process is (taking over
+  // from one that died).
+  // Still one compile per module across processes and threads; N processes
+  // given the same list, in any order, each compile about 1/N of it. Where
+  // add() leaves code generation to the JIT's first lookup of a symbol,
+  // these compile every missing module now and hand the JIT objects.
+  // All or nothing for input errors: a buffer that cannot be read or parsed
+  // fails the call before anything is added. A module that does not compile
+  // is left out (its error returned, joined with any others); the rest are
+  // added. Without keys (a JIT with no CachingCompiler, or a disabled
+  // cache) the modules are parsed and added as add() adds them (compiled
+  // at their first lookup), again only once every buffer parsed.
+  ::llvm::Error add_all(std::vector<std::unique_ptr<::llvm::MemoryBuffer>> bitcode, ::llvm::orc::JITDylib* jd = nullptr,
+                        unsigned threads = 0);
+  // The same for the files at `paths`.
+  ::llvm::Error add_files(const std::vector<std::string>& paths, ::llvm::orc::JITDylib* jd = nullptr,
+                          unsigned threads = 0);
+
  private:
   BitcodeLoader(Cache* cache, ::llvm::orc::LLJIT& jit, std::optional<FrontendKeys> keys,
-                std::shared_ptr<CompileCounters> counters)
-      : cache_(cache), jit_(&jit), keys_(std::move(keys)), counters_(std::move(counters)) {}
+                std::shared_ptr<CompileCounters> counters, CachingCompiler* compiler)
+      : cache_(cache), jit_(&jit), keys_(std::move(keys)), counters_(std::move(counters)), compiler_(compiler) {}
+  // The front-end key of `bitcode`'s bytes (timed as key work).
+  Key front_key(const ::llvm::MemoryBuffer& bitcode);
   Cache* cache_;  // the JIT's compiler's; null without keys
   ::llvm::orc::LLJIT* jit_;
   std::optional<FrontendKeys> keys_;           // none when the cache is disabled or the JIT has no CachingCompiler
   std::shared_ptr<CompileCounters> counters_;  // the JIT's compiler's, or null
+  CachingCompiler* compiler_;                  // the JIT's; null without keys
 };
 
 // An ORC LLJIT whose IR compile layer is a CachingCompiler over `cache`.

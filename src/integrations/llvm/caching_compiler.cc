@@ -4,6 +4,7 @@
 // module tagged with a front-end key.
 #include <mutex>
 #include <optional>
+#include <thread>
 #include <unordered_set>
 #include <utility>
 
@@ -170,87 +171,151 @@ kcache::Expected<::llvm::SmallVector<char, 0>> CachingCompiler::compile(::llvm::
   return out;
 }
 
-::llvm::Expected<std::unique_ptr<::llvm::MemoryBuffer>> CachingCompiler::operator()(::llvm::Module& m) {
-  Tally tally(counters_.get());
-  tally.lookups = 1;
-  // The compile step: the IR pipeline and the code generator on `m`, timed.
-  auto compile_step = [&] {
-    Clocks c0 = tally.now();
-    auto obj = compile(m);
-    tally.charge(tally.compile, c0);
-    if (obj) tally.codegen_runs = 1;
-    return obj;
-  };
-  Clocks t0 = tally.now();
+struct CachingCompiler::Job {
+  explicit Job(::llvm::Module& module, CompileCounters* counters) : m(module), tally(counters) { tally.lookups = 1; }
+  ::llvm::Module& m;
+  Tally tally;                  // what this module adds to the counters
+  std::optional<Digest> front;  // its front-end key tag
+  std::optional<KeyInfo> key;   // none: compiled uncached
+  Source src = Source::compiled;
+  bool compiled_here = false;  // compile() ran on the module (it is optimised now)
+};
+
+void CachingCompiler::open_job(Job& job) {
+  Clocks t0 = job.tally.now();
   // Tags come off before anything else sees the module: they never reach
   // the object key or the code generator.
-  std::optional<Digest> front = take_digest_md(m, kFrontMd);
-  std::optional<Digest> ird = take_digest_md(m, kIrDigestMd);
+  job.front = take_digest_md(job.m, kFrontMd);
+  std::optional<Digest> ird = take_digest_md(job.m, kIrDigestMd);
   // No key when the cache is disabled: nothing would be looked up or
   // stored, so a key would be pure cost.
-  std::optional<KeyInfo> key;
-  Clocks t1;
-  if (!cache_.options().disabled) {
-    auto k = key_of_module(m, ird, key_base_);
-    t1 = tally.charge(tally.key, t0);
-    if (k)
-      key = std::move(*k);
-    else
-      KCACHE_LOG(LogLevel::warn, "llvm: no key for module: %s (compiling uncached)", k.error().to_string().c_str());
-  }
+  if (cache_.options().disabled) return;
+  auto k = key_of_module(job.m, ird, key_base_);
+  job.tally.charge(job.tally.key, t0);
+  if (k)
+    job.key = std::move(*k);
+  else
+    KCACHE_LOG(LogLevel::warn, "llvm: no key for module: %s (compiling uncached)", k.error().to_string().c_str());
+}
+
+kcache::Expected<std::vector<Artifact>> CachingCompiler::job_artifacts(Job& job) {
+  auto obj = run_job(job);
+  if (!obj) return obj.error();
+  return object_artifacts(::llvm::StringRef(obj->data(), obj->size()));
+}
+
+kcache::Expected<::llvm::SmallVector<char, 0>> CachingCompiler::run_job(Job& job) {
+  Clocks c0 = job.tally.now();
+  job.compiled_here = true;
+  auto obj = compile(job.m);
+  job.tally.charge(job.tally.compile, c0);
+  if (obj) job.tally.codegen_runs = 1;
+  return obj;
+}
+
+::llvm::Expected<std::unique_ptr<::llvm::MemoryBuffer>> CachingCompiler::close_job(Job& job,
+                                                                                   kcache::Expected<Entry> entry) {
+  Tally& tally = job.tally;
   auto store_link = [&] {
-    if (front && put_stage_link(cache_, bound_link_front(*front, front_target_), ir_of(*key), key->key))
+    if (job.front && put_stage_link(cache_, bound_link_front(*job.front, front_target_), ir_of(*job.key), job.key->key))
       tally.links_stored = 1;
   };
-
-  if (key) {
-    bool compiled_here = false;
-    Source src = Source::compiled;
-    auto entry = cache_.get_or_compile(
-        *key,
-        [&]() -> kcache::Expected<std::vector<Artifact>> {
-          compiled_here = true;
-          auto obj = compile_step();
-          if (!obj) return obj.error();
-          return object_artifacts(::llvm::StringRef(obj->data(), obj->size()));
-        },
-        &src);
-    // The only error get_or_compile returns is the compile's own.
+  if (job.key) {
+    // The only error get_or_compile(_batch) returns is the compile's own.
     if (!entry) return make_error(entry.error().to_string());
     std::string why;
-    auto buf = object_buffer(std::move(*entry), arch_, opt_.zero_copy, &why, /*check=*/!compiled_here);
-    // The lookup's time without the compile it may have run.
-    tally.lookup += (tally.now() - t1) - tally.compile;
+    auto buf = object_buffer(std::move(*entry), arch_, opt_.zero_copy, &why, /*check=*/!job.compiled_here);
     if (buf) {
-      (src == Source::compiled || src == Source::waited ? tally.misses : tally.hits) = 1;
+      (job.src == Source::compiled || job.src == Source::waited ? tally.misses : tally.hits) = 1;
       store_link();
       return buf;
     }
-    if (compiled_here) return make_error("code generator produced no usable object: " + why);
+    if (job.compiled_here) return make_error("code generator produced no usable object: " + why);
     // A stored object we cannot use: never the caller's problem. The module
     // is still unoptimised (another thread compiled, or it came from a
     // tier), so it is compiled below and replaces the bad entry.
     tally.bad_objects = 1;
-    KCACHE_LOG(LogLevel::warn, "llvm: stored object %s rejected: %s (recompiling)", key->key.hex().c_str(),
+    KCACHE_LOG(LogLevel::warn, "llvm: stored object %s rejected: %s (recompiling)", job.key->key.hex().c_str(),
                why.c_str());
   }
 
   // Compiled here, uncached (no key) or in place of a bad stored object.
   tally.misses = 1;
-  auto obj = compile_step();
+  auto obj = run_job(job);
   if (!obj) return make_error(obj.error().to_string());
   std::string name;
-  if (key) {
-    cache_.put(*key, object_artifacts(::llvm::StringRef(obj->data(), obj->size())), tally.compile.wall / 1000);
+  if (job.key) {
+    cache_.put(*job.key, object_artifacts(::llvm::StringRef(obj->data(), obj->size())), tally.compile.wall / 1000);
     store_link();
-    name = "kcache:" + key->key.hex();
+    name = "kcache:" + job.key->key.hex();
   } else {
-    name = m.getModuleIdentifier() + "-jitted";
+    name = job.m.getModuleIdentifier() + "-jitted";
   }
   // The code generator's own buffer, as LLJIT's compiler hands it on: no
   // copy.
   return std::make_unique<::llvm::SmallVectorMemoryBuffer>(std::move(*obj), name,
                                                            /*RequiresNullTerminator=*/false);
+}
+
+::llvm::Expected<std::unique_ptr<::llvm::MemoryBuffer>> CachingCompiler::operator()(::llvm::Module& m) {
+  Job job(m, counters_.get());
+  open_job(job);
+  if (!job.key) return close_job(job, Status(Errc::internal, "no key"));
+  Clocks t1 = job.tally.now();
+  auto entry = cache_.get_or_compile(
+      *job.key, [&] { return job_artifacts(job); }, &job.src);
+  auto buf = close_job(job, std::move(entry));
+  // The lookup's time without the compile it may have run.
+  job.tally.lookup += (job.tally.now() - t1) - job.tally.compile;
+  return buf;
+}
+
+std::vector<::llvm::Expected<std::unique_ptr<::llvm::MemoryBuffer>>> CachingCompiler::compile_all(
+    const std::vector<::llvm::Module*>& modules, unsigned threads) {
+  // The batch's time, less what compiles took on this thread, is the
+  // lookups' (and the waits'), counted once for the whole batch.
+  Tally batch(counters_.get());
+  Clocks on_caller;
+  const std::thread::id caller = std::this_thread::get_id();
+  std::vector<std::unique_ptr<Job>> jobs;
+  jobs.reserve(modules.size());
+  std::vector<BatchItem> items;
+  std::vector<size_t> keyed;  // the jobs that have items, in item order
+  for (::llvm::Module* m : modules) {
+    jobs.push_back(std::make_unique<Job>(*m, counters_.get()));
+    Job& job = *jobs.back();
+    open_job(job);
+    if (!job.key) continue;
+    keyed.push_back(jobs.size() - 1);
+    items.push_back({*job.key, [this, &job, &batch, &on_caller, caller] {
+                       Clocks c0 = batch.now();
+                       auto r = job_artifacts(job);
+                       if (std::this_thread::get_id() == caller) on_caller += batch.now() - c0;
+                       return r;
+                     }});
+  }
+  Clocks t1 = batch.now();
+  BatchOptions bo;
+  bo.threads = threads;
+  std::vector<Source> sources;
+  std::vector<kcache::Expected<Entry>> entries = cache_.get_or_compile_batch(items, bo, &sources);
+  std::vector<::llvm::Expected<std::unique_ptr<::llvm::MemoryBuffer>>> out;
+  out.reserve(jobs.size());
+  size_t next = 0;  // into keyed, entries and sources
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    Job& job = *jobs[i];
+    const Clocks before = job.tally.compile;  // close_job compiles here what has no usable entry
+    if (next < keyed.size() && keyed[next] == i) {
+      job.src = sources[next];
+      out.push_back(close_job(job, std::move(entries[next])));
+      ++next;
+    } else {
+      out.push_back(close_job(job, Status(Errc::internal, "no key")));
+    }
+    on_caller += job.tally.compile - before;
+  }
+  batch.lookup += (batch.now() - t1) - on_caller;
+  return out;
 }
 
 }  // namespace kcache::llvm

@@ -7,8 +7,10 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 #include <llvm/Bitcode/BitcodeReader.h>
 #include <llvm/ExecutionEngine/Orc/ExecutionUtils.h>
@@ -80,6 +82,44 @@ class JitTargets {
   std::map<std::tuple<std::string, std::string, unsigned, bool>, TargetDesc> known_;  // GUARDED_BY(mu_)
 };
 
+// The file at `path`, as add_file reads it.
+::llvm::Expected<std::unique_ptr<::llvm::MemoryBuffer>> read_bitcode(const std::string& path) {
+  auto buf = ::llvm::MemoryBuffer::getFile(path, /*IsText=*/false, /*RequiresNullTerminator=*/false);
+  if (!buf) return ::llvm::errorCodeToError(buf.getError());
+  return std::move(*buf);
+}
+
+// The module `bitcode` holds, in `ctx`, tagged with its front-end key when
+// it has one. The module identifier is the buffer's (parseBitcodeFile sets
+// it): the label comes from it, the key never does.
+::llvm::Expected<std::unique_ptr<::llvm::Module>> parse_tagged(const ::llvm::MemoryBuffer& bitcode,
+                                                               ::llvm::LLVMContext& ctx,
+                                                               const std::optional<Key>& front) {
+  auto m = ::llvm::parseBitcodeFile(bitcode.getMemBufferRef(), ctx);
+  if (m && front) set_frontend_key(**m, *front);
+  return m;
+}
+
+// The modules of bitcode[i] for each i in `which`, in that order, each in a
+// context of its own and tagged with (*fronts)[i] when `fronts` is given;
+// when any buffer does not parse, every parse error and no module.
+::llvm::Expected<std::vector<::llvm::orc::ThreadSafeModule>> parse_all(
+    const std::vector<std::unique_ptr<::llvm::MemoryBuffer>>& bitcode, const std::vector<size_t>& which,
+    const std::vector<Key>* fronts) {
+  std::vector<::llvm::orc::ThreadSafeModule> modules;
+  ::llvm::Error errors = ::llvm::Error::success();
+  for (size_t i : which) {
+    auto ctx = std::make_unique<::llvm::LLVMContext>();
+    auto m = parse_tagged(*bitcode[i], *ctx, fronts ? std::optional<Key>((*fronts)[i]) : std::nullopt);
+    if (m)
+      modules.emplace_back(std::move(*m), std::move(ctx));
+    else
+      errors = ::llvm::joinErrors(std::move(errors), m.takeError());
+  }
+  if (errors) return errors;
+  return modules;
+}
+
 }  // namespace
 
 kcache::Expected<FrontendKeys> FrontendKeys::for_jit(const JitOptions& options) {
@@ -109,10 +149,10 @@ kcache::Expected<BitcodeLoader> BitcodeLoader::for_jit(::llvm::orc::LLJIT& jit) 
     KCACHE_LOG(LogLevel::warn,
                "llvm: BitcodeLoader over a JIT whose compile layer is no CachingCompiler: files are parsed and "
                "added uncached");
-    return BitcodeLoader(nullptr, jit, std::nullopt, nullptr);
+    return BitcodeLoader(nullptr, jit, std::nullopt, nullptr, nullptr);
   }
-  if (cc->cache_.options().disabled) return BitcodeLoader(nullptr, jit, std::nullopt, cc->counters_);
-  return BitcodeLoader(&cc->cache_, jit, FrontendKeys(cc->target(), cc->key_options()), cc->counters_);
+  if (cc->cache_.options().disabled) return BitcodeLoader(nullptr, jit, std::nullopt, cc->counters_, nullptr);
+  return BitcodeLoader(&cc->cache_, jit, FrontendKeys(cc->target(), cc->key_options()), cc->counters_, cc);
 }
 
 kcache::Expected<BitcodeLoader> BitcodeLoader::for_jit(Cache& cache, ::llvm::orc::LLJIT& jit,
@@ -138,28 +178,94 @@ kcache::Expected<BitcodeLoader> BitcodeLoader::for_jit(Cache& cache, ::llvm::orc
   ::llvm::orc::JITDylib& dylib = jd ? *jd : jit_->getMainJITDylib();
   std::optional<Key> front;
   if (keys_ && cache_) {
-    {
-      Tally tally(counters_.get());
-      Clocks t0 = tally.now();
-      ::llvm::StringRef bytes = bitcode->getBuffer();
-      front = keys_->key(hash_bytes(std::string_view(bytes.data(), bytes.size()))).key;
-      tally.charge(tally.key, t0);
-    }
+    front = front_key(*bitcode);
     if (auto obj = keys_->find(*cache_, *front, counters_.get())) return jit_->addObjectFile(dylib, std::move(obj));
   }
   auto ctx = std::make_unique<::llvm::LLVMContext>();
-  auto m = ::llvm::parseBitcodeFile(bitcode->getMemBufferRef(), *ctx);
+  auto m = parse_tagged(*bitcode, *ctx, front);
   if (!m) return m.takeError();
-  // The module identifier is the buffer's (parseBitcodeFile sets it): the
-  // label comes from it, the key never does.
-  if (front) set_frontend_key(**m, *front);
   return jit_->addIRModule(dylib, ::llvm::orc::ThreadSafeModule(std::move(*m), std::move(ctx)));
 }
 
 ::llvm::Error BitcodeLoader::add_file(const std::string& path, ::llvm::orc::JITDylib* jd) {
-  auto buf = ::llvm::MemoryBuffer::getFile(path, /*IsText=*/false, /*RequiresNullTerminator=*/false);
-  if (!buf) return ::llvm::errorCodeToError(buf.getError());
+  auto buf = read_bitcode(path);
+  if (!buf) return buf.takeError();
   return add(std::move(*buf), jd);
+}
+
+::llvm::Error BitcodeLoader::add_all(std::vector<std::unique_ptr<::llvm::MemoryBuffer>> bitcode,
+                                     ::llvm::orc::JITDylib* jd, unsigned threads) {
+  for (const auto& b : bitcode)
+    if (!b) return make_error("BitcodeLoader::add_all: no buffer");
+  ::llvm::orc::JITDylib& dylib = jd ? *jd : jit_->getMainJITDylib();
+  const size_t n = bitcode.size();
+  if (!keys_ || !cache_ || !compiler_) {
+    // No keys: parsed and added, as add() would, once every buffer parsed.
+    std::vector<size_t> all(n);
+    for (size_t i = 0; i < n; ++i) all[i] = i;
+    auto modules = parse_all(bitcode, all, nullptr);
+    if (!modules) return modules.takeError();
+    for (auto& m : *modules)
+      if (auto err = jit_->addIRModule(dylib, std::move(m))) return err;
+    return ::llvm::Error::success();
+  }
+  // 1. Every buffer keyed on its bytes and looked up: a hit needs no parse.
+  std::vector<std::unique_ptr<::llvm::MemoryBuffer>> objects(n);
+  std::vector<Key> fronts(n);
+  for (size_t i = 0; i < n; ++i) {
+    fronts[i] = front_key(*bitcode[i]);
+    objects[i] = keys_->find(*cache_, fronts[i], counters_.get());
+  }
+  // 2. The misses parsed, largest first: every process takes them in this
+  // order, and the last compile to end, which the others may wait for, is
+  // then a short one.
+  std::vector<size_t> order;
+  for (size_t i = 0; i < n; ++i)
+    if (!objects[i]) order.push_back(i);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t x, size_t y) { return bitcode[x]->getBufferSize() > bitcode[y]->getBufferSize(); });
+  auto modules = parse_all(bitcode, order, &fronts);
+  if (!modules) return modules.takeError();
+  std::vector<::llvm::Module*> to_compile;
+  for (auto& m : *modules) to_compile.push_back(m.getModuleUnlocked());
+  // 3. Keyed on their IR and compiled, shared out with the other processes.
+  auto compiled = compiler_->compile_all(to_compile, threads);
+  ::llvm::Error errors = ::llvm::Error::success();
+  for (size_t k = 0; k < compiled.size(); ++k) {
+    if (compiled[k])
+      objects[order[k]] = std::move(*compiled[k]);
+    else
+      errors = ::llvm::joinErrors(std::move(errors), compiled[k].takeError());
+  }
+  modules->clear();
+  // 4. The objects handed to the JIT in the caller's order.
+  for (auto& obj : objects) {
+    if (!obj) continue;
+    if (auto err = jit_->addObjectFile(dylib, std::move(obj)))
+      errors = ::llvm::joinErrors(std::move(errors), std::move(err));
+  }
+  return errors;
+}
+
+::llvm::Error BitcodeLoader::add_files(const std::vector<std::string>& paths, ::llvm::orc::JITDylib* jd,
+                                       unsigned threads) {
+  std::vector<std::unique_ptr<::llvm::MemoryBuffer>> bitcode;
+  bitcode.reserve(paths.size());
+  for (const auto& path : paths) {
+    auto buf = read_bitcode(path);
+    if (!buf) return buf.takeError();
+    bitcode.push_back(std::move(*buf));
+  }
+  return add_all(std::move(bitcode), jd, threads);
+}
+
+Key BitcodeLoader::front_key(const ::llvm::MemoryBuffer& bitcode) {
+  Tally tally(counters_.get());
+  Clocks t0 = tally.now();
+  ::llvm::StringRef bytes = bitcode.getBuffer();
+  Key front = keys_->key(hash_bytes(std::string_view(bytes.data(), bytes.size()))).key;
+  tally.charge(tally.key, t0);
+  return front;
 }
 
 ::llvm::Expected<std::unique_ptr<::llvm::orc::LLJIT>> make_cached_lljit(Cache& cache, JitOptions options) {
