@@ -20,10 +20,10 @@ pytest.importorskip("torch", reason="PyTorch is not installed in this Python (ma
 import kcache  # noqa: E402
 from hosts_support import HostEnv, tier  # noqa: E402
 
-# Processes started together on an empty store. Eight on a machine with
-# eight cores or more; four on a smaller one (each process spends ~10 s of
-# CPU importing torch and tracing before it looks anything up).
-N = 8 if (os.cpu_count() or 1) >= 8 else 4
+# Processes started together on an empty store: eight, as many ranks of a
+# node (each spends ~10 s of CPU importing torch and tracing before it looks
+# anything up, so on 2 cores this test takes about 3 minutes).
+N = 8
 
 
 class TorchEnv(HostEnv):
