@@ -11,7 +11,7 @@ export CCACHE_NOHASHDIR ?= 1
 JOBS  ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: all deps configure build demo test test-unprivileged test-llvm bench sanitize install-check clean python python-torch \
+.PHONY: all deps configure build demo test test-unprivileged test-llvm bench sanitize install-check clean python python-torch python-wave \
         format format-check \
         wheel wheel-check
 
@@ -35,7 +35,7 @@ demo: configure
 	  cmake --build $(BUILD) -j $(JOBS) --target $(DEMO_TARGETS); fi
 	@bash scripts/demo.sh $(BUILD)
 
-test: build python python-torch
+test: build python python-torch python-wave
 	@cd $(BUILD) && ctest -j $(JOBS) --output-on-failure --timeout 600
 
 # The C and C++ tests once more as an unprivileged user (from root: USER,
@@ -67,6 +67,15 @@ TORCH_VENV ?= $(BUILD)/venv-torch
 TORCH_DEPS  = torch==2.15.* numpy pytest
 python-torch: python
 	@bash scripts/torch_venv.sh $(VENV) $(TORCH_VENV) "$(TORCH_DEPS)"
+
+# build/venv-wave: Wave (wave-lang, the release line tested, with IREE's
+# compiler and runtime) on the same PyTorch line as build/venv-torch, numpy
+# and pytest, beside the kcache package of build/venv; the Wave suite in
+# ctest (python_wave) runs in it. scripts/torch_venv.sh.
+WAVE_VENV ?= $(BUILD)/venv-wave
+WAVE_DEPS  = torch==2.15.* wave-lang==3.9.* numpy pytest
+python-wave: python
+	@bash scripts/torch_venv.sh $(VENV) $(WAVE_VENV) "$(WAVE_DEPS)"
 
 # A wheel that needs nothing but the C and C++ runtimes, in $(WHEEL_DIR):
 # hiredis and OpenSSL linked in (KCACHE_STATIC_DEPS), LMDB, zstd and xxHash

@@ -6,6 +6,8 @@
 # `make python` built and installed into build/venv (the same interpreter, so
 # the same extension; copied with its start-up hook and metadata rather than
 # built a second time). Installs torch only when the line asked for changed.
+# `make python-wave` makes build/venv-wave the same way, with wave-lang (and
+# IREE's compiler) beside torch.
 #   scripts/torch_venv.sh VENV TORCH_VENV "TORCH_DEPS"
 set -euo pipefail
 venv=$1; tvenv=$2; deps=$3
@@ -29,4 +31,4 @@ cp -r "$src/kcache" "$dst/kcache"
 for f in _kcache_boot.py kcache-boot.pth "$(cd "$src" && echo kcache_jit-*.dist-info)"; do
   if [ -e "$src/$f" ]; then cp -r "$src/$f" "$dst/$f"; fi
 done
-"$tvenv/bin/python" -c 'import torch, kcache; print("python-torch: torch", torch.__version__, "kcache", kcache.__version__)'
+"$tvenv/bin/python" -c 'import torch, kcache; print("python-torch:", __import__("sys").prefix, "torch", torch.__version__, "kcache", kcache.__version__)'
