@@ -1,0 +1,141 @@
+"""kcache.wave with real Wave (wave-lang from PyPI) on the CPU: wave_worker.py
+compiles kernels for gfx942 (compile only: no GPU, run and bench off) in
+real processes, Wave's compiles counted in each. Each hazard of Wave's own
+cache is shown first with Wave's cache (HOST_CACHE=wave, its folder
+$WAVE_CACHE_DIR), then with kcache. Runs in build/venv-wave (make
+python-wave)."""
+
+import glob
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("wave_lang", reason="Wave is not installed in this Python (make python-wave installs it)")
+
+from hosts_support import HostEnv  # noqa: E402
+
+# Processes started together on an empty store: eight with eight cores or
+# more, four on a smaller machine.
+N = 8 if (os.cpu_count() or 1) >= 8 else 4
+
+
+def _kc(tmp_path, **extra):
+    return HostEnv(tmp_path, "wave_worker.py", KCACHE_ENGINE="files", WAVE_CACHE_DIR=tmp_path / "wave", **extra)
+
+
+def _wave(tmp_path, **extra):
+    return HostEnv(tmp_path, "wave_worker.py", HOST_CACHE="wave", WAVE_CACHE_DIR=tmp_path / "wave", **extra)
+
+
+def test_round_trip_in_a_new_process(tmp_path):
+    env = _kc(tmp_path)
+    cold = env.run()
+    assert cold["enabled"] and cold["compiles"] == 2 and cold["stats"]["misses"] == 2
+    warm = env.run()
+    assert warm["compiles"] == 0 and warm["stats"]["hits"] == 2 and warm["stats"]["misses"] == 0
+    # The same binaries, and the grid rebuilt from data gives what Wave's
+    # lambdified grid gave (the GEMM's M is dynamic: 256 and 1000 rows).
+    assert warm["kernels"] == cold["kernels"]
+    assert cold["kernels"]["gemm"]["grid"] == [[4, 4, 1], [16, 4, 1]]
+    assert cold["kernels"]["add"]["vmfb_size"] > 1000
+
+
+def test_processes_started_together_compile_each_kernel_once(tmp_path):
+    # Wave's own cache: every process compiles every kernel.
+    (tmp_path / "own").mkdir()
+    own = _wave(tmp_path / "own")
+    results = [own.result(p, timeout=400) for p in [own.start() for _ in range(N)]]
+    assert sum(r["compiles"] for r in results) == 2 * N
+    env = _kc(tmp_path)
+    results = [env.result(p, timeout=400) for p in [env.start() for _ in range(N)]]
+    assert sum(r["compiles"] for r in results) == 2, [r["compiles"] for r in results]
+    assert env.compiles() == 2
+    assert all(r["kernels"] == results[0]["kernels"] for r in results)
+
+
+def test_changed_option_is_a_miss(tmp_path):
+    opt = dict(KERNELS="add", OPTION="linearize_shared_access=True")
+    own = _wave(tmp_path)
+    assert own.run(KERNELS="add")["compiles"] == 1
+    # Wave: the option is not in its key, the other kernel is returned.
+    assert own.run(**opt)["compiles"] == 0
+    env = _kc(tmp_path)
+    assert env.run(KERNELS="add")["compiles"] == 1
+    res = env.run(**opt)
+    assert res["compiles"] == 1 and res["stats"]["misses"] == 1
+    assert env.run(**opt)["compiles"] == 0
+
+
+def test_changed_helper_is_a_miss(tmp_path):
+    own = _wave(tmp_path)
+    assert own.run(KERNELS="add")["kernels"]["add"]["addf"]
+    stale = own.run(KERNELS="add", HELPER="mul")
+    # Wave: the helper is not in its key: the adding kernel is returned.
+    assert stale["compiles"] == 0 and stale["kernels"]["add"]["addf"] and not stale["kernels"]["add"]["mulf"]
+    env = _kc(tmp_path)
+    assert env.run(KERNELS="add")["compiles"] == 1
+    res = env.run(KERNELS="add", HELPER="mul")
+    assert res["compiles"] == 1 and res["kernels"]["add"]["mulf"] and not res["kernels"]["add"]["addf"]
+
+
+def test_lambda_constraint_hits_in_a_second_process(tmp_path):
+    own = _wave(tmp_path)
+    assert own.run(KERNELS="lambda")["compiles"] == 1
+    # Wave: the lambda's address is in its key: never a hit.
+    assert own.run(KERNELS="lambda")["compiles"] == 1
+    env = _kc(tmp_path)
+    assert env.run(KERNELS="lambda")["compiles"] == 1
+    res = env.run(KERNELS="lambda")
+    assert res["compiles"] == 0 and res["stats"]["hits"] == 1
+
+
+def test_truncated_entry_is_compiled_again(tmp_path):
+    own = _wave(tmp_path)
+    cold = own.run(KERNELS="add")
+    vmfbs = glob.glob(str(tmp_path / "wave" / "*" / "*.vmfb"))
+    assert len(vmfbs) == 1
+    with open(vmfbs[0], "r+b") as f:
+        f.truncate(100)
+    served = own.run(KERNELS="add")
+    # Wave: the cut vmfb is served.
+    assert served["compiles"] == 0 and served["kernels"]["add"]["vmfb_size"] == 100
+    env = _kc(tmp_path)
+    cold = env.run(KERNELS="add")
+    entries = [p for p in glob.glob(os.path.join(env.kcache_dir, "files", "**", "*"), recursive=True)
+               if os.path.isfile(p) and os.path.getsize(p) > 1000]
+    assert entries
+    for p in entries:
+        with open(p, "r+b") as f:
+            f.truncate(100)
+    res = env.run(KERNELS="add")
+    assert res["compiles"] == 1 and res["kernels"] == cold["kernels"]
+
+
+def test_planted_grid_is_never_executed(tmp_path):
+    marker = tmp_path / "planted-ran"
+    own = _wave(tmp_path)
+    own.run(KERNELS="add", PLANT_GRID=marker)
+    assert not marker.exists()
+    # Wave: a fresh process eval()s the stored grid text.
+    own.run(KERNELS="add")
+    assert marker.exists()
+    marker.unlink()
+    env = _kc(tmp_path)
+    planted = env.run(KERNELS="add", PLANT_GRID=marker)
+    assert planted["compiles"] == 1
+    res = env.run(KERNELS="add")
+    # The grid text is data to kcache: one that is not an arithmetic
+    # expression is not stored, and the kernel is compiled again.
+    assert not marker.exists()
+    assert res["compiles"] == 1 and res["kernels"]["add"]["grid"] == [[256, 2, 1], [256, 2, 1]]
+    assert env.run(KERNELS="add")["compiles"] == 0
+    assert not marker.exists()
+
+
+def test_import_says_what_to_install():
+    code = "import sys; sys.modules['wave_lang'] = None\nimport kcache.wave"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0
+    assert "pip install 'kcache-jit[wave]'" in r.stderr, r.stderr
