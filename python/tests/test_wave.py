@@ -7,8 +7,10 @@ python-wave)."""
 
 import glob
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -132,6 +134,25 @@ def test_planted_grid_is_never_executed(tmp_path):
     assert res["compiles"] == 1 and res["kernels"]["add"]["grid"] == [[256, 2, 1], [256, 2, 1]]
     assert env.run(KERNELS="add")["compiles"] == 0
     assert not marker.exists()
+
+
+def test_compile_that_raises_gives_its_flight_up(tmp_path):
+    env = _kc(tmp_path)
+    failed = tmp_path / "failed"
+    holder = env.start(KERNELS="add", FAIL_FIRST=failed, HOLD=120)
+    try:
+        deadline = time.time() + 120
+        while not failed.exists():
+            assert holder.poll() is None and time.time() < deadline
+            time.sleep(0.1)
+        # The holder's compile raised and it lives on: the flight is given
+        # up, so another process compiles at once rather than waiting.
+        res = env.run(KERNELS="add")
+        assert holder.poll() is None
+        assert res["compiles"] == 1 and res["stats"]["lease_waits"] == 0
+    finally:
+        os.killpg(holder.pid, signal.SIGKILL)
+        holder.wait()
 
 
 def test_import_says_what_to_install():

@@ -13,7 +13,9 @@ is a lambda, as Wave's decode-attention templates have); default add,gemm.
 $HELPER=mul: `combine` multiplies instead of adding (an edited helper).
 $OPTION=name=value: a WaveCompileOptions field (True/False or an int).
 $PLANT_GRID=path: Wave's grid text becomes code that creates `path` when
-evaluated (what a tampered cache entry would hold)."""
+evaluated (what a tampered cache entry would hold). $FAIL_FIRST=path: the
+first compile raises; the process then creates `path`, sleeps $HOLD seconds
+(default 60) and compiles again."""
 
 import hashlib
 import importlib
@@ -46,6 +48,8 @@ _real_trace = _wave_mod.LaunchableWave._trace_and_get_kernel_signature
 def _counted_trace(*args, **kwargs):
     global compiles
     compiles += 1
+    if os.environ.get("FAIL_FIRST") and compiles == 1:
+        raise RuntimeError("a compile that raises")
     if os.environ.get("COUNT_FILE"):
         with open(os.environ["COUNT_FILE"], "a") as f:
             f.write(f"{os.getpid()}\n")
@@ -116,7 +120,15 @@ for name in os.environ.get("KERNELS", "add,gemm").split(","):
     opts = WaveCompileOptions(subs=subs, canonicalize=True, run_bench=False, target="gfx942",
                               dynamic_symbols=dyn)
     _option(opts)
-    compiled = wave_compile(opts, k)
+    try:
+        compiled = wave_compile(opts, k)
+    except RuntimeError:
+        if not os.environ.get("FAIL_FIRST") or compiles != 1:
+            raise
+        with open(os.environ["FAIL_FIRST"], "w"):
+            pass
+        time.sleep(float(os.environ.get("HOLD", "60")))
+        compiled = wave_compile(opts, k)
     vmfb = bytes(compiled.executable)
     grid = compiled.options.kernel_launch_info.grid
     res["kernels"][name] = {"vmfb": hashlib.sha256(vmfb).hexdigest()[:16], "vmfb_size": len(vmfb),
