@@ -20,6 +20,7 @@ first compile raises; the process then creates `path`, sleeps $HOLD seconds
 import hashlib
 import importlib
 import json
+import math
 import os
 import sys
 import time
@@ -131,6 +132,8 @@ for name in os.environ.get("KERNELS", "add,gemm").split(","):
         compiled = wave_compile(opts, k)
     vmfb = bytes(compiled.executable)
     grid = compiled.options.kernel_launch_info.grid
+    # As Wave's runtime calls it (wave_lang.kernel.wave.utils.run_utils).
+    grid.__globals__.setdefault("math", math)
     res["kernels"][name] = {"vmfb": hashlib.sha256(vmfb).hexdigest()[:16], "vmfb_size": len(vmfb),
                             "mulf": "arith.mulf" in compiled.asm, "addf": "arith.addf" in compiled.asm,
                             "grid": [[int(x) for x in grid([d] * len(dyn) if dyn else [])] for d in (256, 1000)]}
