@@ -229,14 +229,15 @@ TEST_P(CliConfigTest, AnUnusableRemoteIsSaidOnceByStats) {
 TEST_P(CliConfigTest, DoctorNamesTheStoreOfEachHost) {
   Result r = run({"doctor", "--hosts"}, false, {{"KCACHE_DIR", dir()}});
   ASSERT_EQ(r.rc, 0) << r.err;
-  for (const char* h : {"library", "triton", "jax", "warp", "torch"})
+  for (const char* h : {"library", "triton", "jax", "warp", "torch", "wave"})
     EXPECT_NE(r.out.find(fmt_host(h) + dir() + " (environment KCACHE_DIR"), std::string::npos) << h << r.out;
-  EXPECT_EQ(lines(r.out), 5u) << r.out;
+  EXPECT_EQ(lines(r.out), 6u) << r.out;
   const std::map<std::string, std::string> env = {{"TRITON_HOME", file("th")},
                                                   {"XDG_CACHE_HOME", file("xdg-cache")},
                                                   {"TRITON_CACHE_DIR", file("tc")},
                                                   {"JAX_COMPILATION_CACHE_DIR", file("jc")},
-                                                  {"TORCHINDUCTOR_CACHE_DIR", file("ti")}};
+                                                  {"TORCHINDUCTOR_CACHE_DIR", file("ti")},
+                                                  {"WAVE_CACHE_DIR", file("wc")}};
   r = run({"doctor", "--hosts"}, false, env);
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_NE(r.out.find(fmt_host("library") + file("xdg-cache") + "/kcache (default"), std::string::npos) << r.out;
@@ -248,6 +249,7 @@ TEST_P(CliConfigTest, DoctorNamesTheStoreOfEachHost) {
       << r.out;
   EXPECT_NE(r.out.find(fmt_host("torch") + file("ti") + "/kcache (TORCHINDUCTOR_CACHE_DIR)"), std::string::npos)
       << r.out;
+  EXPECT_NE(r.out.find(fmt_host("wave") + file("wc") + "/kcache (WAVE_CACHE_DIR)"), std::string::npos) << r.out;
   auto no_inductor = env;
   no_inductor.erase("TORCHINDUCTOR_CACHE_DIR");
   no_inductor["TMPDIR"] = file("tmp");

@@ -214,7 +214,7 @@ int print_hosts(Ctx& c) {
   const std::string lib_why = everyone ? it->second : "default";
   rows.push_back({"library", lib, lib_why + "; C++, C, this tool, kcache.Cache(), kcache.llvmlite, kcache.numba"});
   if (everyone) {
-    for (const char* h : {"triton", "jax", "warp", "torch"}) rows.push_back({h, lib, lib_why});
+    for (const char* h : {"triton", "jax", "warp", "torch", "wave"}) rows.push_back({h, lib, lib_why});
   } else {
     const std::string home = util::getenv_str("HOME");
     std::string triton = util::getenv_str("TRITON_CACHE_DIR");
@@ -252,6 +252,11 @@ int print_hosts(Ctx& c) {
       inductor_why = "Inductor's default cache";
     }
     rows.push_back({"torch", inductor + "/kcache", inductor_why});
+    // Wave's cache folder: WAVE_CACHE_DIR, else ~/.wave.
+    std::string wave = util::getenv_str("WAVE_CACHE_DIR");
+    const bool wave_env = !wave.empty();
+    if (!wave_env) wave = home + "/.wave";
+    rows.push_back({"wave", wave + "/kcache", wave_env ? "WAVE_CACHE_DIR" : "Wave's default cache"});
   }
   if (c.json) {
     util::JsonWriter w;
