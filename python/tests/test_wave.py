@@ -68,6 +68,24 @@ def test_changed_option_is_a_miss(tmp_path):
     res = env.run(**opt)
     assert res["compiles"] == 1 and res["stats"]["misses"] == 1
     assert env.run(**opt)["compiles"] == 0
+    # `kcache misses` names the option.
+    r = subprocess.run([_kcache_tool(), "misses", "--dir", env.kcache_dir], capture_output=True, text=True,
+                       timeout=60, env=dict({k: v for k, v in os.environ.items() if not k.startswith("KCACHE_")},
+                                        KCACHE_ENGINE="files"))
+    assert r.returncode == 0, r.stderr
+    assert 'option[linearize_shared_access]: ["bool", false] → ["bool", true]' in r.stdout, r.stdout
+
+
+def _kcache_tool():
+    tool = os.environ.get("TEST_KCACHE_TOOL")
+    if tool and os.access(tool, os.X_OK):
+        return tool
+    import kcache
+
+    cand = os.path.join(os.path.dirname(kcache.__file__), "_bin", "kcache")
+    if os.access(cand, os.X_OK):
+        return cand
+    pytest.skip("the kcache tool is not found (TEST_KCACHE_TOOL)")
 
 
 def test_changed_helper_is_a_miss(tmp_path):
@@ -160,3 +178,8 @@ def test_import_says_what_to_install():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode != 0
     assert "pip install 'kcache-jit[wave]'" in r.stderr, r.stderr
+    code = ("import importlib.metadata as m; v = m.version\n"
+            "m.version = lambda n: '3.8.0' if n == 'wave-lang' else v(n)\nimport kcache.wave")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0
+    assert "kcache.wave supports wave-lang 3.9; this is wave-lang 3.8.0" in r.stderr, r.stderr
