@@ -22,7 +22,8 @@ The key is computed by kcache, not by Wave's `get_hash`:
 * the kernel function and every function it calls, transitively, wherever
   it is defined: its bytecode, constants, defaults, annotations (the
   buffer types: shapes, dtypes, address spaces), the values it captures
-  and the module-level values it names (by value; a function of
+  and the module-level values it names (by value; through a module of the
+  program, the attributes the code names; a function of
   wave_lang, torch, sympy or IREE by its name, the package version covering
   it);
 * the wave-lang, IREE compiler (iree-base-compiler) and torch versions, the
@@ -215,6 +216,16 @@ class _Keyer:
                                                                                         classmethod))}
         return ["type", name, self.value(attrs), [self.cls(b) for b in c.__bases__ if b is not object]]
 
+    def module_attrs(self, values: List[Any], names: set, depth: int = 0) -> List[Any]:
+        out: List[Any] = []
+        for m in values:
+            if not isinstance(m, types.ModuleType) or _is_library(m.__name__) or depth > 4:
+                continue
+            attrs = [n for n in sorted(names) if n in vars(m)]
+            out += [[f"{m.__name__}.{n}", self.value(vars(m)[n])] for n in attrs]
+            out += self.module_attrs([vars(m)[n] for n in attrs], names, depth + 1)
+        return out
+
     def code(self, co: types.CodeType) -> Any:
         consts = [self.code(c) if isinstance(c, types.CodeType) else self.value(c) for c in co.co_consts]
         return [co.co_code.hex(), consts, list(co.co_names), list(co.co_varnames), list(co.co_freevars),
@@ -239,6 +250,9 @@ class _Keyer:
         names = sorted(_global_names(f.__code__))
         g = f.__globals__
         globs = [[n, self.value(g[n])] for n in names if n in g]
+        # A function called through a module of the program
+        # (`helpers.combine(x, y)`): the module's attributes the code names.
+        globs += self.module_attrs([g[n] for n in names if n in g], set(names))
         text = json.dumps([f.__qualname__, self.code(f.__code__), self.value(f.__defaults__),
                            self.value(f.__kwdefaults__), self.value(dict(getattr(f, "__annotations__", {}) or {})),
                            closure, globs, self.value(inner) if inner is not None else None], sort_keys=True)

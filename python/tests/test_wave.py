@@ -173,6 +173,30 @@ def test_compile_that_raises_gives_its_flight_up(tmp_path):
         holder.wait()
 
 
+def test_key_follows_helpers_through_modules_and_ignores_addresses():
+    """The kernel key's function part, without compiling: a helper reached
+    through a module of the program is keyed by its code; a lambda by its
+    code and captured values, not its address."""
+    import types
+
+    import kcache.wave as kw
+
+    def key_of(helper_src, scale):
+        mod = types.ModuleType("helpers_mod")
+        exec(helper_src, mod.__dict__)
+        g = {"helpers_mod": mod, "scale": scale}
+        exec("def kernel(x):\n    return helpers_mod.combine(x, scale) + (lambda y: y * scale)(x)\n", g)
+        return kw._Keyer().function(g["kernel"])
+
+    add = "def combine(x, y):\n    return x + y\n"
+    mul = "def combine(x, y):\n    return x * y\n"
+    assert key_of(add, 2) == key_of(add, 2)
+    assert key_of(add, 2) != key_of(mul, 2)
+    assert key_of(add, 2) != key_of(add, 3)
+    with pytest.raises(kw._Unkeyable):
+        kw._Keyer().value(object())
+
+
 def test_import_says_what_to_install():
     code = "import sys; sys.modules['wave_lang'] = None\nimport kcache.wave"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
