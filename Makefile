@@ -35,7 +35,7 @@ demo: configure
 	  cmake --build $(BUILD) -j $(JOBS) --target $(DEMO_TARGETS); fi
 	@bash scripts/demo.sh $(BUILD)
 
-test: build python python-torch python-wave
+test: build python python-torch
 	@cd $(BUILD) && ctest -j $(JOBS) --output-on-failure --timeout 600
 
 # The C and C++ tests once more as an unprivileged user (from root: USER,
@@ -60,22 +60,16 @@ python: deps
 	  $(if $(shell command -v ccache),--config-settings=cmake.define.CMAKE_CXX_COMPILER_LAUNCHER=ccache) .
 
 # build/venv-torch: PyTorch (the newest line tested, from PyPI, with its CUDA
-# libraries: several GB, kept in pip's cache), numpy and pytest, beside the
-# kcache package of build/venv (same interpreter); the PyTorch suite in ctest
-# (python_torch) runs in it. scripts/torch_venv.sh.
+# libraries: several GB, kept in pip's cache) and Wave (wave-lang, the
+# release line tested, with IREE's compiler and runtime; it leaves that
+# PyTorch as it is), numpy and pytest, beside the kcache package of
+# build/venv (same interpreter); the PyTorch and Wave suites in ctest
+# (python_torch, python_wave) run in it. scripts/torch_venv.sh.
 TORCH_VENV ?= $(BUILD)/venv-torch
-TORCH_DEPS  = torch==2.15.* numpy pytest
+TORCH_DEPS  = torch==2.15.* wave-lang==3.9.* numpy pytest
 python-torch: python
 	@bash scripts/torch_venv.sh $(VENV) $(TORCH_VENV) "$(TORCH_DEPS)"
-
-# build/venv-wave: Wave (wave-lang, the release line tested, with IREE's
-# compiler and runtime) on the same PyTorch line as build/venv-torch, numpy
-# and pytest, beside the kcache package of build/venv; the Wave suite in
-# ctest (python_wave) runs in it. scripts/torch_venv.sh.
-WAVE_VENV ?= $(BUILD)/venv-wave
-WAVE_DEPS  = torch==2.15.* wave-lang==3.9.* numpy pytest
-python-wave: python
-	@bash scripts/torch_venv.sh $(VENV) $(WAVE_VENV) "$(WAVE_DEPS)"
+python-wave: python-torch
 
 # A wheel that needs nothing but the C and C++ runtimes, in $(WHEEL_DIR):
 # hiredis and OpenSSL linked in (KCACHE_STATIC_DEPS), LMDB, zstd and xxHash

@@ -6,8 +6,8 @@
 # `make python` built and installed into build/venv (the same interpreter, so
 # the same extension; copied with its start-up hook and metadata rather than
 # built a second time). Installs torch only when the line asked for changed.
-# `make python-wave` makes build/venv-wave the same way, with wave-lang (and
-# IREE's compiler) beside torch.
+# The same venv holds wave-lang (and IREE's compiler) for the Wave suite:
+# it leaves torch as it is.
 #   scripts/torch_venv.sh VENV TORCH_VENV "TORCH_DEPS"
 set -euo pipefail
 venv=$1; tvenv=$2; deps=$3

@@ -1,7 +1,7 @@
 """Wave (wave-lang, compiling for gfx942 on the CPU) with Wave's own cache and with kcache.wave, in one run.
 
-    make python-wave
-    build/venv-wave/bin/python bench/python/wave_bench.py [--procs 8] [--reps 1]
+    make python-torch
+    build/venv-torch/bin/python bench/python/wave_bench.py [--procs 8] [--reps 1]
 
 The kernels are the tests' (python/tests/wave_worker.py): an elementwise
 add and Wave's GEMM template (M dynamic), compiled to vmfb (run and bench

@@ -2,8 +2,8 @@
 compiles kernels for gfx942 (compile only: no GPU, run and bench off) in
 real processes, Wave's compiles counted in each. Each hazard of Wave's own
 cache is shown first with Wave's cache (HOST_CACHE=wave, its folder
-$WAVE_CACHE_DIR), then with kcache. Runs in build/venv-wave (make
-python-wave)."""
+$WAVE_CACHE_DIR), then with kcache. Runs in build/venv-torch (make
+python-torch)."""
 
 import glob
 import os
@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-pytest.importorskip("wave_lang", reason="Wave is not installed in this Python (make python-wave installs it)")
+pytest.importorskip("wave_lang", reason="Wave is not installed in this Python (make python-torch installs it)")
 
 from hosts_support import HostEnv  # noqa: E402
 
