@@ -18,9 +18,8 @@ pytest.importorskip("wave_lang", reason="Wave is not installed in this Python (m
 
 from hosts_support import HostEnv  # noqa: E402
 
-# Processes started together on an empty store: eight with eight cores or
-# more, four on a smaller machine.
-N = 8 if (os.cpu_count() or 1) >= 8 else 4
+# Processes started together on an empty store: eight, as the ranks of a node.
+N = 8
 
 
 def _kc(tmp_path, **extra):
