@@ -33,6 +33,7 @@ JAX's tracing, Warp's hashing).
 """
 
 import argparse
+import json
 import os
 import shutil
 import statistics
@@ -72,11 +73,12 @@ def _count(path):
         return 0
 
 
-def _run(argv_list, envs):
-    """Starts the processes at once; (wall, CPU seconds) of all of them."""
+def _run(argv_list, envs, results=False):
+    """Starts the processes at once; (wall, CPU seconds) of all of them, and
+    with results=True each one's last line of output, read as JSON."""
     t = time.perf_counter()
-    procs = [subprocess.Popen(a, env=e, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for a, e in
-             zip(argv_list, envs)]
+    outs = [tempfile.TemporaryFile() if results else subprocess.DEVNULL for _ in envs]
+    procs = [subprocess.Popen(a, env=e, stdout=o, stderr=subprocess.PIPE) for a, e, o in zip(argv_list, envs, outs)]
     cpu = 0.0
     for p in procs:
         _, status, ru = os.wait4(p.pid, 0)
@@ -86,7 +88,15 @@ def _run(argv_list, envs):
         if p.returncode != 0:
             sys.exit(f"worker failed ({p.returncode}):\n{err[-3000:]}")
         cpu += ru.ru_utime + ru.ru_stime
-    return time.perf_counter() - t, cpu
+    wall = time.perf_counter() - t
+    if not results:
+        return wall, cpu
+    found = []
+    for o in outs:
+        o.seek(0)
+        found.append(json.loads(o.read().decode().strip().splitlines()[-1]))
+        o.close()
+    return wall, cpu, found
 
 
 def measure(host, mode, procs, tmp, bench):

@@ -27,14 +27,13 @@ costs at best).
 """
 
 import argparse
-import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
+
+from hosts_bench import _run as run_workers  # processes started at once: wall, CPU, their JSON
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "..", "..", "python", "tests", "torch_worker.py")
@@ -51,23 +50,11 @@ def _env(mode, store, inductor):
 def _run(envs):
     """Starts the processes at once: (wall, CPU seconds, FX graphs compiled,
     C++ compiler runs) of all of them."""
-    t = time.perf_counter()
-    procs = [subprocess.Popen([sys.executable, WORKER], env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-             for e in envs]
-    cpu, fx, cxx = 0.0, 0, 0
-    for p in procs:
-        _, status, ru = os.wait4(p.pid, 0)
-        p.returncode = os.waitstatus_to_exitcode(status)
-        out, err = p.stdout.read().decode(), p.stderr.read().decode(errors="replace")
-        if p.returncode != 0:
-            sys.exit(f"worker failed ({p.returncode}):\n{err[-3000:]}")
-        res = json.loads(out.strip().splitlines()[-1])
+    wall, cpu, results = run_workers([[sys.executable, WORKER]] * len(envs), envs, results=True)
+    for res in results:
         if res["equal"] != [True, True]:
             sys.exit(f"a compiled result differs from eager's: {res}")
-        cpu += ru.ru_utime + ru.ru_stime
-        fx += res["fx_miss"]
-        cxx += res["cxx_runs"]
-    return time.perf_counter() - t, cpu, fx, cxx
+    return wall, cpu, sum(r["fx_miss"] for r in results), sum(r["cxx_runs"] for r in results)
 
 
 def measure(mode, procs, tmp):

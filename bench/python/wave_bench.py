@@ -23,14 +23,13 @@ plus N-1 warm ones (what compiling each kernel once costs at best).
 """
 
 import argparse
-import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
+
+from hosts_bench import _run as run_workers  # processes started at once: wall, CPU, their JSON
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "..", "..", "python", "tests", "wave_worker.py")
@@ -47,20 +46,8 @@ def _env(mode, root):
 
 def _run(envs):
     """Starts the processes at once: (wall, CPU seconds, kernels compiled)."""
-    t = time.perf_counter()
-    procs = [subprocess.Popen([sys.executable, WORKER], env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-             for e in envs]
-    cpu, compiles = 0.0, 0
-    for p in procs:
-        _, status, ru = os.wait4(p.pid, 0)
-        p.returncode = os.waitstatus_to_exitcode(status)
-        out, err = p.stdout.read().decode(), p.stderr.read().decode(errors="replace")
-        if p.returncode != 0:
-            sys.exit(f"worker failed ({p.returncode}):\n{err[-3000:]}")
-        res = json.loads(out.strip().splitlines()[-1])
-        cpu += ru.ru_utime + ru.ru_stime
-        compiles += res["compiles"]
-    return time.perf_counter() - t, cpu, compiles
+    wall, cpu, results = run_workers([[sys.executable, WORKER]] * len(envs), envs, results=True)
+    return wall, cpu, sum(r["compiles"] for r in results)
 
 
 def measure(mode, procs, tmp):

@@ -1,7 +1,8 @@
 """Pieces shared by the host integrations (kcache.jax, kcache.numba,
-kcache.warp): one Cache per process (reopened after fork), the flights a
-thread owns while its host compiles, one-line warnings, and files written
-for a host that reads them by path."""
+kcache.warp, kcache.torch, kcache.wave, kcache.triton): one Cache per
+process (reopened after fork), the flights a thread owns while its host
+compiles, one-line warnings, files written for a host that reads them by
+path, and a host's release as numbers."""
 
 from __future__ import annotations
 
@@ -11,9 +12,16 @@ import threading
 import time
 import uuid
 import weakref
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 import kcache
+
+
+def release(version: str, parts: int = 2) -> Tuple[int, ...]:
+    """The first `parts` numbers of a version string, for a check of the
+    release lines supported: "2.15.0+cu132" -> (2, 15), "3.0.0rc1" ->
+    (3, 0); the digits of each part, 0 where a part has none."""
+    return tuple(int("".join(c for c in p if c.isdigit()) or "0") for p in version.split("+")[0].split(".")[:parts])
 
 
 def log(host: str, msg: str) -> None:

@@ -80,7 +80,7 @@ import os
 import re
 import subprocess
 import threading
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Any, Dict, Optional, Sequence
 
 import kcache
 
@@ -100,11 +100,9 @@ except ImportError as _e:  # pragma: no cover - depends on the environment
         f"({_e}): pip install 'kcache-jit[torch]'") from _e
 
 
-def _version(v: str) -> Tuple[int, ...]:
-    return tuple(int("".join(c for c in p if c.isdigit()) or "0") for p in v.split("+")[0].split(".")[:2])
+from ._hostutil import release  # noqa: E402
 
-
-TORCH_VERSION = _version(torch.__version__)
+TORCH_VERSION = release(torch.__version__)
 if not (2, 14) <= TORCH_VERSION < (2, 16):
     raise ImportError(f"kcache.torch supports PyTorch 2.14 and 2.15; this is PyTorch {torch.__version__}")
 

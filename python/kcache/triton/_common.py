@@ -9,9 +9,11 @@ from __future__ import annotations
 import os
 import sys
 import threading
-from typing import Optional, Tuple
+from typing import Optional
 
 import kcache
+
+from .._hostutil import release
 
 try:
     import triton
@@ -22,15 +24,7 @@ except ImportError as _e:  # pragma: no cover - depends on the environment
         f"({_e}): pip install 'kcache-jit[triton]'") from _e
 
 
-def _version(v: str) -> Tuple[int, ...]:
-    out = []
-    for part in v.split(".")[:3]:
-        digits = "".join(c for c in part if c.isdigit()) or "0"
-        out.append(int(digits))
-    return tuple(out)
-
-
-TRITON_VERSION = _version(triton.__version__)
+TRITON_VERSION = release(triton.__version__, 3)
 if not (3, 0) <= TRITON_VERSION < (4, 0):
     raise ImportError(f"kcache.triton supports Triton 3.0 to 3.x; this is Triton {triton.__version__}")
 
