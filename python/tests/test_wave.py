@@ -153,6 +153,65 @@ def test_planted_grid_is_never_executed(tmp_path):
     assert not marker.exists()
 
 
+def test_upgraded_compiler_is_a_miss(tmp_path):
+    upgrade = dict(KERNELS="add", FAKE_VERSION="iree-base-compiler=3.9.99")
+    own = _wave(tmp_path)
+    assert own.run(KERNELS="add")["compiles"] == 1
+    # Wave: no version in its key: the old compiler's kernel is returned.
+    assert own.run(**upgrade)["compiles"] == 0
+    env = _kc(tmp_path)
+    assert env.run(KERNELS="add")["compiles"] == 1
+    res = env.run(**upgrade)
+    assert res["compiles"] == 1 and res["stats"]["misses"] == 1
+    assert env.run(**upgrade)["compiles"] == 0
+    r = subprocess.run([_kcache_tool(), "misses", "--dir", env.kcache_dir], capture_output=True, text=True,
+                       timeout=60, env=dict({k: v for k, v in os.environ.items() if not k.startswith("KCACHE_")},
+                                        KCACHE_ENGINE="files"))
+    assert r.returncode == 0, r.stderr
+    assert "iree_compiler:" in r.stdout and "→ 3.9.99" in r.stdout, r.stdout
+
+
+def _long_running(env, tmp_path):
+    """A process that compiled `add`, then `gemm` after another process
+    stored it: the kernels the long-running process compiled for gemm."""
+    ready, go = tmp_path / "ready", tmp_path / "go"
+    long = env.start(KERNELS="add", THEN_KERNELS="gemm", READY=ready, GO=go)
+    deadline = time.time() + 300
+    while not ready.exists():
+        assert long.poll() is None and time.time() < deadline
+        time.sleep(0.1)
+    assert env.run(KERNELS="gemm")["compiles"] == 1
+    go.touch()
+    res = env.result(long, timeout=300)
+    ready.unlink()
+    go.unlink()
+    return res["compiles_then"]
+
+
+def test_long_running_process_sees_kernels_stored_since_it_started(tmp_path):
+    # Wave lists its folder once per process: gemm is compiled again.
+    (tmp_path / "own").mkdir()
+    assert _long_running(_wave(tmp_path / "own"), tmp_path) == 1
+    assert _long_running(_kc(tmp_path), tmp_path) == 0
+
+
+def test_entry_missing_a_part_is_compiled_again(tmp_path):
+    own = _wave(tmp_path)
+    cold = own.run(KERNELS="add")
+    infos = glob.glob(str(tmp_path / "wave" / "*" / "*.kernel_info.json"))
+    assert len(infos) == 1
+    os.unlink(infos[0])
+    # Wave: every later compile of the kernel raises.
+    p = own.start(KERNELS="add")
+    out, err = p.communicate(timeout=400)
+    assert p.returncode != 0 and "kernel_info.json" in err, err[-2000:]
+    env = _kc(tmp_path)
+    assert env.run(KERNELS="add", DROP_ARTIFACT="info")["compiles"] == 1
+    res = env.run(KERNELS="add")
+    assert res["compiles"] == 1 and res["kernels"] == cold["kernels"]
+    assert env.run(KERNELS="add")["compiles"] == 0
+
+
 def test_compile_that_raises_gives_its_flight_up(tmp_path):
     env = _kc(tmp_path)
     failed = tmp_path / "failed"

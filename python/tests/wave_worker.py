@@ -15,7 +15,12 @@ $OPTION=name=value: a WaveCompileOptions field (True/False or an int).
 $PLANT_GRID=path: Wave's grid text becomes code that creates `path` when
 evaluated (what a tampered cache entry would hold). $FAIL_FIRST=path: the
 first compile raises; the process then creates `path`, sleeps $HOLD seconds
-(default 60) and compiles again."""
+(default 60) and compiles again. $FAKE_VERSION=dist=version: the
+installed distribution `dist` reports `version` (an upgrade). $READY=path,
+$GO=path, $THEN_KERNELS: after $KERNELS the process creates READY, waits
+for GO to exist and then compiles THEN_KERNELS (a long-running process).
+$DROP_ARTIFACT=name: after compiling, each kcache entry is stored again
+without that artifact (a damaged entry)."""
 
 import hashlib
 import importlib
@@ -26,6 +31,13 @@ import sys
 import time
 
 t0 = time.time()
+if os.environ.get("FAKE_VERSION"):
+    import importlib.metadata as _md
+
+    _fake_dist, _fake_version = os.environ["FAKE_VERSION"].split("=", 1)
+    _real_version = _md.version
+    _md.version = lambda name: _fake_version if name == _fake_dist else _real_version(name)
+
 import wave_lang.kernel.lang as tkl  # noqa: E402
 import wave_lang.kernel.wave as tkw  # noqa: E402
 from wave_lang.kernel.lang.global_symbols import GLOBAL_ADDRESS_SPACE  # noqa: E402
@@ -115,8 +127,7 @@ def _option(opts):
         setattr(opts, name, value == "True" if value in ("True", "False") else int(value))
 
 
-res = {"kernels": {}}
-for name in os.environ.get("KERNELS", "add,gemm").split(","):
+def compile_kernel(name):
     k, subs, dyn = kernel(name)
     opts = WaveCompileOptions(subs=subs, canonicalize=True, run_bench=False, target="gfx942",
                               dynamic_symbols=dyn)
@@ -134,9 +145,30 @@ for name in os.environ.get("KERNELS", "add,gemm").split(","):
     grid = compiled.options.kernel_launch_info.grid
     # As Wave's runtime calls it (wave_lang.kernel.wave.utils.run_utils).
     grid.__globals__.setdefault("math", math)
-    res["kernels"][name] = {"vmfb": hashlib.sha256(vmfb).hexdigest()[:16], "vmfb_size": len(vmfb),
-                            "mulf": "arith.mulf" in compiled.asm, "addf": "arith.addf" in compiled.asm,
-                            "grid": [[int(x) for x in grid([d] * len(dyn) if dyn else [])] for d in (256, 1000)]}
+    return {"vmfb": hashlib.sha256(vmfb).hexdigest()[:16], "vmfb_size": len(vmfb),
+            "mulf": "arith.mulf" in compiled.asm, "addf": "arith.addf" in compiled.asm,
+            "grid": [[int(x) for x in grid([d] * len(dyn) if dyn else [])] for d in (256, 1000)]}
+
+
+res = {"kernels": {}}
+for name in os.environ.get("KERNELS", "add,gemm").split(","):
+    res["kernels"][name] = compile_kernel(name)
+if os.environ.get("THEN_KERNELS"):
+    with open(os.environ["READY"], "w"):
+        pass
+    while not os.path.exists(os.environ["GO"]):
+        time.sleep(0.05)
+    before = compiles
+    for name in os.environ["THEN_KERNELS"].split(","):
+        res["kernels"][name] = compile_kernel(name)
+    res["compiles_then"] = compiles - before
+if os.environ.get("DROP_ARTIFACT"):
+    import kcache.wave
+
+    for key, _label in list(kcache.wave._get_cache_manager()._keys.values()):
+        entry = kcache.wave.cache().get(key)
+        kept = {n: bytes(entry[n]) for n in entry.keys() if n != os.environ["DROP_ARTIFACT"]}
+        kcache.wave.cache().put(key, kept)
 res["compiles"] = compiles
 res["seconds"] = round(time.time() - t0, 3)
 if "kcache.wave" in sys.modules:
