@@ -7,6 +7,7 @@ python-torch)."""
 
 import glob
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -210,6 +211,22 @@ def test_entry_missing_a_part_is_compiled_again(tmp_path):
     res = env.run(KERNELS="add")
     assert res["compiles"] == 1 and res["kernels"] == cold["kernels"]
     assert env.run(KERNELS="add")["compiles"] == 0
+
+
+def test_wave_runtime_hsaco_is_written_out_on_a_hit(tmp_path):
+    """With Wave's runtime the kernel is an HSACO file loaded by path: a hit
+    in a new process with an empty binaries folder writes the same bytes
+    where Wave's runtime looks (loading it needs HIP, absent here)."""
+    env = _kc(tmp_path, KERNELS="add", OPTION="wave_runtime=True")
+    cold = env.run()
+    assert cold["compiles"] == 1 and cold["kernels"]["add"]["hip"] == "missing"
+    (name, digest), = cold["kernels"]["add"]["hsaco"].items()
+    shutil.rmtree(tmp_path / "wave" / "kcache-binaries")
+    warm = env.run()
+    assert warm["compiles"] == 0 and warm["stats"]["hits"] == 1
+    assert warm["kernels"]["add"]["hsaco"] == {name: digest}
+    # Not the kernel of the vmfb path: wave_runtime is in the key.
+    assert env.run(OPTION="wave_runtime=False")["compiles"] == 1
 
 
 def test_compile_that_raises_gives_its_flight_up(tmp_path):
