@@ -8,7 +8,7 @@
 //   cold     the same on an empty cache folder
 //   warm     the same again on that folder
 //
-//   kcache_bench_llvm_codebase --bc DIR [--rounds N] [--check sha|lua|none]
+//   kcache_bench_llvm_codebase --bc DIR [--rounds N] [--check sha|lua|cares|none]
 //   kcache_bench_llvm_codebase --bc DIR --coop N [--rounds R] [--check ...]
 //   kcache_bench_llvm_codebase --bc DIR --symbols FILE --run plain|kcache [--cache DIR] [--batch T] [--check ...]
 //
@@ -34,7 +34,8 @@
 // + addIRModule for plain), then looks up one defined function of each
 // file, which compiles or links it ("ready"), then runs the JIT-ed code and
 // checks its answer (--check sha: pycryptodome's SHA-256 and MD5 of "abc";
-// lua: Lua's `return 6*7`-style chunk). "kcache share of a warm start" is
+// lua: Lua's `return 6*7`-style chunk; cares: c-ares's version, an error
+// text and its library init). "kcache share of a warm start" is
 // the warm run's key and lookup CPU time (the compiling thread's) over its
 // process CPU time to ready.
 #include <dirent.h>
@@ -84,7 +85,7 @@ std::vector<std::string> bc_files(const std::string& dir) {
   return kcache::bench::bc_files("kcache_bench_llvm_codebase", dir);
 }
 
-// file -> one defined external function, as "path\tsymbol" lines.
+// file -> one defined external symbol, as "path\tsymbol" lines.
 std::vector<std::pair<std::string, std::string>> read_symbols(const std::string& path) {
   std::vector<std::pair<std::string, std::string>> out;
   std::ifstream f(path);
@@ -107,14 +108,20 @@ std::string write_symbols(const std::string& bc_dir, const std::string& out_path
     llvm::LLVMContext ctx;
     auto m = llvm::parseBitcodeFile((*buf)->getMemBufferRef(), ctx);
     if (!m) die(path + ": " + llvm::toString(m.takeError()));
+    // A defined external function, else (a file of tables) a variable.
+    std::string sym;
     for (const auto& f : **m)
       if (!f.isDeclaration() && f.hasExternalLinkage()) {
-        out << path << '\t' << f.getName().str() << '\n';
-        ++n;
+        sym = f.getName().str();
         break;
       }
+    for (const auto& g : (*m)->globals())
+      if (sym.empty() && !g.isDeclaration() && g.hasExternalLinkage()) sym = g.getName().str();
+    if (sym.empty()) continue;
+    out << path << '\t' << sym << '\n';
+    ++n;
   }
-  if (n == 0) die("no .bc file with a defined function in " + bc_dir);
+  if (n == 0) die("no .bc file with a defined symbol in " + bc_dir);
   return out_path;
 }
 
@@ -166,7 +173,21 @@ bool check(llvm::orc::LLJIT& jit, const std::string& what) {
            fn<PCallK>(jit, "lua_pcallk")(L, 0, 1, 0, 0, nullptr) == 0 &&
            fn<ToIntegerX>(jit, "lua_tointegerx")(L, -1, nullptr) == 42;
   }
-  die("--check sha|lua|none");
+  if (what == "cares") {
+    using Version = const char* (*)(int*);
+    using StrError = const char* (*)(int);
+    using LibInit = int (*)(int);
+    using LibCleanup = void (*)();
+    int v = 0;
+    const char* text = fn<Version>(jit, "ares_version")(&v);
+    bool ok = text && v >> 16 == 1 &&
+              std::to_string(v >> 16) + "." + std::to_string((v >> 8) & 0xff) + "." + std::to_string(v & 0xff) == text;
+    ok = ok && std::string(fn<StrError>(jit, "ares_strerror")(0)) == "Successful completion";
+    ok = ok && fn<LibInit>(jit, "ares_library_init")(1 /* ARES_LIB_INIT_ALL */) == 0;
+    if (ok) fn<LibCleanup>(jit, "ares_library_cleanup")();
+    return ok;
+  }
+  die("--check sha|lua|cares|none");
 }
 
 int run_once(const Args& a) {
