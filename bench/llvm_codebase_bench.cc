@@ -254,6 +254,8 @@ int run_once(const Args& a) {
 struct Child {
   std::string out;
   double cpu_s = 0;  // user + system of the whole child
+  double sys_s = 0;  // its system part
+  long minflt = 0;   // page faults served without I/O
 };
 
 struct Running {
@@ -312,6 +314,8 @@ Child finish_child(const Running& r) {
   if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) die(mode + " run failed: " + c.out);
   c.cpu_s = static_cast<double>(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
             static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) * 1e-6;
+  c.sys_s = static_cast<double>(ru.ru_stime.tv_sec) + static_cast<double>(ru.ru_stime.tv_usec) * 1e-6;
+  c.minflt = ru.ru_minflt;
   while (!c.out.empty() && c.out.back() == '\n') c.out.pop_back();
   return c;
 }
@@ -484,6 +488,7 @@ int main(int argc, char** argv) {
     return rc;
   }
   std::vector<double> plain, nocache, cold, warm, r_cold, r_nocache, r_warm, warm_share, warm_key_share;
+  std::vector<double> sys_plain, sys_cold, flt_cold;
   std::string files;
   for (unsigned r = 0; r < std::max(1u, a.rounds); ++r) {
     std::string dir = tmp + "/round-" + std::to_string(r + 1);
@@ -513,21 +518,27 @@ int main(int argc, char** argv) {
     r_cold.push_back(c.cpu_s / p.cpu_s);
     r_nocache.push_back(x.cpu_s / p.cpu_s);
     r_warm.push_back(w.cpu_s / p.cpu_s);
+    sys_plain.push_back(p.sys_s);
+    sys_cold.push_back(c.sys_s);
+    flt_cold.push_back(static_cast<double>(c.minflt) / static_cast<double>(std::max(1L, p.minflt)));
     double ready = num(w.out, "ready_cpu_s");
     warm_share.push_back((num(w.out, "key_cpu_s") + num(w.out, "cache_cpu_s")) / ready);
     warm_key_share.push_back(num(w.out, "key_cpu_s") / ready);
     std::fprintf(stderr,
                  "round %u: CPU plain %.3f s, nocache %.3f s, cold %.3f s, warm %.3f s; cold/plain %.4f, "
-                 "nocache/plain %.4f; warm keys %.2f ms of %.1f ms to ready\n",
-                 r + 1, p.cpu_s, x.cpu_s, c.cpu_s, w.cpu_s, r_cold.back(), r_nocache.back(),
-                 num(w.out, "key_cpu_s") * 1e3, ready * 1e3);
+                 "nocache/plain %.4f; system plain %.3f s, cold %.3f s; page faults plain %ld, cold %ld; warm keys "
+                 "%.2f ms of %.1f ms to ready\n",
+                 r + 1, p.cpu_s, x.cpu_s, c.cpu_s, w.cpu_s, r_cold.back(), r_nocache.back(), p.sys_s, c.sys_s, p.minflt,
+                 c.minflt, num(w.out, "key_cpu_s") * 1e3, ready * 1e3);
   }
   (void)::system(("rm -rf '" + tmp + "'").c_str());
   std::printf(
       "{\"files\":%s,\"rounds\":%zu,\"cpu\":\"rusage user+sys of each child\",\"plain_cpu_s\":%.4f,"
       "\"nocache_cpu_s\":%.4f,\"cold_cpu_s\":%.4f,\"warm_cpu_s\":%.4f,\"cold_over_plain\":%s,"
-      "\"nocache_over_plain\":%s,\"warm_over_plain\":%s,\"warm_kcache_share\":%s,\"warm_key_share\":%s}\n",
+      "\"nocache_over_plain\":%s,\"warm_over_plain\":%s,\"warm_kcache_share\":%s,\"warm_key_share\":%s,"
+      "\"plain_sys_s\":%.4f,\"cold_sys_s\":%.4f,\"cold_over_plain_page_faults\":%s}\n",
       files.c_str(), plain.size(), median(plain), median(nocache), median(cold), median(warm), stat(r_cold).c_str(),
-      stat(r_nocache).c_str(), stat(r_warm).c_str(), stat(warm_share).c_str(), stat(warm_key_share).c_str());
+      stat(r_nocache).c_str(), stat(r_warm).c_str(), stat(warm_share).c_str(), stat(warm_key_share).c_str(),
+      median(sys_plain), median(sys_cold), stat(flt_cold).c_str());
   return 0;
 }
