@@ -6,6 +6,7 @@ path, and a host's release as numbers."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import sys
 import threading
@@ -264,6 +265,36 @@ class Flights:
         for n in self.names():
             if n not in old:
                 self.abandon(n, local)
+
+
+_digests: Dict[str, Tuple[Tuple[int, int, int, int], bytes]] = {}
+_digests_lock = threading.Lock()
+
+
+def file_digest(path: str) -> Optional[bytes]:
+    """The SHA-256 of a file's content, or None when it cannot be read;
+    remembered in the process while its inode, size, mtime and ctime stay
+    (a rewrite in place, even with its size and mtime put back, changes
+    its ctime)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    stamp = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    with _digests_lock:
+        known = _digests.get(path)
+    if known is not None and known[0] == stamp:
+        return known[1]
+    h = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+    except OSError:
+        return None
+    with _digests_lock:
+        _digests[path] = (stamp, h.digest())
+    return h.digest()
 
 
 def write_file(path: str, data: bytes) -> bool:

@@ -25,9 +25,12 @@ What torch.compile compiles becomes kcache entries:
   cache folder (the graph's kernel libraries, their object files and
   precompiled headers, and the small programs with which Inductor probes
   the vector instruction sets of the CPU once per folder): the built file.
-  Key: the content of each source file and the compiler's command line
-  (with Inductor's cache folder written as `<cache>`), the compiler's
-  version and the torch version; the label is the file's name. A hit is
+  Key, in two steps: the inputs (the content of each source file, the
+  compiler's command line with Inductor's cache folder written as
+  `<cache>`, the compiler's version, the torch version) name the files
+  the compiler read the last time (its -MD list), and the built file is
+  stored under the inputs and the content of those files, so a header
+  changed in place is a miss. The label is the file's name. A hit is
   written into Inductor's cache folder under the name Inductor loads it by
   (under a temporary name, then renamed). A build outside that folder (a
   header preprocessed in a temporary folder) is not cached.
@@ -76,11 +79,13 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import os
 import re
+import shlex
 import subprocess
 import threading
-from typing import Any, Dict, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import kcache
 
@@ -106,16 +111,18 @@ TORCH_VERSION = release(torch.__version__)
 if not (2, 14) <= TORCH_VERSION < (2, 16):
     raise ImportError(f"kcache.torch supports PyTorch 2.14 and 2.15; this is PyTorch {torch.__version__}")
 
-from ._hostutil import Flights, ProcessCache, log, write_file  # noqa: E402
+from ._hostutil import Flights, ProcessCache, file_digest, log, write_file  # noqa: E402
 
 __all__ = ["KcacheAOTAutogradCache", "KcacheFxGraphCache", "cache", "disable", "enable", "enabled"]
 
 _FX_NAMESPACE = "torch-fx/1"
-_CPP_NAMESPACE = "torch-cpp/1"
+_CPP_NAMESPACE = "torch-cpp/2"  # inputs: names the files the build read
+_CPP_BUILT_NAMESPACE = "torch-cpp-built/1"  # inputs + those files' content: the built file
 _AOT_NAMESPACE = "torch-aot/1"
 _FX_ARTIFACT = "graph"
 _AOT_ARTIFACT = "entry"
 _CPP_ARTIFACT = "library"
+_CPP_DEPS = "files-read"
 
 
 def _default_dir() -> Optional[str]:
@@ -378,49 +385,151 @@ def _cpp_key(builder: Any, root: str) -> kcache.Key:
                       cxx=_cxx_version(), torch=torch.__version__)
 
 
+def _read_deps(depfile: str, cwd: str, root: str) -> Optional[List[str]]:
+    """The files a make-style dependency list (the compiler's -MD) names,
+    absolute, Inductor's cache folder written `<cache>`; [] when the
+    compiler wrote none (a link of object files reads no header); None
+    when it cannot be read."""
+    try:
+        with open(depfile, "r", encoding="utf-8", errors="surrogateescape") as f:
+            text = f.read()
+    except FileNotFoundError:
+        return []
+    except OSError:
+        return None
+    out: List[str] = []
+    seen = set()
+    for rule in re.split(r"(?<!\\)\n", text.replace("\\\n", " ")):
+        _, colon, rest = rule.partition(": ")
+        if not colon:
+            continue
+        for tok in re.split(r"(?<!\\)\s+", rest.strip()):
+            if not tok:
+                continue
+            path = os.path.normpath(os.path.join(cwd, tok.replace("\\ ", " ")))
+            if path.startswith(root + os.sep):
+                path = "<cache>" + path[len(root):]
+            if path not in seen:
+                seen.add(path)
+                out.append(path)
+    return sorted(out)
+
+
+def _headers_key(k1: kcache.Key, deps: Sequence[str], root: str) -> Optional[kcache.Key]:
+    """The build's key: its inputs key and the content of every file the
+    compiler read for it; None when one of them cannot be read now."""
+    h = hashlib.sha256()
+    for d in deps:
+        digest = file_digest(root + d[len("<cache>"):] if d.startswith("<cache>") else d)
+        if digest is None:
+            return None
+        h.update(d.encode("utf-8", "surrogateescape") + b"\0" + digest)
+    return kcache.key(_CPP_BUILT_NAMESPACE, label=k1.label, inputs=bytes(k1), files_read=h.digest(),
+                      files=str(len(deps)))
+
+
+class _WithDeps:
+    """A CppBuilder whose command line also writes the compiler's list of
+    the files it read (-MD -MF)."""
+
+    def __init__(self, builder: Any, depfile: str) -> None:
+        self._builder = builder
+        self._depfile = depfile
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._builder, name)
+
+    def get_command_line(self) -> str:
+        return self._builder.get_command_line() + " -MD -MF " + shlex.quote(self._depfile)
+
+
+def _write_hit(entry: Optional[kcache.Entry], target: str, name: str) -> bool:
+    if entry is None or _CPP_ARTIFACT not in entry:
+        return False
+    try:
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+    except OSError:
+        pass
+    if write_file(target, bytes(entry[_CPP_ARTIFACT])):
+        return True
+    log("torch", f"C++ build {name}: cannot write {target}; compiling")
+    return False
+
+
 def _cached_build(builder: Any) -> None:
     """CppBuilder.build through kcache: the built file (a kernel library,
-    an object file, a precompiled header, a vector ISA probe) is one entry.
-    A build whose output is not in Inductor's cache folder is not cached."""
+    an object file, a precompiled header, a vector ISA probe) is one entry,
+    keyed in two steps: the inputs (sources, command line, versions) name
+    the files the compiler read the last time (its -MD list), and the
+    entry's key holds their content too, so a header changed in place is a
+    miss. A build whose output is not in Inductor's cache folder is not
+    cached."""
     build = _originals.get("build") or _cpp_builder.CppBuilder.build
     try:
         root = _inductor_cache_dir()
         target = builder.get_target_file_path()
         if getattr(builder, "_use_relative_path", False) or not target.startswith(root + os.sep):
             return build(builder)
-        k = _cpp_key(builder, root)
+        k1 = _cpp_key(builder, root)
         c = cache()
     except Exception as e:  # the cache never fails a compile
         log("torch", f"C++ build: lookup failed: {e}")
         return build(builder)
-    name = k.label
-    entry = _flights.begin(c, k, "torch", f"C++ build {name}")
-    if entry is not None and _CPP_ARTIFACT in entry:
+    name = k1.label
+    # The inputs' entry: the files the last build read. Its flight is the
+    # build's when no process built these inputs yet.
+    entry1 = _flights.begin(c, k1, "torch", f"C++ build {name}")
+    k2 = None
+    if entry1 is not None:
         try:
-            os.makedirs(os.path.dirname(target), exist_ok=True)
-        except OSError:
-            pass
-        if write_file(target, bytes(entry[_CPP_ARTIFACT])):
+            k2 = _headers_key(k1, json.loads(bytes(entry1[_CPP_DEPS])), root)
+        except Exception as e:
+            log("torch", f"C++ build {name}: entry {entry1.key_hex} unusable ({type(e).__name__}: {e}); compiling")
+        del entry1
+        if k2 is not None and _write_hit(_flights.begin(c, k2, "torch", f"C++ build {name}"), target, name):
             return None
-        log("torch", f"C++ build {name}: cannot write {target}; compiling")
-    del entry
+    depfile = f"{target}.kcache-{os.getpid()}-{threading.get_ident()}.d"
     try:
-        build(builder)
+        build(_WithDeps(builder, depfile))
         with open(target, "rb") as f:
             data = f.read()
+        cwd = os.path.join(builder._output_dir, f"{builder._name}_{_cpp_builder._BUILD_TEMP_DIR}")
+        deps = _read_deps(depfile, cwd, root)
     except BaseException:
-        _flights.abandon(k.hex)
+        _flights.abandon(k1.hex)
+        if k2 is not None:
+            _flights.abandon(k2.hex)
         raise
-    flight = _flights.pop(k.hex)
+    finally:
+        try:
+            os.unlink(depfile)
+        except OSError:
+            pass
+    flight1 = _flights.pop(k1.hex)
+    flight2 = _flights.pop(k2.hex) if k2 is not None else None
     try:
-        if flight is not None:
-            flight.commit({_CPP_ARTIFACT: data})
+        built = _headers_key(k1, deps, root) if deps is not None else None
+        if built is None:
+            raise OSError("the files the compiler read cannot be listed or read")
+        # The built file first, on disk before the inputs' entry names its
+        # files: a process that waited for the inputs finds it.
+        if flight2 is not None and flight2.key == built:
+            flight2.commit({_CPP_ARTIFACT: data})
+            flight2 = None
         else:
-            c.put(k, {_CPP_ARTIFACT: data})
+            c.put(built, {_CPP_ARTIFACT: data})
+            c.flush()
+        listed = {_CPP_DEPS: json.dumps(deps).encode("utf-8", "surrogateescape")}
+        if flight1 is not None:
+            flight1.commit(listed)
+        elif built != k2:
+            c.put(k1, listed)
     except Exception as e:
         log("torch", f"C++ build {name}: not stored: {e}")
-        if flight is not None and not flight.done:
-            flight.fail()
+    finally:
+        for f in (flight1, flight2):
+            if f is not None and not f.done:
+                f.fail()
     return None
 
 

@@ -6,6 +6,7 @@ fxgraph_cache_hit: a graph loaded). Every process
 has a TORCHINDUCTOR_CACHE_DIR of its own, so whatever it does not compile
 comes from kcache. Runs in build/venv-torch (make python-torch)."""
 
+import json
 import os
 import shutil
 import signal
@@ -68,9 +69,12 @@ def test_round_trip_in_a_new_process(warm_store, tmp_path):
     warm = env.run()
     assert warm["equal"] == [True, True]
     assert warm["fx_compiles"] == 0 and warm["fx_miss"] == 0 and warm["fx_hit"] == 2
-    # Every lookup that missed in the cold process hits: graphs, C++ builds
-    # and AOTAutograd's entries (whose hits load the graphs).
-    assert warm["stats"]["misses"] == 0 and warm["stats"]["hits"] == cold["stats"]["misses"]
+    # Every lookup that missed in the cold process hits: the two graphs and
+    # the two AOTAutograd entries (whose hits load the graphs) once each,
+    # every C++ build twice (its inputs, which name the files the compiler
+    # read, then the built file under their content).
+    assert warm["stats"]["misses"] == 0 and warm["stats"]["compiles"] == 0
+    assert warm["stats"]["hits"] == 2 * cold["stats"]["misses"] - 4
     assert warm["aot_hit"] == 2
     # Nothing of the graphs is compiled again: no C++ build of a kernel
     # library (the one compiler run left preprocesses a header in a
@@ -79,6 +83,55 @@ def test_round_trip_in_a_new_process(warm_store, tmp_path):
     # The variable alone (the start-up hook) does the same.
     by_env = env.run(KCACHE_TORCH=1, PROGRAMS=1)
     assert by_env["enabled"] and by_env["fx_compiles"] == 0 and by_env["fx_hit"] == 1 and by_env["equal"] == [True]
+
+
+_PROBE = """
+import ctypes, json, os, sys
+import kcache.torch
+kcache.torch.enable()
+from torch._inductor import cpp_builder
+from torch._inductor.runtime.cache_dir_utils import cache_dir
+src = os.path.join(cache_dir(), "probe", "probe.cpp")
+os.makedirs(os.path.dirname(src), exist_ok=True)
+with open(src, "w") as f:
+    f.write('#include "value.h"\\nextern "C" int value() { return VALUE; }\\n')
+b = cpp_builder.CppBuilder("probe", [src], cpp_builder.CppOptions(extra_flags=["-I" + sys.argv[1]]),
+                           output_dir=os.path.dirname(src))
+b.build()
+print(json.dumps({"value": ctypes.CDLL(b.get_target_file_path()).value(), "stats": kcache.torch.cache().stats()}))
+"""
+
+
+def test_a_header_changed_in_place_is_a_miss(tmp_path):
+    """A C++ build's key holds the content of every file the compiler read
+    (its -MD list), not only the sources and the command line: a header
+    edited in place, its size and mtime put back, is built again."""
+    inc = tmp_path / "inc"
+    inc.mkdir()
+    header = inc / "value.h"
+    header.write_text("#define VALUE 1\n")
+    env = _env(tmp_path, tmp_path / "kcache")
+
+    def run():
+        r = subprocess.run([sys.executable, "-c", _PROBE, str(inc)], env=env.env(), capture_output=True, text=True,
+                           timeout=300)
+        assert r.returncode == 0, r.stderr[-3000:]
+        return json.loads(r.stdout.strip().splitlines()[-1])
+
+    cold = run()
+    assert cold["value"] == 1 and cold["stats"]["compiles"] == 1
+    warm = run()
+    assert warm["value"] == 1 and warm["stats"]["compiles"] == 0 and warm["stats"]["misses"] == 0
+    st = header.stat()
+    header.write_text("#define VALUE 2\n")
+    os.utime(header, ns=(st.st_atime_ns, st.st_mtime_ns))
+    changed = run()
+    assert changed["value"] == 2 and changed["stats"]["misses"] == 1
+    assert run()["value"] == 2
+    # Both contents stay stored: the first one back is a hit.
+    header.write_text("#define VALUE 1\n")
+    back = run()
+    assert back["value"] == 1 and back["stats"]["misses"] == 0
 
 
 def test_processes_started_together_compile_each_graph_once(tmp_path):
