@@ -154,6 +154,23 @@ TEST_F(LmdbVerified, DamageToTheHeaderAfterAHitIsCaught) {
   }
 }
 
+TEST_F(LmdbVerified, CopiedHitsAreVerifiedOnTheirFirstHitAndAfterARewrite) {
+  // The C ABI and Python copy every hit out (util::CopiedHits): the copy is
+  // compared with what was verified, and verified itself otherwise.
+  kcache::util::CopiedHits copied;
+  flip(dir_, payload_of(1));
+  EXPECT_TRUE(reported_corrupt(*tier_, 1));
+  EXPECT_EQ(tier_->stats().corrupt, 1u);
+  ASSERT_TRUE(hit_ok(*tier_, 2));
+  auto r = tier_->get(key_of(2));
+  ASSERT_TRUE(r && r->has_value());
+  EXPECT_FALSE((**r).pinned());
+  // Damage to the header of an entry verified before: verified again.
+  flip(dir_, entry_offset(dir_, key_of(2)) + 40);
+  EXPECT_TRUE(reported_corrupt(*tier_, 2));
+  EXPECT_EQ(tier_->stats().corrupt, 2u);
+}
+
 TEST_F(LmdbVerified, EveryHitVerifiedWhenAsked) {
   tier_.reset();
   auto t = open_lmdb_tier(dir_, options(/*every_hit=*/true));
