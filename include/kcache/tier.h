@@ -286,7 +286,8 @@ struct DiskTierOptions {
   // LMDB engine: verify the checksum of every hit. Off (the default), each
   // process verifies an entry's checksum on its first hit and, while the
   // entry stays where it is with the same header, skips the checksum pass
-  // on later hits: a 16 KiB hit then costs about a memcpy instead of two.
+  // on later hits: a 16 KiB hit then costs about 1.3 memcpys of its bytes
+  // instead of about 3 (docs/benchmarks.md).
   // What that misses: payload bytes damaged in place after this process
   // verified them (docs/design.md, "Verified once per process").
   bool verify_every_hit = false;
