@@ -10,7 +10,10 @@
 //    the store was opened read-only, or the lookup is Access::peek) and
 //    reported as Errc::corrupt, never handed out. An entry of another
 //    format version is a plain miss (Errc::stale_format is never returned
-//    from get), neither counted corrupt nor removed.
+//    from get), neither counted corrupt nor removed. The LMDB engine
+//    verifies an entry's checksum once per process, as long as the entry
+//    stays where and as it was; payload bytes damaged in place after that
+//    go unseen by that process unless DiskTierOptions::verify_every_hit.
 //  * put() publishes all artifacts of an entry as one unit; a reader sees
 //    either nothing or the whole entry. Putting a key again replaces it.
 //  * a fault (I/O error, full disk) is an error Status, never a crash.
