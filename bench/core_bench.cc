@@ -5,13 +5,19 @@
 //                            limit of handing out bytes)
 //   hit/llvm_localcache/...  the same hit through llvm::localCache, the
 //                            file-per-entry cache ThinLTO uses
-// scripts/bench.sh turns the medians into ratios (docs/benchmarks.md).
+// Every hit run also measures a memcpy of the same artifacts right after
+// its timed loop and prints it beside the hit (counters memcpy_ns and
+// x_memcpy, the hit's CPU time over it); scripts/bench.sh turns the medians
+// into ratios (docs/benchmarks.md).
 //
 // Every hit touches the artifact's first and last byte (or, in the "read"
 // runs, every byte) through benchmark::DoNotOptimize, and after each run one
 // hit is compared byte for byte with what was stored, so a benchmark cannot
-// pass on a wrong or empty answer. The kcache disk tiers also verify the entry's checksum (all bytes)
-// on every get; llvm::localCache verifies nothing.
+// pass on a wrong or empty answer. The files tier verifies the entry's
+// checksum (all bytes) on every get; the LMDB tier on a process's first hit
+// of an entry and again whenever the entry is rewritten ("lmdb_every":
+// on every get, DiskTierOptions::verify_every_hit); llvm::localCache
+// verifies nothing.
 //
 // Names: <what>/<tier>/<same|vary|read>/<artifact bytes>. "same" repeats
 // one key; "vary" cycles through a set of keys whose artifacts total about
@@ -22,6 +28,7 @@
 #include <benchmark/benchmark.h>
 #include <link.h>
 #include <stdlib.h>
+#include <time.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -158,6 +165,7 @@ kcache::DiskTierOptions disk_options(kcache::Durability d) {
 // One instance of each store for the whole run: a warm process.
 struct Stores {
   std::shared_ptr<kcache::Tier> memory, lmdb, lmdb_nosync, files;
+  std::shared_ptr<kcache::Tier> lmdb_every;   // LMDB, verifying the checksum of every hit
   std::unique_ptr<kcache::Cache> cache_lmdb;  // the facade over the LMDB tier alone
 #if KCACHE_BENCH_HAVE_LLVM
   std::unique_ptr<kcache_bench::LlvmFileCache> llvm;
@@ -171,6 +179,9 @@ struct Stores {
     lmdb = open_or_die(kcache::open_lmdb_tier(root_dir() + "/lmdb", disk_options(kcache::Durability::normal)), "lmdb");
     lmdb_nosync = open_or_die(
         kcache::open_lmdb_tier(root_dir() + "/lmdb-nosync", disk_options(kcache::Durability::none)), "lmdb");
+    kcache::DiskTierOptions every = disk_options(kcache::Durability::normal);
+    every.verify_every_hit = true;
+    lmdb_every = open_or_die(kcache::open_lmdb_tier(root_dir() + "/lmdb-every", every), "lmdb");
     files =
         open_or_die(kcache::open_files_tier(root_dir() + "/files", disk_options(kcache::Durability::normal)), "files");
     cache_lmdb = kcache::Cache::with_tiers({lmdb});
@@ -248,12 +259,37 @@ inline void use(Pattern p, std::string_view v) {
     touch(v);
 }
 
+inline double thread_cpu_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) * 1e9 + static_cast<double>(ts.tv_nsec);
+}
+
+// The baseline of a hit, in the same run: CPU ns per memcpy of the same
+// artifacts, keys in the same order, bytes used the same way, as many
+// times as the hit ran (at most 200,000).
+double memcpy_ns(const DataSet& d, Pattern p, size_t n, int64_t times) {
+  std::unique_ptr<char, decltype(&std::free)> dst(static_cast<char*>(std::aligned_alloc(64, d.size)), &std::free);
+  times = std::clamp<int64_t>(times, 1, 200000);
+  size_t i = 0;
+  const double t0 = thread_cpu_ns();
+  for (int64_t k = 0; k < times; ++k) {
+    std::memcpy(dst.get(), d.artifacts[i].data(), d.size);
+    use(p, std::string_view(dst.get(), d.size));
+    if (++i == n) i = 0;
+  }
+  return (thread_cpu_ns() - t0) / static_cast<double>(times);
+}
+
 // Runs `hit(i)` (which must look key i up and touch its bytes) in the
-// timed loop, then checks one answer in full.
+// timed loop, then checks one answer in full. Counters: "memcpy_ns", the
+// baseline measured right after (memcpy_ns()), and "x_memcpy", this hit's
+// CPU time over it.
 template <class Hit, class Fetch>
 void run_hit(benchmark::State& state, const DataSet& d, Pattern p, Hit hit, Fetch fetch) {
   const size_t n = p == Pattern::vary ? d.keys.size() : 1;
   size_t i = 0;
+  const double t0 = thread_cpu_ns();
   for (auto _ : state) {
     if (!hit(i)) {
       state.SkipWithError("unexpected miss");
@@ -261,8 +297,12 @@ void run_hit(benchmark::State& state, const DataSet& d, Pattern p, Hit hit, Fetc
     }
     if (++i == n) i = 0;
   }
+  const double hit_ns = (thread_cpu_ns() - t0) / static_cast<double>(std::max<int64_t>(1, state.iterations()));
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(d.size));
   state.counters["keys"] = static_cast<double>(n);
+  const double base = memcpy_ns(d, p, n, state.iterations());
+  state.counters["memcpy_ns"] = base;
+  state.counters["x_memcpy"] = base > 0 ? hit_ns / base : 0;
   size_t last = n - 1;
   if (!fetch(last, [&](std::string_view got) { return got == d.artifacts[last]; }))
     state.SkipWithError("a hit returned wrong bytes");
@@ -695,7 +735,8 @@ void register_all() {
     const char* name;
     std::shared_ptr<kcache::Tier> S::*which;
   };
-  const TierCase hit_tiers[] = {{"memory", &S::memory}, {"lmdb", &S::lmdb}, {"files", &S::files}};
+  const TierCase hit_tiers[] = {
+      {"memory", &S::memory}, {"lmdb", &S::lmdb}, {"lmdb_every", &S::lmdb_every}, {"files", &S::files}};
   for (auto [pattern, p] :
        {std::pair{"same", Pattern::same}, std::pair{"vary", Pattern::vary}, std::pair{"read", Pattern::read}}) {
     auto add = [](benchmark::internal::Benchmark* b) {

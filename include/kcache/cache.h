@@ -117,7 +117,7 @@ struct Options {
   bool create_dir = true;
   // Disk tier limits and durability (see DiskTierOptions for defaults):
   // "max_size" (KCACHE_MAX_SIZE), "max_entries" (KCACHE_MAX_ENTRIES),
-  // "durability" (KCACHE_DURABILITY), "check_on_open".
+  // "durability" (KCACHE_DURABILITY), "check_on_open", "verify_every_hit".
   DiskTierOptions disk;
   // The memory tier and its size in bytes (default 256 MiB; 0: no memory
   // tier, in C++ as by name). "memory", "memory_size" (KCACHE_MEMORY_SIZE).

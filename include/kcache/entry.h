@@ -101,6 +101,7 @@ class Entry {
 
  private:
   friend class EntryBuilder;
+  friend struct EntryAccess;  // private to the library (src/entry/access.h)
   struct Description {
     EntryMeta meta;
     Manifest manifest;

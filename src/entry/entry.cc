@@ -26,6 +26,7 @@
 #include <mutex>
 #include <numeric>
 
+#include "entry/access.h"
 #include "entry/buffer.h"
 #include "kcache/entry.h"
 #include "util/util.h"
@@ -109,7 +110,9 @@ struct Header {
   uint64_t stored_len, raw_len;
 };
 
-Expected<Header> verify_header(std::string_view enc, const Key* expected) {
+// checksum=false: everything but the checksum pass (an entry whose
+// checksum its reader already verified: EntryAccess::decode_verified).
+Expected<Header> verify_header(std::string_view enc, const Key* expected, bool with_checksum = true) {
   if (enc.size() < kEntryHeaderSize) return corrupt("entry shorter than its header");
   const char* p = enc.data();
   if (std::memcmp(p, kMagic, 8) != 0) return corrupt("bad magic");
@@ -127,6 +130,7 @@ Expected<Header> verify_header(std::string_view enc, const Key* expected) {
   if (h.raw_len > kMaxEntrySize) return corrupt("entry too large");
   if (!(h.flags & kFlagZstd) && h.raw_len != h.stored_len) return corrupt("length mismatch");
   if (expected && *expected != h.key) return corrupt("key mismatch");
+  if (!with_checksum) return h;
   Digest sum = checksum(p, enc.substr(kEntryHeaderSize));
   if (std::memcmp(sum.bytes.data(), p + 48, 16) != 0) return corrupt("checksum mismatch");
   return h;
@@ -385,9 +389,17 @@ std::optional<Key> Entry::peek_key(std::string_view enc) noexcept {
 }
 
 Expected<Entry> Entry::decode(std::shared_ptr<const Buffer> buf, const Key* expected) {
+  return EntryAccess::decode(std::move(buf), expected, /*checksum=*/true);
+}
+
+Expected<Entry> EntryAccess::decode_verified(std::shared_ptr<const Buffer> buf, const Key* expected) {
+  return decode(std::move(buf), expected, /*checksum=*/false);
+}
+
+Expected<Entry> EntryAccess::decode(std::shared_ptr<const Buffer> buf, const Key* expected, bool checksum) {
   if (!buf) return corrupt("no bytes");
   std::string_view enc = buf->bytes();
-  KCACHE_TRY(Header h, verify_header(enc, expected));
+  KCACHE_TRY(Header h, verify_header(enc, expected, checksum));
 
   Entry e;
   e.key_ = h.key;
@@ -429,9 +441,9 @@ Expected<Entry> Entry::decode(std::shared_ptr<const Buffer> buf, const Key* expe
     uint64_t off, size;
     if (!r.u16(n16) || !r.bytes(n16, s) || !r.u64(off) || !r.u64(size)) return corrupt("truncated artifact table");
     if (off > raw.size() || size > raw.size() - off) return corrupt("artifact out of bounds");
-    e.artifacts_.push_back(ArtifactRef{std::string(s), raw.substr(off, size)});
+    e.artifacts_.push_back(Entry::ArtifactRef{std::string(s), raw.substr(off, size)});
   }
-  e.lazy_ = std::make_shared<Lazy>();
+  e.lazy_ = std::make_shared<Entry::Lazy>();
   e.lazy_->ext_at = raw.size() - r.remaining();
   e.buffer_ = std::move(buf);
   return e;

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "kcache/status.h"
+#include "tier/lmdb/lmdb_verified.h"
 
 namespace kcache {
 
@@ -120,6 +121,9 @@ class LmdbEnv {
   // Hits handed out that still pin their read transaction (one reader slot
   // each); past kMaxPinned, hits are copied out instead.
   std::atomic<int> pinned{0};
+  // The entries whose checksum this process verified (lmdb_verified.h),
+  // shared by every tier object on this store.
+  VerifiedEntries verified;
 
  private:
   LmdbEnv() = default;

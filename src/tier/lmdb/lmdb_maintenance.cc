@@ -97,6 +97,7 @@ Expected<VerifyReport> LmdbMaintenance::verify(bool fix) {
 
 Status LmdbMaintenance::clear() {
   KCACHE_TRY(MDB_txn * txn, env_.begin_write());
+  env_.verified.clear();
   // Entries are deleted one by one, each overflow run freed only after
   // its own page header checked out (overflow_run_intact); mdb_drop would
   // free every run by its header unchecked. An entry whose run is damaged

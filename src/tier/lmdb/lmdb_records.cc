@@ -95,6 +95,9 @@ int StoreRecords::set_meta(MDB_txn* txn, const Key& key, uint64_t ms, uint64_t s
 
 int StoreRecords::remove(MDB_txn* txn, const Key& key, uint64_t* removed_size) {
   *removed_size = 0;
+  // Forgotten whether or not the transaction commits: at worst, one more
+  // verification.
+  env_.verified.forget(key);
   MDB_val k = mdb_val(key), v;
   int rc = mdb_get(txn, env_.meta, &k, &v);
   if (rc == 0 && v.mv_size == 16) {

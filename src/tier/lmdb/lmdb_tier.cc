@@ -38,6 +38,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "entry/access.h"
 #include "entry/buffer.h"
 #include "kcache/env.h"
 #include "kcache/tier.h"
@@ -184,8 +185,14 @@ class LmdbTier final : public Tier, public StoreAdmin {
       return mdb_status(rc, "get");
     }
     std::string_view bytes(static_cast<const char*>(v.mv_data), v.mv_size);
+    // An entry this process verified, at the same place with the same
+    // header, skips the checksum pass (lmdb_verified.h); the header is
+    // compared as it is in the bytes handed out.
+    const bool memo = !opt_.verify_every_hit && bytes.size() >= kEntryHeaderSize;
+    bool verified = false;
     std::shared_ptr<const Buffer> buf;
     if (env_->pinned.load(std::memory_order_relaxed) < kMaxPinned && !util::CopiedHits::active()) {
+      verified = memo && env_->verified.contains(key, v.mv_data, v.mv_size, bytes.data());
       buf = std::make_shared<PinnedBuffer>(env_, txn, bytes);
     } else {
       // Each pinned hit holds a reader slot; a caller that keeps many
@@ -200,9 +207,12 @@ class LmdbTier final : public Tier, public StoreAdmin {
         if (access != Access::peek) count(c_errors);
         return env_->lost_error();
       }
+      verified = memo && env_->verified.contains(key, v.mv_data, v.mv_size, copy->data());
       buf = std::move(copy);
     }
-    auto e = Entry::decode(std::move(buf), &key);
+    const char* header = buf->bytes().data();  // kept alive by the Entry
+    auto e = verified ? EntryAccess::decode_verified(std::move(buf), &key) : Entry::decode(std::move(buf), &key);
+    if (e && memo && !verified) env_->verified.add(key, v.mv_data, v.mv_size, header);
     if (!e && e.error().code() == Errc::stale_format) {
       // Another build's entry: a miss, left for the build that reads it.
       if (access == Access::counted) miss_counted();
