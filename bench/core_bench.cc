@@ -21,7 +21,7 @@
 //
 // Names: <what>/<tier>/<same|vary|read>/<artifact bytes>. "same" repeats
 // one key; "vary" cycles through a set of keys whose artifacts total about
-// 64 MiB (at least 4, at most 256 keys), so larger sizes leave the CPU
+// 64 MiB (at least 4, at most 4096 keys), so larger sizes leave the CPU
 // caches; "read" repeats one key and the caller reads every byte of the
 // artifact, as a loader would (localCache maps large files lazily, so
 // touching two bytes of its hit reads two pages, not the artifact).
@@ -113,7 +113,7 @@ const DataSet& data_for(size_t size) {
   if (it != sets.end()) return it->second;
   DataSet& d = sets[size];
   d.size = size;
-  size_t n = std::clamp<size_t>(kVaryBytes / size, 4, 256);
+  size_t n = std::clamp<size_t>(kVaryBytes / size, 4, 4096);
   for (size_t i = 0; i < n; ++i) {
     auto k = make_key("kcache-bench/1", i, size);
     d.keys.push_back(k.key);
