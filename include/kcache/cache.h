@@ -403,10 +403,12 @@ class Cache {
   // the ownership of its compile (owner(); a lease whose holder died or
   // expired is taken over, as begin() does), or, while another live
   // process holds the key's lease, a Flight that is busy() and neither,
-  // returned at once. Another thread of this process compiling the key is
-  // still waited for (its entry; busy() when that thread found the key held
-  // by another process). What a batch uses to compile what nobody holds
-  // first and wait only for the rest.
+  // returned at once. Another thread of this process that leads the key's
+  // flight is still waited for, as begin() waits: its entry; busy() when
+  // that thread gave the key up because another process holds it (a thread
+  // inside begin() that waits for another process makes this wait too).
+  // What a batch uses to compile what nobody holds first and wait only for
+  // the rest.
   Flight try_begin(const KeyInfo& key);
 
   // Looks up every key in one pass, then compiles the misses on a pool of
