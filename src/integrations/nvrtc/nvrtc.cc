@@ -6,9 +6,10 @@
 // inputs key and the stored list) with the recorder on (observe.h), and the
 // entry and its manifest are stored, unless the compile's inputs moved
 // while it ran. A batch (compile_all) looks every program up first, then
-// compiles on a pool what no process holds and waits for the rest last. A hit is checked (PTX NUL-terminated, the
-// lowered names decode and cover every requested expression) before it is handed out; an entry that fails the check is
-// recompiled and overwritten.
+// compiles on a pool what no process holds and waits for the rest last. A
+// hit is checked (PTX NUL-terminated, the lowered names decode and cover
+// every requested expression) before it is handed out; an entry that fails
+// the check is recompiled and overwritten.
 //
 // One concept, kcache::nvrtc::Compiler: the file is its Impl (the path from
 // a program to its inputs key, the manifests under it, the entry and the
