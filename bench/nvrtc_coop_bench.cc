@@ -5,21 +5,23 @@
 // M CUDA programs (default 16; kernel i loops U times, default 256, unrolled,
 // compiled to PTX for compute_80). Each round, on empty stores, in wall time
 // from the start signal to the last exit: **one** process compiling the list
-// with nvrtc::Compiler::compile_all on one worker thread (the baseline), N
-// such processes (default 2) started **together** on the same list in the
-// same order, and (the baseline of before) N processes calling compile()
-// **one by one** down the list. Prints each, the ratio one / N (how much
-// sooner N processes finish than one) and checks that each program was
-// compiled once in all and every result is PTX of its kernel. Each store
-// starts with the NVRTC library's identity known (one process ran with this
-// NVRTC before; hashing the 110 MB library is a first-use cost on a machine,
-// not a per-program one). Children are sessions of their own (autogroups
-// would give the children of one session one share of the CPU). Under
-// other load wall time says more about that load than about kcache: the
-// ratios are also given over the quiet rounds alone, those in which the one
-// process had a core to itself (CPU time ≥ 95 % of its wall time), and as
-// CPU time, which other load inflates far less: the one process's over the
-// busiest of the N (how evenly the N shared the work; N at best).
+// with nvrtc::Compiler::compile_all on one worker thread (the baseline), N such
+// processes (default 2) started **together** on the same list in the same
+// order, and (the baseline of before) N processes calling compile() **one by
+// one** down the list, and (the ceiling on this machine now) N processes each
+// compiling its own share of the list (programs k, k+N, ...) on a store of its
+// own, no coordination at all, **split**. Prints each, the ratio one / N (how
+// much sooner N processes finish than one) and checks that each program was
+// compiled once in all and every result is PTX of its kernel. Each store starts
+// with the NVRTC library's identity known (one process ran with this NVRTC
+// before; hashing the 110 MB library is a first-use cost on a machine, not a
+// per-program one). Children are sessions of their own (autogroups would give
+// the children of one session one share of the CPU). Under other load wall time
+// says more about that load than about kcache: the ratios are also given over
+// the quiet rounds alone, those in which the one process had a core to itself
+// (CPU time ≥ 95 % of its wall time), and as CPU time, which other load
+// inflates far less: the one process's over the busiest of the N (how evenly
+// the N shared the work; N at best).
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -76,14 +78,18 @@ struct Out {
   int wrong = -1;
 };
 
-// The child's work: the list through compile_all (one worker) or compile()
-// one by one.
-Out run(const std::string& store, int programs, int unroll, bool batch) {
+// The child's work: programs first, first + step, ... through compile_all
+// (one worker) or compile() one by one.
+Out run(const std::string& store, int programs, int unroll, bool batch, int first = 0, int step = 1) {
   Out o;
   auto cache = open_cache(store);
   nvrtc::Compiler c(*cache);
   std::vector<nvrtc::Program> ps;
-  for (int i = 0; i < programs; ++i) ps.push_back(program(i, unroll));
+  std::vector<int> ids;
+  for (int i = first; i < programs; i += step) {
+    ps.push_back(program(i, unroll));
+    ids.push_back(i);
+  }
   std::vector<Expected<nvrtc::Result>> rs;
   if (batch) {
     rs = c.compile_all(ps, 1);
@@ -91,8 +97,9 @@ Out run(const std::string& store, int programs, int unroll, bool batch) {
     for (const auto& p : ps) rs.push_back(c.compile(p));
   }
   o.wrong = 0;
-  for (int i = 0; i < programs; ++i) {
-    const auto& r = rs[static_cast<size_t>(i)];
+  for (size_t k = 0; k < ids.size(); ++k) {
+    const int i = ids[k];
+    const auto& r = rs[k];
     if (!r || r->ptx.find(".entry k" + std::to_string(i) + "(") == std::string_view::npos) {
       ++o.wrong;
       continue;
@@ -110,14 +117,15 @@ struct Child {
 
 // n children started together (released by one pipe once all are forked):
 // wall time from the release to the last exit; the children's outputs and
-// CPU times.
+// CPU times. `split`: child k compiles programs k, k+n, ... on a store of
+// its own (store + "-k").
 struct Together {
   double wall_s = 0;
   double cpu_s = 0;  // of the busiest child
   std::vector<Out> outs;
 };
 
-Together together(int n, const std::string& store, int programs, int unroll, bool batch) {
+Together together(int n, const std::string& store, int programs, int unroll, bool batch, bool split = false) {
   int go[2];
   if (::pipe(go) != 0) die("pipe");
   std::vector<Child> kids;
@@ -133,7 +141,8 @@ Together together(int n, const std::string& store, int programs, int unroll, boo
       ::close(go[1]);
       char x;
       if (::read(go[0], &x, 1) != 1) ::_exit(2);
-      Out o = run(store, programs, unroll, batch);
+      Out o = split ? run(store + "-" + std::to_string(k), programs, unroll, batch, k, n)
+                    : run(store, programs, unroll, batch);
       (void)!::write(p[1], &o, sizeof o);
       ::_exit(0);
     }
@@ -236,16 +245,20 @@ int main(int argc, char** argv) {
   if (!::mkdtemp(tmpl)) die("mkdtemp");
   const std::string tmp = tmpl;
 
-  std::vector<double> one_s, coop_s, by_one_s, ratio, by_one_ratio, quiet_ratio, cpu_ratio;
+  std::vector<double> one_s, coop_s, by_one_s, ratio, by_one_ratio, quiet_ratio, cpu_ratio, split_ratio;
   for (int r = 0; r < rounds; ++r) {
     const std::string dir = tmp + "/r" + std::to_string(r);
     for (const char* s : {"-one", "-coop", "-by-one"}) seed(dir + s);
+    for (int k = 0; k < procs; ++k) seed(dir + "-split-" + std::to_string(k));
     Together one = together(1, dir + "-one", programs, unroll, true);
     Together coop = together(procs, dir + "-coop", programs, unroll, true);
     Together by_one = together(procs, dir + "-by-one", programs, unroll, false);
+    Together split = together(procs, dir + "-split", programs, unroll, true, true);
     check(one, programs, "one");
     check(coop, programs, "together");
     check(by_one, programs, "one by one");
+    check(split, programs, "split");
+    split_ratio.push_back(one.wall_s / split.wall_s);
     const bool quiet = one.cpu_s >= 0.95 * one.wall_s;
     one_s.push_back(one.wall_s);
     coop_s.push_back(coop.wall_s);
@@ -256,18 +269,19 @@ int main(int argc, char** argv) {
     cpu_ratio.push_back(one.cpu_s / coop.cpu_s);
     std::printf(
         "round %d: one %.3f s | %d together (compile_all) %.3f s, compiled %s: %.2fx sooner (CPU %.3f s, busiest "
-        "%.3f s: %.2fx) | %d one by one (compile) %.3f s, compiled %s: %.2fx%s\n",
+        "%.3f s: %.2fx) | %d one by one (compile) %.3f s, compiled %s: %.2fx | split %.3f s: %.2fx%s\n",
         r + 1, one.wall_s, procs, coop.wall_s, runs(coop).c_str(), ratio.back(), one.cpu_s, coop.cpu_s,
-        cpu_ratio.back(), procs, by_one.wall_s, runs(by_one).c_str(), by_one_ratio.back(),
-        quiet ? "" : " (one process under 95 % of a core)");
+        cpu_ratio.back(), procs, by_one.wall_s, runs(by_one).c_str(), by_one_ratio.back(), split.wall_s,
+        split_ratio.back(), quiet ? "" : " (one process under 95 % of a core)");
     std::fflush(stdout);
   }
   std::printf(
       "{\"bench\":\"nvrtc_coop\",\"programs\":%d,\"procs\":%d,\"rounds\":%d,\"unroll\":%d,\"one_s\":%.3f,"
       "\"together_s\":%.3f,\"one_by_one_s\":%.3f,\"one_over_together\":%s,\"one_over_one_by_one\":%s,"
-      "\"quiet_rounds\":%zu,\"quiet_one_over_together\":%s,\"cpu_one_over_busiest\":%s}\n",
+      "\"quiet_rounds\":%zu,\"quiet_one_over_together\":%s,\"cpu_one_over_busiest\":%s,\"one_over_split\":%s}\n",
       programs, procs, rounds, unroll, median(one_s), median(coop_s), median(by_one_s), stat(ratio).c_str(),
-      stat(by_one_ratio).c_str(), quiet_ratio.size(), stat(quiet_ratio).c_str(), stat(cpu_ratio).c_str());
+      stat(by_one_ratio).c_str(), quiet_ratio.size(), stat(quiet_ratio).c_str(), stat(cpu_ratio).c_str(),
+      stat(split_ratio).c_str());
   std::string rm = "rm -rf '" + tmp + "'";
   if (std::system(rm.c_str()) != 0) std::fprintf(stderr, "could not remove %s\n", tmp.c_str());
   return 0;
