@@ -13,3 +13,11 @@ if(KCACHE_WITH_NVRTC OR KCACHE_WITH_OPENCL)
     target_link_libraries(kcache_bench_gpu PRIVATE kcache_opencl)
   endif()
 endif()
+
+# Processes sharing a cold NVRTC start: one process's compile_all vs N
+# started together on the same list (kcache_bench_nvrtc_coop).
+if(KCACHE_WITH_NVRTC)
+  add_executable(kcache_bench_nvrtc_coop ${CMAKE_CURRENT_LIST_DIR}/nvrtc_coop_bench.cc)
+  target_compile_definitions(kcache_bench_nvrtc_coop PRIVATE ${KCACHE_DEFS})
+  target_link_libraries(kcache_bench_nvrtc_coop PRIVATE kcache kcache_nvrtc)
+endif()

@@ -327,6 +327,10 @@ class Flight {
   // uncommitted Flight of the key, or begin() was called from the key's
   // compile function). OK otherwise.
   const Status& error() const noexcept;
+  // Only from Cache::try_begin: another live process holds the key's lease
+  // (it is compiling it). Neither hit() nor owner(); nothing was waited
+  // for. begin() the key later to wait for that process's entry.
+  bool busy() const noexcept;
   // Builds the entry from the caller's artifacts, stores it in every
   // writable tier (in the disk tier before it returns, as get_or_compile
   // does), hands it to the waiting callers and gives the lease up.
@@ -395,6 +399,17 @@ class Cache {
   // while another thread or process compiles the key; never for a compile
   // the calling thread runs itself (Flight::error() then says so).
   Flight begin(const KeyInfo& key);
+  // begin() without waiting for another process: the key's entry (hit()),
+  // the ownership of its compile (owner(); a lease whose holder died or
+  // expired is taken over, as begin() does), or, while another live
+  // process holds the key's lease, a Flight that is busy() and neither,
+  // returned at once. Another thread of this process that leads the key's
+  // flight is still waited for, as begin() waits: its entry; busy() when
+  // that thread gave the key up because another process holds it (a thread
+  // inside begin() that waits for another process makes this wait too).
+  // What a batch uses to compile what nobody holds first and wait only for
+  // the rest.
+  Flight try_begin(const KeyInfo& key);
 
   // Looks up every key in one pass, then compiles the misses on a pool of
   // worker threads, single-flighted across threads and processes: a key
@@ -447,6 +462,7 @@ class Cache {
  private:
   friend class Flight;
   struct Impl;
+  Flight begin(const KeyInfo& key, bool wait);
   explicit Cache(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };

@@ -91,7 +91,8 @@
 //
 // Thread-safety: a Compiler may be used by many threads at once; concurrent
 // compiles of one program run NVRTC once (the Cache's single flight, over
-// threads and processes).
+// threads and processes). compile_all compiles a list on worker threads,
+// what no other process holds first.
 #pragma once
 
 #include <cstdint>
@@ -204,6 +205,20 @@ class Compiler {
   // compile_failed (message: NVRTC's error and full log), internal (NVRTC
   // could not be called). Cache faults are never errors here.
   Expected<Result> compile(const Program& program);
+
+  // Compiles a list of programs, cooperatively across threads and
+  // processes: every program is looked up first (hits are returned without
+  // compiling); then a pool of `threads` workers (0: $KCACHE_JOBS, else the
+  // number of CPUs) compiles the misses, each first without waiting for
+  // another process (Cache::try_begin): a program another process is
+  // compiling is set aside and waited for only once nothing else is left
+  // (a holder that died is taken over, as compile() does). N processes
+  // given overlapping lists in any order so share the compiles out, each
+  // program still compiled once in all. Results are in request order, each
+  // what compile() would return: a program's error (compile_failed, ...)
+  // stays in its slot and the others are compiled; cache faults are never
+  // errors. NVRTC runs on the workers, one program each.
+  std::vector<Expected<Result>> compile_all(const std::vector<Program>& programs, unsigned threads = 0);
 
   // The key `compile` would look up now: the entry key of the program's
   // stored manifest that holds for the files as they are; when none holds

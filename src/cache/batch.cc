@@ -1,18 +1,15 @@
 // Batch compilation: one lookup pass, then a pool of workers compiles the
 // misses. Keys that another process is compiling are set aside and awaited
 // only when nothing else is left, so N processes given the same batch in any
-// order share the work instead of queueing behind one another.
-#include <algorithm>
-#include <cstdlib>
+// order share the work instead of queueing behind one another (the pool:
+// batch_pool.h).
 #include <deque>
-#include <exception>
 #include <mutex>
 #include <optional>
-#include <thread>
 
+#include "cache/batch_pool.h"
 #include "cache/impl.h"
 #include "kcache/cache.h"
-#include "util/util.h"
 
 namespace kcache {
 
@@ -43,63 +40,18 @@ std::vector<Expected<Entry>> Cache::get_or_compile_batch(const std::vector<Batch
   }
 
   // Pass 2: compile misses; defer keys held by other processes.
-  unsigned threads = options.threads;
-  if (!threads) {
-    if (auto j = util::parse_size(util::getenv_str("KCACHE_JOBS")); j && *j > 0) threads = static_cast<unsigned>(*j);
-  }
-  if (!threads) threads = std::max(1u, std::thread::hardware_concurrency());
-  threads = static_cast<unsigned>(std::min<size_t>(threads, std::max<size_t>(todo.size(), 1)));
-
-  std::deque<size_t> deferred;
-  // An exception from a compile function or the progress callback stops
-  // the pool and is rethrown in the caller's thread once every worker has
-  // been joined (an exception escaping a worker thread would terminate).
-  std::exception_ptr failure;
-  auto worker = [&] {
-    for (;;) {
-      size_t i;
-      bool wait;
-      {
-        std::lock_guard lk(mu);
-        if (failure) return;
-        if (!todo.empty()) {
-          i = todo.front();
-          todo.pop_front();
-          wait = false;
-        } else if (!deferred.empty()) {
-          i = deferred.front();
-          deferred.pop_front();
-          wait = true;
-        } else {
-          return;
-        }
-      }
-      try {
-        Impl::Outcome o;
-        Source s = Source::compiled;
-        auto r = impl_->resolve(items[i].key, items[i].compile, &s, wait, &o, Access::uncounted);
-        std::lock_guard lk(mu);
-        if (o == Impl::Outcome::busy) {
-          deferred.push_back(i);
-          continue;
-        }
-        src[i] = s;
-        out[i].emplace(std::move(r));
-        report(i);
-      } catch (...) {
-        std::lock_guard lk(mu);
-        if (!failure) failure = std::current_exception();
-        return;
-      }
-    }
-  };
-  {
-    std::vector<std::thread> pool;
-    for (unsigned t = 1; t < threads; ++t) pool.emplace_back(worker);
-    worker();
-    for (auto& t : pool) t.join();
-  }
-  if (failure) std::rethrow_exception(failure);
+  const unsigned threads = batch_threads(options.threads, todo.size());
+  run_batch(std::move(todo), threads, [&](size_t i, bool wait) {
+    Impl::Outcome o;
+    Source s = Source::compiled;
+    auto r = impl_->resolve(items[i].key, items[i].compile, &s, wait, &o, Access::uncounted);
+    if (o == Impl::Outcome::busy) return false;
+    std::lock_guard lk(mu);
+    src[i] = s;
+    out[i].emplace(std::move(r));
+    report(i);
+    return true;
+  });
 
   std::vector<Expected<Entry>> results;
   results.reserve(n);

@@ -435,6 +435,7 @@ struct Flight::State {
   std::optional<Entry> entry;
   std::optional<Cache::Impl::Leadership> leader;
   bool owner = false;  // until committed or abandoned
+  bool busy = false;   // try_begin: another process holds the lease
   Status error;        // why begin() refused (re-entry)
 };
 
@@ -451,6 +452,7 @@ Flight::~Flight() { abandon(); }
 
 bool Flight::hit() const noexcept { return s_ && !s_->owner && s_->entry && s_->source != Source::compiled; }
 bool Flight::owner() const noexcept { return s_ && s_->owner; }
+bool Flight::busy() const noexcept { return s_ && s_->busy; }
 Source Flight::source() const noexcept { return s_ ? s_->source : Source::compiled; }
 bool Flight::has_entry() const noexcept { return s_ && s_->entry.has_value(); }
 const Entry& Flight::entry() const { return *s_->entry; }
@@ -487,7 +489,10 @@ void Flight::abandon() noexcept {
   s_->leader.reset();
 }
 
-Flight Cache::begin(const KeyInfo& key) {
+Flight Cache::begin(const KeyInfo& key) { return begin(key, /*wait=*/true); }
+Flight Cache::try_begin(const KeyInfo& key) { return begin(key, /*wait=*/false); }
+
+Flight Cache::begin(const KeyInfo& key, bool wait) {
   auto s = std::make_unique<Flight::State>();
   s->impl = impl_.get();
   s->key = key;
@@ -500,7 +505,12 @@ Flight Cache::begin(const KeyInfo& key) {
     return Flight(std::move(s));
   }
   for (;;) {
-    Impl::Turn turn = impl_->take_turn(key.key, &s->source, /*wait=*/true, key.label);
+    Impl::Turn turn = impl_->take_turn(key.key, &s->source, wait, key.label);
+    if (turn.busy) {
+      s->busy = true;
+      s->source = Source::compiled;
+      return Flight(std::move(s));
+    }
     if (turn.reentry) {
       s->error = turn.answer->error();
       s->source = Source::compiled;

@@ -200,4 +200,62 @@ TEST(Flight, OtherProcessOwnsThenCommitsOrDies) {
   }
 }
 
+// try_begin never waits: while another process owns the key it answers
+// busy() at once (neither hit nor owner, no lease wait); a key nobody holds
+// is owned; once the owner commits, the entry is a hit; a key whose owner
+// was killed is taken over.
+TEST(Flight, TryBeginAnswersBusyWhileAnotherProcessOwns) {
+  for (bool dies : {false, true}) {
+    TempDir d;
+    Options o = disk_options(d.path());
+    int ready[2];
+    ASSERT_EQ(::pipe(ready), 0);
+    Signal go;
+    pid_t pid = ::fork();
+    if (pid == 0) {
+      ::close(ready[0]);
+      auto c = Cache::open(o);
+      Flight f = c->begin(info_of(7));
+      char x = f.owner() ? '1' : '0';
+      (void)!::write(ready[1], &x, 1);
+      go.wait();
+      if (dies) ::kill(::getpid(), SIGKILL);
+      int rc = f.commit(arts("child")).has_value() ? 0 : 1;
+      c.reset();
+      ::_exit(rc);
+    }
+    ::close(ready[1]);
+    char x = 0;
+    ASSERT_EQ(::read(ready[0], &x, 1), 1);
+    ::close(ready[0]);
+    ASSERT_EQ(x, '1');
+    auto c = Cache::open(o);
+    auto t0 = std::chrono::steady_clock::now();
+    Flight held = c->try_begin(info_of(7));
+    EXPECT_TRUE(held.busy());
+    EXPECT_FALSE(held.owner());
+    EXPECT_FALSE(held.hit());
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2));
+    EXPECT_EQ(c->stats().lease_waits, 0u);
+    Flight other = c->try_begin(info_of(8));
+    EXPECT_TRUE(other.owner());
+    EXPECT_FALSE(other.busy());
+    ASSERT_TRUE(other.commit(arts("parent")).has_value());
+    go.post();
+    int status = 0;
+    ::waitpid(pid, &status, 0);  // reaped: a killed owner's PID is gone
+    Flight again = c->try_begin(info_of(7));
+    EXPECT_FALSE(again.busy());
+    if (dies) {
+      EXPECT_TRUE(WIFSIGNALED(status));
+      EXPECT_TRUE(again.owner());
+      EXPECT_GE(c->stats().lease_takeovers, 1u);
+    } else {
+      EXPECT_EQ(WEXITSTATUS(status), 0);
+      ASSERT_TRUE(again.hit());
+      EXPECT_EQ(*again.entry().artifact("obj"), "child");
+    }
+  }
+}
+
 }  // namespace

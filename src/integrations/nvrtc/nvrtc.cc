@@ -5,9 +5,11 @@
 // none, NVRTC runs once across threads and processes (a Flight on the
 // inputs key and the stored list) with the recorder on (observe.h), and the
 // entry and its manifest are stored, unless the compile's inputs moved
-// while it ran. A hit is checked (PTX NUL-terminated, the lowered names
-// decode and cover every requested expression) before it is handed out; an
-// entry that fails the check is recompiled and overwritten.
+// while it ran. A batch (compile_all) looks every program up first, then
+// compiles on a pool what no process holds and waits for the rest last. A
+// hit is checked (PTX NUL-terminated, the lowered names decode and cover
+// every requested expression) before it is handed out; an entry that fails
+// the check is recompiled and overwritten.
 //
 // One concept, kcache::nvrtc::Compiler: the file is its Impl (the path from
 // a program to its inputs key, the manifests under it, the entry and the
@@ -31,6 +33,8 @@
 #include <set>
 #include <unordered_map>
 
+#include "cache/batch_pool.h"
+#include "integrations/nvrtc/flight.h"
 #include "integrations/nvrtc/manifest.h"
 #include "integrations/nvrtc/observe.h"
 #include "util/util.h"
@@ -291,7 +295,6 @@ struct Compiler::Impl {
   // ---- keys ------------------------------------------------------------------
 
   static constexpr std::string_view kInputsNs = "kcache.nvrtc.inputs/1";
-  static constexpr std::string_view kFlightNs = "kcache.nvrtc.flight/1";
   static constexpr size_t kMaxManifests = 8;  // per program: one per include configuration seen
 
   static void put_field(std::string& out, std::string_view s) {
@@ -640,28 +643,92 @@ struct Compiler::Impl {
     return out;
   }
 
-  Expected<Result> compile(const Program& p) {
-    if (const Status& st = detail::install_recorder(); !st.is_ok()) return compile_without_cache(p, st);
-    const Digest pd = program_digest(p);
-    KCACHE_TRY(Lookup lk, lookup(p));
-    if (lk.failure) return *lk.failure;
+  // What a lookup answers without compiling: a remembered failure, or the
+  // stored entry of the manifest that holds; nullopt when NVRTC must run.
+  std::optional<Expected<Result>> found(const Program& p, const Lookup& lk) {
+    if (lk.failure) return Expected<Result>(*lk.failure);
     if (lk.entry) {
       Source src = Source::compiled;
       if (auto e = cache.get(*lk.entry, &src)) {
-        if (auto r = make_result(std::move(*e), p, lk.entry->key, src)) return std::move(*r);
+        if (auto r = make_result(std::move(*e), p, lk.entry->key, src)) return Expected<Result>(std::move(*r));
         KCACHE_LOG(LogLevel::warn, "nvrtc: entry %s lacks requested outputs; recompiling", lk.entry->key.hex().c_str());
       }
-      // The entry is gone (evicted, or bad): compiled again below, with
-      // the recorder on, so nothing read since the check is missed.
+      // The entry is gone (evicted, or bad): compiled again, with the
+      // recorder on, so nothing read since the check is missed.
     }
-    // One compile per program and stored list, across threads and
-    // processes: the others wait and take the owner's manifest.
-    KCACHE_TRY(KeyInfo fk, KeyBuilder(kFlightNs)
-                               .add_digest("inputs", lk.inputs->key)
-                               .add_digest("stored", lk.stored_digest)
-                               .add_string("entry", lk.entry ? lk.entry->key.hex() : std::string())
-                               .finish());
-    Flight f = cache.begin(fk);
+    return std::nullopt;
+  }
+
+  Expected<Result> compile(const Program& p) {
+    if (const Status& st = detail::install_recorder(); !st.is_ok()) return compile_without_cache(p, st);
+    KCACHE_TRY(Lookup lk, lookup(p));
+    if (auto r = found(p, lk)) return std::move(*r);
+    bool busy = false;
+    return compile_missed(p, lk, /*wait=*/true, &busy);
+  }
+
+  // The batch: every program looked up in the caller's thread, then the
+  // misses on a pool (cache/batch_pool.h), each first without waiting for
+  // another process; those held elsewhere are waited for at the end.
+  std::vector<Expected<Result>> compile_all(const std::vector<Program>& programs, unsigned threads) {
+    const size_t n = programs.size();
+    std::vector<std::optional<Expected<Result>>> out(n);
+    std::vector<std::optional<Lookup>> looked(n);
+    const Status& recorder = detail::install_recorder();
+    std::deque<size_t> todo;
+    for (size_t i = 0; i < n; ++i) {
+      if (!recorder.is_ok()) {
+        todo.push_back(i);
+        continue;
+      }
+      auto lk = lookup(programs[i]);
+      if (!lk) {
+        out[i].emplace(std::move(lk).error());
+        continue;
+      }
+      if (auto r = found(programs[i], *lk)) {
+        out[i].emplace(std::move(*r));
+        continue;
+      }
+      looked[i].emplace(std::move(lk).value());
+      todo.push_back(i);
+    }
+    std::mutex mu;
+    const unsigned pool = batch_threads(threads, todo.size());
+    run_batch(std::move(todo), pool, [&](size_t i, bool wait) {
+      const Program& p = programs[i];
+      std::optional<Expected<Result>> r;
+      if (!recorder.is_ok()) {
+        r.emplace(compile_without_cache(p, recorder));
+      } else if (wait) {
+        r.emplace(compile(p));  // looked up again: the holder has stored it by now
+      } else {
+        bool busy = false;
+        r.emplace(compile_missed(p, *looked[i], /*wait=*/false, &busy));
+        if (busy) return false;
+      }
+      std::lock_guard lk(mu);
+      out[i] = std::move(r);
+      return true;
+    });
+    std::vector<Expected<Result>> results;
+    results.reserve(n);
+    for (auto& r : out) results.push_back(r ? std::move(*r) : Status(Errc::internal, "nvrtc: program not resolved"));
+    return results;
+  }
+
+  // After a miss: NVRTC runs once per program and stored list, across
+  // threads and processes (the others wait and take the owner's manifest).
+  // wait=false: while another process holds the program's flight, sets
+  // *busy and returns at once, compiling nothing.
+  Expected<Result> compile_missed(const Program& p, const Lookup& lk, bool wait, bool* busy) {
+    const Digest pd = program_digest(p);
+    KCACHE_TRY(KeyInfo fk, detail::flight_key(lk.inputs->key, lk.stored_digest, lk.entry ? &lk.entry->key : nullptr));
+    Flight f = wait ? cache.begin(fk) : cache.try_begin(fk);
+    if (f.busy()) {
+      *busy = true;
+      return Status(Errc::unavailable, "nvrtc: another process is compiling this program");
+    }
     if (f.hit()) {
       auto bytes = f.entry().artifact("manifest");
       auto m = bytes ? detail::decode_manifest(*bytes) : std::nullopt;
@@ -743,9 +810,20 @@ struct Compiler::Impl {
   }
 };
 
+Expected<KeyInfo> detail::flight_key(const Key& inputs, const Digest& stored, const Key* entry) {
+  return KeyBuilder("kcache.nvrtc.flight/1")
+      .add_digest("inputs", inputs)
+      .add_digest("stored", stored)
+      .add_string("entry", entry ? entry->hex() : std::string())
+      .finish();
+}
+
 Compiler::Compiler(Cache& cache, CompilerOptions options) : impl_(std::make_unique<Impl>(cache, options)) {}
 Compiler::~Compiler() = default;
 Expected<Result> Compiler::compile(const Program& program) { return impl_->compile(program); }
+std::vector<Expected<Result>> Compiler::compile_all(const std::vector<Program>& programs, unsigned threads) {
+  return impl_->compile_all(programs, threads);
+}
 Expected<KeyInfo> Compiler::key(const Program& program) { return impl_->key(program); }
 const Identity& Compiler::identity() { return impl_->identity(); }
 
