@@ -91,6 +91,7 @@
 #include "kcache/status.h"
 
 #include <llvm/ADT/SmallVector.h>
+#include <llvm/Config/llvm-config.h>
 #include <llvm/ExecutionEngine/ObjectCache.h>
 #include <llvm/ExecutionEngine/Orc/IRCompileLayer.h>
 #include <llvm/ExecutionEngine/Orc/JITTargetMachineBuilder.h>
@@ -99,6 +100,14 @@
 #include <llvm/Support/Error.h>
 #include <llvm/Support/MemoryBuffer.h>
 #include <llvm/Target/TargetMachine.h>
+
+// Whether arena_jitlink_memory_manager (below) is built: JITLink's memory
+// manager interface as LLVM 19 has it.
+#define KCACHE_ARENA_JITLINK (LLVM_VERSION_MAJOR >= 19)
+
+namespace llvm::jitlink {
+class JITLinkMemoryManager;
+}  // namespace llvm::jitlink
 
 namespace kcache::llvm {
 
@@ -393,11 +402,13 @@ struct JitOptions {
   // several percent more and makes larger code). false: RuntimeDyld
   // always, with the large code model (into the arena, below).
   bool lljit_linker = true;
-  // Where the JIT links with RuntimeDyld (as LLJIT does on LLVM 14 for
-  // x86-64 ELF, or with lljit_linker false): link objects into memory from one arena shared by the JIT's
-  // objects (arena_memory_managers) instead of LLVM's SectionMemoryManager,
-  // which maps fresh pages for every object. ELF targets only; elsewhere
-  // LLJIT's own choice stands.
+  // Link objects into memory from one arena shared by the JIT's objects
+  // instead of a mapping per object. Where the JIT links with RuntimeDyld
+  // (as LLJIT does on LLVM 14 for x86-64 ELF, or with lljit_linker false):
+  // arena_memory_managers instead of LLVM's SectionMemoryManager; where it
+  // links with JITLink (LLVM 19 and later): arena_jitlink_memory_manager
+  // instead of InProcessMemoryManager. ELF targets only; elsewhere LLJIT's
+  // own choice stands.
   bool arena_memory = true;
 };
 
@@ -412,6 +423,17 @@ struct JitOptions {
 // only when its whole slab is free. Thread-safe: the arena is shared and
 // locked.
 std::function<std::unique_ptr<::llvm::RuntimeDyld::MemoryManager>()> arena_memory_managers();
+
+#if KCACHE_ARENA_JITLINK
+// The same arena as JITLink's memory manager, for an ORC ObjectLinkingLayer
+// (make_cached_lljit's where LLJIT links with JITLink, LLVM 19 and later):
+// one manager for the layer, whose objects' segments are regions of one
+// arena, laid out as above. LLJIT's default (InProcessMemoryManager) maps,
+// zero-fills and unmaps a block for every object. A removed object's pages
+// go back to the system, those of a whole JITDylib as a few ranges.
+// Finalize-lifetime segments stay until their object is removed.
+std::unique_ptr<::llvm::jitlink::JITLinkMemoryManager> arena_jitlink_memory_manager();
+#endif
 
 // Bitcode as the JIT read it (a .bc file, a buffer): the way in for a JIT
 // that loads bitcode into a make_cached_lljit LLJIT. Each module is keyed

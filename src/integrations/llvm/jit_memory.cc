@@ -1,6 +1,9 @@
 // Memory for the objects an ORC LLJIT links in: one arena of address space
-// shared by every object of a JIT (see arena_memory_managers in
-// kcache/llvm.h).
+// shared by every object of a JIT, for RuntimeDyld (arena_memory_managers in
+// kcache/llvm.h) and for JITLink (arena_jitlink_memory_manager, LLVM 19 and
+// later, where JITLink's InProcessMemoryManager maps, zero-fills and unmaps
+// a block for every object and a warm start's linking was a quarter system
+// calls and page faults).
 //
 // LLVM's SectionMemoryManager maps fresh pages for each object's code,
 // read-only data and read-write data, faults each page in, and unmaps them
@@ -26,7 +29,13 @@
 //    PROT_NONE); its address space is not reused, and a slab is unmapped once
 //    none of its objects is left and the arena has moved on to another.
 //  * EH frames are registered and deregistered as SectionMemoryManager does
-//    (RTDyldMemoryManager's in-process registration).
+//    (RTDyldMemoryManager's in-process registration); under JITLink by the
+//    layer's EHFrameRegistrationPlugin, as LLJIT sets it up.
+//  * Pages are faulted in ahead, 256 KiB at a time, by one madvise
+//    (MADV_POPULATE_WRITE) instead of a fault per page as the linker copies
+//    sections in.
+//  * JITLink hands back a whole JITDylib's objects at once: their regions,
+//    neighbours in each range, go back as a few ranges.
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -44,13 +53,23 @@
 #include "kcache/llvm.h"
 #include "kcache/llvm_compat.h"
 
+#if KCACHE_ARENA_JITLINK
+#include <llvm/ExecutionEngine/JITLink/JITLink.h>
+#include <llvm/ExecutionEngine/JITLink/JITLinkMemoryManager.h>
+#include <llvm/ExecutionEngine/Orc/Shared/AllocationActions.h>
+#endif
+
 namespace kcache::llvm {
 namespace {
 
 enum Kind : unsigned { kCode = 0, kReadOnly = 1, kReadWrite = 2, kKinds = 3 };
 
-constexpr size_t kSpan = size_t{64} << 20;       // address space of one kind in a slab
-constexpr size_t kCommitStep = size_t{1} << 20;  // made writable at a time
+constexpr size_t kSpan = size_t{64} << 20;           // address space of one kind in a slab
+constexpr size_t kCommitStep = size_t{1} << 20;      // made writable at a time
+constexpr size_t kPopulateStep = size_t{256} << 10;  // faulted in at a time (MADV_POPULATE_WRITE)
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23  // Linux 5.14
+#endif
 
 size_t page_size() {
   static const size_t p = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
@@ -64,6 +83,7 @@ struct Slab {
   size_t span = 0;                  // bytes of address space of each kind
   uint8_t* used[kKinds] = {};       // next free byte of each kind's range
   uint8_t* committed[kKinds] = {};  // end of its writable part
+  uint8_t* populated[kKinds] = {};  // end of its part faulted in ahead
   size_t live = 0;                  // regions in use
 };
 
@@ -96,7 +116,7 @@ class Arena {
       auto s = std::make_unique<Slab>();
       s->base = static_cast<uint8_t*>(p);
       s->span = span;
-      for (unsigned k = 0; k < kKinds; ++k) s->used[k] = s->committed[k] = s->base + k * span;
+      for (unsigned k = 0; k < kKinds; ++k) s->used[k] = s->committed[k] = s->populated[k] = s->base + k * span;
       Slab* old = current_;
       current_ = s.get();
       slabs_.push_back(std::move(s));
@@ -105,15 +125,22 @@ class Arena {
     return carve(*current_, sizes, out);
   }
 
-  // Regions no longer used by anything.
-  void give_back(const std::vector<Region>& regions) {
-    for (const Region& r : regions) {
-      (void)::madvise(r.at, r.size, MADV_DONTNEED);
-      (void)::mprotect(r.at, r.size, PROT_NONE);
+  // Regions no longer used by anything. Neighbouring regions (successive
+  // objects' code, say, when a whole JITDylib goes) are given back as one
+  // range: two system calls for the lot instead of two per region.
+  void give_back(std::vector<Region> regions) {
+    std::sort(regions.begin(), regions.end(), [](const Region& a, const Region& b) { return a.at < b.at; });
+    for (size_t i = 0; i < regions.size();) {
+      uint8_t* at = regions[i].at;
+      uint8_t* end = at + regions[i].size;
+      for (++i; i < regions.size() && regions[i].at == end; ++i) end += regions[i].size;
+      if (!at) continue;
+      (void)::madvise(at, static_cast<size_t>(end - at), MADV_DONTNEED);
+      (void)::mprotect(at, static_cast<size_t>(end - at), PROT_NONE);
     }
     std::lock_guard lk(mu_);
     for (const Region& r : regions)
-      if (--r.slab->live == 0 && r.slab != current_) drop(r.slab);
+      if (r.at && --r.slab->live == 0 && r.slab != current_) drop(r.slab);
   }
 
  private:
@@ -127,6 +154,17 @@ class Arena {
       if (::mprotect(s.committed[k], static_cast<size_t>(to - s.committed[k]), PROT_READ | PROT_WRITE) != 0)
         return false;
       s.committed[k] = to;
+    }
+    // The pages about to be written (the linker copies each section in),
+    // and the next few, faulted in by one system call instead of a fault
+    // each; where the kernel cannot (before 5.14), they fault as before.
+    for (unsigned k = 0; k < kKinds && populate_; ++k) {
+      uint8_t* end = s.used[k] + sizes[k];
+      if (end <= s.populated[k]) continue;
+      uint8_t* to = std::min(s.committed[k], std::max(end, s.populated[k] + kPopulateStep));
+      if (::madvise(s.populated[k], static_cast<size_t>(to - s.populated[k]), MADV_POPULATE_WRITE) != 0)
+        populate_ = false;
+      s.populated[k] = to;
     }
     for (unsigned k = 0; k < kKinds; ++k) {
       out[k] = Region{sizes[k] ? s.used[k] : nullptr, sizes[k], static_cast<Kind>(k), &s};
@@ -150,6 +188,7 @@ class Arena {
   std::mutex mu_;
   std::vector<std::unique_ptr<Slab>> slabs_;  // GUARDED_BY(mu_)
   Slab* current_ = nullptr;                   // GUARDED_BY(mu_)
+  bool populate_ = true;                      // GUARDED_BY(mu_)
 };
 
 // One object's memory: what RuntimeDyld asked for, from the arena.
@@ -239,11 +278,140 @@ class ArenaMemoryManager final : public ::llvm::RTDyldMemoryManager {
   uint8_t* end_[kKinds] = {};
 };
 
+#if KCACHE_ARENA_JITLINK
+namespace jl = ::llvm::jitlink;
+
+bool has(::llvm::orc::MemProt prot, ::llvm::orc::MemProt bit) {
+  return (static_cast<unsigned>(prot) & static_cast<unsigned>(bit)) != 0;
+}
+
+Kind kind_of(::llvm::orc::MemProt prot) {
+  if (has(prot, ::llvm::orc::MemProt::Exec)) return kCode;
+  if (has(prot, ::llvm::orc::MemProt::Write)) return kReadWrite;
+  return kReadOnly;
+}
+
+// What a finalised object holds: its regions and the actions that undo its
+// finalisation (JITLink's dealloc actions).
+struct ArenaAlloc {
+  std::vector<Region> regions;
+  std::vector<::llvm::orc::shared::WrapperFunctionCall> dealloc_actions;
+};
+
+// One object's memory, laid out and not yet finalised.
+class ArenaInFlight final : public jl::JITLinkMemoryManager::InFlightAlloc {
+ public:
+  ArenaInFlight(std::shared_ptr<Arena> arena, jl::LinkGraph& g, jl::BasicLayout bl, std::vector<Region> regions)
+      : arena_(std::move(arena)), g_(&g), bl_(std::move(bl)), regions_(std::move(regions)) {}
+  ~ArenaInFlight() override {
+    if (!regions_.empty()) arena_->give_back(std::move(regions_));
+  }
+
+  void finalize(OnFinalizedFunction on_finalized) override {
+    // Code RX, read-only data R, in place; read-write data is already
+    // writable. Each segment is whole pages of its own.
+    for (auto& [ag, seg] : bl_.segments()) {
+      const auto prot = ag.getMemProt();
+      if (kind_of(prot) == kReadWrite && has(prot, ::llvm::orc::MemProt::Read)) continue;
+      const size_t size = round_up(seg.ContentSize + seg.ZeroFillSize, page_size());
+      ::llvm::sys::MemoryBlock mb(seg.WorkingMem, size);
+      const auto flags = ::llvm::orc::toSysMemoryProtectionFlags(prot);
+      if (auto ec = ::llvm::sys::Memory::protectMappedMemory(mb, flags))
+        return on_finalized(::llvm::errorCodeToError(ec));
+      if (flags & ::llvm::sys::Memory::MF_EXEC) ::llvm::sys::Memory::InvalidateInstructionCache(mb.base(), size);
+    }
+    auto dealloc = ::llvm::orc::shared::runFinalizeActions(g_->allocActions());
+    if (!dealloc) return on_finalized(dealloc.takeError());
+    // Finalize-lifetime segments (none in x86-64 ELF objects today) stay
+    // with the object's standard ones until it is removed.
+    auto* done = new ArenaAlloc{std::move(regions_), std::move(*dealloc)};
+    regions_.clear();
+    on_finalized(jl::JITLinkMemoryManager::FinalizedAlloc(::llvm::orc::ExecutorAddr::fromPtr(done)));
+  }
+
+  void abandon(OnAbandonedFunction on_abandoned) override {
+    arena_->give_back(std::move(regions_));
+    regions_.clear();
+    on_abandoned(::llvm::Error::success());
+  }
+
+ private:
+  std::shared_ptr<Arena> arena_;
+  jl::LinkGraph* g_;
+  jl::BasicLayout bl_;
+  std::vector<Region> regions_;
+};
+
+// JITLink's memory manager over an arena: each object's segments are
+// regions of the arena's three ranges (by protection), all from one slab.
+class ArenaJITLinkMemoryManager final : public jl::JITLinkMemoryManager {
+ public:
+  ArenaJITLinkMemoryManager() : arena_(std::make_shared<Arena>()) {}
+
+  void allocate(const jl::JITLinkDylib*, jl::LinkGraph& g, OnAllocatedFunction on_allocated) override {
+    jl::BasicLayout bl(g);
+    size_t sizes[kKinds] = {0, 0, 0};
+    for (auto& [ag, seg] : bl.segments()) {
+      if (seg.Alignment.value() > page_size())
+        return on_allocated(make_error("kcache arena: segment alignment greater than a page in " + g.getName()));
+      sizes[kind_of(ag.getMemProt())] += round_up(seg.ContentSize + seg.ZeroFillSize, page_size());
+    }
+    Region got[kKinds];
+    if (!arena_->take(sizes, got))
+      return on_allocated(make_error("kcache arena: no memory for " + g.getName() + ": " + std::strerror(errno)));
+    // Fresh pages, never handed out before: already zero, as the layout's
+    // zero-fill and padding expect.
+    uint8_t* next[kKinds] = {got[0].at, got[1].at, got[2].at};
+    for (auto& [ag, seg] : bl.segments()) {
+      uint8_t*& at = next[kind_of(ag.getMemProt())];
+      seg.WorkingMem = reinterpret_cast<char*>(at);
+      seg.Addr = ::llvm::orc::ExecutorAddr::fromPtr(at);
+      at += round_up(seg.ContentSize + seg.ZeroFillSize, page_size());
+    }
+    std::vector<Region> regions;
+    for (const Region& r : got)
+      if (r.at) regions.push_back(r);
+    if (auto err = bl.apply()) {
+      arena_->give_back(std::move(regions));
+      return on_allocated(std::move(err));
+    }
+    on_allocated(std::make_unique<ArenaInFlight>(arena_, g, std::move(bl), std::move(regions)));
+  }
+  using jl::JITLinkMemoryManager::allocate;
+
+  void deallocate(std::vector<FinalizedAlloc> allocs, OnDeallocatedFunction on_deallocated) override {
+    ::llvm::Error errors = ::llvm::Error::success();
+    std::vector<Region> regions;
+    for (auto it = allocs.rbegin(); it != allocs.rend(); ++it) {
+      std::unique_ptr<ArenaAlloc> a(it->release().toPtr<ArenaAlloc*>());
+      if (auto err = ::llvm::orc::shared::runDeallocActions(a->dealloc_actions))
+        errors = ::llvm::joinErrors(std::move(errors), std::move(err));
+      regions.insert(regions.end(), a->regions.begin(), a->regions.end());
+    }
+    arena_->give_back(std::move(regions));
+    on_deallocated(std::move(errors));
+  }
+  using jl::JITLinkMemoryManager::deallocate;
+
+ private:
+  static ::llvm::Error make_error(const std::string& msg) {
+    return ::llvm::make_error<::llvm::StringError>(msg, ::llvm::inconvertibleErrorCode());
+  }
+  std::shared_ptr<Arena> arena_;
+};
+#endif
+
 }  // namespace
 
 std::function<std::unique_ptr<::llvm::RuntimeDyld::MemoryManager>()> arena_memory_managers() {
   auto arena = std::make_shared<Arena>();
   return [arena] { return std::make_unique<ArenaMemoryManager>(arena); };
 }
+
+#if KCACHE_ARENA_JITLINK
+std::unique_ptr<::llvm::jitlink::JITLinkMemoryManager> arena_jitlink_memory_manager() {
+  return std::make_unique<ArenaJITLinkMemoryManager>();
+}
+#endif
 
 }  // namespace kcache::llvm

@@ -21,6 +21,14 @@
 #include "kcache/llvm_compat.h"
 #include "util/util.h"
 
+#if KCACHE_ARENA_JITLINK
+#include <llvm/ExecutionEngine/Orc/EPCEHFrameRegistrar.h>
+#include <llvm/ExecutionEngine/Orc/ObjectLinkingLayer.h>
+#if __has_include(<llvm/ExecutionEngine/Orc/EHFrameRegistrationPlugin.h>)
+#include <llvm/ExecutionEngine/Orc/EHFrameRegistrationPlugin.h>
+#endif
+#endif
+
 namespace kcache::llvm {
 
 using namespace detail;
@@ -316,6 +324,22 @@ Key BitcodeLoader::front_key(const ::llvm::MemoryBuffer& bitcode) {
           return std::make_unique<::llvm::orc::RTDyldObjectLinkingLayer>(es, arena_memory_managers());
         });
   }
+#if KCACHE_ARENA_JITLINK
+  if (!rtdyld && options.arena_memory && jtmb_triple_is_elf) {
+    // LLJIT's own JITLink layer (ObjectLinkingLayer with EH frames
+    // registered through the process's registrar), linking into one arena
+    // instead of a mapping per object.
+    b.setObjectLinkingLayerCreator(
+        [](::llvm::orc::ExecutionSession& es,
+           const ::llvm::Triple&) -> ::llvm::Expected<std::unique_ptr<::llvm::orc::ObjectLayer>> {
+          auto layer = std::make_unique<::llvm::orc::ObjectLinkingLayer>(es, arena_jitlink_memory_manager());
+          auto registrar = ::llvm::orc::EPCEHFrameRegistrar::Create(es);
+          if (!registrar) return registrar.takeError();
+          layer->addPlugin(std::make_unique<::llvm::orc::EHFrameRegistrationPlugin>(es, std::move(*registrar)));
+          return std::unique_ptr<::llvm::orc::ObjectLayer>(std::move(layer));
+        });
+  }
+#endif
   auto jit = b.create();
   if (!jit) return jit.takeError();
   if (options.process_symbols) {

@@ -1389,6 +1389,17 @@ std::string perms_at(uintptr_t addr) {
   return "";
 }
 
+// The mapping (start, end) that holds `addr`.
+std::pair<uintptr_t, uintptr_t> mapping_of(uintptr_t addr) {
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  while (std::getline(maps, line)) {
+    uintptr_t lo = 0, hi = 0;
+    if (std::sscanf(line.c_str(), "%lx-%lx", &lo, &hi) == 2 && addr >= lo && addr < hi) return {lo, hi};
+  }
+  return {0, 0};
+}
+
 // A module with code, a constant table (read-only data) and a counter
 // (read-write data): g<i>(x) = tab<i>[x & 3] + ++count<i>.
 std::string arena_ir(int i) {
@@ -1411,14 +1422,19 @@ std::string arena_ir(int i) {
 
 }  // namespace
 
-// make_cached_lljit links into one arena: code is executable and never
-// writable, constants are read-only, globals are writable, and objects can
-// be removed and linked again (their pages go back to the system).
-TEST(LlvmArenaMemory, ObjectsRunWithTheirProtectionsAndComeBackAfterRemoval) {
+// make_cached_lljit links into one arena, with RuntimeDyld (lljit_linker
+// false, on every LLVM) and with LLJIT's own linker (JITLink on LLVM 19 for
+// x86-64 ELF, into arena_jitlink_memory_manager): code is executable and
+// never writable, constants are read-only, globals are writable, and
+// objects can be removed and linked again (their pages go back to the
+// system).
+class LlvmArenaLinkers : public ::testing::TestWithParam<bool> {};
+
+TEST_P(LlvmArenaLinkers, ObjectsRunWithTheirProtectionsAndComeBackAfterRemoval) {
   TempDir d;
   auto cache = open_cache(d.path(), "lmdb");
   kl::JitOptions jo;
-  jo.lljit_linker = false;  // RuntimeDyld, into the arena, on every LLVM
+  jo.lljit_linker = GetParam();
   auto jit = kl::make_cached_lljit(*cache, jo);
   ASSERT_TRUE(bool(jit)) << llvm::toString(jit.takeError());
   constexpr int kModules = 40;
@@ -1446,18 +1462,7 @@ TEST(LlvmArenaMemory, ObjectsRunWithTheirProtectionsAndComeBackAfterRemoval) {
     EXPECT_EQ(*reinterpret_cast<int64_t*>(count), 2);
   }
   // Neighbouring objects' code is one mapping, not one per object.
-  {
-    auto range_of = [](uintptr_t a) {
-      std::ifstream maps("/proc/self/maps");
-      std::string line;
-      while (std::getline(maps, line)) {
-        uintptr_t lo = 0, hi = 0;
-        if (std::sscanf(line.c_str(), "%lx-%lx", &lo, &hi) == 2 && a >= lo && a < hi) return std::make_pair(lo, hi);
-      }
-      return std::make_pair(uintptr_t{0}, uintptr_t{0});
-    };
-    EXPECT_EQ(range_of(addr("g0")), range_of(addr("g1")));
-  }
+  EXPECT_EQ(mapping_of(addr("g0")), mapping_of(addr("g1")));
   // Remove every other object (its pages go back: no access left), then
   // link those again: fresh counters.
   const uintptr_t g0 = addr("g0");
@@ -1470,6 +1475,101 @@ TEST(LlvmArenaMemory, ObjectsRunWithTheirProtectionsAndComeBackAfterRemoval) {
     EXPECT_EQ(reinterpret_cast<G>(g)(1), 1 + (i % 2 == 0 ? 1 : 3)) << i;
   }
 }
+
+// A warm start's objects (from the cache, by front-end key) in a JITDylib
+// of their own: 200 objects share a few mappings of the arena, and removing
+// the JITDylib gives every page back.
+TEST_P(LlvmArenaLinkers, ManyCachedObjectsShareTheArenaAndARemovedJitDylibGivesItAllBack) {
+  TempDir d;
+  kl::JitOptions jo;
+  jo.lljit_linker = GetParam();
+  constexpr int kModules = 200;
+  auto front = [](int i) { return kcache::hash_bytes("arena-warm-" + std::to_string(i)); };
+  {  // cold: compiled and stored under their front-end keys
+    auto cache = open_cache(d.path(), "lmdb");
+    auto jit = kl::make_cached_lljit(*cache, jo);
+    ASSERT_TRUE(bool(jit)) << llvm::toString(jit.takeError());
+    auto fk = kl::FrontendKeys::for_jit(**jit);
+    ASSERT_TRUE(bool(fk));
+    for (int i = 0; i < kModules; ++i) {
+      auto m = tsm(arena_ir(i), "w" + std::to_string(i));
+      kl::set_frontend_key(*m.getModuleUnlocked(), fk->key(front(i)).key);
+      ASSERT_FALSE((*jit)->addIRModule(std::move(m)));
+    }
+    for (int i = 0; i < kModules; ++i) ASSERT_TRUE(bool((*jit)->lookup("g" + std::to_string(i))));
+  }
+  auto cache = open_cache(d.path(), "lmdb");
+  auto jit = kl::make_cached_lljit(*cache, jo);
+  ASSERT_TRUE(bool(jit)) << llvm::toString(jit.takeError());
+  auto fk = kl::FrontendKeys::for_jit(**jit);
+  ASSERT_TRUE(bool(fk));
+  auto made = (*jit)->createJITDylib("warm");
+  ASSERT_TRUE(bool(made)) << llvm::toString(made.takeError());
+  llvm::orc::JITDylib* jd = &*made;
+  for (int i = 0; i < kModules; ++i) {
+    auto obj = fk->find(*cache, fk->key(front(i)).key);
+    ASSERT_TRUE(obj) << i;
+    ASSERT_FALSE((*jit)->addObjectFile(*jd, std::move(obj)));
+  }
+  using G = int64_t (*)(int64_t);
+  std::set<std::pair<uintptr_t, uintptr_t>> code_mappings;
+  std::vector<uintptr_t> code(kModules);
+  for (int i = 0; i < kModules; ++i) {
+    auto sym = (*jit)->lookup(*jd, "g" + std::to_string(i));
+    ASSERT_TRUE(bool(sym)) << llvm::toString(sym.takeError());
+    code[i] = reinterpret_cast<uintptr_t>(kl::compat::jit_pointer<void*>(*sym));
+    EXPECT_EQ(reinterpret_cast<G>(code[i])(0), 10 * i + 1);
+    EXPECT_EQ(perms_at(code[i]).substr(0, 3), "r-x") << i;
+  }
+  for (uintptr_t c : code) code_mappings.insert(mapping_of(c));
+  // A mapping per object would be 200; the arena's code range is one (or a
+  // few where another mapping of the process happens to split it).
+  EXPECT_LE(code_mappings.size(), 4u);
+  ASSERT_FALSE((*jit)->getExecutionSession().removeJITDylib(*jd));
+  for (int i = 0; i < kModules; ++i) {
+    std::string p = perms_at(code[i]);
+    EXPECT_TRUE(p.empty() || p == "---p") << i << ": " << p;
+  }
+}
+
+// An exception thrown by the host through JIT code unwinds through it (its
+// EH frames are registered, with either linker) and is caught beyond it.
+TEST_P(LlvmArenaLinkers, ExceptionsUnwindThroughJitCode) {
+#if !defined(__x86_64__)
+  GTEST_SKIP() << "the test's own code throws through x86-64 JIT code";
+#endif
+  TempDir d;
+  auto cache = open_cache(d.path(), "lmdb");
+  kl::JitOptions jo;
+  jo.lljit_linker = GetParam();
+  for (int round = 0; round < 2; ++round) {  // compiled, then from the cache
+    auto jit = kl::make_cached_lljit(*cache, jo);
+    ASSERT_TRUE(bool(jit)) << llvm::toString(jit.takeError());
+    ASSERT_FALSE(
+        (*jit)->addIRModule(tsm("define i64 @through(void ()* %f, i64 %x) #0 {\n"
+                                "  call void %f()\n"
+                                "  %r = add i64 %x, 1\n"
+                                "  ret i64 %r\n}\n"
+                                "attributes #0 = { uwtable }\n",
+                                "eh")));
+    auto sym = (*jit)->lookup("through");
+    ASSERT_TRUE(bool(sym)) << llvm::toString(sym.takeError());
+    auto through = kl::compat::jit_pointer<int64_t (*)(void (*)(), int64_t)>(*sym);
+    EXPECT_EQ(through([] {}, 41), 42);
+    int caught = 0;
+    try {
+      through([] { throw std::runtime_error("from the host"); }, 1);
+    } catch (const std::runtime_error& e) {
+      caught = std::string(e.what()) == "from the host" ? 1 : 2;
+    }
+    EXPECT_EQ(caught, 1) << "round " << round;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Linkers, LlvmArenaLinkers, ::testing::Values(false, true),
+                         [](const ::testing::TestParamInfo<bool>& p) {
+                           return p.param ? std::string("LljitLinker") : std::string("RuntimeDyld");
+                         });
 
 // The memory managers on their own, as RuntimeDyld drives them: sections
 // aligned as asked, within what was reserved; one beyond the reservation
