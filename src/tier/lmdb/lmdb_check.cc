@@ -21,6 +21,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <utility>
@@ -70,8 +71,13 @@ bool parse_meta(const unsigned char* m, MetaInfo* out) {
 
 class TreeChecker {
  public:
-  TreeChecker(const unsigned char* map, uint32_t psize, uint64_t npages)
-      : map_(map), psize_(psize), npages_(npages), used_(npages, 0) {}
+  // `npages`: the pages the meta page counts; `present`: those the file
+  // holds (at most npages). LMDB does not write the pages a transaction
+  // allocated and freed again before it committed (its loose pages), so
+  // the file may end before the last pages the meta counts: those can only
+  // be free. Every page a tree or a value uses must be in the file.
+  TreeChecker(const unsigned char* map, uint32_t psize, uint64_t npages, uint64_t present)
+      : map_(map), psize_(psize), npages_(npages), present_(present), used_(npages, 0) {}
 
   // Checks the database rooted at `root` (`depth` levels deep, from its
   // record). Named-database records are collected when allow_subdb; free-list
@@ -159,7 +165,7 @@ class TreeChecker {
   }
 
   const unsigned char* page(uint64_t pg) {
-    if (pg < 2 || pg >= npages_) return fail("page number out of range"), nullptr;
+    if (pg < 2 || pg >= present_) return fail("page number out of range"), nullptr;
     if (used_[pg]) return fail("page reached twice"), nullptr;
     used_[pg] = 1;
     const unsigned char* p = map_ + pg * psize_;
@@ -175,7 +181,7 @@ class TreeChecker {
   // of the open cost of a large store) would buy no safety for lookups.
   bool overflow(uint64_t pg, uint64_t dsize) {
     uint64_t pages = (dsize + kPageHdr + psize_ - 1) / psize_;
-    if (pg < 2 || pages == 0 || pg >= npages_ || pages > npages_ - pg) return fail("overflow run damaged");
+    if (pg < 2 || pages == 0 || pg >= present_ || pages > present_ - pg) return fail("overflow run damaged");
     for (uint64_t i = 0; i < pages; ++i) {
       if (used_[pg + i]) return fail("overflow page reached twice");
       used_[pg + i] = 1;
@@ -204,6 +210,7 @@ class TreeChecker {
   const unsigned char* map_;
   uint32_t psize_;
   uint64_t npages_;
+  uint64_t present_;
   std::vector<uint8_t> used_;
   std::vector<uint64_t> free_;
   std::vector<SubDb> subdbs_;
@@ -230,8 +237,12 @@ Status check_metas_before_open(const std::string& data_path) {
     if (!ok) {
       res = Status(Errc::corrupt, "lmdb meta pages of " + data_path + " are damaged");
     } else {
+      // The file may end before the last pages the meta counts (pages LMDB
+      // left unwritten: TreeChecker); whether every page in use is there is
+      // check_tree's to say, and a lookup that meets a missing one faults
+      // under a guard (LmdbEnv::get_guarded).
       const MetaInfo& m = m0.txnid >= m1.txnid ? m0 : m1;
-      if (m.last_pg < 1 || m.last_pg > (uint64_t(1) << 40) || (m.last_pg + 1) * ps > static_cast<uint64_t>(st.st_size))
+      if (m.last_pg < 1 || m.last_pg > (uint64_t(1) << 40) || static_cast<uint64_t>(st.st_size) < 2ull * ps)
         res = Status(Errc::corrupt, "lmdb data file " + data_path + " is truncated or its meta page is damaged");
     }
   }
@@ -281,10 +292,10 @@ Status check_tree(MDB_env* env, const std::string& data_path, const unsigned cha
   } else {
     const MetaInfo* m = m0.txnid == txnid ? &m0 : m1.txnid == txnid ? &m1 : nullptr;
     uint64_t npages = m ? m->last_pg + 1 : 0;
-    if (!m || npages * ps > fsize) {
+    if (!m) {
       res = Status(Errc::corrupt, "lmdb meta page of " + data_path + " is damaged");
     } else {
-      TreeChecker c(map, ps, npages);
+      TreeChecker c(map, ps, npages, std::min<uint64_t>(npages, fsize / ps));
       bool ok = c.tree(m->free_root, m->free_depth, false, true, true) &&
                 c.tree(m->main_root, m->main_depth, true, false, false);
       for (size_t i = 0; ok && i < c.subdbs().size(); ++i) {

@@ -198,16 +198,16 @@ Expected<std::shared_ptr<LmdbEnv>> LmdbEnv::open(const std::string& dir, uint64_
   int dead = 0;
   mdb_reader_check(env->env_, &dead);
 
-  // A data file shorter than the pages LMDB believes in would fault on
-  // access (SIGBUS through the map): treat it as a corrupt store.
-  MDB_envinfo info;
+  // A data file may end before the last pages the meta page counts (pages
+  // LMDB left unwritten, all free: lmdb_check.cc); a page in use beyond the
+  // end is check_tree's to find, and faults under a guard on lookup.
   MDB_stat mst;
-  mdb_env_info(env->env_, &info);
   mdb_env_stat(env->env_, &mst);
   struct stat fst;
   bool have_fst = ::stat(data.c_str(), &fst) == 0;
-  if (have_fst && static_cast<uint64_t>(fst.st_size) < (info.me_last_pgno + 1) * static_cast<uint64_t>(mst.ms_psize))
+  if (have_fst && static_cast<uint64_t>(fst.st_size) < 2ull * mst.ms_psize)
     return Status(Errc::corrupt, "lmdb data file " + data + " is truncated");
+  if (have_fst) env->largest_size_.store(static_cast<uint64_t>(fst.st_size));
   env->psize_ = mst.ms_psize;
   if (have_fst) env->find_map(fst);
   // Through LMDB's own map where it was found: the pages the check reads
@@ -239,11 +239,9 @@ Status LmdbEnv::check_data_file() {
   if (lost()) return lost_error();
   mdb_filehandle_t fd;
   if (mdb_env_get_fd(env_, &fd) != 0 || fd < 0) return Status();
-  // The meta page first, the file's size after: another process's commit
-  // between the two only grows the file, never the other way round (its
-  // pages are written before its meta page names them).
-  MDB_envinfo info;
-  const bool have_info = psize_ && mdb_env_info(env_, &info) == 0;
+  // LMDB only ever grows the file: one smaller than this process has seen
+  // it was cut under it. (Not the meta page's page count: the file may end
+  // before pages LMDB left unwritten, lmdb_check.cc.)
   struct stat open_st, path_st;
   if (::fstat(fd, &open_st) != 0) return Status();
   const std::string data = dir_ + "/data.mdb";
@@ -252,7 +250,10 @@ Status LmdbEnv::check_data_file() {
     mark_lost("the store was deleted or replaced while in use (" + data + " is no longer the file open here)");
     return lost_error();
   }
-  if (have_info && static_cast<uint64_t>(open_st.st_size) < (info.me_last_pgno + 1) * static_cast<uint64_t>(psize_)) {
+  const uint64_t size = static_cast<uint64_t>(open_st.st_size);
+  uint64_t seen = largest_size_.load();
+  while (size > seen && !largest_size_.compare_exchange_weak(seen, size)) {}
+  if (size < seen || size < 2ull * psize_) {
     mark_lost(data + " was truncated under this process");
     return lost_error();
   }

@@ -167,6 +167,9 @@ class LmdbEnv {
   const unsigned char* map_base_ = nullptr;
   uint64_t map_len_ = 0;
   uint32_t psize_ = 0;
+  // The largest size of data.mdb this process has seen (LMDB never
+  // shrinks it; check_data_file).
+  std::atomic<uint64_t> largest_size_{0};
 };
 
 }  // namespace kcache
