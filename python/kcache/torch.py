@@ -123,6 +123,7 @@ _FX_ARTIFACT = "graph"
 _AOT_ARTIFACT = "entry"
 _CPP_ARTIFACT = "library"
 _CPP_DEPS = "files-read"
+_CXX_ENV = ("CPATH", "C_INCLUDE_PATH", "CPLUS_INCLUDE_PATH", "LIBRARY_PATH", "GCC_EXEC_PREFIX", "COMPILER_PATH")
 
 
 def _default_dir() -> Optional[str]:
@@ -380,9 +381,12 @@ def _cpp_key(builder: Any, root: str) -> kcache.Key:
         if os.path.isfile(tok):
             with open(tok, "rb") as f:
                 sources.update(tok.replace(root, "<cache>").encode() + b"\0" + f.read() + b"\0")
+    # Search paths the compiler takes from the environment, not the command
+    # line: they choose which header a name finds.
+    env = "\0".join(f"{v}={os.environ.get(v, '')}" for v in _CXX_ENV)
     return kcache.key(_CPP_NAMESPACE, label=os.path.basename(builder.get_target_file_path()),
                       sources=sources.digest(), command=builder.get_command_line().replace(root, "<cache>"),
-                      cxx=_cxx_version(), torch=torch.__version__)
+                      cxx=_cxx_version(), torch=torch.__version__, compiler_env=env)
 
 
 def _read_deps(depfile: str, cwd: str, root: str) -> Optional[List[str]]:
