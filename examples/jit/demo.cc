@@ -24,6 +24,9 @@
 //                                    step: off, the warm run is ~3% faster)
 //   --json                           one JSON object on stdout
 //   --plain                          with --dir: one run on a plain LLJIT
+//   --no-combine                     link each kernel's object, never one
+//                                    combined object for all of them
+//                                    (FrontendKeys::set_key)
 //
 // Rounds run plain, no cache and cold in a rotating order (each first,
 // second and third equally often), then warm. Besides wall times, each
@@ -40,7 +43,10 @@
 // as it is lowered), and compiled (or found by its IR) by the
 // CachingCompiler, which stores the link. Then every kernel is
 // looked up -- that is "ready" -- and run on data and compared with the
-// interpreter.
+// interpreter. The kernels are a set loaded together: a run that found
+// every kernel's object but no combined object of them all, or compiled,
+// makes one after "ready" (FrontendKeys::store_set), and a later start
+// that finds it links that one object instead (--no-combine: never).
 #include <dirent.h>
 #include <stdlib.h>
 #include <sys/resource.h>
@@ -81,6 +87,7 @@ struct Args {
   unsigned opt_level = 2;
   unsigned rounds = 1;
   bool plain = false;
+  bool combine = true;
 };
 
 double cpu_s() {
@@ -160,22 +167,38 @@ int run_once(const Args& a) {
     counters->key_ns += static_cast<uint64_t>((now_s() - k0) * 1e9);
     if (a.cpu_split) counters->key_cpu_ns += static_cast<uint64_t>((cpu_s() - c0) * 1e9);
   };
+  // Every kernel and its front-end key first: the kernels' exact bytes are
+  // everything the front end (lower) reads; its version is in the key
+  // through key_extra ("client").
+  std::vector<kcache::Key> fronts;
   for (unsigned i = 0; i < a.kernels; ++i) {
     ks.push_back(kjit::generate(i));
-    kcache::KeyInfo front;
+    if (fkeys) as_key_time([&] { fronts.push_back(fkeys->key(kcache::hash_bytes(ks.back().encode())).key); });
+  }
+  // The kernels are loaded together: one combined object for all of them
+  // (FrontendKeys::set_key), when one is stored, is all there is to link.
+  std::optional<kcache::KeyInfo> set;
+  bool whole = false;
+  if (fkeys && a.combine) set = fkeys->set_key(fronts);
+  if (set) {
+    if (auto obj = fkeys->find_set(*cache, set->key, counters.get())) {
+      if (auto err = (*jit)->addObjectFile(std::move(obj))) die("addObjectFile: " + llvm::toString(std::move(err)));
+      counters->lookups += a.kernels;
+      counters->hits += a.kernels;
+      whole = true;
+    }
+  }
+  for (unsigned i = 0; i < a.kernels && !whole; ++i) {
     if (fkeys) {
-      // The kernel's exact bytes are everything the front end (lower)
-      // reads; its version is in the key through key_extra ("client").
-      as_key_time([&] { front = fkeys->key(kcache::hash_bytes(ks.back().encode())); });
-      if (auto obj = fkeys->find(*cache, front.key, counters.get())) {
+      if (auto obj = fkeys->find(*cache, fronts[i], counters.get())) {
         if (auto err = (*jit)->addObjectFile(std::move(obj))) die("addObjectFile: " + llvm::toString(std::move(err)));
         continue;
       }
     }
-    auto m = kjit::lower(ks.back(), *tsc.getContext());
+    auto m = kjit::lower(ks[i], *tsc.getContext());
     ++lowered;
     if (fkeys) {
-      kcache::llvm::set_frontend_key(*m, front.key);
+      kcache::llvm::set_frontend_key(*m, fronts[i]);
       // The IR digest (for early cutoff) now, while the module is fresh in
       // the CPU's caches: the compile comes later, after every kernel is
       // lowered.
@@ -194,6 +217,12 @@ int run_once(const Args& a) {
     fns[i] = kcache::llvm::compat::jit_pointer<kjit::KernelFn>(*sym);
   }
   double t_ready = now_s(), cpu_ready = cpu_s(), process_cpu_ready = process_cpu_s();
+  // Every kernel's object is stored now: the set's combined object made
+  // from them and stored, for the next start (after "ready": this start
+  // links its objects one by one already).
+  bool set_stored = false;
+  if (set && !whole) set_stored = fkeys->store_set(*cache, fronts, counters.get()) != nullptr;
+  double t_set = now_s() - t_ready;
 
   // Run and check every kernel.
   std::vector<double> in_a(kElems), in_b(kElems), in_c(kElems), got(kElems), want(kElems);
@@ -246,12 +275,14 @@ int run_once(const Args& a) {
         "\"frontend_s\":%.6f,"
         "\"materialize_s\":%.6f,\"key_s\":%.6f,\"cache_s\":%.6f,\"compile_s\":%.6f,\"link_s\":%.6f,"
         "\"cache_share_of_link\":%.4f,\"key_cpu_s\":%s,\"cache_cpu_s\":%s,\"link_cpu_s\":%s,"
-        "\"cache_cpu_share_of_link\":%s,\"results_match\":%s,\"mismatched\":%u,\"jit\":%s,\"cache\":%s}\n",
+        "\"cache_cpu_share_of_link\":%s,\"combined\":%s,\"set_stored\":%s,\"set_store_s\":%.6f,"
+        "\"results_match\":%s,\"mismatched\":%u,\"jit\":%s,\"cache\":%s}\n",
         run, a.kernels, (unsigned long long)lowered, t_ready - t0, process_cpu_ready, t_setup - t0, t_ir - t_setup,
         t_ready - t_ir, key_s, cache_s, compile_s, link_s, link_s > 0 ? cache_s / link_s : 0.0,
         cpu_field(key_cpu, "%.6f").c_str(), cpu_field(cache_cpu, "%.6f").c_str(), cpu_field(link_cpu, "%.6f").c_str(),
-        cpu_field(link_cpu > 0 ? cache_cpu / link_cpu : 0.0, "%.4f").c_str(), mismatched ? "false" : "true", mismatched,
-        C.to_json().c_str(), st.to_json().c_str());
+        cpu_field(link_cpu > 0 ? cache_cpu / link_cpu : 0.0, "%.4f").c_str(), whole ? "true" : "false",
+        set_stored ? "true" : "false", t_set, mismatched ? "false" : "true", mismatched, C.to_json().c_str(),
+        st.to_json().c_str());
   } else {
     std::printf("%s run: %u kernels ready in %.3f s (%llu compiled, %llu from the cache), results %s\n", run, a.kernels,
                 t_ready - t0, (unsigned long long)C.codegen_runs.load(), (unsigned long long)C.hits.load(),
@@ -326,6 +357,7 @@ std::string run_child(const Args& a, const char* self, bool disabled = false, co
   if (a.cpu_split) argv.push_back("--cpu-split");
   if (a.opt_level != 2) argv.insert(argv.end(), {"--opt-level", std::to_string(a.opt_level)});
   if (plain) argv.push_back("--plain");
+  if (!a.combine) argv.push_back("--no-combine");
   int fd[2];
   if (::pipe(fd) != 0) die("pipe failed");
   pid_t pid = ::fork();
@@ -568,10 +600,12 @@ int main(int argc, char** argv) {
       a.cpu_split = true;
     else if (s == "--plain")
       a.plain = true;
+    else if (s == "--no-combine")
+      a.combine = false;
     else if (s == "-h" || s == "--help") {
       std::printf(
           "usage: kcache-demo [--dir DIR [--both | --plain]] [--rounds N] [--kernels N] [--engine lmdb|files] "
-          "[--copy] [--opt-level N] [--cpu-split] [--json]\n");
+          "[--copy] [--opt-level N] [--cpu-split] [--no-combine] [--json]\n");
       return 0;
     } else {
       die("unknown argument " + s);

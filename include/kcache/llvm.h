@@ -223,7 +223,50 @@ class FrontendKeys {
   // reads it): `front` bound to the target and options.
   Key link_front(const Key& front) const;
 
+  // ---- Sets of modules loaded together: one combined object ----
+  // A warm start that adds N stored objects links N objects: N link graphs,
+  // N symbol lookups through the session, N allocations and protections.
+  // A set of modules the host always loads together can be stored once
+  // more, as one relocatable object that holds every module's sections and
+  // symbols (docs/design.md, "Combined objects"), and linked as one. The
+  // per-module objects stay, so a set with one module changed costs one
+  // compile and one new combined object; the set's key holds every
+  // module's front-end key, so a combined object is never found for a set
+  // in which one module changed, was added or left out.
+  //
+  // The key of the combined object of the modules whose front-end keys are
+  // `fronts`, in any order; nullopt for fewer than two modules or a key
+  // given twice.
+  std::optional<KeyInfo> set_key(std::vector<Key> fronts) const;
+  // The combined object stored for `set` (set_key), ready for
+  // LLJIT::addObjectFile in place of the set's objects; null on a miss, a
+  // bad entry (counted in bad_objects, logged) or a set recorded as not
+  // combinable. `counters`: set_hits and the lookup time; the modules'
+  // own lookups are the caller's to count.
+  std::unique_ptr<::llvm::MemoryBuffer> find_set(Cache& cache, const Key& set,
+                                                 CompileCounters* counters = nullptr) const;
+  // Combines the objects stored for `fronts` (each found through its
+  // stage link, as find() finds it), stores the result under
+  // set_key(fronts) and returns it; null when a module's object is not
+  // stored, the set has fewer than two modules, or the objects cannot be
+  // joined without a linker's judgement (a name defined in two modules, C++
+  // COMDAT groups, common symbols, a format other than 64-bit
+  // little-endian ELF): that answer is stored too, so later starts do not
+  // try again, and said once per process in the log.
+  std::unique_ptr<::llvm::MemoryBuffer> store_set(Cache& cache, const std::vector<Key>& fronts,
+                                                  CompileCounters* counters = nullptr) const;
+
  private:
+  friend class BitcodeLoader;
+  // find_set, telling a set recorded as not combinable (`*refused`).
+  std::unique_ptr<::llvm::MemoryBuffer> find_set(Cache& cache, const Key& set, CompileCounters* counters,
+                                                 bool* refused) const;
+  // store_set with the objects in hand (objects[i] is the object of the
+  // set's i-th module, as found or compiled for its key).
+  std::unique_ptr<::llvm::MemoryBuffer> store_set(Cache& cache, const KeyInfo& set,
+                                                  const std::vector<::llvm::MemoryBufferRef>& objects,
+                                                  CompileCounters* counters) const;
+
   Digest backend_;  // digest of the target and option components
   ::llvm::Triple::ArchType arch_;
 };
@@ -237,6 +280,8 @@ struct CompileCounters {
   std::atomic<uint64_t> bad_objects{0};    // stored objects rejected (then recompiled)
   std::atomic<uint64_t> frontend_hits{0};  // of the hits, found by front-end key (FrontendKeys::find)
   std::atomic<uint64_t> links_stored{0};   // stage links stored for tagged modules
+  std::atomic<uint64_t> set_hits{0};       // sets of modules answered by one combined object (FrontendKeys::find_set)
+  std::atomic<uint64_t> sets_stored{0};    // combined objects stored (FrontendKeys::store_set)
   std::atomic<uint64_t> key_ns{0};         // bitcode + hashing
   std::atomic<uint64_t> lookup_ns{0};      // cache lookup + read (+ store on a miss)
   std::atomic<uint64_t> compile_ns{0};     // optimiser + code generator
@@ -508,6 +553,14 @@ class BitcodeLoader {
   ::llvm::Error add_files(const std::vector<std::string>& paths, ::llvm::orc::JITDylib* jd = nullptr,
                           unsigned threads = 0);
 
+  // Whether add_all and add_files link a list of two or more modules as
+  // one combined object (FrontendKeys::set_key): found whole on a warm
+  // start, made and stored from the modules' objects otherwise (then linked
+  // in their place too). Every module of the list is then materialised at
+  // the first lookup of any of its symbols, as one object is. On by
+  // default; add() and add_file() never combine.
+  void set_combine(bool on) { combine_ = on; }
+
  private:
   BitcodeLoader(Cache* cache, ::llvm::orc::LLJIT& jit, std::optional<FrontendKeys> keys,
                 std::shared_ptr<CompileCounters> counters, CachingCompiler* compiler)
@@ -519,6 +572,7 @@ class BitcodeLoader {
   std::optional<FrontendKeys> keys_;           // none when the cache is disabled or the JIT has no CachingCompiler
   std::shared_ptr<CompileCounters> counters_;  // the JIT's compiler's, or null
   CachingCompiler* compiler_;                  // the JIT's; null without keys
+  bool combine_ = true;
 };
 
 // An ORC LLJIT whose IR compile layer is a CachingCompiler over `cache`.

@@ -38,6 +38,8 @@ Tally::~Tally() {
   add(c.bad_objects, bad_objects);
   add(c.frontend_hits, frontend_hits);
   add(c.links_stored, links_stored);
+  add(c.set_hits, set_hits);
+  add(c.sets_stored, sets_stored);
   add(c.key_ns, key.wall);
   add(c.key_cpu_ns, key.cpu);
   add(c.lookup_ns, lookup.wall);
@@ -55,15 +57,16 @@ std::string CompileCounters::to_json() const {
     std::snprintf(b, sizeof b, "%.6f", ns.load() / 1e9);
     return std::string(b);
   };
-  char buf[512];
+  char buf[640];
   std::snprintf(buf, sizeof buf,
                 "{\"lookups\":%llu,\"hits\":%llu,\"misses\":%llu,\"codegen_runs\":%llu,\"bad_objects\":%llu,"
-                "\"frontend_hits\":%llu,\"links_stored\":%llu,"
+                "\"frontend_hits\":%llu,\"links_stored\":%llu,\"set_hits\":%llu,\"sets_stored\":%llu,"
                 "\"key_s\":%.6f,\"lookup_s\":%.6f,\"compile_s\":%.6f,\"key_cpu_s\":%s,\"lookup_cpu_s\":%s,"
                 "\"compile_cpu_s\":%s}",
                 (unsigned long long)lookups.load(), (unsigned long long)hits.load(), (unsigned long long)misses.load(),
                 (unsigned long long)codegen_runs.load(), (unsigned long long)bad_objects.load(),
-                (unsigned long long)frontend_hits.load(), (unsigned long long)links_stored.load(), key_ns.load() / 1e9,
+                (unsigned long long)frontend_hits.load(), (unsigned long long)links_stored.load(),
+                (unsigned long long)set_hits.load(), (unsigned long long)sets_stored.load(), key_ns.load() / 1e9,
                 lookup_ns.load() / 1e9, compile_ns.load() / 1e9, cpu(key_cpu_ns).c_str(), cpu(lookup_cpu_ns).c_str(),
                 cpu(compile_cpu_ns).c_str());
   return buf;

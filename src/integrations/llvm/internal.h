@@ -62,7 +62,8 @@ class Tally {
     return t;
   }
 
-  uint64_t lookups = 0, hits = 0, misses = 0, codegen_runs = 0, bad_objects = 0, frontend_hits = 0, links_stored = 0;
+  uint64_t lookups = 0, hits = 0, misses = 0, codegen_runs = 0, bad_objects = 0, frontend_hits = 0, links_stored = 0,
+           set_hits = 0, sets_stored = 0;
   Clocks key, lookup, compile;
 
  private:
@@ -120,5 +121,14 @@ std::unique_ptr<::llvm::MemoryBuffer> object_buffer(Entry&& e, ::llvm::Triple::A
 std::vector<Artifact> object_artifacts(::llvm::StringRef obj);
 
 ::llvm::Error make_error(const std::string& msg);
+
+// ---- combined objects (combine.cc) ----------------------------------------
+
+// `objects` (relocatable ELF objects of one target) joined into one
+// relocatable object, in `out`: each input section kept as a section of
+// its own, each global name one symbol (its definition, if any). False,
+// with `why`, when they cannot be joined without a linker's judgement
+// (a name defined twice, COMDAT groups, common symbols, another format).
+bool combine_objects(const std::vector<::llvm::MemoryBufferRef>& objects, std::string& out, std::string* why);
 
 }  // namespace kcache::llvm::detail

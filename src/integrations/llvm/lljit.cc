@@ -217,13 +217,25 @@ kcache::Expected<BitcodeLoader> BitcodeLoader::for_jit(Cache& cache, ::llvm::orc
       if (auto err = jit_->addIRModule(dylib, std::move(m))) return err;
     return ::llvm::Error::success();
   }
-  // 1. Every buffer keyed on its bytes and looked up: a hit needs no parse.
+  // 1. Every buffer keyed on its bytes; the set's combined object, when
+  // one is stored, is all there is to link.
   std::vector<std::unique_ptr<::llvm::MemoryBuffer>> objects(n);
   std::vector<Key> fronts(n);
-  for (size_t i = 0; i < n; ++i) {
-    fronts[i] = front_key(*bitcode[i]);
-    objects[i] = keys_->find(*cache_, fronts[i], counters_.get());
+  for (size_t i = 0; i < n; ++i) fronts[i] = front_key(*bitcode[i]);
+  std::optional<KeyInfo> set = combine_ ? keys_->set_key(fronts) : std::nullopt;
+  if (set) {
+    bool refused = false;
+    if (auto whole = keys_->find_set(*cache_, set->key, counters_.get(), &refused)) {
+      if (counters_) {
+        counters_->lookups.fetch_add(n, std::memory_order_relaxed);
+        counters_->hits.fetch_add(n, std::memory_order_relaxed);
+      }
+      return jit_->addObjectFile(dylib, std::move(whole));
+    }
+    if (refused) set.reset();
   }
+  // Else each looked up: a hit needs no parse.
+  for (size_t i = 0; i < n; ++i) objects[i] = keys_->find(*cache_, fronts[i], counters_.get());
   // 2. The misses parsed, largest first: every process takes them in this
   // order, and the last compile to end, which the others may wait for, is
   // then a short one.
@@ -246,7 +258,18 @@ kcache::Expected<BitcodeLoader> BitcodeLoader::for_jit(Cache& cache, ::llvm::orc
       errors = ::llvm::joinErrors(std::move(errors), compiled[k].takeError());
   }
   modules->clear();
-  // 4. The objects handed to the JIT in the caller's order.
+  // 4. With every module's object in hand, the set's combined object made,
+  // stored and linked in their place.
+  if (set && !errors) {
+    std::vector<::llvm::MemoryBufferRef> refs;
+    refs.reserve(n);
+    for (const auto& obj : objects) refs.push_back(obj->getMemBufferRef());
+    if (auto whole = keys_->store_set(*cache_, *set, refs, counters_.get())) {
+      objects.clear();
+      return jit_->addObjectFile(dylib, std::move(whole));
+    }
+  }
+  // Else the objects handed to the JIT in the caller's order.
   for (auto& obj : objects) {
     if (!obj) continue;
     if (auto err = jit_->addObjectFile(dylib, std::move(obj)))
