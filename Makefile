@@ -108,7 +108,8 @@ install-check: build
 # tests and the install check. CI runs it with LLVM 14, the oldest.
 LLVM_VERSION ?= 14
 BUILD_LLVM   ?= build-llvm$(LLVM_VERSION)
-LLVM_TARGETS  = kcache_capi kcache_cli kcache_llvm llvm_test llvm_file_cache_test llvm_thinlto_test llvm_batch_loader_test
+LLVM_TARGETS  = kcache_capi kcache_cli kcache_llvm llvm_test llvm_file_cache_test llvm_thinlto_test llvm_batch_loader_test \
+                llvm_combined_objects_test
 test-llvm: deps
 	@cmake -S . -B $(BUILD_LLVM) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKCACHE_LLVM_VERSION=$(LLVM_VERSION) \
 	  -DKCACHE_WITH_NVRTC=OFF -DKCACHE_WITH_OPENCL=OFF -DKCACHE_BUILD_BENCH=OFF -DKCACHE_BUILD_EXAMPLES=OFF \

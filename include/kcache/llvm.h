@@ -262,8 +262,9 @@ class FrontendKeys {
   std::unique_ptr<::llvm::MemoryBuffer> find_set(Cache& cache, const Key& set, CompileCounters* counters,
                                                  bool* refused) const;
   // store_set with the objects in hand (objects[i] is the object of the
-  // set's i-th module, as found or compiled for its key).
-  std::unique_ptr<::llvm::MemoryBuffer> store_set(Cache& cache, const KeyInfo& set,
+  // module whose front-end key is fronts[i], as found or compiled for it);
+  // joined in the order of their keys, whatever the caller's.
+  std::unique_ptr<::llvm::MemoryBuffer> store_set(Cache& cache, const KeyInfo& set, const std::vector<Key>& fronts,
                                                   const std::vector<::llvm::MemoryBufferRef>& objects,
                                                   CompileCounters* counters) const;
 

@@ -4,7 +4,9 @@
 // object instead of one per module.
 //
 // Every input section is kept as a section of its own (a linker that meets
-// two sections of one name treats them as it would in two objects), every
+// two sections of one name treats them as it would in two objects), but
+// for .eh_frame, whose parts are joined into one (RuntimeDyld registers
+// the first section of that name only), every
 // local symbol is kept, and each global name gets one symbol: its
 // definition, which the other objects' references now point at. What has
 // no single answer without a linker's judgement makes combine_objects say
@@ -14,8 +16,8 @@
 // sections with different permissions.
 #include <algorithm>
 #include <atomic>
-#include <optional>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -42,6 +44,9 @@ using Shdr = File::Elf_Shdr;
 using Sym = File::Elf_Sym;
 
 constexpr uint32_t kNone = ~0u;
+// Bounds on what is joined (a JIT's object never comes near them).
+constexpr uint64_t kMaxAlign = uint64_t{1} << 16;
+constexpr uint64_t kMaxSize = uint64_t{1} << 32;
 
 // A string table being written: each name once.
 class Strings {
@@ -82,6 +87,8 @@ struct OutSection {
 
 struct OutSymbol {
   std::string_view name;
+  std::string renamed;  // when not empty, the name written (a local another object's name would shadow)
+  size_t from = 0;      // input object
   uint8_t info = 0;
   uint8_t other = 0;
   uint16_t shndx = 0;
@@ -92,9 +99,7 @@ struct OutSymbol {
 // Sections a combined object leaves out: they only guide a static
 // linker's choices (address-significance for identical code folding, call
 // graph profiles for ordering), and they name symbols by index.
-bool droppable(uint32_t type) {
-  return type == elf::SHT_LLVM_ADDRSIG || type == elf::SHT_LLVM_CALL_GRAPH_PROFILE;
-}
+bool droppable(uint32_t type) { return type == elf::SHT_LLVM_ADDRSIG || type == elf::SHT_LLVM_CALL_GRAPH_PROFILE; }
 
 bool copied_as_is(uint32_t type, uint16_t machine) {
   if (type == elf::SHT_X86_64_UNWIND) return machine == elf::EM_X86_64;  // .eh_frame there
@@ -136,7 +141,7 @@ class Combiner {
       if (!header_ok(j) || !read_sections(j)) return false;
     for (size_t j = 0; j < files_.size(); ++j)
       if (!read_symbols(j)) return false;
-    if (!resolve_globals()) return false;
+    if (!resolve_names()) return false;
     for (size_t j = 0; j < files_.size(); ++j)
       if (!read_relocations(j)) return false;
     if (!same_named_sections_agree()) return false;
@@ -169,6 +174,7 @@ class Combiner {
     if (!secs) return no(::llvm::toString(secs.takeError()));
     if (secs->size() >= elf::SHN_LORESERVE) return no("extended section numbering");
     section_map_.emplace_back(secs->size(), kNone);
+    section_bias_.emplace_back(secs->size(), 0);
     symtab_.push_back(nullptr);
     for (uint32_t i = 1; i < secs->size(); ++i) {
       const Shdr& s = (*secs)[i];
@@ -189,7 +195,8 @@ class Combiner {
           break;
       }
       if (droppable(s.sh_type)) continue;
-      if (!copied_as_is(s.sh_type, f.getHeader().e_machine)) return no("a section of type " + std::to_string(s.sh_type));
+      if (!copied_as_is(s.sh_type, f.getHeader().e_machine))
+        return no("a section of type " + std::to_string(s.sh_type));
       auto name = f.getSectionName(s);
       if (!name) return no(::llvm::toString(name.takeError()));
       OutSection o;
@@ -197,6 +204,9 @@ class Combiner {
       o.type = s.sh_type;
       o.flags = s.sh_flags;
       o.align = std::max<uint64_t>(s.sh_addralign, 1);
+      if ((o.align & (o.align - 1)) || o.align > kMaxAlign)
+        return no("a section aligned to " + std::to_string(o.align));
+      if (s.sh_size > kMaxSize) return no("a section of " + std::to_string(s.sh_size) + " bytes");
       o.entsize = s.sh_entsize;
       o.size = s.sh_size;
       o.from = j;
@@ -207,7 +217,23 @@ class Combiner {
         o.data = std::string_view(reinterpret_cast<const char*>(bytes->data()), bytes->size());
       }
       if (s.sh_flags & elf::SHF_LINK_ORDER) o.link = s.sh_link;  // an input index until mapped below
+      if (o.name == ".eh_frame" && eh_frame_ != kNone) {
+        // One .eh_frame for all: RuntimeDyld registers the first section
+        // of that name only. Its records (CIEs, FDEs that point at their
+        // CIE relative to themselves) are 4-byte aligned and need no
+        // padding between objects: zeros there would end the section.
+        OutSection& e = sections_[eh_frame_ - 1];
+        if (e.type != o.type || e.flags != o.flags) return no("two kinds of .eh_frame");
+        if (e.own.empty()) e.own.assign(e.data.data(), e.data.size());
+        if (e.own.size() % 4 || o.data.size() % 4) return no("an .eh_frame of odd size");
+        section_bias_[j][i] = e.own.size();
+        e.own.append(o.data.data(), o.data.size());
+        e.size = e.own.size();
+        section_map_[j][i] = eh_frame_;
+        continue;
+      }
       section_map_[j][i] = static_cast<uint32_t>(sections_.size() + 1);
+      if (o.name == ".eh_frame") eh_frame_ = section_map_[j][i];
       sections_.push_back(std::move(o));
     }
     // Sections ordered after another one point at its output index.
@@ -232,6 +258,7 @@ class Combiner {
     if (!syms) return no(::llvm::toString(syms.takeError()));
     auto strtab = f.getStringTableForSymtab(*symtab_[j]);
     if (!strtab) return no(::llvm::toString(strtab.takeError()));
+    if (syms->empty()) return no("an empty symbol table");
     symbol_map_.emplace_back(syms->size(), kNone);
     globals_of_.emplace_back(syms->size(), kNone);
     symbol_map_[j][0] = 0;
@@ -241,9 +268,10 @@ class Combiner {
       if (!name) return no(::llvm::toString(name.takeError()));
       OutSymbol o;
       o.name = std::string_view(name->data(), name->size());
+      o.from = j;
       o.info = s.st_info;
       o.other = s.st_other;
-      o.value = s.st_value;
+      o.value = s.st_value + (s.st_shndx < section_bias_[j].size() ? section_bias_[j][s.st_shndx] : 0);
       o.size = s.st_size;
       uint16_t shndx = s.st_shndx;
       if (shndx == elf::SHN_COMMON) return no("a common symbol");
@@ -294,13 +322,43 @@ class Combiner {
   };
 
   // Every object's global symbols now point at the one symbol of their
-  // name, which follows the locals.
-  bool resolve_globals() {
+  // name, which follows the locals. A local whose name is another object's
+  // local or any global's gets a name of its own: RuntimeDyld resolves by
+  // name, and in one object a module's `static helper` would answer
+  // another module's call of an outside `helper`, or shadow a global.
+  // Relocations name symbols by index, so nothing else changes.
+  bool resolve_names() {
+    for (const auto& g : globals_) {
+      // A section's bounds (__start_S, __stop_S) would span every
+      // module's part of S, where each module saw its own.
+      if (g.defined) continue;
+      if (g.sym.name.rfind("__start_", 0) == 0 || g.sym.name.rfind("__stop_", 0) == 0)
+        return no("a section bound symbol " + std::string(g.sym.name));
+    }
+    std::unordered_map<std::string_view, size_t> local_owner;  // name -> object, or kShared
+    constexpr size_t kShared = ~size_t{0};
+    for (const auto& l : locals_) {
+      if (!renameable(l)) continue;
+      auto [it, fresh] = local_owner.emplace(l.name, l.from);
+      if (!fresh && it->second != l.from) it->second = kShared;
+    }
+    for (auto& l : locals_) {
+      if (!renameable(l)) continue;
+      if (local_owner[l.name] != kShared && !global_index_.count(l.name)) continue;
+      l.renamed = std::string(l.name) + ".kcache." + std::to_string(l.from);
+      if (global_index_.count(l.renamed) || local_owner.count(l.renamed)) return no("no unique name for " + l.renamed);
+    }
     const auto first_global = static_cast<uint32_t>(locals_.size() + 1);
     for (size_t j = 0; j < files_.size(); ++j)
       for (size_t k = 1; k < globals_of_[j].size(); ++k)
         if (globals_of_[j][k] != kNone) symbol_map_[j][k] = first_global + globals_of_[j][k];
     return true;
+  }
+
+  // Named locals that a linker can look up: not sections or files.
+  static bool renameable(const OutSymbol& l) {
+    uint8_t type = l.info & 0xf;
+    return !l.name.empty() && type != elf::STT_SECTION && type != elf::STT_FILE;
   }
 
   bool read_relocations(size_t j) {
@@ -333,8 +391,14 @@ class Combiner {
       if (!bytes) return no(::llvm::toString(bytes.takeError()));
       if (o.entsize == 0 || bytes->size() % o.entsize) return no("a relocation section of odd size");
       o.own.assign(reinterpret_cast<const char*>(bytes->data()), bytes->size());
+      const uint64_t bias = section_bias_[j][s.sh_info];
       for (size_t off = 0; off < o.own.size(); off += o.entsize) {
-        // r_offset, then r_info ((symbol << 32) | type) in both kinds.
+        // r_offset, then r_info ((symbol << 32) | type) in both kinds; the
+        // offset moves with a section appended to another (.eh_frame).
+        uint64_t r_offset;
+        std::memcpy(&r_offset, o.own.data() + off, 8);
+        r_offset += bias;
+        std::memcpy(o.own.data() + off, &r_offset, 8);
         uint64_t r_info;
         std::memcpy(&r_info, o.own.data() + off + 8, 8);
         uint64_t sym = r_info >> 32;
@@ -374,7 +438,7 @@ class Combiner {
     put(symtab, elf::Elf64_Sym{});
     auto add_symbol = [&](const OutSymbol& s) {
       elf::Elf64_Sym e{};
-      e.st_name = names.add(s.name);
+      e.st_name = names.add(s.renamed.empty() ? s.name : std::string_view(s.renamed));
       e.st_info = s.info;
       e.st_other = s.other;
       e.st_shndx = s.shndx;
@@ -465,10 +529,12 @@ class Combiner {
 
   std::vector<File> files_;
   std::vector<const Shdr*> symtab_;
-  std::vector<std::vector<uint32_t>> section_map_;  // [object][input section] -> output index
-  std::vector<std::vector<uint32_t>> symbol_map_;   // [object][input symbol] -> output index
-  std::vector<std::vector<uint32_t>> globals_of_;   // [object][input symbol] -> globals_ index
-  std::vector<OutSection> sections_;                // copied sections, output 1..n
+  std::vector<std::vector<uint32_t>> section_map_;   // [object][input section] -> output index
+  std::vector<std::vector<uint64_t>> section_bias_;  // [object][input section] -> its offset in the output section
+  uint32_t eh_frame_ = kNone;                        // the output .eh_frame
+  std::vector<std::vector<uint32_t>> symbol_map_;    // [object][input symbol] -> output index
+  std::vector<std::vector<uint32_t>> globals_of_;    // [object][input symbol] -> globals_ index
+  std::vector<OutSection> sections_;                 // copied sections, output 1..n
   std::vector<OutSection> relocations_;
   std::vector<OutSymbol> locals_;
   std::vector<Global> globals_;
@@ -527,6 +593,7 @@ std::optional<KeyInfo> FrontendKeys::set_key(std::vector<Key> fronts) const {
   for (const auto& f : fronts) bytes.append(reinterpret_cast<const char*>(f.bytes.data()), f.bytes.size());
   // The front-end keys cover the JIT's target and options already; the
   // target is here as well so that the digest names the configuration.
+  // Bump the namespace whenever what combine_objects makes changes.
   auto k = KeyBuilder("kcache-llvm-set/1")
                .add_digest("modules", hash_bytes(bytes))
                .add_u64("count", fronts.size())
@@ -571,7 +638,7 @@ std::unique_ptr<::llvm::MemoryBuffer> FrontendKeys::store_set(Cache& cache, cons
   auto set = set_key(fronts);
   if (!set) return nullptr;
   bool refused = false;
-  if (auto found = find_set(cache, set->key, counters, &refused)) return found;
+  if (auto found = find_set(cache, set->key, nullptr, &refused)) return found;
   if (refused) return nullptr;
   // Each module's object as find() finds it: the entries stay alive while
   // their bytes are read.
@@ -586,18 +653,27 @@ std::unique_ptr<::llvm::MemoryBuffer> FrontendKeys::store_set(Cache& cache, cons
     if (!obj) return nullptr;
     objects.emplace_back(::llvm::StringRef(obj->data(), obj->size()), "kcache");
   }
-  return store_set(cache, *set, objects, counters);
+  return store_set(cache, *set, fronts, objects, counters);
 }
 
 std::unique_ptr<::llvm::MemoryBuffer> FrontendKeys::store_set(Cache& cache, const KeyInfo& set,
+                                                              const std::vector<Key>& fronts,
                                                               const std::vector<::llvm::MemoryBufferRef>& objects,
                                                               CompileCounters* counters) const {
   Tally tally(counters);
   Clocks t0 = tally.now();
   const uint64_t start_us = util::now_mono_us();
+  // In the order of the modules' keys: one set, one object, whichever
+  // order its first host listed the modules in.
+  std::vector<size_t> order(objects.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](size_t x, size_t y) { return fronts[x].bytes < fronts[y].bytes; });
+  std::vector<::llvm::MemoryBufferRef> sorted;
+  sorted.reserve(objects.size());
+  for (size_t i : order) sorted.push_back(objects[i]);
   std::string combined, why;
   std::unique_ptr<::llvm::MemoryBuffer> buf;
-  if (combine_objects(objects, combined, &why)) {
+  if (fronts.size() == objects.size() && combine_objects(sorted, combined, &why)) {
     uint64_t cost = util::now_mono_us() - start_us;
     // Handed out as stored (checked once, above, by reading it back).
     if (auto e = cache.put(set, object_artifacts(combined), cost)) {

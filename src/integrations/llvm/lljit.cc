@@ -226,13 +226,22 @@ kcache::Expected<BitcodeLoader> BitcodeLoader::for_jit(Cache& cache, ::llvm::orc
   if (set) {
     bool refused = false;
     if (auto whole = keys_->find_set(*cache_, set->key, counters_.get(), &refused)) {
-      if (counters_) {
-        counters_->lookups.fetch_add(n, std::memory_order_relaxed);
-        counters_->hits.fetch_add(n, std::memory_order_relaxed);
+      // Not added (a name the JITDylib defines already): each module's
+      // object instead, so that only the modules at fault fail.
+      ::llvm::Error err = jit_->addObjectFile(dylib, std::move(whole));
+      if (!err) {
+        if (counters_) {
+          counters_->lookups.fetch_add(n, std::memory_order_relaxed);
+          counters_->hits.fetch_add(n, std::memory_order_relaxed);
+          counters_->frontend_hits.fetch_add(n, std::memory_order_relaxed);
+        }
+        return ::llvm::Error::success();
       }
-      return jit_->addObjectFile(dylib, std::move(whole));
+      ::llvm::consumeError(std::move(err));
+      set.reset();  // found but not added: not made again
+    } else if (refused) {
+      set.reset();
     }
-    if (refused) set.reset();
   }
   // Else each looked up: a hit needs no parse.
   for (size_t i = 0; i < n; ++i) objects[i] = keys_->find(*cache_, fronts[i], counters_.get());
@@ -264,9 +273,10 @@ kcache::Expected<BitcodeLoader> BitcodeLoader::for_jit(Cache& cache, ::llvm::orc
     std::vector<::llvm::MemoryBufferRef> refs;
     refs.reserve(n);
     for (const auto& obj : objects) refs.push_back(obj->getMemBufferRef());
-    if (auto whole = keys_->store_set(*cache_, *set, refs, counters_.get())) {
-      objects.clear();
-      return jit_->addObjectFile(dylib, std::move(whole));
+    if (auto whole = keys_->store_set(*cache_, *set, fronts, refs, counters_.get())) {
+      ::llvm::Error err = jit_->addObjectFile(dylib, std::move(whole));
+      if (!err) return ::llvm::Error::success();
+      ::llvm::consumeError(std::move(err));  // each module's object instead, as above
     }
   }
   // Else the objects handed to the JIT in the caller's order.

@@ -7,13 +7,16 @@
 // a function of the host process); objects it cannot join without a
 // linker's judgement (a name defined in two modules) are linked one by one,
 // and that answer is remembered; a damaged combined object is a miss.
+#include <unistd.h>
+
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
-#include <iterator>
-#include <utility>
 #include <fstream>
+#include <iterator>
+#include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <llvm/AsmParser/Parser.h>
@@ -112,16 +115,13 @@ std::string weak_module(const std::string& fn, int v) {
 // spelled as this LLVM's IR spells them.
 void write_bitcode(const std::string& path, std::string text) {
 #if LLVM_VERSION_MAJOR >= 15
-  const std::pair<const char*, const char*> spelling[] = {{"{P64}", "ptr"},   {"{P8}", "ptr"},  {"{FP}", "ptr"},
+  const std::pair<const char*, const char*> spelling[] = {{"{P64}", "ptr"},    {"{P8}", "ptr"},  {"{FP}", "ptr"},
                                                           {"{PTABLE}", "ptr"}, {"{FPP}", "ptr"}, {"{MSG}", "ptr @msg"}};
 #else
   const std::pair<const char*, const char*> spelling[] = {
-      {"{P64}", "i64*"},
-      {"{P8}", "i8*"},
-      {"{FP}", "i64 (i64)*"},
-      {"{PTABLE}", "[2 x i64 (i64)*]*"},
-      {"{FPP}", "i64 (i64)**"},
-      {"{MSG}", "i8* getelementptr inbounds ([6 x i8], [6 x i8]* @msg, i64 0, i64 0)"}};
+      {"{P64}", "i64*"},        {"{P8}", "i8*"},
+      {"{FP}", "i64 (i64)*"},   {"{PTABLE}", "[2 x i64 (i64)*]*"},
+      {"{FPP}", "i64 (i64)**"}, {"{MSG}", "i8* getelementptr inbounds ([6 x i8], [6 x i8]* @msg, i64 0, i64 0)"}};
 #endif
   for (const auto& [from, to] : spelling)
     for (size_t at; (at = text.find(from)) != std::string::npos;) text.replace(at, std::strlen(from), to);
@@ -149,10 +149,12 @@ struct Start {
   std::shared_ptr<kl::CompileCounters> counters = std::make_shared<kl::CompileCounters>();
   std::unique_ptr<llvm::orc::LLJIT> jit;
 
-  Start(const std::string& store, const std::vector<std::string>& files, bool combine = true) {
+  Start(const std::string& store, const std::vector<std::string>& files, bool combine = true,
+        bool lljit_linker = true) {
     cache = open_cache(store);
     kl::JitOptions jo;
     jo.counters = counters;
+    jo.lljit_linker = lljit_linker;
     auto j = kl::make_cached_lljit(*cache, jo);
     if (!j) {
       ADD_FAILURE() << llvm::toString(j.takeError());
@@ -353,5 +355,88 @@ TEST_F(CombinedObjects, OffLinksEachModulesObject) {
   EXPECT_EQ(warm.counters->hits.load(), 3u);
   expect_abc(warm, 100);
 }
+
+// An exception thrown by the host unwinds through two modules' code in one
+// combined object (both modules' EH frames, in one object, registered) and
+// is caught beyond it; with either linker.
+class CombinedObjectsLinkers : public CombinedObjects, public ::testing::WithParamInterface<bool> {};
+
+TEST_P(CombinedObjectsLinkers, ExceptionsUnwindThroughACombinedObject) {
+#if !defined(__x86_64__)
+  GTEST_SKIP() << "the test's own code throws through x86-64 JIT code";
+#endif
+  write_bitcode(file("t1.bc"),
+                "define i64 @through1(void ()* %f, i64 %x) #0 {\n  call void %f()\n  %r = add i64 %x, 1\n"
+                "  ret i64 %r\n}\nattributes #0 = { uwtable }\n");
+  write_bitcode(file("t2.bc"),
+                "declare i64 @through1(void ()*, i64)\n"
+                "define i64 @through2(void ()* %f, i64 %x) #0 {\n  %r = call i64 @through1(void ()* %f, i64 %x)\n"
+                "  %s = add i64 %r, 10\n  ret i64 %s\n}\nattributes #0 = { uwtable }\n");
+  for (int round = 0; round < 2; ++round) {  // made from compiled objects, then found
+    Start s(store(), {file("t1.bc"), file("t2.bc")}, /*combine=*/true, /*lljit_linker=*/GetParam());
+    EXPECT_EQ(s.set_hits(), round == 0 ? 0u : 1u);
+    EXPECT_EQ(s.sets_stored(), round == 0 ? 1u : 0u);
+    auto* through2 = s.fn<int64_t(void (*)(), int64_t)>("through2");
+    ASSERT_TRUE(through2);
+    EXPECT_EQ(through2([] {}, 31), 42);
+    int caught = 0;
+    try {
+      through2([] { throw std::runtime_error("from the host"); }, 1);
+    } catch (const std::runtime_error& e) {
+      caught = std::string(e.what()) == "from the host" ? 1 : 2;
+    }
+    EXPECT_EQ(caught, 1) << "round " << round;
+  }
+}
+
+// Names that were each module's own meet in one object: module x calls the
+// host's getpagesize and keeps a static `count`; module y has a static
+// getpagesize of its own and exports a global `count`. Each call and load still reaches its
+// own module's (or the host's) definition, and `count` is y's to the
+// outside, with either linker (RuntimeDyld resolves by name).
+TEST_P(CombinedObjectsLinkers, ModulesNamesStayTheirOwn) {
+  write_bitcode(file("x.bc"), R"(
+declare i32 @getpagesize()
+@count = internal global i64 7
+define i64 @x(i64 %v) {
+  %p = call i32 @getpagesize()
+  %a = sext i32 %p to i64
+  %c = load volatile i64, {P64} @count
+  %r = add i64 %a, %c
+  ret i64 %r
+}
+)");
+  write_bitcode(file("y.bc"), R"(
+@count = global i64 100
+define internal i32 @getpagesize() noinline {
+  ret i32 1234
+}
+define i64 @y(i64 %v) {
+  %p = call i32 @getpagesize()
+  %a = sext i32 %p to i64
+  %c = load volatile i64, {P64} @count
+  %r = add i64 %a, %c
+  ret i64 %r
+}
+)");
+  for (int round = 0; round < 2; ++round) {
+    Start s(store(), {file("x.bc"), file("y.bc")}, /*combine=*/true, /*lljit_linker=*/GetParam());
+    EXPECT_EQ(s.set_hits(), round == 0 ? 0u : 1u);
+    EXPECT_EQ(s.sets_stored(), round == 0 ? 1u : 0u);
+    auto* x = s.fn<int64_t(int64_t)>("x");
+    auto* y = s.fn<int64_t(int64_t)>("y");
+    ASSERT_TRUE(x && y);
+    EXPECT_EQ(x(0), ::getpagesize() + 7) << "round " << round;
+    EXPECT_EQ(y(0), 1234 + 100) << "round " << round;
+    auto count = s.jit->lookup("count");
+    ASSERT_TRUE(bool(count)) << llvm::toString(count.takeError());
+    EXPECT_EQ(*kl::compat::jit_pointer<int64_t*>(*count), 100);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Linkers, CombinedObjectsLinkers, ::testing::Values(false, true),
+                         [](const ::testing::TestParamInfo<bool>& p) {
+                           return p.param ? std::string("LljitLinker") : std::string("RuntimeDyld");
+                         });
 
 }  // namespace
