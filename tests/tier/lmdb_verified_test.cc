@@ -367,3 +367,26 @@ TEST(VerifiedEntries, RemembersOnlyTheSameBytesAtTheSamePlace) {
   for (size_t i = 0; i < same_set.size(); ++i) kept += v.contains(same_set[i], at, 100, hs[i]);
   EXPECT_EQ(kept, VerifiedEntries::kWays);
 }
+
+// A working set of 4,096 entries (16 KiB each: 64 MiB) is remembered all
+// but a few: a key left out is verified again at each of its hits, and
+// when the memo was too small for such a set more than half were.
+TEST(VerifiedEntries, AWorkingSetOfFourThousandKeysIsRemembered) {
+  VerifiedEntries v;
+  constexpr int kKeys = 4096;
+  std::vector<Key> keys;
+  std::vector<std::array<char, 64>> headers(kKeys);
+  for (int i = 0; i < kKeys; ++i) {
+    keys.push_back(kcache::hash_bytes("working-set-" + std::to_string(i)));
+    std::memset(headers[i].data(), 0, 64);
+    std::memcpy(headers[i].data() + 16, keys[i].bytes.data(), 16);
+  }
+  static const char place[kKeys] = {};
+  for (int round = 0; round < 2; ++round)
+    for (int i = 0; i < kKeys; ++i)
+      if (!v.contains(keys[i], place + i, 16384, headers[i].data()))
+        v.add(keys[i], place + i, 16384, headers[i].data());
+  int kept = 0;
+  for (int i = 0; i < kKeys; ++i) kept += v.contains(keys[i], place + i, 16384, headers[i].data());
+  EXPECT_GE(kept, kKeys * 99 / 100);
+}
