@@ -654,17 +654,24 @@ TEST_P(SingleFlight, EightProcessesCompileEachKeyOnce) {
         uint64_t i = static_cast<uint64_t>((j + p * keys / procs) % keys);
         if (!res[j] || *res[j]->artifact("obj") != compile_bytes(i, 300)) ++bad;
       }
-      uint64_t compiles = c->stats().compiles;
-      (void)!::write(pipefd[1], &compiles, sizeof compiles);
+      const CacheStats st = c->stats();
+      const uint64_t report[4] = {st.compiles, st.lease_waits, st.lease_timeouts, st.lease_takeovers};
+      (void)!::write(pipefd[1], report, sizeof report);
       return bad == 0 ? 0 : 1;
     }));
   }
   ::close(pipefd[1]);
   for (pid_t pid : pids) EXPECT_EQ(wait_exit(pid), 0);
-  uint64_t total = 0, v;
-  while (::read(pipefd[0], &v, sizeof v) == sizeof v) total += v;
+  uint64_t total = 0, waits = 0, timeouts = 0, takeovers = 0, v[4];
+  while (::read(pipefd[0], v, sizeof v) == sizeof v) {
+    total += v[0];
+    waits += v[1];
+    timeouts += v[2];
+    takeovers += v[3];
+  }
   ::close(pipefd[0]);
-  EXPECT_EQ(total, static_cast<uint64_t>(keys)) << "compiles summed over processes";
+  EXPECT_EQ(total, static_cast<uint64_t>(keys)) << "compiles summed over processes (lease waits " << waits
+                                                << ", timeouts " << timeouts << ", takeovers " << takeovers << ")";
   auto c = Cache::open(opts(dir_.path(), GetParam()));
   auto s = c->tiers().back()->stats();
   EXPECT_EQ(s.puts, static_cast<uint64_t>(keys)) << "puts counted by the store";

@@ -343,6 +343,8 @@ class Combiner {
       if (!fresh && it->second != l.from) it->second = kShared;
     }
     for (auto& l : locals_) {
+      if (!l.name.empty() && l.name[0] == '$' && global_index_.count(l.name))
+        return no("a mapping symbol named as a global: " + std::string(l.name));
       if (!renameable(l)) continue;
       if (local_owner[l.name] != kShared && !global_index_.count(l.name)) continue;
       l.renamed = std::string(l.name) + ".kcache." + std::to_string(l.from);
@@ -355,10 +357,12 @@ class Combiner {
     return true;
   }
 
-  // Named locals that a linker can look up: not sections or files.
+  // Named locals that a linker can look up: not sections or files, nor
+  // AArch64's and ARM's mapping symbols ($x, $d: markers no relocation
+  // names, which keep their names to mean what they mean).
   static bool renameable(const OutSymbol& l) {
     uint8_t type = l.info & 0xf;
-    return !l.name.empty() && type != elf::STT_SECTION && type != elf::STT_FILE;
+    return !l.name.empty() && l.name[0] != '$' && type != elf::STT_SECTION && type != elf::STT_FILE;
   }
 
   bool read_relocations(size_t j) {

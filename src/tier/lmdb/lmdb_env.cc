@@ -241,7 +241,11 @@ Status LmdbEnv::check_data_file() {
   if (mdb_env_get_fd(env_, &fd) != 0 || fd < 0) return Status();
   // LMDB only ever grows the file: one smaller than this process has seen
   // it was cut under it. (Not the meta page's page count: the file may end
-  // before pages LMDB left unwritten, lmdb_check.cc.)
+  // before pages LMDB left unwritten, lmdb_check.cc.) The size seen so far
+  // is read before this look at the file: read after it, another thread's
+  // later (larger) look could have been recorded in between, and this
+  // thread's older size would read as a file that shrank.
+  const uint64_t seen_before = largest_size_.load();
   struct stat open_st, path_st;
   if (::fstat(fd, &open_st) != 0) return Status();
   const std::string data = dir_ + "/data.mdb";
@@ -253,7 +257,7 @@ Status LmdbEnv::check_data_file() {
   const uint64_t size = static_cast<uint64_t>(open_st.st_size);
   uint64_t seen = largest_size_.load();
   while (size > seen && !largest_size_.compare_exchange_weak(seen, size)) {}
-  if (size < seen || size < 2ull * psize_) {
+  if (size < seen_before || size < 2ull * psize_) {
     mark_lost(data + " was truncated under this process");
     return lost_error();
   }
