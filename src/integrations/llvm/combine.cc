@@ -158,6 +158,7 @@ class Combiner {
 
   bool header_ok(size_t j) {
     const auto& h = files_[j].getHeader();
+    if (std::memcmp(h.e_ident, elf::ElfMagic, 4) != 0) return no("not an ELF object");
     if (h.e_ident[elf::EI_CLASS] != elf::ELFCLASS64 || h.e_ident[elf::EI_DATA] != elf::ELFDATA2LSB)
       return no("not a 64-bit little-endian ELF object");
     if (h.e_type != elf::ET_REL) return no("not a relocatable object");
