@@ -10,7 +10,8 @@
 //
 //   kcache_bench_llvm_codebase --bc DIR [--rounds N] [--check sha|lua|cares|none]
 //   kcache_bench_llvm_codebase --bc DIR --coop N [--rounds R] [--check ...]
-//   kcache_bench_llvm_codebase --bc DIR --symbols FILE --run plain|kcache [--cache DIR] [--batch T] [--check ...]
+//   kcache_bench_llvm_codebase --bc DIR --symbols FILE --run plain|kcache [--cache DIR] [--batch T] [--rtdyld]
+//                              [--check ...]
 //
 // --coop N: processes sharing a cold start. Each round, on empty stores,
 // in wall time from the first fork to the last exit: one process loading
@@ -80,6 +81,7 @@ struct Args {
   unsigned rounds = 3;
   unsigned coop = 0;   // --coop N: the cooperative cold start with N processes
   unsigned batch = 0;  // --batch T: add_files on T compile threads (0: add_file one by one)
+  bool rtdyld = false;  // --rtdyld: link with RuntimeDyld (JitOptions::lljit_linker false)
 };
 
 using kcache::bench::clock_s;
@@ -226,6 +228,7 @@ int run_once(const Args& a) {
     jo.opt_level = 2;
     jo.counters = C;
     jo.key_extra = {{"client", "codebase-bench/1"}};
+    jo.lljit_linker = !a.rtdyld;
     auto j = kcache::llvm::make_cached_lljit(*cache, jo);
     if (!j) die(llvm::toString(j.takeError()));
     jit = std::move(*j);
@@ -467,6 +470,8 @@ int main(int argc, char** argv) {
       a.rounds = static_cast<unsigned>(std::stoul(val()));
     else if (s == "--coop")
       a.coop = static_cast<unsigned>(std::stoul(val()));
+    else if (s == "--rtdyld")
+      a.rtdyld = true;
     else if (s == "--batch")
       a.batch = static_cast<unsigned>(std::stoul(val()));
     else
