@@ -79,8 +79,8 @@ namespace {
 struct Args {
   std::string bc, cache, symbols, run, check = "none";
   unsigned rounds = 3;
-  unsigned coop = 0;   // --coop N: the cooperative cold start with N processes
-  unsigned batch = 0;  // --batch T: add_files on T compile threads (0: add_file one by one)
+  unsigned coop = 0;    // --coop N: the cooperative cold start with N processes
+  unsigned batch = 0;   // --batch T: add_files on T compile threads (0: add_file one by one)
   bool rtdyld = false;  // --rtdyld: link with RuntimeDyld (JitOptions::lljit_linker false)
 };
 
