@@ -82,7 +82,6 @@ struct OutSection {
   std::string_view data;  // input bytes (empty for NOBITS)
   std::string own;        // rewritten bytes (relocations), when not empty used instead of data
   size_t from = 0;        // input object
-  uint32_t from_index = 0;
 };
 
 struct OutSymbol {
@@ -156,6 +155,17 @@ class Combiner {
     return false;
   }
 
+  // `o` named, typed and flagged as input section `s` of object j.
+  bool open_section(const File& f, const Shdr& s, size_t j, OutSection& o) {
+    auto name = f.getSectionName(s);
+    if (!name) return no(::llvm::toString(name.takeError()));
+    o.name = name->str();
+    o.type = s.sh_type;
+    o.flags = s.sh_flags;
+    o.from = j;
+    return true;
+  }
+
   bool header_ok(size_t j) {
     const auto& h = files_[j].getHeader();
     if (std::memcmp(h.e_ident, elf::ElfMagic, 4) != 0) return no("not an ELF object");
@@ -198,20 +208,14 @@ class Combiner {
       if (droppable(s.sh_type)) continue;
       if (!copied_as_is(s.sh_type, f.getHeader().e_machine))
         return no("a section of type " + std::to_string(s.sh_type));
-      auto name = f.getSectionName(s);
-      if (!name) return no(::llvm::toString(name.takeError()));
       OutSection o;
-      o.name = name->str();
-      o.type = s.sh_type;
-      o.flags = s.sh_flags;
+      if (!open_section(f, s, j, o)) return false;
       o.align = std::max<uint64_t>(s.sh_addralign, 1);
       if ((o.align & (o.align - 1)) || o.align > kMaxAlign)
         return no("a section aligned to " + std::to_string(o.align));
       if (s.sh_size > kMaxSize) return no("a section of " + std::to_string(s.sh_size) + " bytes");
       o.entsize = s.sh_entsize;
       o.size = s.sh_size;
-      o.from = j;
-      o.from_index = i;
       if (s.sh_type != elf::SHT_NOBITS) {
         auto bytes = f.getSectionContents(s);
         if (!bytes) return no(::llvm::toString(bytes.takeError()));
@@ -381,17 +385,11 @@ class Combiner {
         return no("relocations for a section left out");
       }
       if (s.sh_link >= secs->size() || &(*secs)[s.sh_link] != symtab_[j]) return no("relocations of another table");
-      auto name = f.getSectionName(s);
-      if (!name) return no(::llvm::toString(name.takeError()));
       OutSection o;
-      o.name = name->str();
-      o.type = s.sh_type;
-      o.flags = s.sh_flags;
+      if (!open_section(f, s, j, o)) return false;
       o.info = t;
       o.align = 8;
       o.entsize = s.sh_type == elf::SHT_RELA ? sizeof(elf::Elf64_Rela) : sizeof(elf::Elf64_Rel);
-      o.from = j;
-      o.from_index = i;
       auto bytes = f.getSectionContents(s);
       if (!bytes) return no(::llvm::toString(bytes.takeError()));
       if (o.entsize == 0 || bytes->size() % o.entsize) return no("a relocation section of odd size");

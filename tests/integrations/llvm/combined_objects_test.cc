@@ -395,30 +395,21 @@ TEST_P(CombinedObjectsLinkers, ExceptionsUnwindThroughACombinedObject) {
 // own module's (or the host's) definition, and `count` is y's to the
 // outside, with either linker (RuntimeDyld resolves by name).
 TEST_P(CombinedObjectsLinkers, ModulesNamesStayTheirOwn) {
-  write_bitcode(file("x.bc"), R"(
-declare i32 @getpagesize()
-@count = internal global i64 7
-define i64 @x(i64 %v) {
-  %p = call i32 @getpagesize()
-  %a = sext i32 %p to i64
-  %c = load volatile i64, {P64} @count
-  %r = add i64 %a, %c
-  ret i64 %r
-}
-)");
-  write_bitcode(file("y.bc"), R"(
-@count = global i64 100
-define internal i32 @getpagesize() noinline {
-  ret i32 1234
-}
-define i64 @y(i64 %v) {
-  %p = call i32 @getpagesize()
-  %a = sext i32 %p to i64
-  %c = load volatile i64, {P64} @count
-  %r = add i64 %a, %c
-  ret i64 %r
-}
-)");
+  // @fn: getpagesize() + count, whichever of each its module sees.
+  auto sum_of = [](const std::string& fn) {
+    return "define i64 @" + fn +
+           "(i64 %v) {\n"
+           "  %p = call i32 @getpagesize()\n"
+           "  %a = sext i32 %p to i64\n"
+           "  %c = load volatile i64, {P64} @count\n"
+           "  %r = add i64 %a, %c\n"
+           "  ret i64 %r\n"
+           "}\n";
+  };
+  write_bitcode(file("x.bc"), "declare i32 @getpagesize()\n@count = internal global i64 7\n" + sum_of("x"));
+  write_bitcode(
+      file("y.bc"),
+      "@count = global i64 100\ndefine internal i32 @getpagesize() noinline {\n  ret i32 1234\n}\n" + sum_of("y"));
   for (int round = 0; round < 2; ++round) {
     Start s(store(), {file("x.bc"), file("y.bc")}, /*combine=*/true, /*lljit_linker=*/GetParam());
     EXPECT_EQ(s.set_hits(), round == 0 ? 0u : 1u);
