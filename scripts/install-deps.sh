@@ -29,5 +29,6 @@ if [ "$(id -u)" -ne 0 ]; then
   fi
 fi
 export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -qq
-$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+retry="$(dirname "$0")/retry.sh"
+bash "$retry" 4 $SUDO apt-get update -qq
+bash "$retry" 4 $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

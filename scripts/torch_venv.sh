@@ -18,9 +18,10 @@ if [ ! -x "$tvenv/bin/python" ]; then
   "$base" -m venv "$tvenv"
 fi
 if [ "$(cat "$tvenv/.kcache-deps" 2>/dev/null)" != "$deps" ]; then
-  "$tvenv/bin/pip" install -q --upgrade pip
+  retry="$(dirname "$0")/retry.sh"
+  bash "$retry" 4 "$tvenv/bin/pip" install -q --upgrade pip
   # shellcheck disable=SC2086  # a list of requirements
-  "$tvenv/bin/pip" install -q $deps
+  bash "$retry" 4 "$tvenv/bin/pip" install -q $deps
   echo "$deps" > "$tvenv/.kcache-deps"
 fi
 src=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
