@@ -1,16 +1,20 @@
 // Synchronisation for tests that run several processes or threads: a
 // one-way signal over a pipe, a bounded wait for an observable condition,
 // and a watcher that signals once a cache waits for another process's
-// lease. Tests order their steps on these rather than on sleeps, which a
-// loaded machine stretches past any fixed length.
+// lease, and a forked child that reports back. Tests order their steps on
+// these rather than on sleeps, which a loaded machine stretches past any
+// fixed length.
 #pragma once
 
 #include <poll.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <thread>
+#include <type_traits>
 
 #include "kcache/cache.h"
 
@@ -86,5 +90,52 @@ class OnLeaseWait {
   std::atomic<bool> stop_{false};
   std::thread thread_;
 };
+
+// A forked child running a function whose result, a trivially copyable
+// report, comes back through a pipe: fork_report(fn) starts it and
+// join_report() waits for it. A child that dies, is stopped by its alarm
+// (240 s: a child that goes wrong fails, never hangs the test) or reports
+// nothing gives a default-made report, so a report type has a field whose
+// default says "failed".
+template <class R>
+struct Forked {
+  pid_t pid = -1;
+  int fd = -1;
+};
+
+template <class F, class R = std::invoke_result_t<F&>>
+Forked<R> fork_report(F fn) {
+  static_assert(std::is_trivially_copyable_v<R>, "a report crosses a pipe as bytes");
+  int p[2];
+  if (::pipe(p) != 0) return {};
+  std::fflush(nullptr);
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    ::close(p[0]);
+    ::alarm(240);
+    R r = fn();
+    (void)!::write(p[1], &r, sizeof r);
+    ::_exit(0);
+  }
+  ::close(p[1]);
+  if (pid < 0) {
+    ::close(p[0]);
+    return {};
+  }
+  return {pid, p[0]};
+}
+
+template <class R>
+R join_report(Forked<R> c) {
+  R r{};
+  if (c.pid < 0) return r;
+  R got{};
+  ssize_t n = ::read(c.fd, &got, sizeof got);
+  ::close(c.fd);
+  int st = 0;
+  ::waitpid(c.pid, &st, 0);
+  if (n == static_cast<ssize_t>(sizeof got) && WIFEXITED(st) && WEXITSTATUS(st) == 0) r = got;
+  return r;
+}
 
 }  // namespace kcache::test

@@ -11,13 +11,11 @@
 // (in this process) compares compile_all with uncached compiles.
 #include <gtest/gtest.h>
 #include <signal.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
-#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -114,40 +112,7 @@ Report compile_list(const std::string& store, const std::vector<int>& order, uns
   return r;
 }
 
-// A forked child running `fn`, its report read through a pipe.
-struct Child {
-  pid_t pid = -1;
-  int fd = -1;
-};
-
-Child spawn(const std::function<Report()>& fn) {
-  int p[2];
-  if (::pipe(p) != 0) return {};
-  std::fflush(nullptr);
-  pid_t pid = ::fork();
-  if (pid == 0) {
-    ::close(p[0]);
-    ::alarm(240);  // a child that goes wrong fails, never hangs the test
-    Report r = fn();
-    (void)!::write(p[1], &r, sizeof r);
-    ::_exit(0);
-  }
-  ::close(p[1]);
-  return {pid, p[0]};
-}
-
-// The child's report; wrong stays -1 when it died or reported nothing.
-Report join(Child c) {
-  Report r;
-  if (c.pid < 0) return r;
-  Report got;
-  ssize_t n = ::read(c.fd, &got, sizeof got);
-  ::close(c.fd);
-  int st = 0;
-  ::waitpid(c.pid, &st, 0);
-  if (n == static_cast<ssize_t>(sizeof got) && WIFEXITED(st) && WEXITSTATUS(st) == 0) r = got;
-  return r;
-}
+using Child = kcache::test::Forked<Report>;
 
 // `orders.size()` children started together, child k on orders[k].
 std::vector<Report> run_together(const std::string& store, const std::vector<std::vector<int>>& orders,
@@ -155,14 +120,14 @@ std::vector<Report> run_together(const std::string& store, const std::vector<std
   Signal go;
   std::vector<Child> kids;
   for (const auto& order : orders) {
-    kids.push_back(spawn([&] {
+    kids.push_back(kcache::test::fork_report([&] {
       go.wait();
       return compile_list(store, order, threads);
     }));
   }
   for (size_t k = 0; k < orders.size(); ++k) go.post();
   std::vector<Report> reports;
-  for (auto& c : kids) reports.push_back(join(c));
+  for (auto& c : kids) reports.push_back(kcache::test::join_report(c));
   return reports;
 }
 
@@ -238,7 +203,7 @@ void held_first_program(bool kill) {
   TempDir d;
   const std::string store = d.path() + "/cache";
   Signal held, waiting;
-  Child holder = spawn([&] {
+  Child holder = kcache::test::fork_report([&] {
     Report r;
     auto cache = open_cache(store);
     nvrtc::Compiler c(*cache);
@@ -270,11 +235,11 @@ void held_first_program(bool kill) {
     return r;
   });
   ASSERT_TRUE(held.wait(120000));
-  Child batch = spawn([&] { return compile_list(store, all_programs(), 1, &waiting); });
+  Child batch = kcache::test::fork_report([&] { return compile_list(store, all_programs(), 1, &waiting); });
   // The holder first: a killed one is reaped at once, so its PID is gone
   // while the batch waits (a zombie would still look alive).
-  Report h = join(holder);
-  Report b = join(batch);
+  Report h = kcache::test::join_report(holder);
+  Report b = kcache::test::join_report(batch);
   EXPECT_EQ(h.wrong, kill ? -1 : 0);  // a killed holder reports nothing
   EXPECT_EQ(b.wrong, 0);
   for (int i = 0; i < kPrograms; ++i) EXPECT_EQ(b.compiled[i], 1) << "k" << i;

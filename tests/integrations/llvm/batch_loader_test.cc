@@ -6,13 +6,11 @@
 // a process compiles what nobody else holds before it waits, and a holder
 // killed mid-compile is taken over.
 #include <signal.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
-#include <functional>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -158,40 +156,7 @@ Report load_and_run(const std::string& store, const std::vector<std::string>& pa
   return r;
 }
 
-// A forked child running `fn`, its report read through a pipe.
-struct Child {
-  pid_t pid = -1;
-  int fd = -1;
-};
-
-Child spawn(const std::function<Report()>& fn) {
-  int p[2];
-  if (::pipe(p) != 0) return {};
-  std::fflush(nullptr);
-  pid_t pid = ::fork();
-  if (pid == 0) {
-    ::close(p[0]);
-    ::alarm(240);  // a child that goes wrong fails, never hangs the test
-    Report r = fn();
-    (void)!::write(p[1], &r, sizeof r);
-    ::_exit(0);
-  }
-  ::close(p[1]);
-  return {pid, p[0]};
-}
-
-// The child's report; wrong stays -1 when it died or reported nothing.
-Report join(Child c) {
-  Report r;
-  if (c.pid < 0) return r;
-  Report got;
-  ssize_t n = ::read(c.fd, &got, sizeof got);
-  ::close(c.fd);
-  int st = 0;
-  ::waitpid(c.pid, &st, 0);
-  if (n == static_cast<ssize_t>(sizeof got) && WIFEXITED(st) && WEXITSTATUS(st) == 0) r = got;
-  return r;
-}
+using Child = kcache::test::Forked<Report>;
 
 // The object key the JIT's CachingCompiler gives the module in `path`.
 kcache::KeyInfo object_key_of(llvm::orc::LLJIT& jit, const std::string& path) {
@@ -215,14 +180,14 @@ std::vector<Report> run_together(const std::string& store, const std::vector<std
   std::vector<Child> kids;
   for (int k = 0; k < procs; ++k) {
     const auto& paths = orders[static_cast<size_t>(k) % orders.size()];
-    kids.push_back(spawn([&] {
+    kids.push_back(kcache::test::fork_report([&] {
       go.wait();
       return load_and_run(store, paths, threads);
     }));
   }
   for (int k = 0; k < procs; ++k) go.post();
   std::vector<Report> reports;
-  for (auto& c : kids) reports.push_back(join(c));
+  for (auto& c : kids) reports.push_back(kcache::test::join_report(c));
   return reports;
 }
 
@@ -284,7 +249,7 @@ void held_first_module(bool kill) {
   auto paths = write_modules(d.path(), kModules, kFiller);
   const std::string store = d.path() + "/cache";
   Signal held;
-  Child holder = spawn([&] {
+  Child holder = kcache::test::fork_report([&] {
     Report r;
     auto cache = open_cache(store);
     kl::JitOptions jo;
@@ -324,11 +289,11 @@ void held_first_module(bool kill) {
     return r;
   });
   ASSERT_TRUE(held.wait(120000));
-  Child loader = spawn([&] { return load_and_run(store, paths, 2); });
+  Child loader = kcache::test::fork_report([&] { return load_and_run(store, paths, 2); });
   // The holder first: a killed one is reaped at once, so its PID is gone
   // while the loader waits (a zombie would still look alive).
-  Report h = join(holder);
-  Report l = join(loader);
+  Report h = kcache::test::join_report(holder);
+  Report l = kcache::test::join_report(loader);
   EXPECT_EQ(l.wrong, 0);
   if (kill) {
     EXPECT_EQ(h.wrong, -1);  // killed: no report
