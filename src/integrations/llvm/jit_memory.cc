@@ -36,6 +36,13 @@
 //    sections in.
 //  * JITLink hands back a whole JITDylib's objects at once: their regions,
 //    neighbours in each range, go back as a few ranges.
+//  * No code region holds an address whose low 32 bits are zero (a 4 GiB
+//    boundary): libgcc's unwinder takes an FDE for a function starting
+//    there for one of a discarded link-once section (it looks only at the
+//    bits the 4-byte pc-relative encoding holds) and skips it, so an
+//    exception thrown through that function would end the process. A slab
+//    often starts on such a boundary (mappings here are 64 MiB-aligned);
+//    the page there is left unused (code_region_start).
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -50,6 +57,7 @@
 #include <llvm/ExecutionEngine/RTDyldMemoryManager.h>
 #include <llvm/Support/Memory.h>
 
+#include "integrations/llvm/jit_memory.h"
 #include "kcache/llvm.h"
 #include "kcache/llvm_compat.h"
 
@@ -77,6 +85,12 @@ size_t page_size() {
 }
 
 size_t round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
+
+// Where a region of kind `k` and `size` bytes starts when the next free
+// byte of its range is `at`.
+uint8_t* region_start(unsigned k, uint8_t* at, size_t size) {
+  return k == kCode ? code_region_start(at, size, page_size()) : at;
+}
 
 struct Slab {
   uint8_t* base = nullptr;
@@ -146,8 +160,10 @@ class Arena {
  private:
   // REQUIRES: mu_ held; fits(s, sizes).
   bool carve(Slab& s, const size_t sizes[kKinds], Region out[kKinds]) {
+    uint8_t* from[kKinds];
+    for (unsigned k = 0; k < kKinds; ++k) from[k] = region_start(k, s.used[k], sizes[k]);
     for (unsigned k = 0; k < kKinds; ++k) {
-      uint8_t* end = s.used[k] + sizes[k];
+      uint8_t* end = from[k] + sizes[k];
       if (end <= s.committed[k]) continue;
       uint8_t* to = std::min(s.base + (k + 1) * s.span,
                              s.committed[k] + round_up(static_cast<size_t>(end - s.committed[k]), kCommitStep));
@@ -159,7 +175,7 @@ class Arena {
     // and the next few, faulted in by one system call instead of a fault
     // each; where the kernel cannot (before 5.14), they fault as before.
     for (unsigned k = 0; k < kKinds && populate_; ++k) {
-      uint8_t* end = s.used[k] + sizes[k];
+      uint8_t* end = from[k] + sizes[k];
       if (end <= s.populated[k]) continue;
       uint8_t* to = std::min(s.committed[k], std::max(end, s.populated[k] + kPopulateStep));
       if (::madvise(s.populated[k], static_cast<size_t>(to - s.populated[k]), MADV_POPULATE_WRITE) != 0)
@@ -167,8 +183,8 @@ class Arena {
       s.populated[k] = to;
     }
     for (unsigned k = 0; k < kKinds; ++k) {
-      out[k] = Region{sizes[k] ? s.used[k] : nullptr, sizes[k], static_cast<Kind>(k), &s};
-      s.used[k] += sizes[k];
+      out[k] = Region{sizes[k] ? from[k] : nullptr, sizes[k], static_cast<Kind>(k), &s};
+      s.used[k] = from[k] + sizes[k];
       s.live += sizes[k] ? 1 : 0;
     }
     return true;
@@ -176,7 +192,7 @@ class Arena {
 
   bool fits(const Slab& s, const size_t sizes[kKinds]) const {
     for (unsigned k = 0; k < kKinds; ++k)
-      if (s.used[k] + sizes[k] > s.base + (k + 1) * s.span) return false;
+      if (region_start(k, s.used[k], sizes[k]) + sizes[k] > s.base + (k + 1) * s.span) return false;
     return true;
   }
   // REQUIRES: mu_ held; `s` has no live object and is not current_.

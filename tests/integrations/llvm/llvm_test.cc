@@ -1,6 +1,7 @@
 // The LLVM integration against real LLVM 14: ORC (make_cached_lljit,
 // CachingCompiler, ConcurrentIRCompiler + ObjectCache) and MCJIT, on real
 // disk tiers.
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -29,6 +30,7 @@
 #include <llvm/Support/SourceMgr.h>
 #include <llvm/Support/TargetSelect.h>
 
+#include "integrations/llvm/jit_memory.h"
 #include "kcache/llvm.h"
 #include "kcache/llvm_compat.h"
 #include "kcache/miss_journal.h"
@@ -1570,6 +1572,104 @@ INSTANTIATE_TEST_SUITE_P(Linkers, LlvmArenaLinkers, ::testing::Values(false, tru
                          [](const ::testing::TestParamInfo<bool>& p) {
                            return p.param ? std::string("LljitLinker") : std::string("RuntimeDyld");
                          });
+
+// libgcc's unwinder skips an FDE whose function starts at an address with
+// its low 32 bits zero, so no code region may hold such an address: a
+// region that would is moved one page past it, and one that does not stays
+// where it is.
+TEST(LlvmArenaMemory, NoCodeRegionHoldsAnAddressWithItsLow32BitsZero) {
+  constexpr size_t kPage = 4096;
+  const uint64_t four_g = uint64_t{1} << 32;
+  auto at = [](uint64_t a) { return reinterpret_cast<uint8_t*>(static_cast<uintptr_t>(a)); };
+  auto start = [&](uint64_t a, size_t size) {
+    return static_cast<uint64_t>(reinterpret_cast<uintptr_t>(kl::code_region_start(at(a), size, kPage)));
+  };
+  const uint64_t b = 0x7f3400000000;  // on a boundary, as a slab was when an exception ended a test
+  EXPECT_EQ(start(b, kPage), b + kPage);
+  EXPECT_EQ(start(b - kPage, 2 * kPage), b + kPage);  // the boundary inside
+  EXPECT_EQ(start(b - kPage, kPage), b - kPage);      // ends right before it
+  EXPECT_EQ(start(b + kPage, 64 << 20), b + kPage);
+  EXPECT_EQ(start(b - (64 << 20), 64 << 20), b - (64 << 20));
+  EXPECT_EQ(start(b - (64 << 20), (64 << 20) + 1), b + kPage);
+  EXPECT_EQ(start(b, 0), b);  // nothing placed
+  for (uint64_t a = b - 8 * kPage; a <= b + 8 * kPage; a += kPage)
+    for (size_t size : {size_t{1}, kPage, 3 * kPage, size_t{16} << 20}) {
+      uint64_t s = start(a, size);
+      EXPECT_GE(s, a);
+      EXPECT_LT(s - a, size + 2 * kPage);
+      EXPECT_EQ((s + size - 1) / four_g, s / four_g) << std::hex << a << " " << size << ": crosses a boundary";
+      EXPECT_NE(s % four_g, 0u) << std::hex << a << " " << size;
+    }
+}
+
+// The arena itself, made to take a slab that starts on a 4 GiB boundary:
+// the address space above it is filled, so the slab lands in a hole left
+// there. Its first code section is then not on the boundary.
+TEST(LlvmArenaMemory, ASlabOnA4GiBBoundaryPutsNoCodeThere) {
+  constexpr uint64_t kSlab = uint64_t{3} * (64 << 20);  // a slab's address space (jit_memory.cc)
+  const uint64_t four_g = uint64_t{1} << 32;
+  const size_t big = size_t{12} << 30;
+  void* r = ::mmap(nullptr, big, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (r == MAP_FAILED) GTEST_SKIP() << "no 12 GiB of address space to arrange";
+  const uint64_t r0 = reinterpret_cast<uintptr_t>(r), r1 = r0 + big;
+  const uint64_t hole = (r1 - kSlab) / four_g * four_g;  // the highest boundary with a slab's room above it
+  ASSERT_GE(hole, r0);
+  // Every other gap at least a slab wide above the hole is filled, but the
+  // one under the stack (where mmap never places anything).
+  std::vector<std::pair<uint64_t, uint64_t>> maps;
+  std::vector<std::string> names;
+  {
+    std::ifstream in("/proc/self/maps");
+    std::string line;
+    while (std::getline(in, line)) {
+      uint64_t lo = std::stoull(line.substr(0, line.find('-')), nullptr, 16);
+      uint64_t hi = std::stoull(line.substr(line.find('-') + 1, line.find(' ')), nullptr, 16);
+      maps.emplace_back(lo, hi);
+      names.push_back(line);
+    }
+  }
+  std::vector<std::pair<void*, size_t>> fills;
+  for (size_t i = 0; i + 1 < maps.size(); ++i) {
+    const uint64_t lo = maps[i].second, hi = maps[i + 1].first;
+    if (hi <= lo || hi - lo < kSlab || lo < hole) continue;
+    if (names[i + 1].find("[stack]") != std::string::npos || names[i + 1].find("[v") != std::string::npos) continue;
+    void* f = ::mmap(reinterpret_cast<void*>(lo), hi - lo, PROT_NONE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED_NOREPLACE, -1, 0);
+    if (f != MAP_FAILED) fills.emplace_back(f, hi - lo);
+  }
+  // A hole of a slab's size; or, where the kernel aligns a large anonymous
+  // mapping to 2 MiB (it asks for 2 MiB more room, then places the mapping
+  // 2 MiB above an already aligned start), one that begins 2 MiB lower.
+  bool placed = false;
+  for (uint64_t lead : {uint64_t{0}, uint64_t{2} << 20}) {
+    const uint64_t from = hole - lead, size = kSlab + lead;
+    ASSERT_EQ(::munmap(reinterpret_cast<void*>(from), size), 0);
+    auto make = kl::arena_memory_managers();
+    auto mm = make();
+    mm->reserveAllocationSpace(100, kl::compat::ReserveAlign(16), 0, kl::compat::ReserveAlign(1), 0,
+                               kl::compat::ReserveAlign(1));
+    uint8_t* code = mm->allocateCodeSection(100, 16, 1, ".text");
+    ASSERT_TRUE(code);
+    const uint64_t c = reinterpret_cast<uintptr_t>(code);
+    if (c >= hole && c < hole + (uint64_t{1} << 20)) {  // the slab starts on the boundary
+      placed = true;
+      EXPECT_NE(c % four_g, 0u) << std::hex << c;
+      std::memset(code, 0xc3, 100);  // ret
+      std::string err;
+      ASSERT_FALSE(mm->finalizeMemory(&err)) << err;
+      reinterpret_cast<void (*)()>(code)();
+    }
+    mm.reset();
+    make = nullptr;  // the arena, and with it its slab, goes
+    if (placed) break;
+    void* back = ::mmap(reinterpret_cast<void*>(from), size, PROT_NONE,
+                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED_NOREPLACE, -1, 0);
+    ASSERT_NE(back, MAP_FAILED);
+  }
+  EXPECT_TRUE(placed) << std::hex << "the arena's slab never landed in the hole at " << hole;
+  for (auto& [f, n] : fills) ::munmap(f, n);
+  ::munmap(r, big);  // what is left of the reservation (the hole's part is already gone)
+}
 
 // The memory managers on their own, as RuntimeDyld drives them: sections
 // aligned as asked, within what was reserved; one beyond the reservation
