@@ -41,9 +41,11 @@
 // process CPU time to ready. After the warm run, two more on its folder add
 // the files together (add_files): the first stores the set's combined
 // object (FrontendKeys::set_key), the second links it; warm_set_over_warm
-// is that run's CPU time over the warm run's. A last run adds no file: the
+// is that run's CPU time over the warm run's. Two last runs add no file: the
 // floor every start pays (process start, libLLVM loaded, cache opened, JIT
-// made).
+// made), and a plain LLJIT's (the same without the cache). Built with
+// -DKCACHE_LLVM_STATIC=ON, the process carries LLVM in itself, as hosts
+// that link LLVM's static libraries do, and loads no libLLVM.so.
 #include <dirent.h>
 #include <stdlib.h>
 #include <sys/resource.h>
@@ -499,7 +501,7 @@ int main(int argc, char** argv) {
     return rc;
   }
   std::vector<double> plain, nocache, cold, warm, r_cold, r_nocache, r_warm, warm_share, warm_key_share;
-  std::vector<double> warm_set, r_warm_set, r_set_over_warm, floor;
+  std::vector<double> warm_set, r_warm_set, r_set_over_warm, floor, plain_floor;
   std::vector<double> sys_plain, sys_cold, flt_cold;
   std::string files;
   for (unsigned r = 0; r < std::max(1u, a.rounds); ++r) {
@@ -537,7 +539,9 @@ int main(int argc, char** argv) {
     none.check = "none";
     { std::ofstream(none.symbols).flush(); }
     Child fl = run_child(none, self, "kcache", dir, false, 1);
+    Child pfl = run_child(none, self, "plain", "", false);
     floor.push_back(fl.cpu_s);
+    plain_floor.push_back(pfl.cpu_s);
     warm_set.push_back(ws.cpu_s);
     r_warm_set.push_back(ws.cpu_s / p.cpu_s);
     r_set_over_warm.push_back(ws.cpu_s / w.cpu_s);
@@ -559,9 +563,10 @@ int main(int argc, char** argv) {
                  "round %u: CPU plain %.3f s, nocache %.3f s, cold %.3f s, warm %.3f s; cold/plain %.4f, "
                  "nocache/plain %.4f; system plain %.3f s, cold %.3f s; page faults plain %ld, cold %ld; warm keys "
                  "%.2f ms of %.1f ms to ready; warm with one combined object %.3f s, over warm %.3f; a process "
-                 "adding no file %.3f s\n",
+                 "adding no file %.4f s (plain LLJIT %.4f s)\n",
                  r + 1, p.cpu_s, x.cpu_s, c.cpu_s, w.cpu_s, r_cold.back(), r_nocache.back(), p.sys_s, c.sys_s, p.minflt,
-                 c.minflt, num(w.out, "key_cpu_s") * 1e3, ready * 1e3, ws.cpu_s, r_set_over_warm.back(), fl.cpu_s);
+                 c.minflt, num(w.out, "key_cpu_s") * 1e3, ready * 1e3, ws.cpu_s, r_set_over_warm.back(), fl.cpu_s,
+                 pfl.cpu_s);
   }
   (void)::system(("rm -rf '" + tmp + "'").c_str());
   std::printf(
@@ -569,10 +574,10 @@ int main(int argc, char** argv) {
       "\"nocache_cpu_s\":%.4f,\"cold_cpu_s\":%.4f,\"warm_cpu_s\":%.4f,\"cold_over_plain\":%s,"
       "\"nocache_over_plain\":%s,\"warm_over_plain\":%s,\"warm_kcache_share\":%s,\"warm_key_share\":%s,"
       "\"plain_sys_s\":%.4f,\"cold_sys_s\":%.4f,\"cold_over_plain_page_faults\":%s,\"warm_set_cpu_s\":%.4f,"
-      "\"warm_set_over_plain\":%s,\"warm_set_over_warm\":%s,\"no_file_cpu_s\":%.4f}\n",
+      "\"warm_set_over_plain\":%s,\"warm_set_over_warm\":%s,\"no_file_cpu_s\":%.4f,\"plain_no_file_cpu_s\":%.4f}\n",
       files.c_str(), plain.size(), median(plain), median(nocache), median(cold), median(warm), stat(r_cold).c_str(),
       stat(r_nocache).c_str(), stat(r_warm).c_str(), stat(warm_share).c_str(), stat(warm_key_share).c_str(),
       median(sys_plain), median(sys_cold), stat(flt_cold).c_str(), median(warm_set), stat(r_warm_set).c_str(),
-      stat(r_set_over_warm).c_str(), median(floor));
+      stat(r_set_over_warm).c_str(), median(floor), median(plain_floor));
   return 0;
 }
