@@ -19,7 +19,7 @@ endif()
 # kcache::llvm::localCache (bench/thinlto_bench.cc), over the ThinLTO
 # bitcode the tests make (tests/integrations/llvm/CMakeLists.txt).
 get_property(_thinlto_objects GLOBAL PROPERTY KCACHE_THINLTO_OBJECTS)
-if(KCACHE_WITH_LLVM AND TARGET kcache_llvm AND TARGET llvm_thinlto_inputs)
+if(KCACHE_WITH_LLVM AND TARGET kcache_llvm AND TARGET llvm_thinlto_inputs AND TARGET LLVM AND NOT KCACHE_LLVM_STATIC)
   add_executable(kcache_bench_thinlto ${CMAKE_CURRENT_LIST_DIR}/thinlto_bench.cc)
   target_include_directories(kcache_bench_thinlto PRIVATE ${PROJECT_SOURCE_DIR}/tests/integrations/llvm)
   string(REPLACE ";" ":" _thinlto_list "${_thinlto_objects}")

@@ -6,6 +6,9 @@
 # fails every time fails with its own last exit status.
 #   scripts/retry.sh TRIES COMMAND [ARGS...]
 set -uo pipefail
+# Interrupted (Ctrl-C) or stopped: no further try.
+trap 'exit 130' INT
+trap 'exit 143' TERM
 tries=$1; shift
 wait_s=15
 for ((i = 1; ; i++)); do

@@ -124,7 +124,9 @@ class Arena {
     if (prefer && fits(*prefer, sizes)) return carve(*prefer, sizes, out);
     if (!current_ || !fits(*current_, sizes)) {
       size_t span = kSpan;
-      for (unsigned k = 0; k < kKinds; ++k) span = std::max(span, round_up(sizes[k], kCommitStep));
+      // A page more than the largest region: code may start a page past a
+      // 4 GiB boundary at the slab's base (region_start).
+      for (unsigned k = 0; k < kKinds; ++k) span = std::max(span, round_up(sizes[k] + page_size(), kCommitStep));
       void* p = ::mmap(nullptr, span * kKinds, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
       if (p == MAP_FAILED) return false;
       auto s = std::make_unique<Slab>();
@@ -135,6 +137,10 @@ class Arena {
       current_ = s.get();
       slabs_.push_back(std::move(s));
       if (old && old->live == 0) drop(old);
+    }
+    if (!fits(*current_, sizes)) {
+      errno = ENOMEM;
+      return false;
     }
     return carve(*current_, sizes, out);
   }

@@ -9,6 +9,7 @@
 
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <latch>
 #include <set>
@@ -1604,13 +1605,25 @@ TEST(LlvmArenaMemory, NoCodeRegionHoldsAnAddressWithItsLow32BitsZero) {
 
 // The arena itself, made to take a slab that starts on a 4 GiB boundary:
 // the address space above it is filled, so the slab lands in a hole left
-// there. Its first code section is then not on the boundary.
+// there (where mmap places mappings top-down, Linux's default; elsewhere
+// the test is skipped). Its first code section is then not on the boundary.
 TEST(LlvmArenaMemory, ASlabOnA4GiBBoundaryPutsNoCodeThere) {
+#if !defined(__x86_64__)
+  GTEST_SKIP() << "runs x86-64 code (ret)";
+#endif
   constexpr uint64_t kSlab = uint64_t{3} * (64 << 20);  // a slab's address space (jit_memory.cc)
   const uint64_t four_g = uint64_t{1} << 32;
   const size_t big = size_t{12} << 30;
   void* r = ::mmap(nullptr, big, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (r == MAP_FAILED) GTEST_SKIP() << "no 12 GiB of address space to arrange";
+  std::vector<std::pair<void*, size_t>> fills;
+  struct Unmap {  // whatever the test maps goes, however it ends
+    std::function<void()> fn;
+    ~Unmap() { fn(); }
+  } unmap{[&] {
+    for (auto& [f, n] : fills) ::munmap(f, n);
+    ::munmap(r, big);  // what is left of the reservation
+  }};
   const uint64_t r0 = reinterpret_cast<uintptr_t>(r), r1 = r0 + big;
   const uint64_t hole = (r1 - kSlab) / four_g * four_g;  // the highest boundary with a slab's room above it
   ASSERT_GE(hole, r0);
@@ -1623,12 +1636,11 @@ TEST(LlvmArenaMemory, ASlabOnA4GiBBoundaryPutsNoCodeThere) {
     std::string line;
     while (std::getline(in, line)) {
       uint64_t lo = std::stoull(line.substr(0, line.find('-')), nullptr, 16);
-      uint64_t hi = std::stoull(line.substr(line.find('-') + 1, line.find(' ')), nullptr, 16);
+      uint64_t hi = std::stoull(line.substr(line.find('-') + 1), nullptr, 16);
       maps.emplace_back(lo, hi);
       names.push_back(line);
     }
   }
-  std::vector<std::pair<void*, size_t>> fills;
   for (size_t i = 0; i + 1 < maps.size(); ++i) {
     const uint64_t lo = maps[i].second, hi = maps[i + 1].first;
     if (hi <= lo || hi - lo < kSlab || lo < hole) continue;
@@ -1666,9 +1678,7 @@ TEST(LlvmArenaMemory, ASlabOnA4GiBBoundaryPutsNoCodeThere) {
                         MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED_NOREPLACE, -1, 0);
     ASSERT_NE(back, MAP_FAILED);
   }
-  EXPECT_TRUE(placed) << std::hex << "the arena's slab never landed in the hole at " << hole;
-  for (auto& [f, n] : fills) ::munmap(f, n);
-  ::munmap(r, big);  // what is left of the reservation (the hole's part is already gone)
+  if (!placed) GTEST_SKIP() << std::hex << "mmap never placed the arena's slab in the hole at " << hole;
 }
 
 // The memory managers on their own, as RuntimeDyld drives them: sections
