@@ -137,10 +137,10 @@ class Arena {
       current_ = s.get();
       slabs_.push_back(std::move(s));
       if (old && old->live == 0) drop(old);
-    }
-    if (!fits(*current_, sizes)) {
-      errno = ENOMEM;
-      return false;
+      if (!fits(*current_, sizes)) {
+        errno = ENOMEM;
+        return false;
+      }
     }
     return carve(*current_, sizes, out);
   }

@@ -1380,26 +1380,38 @@ TEST(LlvmCompiler, DisabledCacheComputesNoKey) {
 
 namespace {
 
-// The permissions ("r-xp", ...) of the mapping that holds `addr`.
-std::string perms_at(uintptr_t addr) {
+// The process's mappings, from /proc/self/maps: [lo, hi), permissions
+// ("r-xp", ...) and the whole line (with its name, "[stack]", ...).
+struct Mapping {
+  uintptr_t lo = 0, hi = 0;
+  std::string perms, line;
+};
+std::vector<Mapping> mappings() {
+  std::vector<Mapping> out;
   std::ifstream maps("/proc/self/maps");
   std::string line;
   while (std::getline(maps, line)) {
-    uintptr_t lo = 0, hi = 0;
+    Mapping m;
     char perms[5] = {};
-    if (std::sscanf(line.c_str(), "%lx-%lx %4s", &lo, &hi, perms) == 3 && addr >= lo && addr < hi) return perms;
+    if (std::sscanf(line.c_str(), "%lx-%lx %4s", &m.lo, &m.hi, perms) != 3) continue;
+    m.perms = perms;
+    m.line = std::move(line);
+    out.push_back(std::move(m));
   }
+  return out;
+}
+
+// The permissions of the mapping that holds `addr`.
+std::string perms_at(uintptr_t addr) {
+  for (const auto& m : mappings())
+    if (addr >= m.lo && addr < m.hi) return m.perms;
   return "";
 }
 
 // The mapping (start, end) that holds `addr`.
 std::pair<uintptr_t, uintptr_t> mapping_of(uintptr_t addr) {
-  std::ifstream maps("/proc/self/maps");
-  std::string line;
-  while (std::getline(maps, line)) {
-    uintptr_t lo = 0, hi = 0;
-    if (std::sscanf(line.c_str(), "%lx-%lx", &lo, &hi) == 2 && addr >= lo && addr < hi) return {lo, hi};
-  }
+  for (const auto& m : mappings())
+    if (addr >= m.lo && addr < m.hi) return {m.lo, m.hi};
   return {0, 0};
 }
 
@@ -1629,22 +1641,12 @@ TEST(LlvmArenaMemory, ASlabOnA4GiBBoundaryPutsNoCodeThere) {
   ASSERT_GE(hole, r0);
   // Every other gap at least a slab wide above the hole is filled, but the
   // one under the stack (where mmap never places anything).
-  std::vector<std::pair<uint64_t, uint64_t>> maps;
-  std::vector<std::string> names;
-  {
-    std::ifstream in("/proc/self/maps");
-    std::string line;
-    while (std::getline(in, line)) {
-      uint64_t lo = std::stoull(line.substr(0, line.find('-')), nullptr, 16);
-      uint64_t hi = std::stoull(line.substr(line.find('-') + 1), nullptr, 16);
-      maps.emplace_back(lo, hi);
-      names.push_back(line);
-    }
-  }
+  const std::vector<Mapping> maps = mappings();
   for (size_t i = 0; i + 1 < maps.size(); ++i) {
-    const uint64_t lo = maps[i].second, hi = maps[i + 1].first;
+    const uint64_t lo = maps[i].hi, hi = maps[i + 1].lo;
     if (hi <= lo || hi - lo < kSlab || lo < hole) continue;
-    if (names[i + 1].find("[stack]") != std::string::npos || names[i + 1].find("[v") != std::string::npos) continue;
+    const std::string& above = maps[i + 1].line;
+    if (above.find("[stack]") != std::string::npos || above.find("[v") != std::string::npos) continue;
     void* f = ::mmap(reinterpret_cast<void*>(lo), hi - lo, PROT_NONE,
                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED_NOREPLACE, -1, 0);
     if (f != MAP_FAILED) fills.emplace_back(f, hi - lo);
