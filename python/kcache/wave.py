@@ -44,7 +44,11 @@ here the grid is stored as a JSON expression tree (numbers, arguments,
 arithmetic, floor, ceiling, min, max, mod), checked when stored and
 evaluated by a small interpreter. The HSACO a Wave-runtime kernel loads by
 path is written to <base_dir>/<key>/<key>.hsaco (under a temporary name,
-then renamed). The size limit, verification, statistics, KCACHE_REMOTE
+then renamed). It is taken from Wave's temporary binaries folder, which
+every compile in the process shares, only when its bytes are the ones the
+compile's vmfb embeds (a file another thread's compile wrote there is never
+stored under this kernel's key); a Wave-runtime kernel without its HSACO
+is not stored, and an entry without one is a miss. The size limit, verification, statistics, KCACHE_REMOTE
 (values signed with KCACHE_REMOTE_SECRET_FILE) and every other KCACHE_*
 variable are kcache's. The folder is $KCACHE_DIR, else
 <Wave's cache folder ($WAVE_CACHE_DIR, else ~/.wave)>/kcache.
@@ -472,6 +476,31 @@ def _launch_info_json(info: Any) -> Dict[str, Any]:
             "grid_str": str(info.grid_str or ""), "grid": grid_tree(info.grid_str)}
 
 
+def _hsaco_of(vmfb: Optional[bytes], options) -> Optional[bytes]:
+    """The HSACO this compile wrote into Wave's temporary binaries folder.
+    The folder is one per process, shared by every thread's compile (Wave
+    empties it before each and takes the first file it lists), so a file is
+    taken only when the compile's own vmfb embeds its bytes (IREE keeps the
+    executable verbatim). The asm backend makes no vmfb; its HSACO is the
+    file Wave names after the kernel's function."""
+    d = _wcache.get_temp_binary_dir()
+    if vmfb is None:
+        paths = [str(d / f"{options.func_name}.hsaco")]
+        body = None
+    else:
+        paths = sorted(glob.glob(str(d / "*.hsaco")))
+        body = bytes(vmfb)
+    for p in paths:
+        try:
+            with open(p, "rb") as f:
+                data = f.read()
+        except OSError:
+            continue
+        if data and (body is None or data in body):
+            return data
+    return None
+
+
 class KcacheWaveCacheManager:
     """What wave_compile asks for its cache (get_hash, load_kernel,
     store_kernel, base_dir), backed by kcache."""
@@ -480,6 +509,9 @@ class KcacheWaveCacheManager:
         self.base_dir = Path(_wcache.get_cache_base_dir()) / "kcache-binaries"
         self._lock = threading.Lock()
         self._keys: Dict[str, Tuple[Optional[kcache.Key], str]] = {}
+        # The keys of Wave-runtime kernels: loaded by path, their entries
+        # are only usable with the HSACO.
+        self._needs_hsaco: set = set()
         self.cache_hits = 0
         self.cache_misses = 0
 
@@ -498,6 +530,8 @@ class KcacheWaveCacheManager:
         storable = not (options.compile_to_mlir or options.compile_to_asm or options.override_mlir)
         with self._lock:
             self._keys[key.hex] = (key if storable else None, label)
+            if options.wave_runtime:
+                self._needs_hsaco.add(key.hex)
         return key.hex
 
     def _key(self, kernel_hash: Optional[str]) -> Tuple[Optional[kcache.Key], str]:
@@ -538,6 +572,10 @@ class KcacheWaveCacheManager:
                                   grid_str=str(li["grid_str"]))
         vmfb = bytes(entry["vmfb"]) if "vmfb" in entry.keys() else None
         asm = bytes(entry["mlir"]).decode("utf-8")
+        with self._lock:
+            needs_hsaco = kernel_hash in self._needs_hsaco
+        if needs_hsaco and "hsaco" not in entry.keys():
+            raise KeyError("a Wave-runtime kernel without its HSACO")
         if "hsaco" in entry.keys():
             d = self.base_dir / kernel_hash
             os.makedirs(d, exist_ok=True)
@@ -561,14 +599,14 @@ class KcacheWaveCacheManager:
             if vmfb is not None:
                 artifacts["vmfb"] = bytes(vmfb)
             if options.wave_runtime:
-                hsaco = glob.glob(str(_wcache.get_temp_binary_dir() / "*.hsaco"))
-                if hsaco:
-                    with open(hsaco[0], "rb") as f:
-                        artifacts["hsaco"] = f.read()
-                    d = self.base_dir / kernel_hash
-                    os.makedirs(d, exist_ok=True)
-                    if not write_file(str(d / (kernel_hash + ".hsaco")), artifacts["hsaco"]):
-                        raise OSError(f"cannot write the HSACO into {d}")
+                hsaco = _hsaco_of(vmfb, options)
+                if hsaco is None:
+                    raise OSError(f"no HSACO of this kernel in {_wcache.get_temp_binary_dir()}")
+                artifacts["hsaco"] = hsaco
+                d = self.base_dir / kernel_hash
+                os.makedirs(d, exist_ok=True)
+                if not write_file(str(d / (kernel_hash + ".hsaco")), hsaco):
+                    raise OSError(f"cannot write the HSACO into {d}")
         except Exception as e:
             log("wave", f"kernel {label}: not stored ({type(e).__name__}: {e})")
             if flight is not None:

@@ -229,6 +229,42 @@ def test_wave_runtime_hsaco_is_written_out_on_a_hit(tmp_path):
     assert env.run(OPTION="wave_runtime=False")["compiles"] == 1
 
 
+def test_wave_runtime_stores_only_its_own_hsaco(tmp_path):
+    """Wave's temporary binaries folder is one per process: a thread
+    compiling another kernel at the same time writes its HSACO there too
+    (and Wave, before each compile, empties it). The HSACO stored is the one
+    this compile's vmfb embeds, never another file of the folder; with none
+    there the kernel is not stored, and an entry without its HSACO is a
+    miss."""
+    (tmp_path / "clean").mkdir()
+    clean = _kc(tmp_path / "clean", KERNELS="add", OPTION="wave_runtime=True").run()
+    (name, digest), = clean["kernels"]["add"]["hsaco"].items()
+    (tmp_path / "noisy").mkdir()
+    env = _kc(tmp_path / "noisy", KERNELS="add", OPTION="wave_runtime=True")
+    cold = env.run(HSACO_NOISE="20")
+    assert cold["compiles"] == 1 and cold["kernels"]["add"]["hsaco"] == {name: digest}
+    shutil.rmtree(tmp_path / "noisy" / "wave" / "kcache-binaries")
+    warm = env.run(HSACO_NOISE="20")
+    assert warm["compiles"] == 0 and warm["kernels"]["add"]["hsaco"] == {name: digest}
+
+    (tmp_path / "dropped").mkdir()
+    env = _kc(tmp_path / "dropped", KERNELS="add", OPTION="wave_runtime=True")
+    p = env.start(HSACO_NOISE="drop")
+    out, err = p.communicate(timeout=400)
+    assert p.returncode == 0, err[-2000:]
+    assert "not stored (OSError: no HSACO of this kernel in" in err, err[-2000:]
+    assert env.run()["compiles"] == 1  # nothing was stored
+    assert env.run()["compiles"] == 0
+
+    # An entry stored without its HSACO (by an older kcache, or damaged).
+    (tmp_path / "partial").mkdir()
+    env = _kc(tmp_path / "partial", KERNELS="add", OPTION="wave_runtime=True")
+    assert env.run(DROP_ARTIFACT="hsaco")["compiles"] == 1
+    res = env.run()
+    assert res["compiles"] == 1 and res["kernels"]["add"]["hsaco"] == {name: digest}
+    assert env.run()["compiles"] == 0
+
+
 def test_compile_that_raises_gives_its_flight_up(tmp_path):
     env = _kc(tmp_path)
     failed = tmp_path / "failed"

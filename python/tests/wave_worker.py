@@ -20,7 +20,11 @@ installed distribution `dist` reports `version` (an upgrade). $READY=path,
 $GO=path, $THEN_KERNELS: after $KERNELS the process creates READY, waits
 for GO to exist and then compiles THEN_KERNELS (a long-running process).
 $DROP_ARTIFACT=name: after compiling, each kcache entry is stored again
-without that artifact (a damaged entry). With OPTION=wave_runtime=True a
+without that artifact (a damaged entry). $HSACO_NOISE: what another thread
+compiling in the same process does to Wave's temporary binaries folder,
+which every compile in a process shares, between this compile's writing its
+HSACO there and its storing: `N` (a number) writes N HSACO files of other
+kernels there, `drop` empties it. With OPTION=wave_runtime=True a
 kernel whose compile ends in loading HIP (absent here) reports the HSACO
 files under $WAVE_CACHE_DIR/kcache-binaries."""
 
@@ -81,6 +85,26 @@ if os.environ.get("PLANT_GRID"):
         return f"(__import__('pathlib').Path({_marker!r}).touch(), lambda _0: [1, 1, 1])[1]"
 
     _wave_mod.lambdastr = _planted
+
+if os.environ.get("HSACO_NOISE"):
+    from wave_lang.kernel.wave import cache as _wcache
+    from wave_lang.kernel.wave import compile as _wcompile
+
+    _real_to_vmfb = _wcompile.compile_to_vmfb
+
+    def _noisy_to_vmfb(*args, **kwargs):
+        vmfb = _real_to_vmfb(*args, **kwargs)
+        folder = _wcache.get_temp_binary_dir()
+        if os.environ["HSACO_NOISE"] == "drop":
+            for p in glob.glob(str(folder / "*.hsaco")):
+                os.unlink(p)
+        else:
+            for i in range(int(os.environ["HSACO_NOISE"])):
+                with open(folder / f"module_other{i}_rocm_hsaco_fb.hsaco", "wb") as f:
+                    f.write(b"\x7fELF another kernel %d" % i)
+        return vmfb
+
+    _wcompile.compile_to_vmfb = _noisy_to_vmfb
 
 M = tkl.sym.M
 N = tkl.sym.N
