@@ -24,6 +24,37 @@ KeyInfo info_of(uint64_t i) { return *KeyBuilder("flight").add_u64("i", i).finis
 
 std::vector<Artifact> arts(const std::string& s) { return {{"obj", s}}; }
 
+// A child process that owns key 7's flight (returned once it does, or -1):
+// once `go` is posted it commits "child", or is killed while owning when
+// `dies`.
+pid_t fork_owner_of_7(const Options& o, Signal& go, bool dies) {
+  int ready[2];
+  if (::pipe(ready) != 0) return -1;
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    ::close(ready[0]);
+    auto c = Cache::open(o);
+    Flight f = c->begin(info_of(7));
+    char x = f.owner() ? '1' : '0';
+    (void)!::write(ready[1], &x, 1);
+    go.wait();
+    if (dies) ::kill(::getpid(), SIGKILL);
+    int rc = f.commit(arts("child")).has_value() ? 0 : 1;
+    c.reset();
+    ::_exit(rc);
+  }
+  ::close(ready[1]);
+  char x = 0;
+  bool owns = ::read(ready[0], &x, 1) == 1 && x == '1';
+  ::close(ready[0]);
+  if (!owns && pid > 0) {
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, nullptr, 0);
+    return -1;
+  }
+  return pid;
+}
+
 TEST(Flight, OwnerCommitsThenHits) {
   TempDir d;
   auto c = Cache::open(disk_options(d.path()));
@@ -154,27 +185,9 @@ TEST(Flight, OtherProcessOwnsThenCommitsOrDies) {
     TempDir d;
     Options o = disk_options(d.path());
     o.lease_ttl_ms = 300;
-    int ready[2];
-    ASSERT_EQ(::pipe(ready), 0);
-    Signal go;  // the child commits or dies once the parent waits on it
-    pid_t pid = ::fork();
-    if (pid == 0) {
-      ::close(ready[0]);
-      auto c = Cache::open(o);
-      Flight f = c->begin(info_of(7));
-      char x = f.owner() ? '1' : '0';
-      (void)!::write(ready[1], &x, 1);
-      go.wait();
-      if (dies) ::kill(::getpid(), SIGKILL);
-      int rc = f.commit(arts("child")).has_value() ? 0 : 1;
-      c.reset();
-      ::_exit(rc);
-    }
-    ::close(ready[1]);
-    char x = 0;
-    ASSERT_EQ(::read(ready[0], &x, 1), 1);
-    ::close(ready[0]);
-    ASSERT_EQ(x, '1');
+    Signal go;  // the child commits or dies once posted
+    pid_t pid = fork_owner_of_7(o, go, dies);
+    ASSERT_GT(pid, 0);
     auto c = Cache::open(o);
     std::optional<OnLeaseWait> on_wait(std::in_place, *c, [&] { go.post(); });
     Flight f = c->begin(info_of(7));
@@ -208,27 +221,9 @@ TEST(Flight, TryBeginAnswersBusyWhileAnotherProcessOwns) {
   for (bool dies : {false, true}) {
     TempDir d;
     Options o = disk_options(d.path());
-    int ready[2];
-    ASSERT_EQ(::pipe(ready), 0);
-    Signal go;
-    pid_t pid = ::fork();
-    if (pid == 0) {
-      ::close(ready[0]);
-      auto c = Cache::open(o);
-      Flight f = c->begin(info_of(7));
-      char x = f.owner() ? '1' : '0';
-      (void)!::write(ready[1], &x, 1);
-      go.wait();
-      if (dies) ::kill(::getpid(), SIGKILL);
-      int rc = f.commit(arts("child")).has_value() ? 0 : 1;
-      c.reset();
-      ::_exit(rc);
-    }
-    ::close(ready[1]);
-    char x = 0;
-    ASSERT_EQ(::read(ready[0], &x, 1), 1);
-    ::close(ready[0]);
-    ASSERT_EQ(x, '1');
+    Signal go;  // the child commits or dies once posted
+    pid_t pid = fork_owner_of_7(o, go, dies);
+    ASSERT_GT(pid, 0);
     auto c = Cache::open(o);
     auto t0 = std::chrono::steady_clock::now();
     Flight held = c->try_begin(info_of(7));
