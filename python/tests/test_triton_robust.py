@@ -222,9 +222,9 @@ def test_written_out_files_are_bounded(triton_env):
     assert _tree_size(_hit_dirs(triton_env)) <= limit
 
 
-def _triton_tree(tmp_path, edit):
+def _triton_tree(tmp_path, edit, added=b"\n# edited\n"):
     # A Triton whose files are the installed ones (symbolic links), except
-    # `edit`, a copy with a comment added.
+    # `edit`, a copy with `added` appended (a comment by default).
     import triton
     real = os.path.dirname(triton.__file__)
     site = tmp_path / "site"
@@ -238,9 +238,14 @@ def _triton_tree(tmp_path, edit):
                 os.symlink(os.path.join(src, n), os.path.join(dst, n))
         src, dst = os.path.join(src, part), os.path.join(dst, part)
     shutil.copyfile(src, dst)
-    with open(dst, "a") as f:
-        f.write("\n# edited\n")
+    with open(dst, "ab") as f:
+        f.write(added)
     return str(site)
+
+
+def _on_path(site):
+    # `site` first, then the rest of the path (which may hold the kcache under test).
+    return os.pathsep.join([site] + [p for p in [os.environ.get("PYTHONPATH")] if p])
 
 
 def test_triton_key_is_remembered_and_invalidated(triton_env, tmp_path):
@@ -258,8 +263,7 @@ def test_triton_key_is_remembered_and_invalidated(triton_env, tmp_path):
     assert second["source"] == "remembered" and second["key"] == first["key"]
     # An edited module under triton/ changes the key: computed afresh.
     site = _triton_tree(tmp_path, "language/random.py")
-    # The tree first, then the rest of the path (which may hold the kcache under test).
-    path = os.pathsep.join([site] + [p for p in [os.environ.get("PYTHONPATH")] if p])
+    path = _on_path(site)
     edited = key(PYTHONPATH=path)
     assert edited["source"] == "computed" and edited["key"] != first["key"]
     # The real tree is still remembered, and so is the edited one, until a
@@ -392,6 +396,94 @@ def test_misses_name_the_changed_triton_option(triton_env):
     assert r.returncode == 0, r.stderr
     assert '"add_kernel"' in r.stdout
     assert "num_warps: 4 → 8" in r.stdout, r.stdout
+
+
+def _libdevice(env, **extra):
+    # The libdevice path Triton's options hold in a process of this environment.
+    code = ("from triton.backends.nvidia.compiler import CUDAOptions\n"
+            "print(dict(CUDAOptions().extern_libs)['libdevice'])")
+    r = subprocess.run([sys.executable, "-c", code], env=env.env(**extra), capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.strip().splitlines()[-1]
+
+
+LIBDEVICE = "backends/nvidia/lib/libdevice.10.bc"
+
+
+def test_a_store_filled_by_triton_at_another_path_hits(triton_env, tmp_path):
+    """A store filled by one Triton install serves the same Triton installed
+    at another path (another venv, an image's): Triton's options name
+    libdevice by its absolute path (extern_libs), which is keyed by the
+    file's content and name, not its folder. The second install is a tree
+    at another folder on sys.path whose files are the installed Triton's
+    (symbolic links), libdevice a copy: Triton's default libdevice path
+    follows its package folder, as a relocated install's does."""
+    site = _triton_tree(tmp_path, LIBDEVICE, added=b"")
+    moved = dict(PYTHONPATH=_on_path(site))
+    here, there = _libdevice(triton_env), _libdevice(triton_env, **moved)
+    assert there == os.path.join(site, "triton", LIBDEVICE) and here != there
+    first = triton_env.run(3)  # elementwise add (two block sizes) and GELU
+    assert triton_env.ptxas_runs() == 3
+    res = triton_env.run(3, **moved)
+    assert triton_env.ptxas_runs() == 3, "the Triton at another path compiled again"
+    assert res["cubins"] == first["cubins"] and res["stats"]["compiles"] == 0 and res["stats"]["hits"] >= 3
+
+
+def test_libdevice_with_other_bytes_at_the_same_path_is_a_miss(triton_env, tmp_path):
+    """libdevice rewritten in place (the same path, other bytes) is a miss,
+    and `kcache misses` names extern_libs as the option that changed. The
+    Triton is a tree of the installed one's files (symbolic links) with
+    libdevice a copy, so the installed one is never changed; the kernel
+    (elementwise add) does not link libdevice, so any bytes compile."""
+    tool = _kcache_tool()
+    site = _triton_tree(tmp_path, LIBDEVICE, added=b"")
+    env = dict(PYTHONPATH=_on_path(site))
+    first = triton_env.run(1, **env)
+    assert triton_env.ptxas_runs() == 1
+    assert triton_env.run(1, **env)["cubins"] == first["cubins"] and triton_env.ptxas_runs() == 1
+    lib = os.path.join(site, "triton", LIBDEVICE)
+    size = os.path.getsize(lib)
+    with open(lib, "r+b") as f:
+        f.seek(size // 2)
+        b = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([b[0] ^ 0xFF]))
+    res = triton_env.run(1, **env)
+    assert triton_env.ptxas_runs() == 2, "a changed libdevice was a hit"
+    assert res["cubins"] == first["cubins"] and res["stats"]["compiles"] == 1
+    store = os.path.join(triton_env.base["TRITON_CACHE_DIR"], "kcache")
+    r = subprocess.run([tool, "misses", "--dir", store], capture_output=True, text=True, timeout=60,
+                       env={k: v for k, v in os.environ.items() if not k.startswith("KCACHE_")})
+    assert r.returncode == 0, r.stderr
+    assert "extern_libs: " in r.stdout and "libdevice.10.bc" in r.stdout, r.stdout
+    assert site not in r.stdout, r.stdout  # named by content and base name, not by folder
+
+
+def test_a_manager_reached_through_more_calls_keys_the_same(triton_env, tmp_path):
+    """The key's readable parts (kernel, options, target) are read from
+    Triton's compile frame however many calls lie between it and
+    get_group: a program whose own manager wraps kcache's (each lookup
+    passes through a few layers of its code) hits what the plain manager
+    stored, and the plain manager hits what it stored."""
+    first = triton_env.run(1)
+    assert triton_env.ptxas_runs() == 1
+
+    def wrapped(**extra):
+        p = _scenario(triton_env, "wrapped-manager", **extra)
+        out, err = p.communicate(timeout=240)
+        assert p.returncode == 0, err
+        r = json.loads(out.strip().splitlines()[-1])
+        assert r["lookups"] >= 1  # its own manager was Triton's
+        return r
+
+    res = wrapped()
+    assert triton_env.ptxas_runs() == 1, "the wrapped manager missed what the plain one stored"
+    assert res["cubins"] == first["cubins"] and res["stats"]["compiles"] == 0
+    other = dict(TRITON_CACHE_DIR=str(tmp_path / "other-cache"))
+    assert wrapped(**other)["cubins"] == first["cubins"] and triton_env.ptxas_runs() == 2
+    assert triton_env.run(1, **other)["cubins"] == first["cubins"]
+    assert triton_env.ptxas_runs() == 2, "the plain manager missed what the wrapped one stored"
 
 
 def test_import_without_triton_says_what_to_install():

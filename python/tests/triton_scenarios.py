@@ -17,6 +17,10 @@ each), printing one JSON line.
         released: prints A's exception and the frames of its traceback, and
         whether B compiled (RESULT line)
     python triton_scenarios.py options W         the add kernel with num_warps=W
+    python triton_scenarios.py wrapped-manager   the add kernel under a cache
+        manager of the program's own that wraps kcache's: its get_group and
+        put_group reach kcache's through a few layers of calls; prints the
+        cubin's digest, the kcache statistics and how many lookups it made
     python triton_scenarios.py key               install(); triton_key() and
         where it came from, and Triton's own value computed afresh
     python triton_scenarios.py key-env           the same without install():
@@ -117,6 +121,27 @@ def _waited(fifo):
             "b": got.get("b") if isinstance(got.get("b"), str) else repr(got.get("b")), "stats": _stats()}
 
 
+def _wrapped_manager():
+    """kcache's cache manager wrapped by the program: each group lookup and
+    store is counted, then handed on through a few layers of calls."""
+    import kcache.triton
+
+    def through(n, fn, *args):
+        return fn(*args) if n == 0 else through(n - 1, fn, *args)
+
+    class WrappedManager(kcache.triton.CacheManager):
+        lookups = 0
+
+        def get_group(self, filename):
+            WrappedManager.lookups += 1
+            return through(4, super().get_group, filename)
+
+        def put_group(self, filename, group):
+            return through(4, super().put_group, filename, group)
+
+    return WrappedManager
+
+
 def _stats():
     import kcache.triton
     return kcache.triton.cache().stats()
@@ -152,6 +177,14 @@ def main(argv):
         name, src = triton_kernels.kernels()[0]
         k = triton.compile(src, target=triton_kernels.TARGET, options={"num_warps": int(argv[2])})
         print(json.dumps({"cubin": hashlib.sha256(k.asm["cubin"]).hexdigest()}))
+        return 0
+    if cmd == "wrapped-manager":
+        manager = globals()["WrappedManager"] = _wrapped_manager()
+        os.environ["TRITON_CACHE_MANAGER"] = "__main__:WrappedManager"
+        name, src = triton_kernels.kernels()[0]
+        k = triton.compile(src, target=triton_kernels.TARGET)
+        print(json.dumps({"cubins": {name: hashlib.sha256(k.asm["cubin"]).hexdigest()}, "stats": _stats(),
+                          "lookups": manager.lookups}))
         return 0
     if cmd in ("key", "key-env"):
         if cmd == "key":

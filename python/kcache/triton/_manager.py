@@ -10,12 +10,17 @@ entry. Hits are handed to Triton as written-out files (._files).
 
 Each entry is labelled with the kernel's name and carries Triton's parsed
 options, the target, Triton's version and a digest of triton_key() as
-readable components, so `kcache misses` says which of them changed."""
+readable components, so `kcache misses` says which of them changed. A file
+an option names (libdevice, in extern_libs) counts by its base name and
+content, not its folder, so the key is the same wherever Triton is
+installed."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
+import stat
 import sys
 import threading
 from typing import Dict, Optional, Tuple
@@ -52,24 +57,108 @@ def _readable(v):
         return str(v)
 
 
-def _compile_components() -> Tuple[Optional[str], dict]:
-    """The label and readable components of the compile that called
-    get_group: the kernel's name, target, Triton's parsed options and cache
-    invalidating variables, and versions, read from Triton's compile frame.
-    They are functions of Triton's hash (which the key holds too), so they
-    add no identity of their own; remembered per hash in the process. Nothing
-    when the caller is not Triton's compile (Triton calls get_group nowhere
-    else)."""
-    global _triton_key_digest
+# Content digests of the files options name, by the file's identity (path,
+# device, inode, size, modification and change times): read again when it
+# changes.
+_digests: Dict[str, Tuple[tuple, str]] = {}
+
+
+def _file_digest(path: str) -> Optional[str]:
+    """The SHA-256 (32 hex digits) of the regular file `path` names; None
+    when it names none. OSError when it cannot be read."""
     try:
-        f = sys._getframe(2)
-        for _ in range(3):
-            if f is None or f.f_code.co_name == "compile":
-                break
-            f = f.f_back
-        if f is None or f.f_code.co_name != "compile":
-            return None, {}
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return None
+    if not stat.S_ISREG(st.st_mode):
+        return None
+    ident = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    got = _digests.get(path)
+    if got is not None and got[0] == ident:
+        return got[1]
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    digest = h.hexdigest()[:32]
+    if len(_digests) > 256:
+        _digests.clear()
+    _digests[path] = (ident, digest)
+    return digest
+
+
+def _named_file(v: str, any_name: bool = False) -> str:
+    """`v`, or "<base name> sha256:<digest of its content>" when it names a
+    regular file: when it holds a path separator, or with `any_name` (a
+    path Triton opens as it is, relative ones too)."""
+    if any_name or os.sep in v or (os.altsep is not None and os.altsep in v):
+        digest = _file_digest(v)
+        if digest is not None:
+            return f"{os.path.basename(v)} sha256:{digest}"
+    return v
+
+
+def _portable(name: str, v):
+    """An option's value with each file it names replaced by the file's
+    base name and content digest (_named_file), so that the key says what
+    the file holds and not where it is installed: extern_libs' paths (its
+    (name, path) pairs, or a {name: path} dict), and any str, also inside
+    tuples, lists and dicts, that holds a path separator and names a file.
+    A value that names no file is returned as it is (its component is
+    unchanged)."""
+    def path(p):
+        return _named_file(p, True) if isinstance(p, str) else _portable("", p)
+
+    if isinstance(v, str):
+        return _named_file(v)
+    if isinstance(v, dict):
+        if name == "extern_libs":
+            out = {k: path(x) for k, x in v.items()}
+        else:
+            out = {k: _portable("", x) for k, x in v.items()}
+        return v if all(out[k] is x for k, x in v.items()) else out
+    if isinstance(v, (tuple, list)):
+        if name == "extern_libs" and all(isinstance(e, (tuple, list)) and len(e) == 2 for e in v):
+            out = []
+            for e in v:
+                p = path(e[1])
+                out.append(e if p is e[1] else [e[0], p])
+        else:
+            out = [_portable("", x) for x in v]
+        return v if all(a is b for a, b in zip(out, v)) else out
+    return v
+
+
+def _compile_frame():
+    """Triton's compile frame on this thread's stack (the compile that
+    called the manager, however many calls lie between), or None."""
+    f = sys._getframe(1)
+    while f is not None:
+        if f.f_code.co_name == "compile" and f.f_globals.get("__name__") == "triton.compiler.compiler":
+            return f
+        f = f.f_back
+    return None
+
+
+def _compile_components() -> Tuple[Optional[str], Optional[dict]]:
+    """The label and readable components of the compile that called the
+    manager: the kernel's name, target, Triton's parsed options and cache
+    invalidating variables, and versions, read from Triton's compile frame.
+    A file an option names (libdevice in extern_libs) counts by its base
+    name and content, not its folder: the same Triton installed elsewhere
+    gives the same key. The rest are functions of Triton's hash (which the
+    key holds too), so they add no identity of their own; remembered per
+    hash in the process. {} when no Triton compile is on the stack (Triton
+    calls the manager nowhere else); None when there is one but its
+    components cannot be read: that group is not cached, rather than kept
+    under a key that lacks them."""
+    global _triton_key_digest
+    f = _compile_frame()
+    if f is None:
+        return None, {}
+    try:
         loc = f.f_locals
+        del f
         src, target, options = loc.get("src"), loc.get("target"), loc.get("options")
         comps: dict = {"triton_version": triton.__version__,
                        "python": "%d.%d" % sys.version_info[:2]}
@@ -84,7 +173,7 @@ def _compile_components() -> Tuple[Optional[str], dict]:
         if options is not None and hasattr(options, "__dict__"):
             for k, v in options.__dict__.items():
                 if k not in comps and k not in ("label", "private"):
-                    comps[k] = _readable(v)
+                    comps[k] = _readable(_portable(k, v))
         env_vars = loc.get("env_vars")
         if isinstance(env_vars, dict):
             for k, v in env_vars.items():
@@ -93,8 +182,10 @@ def _compile_components() -> Tuple[Optional[str], dict]:
             _triton_key_digest = hashlib.sha256(triton_key_fn()().encode()).hexdigest()[:32]
         comps["triton_key"] = _triton_key_digest
         return label, comps
-    except Exception:
-        return None, {}
+    except Exception as e:
+        log(f"a compile's options cannot be read ({type(e).__name__}: {e}): its kernel is compiled, not cached",
+            once="components")
+        return None, None
 
 
 class CacheManager(_TritonCacheManager):
@@ -108,6 +199,7 @@ class CacheManager(_TritonCacheManager):
         self._lease: Optional[Lease] = None
         self._staged: Dict[str, bytes] = {}
         self._paths: Dict[str, str] = {}
+        self._group_keys: Dict[str, kcache.Key] = {}
 
     def _key(self, filename: str, label: Optional[str] = None, comps: Optional[dict] = None) -> kcache.Key:
         memo = (self.key, filename)
@@ -122,6 +214,20 @@ class CacheManager(_TritonCacheManager):
             _key_memo[memo] = k
         return k
 
+    def _group_key(self, filename: str) -> Optional[kcache.Key]:
+        """The key of the group `filename`: the one this manager looked up,
+        else the one remembered in the process, else made from the
+        components of the compile that called. None when those cannot be
+        read: the group is then neither looked up nor stored."""
+        k = self._group_keys.get(filename) or _key_memo.get((self.key, "__grp__" + filename))
+        if k is None:
+            label, comps = _compile_components()
+            if comps is None:
+                return None
+            k = self._key("__grp__" + filename, label, comps)
+        self._group_keys[filename] = k
+        return k
+
     def _drop_flight(self) -> None:
         if self._lease is not None:
             self._lease.drop()
@@ -133,11 +239,9 @@ class CacheManager(_TritonCacheManager):
         if self._files_only is not None:
             return self._files_only.get_group(filename)
         self._drop_flight()
-        memo = (self.key, "__grp__" + filename)
-        k = _key_memo.get(memo)
+        k = self._group_key(filename)
         if k is None:
-            label, comps = _compile_components()
-            k = self._key("__grp__" + filename, label, comps)
+            return None
         hx = k.hex
         drop_leases(threading.get_ident(), key=hx)  # this thread is back here: that compile is over
         try:
@@ -184,7 +288,8 @@ class CacheManager(_TritonCacheManager):
             if flight is not None and flight.owner:
                 entry, flight = flight.commit(artifacts), None
             else:
-                entry = cache().put(self._key("__grp__" + filename), artifacts)
+                k = self._group_key(filename)
+                entry = cache().put(k, artifacts) if k is not None else None
             if entry is not None and cache().tiers():  # nothing to publish with the cache disabled
                 materialiser().publish_compiled(entry, {n: p for n, p in group.items() if self._paths.get(n) == p})
         except Exception as e:
