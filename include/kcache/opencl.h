@@ -10,12 +10,16 @@
 //
 // What the key covers (namespace "kcache.opencl/1"): the platform name and
 // version, the device name and version, the driver version (all as the
-// driver reports them; see DeviceDescription), the options split into words
+// driver reports them), the build id of the driver's library (see
+// DeviceDescription), the options split into words
 // (kept in order: for OpenCL compilers a later option may override an
-// earlier one), the source, every named header (name and contents) and the
-// caller's `extra_key`. A driver update changes CL_DRIVER_VERSION and so
-// misses; if a driver can change its code generation without changing any
-// of these strings, put its identity into `DeviceDescription::extra`.
+// earlier one), the source, every named header (name and contents), the
+// headers it can read from disk (by contents) and the caller's `extra_key`.
+// A driver rebuilt or updated under the same version strings is a miss
+// through its library's build id. Libraries the driver loads later (its
+// compiler: PoCL's device modules and LLVM) are covered only by what they
+// put into those strings; if yours can change code generation without
+// changing them, put their identity into `DeviceDescription::extra`.
 //
 // A binary the driver refuses (clCreateProgramWithBinary or clBuildProgram
 // fails: a driver update that kept its version string, a corrupt store)
@@ -28,8 +32,14 @@
 //
 // Headers. With headers the program is compiled with clCompileProgram
 // (headers passed as embedded header programs) and linked with
-// clLinkProgram (OpenCL 1.2), so no header is read from disk. Headers that
-// the compiler finds through `-I` are NOT in the key: pass them as headers.
+// clLinkProgram (OpenCL 1.2). Headers the compiler can read from disk are in
+// the key by their contents (see disk_headers): every path an #include of
+// the source, of a named header or of a header found on disk can reach
+// through the options' -I, -isystem, -iquote and -idirafter folders, an
+// absolute path, the including header's own folder, or -include. A
+// program whose #include names its file through a macro is built without
+// the cache (one log line), and so is one whose headers on disk change
+// while it builds (the binary is returned, not stored).
 //
 // Thread-safety: a ProgramCache may be used from many threads; concurrent
 // builds of one program for one device build once (the Cache's
@@ -65,12 +75,17 @@ struct DeviceDescription {
   std::string device_name;       // CL_DEVICE_NAME
   std::string device_version;    // CL_DEVICE_VERSION
   std::string driver_version;    // CL_DRIVER_VERSION
+  // The driver's own library: the GNU build id of the loaded object that
+  // holds the platform's ICD dispatch table (the first word of every ICD
+  // object), else "file:" and the digest of that object's file; "" when no
+  // loaded object holds it (the key then has the five strings alone).
+  std::string driver_library;
   // Anything else that decides the binary (e.g. a digest of the driver's
   // library). Names are prefixed with "device.extra." in the manifest.
   std::map<std::string, std::string> extra;
 };
 
-// Queries the five strings above from the driver.
+// Queries the five strings and the driver's library above.
 Expected<DeviceDescription> describe(cl_device_id device);
 
 struct Header {
@@ -89,7 +104,16 @@ struct ProgramSource {
 // group), in the given order. This is what is hashed.
 std::vector<std::string> split_options(std::string_view options);
 
-// The key of `program` built for a device described by `device`.
+// The headers on disk that building `program` can read: for each path an
+// #include can reach (see Headers above; a directive inside a conditional
+// counts too), the digest of its contents, or "absent". Empty when the
+// options name no include folder or file and no such path exists.
+// Errors: unavailable when an #include names its file through a macro, or
+// a header cannot be read.
+Expected<std::map<std::string, std::string>> disk_headers(const ProgramSource& program);
+
+// The key of `program` built for a device described by `device`. Reads the
+// headers on disk (disk_headers), and fails as it does.
 Expected<KeyInfo> program_key(const DeviceDescription& device, const ProgramSource& program);
 
 struct BuildResult {

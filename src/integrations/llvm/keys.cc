@@ -3,9 +3,6 @@
 // and the options), the module tags that stand for the IR (set_ir_digest)
 // or for the front end's input (set_frontend_key), and front-end keys and
 // the stage links they are found through (FrontendKeys).
-#include <dlfcn.h>
-#include <elf.h>
-#include <link.h>
 
 #include <cstring>
 #include <optional>
@@ -19,6 +16,7 @@
 
 #include "integrations/llvm/internal.h"
 #include "kcache/llvm.h"
+#include "util/object_id.h"
 #include "util/util.h"
 
 namespace kcache::llvm {
@@ -59,53 +57,6 @@ const char* reloc_model_name(::llvm::Reloc::Model m) {
       return "ropi-rwpi";
   }
   return "?";
-}
-
-// GNU build id of the loaded object whose code holds `addr`, as hex; empty
-// when it has none.
-std::string build_id_at(const void* addr) {
-  struct Ctx {
-    uintptr_t addr;
-    std::string id;
-  } ctx{reinterpret_cast<uintptr_t>(addr), {}};
-  dl_iterate_phdr(
-      [](dl_phdr_info* info, size_t, void* p) -> int {
-        auto* c = static_cast<Ctx*>(p);
-        bool holds = false;
-        for (int i = 0; i < info->dlpi_phnum; ++i) {
-          const auto& ph = info->dlpi_phdr[i];
-          uintptr_t lo = info->dlpi_addr + ph.p_vaddr;
-          if (ph.p_type == PT_LOAD && c->addr >= lo && c->addr < lo + ph.p_memsz) holds = true;
-        }
-        if (!holds) return 0;
-        for (int i = 0; i < info->dlpi_phnum; ++i) {
-          const auto& ph = info->dlpi_phdr[i];
-          if (ph.p_type != PT_NOTE) continue;
-          const char* p0 = reinterpret_cast<const char*>(info->dlpi_addr + ph.p_vaddr);
-          const char* end = p0 + ph.p_memsz;
-          while (p0 + sizeof(ElfW(Nhdr)) <= end) {
-            ElfW(Nhdr) n;
-            std::memcpy(&n, p0, sizeof n);
-            const char* name = p0 + sizeof n;
-            const char* desc = name + ((n.n_namesz + 3) & ~3u);
-            const char* next = desc + ((n.n_descsz + 3) & ~3u);
-            if (next > end) break;
-            if (n.n_type == NT_GNU_BUILD_ID && n.n_namesz == 4 && std::memcmp(name, "GNU", 4) == 0) {
-              static const char* hex = "0123456789abcdef";
-              for (unsigned k = 0; k < n.n_descsz; ++k) {
-                auto b = static_cast<uint8_t>(desc[k]);
-                c->id.push_back(hex[b >> 4]);
-                c->id.push_back(hex[b & 15]);
-              }
-              return 1;
-            }
-            p0 = next;
-          }
-        }
-        return 1;
-      },
-      &ctx);
-  return ctx.id;
 }
 
 // The label of a module's entries: the last path component of its
@@ -307,7 +258,7 @@ const std::string& llvm_identity() {
   static const std::string id = [] {
     // Taken through the GOT (the project builds PIC), so this is the
     // address inside whichever object holds LLVM: libLLVM or the executable.
-    std::string bid = build_id_at(reinterpret_cast<const void*>(&LLVMContextCreate));
+    std::string bid = util::build_id_at(reinterpret_cast<const void*>(&LLVMContextCreate));
     return std::string(LLVM_VERSION_STRING) + " " + (bid.empty() ? "no-build-id" : bid);
   }();
   return id;

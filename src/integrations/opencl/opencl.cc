@@ -5,8 +5,15 @@
 // miss never builds twice) and whose binary is stored.
 #include "kcache/opencl.h"
 
+#include <sys/stat.h>
+
+#include <cctype>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
 #include <mutex>
 
+#include "util/object_id.h"
 #include "util/util.h"
 
 namespace kcache::opencl {
@@ -78,6 +85,27 @@ cl_int device_info(void* o, cl_uint p, size_t n, void* v, size_t* r) {
   return clGetDeviceInfo(static_cast<cl_device_id>(o), p, n, v, r);
 }
 
+// The identity of the library that serves `platform` (see
+// DeviceDescription::driver_library), found once per platform.
+std::string driver_library(cl_platform_id platform) {
+  static std::mutex mu;
+  static std::map<cl_platform_id, std::string> known;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = known.find(platform);
+  if (it != known.end()) return it->second;
+  // ICD objects begin with their dispatch table's address; only where that
+  // table lies is used, never what it holds.
+  const void* table = nullptr;
+  std::memcpy(&table, static_cast<const void*>(platform), sizeof table);
+  std::string id = util::build_id_at(table);
+  if (id.empty()) {
+    std::string path = util::object_path_at(table);
+    auto bytes = path.empty() ? Expected<std::string>(Status(Errc::not_found, "")) : util::read_file(path);
+    if (bytes) id = "file:" + hash_bytes(*bytes).hex();
+  }
+  return known.emplace(platform, id).first->second;
+}
+
 std::string build_log(cl_program prog, cl_device_id dev) {
   size_t n = 0;
   if (clGetProgramBuildInfo(prog, dev, CL_PROGRAM_BUILD_LOG, 0, nullptr, &n) != CL_SUCCESS || n == 0) return {};
@@ -136,6 +164,7 @@ Expected<DeviceDescription> describe(cl_device_id device) {
   KCACHE_TRY(d.device_name, info_string(device_info, device, CL_DEVICE_NAME, "CL_DEVICE_NAME"));
   KCACHE_TRY(d.device_version, info_string(device_info, device, CL_DEVICE_VERSION, "CL_DEVICE_VERSION"));
   KCACHE_TRY(d.driver_version, info_string(device_info, device, CL_DRIVER_VERSION, "CL_DRIVER_VERSION"));
+  d.driver_library = driver_library(platform);
   return d;
 }
 
@@ -161,6 +190,198 @@ std::vector<std::string> split_options(std::string_view s) {
   return out;
 }
 
+namespace {
+
+std::string unquoted(std::string_view w) {
+  std::string out;
+  for (char c : w)
+    if (c != '"') out += c;
+  return out;
+}
+
+// Where the options send the compiler for headers: the folders of -I,
+// -isystem, -iquote and -idirafter, and the files of -include (either form:
+// "-I dir" or "-Idir").
+struct IncludeOptions {
+  std::vector<std::string> dirs, forced;
+};
+
+// Errors: unavailable for an option that changes the search in a way not
+// followed here (-iprefix, -isysroot, ...).
+Expected<IncludeOptions> include_options(const std::vector<std::string>& words) {
+  static constexpr std::string_view kDirFlags[] = {
+      "--include-directory=", "--include-directory", "-isystem", "-iquote", "-idirafter", "-I"};
+  static constexpr std::string_view kFileFlags[] = {"--include=", "--include", "-include", "-imacros"};
+  IncludeOptions io;
+  for (size_t i = 0; i < words.size(); ++i) {
+    std::string_view w = words[i];
+    auto take = [&](std::string_view flag, std::vector<std::string>& into) {
+      if (w.substr(0, flag.size()) != flag) return false;
+      if (w.size() > flag.size()) {
+        into.push_back(unquoted(w.substr(flag.size())));
+      } else if (i + 1 < words.size()) {
+        into.push_back(unquoted(words[++i]));
+      }
+      return true;
+    };
+    bool taken = false;
+    for (std::string_view f : kFileFlags)
+      if (!taken && take(f, io.forced)) taken = true;
+    for (std::string_view f : kDirFlags)
+      if (!taken && take(f, io.dirs)) taken = true;
+    if (!taken && (w.substr(0, 2) == "-i" || w.substr(0, 9) == "--include"))
+      return Status(Errc::unavailable, "the option " + std::string(w) + " changes where headers are found");
+  }
+  // Where clang also looks when the driver passes them on.
+  for (const char* var : {"CPATH", "C_INCLUDE_PATH"}) {
+    const char* v = std::getenv(var);
+    for (std::string_view rest = v ? v : ""; !rest.empty();) {
+      size_t colon = rest.find(':');
+      std::string_view dir = rest.substr(0, colon);
+      if (!dir.empty()) io.dirs.emplace_back(dir);
+      rest = colon == std::string_view::npos ? std::string_view() : rest.substr(colon + 1);
+    }
+  }
+  return io;
+}
+
+struct Directive {
+  std::string name;
+  bool quoted = false;
+};
+
+// The #include (#include_next, #import) directives of `text`: every `#`
+// or `%:` (a digraph) anywhere on a line that names one of them, whether or
+// not a conditional, a comment or a string leaves it out (more names than
+// the compiler reads, never fewer). Lines are spliced first; comments
+// between the parts are skipped. False when a directive cannot be read
+// without running the preprocessor: a file named through a macro, or a
+// trigraph that could make one (??= or ??/).
+bool include_directives(std::string_view raw, std::vector<Directive>* out) {
+  // ??= is # and ??/ is \ where trigraphs are on (-trigraphs).
+  if (raw.find("?"
+               "?=") != std::string_view::npos ||
+      raw.find("?"
+               "?/") != std::string_view::npos)
+    return false;
+  std::string text;
+  text.reserve(raw.size());
+  for (size_t k = 0; k < raw.size(); ++k) {
+    if (raw[k] == '\\' && k + 1 < raw.size() && raw[k + 1] == '\n') {
+      ++k;
+    } else if (raw[k] == '\\' && k + 2 < raw.size() && raw[k + 1] == '\r' && raw[k + 2] == '\n') {
+      k += 2;
+    } else {
+      text += raw[k];
+    }
+  }
+  std::string_view t = text;
+  // Past blanks and /* */ comments on the line; npos at its end, or inside
+  // a comment the line does not close.
+  auto skip = [&](size_t i) {
+    while (i < t.size() && t[i] != '\n') {
+      if (t[i] == ' ' || t[i] == '\t' || t[i] == '\r' || t[i] == '\f' || t[i] == '\v') {
+        ++i;
+      } else if (t.substr(i, 2) == "/*") {
+        size_t close = t.find("*/", i + 2);
+        size_t eol = t.find('\n', i);
+        if (close == std::string_view::npos || (eol != std::string_view::npos && close > eol))
+          return std::string_view::npos;
+        i = close + 2;
+      } else {
+        return i;
+      }
+    }
+    return std::string_view::npos;
+  };
+  for (size_t at = 0; at < t.size(); ++at) {
+    size_t i;
+    if (t[at] == '#') {
+      i = at + 1;
+    } else if (t.substr(at, 2) == "%:") {
+      i = at + 2;
+    } else {
+      continue;
+    }
+    i = skip(i);
+    if (i == std::string_view::npos) continue;
+    size_t word = i;
+    while (i < t.size() && (std::isalnum(static_cast<unsigned char>(t[i])) || t[i] == '_')) ++i;
+    std::string_view name = t.substr(word, i - word);
+    if (name != "include" && name != "include_next" && name != "import") continue;
+    i = skip(i);
+    char close = i == std::string_view::npos ? '\0' : t[i] == '<' ? '>' : t[i] == '"' ? '"' : '\0';
+    size_t end = close ? t.find(close, i + 1) : std::string_view::npos;
+    size_t eol = close ? t.find('\n', i) : std::string_view::npos;
+    if (end == std::string_view::npos || (eol != std::string_view::npos && end > eol)) return false;
+    out->push_back({std::string(t.substr(i + 1, end - i - 1)), close == '"'});
+    at = end;
+  }
+  return true;
+}
+
+std::string folder_of(const std::string& path) {
+  size_t slash = path.rfind('/');
+  return slash == std::string::npos ? std::string(".") : path.substr(0, slash);
+}
+
+}  // namespace
+
+Expected<std::map<std::string, std::string>> disk_headers(const ProgramSource& p) {
+  constexpr size_t kMaxFiles = 20000;
+  std::map<std::string, std::string> found;
+  KCACHE_TRY(IncludeOptions io, include_options(split_options(p.options)));
+  // Texts still to read for directives: the text, and its folder on disk
+  // ("" for the source and the named headers, which are in memory).
+  std::deque<std::pair<std::string, std::string>> todo;
+  todo.emplace_back(p.source, "");
+  for (const auto& h : p.headers) todo.emplace_back(h.contents, "");
+  std::vector<std::pair<std::string, bool>> names;  // forced includes first
+  for (const auto& f : io.forced) names.emplace_back(f, true);
+  bool first = true;
+  while (!todo.empty()) {
+    auto [text, folder] = std::move(todo.front());
+    todo.pop_front();
+    std::vector<Directive> ds;
+    if (!include_directives(text, &ds))
+      return Status(Errc::unavailable, "an #include that names its file through a macro, or a trigraph" +
+                                           (folder.empty() ? std::string() : " (in " + folder + ")"));
+    if (!first) names.clear();
+    first = false;
+    for (auto& d : ds) names.emplace_back(std::move(d.name), d.quoted);
+    for (const auto& [name, quoted] : names) {
+      std::vector<std::string> candidates;
+      if (!name.empty() && name[0] == '/') {
+        candidates.push_back(name);
+      } else {
+        if (quoted) candidates.push_back(folder.empty() ? name : folder + "/" + name);
+        for (const auto& d : io.dirs) candidates.push_back(d + "/" + name);
+      }
+      for (auto& c : candidates) {
+        if (found.count(c)) continue;
+        if (found.size() >= kMaxFiles)
+          return Status(Errc::unavailable, "more than " + std::to_string(kMaxFiles) + " header paths to look at");
+        struct stat st;
+        if (::stat(c.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) {
+          found.emplace(c, "absent");
+          continue;
+        }
+        auto body = util::read_file(c);
+        if (!body) return Status(Errc::unavailable, "cannot read " + c + ": " + body.error().message());
+        found.emplace(c, hash_bytes(*body).hex());
+        todo.emplace_back(std::move(*body), folder_of(c));
+      }
+    }
+  }
+  // A source that can read nothing from disk keys as it always has.
+  if (io.dirs.empty() && io.forced.empty()) {
+    bool any = false;
+    for (const auto& [path, digest] : found) any = any || digest != "absent";
+    if (!any) found.clear();
+  }
+  return found;
+}
+
 Expected<KeyInfo> program_key(const DeviceDescription& d, const ProgramSource& p) {
   std::map<std::string, std::string> headers;
   for (const auto& h : p.headers) {
@@ -174,9 +395,12 @@ Expected<KeyInfo> program_key(const DeviceDescription& d, const ProgramSource& p
       .add_string("device.name", d.device_name)
       .add_string("device.version", d.device_version)
       .add_string("device.driver_version", d.driver_version)
+      .add_string("device.driver_library", d.driver_library)
       .add_list("options", split_options(p.options))
       .add_bytes("source", p.source)
       .add_map("headers", headers);
+  KCACHE_TRY(auto on_disk, disk_headers(p));
+  if (!on_disk.empty()) kb.add_map("disk_headers", on_disk);
   for (const auto& [k, v] : d.extra) kb.add_string("device.extra." + k, v);
   for (const auto& [k, v] : p.extra_key) kb.add_string("extra." + k, v);
   return kb.finish();
@@ -245,7 +469,8 @@ struct ProgramCache::Impl {
   explicit Impl(Cache& c) : cache(c) {}
 
   // A source build whose binary replaces whatever is stored under `key`.
-  Expected<BuildResult> rebuild(cl_context ctx, cl_device_id dev, const ProgramSource& p, const KeyInfo& key) {
+  Expected<BuildResult> rebuild(cl_context ctx, cl_device_id dev, const DeviceDescription& d, const ProgramSource& p,
+                                const KeyInfo& key) {
     BuildResult r;
     r.key = key.key;
     r.fell_back = true;
@@ -257,20 +482,47 @@ struct ProgramCache::Impl {
       return st;
     }
     auto bin = program_binary(r.program);
-    if (bin && !bin->empty()) cache.put(key, {{"binary", std::move(*bin)}, {"log", r.log}}, util::now_mono_us() - t0);
+    auto after = program_key(d, p);  // as in build(): headers that moved
+    if (bin && !bin->empty() && after && after->key == key.key)
+      cache.put(key, {{"binary", std::move(*bin)}, {"log", r.log}}, util::now_mono_us() - t0);
+    return r;
+  }
+
+  // A source build that is not stored.
+  Expected<BuildResult> uncached(cl_context ctx, cl_device_id dev, const ProgramSource& p) {
+    BuildResult r;
+    source_builds.fetch_add(1, std::memory_order_relaxed);
+    Status st = build_from_source(ctx, dev, p, &r.program, &r.log);
+    if (!st.is_ok()) {
+      failed.fetch_add(1, std::memory_order_relaxed);
+      return st;
+    }
     return r;
   }
 
   Expected<BuildResult> build(cl_context ctx, cl_device_id dev, const DeviceDescription& d, const ProgramSource& p) {
-    KCACHE_TRY(KeyInfo key, program_key(d, p));
+    auto keyed = program_key(d, p);
+    if (!keyed && keyed.error().code() == Errc::unavailable) {
+      KCACHE_LOG(LogLevel::warn, "opencl: program built without the cache: %s", keyed.error().message().c_str());
+      return uncached(ctx, dev, p);
+    }
+    KCACHE_TRY(KeyInfo key, std::move(keyed));
     cl_program built = nullptr;
     std::string built_log;
+    bool headers_moved = false;
     auto compile = [&]() -> Expected<std::vector<Artifact>> {
       source_builds.fetch_add(1, std::memory_order_relaxed);
       Status st = build_from_source(ctx, dev, p, &built, &built_log);
       if (!st.is_ok()) {
         failed.fetch_add(1, std::memory_order_relaxed);
         return st;
+      }
+      // The headers on disk read again: one that changed during the build
+      // may be in the binary, which is then not what the key says.
+      auto after = program_key(d, p);
+      if (!after || after->key != key.key) {
+        headers_moved = true;
+        return Status(Errc::unavailable, "a header on disk changed during the build");
       }
       auto bin = program_binary(built);
       std::vector<Artifact> arts;
@@ -285,6 +537,15 @@ struct ProgramCache::Impl {
     };
     Source src = Source::compiled;
     auto e = cache.get_or_compile(key, compile, &src);
+    if (!e && headers_moved && built) {
+      KCACHE_LOG(LogLevel::warn, "opencl: program %s not stored: a header on disk changed during the build",
+                 key.key.hex().c_str());
+      BuildResult r;
+      r.key = key.key;
+      r.program = built;
+      r.log = std::move(built_log);
+      return r;
+    }
     if (!e) {
       if (built) clReleaseProgram(built);
       return std::move(e).error();
@@ -298,13 +559,13 @@ struct ProgramCache::Impl {
       return r;
     }
     auto bin = e->artifact("binary");
-    if (!bin) return rebuild(ctx, dev, p, key);
+    if (!bin) return rebuild(ctx, dev, d, p, key);
     auto loaded = load_binary(ctx, dev, *bin, p.options);
     if (!loaded) {
       refused.fetch_add(1, std::memory_order_relaxed);
       KCACHE_LOG(LogLevel::warn, "opencl: stored binary %s refused (%s); building from source", key.key.hex().c_str(),
                  loaded.error().message().c_str());
-      return rebuild(ctx, dev, p, key);
+      return rebuild(ctx, dev, d, p, key);
     }
     binary_loads.fetch_add(1, std::memory_order_relaxed);
     r.program = *loaded;

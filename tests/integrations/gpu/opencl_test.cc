@@ -5,13 +5,19 @@
 #include <gtest/gtest.h>
 
 #include <stdlib.h>
+#include <unistd.h>
 
+#include <cmath>
+#include <cstdio>
+#include <cstring>
 #include <memory>
 
 #include "kcache/cache.h"
 #include "kcache/opencl.h"
 #include "opencl_kernels.h"
 #include "test_util.h"
+#include "util/object_id.h"
+#include "util/util.h"
 
 namespace kcache {
 namespace {
@@ -103,6 +109,20 @@ TEST_F(OpenclTest, DescribeReadsTheDriverStrings) {
   EXPECT_FALSE(d->device_name.empty());
   EXPECT_NE(d->device_version.find("OpenCL"), std::string::npos) << d->device_version;
   EXPECT_FALSE(d->driver_version.empty());
+  // The driver's library, not the ICD loader's: found through the platform's
+  // dispatch table, the same for every call.
+  cl_platform_id platform = nullptr;
+  ASSERT_EQ(clGetDeviceInfo(device_, CL_DEVICE_PLATFORM, sizeof platform, &platform, nullptr), CL_SUCCESS);
+  const void* table = nullptr;
+  std::memcpy(&table, static_cast<const void*>(platform), sizeof table);
+  std::string lib = util::object_path_at(table);
+  EXPECT_FALSE(lib.empty());
+  EXPECT_EQ(lib.find("libOpenCL"), std::string::npos) << lib;
+  EXPECT_FALSE(d->driver_library.empty()) << lib;
+  std::string bid = util::build_id_at(table);
+  EXPECT_EQ(d->driver_library, bid.empty() ? d->driver_library : bid) << lib;
+  EXPECT_EQ(opencl::describe(device_)->driver_library, d->driver_library);
+  std::printf("driver library: %s (%s)\n", lib.c_str(), d->driver_library.c_str());
 }
 
 TEST_F(OpenclTest, ColdThenWarmBuildsRunAndMatchTheCpu) {
@@ -181,6 +201,13 @@ TEST_F(OpenclTest, DeviceOrDriverChangeIsAMiss) {
   EXPECT_EQ(
       manifest_diff(opencl::program_key(real, k.program)->manifest, opencl::program_key(newer, k.program)->manifest),
       std::vector<std::string>{"device.driver_version"});
+  // The driver rebuilt under the same version strings.
+  opencl::DeviceDescription rebuilt = real;
+  rebuilt.driver_library = "0123456789abcdef0123456789abcdef01234567";
+  EXPECT_EQ(build_and_check(pc, k, 1e-4, &rebuilt).source, Source::compiled);
+  EXPECT_EQ(
+      manifest_diff(opencl::program_key(real, k.program)->manifest, opencl::program_key(rebuilt, k.program)->manifest),
+      std::vector<std::string>{"device.driver_library"});
   opencl::DeviceDescription plat = real;
   plat.platform_version += " patched";
   EXPECT_NE(opencl::program_key(plat, k.program)->key, a.key);
@@ -245,6 +272,203 @@ TEST_F(OpenclTest, BuildErrorReturnsTheLogAndIsNotStored) {
   auto ok = pc.build(env_.ctx, device_, h);
   ASSERT_TRUE(ok.has_value()) << ok.error().to_string();
   clReleaseProgram(ok->program);
+}
+
+// x[0] = SCALE, built through `pc` and run; the value written, or NaN.
+float run_scale(const cl_kernels::Env& env, cl_program prog) {
+  cl_int e = CL_SUCCESS;
+  float out = std::nanf("");
+  cl_kernel k = clCreateKernel(prog, "k", &e);
+  if (e != CL_SUCCESS) return out;
+  cl_mem buf = clCreateBuffer(env.ctx, CL_MEM_WRITE_ONLY, sizeof(float), nullptr, &e);
+  size_t one = 1;
+  if (e == CL_SUCCESS && clSetKernelArg(k, 0, sizeof buf, &buf) == CL_SUCCESS &&
+      clEnqueueNDRangeKernel(env.queue, k, 1, nullptr, &one, nullptr, 0, nullptr, nullptr) == CL_SUCCESS)
+    clEnqueueReadBuffer(env.queue, buf, CL_TRUE, 0, sizeof out, &out, 0, nullptr, nullptr);
+  if (buf) clReleaseMemObject(buf);
+  clReleaseKernel(k);
+  return out;
+}
+
+struct Scaled {
+  float value = std::nanf("");
+  Source source = Source::compiled;
+  Key key;
+};
+
+Scaled build_scale(opencl::ProgramCache& pc, const cl_kernels::Env& env, cl_device_id dev,
+                   const opencl::ProgramSource& p) {
+  auto r = pc.build(env.ctx, dev, p);
+  EXPECT_TRUE(r.has_value()) << r.error().to_string();
+  if (!r) return {};
+  Scaled s{run_scale(env, r->program), r->source, r->key};
+  clReleaseProgram(r->program);
+  return s;
+}
+
+void write_text(const std::string& path, const std::string& text) {
+  ASSERT_TRUE(util::write_file_atomic(path, text).is_ok()) << path;
+}
+
+// The compiler reads headers from the folders -I names: their contents are
+// in the key, so an edited header is a miss that builds the new value, and
+// the unchanged one is a hit (PoCL's own cache is off in this suite).
+TEST_F(OpenclTest, HeaderOnDiskThroughIIsKeyedByItsContents) {
+  opencl::ProgramCache pc(*cache_);
+  TempDir inc;
+  write_text(inc.path() + "/scale.h", "#include \"inner.h\"\n#define SCALE (INNER * 2.0f)\n");
+  write_text(inc.path() + "/inner.h", "#define INNER 1.5f\n");
+  opencl::ProgramSource p;
+  p.source = "#include <scale.h>\n__kernel void k(__global float* x) { x[0] = SCALE; }\n";
+  p.options = "-I " + inc.path();
+  p.extra_key["case"] = "disk-header";
+  auto cold = build_scale(pc, env_, device_, p);
+  EXPECT_EQ(cold.value, 3.0f);
+  EXPECT_EQ(cold.source, Source::compiled);
+  auto warm = build_scale(pc, env_, device_, p);
+  EXPECT_EQ(warm.value, 3.0f);
+  EXPECT_NE(warm.source, Source::compiled);
+  EXPECT_EQ(warm.key, cold.key);
+  // A header the first one includes, edited: a miss, and the new value.
+  write_text(inc.path() + "/inner.h", "#define INNER 2.5f\n");
+  auto edited = build_scale(pc, env_, device_, p);
+  EXPECT_EQ(edited.source, Source::compiled);
+  EXPECT_NE(edited.key, cold.key);
+  EXPECT_EQ(edited.value, 5.0f);
+  // The same header through -I<dir> (no space) finds the same contents.
+  auto disk = opencl::disk_headers(p);
+  ASSERT_TRUE(disk.has_value()) << disk.error().to_string();
+  EXPECT_EQ(disk->at(inc.path() + "/inner.h"), hash_bytes("#define INNER 2.5f\n").hex());
+  p.options = "-I" + inc.path();
+  EXPECT_EQ(*opencl::disk_headers(p), *disk);
+}
+
+// A header put into an earlier -I folder shadows the one the build read:
+// the path it now reads was "absent" in the key, so this is a miss.
+TEST_F(OpenclTest, HeaderShadowedInAnEarlierFolderIsAMiss) {
+  opencl::ProgramCache pc(*cache_);
+  TempDir first, second;
+  write_text(second.path() + "/scale.h", "#define SCALE 4.0f\n");
+  opencl::ProgramSource p;
+  p.source = "#include \"scale.h\"\n__kernel void k(__global float* x) { x[0] = SCALE; }\n";
+  p.options = "-I " + first.path() + " -I " + second.path();
+  auto a = build_scale(pc, env_, device_, p);
+  EXPECT_EQ(a.value, 4.0f);
+  write_text(first.path() + "/scale.h", "#define SCALE 7.0f\n");
+  auto b = build_scale(pc, env_, device_, p);
+  EXPECT_EQ(b.source, Source::compiled);
+  EXPECT_EQ(b.value, 7.0f);
+}
+
+// An #include that names its file through a macro cannot be followed: the
+// program is built, correctly, without the cache.
+TEST_F(OpenclTest, IncludeThroughAMacroIsBuiltWithoutTheCache) {
+  opencl::ProgramCache pc(*cache_);
+  TempDir inc;
+  write_text(inc.path() + "/scale.h", "#define SCALE 6.0f\n");
+  opencl::ProgramSource p;
+  p.source = "#define HEADER \"scale.h\"\n#include HEADER\n__kernel void k(__global float* x) { x[0] = SCALE; }\n";
+  p.options = "-I " + inc.path();
+  EXPECT_EQ(opencl::disk_headers(p).error().code(), Errc::unavailable);
+  auto before = pc.stats().source_builds;
+  EXPECT_EQ(build_scale(pc, env_, device_, p).value, 6.0f);
+  write_text(inc.path() + "/scale.h", "#define SCALE 8.0f\n");
+  EXPECT_EQ(build_scale(pc, env_, device_, p).value, 8.0f);
+  EXPECT_EQ(pc.stats().source_builds, before + 2);
+}
+
+// Without include folders a program whose headers are all in memory keys as
+// it did before headers on disk were read (stored entries stay valid).
+TEST_F(OpenclTest, ProgramWithoutIncludeFoldersReadsNothingFromDisk) {
+  ClKernel k = by_name(*kernels_, "layer_norm_with_header");
+  auto disk = opencl::disk_headers(k.program);
+  ASSERT_TRUE(disk.has_value());
+  EXPECT_TRUE(disk->empty());
+  opencl::ProgramSource p;
+  p.options = "-DX=1 -cl-mad-enable";
+  p.source = "#include \"/nonexistent/kcache/h.h\"\n";
+  EXPECT_TRUE(opencl::disk_headers(p)->empty());
+}
+
+// PoCL finds a quoted #include of a source in memory in the working folder,
+// with no -I at all: that file is keyed too.
+TEST_F(OpenclTest, QuotedIncludeFoundInTheWorkingFolderIsKeyed) {
+  opencl::ProgramCache pc(*cache_);
+  TempDir cwd;
+  std::string old_cwd(4096, '\0');
+  ASSERT_NE(::getcwd(old_cwd.data(), old_cwd.size()), nullptr);
+  old_cwd.resize(std::strlen(old_cwd.c_str()));
+  ASSERT_EQ(::chdir(cwd.path().c_str()), 0);
+  write_text("here.h", "#define SCALE 9.0f\n");
+  opencl::ProgramSource p;
+  p.source = "#include \"here.h\"\n__kernel void k(__global float* x) { x[0] = SCALE; }\n";
+  auto a = build_scale(pc, env_, device_, p);
+  write_text("here.h", "#define SCALE 11.0f\n");
+  auto b = build_scale(pc, env_, device_, p);
+  ASSERT_EQ(::chdir(old_cwd.c_str()), 0);
+  EXPECT_EQ(a.value, 9.0f);
+  EXPECT_EQ(b.source, Source::compiled);
+  EXPECT_EQ(b.value, 11.0f);
+}
+
+// What disk_headers reads, without a device: every way a directive can be
+// written reaches the file; what cannot be followed is said.
+TEST(OpenclDiskHeaders, EveryFormOfTheDirectiveIsFollowed) {
+  TempDir inc;
+  for (const char* name : {"a.h", "b.h", "c.h", "d.h", "e.h", "f.h", "g.h", "forced.h"})
+    write_text(inc.path() + "/" + name, std::string("// ") + name + "\n");
+  opencl::ProgramSource p;
+  p.options = "-DX=1 -I" + inc.path() + " -include forced.h";
+  p.source =
+      "#include \"a.h\"\n"
+      "  #  include_next <b.h>\n"
+      "%:include \"c.h\"\n"
+      "#inc\\\nlude \"d.h\"\n"
+      "/* before */ #/* between */include/* and */\"e.h\"\n"
+      "#if 0\n#import <f.h>\n#endif\n"
+      "// a comment: #include \"g.h\"\n";
+  auto disk = opencl::disk_headers(p);
+  ASSERT_TRUE(disk.has_value()) << disk.error().to_string();
+  for (const char* name : {"a.h", "b.h", "c.h", "d.h", "e.h", "f.h", "g.h", "forced.h"})
+    EXPECT_EQ(disk->count(inc.path() + "/" + name), 1u) << name;
+  EXPECT_EQ(disk->at(inc.path() + "/a.h"), hash_bytes("// a.h\n").hex());
+  EXPECT_EQ(disk->at("a.h"), "absent");  // the working folder, where PoCL also looks
+}
+
+TEST(OpenclDiskHeaders, WhatCannotBeFollowedIsSaid) {
+  opencl::ProgramSource p;
+  p.options = "-I /nonexistent/kcache";
+  for (const char* src : {"#include HEADER\n", "#include \\\n  HEADER\n",
+                          "?"
+                          "?=include \"a.h\"\n",
+                          "#include /* open\n */ \"a.h\"\n"}) {
+    p.source = src;
+    auto disk = opencl::disk_headers(p);
+    ASSERT_FALSE(disk.has_value()) << src;
+    EXPECT_EQ(disk.error().code(), Errc::unavailable) << src;
+  }
+  p.source = "#include \"a.h\"\n";
+  p.options = "-iprefix /x/ -iwithprefix y";
+  EXPECT_EQ(opencl::disk_headers(p).error().code(), Errc::unavailable);
+  // Not a directive: nothing to follow, nothing refused.
+  p.options = "-cl-mad-enable";
+  p.source = "float x = a ? b : c; // #define N 1\n";
+  EXPECT_TRUE(opencl::disk_headers(p)->empty());
+}
+
+// A header on disk that includes another from its own folder (quoted),
+// which the options' folders do not hold: followed there.
+TEST(OpenclDiskHeaders, QuotedIncludeOfAHeaderOnDiskIsLookedForInItsFolder) {
+  TempDir a, b;
+  write_text(a.path() + "/top.h", "#include \"../" + std::string("b_link") + "/x.h\"\n#include \"near.h\"\n");
+  write_text(a.path() + "/near.h", "#define NEAR 1\n");
+  opencl::ProgramSource p;
+  p.options = "-I \"" + a.path() + "\"";
+  p.source = "#include <top.h>\n";
+  auto disk = opencl::disk_headers(p);
+  ASSERT_TRUE(disk.has_value()) << disk.error().to_string();
+  EXPECT_EQ(disk->at(a.path() + "/near.h"), hash_bytes("#define NEAR 1\n").hex());
+  EXPECT_EQ(disk->at(a.path() + "/../b_link/x.h"), "absent");
 }
 
 TEST_F(OpenclTest, SplitOptionsKeepsOrderAndQuotes) {
