@@ -7,10 +7,13 @@ path, and a host's release as numbers."""
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
+import json
 import os
 import sys
 import threading
 import time
+import types
 import uuid
 import weakref
 from typing import Callable, Dict, List, Optional, Tuple
@@ -295,6 +298,71 @@ def file_digest(path: str) -> Optional[bytes]:
     with _digests_lock:
         _digests[path] = (stamp, h.digest())
     return h.digest()
+
+
+_builds: Dict[str, str] = {}
+_builds_lock = threading.Lock()
+
+
+def dist_build(dist: str, module: Optional[types.ModuleType] = None) -> str:
+    """What identifies the installed build of distribution `dist` beyond its
+    version string (the version stays a component of its own): a package
+    rebuilt or reinstalled under the same version, a nightly, a patched
+    wheel, an editable checkout being worked on.
+
+    * Installed from a wheel: "record:" and a digest of its RECORD (every
+      file pip wrote, with its SHA-256), leaving out what differs between
+      installs of the same wheel: files outside the package's folders
+      (console scripts, whose first line names the venv's interpreter),
+      its .dist-info metadata and the __pycache__ files compiled at install.
+      The same wheel gives the same identity in any venv or image.
+    * Editable, or with no RECORD (a distribution's package): "tree:" and a
+      digest of the name, size and modification time of every file under
+      `module`'s folder (its source, its extension modules), read once per
+      process: an edit to the checkout is a miss, as the version string
+      would not be.
+    * Not installed (or no folder to read): "".
+    Remembered for the process."""
+    with _builds_lock:
+        if dist in _builds:
+            return _builds[dist]
+    ident = ""
+    try:
+        d = importlib.metadata.distribution(dist)
+        editable = False
+        direct = d.read_text("direct_url.json")
+        if direct:
+            editable = bool(json.loads(direct).get("dir_info", {}).get("editable"))
+        record = None if editable else d.read_text("RECORD")
+        if record:
+            kept = sorted(line for line in record.splitlines()
+                          if line and not line.startswith("../") and "__pycache__/" not in line
+                          and ".dist-info/" not in line.split(",", 1)[0])
+            ident = "record:" + hashlib.sha256("\n".join(kept).encode()).hexdigest()[:32]
+        elif module is not None and getattr(module, "__file__", None):
+            ident = "tree:" + _tree_digest(os.path.dirname(os.path.abspath(module.__file__)))
+    except importlib.metadata.PackageNotFoundError:
+        ident = ""
+    except Exception as e:  # never fails a host's import or compile
+        log("kcache", f"{dist}: its build is not identified ({type(e).__name__}: {e})")
+        ident = ""
+    with _builds_lock:
+        _builds[dist] = ident
+    return ident
+
+
+def _tree_digest(root: str) -> str:
+    h = hashlib.sha256()
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = sorted(x for x in dirs if x != "__pycache__")
+        for name in sorted(files):
+            p = os.path.join(folder, name)
+            try:
+                st = os.stat(p)
+            except OSError:
+                continue
+            h.update(f"{os.path.relpath(p, root)}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    return h.hexdigest()[:32]
 
 
 def write_file(path: str, data: bytes) -> bool:

@@ -60,7 +60,7 @@ from jax._src import config as _config
 from jax._src import distributed as _distributed
 from jax._src.compilation_cache_interface import CacheInterface
 
-from ._hostutil import Flights, ProcessCache, log
+from ._hostutil import Flights, ProcessCache, dist_build, log
 
 __all__ = ["KcacheCache", "cache", "enable", "enabled"]
 
@@ -89,6 +89,7 @@ _backend = threading.local()  # the platform of the compile this thread is in
 def _key(jax_key: str) -> kcache.Key:
     label = jax_key.rsplit("-", 1)[0] if "-" in jax_key else jax_key
     return kcache.key(_NAMESPACE, label=label, jax_key=jax_key, jax=jax.__version__, jaxlib=jaxlib.__version__,
+                      jax_build=dist_build("jax", jax), jaxlib_build=dist_build("jaxlib", jaxlib),
                       platform=getattr(_backend, "platform", ""),
                       platform_version=getattr(_backend, "version", ""))
 

@@ -11,9 +11,15 @@
 
 The key is the module's bitcode as MCJIT is about to compile it, the target
 machine (triple, CPU, features, optimisation level, relocation and code
-models) and the LLVM version llvmlite was built with. The object file is one
+models), the LLVM version llvmlite was built with, and llvmlite's version and
+build (_hostutil.dist_build). The object file is one
 artifact, "obj". Cache faults are misses; a hit whose object fails to load is
 LLVM's error, as with any object cache.
+
+A module that several threads or processes miss at once is compiled once:
+the first owns the key's flight from getbuffer() to notify(), the others
+wait and load its object. notify() stores the object in the disk tier
+before it returns.
 
 Thread-safety: one ObjectCache may serve several engines and threads.
 """
@@ -27,6 +33,8 @@ import llvmlite
 import llvmlite.binding as llvm
 
 import kcache
+
+from ._hostutil import Flights, dist_build, log
 
 __all__ = ["ObjectCache"]
 
@@ -73,6 +81,7 @@ class ObjectCache:
         }
         self._llvm = ".".join(str(v) for v in llvm.llvm_version_info)
         self._pending: Dict[int, kcache.Key] = {}
+        self._flights = Flights()
         self._lock = threading.Lock()
         self.hits = 0
         self.misses = 0
@@ -86,16 +95,26 @@ class ObjectCache:
     def key(self, module: "llvm.ModuleRef") -> kcache.Key:
         """The key of `module` (its bitcode) on this target."""
         return kcache.key(_NAMESPACE, bitcode=module.as_bitcode(), target=self._target, llvm=self._llvm,
-                          llvmlite=llvmlite.__version__)
+                          llvmlite=llvmlite.__version__, llvmlite_build=dist_build("llvmlite", llvmlite))
 
     def attach(self, engine: "llvm.ExecutionEngine") -> None:
         """Makes this the engine's object cache."""
         engine.set_object_cache(self.notify, self.getbuffer)
 
     def getbuffer(self, module: "llvm.ModuleRef") -> Optional[bytes]:
-        """llvmlite's getbuffer hook: the stored object file, or None."""
+        """llvmlite's getbuffer hook: the stored object file, or None.
+
+        On a miss this thread owns the key's flight until notify() stores
+        the object: another thread or process that misses the same module
+        meanwhile waits for it and loads it rather than compiling it too."""
+        # MCJIT compiles one module at a time on a thread, from getbuffer to
+        # notify: a flight still owned here is of a compile that never
+        # reached notify (LLVM gave up); it is given up, and a waiting
+        # process takes the key over.
+        for name in self._flights.names():
+            self._flights.abandon(name)
         k = self.key(module)
-        entry = self.cache.get(k)
+        entry = self._flights.begin(self.cache, k, "llvmlite", f"module {module.name}")
         if entry is not None and "obj" in entry:
             with self._lock:
                 self.hits += 1
@@ -108,9 +127,19 @@ class ObjectCache:
         return None
 
     def notify(self, module: "llvm.ModuleRef", buffer: bytes) -> None:
-        """llvmlite's notify hook: stores the compiled object file."""
+        """llvmlite's notify hook: stores the compiled object file (in the
+        disk tier before it returns, when this thread owns the flight)."""
         with self._lock:
             k = self._pending.pop(id(module), None)
         if k is None:
             k = self.key(module)
-        self.cache.put(k, {"obj": buffer})
+        flight = self._flights.pop(k.hex)
+        try:
+            if flight is not None:
+                flight.commit({"obj": bytes(buffer)})
+            else:
+                self.cache.put(k, {"obj": bytes(buffer)})
+        except Exception as e:  # the cache never fails a compile
+            log("llvmlite", f"module {module.name}: not stored: {e}")
+            if flight is not None and not flight.done:
+                flight.fail()

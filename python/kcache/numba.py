@@ -116,7 +116,7 @@ from numba.core.caching import _Cache
 from numba.core.errors import NumbaWarning
 from numba.core.serialize import dumps as _dumps
 
-from ._hostutil import Flights, ProcessCache, log
+from ._hostutil import Flights, ProcessCache, dist_build, log
 
 __all__ = ["FunctionCache", "cache", "code_key", "enable", "enabled"]
 
@@ -624,6 +624,8 @@ class FunctionCache(_Cache):
             options=self._options,
             settings=repr((str(_config.OPT), _config.BOUNDSCHECK, _config.DEBUGINFO_DEFAULT)),
             numba=numba.__version__, llvmlite=llvmlite.__version__, numpy=np.__version__,
+            numba_build=dist_build("numba", numba), llvmlite_build=dist_build("llvmlite", llvmlite),
+            numpy_build=dist_build("numpy", np),
             python="%d.%d%s" % (sys.version_info[0], sys.version_info[1], getattr(sys, "abiflags", "")))
 
     def _key_or_none(self, sig, codegen) -> Optional[kcache.Key]:

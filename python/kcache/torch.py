@@ -111,7 +111,7 @@ TORCH_VERSION = release(torch.__version__)
 if not (2, 14) <= TORCH_VERSION < (2, 16):
     raise ImportError(f"kcache.torch supports PyTorch 2.14 and 2.15; this is PyTorch {torch.__version__}")
 
-from ._hostutil import Flights, ProcessCache, file_digest, log, write_file  # noqa: E402
+from ._hostutil import Flights, ProcessCache, dist_build, file_digest, log, write_file  # noqa: E402
 
 __all__ = ["KcacheAOTAutogradCache", "KcacheFxGraphCache", "cache", "disable", "enable", "enabled"]
 
@@ -147,6 +147,16 @@ def _triton_version() -> str:
         return str(triton.__version__)
     except Exception:  # no Triton: CPU only
         return ""
+
+
+def _builds() -> Dict[str, str]:
+    """What identifies the torch and Triton builds beyond their versions
+    (_hostutil.dist_build)."""
+    try:
+        import triton
+    except Exception:  # no Triton: CPU only
+        triton = None
+    return {"torch_build": dist_build("torch", torch), "triton_build": dist_build("triton", triton)}
 
 
 def _cxx_version() -> str:
@@ -219,7 +229,8 @@ def _fx_key(fx_key: str) -> kcache.Key:
     if details is not None:
         debug_lines, label = details
         components = _fx_components(debug_lines)
-    components.update(fx_key=fx_key, torch=torch.__version__, triton=_triton_version(), cxx=_cxx_version())
+    components.update(fx_key=fx_key, torch=torch.__version__, triton=_triton_version(), cxx=_cxx_version(),
+                      **_builds())
     return kcache.key(_FX_NAMESPACE, label=label or fx_key[:12], **components)
 
 
@@ -296,7 +307,7 @@ class KcacheFxGraphCache(_KcacheRemoteCache):
 
 def _aot_key(aot_key: str) -> kcache.Key:
     return kcache.key(_AOT_NAMESPACE, label=f"AOTAutograd {aot_key[:12]}", aot_key=aot_key, torch=torch.__version__,
-                      triton=_triton_version(), cxx=_cxx_version())
+                      triton=_triton_version(), cxx=_cxx_version(), **_builds())
 
 
 class _AotBackend(RemoteCacheBackend):
@@ -386,7 +397,8 @@ def _cpp_key(builder: Any, root: str) -> kcache.Key:
     env = "\0".join(f"{v}={os.environ.get(v, '')}" for v in _CXX_ENV)
     return kcache.key(_CPP_NAMESPACE, label=os.path.basename(builder.get_target_file_path()),
                       sources=sources.digest(), command=builder.get_command_line().replace(root, "<cache>"),
-                      cxx=_cxx_version(), torch=torch.__version__, compiler_env=env)
+                      cxx=_cxx_version(), torch=torch.__version__, torch_build=dist_build("torch", torch),
+                      compiler_env=env)
 
 
 def _read_deps(depfile: str, cwd: str, root: str) -> Optional[List[str]]:

@@ -40,10 +40,11 @@ import uuid
 from typing import Any, Dict, Optional
 
 import kcache
+import warp
 import warp.config as _wconfig
 from warp._src import context as _context
 
-from ._hostutil import Flights, ProcessCache, log, write_file
+from ._hostutil import Flights, ProcessCache, dist_build, log, write_file
 
 __all__ = ["cache", "enable", "enabled"]
 
@@ -95,7 +96,7 @@ def _compile(self, device=None, output_dir=None, output_name=None, output_arch=N
         key = kcache.key(_NAMESPACE, label=str(self.name), module=str(self.name),
                          module_hash=bytes(self.get_module_hash(block_dim)), output=str(output_name),
                          block_dim=int(block_dim), arch="cpu" if output_arch is None else str(output_arch),
-                         warp=str(_wconfig.version))
+                         warp=str(_wconfig.version), warp_build=dist_build("warp-lang", warp))
         c = cache()
     except Exception as e:  # the cache never fails a build
         log("warp", f"module {self.name}: lookup failed: {e}")

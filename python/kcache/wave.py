@@ -105,7 +105,7 @@ WAVE_VERSION = _dist_version("wave-lang")
 if not WAVE_VERSION.startswith("3.9."):
     raise ImportError(f"kcache.wave supports wave-lang 3.9; this is wave-lang {WAVE_VERSION or 'unknown'}")
 
-from ._hostutil import Flights, ProcessCache, log, write_file  # noqa: E402
+from ._hostutil import Flights, ProcessCache, dist_build, log, write_file  # noqa: E402
 
 __all__ = ["KcacheWaveCacheManager", "cache", "disable", "enable", "enabled"]
 
@@ -307,6 +307,20 @@ _VERSIONS = {"wave": WAVE_VERSION, "iree_compiler": _iree_compiler_version(), "t
              "python": "%d.%d" % sys.version_info[:2]}
 
 
+def _versions() -> Dict[str, str]:
+    """The versions, and what identifies each build beyond its version
+    (_hostutil.dist_build: found at the first key, then remembered)."""
+    import wave_lang
+
+    try:
+        import iree.compiler as iree_compiler
+    except ImportError:  # pragma: no cover - wave-lang requires it
+        iree_compiler = None
+    return dict(_VERSIONS, wave_build=dist_build("wave-lang", wave_lang),
+                iree_compiler_build=dist_build("iree-base-compiler", iree_compiler),
+                torch_build=dist_build("torch", torch))
+
+
 def _component(v: Any) -> str:
     text = json.dumps(v, sort_keys=True)
     return text if len(text) <= 64 else "#" + hashlib.sha256(text.encode()).hexdigest()[:32]
@@ -324,7 +338,7 @@ def kernel_key(constraints: List[Any], kernel_fn: Callable, options: Any) -> kca
     comps["constraints"] = [_component(k.value(c)) for c in anon]
     comps["kernel"] = k.function(kernel_fn)
     comps["target"] = str(getattr(options, "target", ""))
-    comps.update(_VERSIONS)
+    comps.update(_versions())
     label = f"{getattr(kernel_fn, '__qualname__', 'kernel')} ({comps['target']})"
     return kcache.key(_NAMESPACE, label=label, **comps)
 

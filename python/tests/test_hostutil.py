@@ -102,3 +102,87 @@ def test_waiters_compile_at_once_once_the_owner_marks_the_key(tmp_path):
     assert not any(r[0] for r in rows)  # none took the flight
     # All began within a second of the release, not 2 s after one another.
     assert all(r[2] - released < 1.0 for r in rows), (released, rows)
+
+
+# What identifies an installed build beyond its version (dist_build), with
+# real pip installing a wheel offline.
+
+def _wheel(path, body, version="1.0"):
+    """A wheel of the distribution `kcdemo` (package kcdemo, a console
+    script), as a build backend would write it."""
+    import base64
+    import hashlib
+    import zipfile
+
+    files = {"kcdemo/__init__.py": body.encode(),
+             "kcdemo-%s.dist-info/METADATA" % version: f"Metadata-Version: 2.1\nName: kcdemo\nVersion: {version}\n".encode(),
+             "kcdemo-%s.dist-info/WHEEL" % version:
+                 b"Wheel-Version: 1.0\nGenerator: hand\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+             "kcdemo-%s.dist-info/entry_points.txt" % version: b"[console_scripts]\nkcdemo = kcdemo:main\n"}
+    record = []
+    for name, data in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        record.append(f"{name},sha256={digest},{len(data)}")
+    record.append("kcdemo-%s.dist-info/RECORD,," % version)
+    wheel = path / f"kcdemo-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as z:
+        for name, data in files.items():
+            z.writestr(name, data)
+        z.writestr("kcdemo-%s.dist-info/RECORD" % version, "\n".join(record) + "\n")
+    return wheel
+
+
+def _install(wheel, prefix):
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--prefix", str(prefix),
+                    str(wheel)], check=True, capture_output=True, text=True)
+    return next(prefix.glob("lib/python*/site-packages"))
+
+
+def _build_of(site):
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import kcdemo; from kcache import _hostutil as h; "
+            "print(h.dist_build('kcdemo', kcdemo))")
+    out = subprocess.run([sys.executable, "-c", code, str(site)], capture_output=True, text=True, check=True)
+    return out.stdout.strip()
+
+
+def test_the_same_wheel_at_two_paths_is_one_build_and_another_wheel_under_its_version_is_not(tmp_path):
+    wheel = _wheel(tmp_path, "def main():\n    return 1\n")
+    a = _build_of(_install(wheel, tmp_path / "a"))
+    b = _build_of(_install(wheel, tmp_path / "elsewhere" / "b"))
+    assert a.startswith("record:") and a == b
+    # What pip wrote that differs between installs (the console script's
+    # interpreter line, INSTALLER, compiled files) is left out: each is there.
+    site = next((tmp_path / "a").glob("lib/python*/site-packages"))
+    record = next(site.glob("kcdemo-1.0.dist-info/RECORD")).read_text()
+    assert "../../../bin/kcdemo," in record and "__pycache__/" in record and "INSTALLER" in record
+    # Rebuilt with other code under the same version: another build.
+    (tmp_path / "v2").mkdir()
+    other = _wheel(tmp_path / "v2", "def main():\n    return 2\n")
+    assert _build_of(_install(other, tmp_path / "c")) not in ("", a)
+
+
+def test_an_editable_checkout_is_identified_by_its_files(tmp_path):
+    src = tmp_path / "checkout"
+    (src / "kcdemo").mkdir(parents=True)
+    init = src / "kcdemo" / "__init__.py"
+    init.write_text("def main():\n    return 1\n")
+    # What `pip install -e` leaves in site-packages: a .pth naming the
+    # checkout, and metadata whose direct_url.json says editable.
+    site = tmp_path / "site"
+    info = site / "kcdemo-1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: kcdemo\nVersion: 1.0\n")
+    (info / "RECORD").write_text("__editable__.kcdemo-1.0.pth,,\nkcdemo-1.0.dist-info/RECORD,,\n")
+    (info / "direct_url.json").write_text('{"url": "file://%s", "dir_info": {"editable": true}}' % src)
+    (site / "__editable__.kcdemo-1.0.pth").write_text(str(src) + "\n")
+    code = ("import site, sys; site.addsitedir(sys.argv[1]); import kcdemo; from kcache import _hostutil as h; "
+            "print(h.dist_build('kcdemo', kcdemo))")
+
+    def build():
+        return subprocess.run([sys.executable, "-c", code, str(site)], capture_output=True, text=True,
+                              check=True).stdout.strip()
+
+    first = build()
+    assert first.startswith("tree:") and build() == first
+    init.write_text("def main():\n    return 20\n")  # edited, version unchanged
+    assert build() not in ("", first)

@@ -4,6 +4,7 @@ LLVM from llvmlite's wheel."""
 import ctypes
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -93,3 +94,61 @@ def test_warm_in_new_process(cache_dir):
 def test_bad_opt_raises():
     with pytest.raises(ValueError):
         ObjectCache(opt=7, cache=kcache.Cache(disk=False))
+
+
+def _big_ir(n=1500):
+    """A module that takes MCJIT about a second at opt=2 here: n functions
+    with a loop each, and `fib` to call."""
+    fns = [f"""
+define i64 @f{i}(i64 %n) {{
+entry:
+  br label %loop
+loop:
+  %i = phi i64 [ 0, %entry ], [ %next, %loop ]
+  %acc = phi i64 [ {i}, %entry ], [ %acc2, %loop ]
+  %m = mul i64 %acc, {i + 3}
+  %acc2 = xor i64 %m, %i
+  %next = add i64 %i, 1
+  %done = icmp sge i64 %next, %n
+  br i1 %done, label %exit, label %loop
+exit:
+  ret i64 %acc2
+}}""" for i in range(n)]
+    return IR + "\n".join(fns)
+
+
+_RACE = r"""
+import os, sys, time, kcache
+sys.path.insert(0, sys.argv[2])
+import test_llvmlite as t
+from kcache.llvmlite import ObjectCache
+ir = t._big_ir()
+c = kcache.Cache(sys.argv[1])
+objects = ObjectCache(opt=2, cache=c)
+while not os.path.exists(sys.argv[3]):
+    time.sleep(0.005)
+engine, fib = t._jit(objects, ir)
+print(fib(15), objects.hits, objects.misses, c.stats()["lease_waits"])
+"""
+
+
+def test_processes_started_together_compile_a_module_once(cache_dir, tmp_path):
+    """Four processes that miss the same module at once: one compiles it,
+    the others wait for its object and load it (each would compile it
+    without the key's flight: MCJIT takes about a second on this module)."""
+    import os
+    here = os.path.dirname(os.path.abspath(__file__))
+    go = tmp_path / "go"
+    procs = [subprocess.Popen([sys.executable, "-c", _RACE, cache_dir, here, str(go)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(4)]
+    time.sleep(3)  # all four imported and waiting
+    go.touch()
+    outs = []
+    for p in procs:
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err
+        outs.append([int(x) for x in out.split()])
+    assert all(o[0] == 610 for o in outs), outs
+    assert sum(o[2] for o in outs) == 1, outs  # one compile
+    assert sum(o[1] for o in outs) == 3, outs  # three loads
+    assert sum(o[3] for o in outs) >= 1, outs  # of which some waited for it
