@@ -214,7 +214,9 @@ Expected<IncludeOptions> include_options(const std::vector<std::string>& words) 
   static constexpr std::string_view kFileFlags[] = {"--include=", "--include", "-include", "-imacros"};
   IncludeOptions io;
   for (size_t i = 0; i < words.size(); ++i) {
-    std::string_view w = words[i];
+    // A word is matched without its quotes: "-I/a b" is -I with "/a b".
+    const std::string word = unquoted(words[i]);
+    std::string_view w = word;
     auto take = [&](std::string_view flag, std::vector<std::string>& into) {
       if (w.substr(0, flag.size()) != flag) return false;
       if (w.size() > flag.size()) {
@@ -224,11 +226,11 @@ Expected<IncludeOptions> include_options(const std::vector<std::string>& words) 
       }
       return true;
     };
-    bool taken = false;
-    for (std::string_view f : kFileFlags)
-      if (!taken && take(f, io.forced)) taken = true;
+    bool taken = false;  // folders first: --include-directory is not --include
     for (std::string_view f : kDirFlags)
       if (!taken && take(f, io.dirs)) taken = true;
+    for (std::string_view f : kFileFlags)
+      if (!taken && take(f, io.forced)) taken = true;
     if (!taken && (w.substr(0, 2) == "-i" || w.substr(0, 9) == "--include"))
       return Status(Errc::unavailable, "the option " + std::string(w) + " changes where headers are found");
   }

@@ -433,6 +433,11 @@ TEST(OpenclDiskHeaders, EveryFormOfTheDirectiveIsFollowed) {
     EXPECT_EQ(disk->count(inc.path() + "/" + name), 1u) << name;
   EXPECT_EQ(disk->at(inc.path() + "/a.h"), hash_bytes("// a.h\n").hex());
   EXPECT_EQ(disk->at("a.h"), "absent");  // the working folder, where PoCL also looks
+  // The same folder as a quoted word, and through the long option.
+  p.options = "\"-I" + inc.path() + "\" -include forced.h";
+  EXPECT_EQ(*opencl::disk_headers(p), *disk);
+  p.options = "--include-directory=" + inc.path() + " --include=forced.h";
+  EXPECT_EQ(*opencl::disk_headers(p), *disk);
 }
 
 TEST(OpenclDiskHeaders, WhatCannotBeFollowedIsSaid) {
