@@ -398,6 +398,60 @@ def test_misses_name_the_changed_triton_option(triton_env):
     assert "num_warps: 4 → 8" in r.stdout, r.stdout
 
 
+_GLOBAL_KERNEL = r"""
+import hashlib, json, os
+import triton, triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+SCALE = tl.constexpr(float(os.environ["SCALE"]))
+
+
+@triton.jit
+def scale_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=mask) * SCALE, mask=mask)
+
+
+try:  # Triton 3.1 on: arguments by name
+    src = ASTSource(scale_kernel, {"x_ptr": "*fp32", "out_ptr": "*fp32", "n": "i32", "BLOCK": "constexpr"},
+                    {"BLOCK": 128})
+except TypeError:  # Triton 3.0: by position
+    src = ASTSource(scale_kernel, {0: "*fp32", 1: "*fp32", 2: "i32"}, {3: 128})
+k = triton.compile(src, target=GPUTarget("cuda", 90, 32))
+print(json.dumps({"cubin": hashlib.sha256(k.asm["cubin"]).hexdigest(), "ptx": k.asm["ptx"]}))
+"""
+
+
+def test_a_changed_global_constexpr_misses(triton_env, tmp_path):
+    """A kernel that reads a module-level `SCALE: tl.constexpr`: a process
+    where SCALE is 3.0 compiles again rather than loading the kernel
+    compiled with 2.0 (Triton 3.0 to 3.2 leave such values out of their own
+    hash: with Triton's own cache the 3.0 process gets the 2.0 kernel), and
+    `kcache misses` names the value that changed."""
+    script = tmp_path / "scale_kernel.py"
+    script.write_text(_GLOBAL_KERNEL)
+
+    def run(scale):
+        r = subprocess.run([sys.executable, str(script)], env=triton_env.env(SCALE=scale), capture_output=True,
+                           text=True, timeout=240)
+        assert r.returncode == 0, r.stderr[-3000:]
+        return json.loads(r.stdout.strip().splitlines()[-1])
+
+    two = run("2.0")
+    three = run("3.0")
+    assert triton_env.ptxas_runs() == 2
+    assert three["cubin"] != two["cubin"]
+    assert "0f40400000" in three["ptx"]  # 3.0f, multiplied in
+    assert run("2.0")["cubin"] == two["cubin"] and triton_env.ptxas_runs() == 2  # a hit again
+    store = os.path.join(triton_env.base["TRITON_CACHE_DIR"], "kcache")
+    r = subprocess.run([_kcache_tool(), "misses", "--dir", store], capture_output=True, text=True, timeout=60,
+                       env={k: v for k, v in os.environ.items() if not k.startswith("KCACHE_")})
+    assert r.returncode == 0, r.stderr
+    assert "globals:" in r.stdout and "constexpr[3.0]" in r.stdout, r.stdout
+
+
 def _libdevice(env, **extra):
     # The libdevice path Triton's options hold in a process of this environment.
     code = ("from triton.backends.nvidia.compiler import CUDAOptions\n"

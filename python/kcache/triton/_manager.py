@@ -9,8 +9,10 @@ the lease go. The others wait inside get_group() and load the committed
 entry. Hits are handed to Triton as written-out files (._files).
 
 Each entry is labelled with the kernel's name and carries Triton's parsed
-options, the target, Triton's version and a digest of triton_key() as
-readable components, so `kcache misses` says which of them changed. A file
+options, the target, Triton's version, a digest of triton_key() and the
+values of the module-level names the kernel reads (which Triton 3.0 to 3.2
+leave out of their hash) as readable components, so `kcache misses` says
+which of them changed. A file
 an option names (libdevice, in extern_libs) counts by its base name and
 content, not its folder, so the key is the same wherever Triton is
 installed."""
@@ -129,6 +131,23 @@ def _portable(name: str, v):
     return v
 
 
+def _globals_text(used) -> str:
+    """The module-level values a kernel (and every JIT function it calls)
+    reads, as Triton recorded them while hashing it (JITFunction's
+    used_global_vals): [module, name, repr] sorted, as JSON. Triton 3.0 to
+    3.2 leave them out of their own hash, so a changed `SCALE:
+    tl.constexpr` would find the kernel compiled with the old value.
+    ValueError when a value's only text is its address."""
+    out = []
+    for (name, _), (val, var_dict) in used.items():
+        module = var_dict.get("__name__", "?") if isinstance(var_dict, dict) else "?"
+        text = repr(val)
+        if " at 0x" in text:
+            raise ValueError(f"the global {name} of {module} has no text but its address ({text})")
+        out.append([str(module), str(name), text])
+    return json.dumps(sorted(out))
+
+
 def _compile_frame():
     """Triton's compile frame on this thread's stack (the compile that
     called the manager, however many calls lie between), or None."""
@@ -174,6 +193,9 @@ def _compile_components() -> Tuple[Optional[str], Optional[dict]]:
             for k, v in options.__dict__.items():
                 if k not in comps and k not in ("label", "private"):
                     comps[k] = _readable(_portable(k, v))
+        used = getattr(getattr(src, "fn", None), "used_global_vals", None)
+        if used:
+            comps["globals"] = _globals_text(used)
         env_vars = loc.get("env_vars")
         if isinstance(env_vars, dict):
             for k, v in env_vars.items():
