@@ -24,7 +24,10 @@ entry's bytes, else written under a temporary name and renamed into place
 (re-written whenever it is missing or differs, so the files Warp loads are
 always those of a verified entry; a file that cannot be written makes the
 module build as if kcache were not there). A build runs in a folder of its
-own and its files are then written out the same way.
+own and its files are then written out the same way; the folder is removed
+when the build ends, however it ends. A process killed mid-build leaves its
+folder behind: a later build in the same kernel cache folder removes it once
+its process has ended (the rules are at _sweep).
 
 Plugged in by wrapping warp._src.context.Module._compile (the private method
 Module.load calls to build a module into the kernel cache, which reports
@@ -34,8 +37,12 @@ with strip_hash and autograd-access verification builds keep Warp's path.
 
 from __future__ import annotations
 
+import hashlib
 import os
+import re
 import shutil
+import threading
+import time
 import uuid
 from typing import Any, Dict, Optional
 
@@ -65,6 +72,97 @@ _originals: Dict[str, Any] = {}
 
 def _safe_name(name: str) -> bool:
     return bool(name) and "/" not in name and "\0" not in name and name not in (".", "..")
+
+
+# Build folders (see _compile) are named <module folder>_kcache_<ns>_p<pid>_<8
+# hex digits>, where <ns> names this machine's boot and the process's pid
+# namespace (absent where it cannot be read: not Linux); Warp's own build
+# folder for a build is that name followed by _p<pid>_t<thread>. One that
+# a process killed mid-build (SIGKILL, the OOM killer) leaves behind is
+# removed by a later build in the same kernel cache folder (_sweep) when:
+#  * its <ns> is this process's and no process has its pid: the pid is one of
+#    this namespace on this boot, so its builder has ended, whatever the
+#    folder's age (a reused pid keeps the folder, until the last rule);
+#  * no process here has its pid and it is older than STRAY_DEAD_AGE_S: a
+#    folder of another machine or container (a shared kernel cache folder),
+#    or one without <ns>, whose pid says nothing here; an hour is longer than
+#    any build leaves its folder unchanged;
+#  * it is older than STRAY_ANY_AGE_S, whatever its pid (one reused by a live
+#    process, or live in another namespace): no build takes a day.
+STRAY_DEAD_AGE_S = 3600.0
+STRAY_ANY_AGE_S = 86400.0
+SWEEP_INTERVAL_S = 600.0  # a process sweeps a kernel cache folder at most this often
+_SWEEP_MAX_REMOVED = 64
+_SWEEP_MAX_S = 0.2
+_STRAY = re.compile(r"\Awp_.+_[0-9a-f]{7}_kcache_(?:([0-9a-f]{12})_)?p([0-9]+)_[0-9a-f]{8}(?:_p[0-9]+_t[0-9]+)?\Z",
+                    re.S)
+_swept: Dict[str, float] = {}
+_swept_lock = threading.Lock()
+_ns: Optional[str] = None
+
+
+def _ns_tag() -> str:
+    """12 hex digits naming this boot of the machine and the process's pid
+    namespace, or "" where they cannot be read."""
+    global _ns
+    if _ns is None:
+        try:
+            with open("/proc/sys/kernel/random/boot_id", "rb") as f:
+                boot = f.read().strip()
+            st = os.stat("/proc/self/ns/pid")
+            _ns = hashlib.sha256(b"%s:%d:%d" % (boot, st.st_dev, st.st_ino)).hexdigest()[:12] if boot else ""
+        except (OSError, ValueError):
+            _ns = ""
+    return _ns
+
+
+def _pid_alive(pid: int) -> bool:
+    """Whether a process has this pid here (True when that cannot be told)."""
+    if os.name != "posix" or pid <= 0:
+        return True  # Windows' os.kill terminates
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (OSError, OverflowError):  # EPERM: another user's process
+        return True
+    return True
+
+
+def _sweep(folder: str) -> None:
+    """Removes the build folders in `folder` (a kernel cache folder) left by
+    processes that ended mid-build, by the rules above; at most once per
+    SWEEP_INTERVAL_S in a process, _SWEEP_MAX_REMOVED folders and about
+    _SWEEP_MAX_S; never raises, one log line at most."""
+    try:
+        start = time.monotonic()
+        with _swept_lock:
+            last = _swept.get(folder)
+            if last is not None and start - last < SWEEP_INTERVAL_S:
+                return
+            _swept[folder] = start
+        ns, me, now, removed = _ns_tag(), os.getpid(), time.time(), 0
+        with os.scandir(folder) as it:
+            for e in it:
+                if removed >= _SWEEP_MAX_REMOVED or time.monotonic() - start > _SWEEP_MAX_S:
+                    break
+                m = _STRAY.match(e.name)
+                if m is None or int(m.group(2)) == me:
+                    continue
+                try:
+                    if not e.is_dir(follow_symlinks=False):
+                        continue
+                    age = now - e.stat(follow_symlinks=False).st_mtime
+                except OSError:  # gone meanwhile
+                    continue
+                ended = not _pid_alive(int(m.group(2)))
+                if age > STRAY_ANY_AGE_S or (ended and ((ns and m.group(1) == ns) or age > STRAY_DEAD_AGE_S)):
+                    shutil.rmtree(e.path, ignore_errors=True)
+                    removed += 1
+        if removed:
+            log("warp", f"removed {removed} build folder(s) of ended processes from {folder}")
+    except Exception as e:  # cleaning up never fails a build
+        log("warp", f"build folders in {folder} not cleaned up: {e}")
 
 
 def _write_out(entry: kcache.Entry, output_dir: str, needed) -> bool:
@@ -108,7 +206,8 @@ def _compile(self, device=None, output_dir=None, output_name=None, output_arch=N
         return False
     del entry
     # Build into a folder of this process, then store and write out.
-    build_dir = f"{os.path.normpath(output_dir)}_kcache_p{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    ns = _ns_tag()
+    build_dir = f"{os.path.normpath(output_dir)}_kcache_{ns + '_' if ns else ''}p{os.getpid()}_{uuid.uuid4().hex[:8]}"
     try:
         orig(self, device, build_dir, output_name, output_arch, use_ptx, options)
         artifacts: Dict[str, bytes] = {}
@@ -120,8 +219,12 @@ def _compile(self, device=None, output_dir=None, output_name=None, output_arch=N
         if output_name not in artifacts or meta_name not in artifacts:
             raise FileNotFoundError(f"Warp did not build {output_name} and {meta_name}")
     except BaseException:
+        # Nothing stored: the flight ends unstored (a waiting process takes
+        # the build over) and the error goes on as Warp raised it. Warp
+        # leaves its own build folder when its build raises.
         _flights.abandon(key.hex)
         shutil.rmtree(build_dir, ignore_errors=True)
+        shutil.rmtree(f"{build_dir}_p{os.getpid()}_t{threading.get_ident()}", ignore_errors=True)
         raise
     flight = _flights.pop(key.hex)
     entry = None
@@ -133,6 +236,7 @@ def _compile(self, device=None, output_dir=None, output_name=None, output_arch=N
             flight.abandon()
     shutil.rmtree(build_dir, ignore_errors=True)
     del entry
+    _sweep(os.path.dirname(os.path.normpath(output_dir)))
     try:
         os.makedirs(output_dir, exist_ok=True)
         written = all(write_file(os.path.join(output_dir, n), data) for n, data in artifacts.items())

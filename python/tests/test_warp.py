@@ -2,9 +2,12 @@
 warp_worker.py built in real processes, Warp's CPU builds counted in each."""
 
 import glob
+import json
 import os
 import shutil
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -100,3 +103,101 @@ def test_processes_with_their_own_kernel_cache_folders_share_one_store(warp_env,
     # And a process with yet another folder loads every module.
     last = warp_env.run(N, WARP_KERNEL_CACHE=tmp_path / "elsewhere")
     assert last["results"] == RESULTS and last["compiles"] == 0
+
+
+def _build_folders(warp_env):
+    """kcache's build folders (and Warp's inside them) in the kernel cache
+    folder."""
+    pattern = os.path.join(warp_env.base["WARP_KERNEL_CACHE"], "*", "*_kcache_*")
+    return sorted(os.path.basename(p) for p in glob.glob(pattern))
+
+
+def _puts(stats):
+    return sum(t["stats"]["puts"] for t in stats["tiers"])
+
+
+def test_failed_build_is_not_stored_and_raises_warps_error(warp_env, tmp_path):
+    # Warp's headers missing: the C++ compile of every CPU build fails.
+    plain = warp_env.run(1, HOST_CACHE="warp", WARP_BROKEN_HEADERS=1, WARP_KERNEL_CACHE=tmp_path / "plain")
+    assert plain["error"].startswith("builtins.Exception: CPU kernel build failed")
+    broken = warp_env.run(1, WARP_BROKEN_HEADERS=1)
+    assert broken["error"] == plain["error"] and broken["results"] == [] and broken["compiles"] == 1
+    assert _puts(broken["stats"]) == 0
+    assert _build_folders(warp_env) == [], "a failed build left its folder"
+    # Fixed: the next process builds and stores, the one after loads it (even
+    # one with the broken install: nothing to compile).
+    fixed = warp_env.run(1)
+    assert "error" not in fixed and fixed["results"] == RESULTS[:1] and fixed["compiles"] == 1
+    assert _puts(fixed["stats"]) >= 1
+    for extra in ({}, {"WARP_BROKEN_HEADERS": 1}):
+        again = warp_env.run(1, **extra)
+        assert "error" not in again and again["results"] == RESULTS[:1] and again["compiles"] == 0
+        assert again["stats"]["hits"] == 1
+    assert _build_folders(warp_env) == []
+
+
+def test_failed_build_hands_the_flight_to_a_waiting_process(warp_env):
+    # The owner's build fails while another process waits for it; the owner
+    # then lives on, so only the abandoned flight can let the waiter build.
+    owner = warp_env.start(1, WARP_BROKEN_HEADERS=1, COMPILE_SLEEP=20, HOLD_AFTER_ERROR=120)
+    deadline = time.time() + 60
+    while warp_env.compiles() < 1:
+        assert owner.poll() is None and time.time() < deadline
+        time.sleep(0.05)
+    waiter = warp_env.start(1)
+    try:
+        res = warp_env.result(waiter, timeout=100)
+        assert owner.poll() is None, "the waiter built only once the owner had exited"
+    finally:
+        for p in (owner, waiter):
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+        out, _ = owner.communicate()
+    assert res["results"] == RESULTS[:1] and res["compiles"] == 1 and "error" not in res
+    assert res["stats"]["lease_waits"] + res["stats"]["waits"] >= 1, "the waiter never waited"
+    failed = json.loads(out.strip().splitlines()[-1])
+    assert failed["error"].startswith("builtins.Exception: CPU kernel build failed") and _puts(failed["stats"]) == 0
+    last = warp_env.run(1)
+    assert last["compiles"] == 0 and last["results"] == RESULTS[:1]
+    assert _build_folders(warp_env) == []
+
+
+def test_build_folders_of_ended_processes_are_removed(warp_env):
+    # A process SIGKILLed mid-build leaves its build folder.
+    killed = warp_env.start(1, COMPILE_SLEEP=120)
+    deadline = time.time() + 60
+    while warp_env.compiles() < 1:
+        assert killed.poll() is None and time.time() < deadline
+        time.sleep(0.05)
+    os.killpg(killed.pid, signal.SIGKILL)
+    killed.wait()
+    left = _build_folders(warp_env)
+    assert len(left) == 1 and f"_p{killed.pid}_" in left[0], left
+    folder = glob.glob(os.path.join(warp_env.base["WARP_KERNEL_CACHE"], "*"))[0]
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended.wait()
+    hour, day = 3600, 86400
+    # A pid of this machine's namespace with its builder gone (the killed
+    # folder) goes at once; one without the namespace, or of another, only
+    # after an hour with no such pid here, or a day whatever its pid.
+    planted = {
+        f"wp_a_1234567_kcache_p{ended.pid}_0000000a": (2 * hour, False),
+        f"wp_b_1234567_kcache_p{ended.pid}_0000000b_p{ended.pid}_t1": (2 * hour, False),
+        f"wp_c_1234567_kcache_p{ended.pid}_0000000c": (300, True),
+        f"wp_d_1234567_kcache_p{os.getpid()}_0000000d": (2 * hour, True),
+        f"wp_e_1234567_kcache_p{os.getpid()}_0000000e": (2 * day, False),
+        f"wp_f_1234567_kcache_0123456789ab_p{ended.pid}_0000000f": (300, True),
+        f"wp_g_1234567_p{ended.pid}_t1": (2 * day, True),  # Warp's own, not kcache's
+        "wp_h_1234567": (2 * day, True),
+    }
+    now = time.time()
+    for name, (age, _) in planted.items():
+        os.makedirs(os.path.join(folder, name, "sub"))
+        os.utime(os.path.join(folder, name), (now - age, now - age))
+    res = warp_env.run(1)  # builds (no entry: the killed process stored none)
+    assert res["results"] == RESULTS[:1] and res["compiles"] == 1
+    remaining = set(os.listdir(folder))
+    assert left[0] not in remaining, "the killed process's build folder is still there"
+    for name, (_, kept) in planted.items():
+        assert (name in remaining) == kept, name
+    assert _build_folders(warp_env) == sorted(n for n, (_, kept) in planted.items() if kept and "_kcache_" in n)

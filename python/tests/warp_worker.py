@@ -3,7 +3,13 @@ kcache.warp (or Warp's own kernel cache with HOST_CACHE=warp) and prints one
 JSON line: results, Warp's CPU builds in this process and the kcache
 statistics. Every build is appended to $COUNT_FILE first; with
 $COMPILE_SLEEP it then sleeps that long. The kernel cache folder is
-$WARP_KERNEL_CACHE."""
+$WARP_KERNEL_CACHE.
+
+With $WARP_BROKEN_HEADERS, Warp's compiler looks for Warp's headers in a
+folder that does not exist, as in a broken install: every CPU build fails
+at the C++ compile. A launch that raises ends the runs; the line then has
+"error" (the exception's type and message), and with $HOLD_AFTER_ERROR the
+process lives that many seconds more."""
 
 import json
 import os
@@ -36,6 +42,8 @@ if os.environ.get("HOST_CACHE") != "warp":
     import kcache.warp
     kcache.warp.enable()
 wp.init()
+if os.environ.get("WARP_BROKEN_HEADERS"):
+    wbuild.warp_home = os.path.join(os.environ["WARP_KERNEL_CACHE"], "no-warp-install")
 
 
 # One module each (module="unique"), as a program with several Python
@@ -71,9 +79,15 @@ def run(k):
     return float(a.numpy().sum())
 
 
-results = [run(k) for k in range(N)]
+results = []
+error = None
+try:
+    for k in range(N):
+        results.append(run(k))
+except Exception as e:
+    error = f"{type(e).__module__}.{type(e).__qualname__}: {e}"
 
-if os.environ.get("BENCH"):
+if os.environ.get("BENCH") and error is None:
     # Heavier modules for bench/python/hosts_bench.py.
     @wp.kernel(module="unique")
     def rotate(p: wp.array(dtype=wp.vec3), q: wp.quat, out: wp.array(dtype=wp.vec3)):
@@ -104,6 +118,10 @@ if os.environ.get("BENCH"):
     wp.launch(series, dim=4, inputs=[fa], device="cpu")
     results += [round(float(o3.numpy().sum()), 4), round(float(om.numpy().sum()), 3), round(float(fa.numpy().sum()), 4)]
 out = {"results": results, "compiles": compiles, "pid": os.getpid()}
+if error is not None:
+    out["error"] = error
 if os.environ.get("HOST_CACHE") != "warp":
     out["stats"] = kcache.warp.cache().stats()
-print(json.dumps(out))
+print(json.dumps(out), flush=True)
+if error is not None and os.environ.get("HOLD_AFTER_ERROR"):
+    time.sleep(float(os.environ["HOLD_AFTER_ERROR"]))
