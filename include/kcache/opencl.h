@@ -33,13 +33,18 @@
 // Headers. With headers the program is compiled with clCompileProgram
 // (headers passed as embedded header programs) and linked with
 // clLinkProgram (OpenCL 1.2). Headers the compiler can read from disk are in
-// the key by their contents (see disk_headers): every path an #include of
-// the source, of a named header or of a header found on disk can reach
-// through the options' -I, -isystem, -iquote and -idirafter folders, an
-// absolute path, the including header's own folder, or -include. A
-// program whose #include names its file through a macro is built without
-// the cache (one log line), and so is one whose headers on disk change
-// while it builds (the binary is returned, not stored).
+// the key by their contents (see disk_headers): every path an #include,
+// #embed or __has_include of the source, of a named header or of a header
+// found on disk can reach through the options' -I, -isystem, -iquote,
+// -idirafter and --include-directory folders, CPATH, C_INCLUDE_PATH and
+// CPLUS_INCLUDE_PATH, an absolute path, the including header's own folder,
+// the working folder, or -include, -imacros and --include. A program with
+// what cannot be followed without running the preprocessor (an #include
+// through a macro) or an option that moves the search otherwise
+// (-iprefix, -include-pch, -Xclang, @file, ...) is built without the
+// cache (one log line), and so is one whose headers on disk change while
+// it builds (the binary is returned, not stored). The driver's own default
+// folders are not looked at: they belong to the driver's identity.
 //
 // Thread-safety: a ProgramCache may be used from many threads; concurrent
 // builds of one program for one device build once (the Cache's
@@ -111,6 +116,12 @@ std::vector<std::string> split_options(std::string_view options);
 // Errors: unavailable when an #include names its file through a macro, or
 // a header cannot be read.
 Expected<std::map<std::string, std::string>> disk_headers(const ProgramSource& program);
+
+// The options the driver adds to every build from its environment, as
+// variable → value, those set: POCL_EXTRA_BUILD_FLAGS, AMD_OCL_BUILD_OPTIONS,
+// AMD_OCL_BUILD_OPTIONS_APPEND. In the key ("driver_env.<variable>"), and
+// their include options followed as the program's.
+std::map<std::string, std::string> driver_flags();
 
 // The key of `program` built for a device described by `device`. Reads the
 // headers on disk (disk_headers), and fails as it does.

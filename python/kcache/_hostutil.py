@@ -312,37 +312,46 @@ def dist_build(dist: str, module: Optional[types.ModuleType] = None) -> str:
 
     * Installed from a wheel: "record:" and a digest of its RECORD (every
       file pip wrote, with its SHA-256), leaving out what differs between
-      installs of the same wheel: files outside the package's folders
-      (console scripts, whose first line names the venv's interpreter),
-      its .dist-info metadata and the __pycache__ files compiled at install.
-      The same wheel gives the same identity in any venv or image.
-    * Editable, or with no RECORD (a distribution's package): "tree:" and a
-      digest of the name, size and modification time of every file under
-      `module`'s folder (its source, its extension modules), read once per
+      installs of the same wheel: console scripts (whose first line names
+      the venv's interpreter), its .dist-info metadata and the __pycache__
+      files compiled at install. The same wheel gives the same identity in
+      any venv or image.
+    * Editable, with no RECORD (a distribution's package), not installed
+      under that name (PyTorch's `pytorch-triton` for `triton`), or when
+      `module` is not the file the RECORD lists (a checkout on PYTHONPATH
+      shadowing the wheel): "tree:" and a digest of the name, size and
+      modification time of every file under `module`'s folder (its source,
+      its extension modules; linked folders followed), read once per
       process: an edit to the checkout is a miss, as the version string
       would not be.
-    * Not installed (or no folder to read): "".
+    * Nothing of the above to read: "".
     Remembered for the process."""
     with _builds_lock:
         if dist in _builds:
             return _builds[dist]
     ident = ""
     try:
-        d = importlib.metadata.distribution(dist)
-        editable = False
-        direct = d.read_text("direct_url.json")
-        if direct:
-            editable = bool(json.loads(direct).get("dir_info", {}).get("editable"))
-        record = None if editable else d.read_text("RECORD")
+        mod_file = getattr(module, "__file__", None) if module is not None else None
+        record = None
+        try:
+            d = importlib.metadata.distribution(dist)
+            direct = d.read_text("direct_url.json")
+            editable = bool(direct) and bool(json.loads(direct).get("dir_info", {}).get("editable"))
+            record = None if editable else d.read_text("RECORD")
+            if record and mod_file:
+                # The module imported must be the file this RECORD lists.
+                rel = os.path.relpath(os.path.realpath(mod_file), os.path.realpath(str(d.locate_file(""))))
+                if not any(line.split(",", 1)[0] == rel for line in record.splitlines()):
+                    record = None
+        except importlib.metadata.PackageNotFoundError:
+            record = None
         if record:
             kept = sorted(line for line in record.splitlines()
-                          if line and not line.startswith("../") and "__pycache__/" not in line
-                          and ".dist-info/" not in line.split(",", 1)[0])
+                          if line and "__pycache__/" not in line and ".dist-info/" not in line.split(",", 1)[0]
+                          and not (line.startswith("../") and "/bin/" in line.split(",", 1)[0]))
             ident = "record:" + hashlib.sha256("\n".join(kept).encode()).hexdigest()[:32]
-        elif module is not None and getattr(module, "__file__", None):
-            ident = "tree:" + _tree_digest(os.path.dirname(os.path.abspath(module.__file__)))
-    except importlib.metadata.PackageNotFoundError:
-        ident = ""
+        elif mod_file:
+            ident = "tree:" + _tree_digest(os.path.dirname(os.path.abspath(mod_file)))
     except Exception as e:  # never fails a host's import or compile
         log("kcache", f"{dist}: its build is not identified ({type(e).__name__}: {e})")
         ident = ""
@@ -353,7 +362,13 @@ def dist_build(dist: str, module: Optional[types.ModuleType] = None) -> str:
 
 def _tree_digest(root: str) -> str:
     h = hashlib.sha256()
-    for folder, dirs, files in os.walk(root):
+    seen = set()
+    for folder, dirs, files in os.walk(root, followlinks=True):
+        real = os.path.realpath(folder)
+        if real in seen:  # a link back up the tree
+            dirs[:] = []
+            continue
+        seen.add(real)
         dirs[:] = sorted(x for x in dirs if x != "__pycache__")
         for name in sorted(files):
             p = os.path.join(folder, name)

@@ -111,8 +111,13 @@ class ObjectCache:
         # notify: a flight still owned here is of a compile that never
         # reached notify (LLVM gave up); it is given up, and a waiting
         # process takes the key over.
-        for name in self._flights.names():
+        stale = self._flights.names()
+        for name in stale:
             self._flights.abandon(name)
+        if stale:
+            with self._lock:
+                for mid in [m for m, k in self._pending.items() if k.hex in stale]:
+                    del self._pending[mid]
         k = self.key(module)
         entry = self._flights.begin(self.cache, k, "llvmlite", f"module {module.name}")
         if entry is not None and "obj" in entry:

@@ -490,6 +490,10 @@ def _launch_info_json(info: Any) -> Dict[str, Any]:
             "grid_str": str(info.grid_str or ""), "grid": grid_tree(info.grid_str)}
 
 
+class _NoHsaco(OSError):
+    pass
+
+
 def _hsaco_of(vmfb: Optional[bytes], options) -> Optional[bytes]:
     """The HSACO this compile wrote into Wave's temporary binaries folder.
     The folder is one per process, shared by every thread's compile (Wave
@@ -615,7 +619,7 @@ class KcacheWaveCacheManager:
             if options.wave_runtime:
                 hsaco = _hsaco_of(vmfb, options)
                 if hsaco is None:
-                    raise OSError(f"no HSACO of this kernel in {_wcache.get_temp_binary_dir()}")
+                    raise _NoHsaco(f"no HSACO of this kernel in {_wcache.get_temp_binary_dir()}")
                 artifacts["hsaco"] = hsaco
                 d = self.base_dir / kernel_hash
                 os.makedirs(d, exist_ok=True)
@@ -624,7 +628,10 @@ class KcacheWaveCacheManager:
         except Exception as e:
             log("wave", f"kernel {label}: not stored ({type(e).__name__}: {e})")
             if flight is not None:
-                flight.abandon()
+                # A missing HSACO is this compile's bad luck (another thread
+                # emptied the folder): a waiting process compiles it again.
+                # Anything else would fail the same way there: compile locally.
+                flight.fail() if isinstance(e, _NoHsaco) else flight.abandon()
             return
         try:
             if flight is not None:

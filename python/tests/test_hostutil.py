@@ -138,10 +138,13 @@ def _install(wheel, prefix):
     return next(prefix.glob("lib/python*/site-packages"))
 
 
-def _build_of(site):
-    code = ("import sys; sys.path.insert(0, sys.argv[1]); import kcdemo; from kcache import _hostutil as h; "
-            "print(h.dist_build('kcdemo', kcdemo))")
-    out = subprocess.run([sys.executable, "-c", code, str(site)], capture_output=True, text=True, check=True)
+def _build_of(site, *first, dist="kcdemo"):
+    """dist_build of `dist` for the kcdemo package imported with `site` on
+    the path (after the folders `first`)."""
+    code = ("import sys; sys.path[:0] = sys.argv[2:] + [sys.argv[1]]; import kcdemo; "
+            "from kcache import _hostutil as h; print(h.dist_build(%r, kcdemo))" % dist)
+    out = subprocess.run([sys.executable, "-c", code, str(site), *map(str, first)], capture_output=True, text=True,
+                         check=True)
     return out.stdout.strip()
 
 
@@ -159,6 +162,15 @@ def test_the_same_wheel_at_two_paths_is_one_build_and_another_wheel_under_its_ve
     (tmp_path / "v2").mkdir()
     other = _wheel(tmp_path / "v2", "def main():\n    return 2\n")
     assert _build_of(_install(other, tmp_path / "c")) not in ("", a)
+    # A checkout on the path before the wheel is what is imported: its
+    # files, not the wheel's RECORD, identify the build.
+    (tmp_path / "checkout" / "kcdemo").mkdir(parents=True)
+    (tmp_path / "checkout" / "kcdemo" / "__init__.py").write_text("def main():\n    return 3\n")
+    shadowed = _build_of(site, tmp_path / "checkout")
+    assert shadowed.startswith("tree:")
+    # A package whose distribution has another name than the one asked for
+    # (PyTorch's pytorch-triton for triton) is identified by its files too.
+    assert _build_of(site, dist="kcdemo-renamed").startswith("tree:")
 
 
 def test_an_editable_checkout_is_identified_by_its_files(tmp_path):

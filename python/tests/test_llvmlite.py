@@ -125,6 +125,7 @@ from kcache.llvmlite import ObjectCache
 ir = t._big_ir()
 c = kcache.Cache(sys.argv[1])
 objects = ObjectCache(opt=2, cache=c)
+open(sys.argv[4], "w").close()  # ready
 while not os.path.exists(sys.argv[3]):
     time.sleep(0.005)
 engine, fib = t._jit(objects, ir)
@@ -139,9 +140,13 @@ def test_processes_started_together_compile_a_module_once(cache_dir, tmp_path):
     import os
     here = os.path.dirname(os.path.abspath(__file__))
     go = tmp_path / "go"
-    procs = [subprocess.Popen([sys.executable, "-c", _RACE, cache_dir, here, str(go)], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for _ in range(4)]
-    time.sleep(3)  # all four imported and waiting
+    ready = [tmp_path / f"ready{i}" for i in range(4)]
+    procs = [subprocess.Popen([sys.executable, "-c", _RACE, cache_dir, here, str(go), str(r)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for r in ready]
+    deadline = time.time() + 120
+    while not all(r.exists() for r in ready):  # all four imported and waiting
+        assert time.time() < deadline and all(p.poll() is None for p in procs)
+        time.sleep(0.05)
     go.touch()
     outs = []
     for p in procs:

@@ -427,8 +427,8 @@ print(json.dumps({"cubin": hashlib.sha256(k.asm["cubin"]).hexdigest(), "ptx": k.
 def test_a_changed_global_constexpr_misses(triton_env, tmp_path):
     """A kernel that reads a module-level `SCALE: tl.constexpr`: a process
     where SCALE is 3.0 compiles again rather than loading the kernel
-    compiled with 2.0 (Triton 3.0 to 3.2 leave such values out of their own
-    hash: with Triton's own cache the 3.0 process gets the 2.0 kernel), and
+    compiled with 2.0 (Triton 3.0 leaves such values out of its own hash:
+    with Triton's own cache the 3.0 process gets the 2.0 kernel), and
     `kcache misses` names the value that changed."""
     script = tmp_path / "scale_kernel.py"
     script.write_text(_GLOBAL_KERNEL)

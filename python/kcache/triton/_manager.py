@@ -10,8 +10,8 @@ entry. Hits are handed to Triton as written-out files (._files).
 
 Each entry is labelled with the kernel's name and carries Triton's parsed
 options, the target, Triton's version, a digest of triton_key() and the
-values of the module-level names the kernel reads (which Triton 3.0 to 3.2
-leave out of their hash) as readable components, so `kcache misses` says
+values of the module-level names the kernel reads (which Triton 3.0 leaves
+out of its hash) as readable components, so `kcache misses` says
 which of them changed. A file
 an option names (libdevice, in extern_libs) counts by its base name and
 content, not its folder, so the key is the same wherever Triton is
@@ -131,20 +131,57 @@ def _portable(name: str, v):
     return v
 
 
-def _globals_text(used) -> str:
+def _value_text(v) -> str:
+    """A global's value as text that is the same in every process for the
+    same value: sets sorted; ValueError for a value whose text is not all of
+    it (an address, an array's repr shortened with "...")."""
+    inner = getattr(v, "value", v) if type(v).__name__ == "constexpr" else v
+    if isinstance(inner, (set, frozenset)):
+        text = "%s{%s}" % (type(inner).__name__, ", ".join(sorted(_value_text(x) for x in inner)))
+        return f"constexpr[{text}]" if inner is not v else text
+    text = repr(v)
+    if " at 0x" in text or "..." in text:
+        raise ValueError(f"its text is not all of its value ({text[:80]})")
+    return text
+
+
+_hashes_globals: Optional[bool] = None
+
+
+def _triton_hashes_globals() -> bool:
+    """Whether this Triton's own kernel hash holds the values of the
+    constexpr globals a kernel reads (JITFunction.cache_key, as read from
+    its source: later releases do, 3.0 does not)."""
+    global _hashes_globals
+    if _hashes_globals is None:
+        try:
+            import inspect
+
+            from triton.runtime.jit import JITFunction
+
+            _hashes_globals = "constexpr_globals" in inspect.getsource(JITFunction.cache_key.fget)
+        except Exception:
+            _hashes_globals = False
+    return _hashes_globals
+
+
+def _globals_text(used) -> Optional[str]:
     """The module-level values a kernel (and every JIT function it calls)
     reads, as Triton recorded them while hashing it (JITFunction's
-    used_global_vals): [module, name, repr] sorted, as JSON. Triton 3.0 to
-    3.2 leave them out of their own hash, so a changed `SCALE:
-    tl.constexpr` would find the kernel compiled with the old value.
-    ValueError when a value's only text is its address."""
+    used_global_vals): [module, name, text] sorted, as JSON. Triton
+    releases whose own hash leaves them out (3.0 among those supported)
+    would find a kernel compiled with an old value of a changed `SCALE:
+    tl.constexpr`. ValueError when a value has no faithful text; None
+    instead where Triton's own hash holds them (its hash is in the key)."""
     out = []
     for (name, _), (val, var_dict) in used.items():
         module = var_dict.get("__name__", "?") if isinstance(var_dict, dict) else "?"
-        text = repr(val)
-        if " at 0x" in text:
-            raise ValueError(f"the global {name} of {module} has no text but its address ({text})")
-        out.append([str(module), str(name), text])
+        try:
+            out.append([str(module), str(name), _value_text(val)])
+        except ValueError as e:
+            if _triton_hashes_globals():
+                return None
+            raise ValueError(f"the global {name} of {module}: {e}") from None
     return json.dumps(sorted(out))
 
 
@@ -194,8 +231,9 @@ def _compile_components() -> Tuple[Optional[str], Optional[dict]]:
                 if k not in comps and k not in ("label", "private"):
                     comps[k] = _readable(_portable(k, v))
         used = getattr(getattr(src, "fn", None), "used_global_vals", None)
-        if used:
-            comps["globals"] = _globals_text(used)
+        text = _globals_text(used) if used else None
+        if text is not None:
+            comps["globals"] = text
         env_vars = loc.get("env_vars")
         if isinstance(env_vars, dict):
             for k, v in env_vars.items():

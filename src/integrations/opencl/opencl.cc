@@ -95,6 +95,7 @@ std::string driver_library(cl_platform_id platform) {
   if (it != known.end()) return it->second;
   // ICD objects begin with their dispatch table's address; only where that
   // table lies is used, never what it holds.
+  if (platform == nullptr) return {};
   const void* table = nullptr;
   std::memcpy(&table, static_cast<const void*>(platform), sizeof table);
   std::string id = util::build_id_at(table);
@@ -200,42 +201,61 @@ std::string unquoted(std::string_view w) {
 }
 
 // Where the options send the compiler for headers: the folders of -I,
-// -isystem, -iquote and -idirafter, and the files of -include (either form:
-// "-I dir" or "-Idir").
+// -isystem, -iquote, -idirafter and --include-directory, and the files of
+// -include, -imacros and --include.
 struct IncludeOptions {
   std::vector<std::string> dirs, forced;
 };
 
-// Errors: unavailable for an option that changes the search in a way not
-// followed here (-iprefix, -isysroot, ...).
+// Each option by its exact name: its value in the next word, or joined
+// where the name cannot begin another option (-Idir, --include-directory=
+// dir, --include=file). Errors: unavailable for any other option that can
+// change where headers are found or what is read (-iprefix, -isysroot,
+// -include-pch, --include-directory-after, -I=dir, -I-, -Xclang,
+// -Xpreprocessor, -Wp,..., @file), rather than a guess at what it does.
 Expected<IncludeOptions> include_options(const std::vector<std::string>& words) {
-  static constexpr std::string_view kDirFlags[] = {
-      "--include-directory=", "--include-directory", "-isystem", "-iquote", "-idirafter", "-I"};
-  static constexpr std::string_view kFileFlags[] = {"--include=", "--include", "-include", "-imacros"};
+  static constexpr std::string_view kDirs[] = {"-I", "-isystem", "-iquote", "-idirafter", "--include-directory"};
+  static constexpr std::string_view kFiles[] = {"-include", "-imacros", "--include"};
   IncludeOptions io;
   for (size_t i = 0; i < words.size(); ++i) {
     // A word is matched without its quotes: "-I/a b" is -I with "/a b".
     const std::string word = unquoted(words[i]);
     std::string_view w = word;
-    auto take = [&](std::string_view flag, std::vector<std::string>& into) {
-      if (w.substr(0, flag.size()) != flag) return false;
-      if (w.size() > flag.size()) {
-        into.push_back(unquoted(w.substr(flag.size())));
-      } else if (i + 1 < words.size()) {
-        into.push_back(unquoted(words[++i]));
-      }
+    auto next = [&](std::vector<std::string>& into) {
+      if (i + 1 >= words.size()) return false;
+      into.push_back(unquoted(words[++i]));
       return true;
     };
-    bool taken = false;  // folders first: --include-directory is not --include
-    for (std::string_view f : kDirFlags)
-      if (!taken && take(f, io.dirs)) taken = true;
-    for (std::string_view f : kFileFlags)
-      if (!taken && take(f, io.forced)) taken = true;
-    if (!taken && (w.substr(0, 2) == "-i" || w.substr(0, 9) == "--include"))
-      return Status(Errc::unavailable, "the option " + std::string(w) + " changes where headers are found");
+    auto refuse = [&] {
+      return Status(Errc::unavailable, "the option " + word + " can change where headers are found");
+    };
+    bool taken = false;
+    for (std::string_view f : kDirs)
+      if (!taken && w == f) {
+        if (!next(io.dirs)) return refuse();
+        taken = true;
+      }
+    for (std::string_view f : kFiles)
+      if (!taken && w == f) {
+        if (!next(io.forced)) return refuse();
+        taken = true;
+      }
+    if (taken) continue;
+    if (w.substr(0, 2) == "-I") {
+      std::string_view dir = w.substr(2);
+      if (dir == "-" || dir.substr(0, 1) == "=" || dir.substr(0, 1) == "$") return refuse();
+      io.dirs.emplace_back(dir);
+    } else if (w.substr(0, 20) == "--include-directory=") {
+      io.dirs.emplace_back(w.substr(20));
+    } else if (w.substr(0, 10) == "--include=") {
+      io.forced.emplace_back(w.substr(10));
+    } else if (w.substr(0, 2) == "-i" || w.substr(0, 9) == "--include" || w.substr(0, 2) == "-X" ||
+               w.substr(0, 4) == "-Wp," || w.substr(0, 1) == "@" || w == "-nostdinc" || w.substr(0, 9) == "--sysroot") {
+      return refuse();
+    }
   }
   // Where clang also looks when the driver passes them on.
-  for (const char* var : {"CPATH", "C_INCLUDE_PATH"}) {
+  for (const char* var : {"CPATH", "C_INCLUDE_PATH", "CPLUS_INCLUDE_PATH"}) {
     const char* v = std::getenv(var);
     for (std::string_view rest = v ? v : ""; !rest.empty();) {
       size_t colon = rest.find(':');
@@ -252,13 +272,15 @@ struct Directive {
   bool quoted = false;
 };
 
-// The #include (#include_next, #import) directives of `text`: every `#`
-// or `%:` (a digraph) anywhere on a line that names one of them, whether or
-// not a conditional, a comment or a string leaves it out (more names than
-// the compiler reads, never fewer). Lines are spliced first; comments
-// between the parts are skipped. False when a directive cannot be read
-// without running the preprocessor: a file named through a macro, or a
-// trigraph that could make one (??= or ??/).
+// The files `text` can make the preprocessor read or look for: every
+// #include, #include_next, #import and #embed (after a `#` or `%:`, a
+// digraph, anywhere on a line) and every __has_include, __has_include_next
+// and __has_embed, whether or not a conditional, a comment or a string
+// leaves it out (more names than the compiler reads, never fewer). Lines
+// are spliced first; comments between the parts are skipped. False when a
+// name cannot be read without running the preprocessor: a file named
+// through a macro, a comment that runs past the line inside a directive,
+// or a trigraph that could make one (??= or ??/).
 bool include_directives(std::string_view raw, std::vector<Directive>* out) {
   // ??= is # and ??/ is \ where trigraphs are on (-trigraphs).
   if (raw.find("?"
@@ -278,8 +300,9 @@ bool include_directives(std::string_view raw, std::vector<Directive>* out) {
     }
   }
   std::string_view t = text;
-  // Past blanks and /* */ comments on the line; npos at its end, or inside
-  // a comment the line does not close.
+  constexpr size_t kEnd = std::string_view::npos;  // the line ends
+  constexpr size_t kOpen = kEnd - 1;               // a comment runs past the line
+  // Past blanks and /* */ comments on the line.
   auto skip = [&](size_t i) {
     while (i < t.size() && t[i] != '\n') {
       if (t[i] == ' ' || t[i] == '\t' || t[i] == '\r' || t[i] == '\f' || t[i] == '\v') {
@@ -287,17 +310,42 @@ bool include_directives(std::string_view raw, std::vector<Directive>* out) {
       } else if (t.substr(i, 2) == "/*") {
         size_t close = t.find("*/", i + 2);
         size_t eol = t.find('\n', i);
-        if (close == std::string_view::npos || (eol != std::string_view::npos && close > eol))
-          return std::string_view::npos;
+        if (close == kEnd || (eol != kEnd && close > eol)) return kOpen;
         i = close + 2;
       } else {
         return i;
       }
     }
-    return std::string_view::npos;
+    return kEnd;
+  };
+  auto ident_char = [&](size_t i) {
+    return i < t.size() && (std::isalnum(static_cast<unsigned char>(t[i])) || t[i] == '_');
+  };
+  // The <name> or "name" at i (false when there is none on the line).
+  auto name_at = [&](size_t i, size_t* end) {
+    if (i >= t.size() || (t[i] != '<' && t[i] != '"')) return false;
+    char close = t[i] == '<' ? '>' : '"';
+    *end = t.find(close, i + 1);
+    size_t eol = t.find('\n', i);
+    if (*end == kEnd || (eol != kEnd && *end > eol)) return false;
+    out->push_back({std::string(t.substr(i + 1, *end - i - 1)), close == '"'});
+    return true;
   };
   for (size_t at = 0; at < t.size(); ++at) {
-    size_t i;
+    size_t i, end = 0;
+    if (t[at] == '_' && !(at > 0 && ident_char(at - 1)) &&
+        (t.substr(at, 13) == "__has_include" || t.substr(at, 11) == "__has_embed")) {
+      i = at;
+      while (ident_char(i)) ++i;
+      std::string_view name = t.substr(at, i - at);
+      if (name != "__has_include" && name != "__has_include_next" && name != "__has_embed") continue;
+      i = skip(i);
+      if (i >= kOpen || t[i] != '(') return false;
+      i = skip(i + 1);
+      if (i >= kOpen || !name_at(i, &end)) return false;
+      at = end;
+      continue;
+    }
     if (t[at] == '#') {
       i = at + 1;
     } else if (t.substr(at, 2) == "%:") {
@@ -306,21 +354,32 @@ bool include_directives(std::string_view raw, std::vector<Directive>* out) {
       continue;
     }
     i = skip(i);
-    if (i == std::string_view::npos) continue;
+    if (i == kOpen) return false;
+    if (i == kEnd) continue;
     size_t word = i;
-    while (i < t.size() && (std::isalnum(static_cast<unsigned char>(t[i])) || t[i] == '_')) ++i;
+    while (ident_char(i)) ++i;
     std::string_view name = t.substr(word, i - word);
-    if (name != "include" && name != "include_next" && name != "import") continue;
+    if (name != "include" && name != "include_next" && name != "import" && name != "embed") continue;
     i = skip(i);
-    char close = i == std::string_view::npos ? '\0' : t[i] == '<' ? '>' : t[i] == '"' ? '"' : '\0';
-    size_t end = close ? t.find(close, i + 1) : std::string_view::npos;
-    size_t eol = close ? t.find('\n', i) : std::string_view::npos;
-    if (end == std::string_view::npos || (eol != std::string_view::npos && end > eol)) return false;
-    out->push_back({std::string(t.substr(i + 1, end - i - 1)), close == '"'});
+    if (i >= kOpen || !name_at(i, &end)) return false;
     at = end;
   }
   return true;
 }
+
+}  // namespace
+
+// The options a driver adds to every build from its environment (PoCL's
+// POCL_EXTRA_BUILD_FLAGS; AMD's AMD_OCL_BUILD_OPTIONS and
+// AMD_OCL_BUILD_OPTIONS_APPEND), those set.
+std::map<std::string, std::string> driver_flags() {
+  std::map<std::string, std::string> out;
+  for (const char* var : {"POCL_EXTRA_BUILD_FLAGS", "AMD_OCL_BUILD_OPTIONS", "AMD_OCL_BUILD_OPTIONS_APPEND"})
+    if (const char* v = std::getenv(var); v && *v) out.emplace(var, v);
+  return out;
+}
+
+namespace {
 
 std::string folder_of(const std::string& path) {
   size_t slash = path.rfind('/');
@@ -332,7 +391,10 @@ std::string folder_of(const std::string& path) {
 Expected<std::map<std::string, std::string>> disk_headers(const ProgramSource& p) {
   constexpr size_t kMaxFiles = 20000;
   std::map<std::string, std::string> found;
-  KCACHE_TRY(IncludeOptions io, include_options(split_options(p.options)));
+  std::vector<std::string> words = split_options(p.options);
+  for (const auto& [var, value] : driver_flags())
+    for (auto& w : split_options(value)) words.push_back(std::move(w));
+  KCACHE_TRY(IncludeOptions io, include_options(words));
   // Texts still to read for directives: the text, and its folder on disk
   // ("" for the source and the named headers, which are in memory).
   std::deque<std::pair<std::string, std::string>> todo;
@@ -403,6 +465,7 @@ Expected<KeyInfo> program_key(const DeviceDescription& d, const ProgramSource& p
       .add_map("headers", headers);
   KCACHE_TRY(auto on_disk, disk_headers(p));
   if (!on_disk.empty()) kb.add_map("disk_headers", on_disk);
+  for (const auto& [var, value] : driver_flags()) kb.add_string("driver_env." + var, value);
   for (const auto& [k, v] : d.extra) kb.add_string("device.extra." + k, v);
   for (const auto& [k, v] : p.extra_key) kb.add_string("extra." + k, v);
   return kb.finish();
@@ -547,6 +610,12 @@ struct ProgramCache::Impl {
       r.program = built;
       r.log = std::move(built_log);
       return r;
+    }
+    if (!e && e.error().code() == Errc::unavailable) {
+      // Another thread's build of the program saw a header change: its
+      // answer says nothing of this build, which runs without the cache.
+      if (built) clReleaseProgram(built);
+      return uncached(ctx, dev, p);
     }
     if (!e) {
       if (built) clReleaseProgram(built);

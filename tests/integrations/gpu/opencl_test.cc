@@ -399,13 +399,16 @@ TEST_F(OpenclTest, QuotedIncludeFoundInTheWorkingFolderIsKeyed) {
   ASSERT_NE(::getcwd(old_cwd.data(), old_cwd.size()), nullptr);
   old_cwd.resize(std::strlen(old_cwd.c_str()));
   ASSERT_EQ(::chdir(cwd.path().c_str()), 0);
+  struct Back {  // the working folder back, however the test ends
+    std::string to;
+    ~Back() { (void)!::chdir(to.c_str()); }
+  } back{old_cwd};
   write_text("here.h", "#define SCALE 9.0f\n");
   opencl::ProgramSource p;
   p.source = "#include \"here.h\"\n__kernel void k(__global float* x) { x[0] = SCALE; }\n";
   auto a = build_scale(pc, env_, device_, p);
   write_text("here.h", "#define SCALE 11.0f\n");
   auto b = build_scale(pc, env_, device_, p);
-  ASSERT_EQ(::chdir(old_cwd.c_str()), 0);
   EXPECT_EQ(a.value, 9.0f);
   EXPECT_EQ(b.source, Source::compiled);
   EXPECT_EQ(b.value, 11.0f);
@@ -415,7 +418,7 @@ TEST_F(OpenclTest, QuotedIncludeFoundInTheWorkingFolderIsKeyed) {
 // written reaches the file; what cannot be followed is said.
 TEST(OpenclDiskHeaders, EveryFormOfTheDirectiveIsFollowed) {
   TempDir inc;
-  for (const char* name : {"a.h", "b.h", "c.h", "d.h", "e.h", "f.h", "g.h", "forced.h"})
+  for (const char* name : {"a.h", "b.h", "c.h", "d.h", "e.h", "f.h", "g.h", "h.h", "i.h", "j.bin", "forced.h"})
     write_text(inc.path() + "/" + name, std::string("// ") + name + "\n");
   opencl::ProgramSource p;
   p.options = "-DX=1 -I" + inc.path() + " -include forced.h";
@@ -426,10 +429,12 @@ TEST(OpenclDiskHeaders, EveryFormOfTheDirectiveIsFollowed) {
       "#inc\\\nlude \"d.h\"\n"
       "/* before */ #/* between */include/* and */\"e.h\"\n"
       "#if 0\n#import <f.h>\n#endif\n"
-      "// a comment: #include \"g.h\"\n";
+      "// a comment: #include \"g.h\"\n"
+      "#if __has_include(<h.h>) && __has_include_next (\"i.h\")\n#endif\n"
+      "const char data[] = {\n#embed \"j.bin\"\n};\n";
   auto disk = opencl::disk_headers(p);
   ASSERT_TRUE(disk.has_value()) << disk.error().to_string();
-  for (const char* name : {"a.h", "b.h", "c.h", "d.h", "e.h", "f.h", "g.h", "forced.h"})
+  for (const char* name : {"a.h", "b.h", "c.h", "d.h", "e.h", "f.h", "g.h", "h.h", "i.h", "j.bin", "forced.h"})
     EXPECT_EQ(disk->count(inc.path() + "/" + name), 1u) << name;
   EXPECT_EQ(disk->at(inc.path() + "/a.h"), hash_bytes("// a.h\n").hex());
   EXPECT_EQ(disk->at("a.h"), "absent");  // the working folder, where PoCL also looks
@@ -452,13 +457,44 @@ TEST(OpenclDiskHeaders, WhatCannotBeFollowedIsSaid) {
     ASSERT_FALSE(disk.has_value()) << src;
     EXPECT_EQ(disk.error().code(), Errc::unavailable) << src;
   }
-  p.source = "#include \"a.h\"\n";
-  p.options = "-iprefix /x/ -iwithprefix y";
+  p.source = "# /* a comment that runs on\n */ include \"a.h\"\n";
   EXPECT_EQ(opencl::disk_headers(p).error().code(), Errc::unavailable);
+  p.source = "#if __has_include(HEADER)\n#endif\n";
+  EXPECT_EQ(opencl::disk_headers(p).error().code(), Errc::unavailable);
+  p.source = "#include \"a.h\"\n";
+  for (const char* opts :
+       {"-iprefix /x/ -iwithprefix y", "--include-directory-after /x", "-isystem-after /x", "-include-pch /x/h.pch",
+        "-Xclang -include -Xclang f.h", "-Wp,-I/x", "-I=/x", "-I-", "@/x/options.txt", "-I"}) {
+    p.options = opts;
+    auto disk = opencl::disk_headers(p);
+    ASSERT_FALSE(disk.has_value()) << opts;
+    EXPECT_EQ(disk.error().code(), Errc::unavailable) << opts;
+  }
   // Not a directive: nothing to follow, nothing refused.
   p.options = "-cl-mad-enable";
   p.source = "float x = a ? b : c; // #define N 1\n";
   EXPECT_TRUE(opencl::disk_headers(p)->empty());
+}
+
+// What the driver adds to every build from the environment is in the key,
+// and its include folders are followed.
+TEST(OpenclDiskHeaders, DriverFlagsFromTheEnvironmentAreKeyed) {
+  TempDir inc;
+  write_text(inc.path() + "/scale.h", "#define SCALE 1.0f\n");
+  opencl::ProgramSource p;
+  p.source = "#include <scale.h>\n";
+  opencl::DeviceDescription d;
+  auto plain = opencl::program_key(d, p);
+  ASSERT_TRUE(plain.has_value());
+  ::setenv("POCL_EXTRA_BUILD_FLAGS", ("-cl-fast-relaxed-math -I " + inc.path()).c_str(), 1);
+  auto flagged = opencl::program_key(d, p);
+  auto disk = opencl::disk_headers(p);
+  ::unsetenv("POCL_EXTRA_BUILD_FLAGS");
+  ASSERT_TRUE(flagged.has_value());
+  EXPECT_EQ(manifest_diff(plain->manifest, flagged->manifest),
+            (std::vector<std::string>{"disk_headers", "driver_env.POCL_EXTRA_BUILD_FLAGS"}));
+  ASSERT_TRUE(disk.has_value());
+  EXPECT_EQ(disk->at(inc.path() + "/scale.h"), hash_bytes("#define SCALE 1.0f\n").hex());
 }
 
 // A header on disk that includes another from its own folder (quoted),
