@@ -51,12 +51,18 @@ def test_eight_processes_build_each_module_once(warp_env):
     assert warp_env.compiles() == N, "a module was built more than once"
 
 
-def test_process_killed_mid_build_is_taken_over(warp_env):
-    holder = warp_env.start(1, COMPILE_SLEEP=120)
+def _building(warp_env):
+    """A worker that has begun its build and sleeps in it (120 s)."""
+    p = warp_env.start(1, COMPILE_SLEEP=120)
     deadline = time.time() + 60
     while warp_env.compiles() < 1:
-        assert holder.poll() is None and time.time() < deadline
+        assert p.poll() is None and time.time() < deadline
         time.sleep(0.05)
+    return p
+
+
+def test_process_killed_mid_build_is_taken_over(warp_env):
+    holder = _building(warp_env)
     waiter = warp_env.start(1)
     time.sleep(2)
     assert waiter.poll() is None  # waiting for the holder's build
@@ -164,11 +170,7 @@ def test_failed_build_hands_the_flight_to_a_waiting_process(warp_env):
 
 def test_build_folders_of_ended_processes_are_removed(warp_env):
     # A process SIGKILLed mid-build leaves its build folder.
-    killed = warp_env.start(1, COMPILE_SLEEP=120)
-    deadline = time.time() + 60
-    while warp_env.compiles() < 1:
-        assert killed.poll() is None and time.time() < deadline
-        time.sleep(0.05)
+    killed = _building(warp_env)
     os.killpg(killed.pid, signal.SIGKILL)
     killed.wait()
     left = _build_folders(warp_env)
