@@ -434,6 +434,48 @@ void BM_OpenclWarmProcess(benchmark::State& state, const std::string& mode) {
     if (g_cl_ms.count("pocl")) state.counters["x_vs_pocl"] = g_cl_ms["pocl"] / g_cl_ms[mode];
   }
 }
+
+// ---- the key of a program whose two headers are in memory, or on disk
+// through -I (disk_headers reads them, and looks for each name in the
+// working folder and in the -I folder); no build --------------------------
+std::map<std::string, double> g_cl_key_us;
+
+void BM_OpenclKey(benchmark::State& state, bool on_disk) {
+  static const std::string outer = "#include \"inner.h\"\n#define SCALE (INNER * 2.0f)\n";
+  static const std::string inner = "#define INNER 1.5f\n";
+  kcache::opencl::ProgramSource p;
+  p.source = "#include \"scale.h\"\n__kernel void k(__global float* x) { x[0] = SCALE; }\n";
+  if (on_disk) {
+    std::string dir = g_tmp + "/opencl-headers";
+    (void)kcache::util::make_dirs(dir);
+    (void)kcache::util::write_file_atomic(dir + "/scale.h", outer);
+    (void)kcache::util::write_file_atomic(dir + "/inner.h", inner);
+    p.options = "-I " + dir;
+  } else {
+    p.headers = {{"scale.h", outer}, {"inner.h", inner}};
+  }
+  kcache::opencl::DeviceDescription d{"Portable Computing Language",
+                                      "OpenCL 3.0 PoCL",
+                                      "cpu",
+                                      "OpenCL 3.0",
+                                      "6.0",
+                                      "0123456789abcdef0123456789abcdef01234567",
+                                      {}};
+  for (auto _ : state) {
+    auto k = kcache::opencl::program_key(d, p);
+    if (!k) {
+      state.SkipWithError(k.error().to_string().c_str());
+      break;
+    }
+    benchmark::DoNotOptimize(k->key);
+  }
+  auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < 2000; ++i) benchmark::DoNotOptimize(kcache::opencl::program_key(d, p));
+  g_cl_key_us[on_disk ? "disk" : "memory"] =
+      std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / 2000;
+  if (on_disk && g_cl_key_us.count("memory"))
+    state.counters["x_vs_memory"] = g_cl_key_us["disk"] / g_cl_key_us["memory"];
+}
 #endif
 
 }  // namespace
@@ -488,6 +530,8 @@ int main(int argc, char** argv) {
       ->Unit(benchmark::kMicrosecond);
 #endif
 #if KCACHE_HAVE_OPENCL
+  benchmark::RegisterBenchmark("opencl/key/headers_in_memory", BM_OpenclKey, false)->Unit(benchmark::kMicrosecond);
+  benchmark::RegisterBenchmark("opencl/key/headers_on_disk", BM_OpenclKey, true)->Unit(benchmark::kMicrosecond);
   for (const char* mode : {"none", "pocl", "kcache", "kcache+pocl"})
     benchmark::RegisterBenchmark((std::string("opencl/warm_process/") + mode).c_str(), BM_OpenclWarmProcess,
                                  std::string(mode))
