@@ -10,6 +10,7 @@ import hashlib
 import importlib.metadata
 import json
 import os
+import stat
 import sys
 import threading
 import time
@@ -270,20 +271,20 @@ class Flights:
                 self.abandon(n, local)
 
 
-_digests: Dict[str, Tuple[Tuple[int, int, int, int], bytes]] = {}
+_digests: Dict[str, Tuple[Tuple[int, int, int, int, int], bytes]] = {}
 _digests_lock = threading.Lock()
 
 
 def file_digest(path: str) -> Optional[bytes]:
     """The SHA-256 of a file's content, or None when it cannot be read;
-    remembered in the process while its inode, size, mtime and ctime stay
-    (a rewrite in place, even with its size and mtime put back, changes
-    its ctime)."""
+    remembered in the process while its device, inode, size, mtime and
+    ctime stay (a rewrite in place, even with its size and mtime put back,
+    changes its ctime)."""
     try:
         st = os.stat(path)
     except OSError:
         return None
-    stamp = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    stamp = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
     with _digests_lock:
         known = _digests.get(path)
     if known is not None and known[0] == stamp:
@@ -319,11 +320,11 @@ def dist_build(dist: str, module: Optional[types.ModuleType] = None) -> str:
     * Editable, with no RECORD (a distribution's package), not installed
       under that name (PyTorch's `pytorch-triton` for `triton`), or when
       `module` is not the file the RECORD lists (a checkout on PYTHONPATH
-      shadowing the wheel): "tree:" and a digest of the name, size and
-      modification time of every file under `module`'s folder (its source,
-      its extension modules; linked folders followed), read once per
-      process: an edit to the checkout is a miss, as the version string
-      would not be.
+      shadowing the wheel): "tree:" and stat_walk of `module`'s folder (the
+      path, size, times and inode of every file in it: its source, its
+      extension modules; linked folders followed), read once per process:
+      an edit to the checkout is a miss, as the version string would not
+      be.
     * Nothing of the above to read: "".
     Remembered for the process."""
     with _builds_lock:
@@ -351,7 +352,7 @@ def dist_build(dist: str, module: Optional[types.ModuleType] = None) -> str:
                           and not (line.startswith("../") and "/bin/" in line.split(",", 1)[0]))
             ident = "record:" + hashlib.sha256("\n".join(kept).encode()).hexdigest()[:32]
         elif mod_file:
-            ident = "tree:" + _tree_digest(os.path.dirname(os.path.abspath(mod_file)))
+            ident = "tree:" + stat_walk(os.path.dirname(os.path.abspath(mod_file)))[:32]
     except Exception as e:  # never fails a host's import or compile
         log("kcache", f"{dist}: its build is not identified ({type(e).__name__}: {e})")
         ident = ""
@@ -360,24 +361,46 @@ def dist_build(dist: str, module: Optional[types.ModuleType] = None) -> str:
     return ident
 
 
-def _tree_digest(root: str) -> str:
-    h = hashlib.sha256()
-    seen = set()
-    for folder, dirs, files in os.walk(root, followlinks=True):
-        real = os.path.realpath(folder)
-        if real in seen:  # a link back up the tree
-            dirs[:] = []
+def stat_walk(root: str) -> str:
+    """A digest of the identity (path, size, mtime_ns, ctime_ns, inode) of
+    every file under `root`, following symbolic links (each folder walked
+    once), without __pycache__ folders. A file that cannot be read counts by
+    its path alone. The ctime catches a file rewritten in place with its
+    size and mtime put back (`touch -r`, `cp -p` onto it): it cannot be
+    set, only moved forward by any change."""
+    files: List[Tuple[str, int, int, int, int]] = []
+    try:
+        top = os.stat(root)
+        seen = {(top.st_dev, top.st_ino)}
+    except OSError:
+        return hashlib.sha256(b"missing " + os.fsencode(root)).hexdigest()
+    stack = [root]
+    while stack:
+        d = stack.pop()
+        try:
+            it = os.scandir(d)
+        except OSError:
+            files.append((d, -1, -1, -1, -1))
             continue
-        seen.add(real)
-        dirs[:] = sorted(x for x in dirs if x != "__pycache__")
-        for name in sorted(files):
-            p = os.path.join(folder, name)
-            try:
-                st = os.stat(p)
-            except OSError:
-                continue
-            h.update(f"{os.path.relpath(p, root)}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
-    return h.hexdigest()[:32]
+        with it:
+            for e in it:
+                if e.name == "__pycache__":
+                    continue
+                try:
+                    if e.is_dir(follow_symlinks=False):
+                        stack.append(e.path)
+                        continue
+                    st = e.stat()
+                except OSError:
+                    files.append((e.path, -1, -1, -1, -1))
+                    continue
+                if not stat.S_ISDIR(st.st_mode):
+                    files.append((e.path, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino))
+                elif (st.st_dev, st.st_ino) not in seen:  # a linked folder: walked once
+                    seen.add((st.st_dev, st.st_ino))
+                    stack.append(e.path)
+    files.sort()
+    return hashlib.sha256(repr(files).encode()).hexdigest()
 
 
 def write_file(path: str, data: bytes) -> bool:

@@ -13,15 +13,14 @@ its cost)."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import stat
 import sys
-from typing import List, Optional, Tuple
+from typing import Optional
 
 import kcache
 
+from .._hostutil import stat_walk
 from ._common import cache, log, triton, triton_cache
 
 _KEY_NAMESPACE = "triton-key/2"
@@ -30,48 +29,6 @@ _KEY_NAMESPACE = "triton-key/2"
 def triton_root() -> str:
     """The installed Triton package folder."""
     return os.path.dirname(os.path.abspath(triton.__file__))
-
-
-def stat_walk(root: str) -> str:
-    """A digest of the identity (path, size, mtime_ns, ctime_ns, inode) of
-    every file under `root`, following symbolic links (each folder walked
-    once), without __pycache__ folders. A file that cannot be read counts by
-    its path alone. The ctime catches a file rewritten in place with its
-    size and mtime put back (`touch -r`, `cp -p` onto it): it cannot be
-    set, only moved forward by any change."""
-    files: List[Tuple[str, int, int, int, int]] = []
-    try:
-        top = os.stat(root)
-        seen = {(top.st_dev, top.st_ino)}
-    except OSError:
-        return hashlib.sha256(b"missing " + os.fsencode(root)).hexdigest()
-    stack = [root]
-    while stack:
-        d = stack.pop()
-        try:
-            it = os.scandir(d)
-        except OSError:
-            files.append((d, -1, -1, -1, -1))
-            continue
-        with it:
-            for e in it:
-                if e.name == "__pycache__":
-                    continue
-                try:
-                    if e.is_dir(follow_symlinks=False):
-                        stack.append(e.path)
-                        continue
-                    st = e.stat()
-                except OSError:
-                    files.append((e.path, -1, -1, -1, -1))
-                    continue
-                if not stat.S_ISDIR(st.st_mode):
-                    files.append((e.path, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino))
-                elif (st.st_dev, st.st_ino) not in seen:  # a linked folder: walked once
-                    seen.add((st.st_dev, st.st_ino))
-                    stack.append(e.path)
-    files.sort()
-    return hashlib.sha256(repr(files).encode()).hexdigest()
 
 
 def record_key(root: str, walk: str) -> kcache.Key:

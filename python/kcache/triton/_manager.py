@@ -31,6 +31,7 @@ import kcache
 from triton.runtime.cache import CacheManager as _TritonCacheManager
 from triton.runtime.cache import FileCacheManager
 
+from .._hostutil import file_digest
 from ._common import cache, log, to_bytes, triton
 from ._files import materialiser
 from ._hooks import Lease, drop_leases, watch_unwrapped
@@ -59,34 +60,20 @@ def _readable(v):
         return str(v)
 
 
-# Content digests of the files options name, by the file's identity (path,
-# device, inode, size, modification and change times): read again when it
-# changes.
-_digests: Dict[str, Tuple[tuple, str]] = {}
-
-
 def _file_digest(path: str) -> Optional[str]:
-    """The SHA-256 (32 hex digits) of the regular file `path` names; None
-    when it names none. OSError when it cannot be read."""
+    """The SHA-256 (32 hex digits) of the regular file `path` names
+    (_hostutil.file_digest: read again when the file changes); None when it
+    names none. OSError when it cannot be read."""
     try:
         st = os.stat(path)
     except (OSError, ValueError):
         return None
     if not stat.S_ISREG(st.st_mode):
         return None
-    ident = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-    got = _digests.get(path)
-    if got is not None and got[0] == ident:
-        return got[1]
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    digest = h.hexdigest()[:32]
-    if len(_digests) > 256:
-        _digests.clear()
-    _digests[path] = (ident, digest)
-    return digest
+    digest = file_digest(path)
+    if digest is None:
+        raise OSError(f"cannot read {path}")
+    return digest.hex()[:32]
 
 
 def _named_file(v: str, any_name: bool = False) -> str:

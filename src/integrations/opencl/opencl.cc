@@ -533,35 +533,39 @@ struct ProgramCache::Impl {
   std::atomic<uint64_t> source_builds{0}, binary_loads{0}, refused{0}, failed{0};
   explicit Impl(Cache& c) : cache(c) {}
 
-  // A source build whose binary replaces whatever is stored under `key`.
-  Expected<BuildResult> rebuild(cl_context ctx, cl_device_id dev, const DeviceDescription& d, const ProgramSource& p,
-                                const KeyInfo& key) {
-    BuildResult r;
-    r.key = key.key;
-    r.fell_back = true;
-    uint64_t t0 = util::now_mono_us();
+  // A source build, counted in the stats.
+  Status source_build(cl_context ctx, cl_device_id dev, const ProgramSource& p, cl_program* out, std::string* log) {
     source_builds.fetch_add(1, std::memory_order_relaxed);
-    Status st = build_from_source(ctx, dev, p, &r.program, &r.log);
-    if (!st.is_ok()) {
-      failed.fetch_add(1, std::memory_order_relaxed);
-      return st;
-    }
-    auto bin = program_binary(r.program);
-    auto after = program_key(d, p);  // as in build(): headers that moved
-    if (bin && !bin->empty() && after && after->key == key.key)
-      cache.put(key, {{"binary", std::move(*bin)}, {"log", r.log}}, util::now_mono_us() - t0);
-    return r;
+    Status st = build_from_source(ctx, dev, p, out, log);
+    if (!st.is_ok()) failed.fetch_add(1, std::memory_order_relaxed);
+    return st;
+  }
+
+  // Whether `p` still has the key it was built under, its headers on disk
+  // read again after the build: one that changed during it may be in the
+  // binary, which is then not what the key says.
+  static bool key_held(const DeviceDescription& d, const ProgramSource& p, const KeyInfo& key) {
+    auto after = program_key(d, p);
+    return after && after->key == key.key;
   }
 
   // A source build that is not stored.
   Expected<BuildResult> uncached(cl_context ctx, cl_device_id dev, const ProgramSource& p) {
     BuildResult r;
-    source_builds.fetch_add(1, std::memory_order_relaxed);
-    Status st = build_from_source(ctx, dev, p, &r.program, &r.log);
-    if (!st.is_ok()) {
-      failed.fetch_add(1, std::memory_order_relaxed);
-      return st;
-    }
+    KCACHE_RETURN_IF_ERROR(source_build(ctx, dev, p, &r.program, &r.log));
+    return r;
+  }
+
+  // A source build whose binary replaces whatever is stored under `key`.
+  Expected<BuildResult> rebuild(cl_context ctx, cl_device_id dev, const DeviceDescription& d, const ProgramSource& p,
+                                const KeyInfo& key) {
+    uint64_t t0 = util::now_mono_us();
+    KCACHE_TRY(BuildResult r, uncached(ctx, dev, p));
+    r.key = key.key;
+    r.fell_back = true;
+    auto bin = program_binary(r.program);
+    if (bin && !bin->empty() && key_held(d, p, key))
+      cache.put(key, {{"binary", std::move(*bin)}, {"log", r.log}}, util::now_mono_us() - t0);
     return r;
   }
 
@@ -576,16 +580,8 @@ struct ProgramCache::Impl {
     std::string built_log;
     bool headers_moved = false;
     auto compile = [&]() -> Expected<std::vector<Artifact>> {
-      source_builds.fetch_add(1, std::memory_order_relaxed);
-      Status st = build_from_source(ctx, dev, p, &built, &built_log);
-      if (!st.is_ok()) {
-        failed.fetch_add(1, std::memory_order_relaxed);
-        return st;
-      }
-      // The headers on disk read again: one that changed during the build
-      // may be in the binary, which is then not what the key says.
-      auto after = program_key(d, p);
-      if (!after || after->key != key.key) {
+      KCACHE_RETURN_IF_ERROR(source_build(ctx, dev, p, &built, &built_log));
+      if (!key_held(d, p, key)) {
         headers_moved = true;
         return Status(Errc::unavailable, "a header on disk changed during the build");
       }
